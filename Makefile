@@ -1,0 +1,66 @@
+# Two commands on a fresh machine: `make demo` and `make test`. Everything else is a helper.
+SHELL := /bin/bash
+PYTHON ?= python3.11
+VENV ?= .venv
+PY := $(VENV)/bin/python
+DATA_DIR ?= .data/tpch
+SCALE ?= 0.1
+PARTS ?= 8
+DEMO := $(CURDIR)/.demo
+DEMO_DATE ?= 2026-01-01
+
+# The embedded default: local Spark (local[1] per attempt), SQLite metadata DB, local store.
+DEMO_ENV := AIRFLOW_HOME=$(DEMO)/airflow \
+	AIRFLOW__CORE__DAGS_FOLDER=$(CURDIR)/dags \
+	AIRFLOW__CORE__LOAD_EXAMPLES=False \
+	AIRFLOW__SPECULATIVE__STORE_PATH=$(DEMO)/store \
+	AIRFLOW_CONN_SPARK_DEFAULT='{"conn_type": "spark", "host": "local[1]"}' \
+	SPECULATIVE_EXAMPLE_DATA=$(CURDIR)/$(DATA_DIR)/lineitem \
+	SPECULATIVE_EXAMPLE_OUTPUT=$(DEMO)/output \
+	AIRFLOW__SPECULATIVE__ENABLED=true \
+	AIRFLOW__SPECULATIVE__BASELINE_RATIO=0.5 \
+	AIRFLOW__SPECULATIVE__BASELINE_LOWER_BOUND=5s \
+	AIRFLOW__SPECULATIVE__FAULT_INJECTION='{"targets": {"local-b": {"factor": 4}}}'
+
+.PHONY: demo test install java-check data lint bench clean
+
+$(VENV)/.installed: setup.cfg pyproject.toml
+	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found (Python 3.11 is required)"; exit 1; }
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $@
+
+install: $(VENV)/.installed
+
+java-check:
+	@java -version 2>&1 | grep -Eq 'version "(1[7-9]|2[0-9])' || { echo "error: Java 17+ is required for Spark (java -version)"; exit 1; }
+
+$(DATA_DIR)/lineitem/.done: | $(VENV)/.installed
+	rm -rf $(DATA_DIR)/lineitem
+	$(VENV)/bin/tpchgen-cli parquet -s $(SCALE) --tables lineitem --parts $(PARTS) --output-dir $(DATA_DIR)
+	touch $@
+
+data: $(DATA_DIR)/lineitem/.done
+
+demo: install java-check data
+	rm -rf $(DEMO)
+	$(DEMO_ENV) $(VENV)/bin/airflow db migrate >/dev/null
+	$(DEMO_ENV) $(VENV)/bin/airflow dags test tpch_q1 $(DEMO_DATE) > $(DEMO)/dags-test.log 2>&1 \
+		|| { tail -50 $(DEMO)/dags-test.log; exit 1; }
+	@run_id=$$(ls $(DEMO)/store/tpch_q1 | head -1); \
+	$(DEMO_ENV) $(VENV)/bin/airflow speculative status --dag-id tpch_q1 --run-id "$$(cat $(DEMO)/store/tpch_q1/$$run_id/aggregate/plan.json | $(PY) -c 'import json,sys; print(json.load(sys.stdin)["run_id"])')"
+	@echo; echo "Committed output: $(DEMO)/output/tpch_q1/$(DEMO_DATE)"; ls $(DEMO)/output/tpch_q1/$(DEMO_DATE)
+	@$(PY) -c "import pyarrow.parquet as pq; print(pq.read_table('$(DEMO)/output/tpch_q1/$(DEMO_DATE)').to_pandas().sort_values(['l_returnflag','l_linestatus']).to_string(index=False))"
+
+test: install java-check data
+	$(PY) -m pytest -ra
+
+lint: install
+	$(VENV)/bin/ruff check .
+
+bench: install java-check data
+	$(PY) bench/speculation.py
+
+clean:
+	rm -rf .demo .data .pytest_cache test-artifacts

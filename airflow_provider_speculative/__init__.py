@@ -1,0 +1,23 @@
+"""airflow-provider-speculative: speculative, region-failover PySpark stages orchestrated by Airflow."""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+__all__ = ["Pipeline", "ParquetSink", "all_to_all", "get_provider_info", "parquet_source", "pointwise"]
+
+
+def __getattr__(name: str):  # lazy: the Spark-side runtime imports this package without Airflow
+    if name in ("Pipeline", "all_to_all", "pointwise", "parquet_source"):
+        from airflow_provider_speculative import pipeline
+
+        return getattr(pipeline, name)
+    if name == "ParquetSink":
+        from airflow_provider_speculative.sinks.parquet import ParquetSink
+
+        return ParquetSink
+    if name == "get_provider_info":
+        from airflow_provider_speculative.provider_info import get_provider_info
+
+        return get_provider_info
+    raise AttributeError(name)

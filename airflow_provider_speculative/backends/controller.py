@@ -1,0 +1,239 @@
+"""StageController: the I/O around the core scheduler (poll, act, journal). No Airflow import.
+
+The trigger calls :meth:`StageController.step` every check interval. All state lives in the store,
+so a controller rebuilt from the same plan (triggerer restart, HA double-run) reconnects to the
+running attempts instead of launching them again.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from airflow_provider_speculative.backends.local import LocalBackend, LaunchSpec
+from airflow_provider_speculative.core.config import SpeculativeConfig
+from airflow_provider_speculative.core.scheduler import (
+    Action,
+    Admit,
+    BlockNode,
+    Cancel,
+    Discard,
+    FailStage,
+    Launch,
+    StageComplete,
+    StageScheduler,
+)
+from airflow_provider_speculative.core.states import Attempt, AttemptState, current_attempt
+from airflow_provider_speculative.store.files import (
+    append_jsonl,
+    atomic_write_json,
+    create_exclusive_json,
+    read_json,
+)
+from airflow_provider_speculative.store.layout import StageLayout
+from airflow_provider_speculative.store.results import remove_attempt_output
+
+
+class StageController:
+    """Drive one stage run: restore from the store, then poll attempts, feed the core, carry out its actions."""
+
+    def __init__(self, plan: dict[str, Any], clock: Callable[[], float] = time.time) -> None:
+        self.plan = plan
+        self.clock = clock
+        self.layout = StageLayout(Path(plan["store_root"]), plan["dag_id"], plan["run_id"], plan["stage"])
+        self.config = SpeculativeConfig.from_json(plan["config"])
+        self.backend = LocalBackend(self.layout)
+        self.scheduler = StageScheduler(
+            parallelism=plan["parallelism"], config=self.config,
+            input_bytes={i: s["input_bytes"] for i, s in enumerate(plan["subtasks"]) if s.get("input_bytes")},
+            speculation_blocker=plan.get("speculation_blocker"),
+            reused=frozenset(plan.get("reused") or []))
+        self.reaping: set[tuple[int, int]] = set()
+        self.result: StageComplete | FailStage | None = None
+        self._restore()
+
+    # -- restore ----------------------------------------------------------------------------
+
+    def _restore(self) -> None:
+        now = self.clock()
+        attempts: list[Attempt] = []
+        admitted: dict[int, int] = {}
+        for subtask in range(self.plan["parallelism"]):
+            for number in self.layout.attempt_numbers(subtask):
+                if self.layout.claim(subtask, number).exists():
+                    attempt = self.backend.poll(subtask, number, now)
+                    attempts.append(attempt)
+                    if read_json(self.layout.attempt_dir(subtask, number) / "cancel.json") is not None and attempt.live:
+                        attempt.state = AttemptState.CANCELING
+                        self.reaping.add((subtask, number))
+            marker = read_json(self.layout.admitted(subtask))
+            if marker is not None:
+                admitted[subtask] = marker["attempt"]
+        blocked = (read_json(self.layout.blocklist) or {}).get("until", {})
+        self.scheduler.restore(attempts, admitted, {k: float(v) for k, v in blocked.items()})
+        if attempts:
+            self.journal("restored", attempts=len(attempts), admitted=admitted)
+
+    # -- loop -------------------------------------------------------------------------------
+
+    def step(self) -> list[Action]:
+        """One check: poll non-terminal attempts, run the core, carry out its actions."""
+        if self.result is not None:
+            return []
+        now = self.clock()
+        updates = [self.backend.poll(a.subtask, a.number, now)
+                   for a in self.scheduler.all_attempts() if a.state not in (
+                       AttemptState.FINISHED, AttemptState.FAILED, AttemptState.CANCELED)]
+        actions = self.scheduler.step(now, updates)
+        for action in actions:
+            self._carry_out(action, now)
+        self._reap(now)
+        self._write_summary(now)
+        return actions
+
+    @property
+    def done(self) -> bool:
+        """True once the stage completed or failed and no cancelled attempt is still alive."""
+        return self.result is not None and not self.reaping
+
+    def _carry_out(self, action: Action, now: float) -> None:
+        if isinstance(action, Launch):
+            self._launch(action, now)
+        elif isinstance(action, Cancel):
+            self.backend.cancel(action.subtask, action.attempt, action.reason)
+            self.reaping.add((action.subtask, action.attempt))
+            self.journal("cancel", subtask=action.subtask, attempt=action.attempt, reason=action.reason)
+        elif isinstance(action, Admit):
+            self._admit(action)
+        elif isinstance(action, Discard):
+            remove_attempt_output(self.layout, action.subtask, action.attempt)
+            self.journal("discard", subtask=action.subtask, attempt=action.attempt, reason=action.reason)
+        elif isinstance(action, BlockNode):
+            atomic_write_json(self.layout.blocklist, {"until": self.scheduler.blocklist.until})
+            self.journal("block_node", node=action.node, until=action.until, reason=action.reason)
+        elif isinstance(action, FailStage):
+            self.result = action
+            self.journal("stage_failed", reason=action.reason, causes=list(action.causes))
+        elif isinstance(action, StageComplete):
+            self.result = action
+            self.journal("stage_complete", admitted=action.admitted)
+
+    def _launch(self, action: Launch, now: float) -> None:
+        target = next(t for t in self.config.targets if t.name == action.target)
+        record = {"target": target.name, "node": target.node_label, "speculative": action.speculative,
+                  "created_at": now, "reason": action.reason}
+        if not self.backend.claim(action.subtask, action.attempt, record):
+            # Another controller instance owns this number: adopt what it launched.
+            self.scheduler.attempts[action.subtask][action.attempt] = self.backend.poll(
+                action.subtask, action.attempt, now)
+            self.journal("claim_lost", subtask=action.subtask, attempt=action.attempt)
+            return
+        command = [*self.plan["commands"][target.name], "--plan", str(self.layout.plan),
+                   "--subtask", str(action.subtask), "--attempt", str(action.attempt), "--target", target.name]
+        env = dict(self.plan.get("env") or {})
+        env.setdefault("PYSPARK_PYTHON", sys.executable)
+        env.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+        try:
+            self.backend.launch(LaunchSpec(action.subtask, action.attempt, target.name, target.node_label,
+                                           action.speculative, command, env))
+        except Exception as exc:
+            atomic_write_json(self.layout.status(action.subtask, action.attempt),
+                              {"state": "FAILED", "end_at": self.clock(), "exit_code": None,
+                               "cause": f"launch failed: {exc}"})
+        self.journal("launch", subtask=action.subtask, attempt=action.attempt, target=target.name,
+                     speculative=action.speculative, reason=action.reason)
+
+    def _admit(self, action: Admit) -> None:
+        record = {"attempt": action.attempt, "at": self.clock()}
+        if not create_exclusive_json(self.layout.admitted(action.subtask), record):
+            winner = read_json(self.layout.admitted(action.subtask))["attempt"]
+            if winner != action.attempt:
+                # A concurrent controller admitted another attempt first: its choice stands.
+                self.scheduler.admitted[action.subtask] = winner
+                remove_attempt_output(self.layout, action.subtask, action.attempt)
+                self.journal("admit_lost", subtask=action.subtask, attempt=action.attempt, winner=winner)
+                return
+        self.journal("admit", subtask=action.subtask, attempt=action.attempt,
+                     speculative=self.scheduler.attempts[action.subtask][action.attempt].speculative)
+
+    def _reap(self, now: float) -> None:
+        for subtask, number in sorted(self.reaping):
+            if self.backend.reap(subtask, number, now):
+                self.reaping.discard((subtask, number))
+                if self.scheduler.admitted.get(subtask) != number:
+                    remove_attempt_output(self.layout, subtask, number)
+
+    def kill_all(self, reason: str) -> None:
+        """Cancel every live attempt and wait (bounded) until their process groups are gone."""
+        for attempt in self.scheduler.all_attempts():
+            polled = self.backend.poll(attempt.subtask, attempt.number)
+            if polled.live:
+                self.backend.cancel(attempt.subtask, attempt.number, reason)
+                self.reaping.add((attempt.subtask, attempt.number))
+        deadline = self.clock() + self.backend.kill_grace + 10
+        while self.reaping and self.clock() < deadline:
+            self._reap(self.clock())
+            time.sleep(0.2)
+        self.journal("killed_all", reason=reason, left=sorted(self.reaping))
+
+    # -- records ----------------------------------------------------------------------------
+
+    def journal(self, event: str, **fields: Any) -> None:
+        """Append one decision to journal.jsonl."""
+        append_jsonl(self.layout.journal, {"at": self.clock(), "event": event, **fields})
+
+    def summary(self, now: float | None = None) -> dict[str, Any]:
+        """Metrics and speculation status of the stage (also written to summary.json)."""
+        now = self.clock() if now is None else now
+        sched = self.scheduler
+        baseline = sched.baseline
+        return {
+            "stage": self.plan["stage"], "parallelism": self.plan["parallelism"],
+            "speculation": sched.speculation_status,
+            "numSlowExecutionVertices": len(sched.slow_subtasks),
+            "numEffectiveSpeculativeExecutions": sched.effective_speculative_executions(),
+            "baseline_seconds": baseline.seconds if baseline else None,
+            "baseline_seconds_per_byte": baseline.per_byte if baseline else None,
+            "blocked_nodes": sched.blocklist.active(now),
+            "admitted": {str(k): v for k, v in sorted(sched.admitted.items())},
+            "reused": sorted(sched.reused),
+            "attempts": len(sched.all_attempts()),
+            "speculative_attempts": sum(a.speculative for a in sched.all_attempts()),
+            "attempt_seconds": round(sum(_attempt_seconds(a, now) for a in sched.all_attempts()), 3),
+            "current": {str(s): (c.number if (c := current_attempt(list(sched.attempts[s].values()))) else None)
+                        for s in range(self.plan["parallelism"])},
+            "updated_at": now,
+        }
+
+    def _write_summary(self, now: float) -> None:
+        atomic_write_json(self.layout.summary, self.summary(now))
+
+    def event_payload(self) -> dict[str, Any]:
+        """The one trigger event: everything finalize needs (dag.test drops defer kwargs on resume)."""
+        summary = self.summary()
+        if isinstance(self.result, FailStage):
+            return {"status": "failed", "plan_path": str(self.layout.plan), "reason": self.result.reason,
+                    "causes": list(self.result.causes), "summary": summary}
+        admitted = self.result.admitted if isinstance(self.result, StageComplete) else {}
+        return {"status": "success", "plan_path": str(self.layout.plan),
+                "admitted": {str(k): v for k, v in admitted.items()}, "summary": summary}
+
+
+def _attempt_seconds(attempt: Attempt, now: float) -> float:
+    if attempt.deploying_at is None:
+        return 0.0
+    end = attempt.end_at if attempt.end_at is not None else now
+    return max(0.0, end - attempt.deploying_at)
+
+
+def wipe_stage_attempts(layout: StageLayout) -> None:
+    """Remove every attempt and admission of a stage run (its plan changed or a full rerun was forced)."""
+    if layout.dir.is_dir():
+        for entry in layout.dir.iterdir():
+            if entry.name.startswith("subtask=") and entry.is_dir():
+                shutil.rmtree(entry, ignore_errors=True)
+        for name in ("blocklist.json", "summary.json", "committed.json"):
+            (layout.dir / name).unlink(missing_ok=True)

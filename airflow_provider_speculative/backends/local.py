@@ -1,0 +1,149 @@
+"""Local backend: each attempt is a detached spark-submit under a supervisor; state lives in the store."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import psutil
+
+from airflow_provider_speculative.core.states import Attempt, AttemptState
+from airflow_provider_speculative.store.files import atomic_write_json, create_exclusive_json, read_json
+from airflow_provider_speculative.store.layout import StageLayout
+
+# A claim with no process after this long was lost between claim and launch (controller crash).
+LAUNCH_LOST_AFTER = 60.0
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """Everything needed to start one attempt."""
+
+    subtask: int
+    attempt: int
+    target: str
+    node: str
+    speculative: bool
+    command: list[str]
+    env: dict[str, str]
+
+
+class LocalBackend:
+    """Launch, poll and kill attempts of one stage run as local detached processes."""
+
+    def __init__(self, layout: StageLayout, kill_grace: float = 5.0) -> None:
+        self.layout = layout
+        self.kill_grace = kill_grace
+
+    def claim(self, subtask: int, attempt: int, record: dict[str, Any]) -> bool:
+        """Atomically claim an attempt number; False if someone (a restarted controller) has it."""
+        return create_exclusive_json(self.layout.claim(subtask, attempt), record)
+
+    def launch(self, spec: LaunchSpec) -> None:
+        """Start the supervisor detached, in its own session; return once its status is recorded."""
+        status = self.layout.status(spec.subtask, spec.attempt)
+        log = self.layout.log(spec.subtask, spec.attempt)
+        cmd = [sys.executable, "-m", "airflow_provider_speculative.backends.supervisor",
+               "--status", str(status), "--log", str(log),
+               "--manifest", str(self.layout.manifest(spec.subtask, spec.attempt)), "--daemonize",
+               "--", *spec.command]
+        env = {**os.environ, **spec.env, "SPECULATIVE_NODE": spec.node, "SPECULATIVE_LAUNCHED_AT": str(time.time())}
+        with open(log, "ab") as out:
+            code = subprocess.call(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                   start_new_session=True, env=env, close_fds=True, timeout=60)
+        if code != 0 or read_json(status) is None:
+            raise RuntimeError(f"could not start attempt {spec.attempt} of subtask {spec.subtask}: "
+                               f"supervisor exited {code}; see {log}")
+
+    def poll(self, subtask: int, attempt: int, now: float | None = None) -> Attempt:
+        """Read one attempt's state from the store, checking that a live one's process still exists."""
+        now = time.time() if now is None else now
+        base = self.layout.attempt_dir(subtask, attempt)
+        claim = read_json(self.layout.claim(subtask, attempt)) or {}
+        status = read_json(self.layout.status(subtask, attempt)) or {}
+        launch = status
+        heartbeat = read_json(self.layout.heartbeat(subtask, attempt)) or {}
+        cancel = read_json(base / "cancel.json")
+        out = Attempt(subtask=subtask, number=attempt, target=claim.get("target", "?"),
+                      speculative=bool(claim.get("speculative")), created_at=claim.get("created_at"),
+                      node=heartbeat.get("node") or status.get("node") or claim.get("node"),
+                      deploying_at=status.get("deploying_at"),
+                      end_at=status.get("end_at"), exit_code=status.get("exit_code"), cause=status.get("cause"),
+                      input_bytes=heartbeat.get("input_bytes"),
+                      progress={k: heartbeat[k] for k in ("records_read", "tasks_done", "tasks_total", "at")
+                                if k in heartbeat})
+        state = status.get("state")
+        if state in ("FINISHED", "FAILED", "CANCELED"):
+            out.state = AttemptState(state)
+            return out
+        alive = self._alive(launch)
+        if launch and not alive:
+            out.state = AttemptState.CANCELED if cancel else AttemptState.FAILED
+            out.end_at = out.end_at or now
+            out.cause = out.cause or ("cancelled" if cancel else "attempt process disappeared (killed or crashed)")
+            return out
+        if cancel:
+            out.state = AttemptState.CANCELING
+        elif not launch:
+            created = claim.get("created_at") or now
+            out.state = AttemptState.FAILED if now - created > LAUNCH_LOST_AFTER else AttemptState.CREATED
+            if out.state == AttemptState.FAILED:
+                out.cause, out.end_at = "launch lost: claimed but never started", now
+        elif heartbeat.get("phase") == "RUNNING":
+            out.state = AttemptState.RUNNING
+        else:
+            out.state = AttemptState.DEPLOYING
+        return out
+
+    def cancel(self, subtask: int, attempt: int, reason: str) -> None:
+        """Ask the attempt's process group to stop (SIGTERM); :meth:`reap` escalates to SIGKILL."""
+        base = self.layout.attempt_dir(subtask, attempt)
+        if read_json(base / "cancel.json") is None:
+            atomic_write_json(base / "cancel.json", {"reason": reason, "at": time.time()})
+        launch = read_json(self.layout.status(subtask, attempt)) or {}
+        if launch.get("state") not in ("FINISHED", "FAILED", "CANCELED") and self._alive(launch):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(launch["pgid"], signal.SIGTERM)
+
+    def reap(self, subtask: int, attempt: int, now: float | None = None) -> bool:
+        """SIGKILL a cancelled attempt's group once the grace period is over; True when nothing is left."""
+        now = time.time() if now is None else now
+        base = self.layout.attempt_dir(subtask, attempt)
+        cancel = read_json(base / "cancel.json") or {}
+        launch = read_json(self.layout.status(subtask, attempt)) or {}
+        if not launch.get("pgid"):
+            return True
+        if not self._group_alive(launch["pgid"]):
+            return True
+        if now - cancel.get("at", now) >= self.kill_grace:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(launch["pgid"], signal.SIGKILL)
+        return not self._group_alive(launch["pgid"])
+
+    @staticmethod
+    def _alive(launch: dict[str, Any]) -> bool:
+        pid = launch.get("pid")
+        if not pid:
+            return False
+        try:
+            proc = psutil.Process(pid)
+            if launch.get("create_time") and abs(proc.create_time() - launch["create_time"]) > 1:
+                return False  # the pid was reused by another process
+            return proc.status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    @staticmethod
+    def _group_alive(pgid: int) -> bool:
+        for proc in psutil.process_iter(["pid"]):
+            with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+                if os.getpgid(proc.pid) == pgid and proc.status() != psutil.STATUS_ZOMBIE:
+                    return True
+        return False
+

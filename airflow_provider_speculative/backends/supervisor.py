@@ -1,0 +1,101 @@
+"""Detached supervisor of one attempt: runs spark-submit, records pid, timestamps and exit code.
+
+Started with ``start_new_session=True`` so it and everything spark-submit starts (the driver JVM
+and its Python process) share one process group that ``killpg`` stops as a whole. It imports
+neither Airflow nor Spark, so it starts in milliseconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from airflow_provider_speculative.store.files import atomic_write_json, read_json
+
+
+_READY_FD: list[int] = []
+
+
+def _daemonize(status_path: str) -> None:
+    # Double fork: the launcher's child exits at once, so the supervisor is re-parented to init
+    # and never lingers as a zombie of the long-running triggerer.
+    read_end, write_end = os.pipe()
+    if os.fork() > 0:
+        os.close(write_end)
+        ready = os.read(read_end, 1)
+        os._exit(0 if ready == b"1" else 1)
+    os.close(read_end)
+    os.setsid()
+    if os.fork() > 0:
+        os._exit(0)
+    _READY_FD.append(write_end)
+
+
+def _create_time() -> float | None:
+    try:
+        import psutil
+
+        return psutil.Process(os.getpid()).create_time()
+    except Exception:
+        return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command after ``--``, keeping ``--status`` up to date; return its exit code."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--status", required=True)
+    parser.add_argument("--log", required=True)
+    parser.add_argument("--manifest", required=True)
+    parser.add_argument("--daemonize", action="store_true", help="fork, detach and return once started")
+    parser.add_argument("cmd", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    cmd = args.cmd[1:] if args.cmd and args.cmd[0] == "--" else args.cmd
+    if args.daemonize:
+        _daemonize(args.status)
+    status = {"state": "DEPLOYING", "pid": os.getpid(), "pgid": os.getpgid(0), "deploying_at": time.time(),
+              "create_time": _create_time(), "node": os.environ.get("SPECULATIVE_NODE")}
+    atomic_write_json(args.status, status)
+    if args.daemonize:
+        os.write(_READY_FD[0], b"1")
+        os.close(_READY_FD[0])
+    cancelled = {"signal": None}
+
+    def on_term(signum: int, _frame: object) -> None:
+        cancelled["signal"] = signum
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, on_term)
+    with open(args.log, "ab") as log:
+        try:
+            child = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        except OSError as exc:
+            status.update(state="FAILED", end_at=time.time(), exit_code=127, cause=f"cannot start {cmd[0]}: {exc}")
+            atomic_write_json(args.status, status)
+            return 127
+        status["child_pid"] = child.pid
+        atomic_write_json(args.status, status)
+        while True:
+            try:
+                code = child.wait()
+                break
+            except InterruptedError:
+                continue
+    status.update(end_at=time.time(), exit_code=code)
+    if cancelled["signal"] is not None:
+        status.update(state="CANCELED", cause=f"cancelled (signal {cancelled['signal']})")
+    elif code == 0 and read_json(args.manifest) is not None:
+        status.update(state="FINISHED")
+    else:
+        failure = read_json(os.path.join(os.path.dirname(args.status), "failure.json")) or {}
+        cause = failure.get("error") or (f"exit code {code} without a manifest" if code == 0 else f"exit code {code}")
+        status.update(state="FAILED", cause=cause, failure_kind=failure.get("kind"))
+    atomic_write_json(args.status, status)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

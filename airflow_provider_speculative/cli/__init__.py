@@ -1,0 +1,1 @@
+"""``airflow speculative ...`` commands."""

@@ -1,0 +1,300 @@
+"""The ``[speculative]`` options: defaults, parsing from strings and validation that names the option."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Any
+
+SECTION = "speculative"
+
+
+class ConfigError(ValueError):
+    """An option has an invalid value; the message names the option and where it came from."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where attempts are submitted: a ``spark`` connection, extra conf, a slot count and a node label."""
+
+    name: str
+    conn_id: str = "spark_default"
+    slots: int = 2
+    node: str | None = None
+    conf: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def node_label(self) -> str:
+        """The node attempts on this target are expected to run on (the target name if unset)."""
+        return self.node or self.name
+
+
+DEFAULT_TARGETS: tuple[Target, ...] = (
+    Target(name="local-a", conn_id="spark_default", slots=2),
+    Target(name="local-b", conn_id="spark_default", slots=2),
+)
+
+
+@dataclass(frozen=True)
+class FaultSpec:
+    """An injected slowdown: the attempt takes ``factor`` times as long plus ``delay`` seconds, or fails."""
+
+    factor: float = 1.0
+    delay: float = 0.0
+    fail: bool = False
+
+    @property
+    def active(self) -> bool:
+        """True if this spec changes anything."""
+        return self.factor != 1.0 or self.delay != 0.0 or self.fail
+
+
+@dataclass(frozen=True)
+class FaultInjection:
+    """Test and demo fault injection: slow targets and chosen attempts. Empty means off."""
+
+    targets: dict[str, FaultSpec] = field(default_factory=dict)
+    attempts: dict[tuple[int, int], FaultSpec] = field(default_factory=dict)
+
+    def for_attempt(self, target: str, subtask: int, attempt: int) -> FaultSpec:
+        """Return the fault applied to one attempt; a per-attempt rule wins over a target rule."""
+        return self.attempts.get((subtask, attempt)) or self.targets.get(target) or FaultSpec()
+
+    def to_json(self) -> dict[str, Any]:
+        """Serialise to the documented JSON form."""
+        return {
+            "targets": {name: asdict(spec) for name, spec in self.targets.items()},
+            "attempts": [
+                {"subtask": s, "attempt": a, **asdict(spec)} for (s, a), spec in self.attempts.items()
+            ],
+        }
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """All options of the ``[speculative]`` section, after parsing and validation."""
+
+    enabled: bool = False
+    max_concurrent_executions: int = 2
+    block_slow_node_duration: float = 60.0
+    check_interval: float = 1.0
+    baseline_lower_bound: float = 60.0
+    baseline_ratio: float = 0.75
+    baseline_multiplier: float = 1.5
+    normalize_by_input_bytes: bool = True
+    max_failures_per_subtask: int = 3
+    store_path: str = ""
+    targets: tuple[Target, ...] = DEFAULT_TARGETS
+    fault_injection: FaultInjection = field(default_factory=FaultInjection)
+
+    def with_overrides(self, overrides: dict[str, Any] | None, where: str) -> SpeculativeConfig:
+        """Return a copy with ``overrides`` applied; ``where`` names the source in error messages."""
+        if not overrides:
+            return self
+        parsed = {name: parse_option(name, value, where) for name, value in overrides.items()}
+        return replace(self, **parsed)
+
+    def to_json(self) -> dict[str, Any]:
+        """Serialise to plain JSON types (for plan.json and trigger kwargs)."""
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["targets"] = [asdict(t) for t in self.targets]
+        out["fault_injection"] = self.fault_injection.to_json()
+        return out
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> SpeculativeConfig:
+        """Inverse of :meth:`to_json`."""
+        return cls().with_overrides(data, "plan")
+
+
+OPTION_DOCS: dict[str, str] = {
+    "enabled": "Launch speculative attempts for slow subtasks.",
+    "max_concurrent_executions": "Live attempts per subtask, original included (>= 1).",
+    "block_slow_node_duration": "Seconds a slow node stays blocked for new attempts (>= 0).",
+    "check_interval": "Seconds between controller checks (> 0).",
+    "baseline_lower_bound": "Lower bound of the slow-task baseline in seconds (>= 0).",
+    "baseline_ratio": "Fraction of subtasks that must finish before a baseline exists (0 < r <= 1).",
+    "baseline_multiplier": "Baseline = median execution time of the earliest finishers times this (>= 1).",
+    "normalize_by_input_bytes": "Compare execution time per input byte when input sizes are known.",
+    "max_failures_per_subtask": "Failed attempts a subtask may have before the stage fails (>= 0).",
+    "store_path": "Root of the result store; empty means $AIRFLOW_HOME/speculative-store.",
+    "targets": "JSON list of targets: name, conn_id, slots, node, conf.",
+    "fault_injection": "JSON: {targets: {name: {factor, delay, fail}}, attempts: [{subtask, attempt, ...}]}. Off when empty.",
+}
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|sec|secs|seconds?|m|min|mins|minutes?|h|hours?)?\s*$")
+_UNIT = {"ms": 0.001, "s": 1, "sec": 1, "secs": 1, "second": 1, "seconds": 1, "m": 60, "min": 60,
+         "mins": 60, "minute": 60, "minutes": 60, "h": 3600, "hour": 3600, "hours": 3600}
+
+
+def _bad(name: str, value: Any, where: str, why: str) -> ConfigError:
+    return ConfigError(f"[{SECTION}] {name} = {value!r} ({where}): {why}")
+
+
+def _duration(name: str, value: Any, where: str) -> float:
+    if isinstance(value, bool):
+        raise _bad(name, value, where, "expected a duration such as 60, '60s' or '1 min'")
+    if isinstance(value, int | float):
+        seconds = float(value)
+    else:
+        match = _DURATION.match(str(value))
+        if not match:
+            raise _bad(name, value, where, "expected a duration such as 60, '60s' or '1 min'")
+        seconds = float(match.group(1)) * _UNIT[match.group(2) or "s"]
+    if seconds < 0:
+        raise _bad(name, value, where, "must not be negative")
+    return seconds
+
+
+def _bool(name: str, value: Any, where: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in {"true", "1", "yes", "on"}:
+        return True
+    if text in {"false", "0", "no", "off"}:
+        return False
+    raise _bad(name, value, where, "expected true or false")
+
+
+def _int(name: str, value: Any, where: str, minimum: int) -> int:
+    try:
+        if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+            raise ValueError
+        number = int(value)
+    except (TypeError, ValueError):
+        raise _bad(name, value, where, "expected an integer") from None
+    if number < minimum:
+        raise _bad(name, value, where, f"must be >= {minimum}")
+    return number
+
+
+def _float(name: str, value: Any, where: str) -> float:
+    try:
+        if isinstance(value, bool):
+            raise ValueError
+        return float(value)
+    except (TypeError, ValueError):
+        raise _bad(name, value, where, "expected a number") from None
+
+
+def _json(name: str, value: Any, where: str) -> Any:
+    if isinstance(value, str):
+        if not value.strip():
+            return None
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise _bad(name, value, where, f"invalid JSON: {exc}") from None
+    return value
+
+
+def _targets(name: str, value: Any, where: str) -> tuple[Target, ...]:
+    raw = _json(name, value, where)
+    if not raw or not isinstance(raw, list | tuple):
+        raise _bad(name, value, where, "expected a non-empty list of targets")
+    targets = []
+    for item in raw:
+        if isinstance(item, Target):
+            targets.append(item)
+            continue
+        if not isinstance(item, dict) or not item.get("name"):
+            raise _bad(name, item, where, "each target needs at least a 'name'")
+        unknown = set(item) - {"name", "conn_id", "slots", "node", "conf"}
+        if unknown:
+            raise _bad(name, item, where, f"unknown target keys {sorted(unknown)}")
+        slots = _int(f"{name}[{item['name']}].slots", item.get("slots", 2), where, 1)
+        conf = {str(k): str(v) for k, v in (item.get("conf") or {}).items()}
+        targets.append(Target(name=str(item["name"]), conn_id=str(item.get("conn_id", "spark_default")),
+                              slots=slots, node=item.get("node"), conf=conf))
+    names = [t.name for t in targets]
+    if len(set(names)) != len(names):
+        raise _bad(name, names, where, "target names must be unique")
+    return tuple(targets)
+
+
+def _fault_spec(name: str, raw: Any, where: str) -> FaultSpec:
+    if not isinstance(raw, dict):
+        raise _bad(name, raw, where, "expected an object with factor, delay or fail")
+    unknown = set(raw) - {"factor", "delay", "fail", "subtask", "attempt"}
+    if unknown:
+        raise _bad(name, raw, where, f"unknown keys {sorted(unknown)}")
+    factor = _float(f"{name}.factor", raw.get("factor", 1.0), where)
+    if factor < 1.0:
+        raise _bad(f"{name}.factor", factor, where, "must be >= 1")
+    return FaultSpec(factor=factor, delay=_duration(f"{name}.delay", raw.get("delay", 0), where),
+                     fail=_bool(f"{name}.fail", raw.get("fail", False), where))
+
+
+def _faults(name: str, value: Any, where: str) -> FaultInjection:
+    if isinstance(value, FaultInjection):
+        return value
+    raw = _json(name, value, where)
+    if not raw:
+        return FaultInjection()
+    if not isinstance(raw, dict) or set(raw) - {"targets", "attempts"}:
+        raise _bad(name, value, where, "expected {targets: {...}, attempts: [...]}")
+    targets = {str(t): _fault_spec(f"{name}.targets.{t}", spec, where)
+               for t, spec in (raw.get("targets") or {}).items()}
+    attempts = {}
+    for item in raw.get("attempts") or []:
+        if not isinstance(item, dict) or "subtask" not in item:
+            raise _bad(name, item, where, "each attempts entry needs 'subtask' (and optionally 'attempt')")
+        key = (_int(f"{name}.subtask", item["subtask"], where, 0), _int(f"{name}.attempt", item.get("attempt", 0), where, 0))
+        attempts[key] = _fault_spec(f"{name}.attempts", item, where)
+    return FaultInjection(targets=targets, attempts=attempts)
+
+
+def parse_option(name: str, value: Any, where: str) -> Any:
+    """Parse and validate one option value, raising :class:`ConfigError` naming it."""
+    if name == "enabled" or name == "normalize_by_input_bytes":
+        return _bool(name, value, where)
+    if name == "max_concurrent_executions":
+        return _int(name, value, where, 1)
+    if name == "max_failures_per_subtask":
+        return _int(name, value, where, 0)
+    if name in {"block_slow_node_duration", "baseline_lower_bound"}:
+        return _duration(name, value, where)
+    if name == "check_interval":
+        seconds = _duration(name, value, where)
+        if seconds <= 0:
+            raise _bad(name, value, where, "must be > 0")
+        return seconds
+    if name == "baseline_ratio":
+        ratio = _float(name, value, where)
+        if not 0 < ratio <= 1:
+            raise _bad(name, value, where, "must be in (0, 1]")
+        return ratio
+    if name == "baseline_multiplier":
+        multiplier = _float(name, value, where)
+        if multiplier < 1:
+            raise _bad(name, value, where, "must be >= 1")
+        return multiplier
+    if name == "store_path":
+        return str(value or "")
+    if name == "targets":
+        return _targets(name, value, where)
+    if name == "fault_injection":
+        return _faults(name, value, where)
+    known = ", ".join(sorted(OPTION_DOCS))
+    raise ConfigError(f"[{SECTION}] unknown option {name!r} ({where}); known options: {known}")
+
+
+def default_strings() -> dict[str, str]:
+    """The defaults as the strings Airflow's config declares (provider info)."""
+    base = SpeculativeConfig()
+    out: dict[str, str] = {}
+    for f in fields(base):
+        value = getattr(base, f.name)
+        if f.name == "targets":
+            out[f.name] = json.dumps([asdict(t) for t in value])
+        elif f.name == "fault_injection":
+            out[f.name] = ""
+        elif isinstance(value, bool):
+            out[f.name] = str(value)
+        elif isinstance(value, float) and value.is_integer():
+            out[f.name] = str(int(value)) if f.name in {"block_slow_node_duration", "baseline_lower_bound", "check_interval"} else str(value)
+        else:
+            out[f.name] = str(value)
+    return out

@@ -1,0 +1,180 @@
+"""The stage graph: stages, sources, exchanges, validation, order and exchange ranges."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from airflow_provider_speculative.core.config import ConfigError, SpeculativeConfig
+
+Distribution = Literal["all_to_all", "pointwise"]
+Mode = Literal["blocking", "hybrid"]
+
+
+class PipelineError(ValueError):
+    """The stage graph is invalid; the message names the stage or input at fault."""
+
+
+@dataclass(frozen=True)
+class SourceSpec:
+    """An external dataset read by a stage and split across its subtasks by file."""
+
+    path: str
+    format: str = "parquet"
+    # Sources only read, so concurrent attempts never interfere with them.
+    supports_concurrent_attempts: bool = True
+
+    def to_json(self) -> dict[str, Any]:
+        """Serialise for plan.json."""
+        return {"kind": "source", "path": self.path, "format": self.format,
+                "supports_concurrent_attempts": self.supports_concurrent_attempts}
+
+
+@dataclass(frozen=True)
+class ExchangeSpec:
+    """An edge from an upstream stage: ``all_to_all`` on a key or ``pointwise``; blocking or hybrid."""
+
+    upstream: str
+    distribution: Distribution = "all_to_all"
+    key: tuple[str, ...] = ()
+    mode: Mode = "blocking"
+
+    def to_json(self) -> dict[str, Any]:
+        """Serialise for plan.json."""
+        return {"kind": "exchange", "upstream": self.upstream, "distribution": self.distribution,
+                "key": list(self.key), "mode": self.mode}
+
+
+@dataclass
+class StageSpec:
+    """One stage: a PySpark application run as ``parallelism`` subtasks over its inputs."""
+
+    name: str
+    application: str
+    parallelism: int
+    inputs: dict[str, SourceSpec | ExchangeSpec] = field(default_factory=dict)
+    max_parallelism: int = 32
+    deterministic: bool = True
+    config: dict[str, Any] = field(default_factory=dict)
+    application_args: tuple[str, ...] = ()
+    spark_conf: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class PipelineGraph:
+    """A validated DAG of stages."""
+
+    name: str
+    stages: dict[str, StageSpec]
+    config: dict[str, Any] = field(default_factory=dict)
+
+    def validate(self) -> None:
+        """Raise :class:`PipelineError` for unknown inputs, bad parallelism, bad exchanges or cycles."""
+        for stage in self.stages.values():
+            where = f"pipeline {self.name!r}, stage {stage.name!r}"
+            if not isinstance(stage.parallelism, int) or stage.parallelism < 1:
+                raise PipelineError(f"{where}: parallelism must be an integer >= 1, got {stage.parallelism!r}")
+            if not isinstance(stage.max_parallelism, int) or stage.max_parallelism < stage.parallelism:
+                raise PipelineError(
+                    f"{where}: max_parallelism ({stage.max_parallelism!r}) must be >= parallelism ({stage.parallelism})")
+            if not stage.application:
+                raise PipelineError(f"{where}: application is required")
+            for input_name, spec in stage.inputs.items():
+                if isinstance(spec, ExchangeSpec):
+                    self._validate_exchange(where, input_name, spec, stage)
+            try:
+                SpeculativeConfig().with_overrides(stage.config, where)
+            except ConfigError as exc:
+                raise PipelineError(str(exc)) from None
+        try:
+            SpeculativeConfig().with_overrides(self.config, f"pipeline {self.name!r}")
+        except ConfigError as exc:
+            raise PipelineError(str(exc)) from None
+        self._check_keys()
+        self.topological_order()
+
+    def _validate_exchange(self, where: str, input_name: str, spec: ExchangeSpec, stage: StageSpec) -> None:
+        if spec.upstream not in self.stages:
+            known = ", ".join(sorted(self.stages)) or "none"
+            raise PipelineError(f"{where}: input {input_name!r} reads unknown stage {spec.upstream!r} (stages: {known})")
+        if spec.upstream == stage.name:
+            raise PipelineError(f"{where}: input {input_name!r} reads its own stage (cycle)")
+        if spec.distribution not in ("all_to_all", "pointwise"):
+            raise PipelineError(f"{where}: input {input_name!r} has unknown distribution {spec.distribution!r}")
+        if spec.mode not in ("blocking", "hybrid"):
+            raise PipelineError(f"{where}: input {input_name!r} has unknown mode {spec.mode!r}")
+        if spec.distribution == "all_to_all" and not spec.key:
+            raise PipelineError(f"{where}: all_to_all input {input_name!r} needs a key")
+        if spec.distribution == "pointwise" and self.stages[spec.upstream].parallelism != stage.parallelism:
+            raise PipelineError(
+                f"{where}: pointwise input {input_name!r} needs equal parallelism "
+                f"({spec.upstream}={self.stages[spec.upstream].parallelism}, {stage.name}={stage.parallelism})")
+
+    def _check_keys(self) -> None:
+        # A producer writes its output partitioned once, so all its all_to_all consumers share a key.
+        for producer in self.stages:
+            keys = {spec.key for _, _, spec in self.consumers(producer) if spec.distribution == "all_to_all"}
+            if len(keys) > 1:
+                raise PipelineError(
+                    f"pipeline {self.name!r}: stage {producer!r} is consumed all_to_all with different keys "
+                    f"{sorted(keys)}; use one key per producer")
+
+    def consumers(self, producer: str) -> list[tuple[str, str, ExchangeSpec]]:
+        """Return (consumer stage, input name, exchange) for every edge leaving ``producer``."""
+        return [(stage.name, input_name, spec) for stage in self.stages.values()
+                for input_name, spec in stage.inputs.items()
+                if isinstance(spec, ExchangeSpec) and spec.upstream == producer]
+
+    def upstreams(self, stage: str) -> list[str]:
+        """Return the stages ``stage`` reads from, in input order."""
+        return [spec.upstream for spec in self.stages[stage].inputs.values() if isinstance(spec, ExchangeSpec)]
+
+    def output_key(self, producer: str) -> tuple[str, ...]:
+        """Return the hash key the producer partitions its output by (empty: not hash-partitioned)."""
+        for _, _, spec in self.consumers(producer):
+            if spec.distribution == "all_to_all":
+                return spec.key
+        return ()
+
+    def topological_order(self) -> list[str]:
+        """Return stage names producers-first; raise :class:`PipelineError` naming a cycle."""
+        order: list[str] = []
+        state: dict[str, int] = {}
+
+        def visit(name: str, path: list[str]) -> None:
+            if state.get(name) == 2:
+                return
+            if state.get(name) == 1:
+                cycle = path[path.index(name):] + [name]
+                raise PipelineError(f"pipeline {self.name!r}: cyclic stage graph: {' -> '.join(cycle)}")
+            state[name] = 1
+            for upstream in self.upstreams(name):
+                visit(upstream, path + [name])
+            state[name] = 2
+            order.append(name)
+
+        for name in self.stages:
+            visit(name, [])
+        return order
+
+
+def subpartition_range(consumer: int, consumer_parallelism: int, max_parallelism: int) -> range:
+    """Return the contiguous subpartitions consumer ``consumer`` of ``consumer_parallelism`` reads."""
+    if not 0 <= consumer < consumer_parallelism <= max_parallelism:
+        raise ValueError(f"consumer {consumer} of {consumer_parallelism} with max_parallelism {max_parallelism}")
+    start = consumer * max_parallelism // consumer_parallelism
+    end = (consumer + 1) * max_parallelism // consumer_parallelism
+    return range(start, end)
+
+
+def split_files(files: list[tuple[str, int]], parallelism: int) -> list[list[tuple[str, int]]]:
+    """Split (path, size) files over subtasks, largest first onto the lightest subtask (deterministic)."""
+    splits: list[list[tuple[str, int]]] = [[] for _ in range(parallelism)]
+    loads = [0] * parallelism
+    for path, size in sorted(files, key=lambda f: (-f[1], f[0])):
+        target = min(range(parallelism), key=lambda i: (loads[i], i))
+        splits[target].append((path, size))
+        loads[target] += size
+    for split in splits:
+        split.sort()
+    return splits

@@ -1,0 +1,319 @@
+"""The stage scheduler: attempt observations and clock ticks in, instructions out.
+
+It is the dask ``WorkerState`` idea applied to FLIP-168: the controller trigger polls attempts,
+feeds what it saw to :meth:`StageScheduler.step` and carries out the returned actions. The
+scheduler never does I/O, so every rule here is unit-tested with a fake clock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from airflow_provider_speculative.core.blocklist import Blocklist
+from airflow_provider_speculative.core.config import SpeculativeConfig, Target
+from airflow_provider_speculative.core.detector import Baseline, compute_baseline, find_slow
+from airflow_provider_speculative.core.states import Attempt, AttemptState, current_attempt
+
+
+@dataclass(frozen=True)
+class Launch:
+    """Start attempt ``attempt`` of ``subtask`` on ``target``."""
+
+    subtask: int
+    attempt: int
+    target: str
+    speculative: bool
+    reason: str
+
+
+@dataclass(frozen=True)
+class Cancel:
+    """Stop a live attempt (its driver must really stop) and discard its output."""
+
+    subtask: int
+    attempt: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class Admit:
+    """Make this finished attempt the subtask's result; it is the only one that will be committed."""
+
+    subtask: int
+    attempt: int
+
+
+@dataclass(frozen=True)
+class Discard:
+    """A finished attempt that lost the race: remove its output."""
+
+    subtask: int
+    attempt: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class BlockNode:
+    """Stop placing new attempts on ``node`` until ``until`` (running attempts continue)."""
+
+    node: str
+    until: float
+    reason: str
+
+
+@dataclass(frozen=True)
+class FailStage:
+    """The stage cannot finish: ``reason`` and every failed attempt's cause."""
+
+    reason: str
+    causes: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class StageComplete:
+    """Every subtask has an admitted attempt and no loser is still running."""
+
+    admitted: dict[int, int]
+
+
+Action = Launch | Cancel | Admit | Discard | BlockNode | FailStage | StageComplete
+
+
+@dataclass
+class StageScheduler:
+    """State machine for one stage run: attempts, admissions, blocklist, speculation and failures."""
+
+    parallelism: int
+    config: SpeculativeConfig
+    input_bytes: dict[int, int] = field(default_factory=dict)
+    # Why this stage may not be speculated (e.g. a sink without SupportsConcurrentExecutionAttempts).
+    speculation_blocker: str | None = None
+    # Subtasks whose valid committed result is reused; they never get an attempt.
+    reused: frozenset[int] = frozenset()
+
+    attempts: dict[int, dict[int, Attempt]] = field(default_factory=dict)
+    admitted: dict[int, int] = field(default_factory=dict)
+    blocklist: Blocklist = field(default_factory=Blocklist)
+    baseline: Baseline | None = None
+    slow_subtasks: frozenset[int] = frozenset()
+    failed: FailStage | None = None
+    completed: bool = False
+
+    def __post_init__(self) -> None:
+        for subtask in range(self.parallelism):
+            self.attempts.setdefault(subtask, {})
+
+    # -- read-only views -------------------------------------------------------------------
+
+    @property
+    def targets(self) -> tuple[Target, ...]:
+        """The targets attempts may be placed on."""
+        return self.config.targets
+
+    @property
+    def speculation_enabled(self) -> bool:
+        """True if slow subtasks get speculative attempts in this stage."""
+        return self.config.enabled and self.speculation_blocker is None
+
+    @property
+    def speculation_status(self) -> str:
+        """One line saying whether speculation is on and, if off, why."""
+        if not self.config.enabled:
+            return "off: disabled by configuration ([speculative] enabled = false)"
+        if self.speculation_blocker:
+            return f"off: {self.speculation_blocker}"
+        return "on"
+
+    def all_attempts(self) -> list[Attempt]:
+        """Every attempt of every subtask."""
+        return [a for per in self.attempts.values() for a in per.values()]
+
+    def current(self, subtask: int) -> Attempt | None:
+        """The FLIP-168 current attempt of ``subtask``."""
+        return current_attempt(list(self.attempts[subtask].values()))
+
+    def failures(self, subtask: int) -> int:
+        """Failed attempts of ``subtask`` so far."""
+        return sum(a.state == AttemptState.FAILED for a in self.attempts[subtask].values())
+
+    def effective_speculative_executions(self) -> int:
+        """numEffectiveSpeculativeExecutions: admitted attempts that were speculative copies."""
+        return sum(self.attempts[s][n].speculative for s, n in self.admitted.items() if n in self.attempts[s])
+
+    def done_subtasks(self) -> set[int]:
+        """Subtasks with an admitted or reused result."""
+        return set(self.admitted) | set(self.reused)
+
+    # -- stimuli ----------------------------------------------------------------------------
+
+    def restore(self, attempts: list[Attempt], admitted: dict[int, int], blocked: dict[str, float]) -> None:
+        """Rebuild state from the store after a controller restart (no actions are produced)."""
+        for attempt in attempts:
+            self.attempts.setdefault(attempt.subtask, {})[attempt.number] = attempt
+        self.admitted.update(admitted)
+        for node, until in blocked.items():
+            self.blocklist.block(node, until)
+
+    def step(self, now: float, updates: list[Attempt] | None = None) -> list[Action]:
+        """Apply attempt observations, then decide: admit, cancel, block, speculate, restart, finish."""
+        if self.failed or self.completed:
+            return []
+        actions: list[Action] = []
+        actions += self._apply(updates or [], now)
+        if self.failed:
+            return actions
+        self.blocklist.expire(now)
+        actions += self._detect_slow(now)
+        actions += self._place(now)
+        if len(self.done_subtasks()) == self.parallelism and not any(a.live for a in self.all_attempts()):
+            self.completed = True
+            actions.append(StageComplete(admitted=dict(self.admitted)))
+        return actions
+
+    # -- rules ------------------------------------------------------------------------------
+
+    def _apply(self, updates: list[Attempt], now: float) -> list[Action]:
+        actions: list[Action] = []
+        newly_finished: list[Attempt] = []
+        newly_failed: list[Attempt] = []
+        for update in updates:
+            known = self.attempts.setdefault(update.subtask, {}).get(update.number)
+            previous = known.state if known else None
+            if known is not None and known.state == AttemptState.CANCELING and update.state in (
+                AttemptState.FAILED, AttemptState.CANCELED):
+                # A cancelled attempt dying is the expected end, not a failure.
+                update.state = AttemptState.CANCELED
+            if known is not None:
+                update.speculative = known.speculative
+                update.created_at = known.created_at if update.created_at is None else update.created_at
+            if known is not None and known.state == AttemptState.CANCELING and update.state in (
+                AttemptState.DEPLOYING, AttemptState.INITIALIZING, AttemptState.RUNNING, AttemptState.CREATED):
+                update.state = AttemptState.CANCELING
+            self.attempts[update.subtask][update.number] = update
+            if update.state == AttemptState.FINISHED and previous != AttemptState.FINISHED:
+                newly_finished.append(update)
+            elif update.state == AttemptState.FAILED and previous != AttemptState.FAILED:
+                newly_failed.append(update)
+        # First finisher wins: when several finished between two polls, the earliest end wins.
+        for attempt in sorted(newly_finished, key=lambda a: (a.end_at or now, a.number)):
+            actions += self._on_finished(attempt)
+        for attempt in newly_failed:
+            actions += self._on_failed(attempt)
+        return actions
+
+    def _on_finished(self, attempt: Attempt) -> list[Action]:
+        subtask = attempt.subtask
+        if subtask in self.admitted or subtask in self.reused:
+            if self.admitted.get(subtask) == attempt.number:
+                return []
+            return [Discard(subtask, attempt.number, f"attempt {self.admitted.get(subtask)} was admitted first")]
+        self.admitted[subtask] = attempt.number
+        actions: list[Action] = [Admit(subtask, attempt.number)]
+        for other in self.attempts[subtask].values():
+            if other.number != attempt.number and other.live and other.state != AttemptState.CANCELING:
+                other.state = AttemptState.CANCELING
+                actions.append(Cancel(subtask, other.number, f"attempt {attempt.number} finished first"))
+        return actions
+
+    def _on_failed(self, attempt: Attempt) -> list[Action]:
+        subtask = attempt.subtask
+        if subtask in self.admitted or subtask in self.reused:
+            return []
+        if any(a.possible_to_finish for a in self.attempts[subtask].values()):
+            # FLIP-168: a sibling may still finish, so this failure restarts nothing.
+            return []
+        if self.failures(subtask) > self.config.max_failures_per_subtask:
+            self.failed = FailStage(
+                reason=(f"subtask {subtask} failed {self.failures(subtask)} times "
+                        f"(max_failures_per_subtask = {self.config.max_failures_per_subtask})"),
+                causes=tuple(self.failure_causes()),
+            )
+            return self._fail_actions()
+        return []  # _place launches the replacement attempt when a slot is free
+
+    def _fail_actions(self) -> list[Action]:
+        actions: list[Action] = [self.failed] if self.failed else []
+        for attempt in self.all_attempts():
+            if attempt.live and attempt.state != AttemptState.CANCELING:
+                attempt.state = AttemptState.CANCELING
+                actions.append(Cancel(attempt.subtask, attempt.number, "stage failed"))
+        return actions
+
+    def failure_causes(self) -> list[str]:
+        """One line per failed attempt: subtask, attempt, target, node, exit code and cause."""
+        return [
+            f"subtask {a.subtask} attempt {a.number} on {a.target} (node {a.node or '?'}): "
+            f"exit code {a.exit_code}, {a.cause or 'no cause reported'}"
+            for a in sorted(self.all_attempts(), key=lambda a: (a.subtask, a.number))
+            if a.state == AttemptState.FAILED
+        ]
+
+    def _detect_slow(self, now: float) -> list[Action]:
+        if not self.speculation_enabled:
+            self.slow_subtasks = frozenset()
+            return []
+        finished = [self.attempts[s][n] for s, n in self.admitted.items()
+                    if n in self.attempts[s] and self.attempts[s][n].deploying_at is not None]
+        self.baseline = compute_baseline(
+            self.parallelism, finished,
+            ratio=self.config.baseline_ratio, multiplier=self.config.baseline_multiplier,
+            lower_bound=self.config.baseline_lower_bound, input_bytes=self.input_bytes,
+            normalize_by_input_bytes=self.config.normalize_by_input_bytes)
+        candidates = [a for a in self.all_attempts()
+                      if a.subtask not in self.admitted and a.subtask not in self.reused]
+        slow = find_slow(candidates, self.baseline, now, self.input_bytes)
+        self.slow_subtasks = frozenset(a.subtask for a in slow)
+        actions: list[Action] = []
+        until = now + self.config.block_slow_node_duration
+        for attempt in slow:
+            node = attempt.node or self._target(attempt.target).node_label
+            if self.config.block_slow_node_duration > 0 and self.blocklist.block(node, until):
+                actions.append(BlockNode(node, until, f"subtask {attempt.subtask} attempt {attempt.number} is slow "
+                                                      f"({attempt.execution_time(now):.1f}s)"))
+        return actions
+
+    def _target(self, name: str) -> Target:
+        for target in self.targets:
+            if target.name == name:
+                return target
+        return Target(name=name)
+
+    def _place(self, now: float) -> list[Action]:
+        load = {t.name: 0 for t in self.targets}
+        for attempt in self.all_attempts():
+            if attempt.live and attempt.target in load:
+                load[attempt.target] += 1
+        wanted: list[tuple[int, bool, str]] = []
+        for subtask in range(self.parallelism):
+            if subtask in self.admitted or subtask in self.reused:
+                continue
+            if not any(a.possible_to_finish for a in self.attempts[subtask].values()):
+                reason = "restart after failure" if self.attempts[subtask] else "initial attempt"
+                wanted.append((subtask, False, reason))
+        for subtask in sorted(self.slow_subtasks):
+            live = [a for a in self.attempts[subtask].values() if a.possible_to_finish]
+            if live and len(live) < self.config.max_concurrent_executions:
+                wanted.append((subtask, True, "speculative copy of a slow attempt"))
+        actions: list[Action] = []
+        for subtask, speculative, reason in wanted:
+            avoid = {a.target for a in self.attempts[subtask].values() if a.live} if speculative else set()
+            target = self._pick_target(load, now, avoid, allow_blocked=not speculative)
+            if target is None:
+                continue
+            number = max(self.attempts[subtask], default=-1) + 1
+            self.attempts[subtask][number] = Attempt(
+                subtask=subtask, number=number, target=target.name, speculative=speculative,
+                state=AttemptState.CREATED, created_at=now, input_bytes=self.input_bytes.get(subtask))
+            load[target.name] += 1
+            actions.append(Launch(subtask, number, target.name, speculative, reason))
+        return actions
+
+    def _pick_target(self, load: dict[str, int], now: float, avoid: set[str], allow_blocked: bool) -> Target | None:
+        free = [t for t in self.targets if load[t.name] < t.slots and t.name not in avoid]
+        unblocked = [t for t in free if not self.blocklist.is_blocked(t.node_label, now)]
+        if not unblocked and allow_blocked and all(self.blocklist.is_blocked(t.node_label, now) for t in self.targets):
+            # Every node is blocked: an original attempt still runs rather than stall the stage.
+            unblocked = free
+        if not unblocked:
+            return None
+        return min(unblocked, key=lambda t: (load[t.name] / t.slots, self.targets.index(t)))

@@ -1,0 +1,110 @@
+"""Attempt states, the FLIP-168 state priority and the attempt record the core reasons about."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+
+class AttemptState(StrEnum):
+    """Life cycle of one attempt (one Spark submission of one subtask)."""
+
+    CREATED = "CREATED"
+    SCHEDULED = "SCHEDULED"
+    DEPLOYING = "DEPLOYING"
+    INITIALIZING = "INITIALIZING"
+    RUNNING = "RUNNING"
+    FINISHED = "FINISHED"
+    CANCELING = "CANCELING"
+    FAILED = "FAILED"
+    CANCELED = "CANCELED"
+
+
+# FLIP-168: a state ranks higher the more likely it is to end in FINISHED.
+STATE_PRIORITY: tuple[AttemptState, ...] = (
+    AttemptState.FINISHED,
+    AttemptState.RUNNING,
+    AttemptState.INITIALIZING,
+    AttemptState.DEPLOYING,
+    AttemptState.SCHEDULED,
+    AttemptState.CREATED,
+    AttemptState.CANCELING,
+    AttemptState.FAILED,
+    AttemptState.CANCELED,
+)
+_RANK = {state: rank for rank, state in enumerate(STATE_PRIORITY)}
+
+POSSIBLE_TO_FINISH = frozenset(
+    {
+        AttemptState.CREATED,
+        AttemptState.SCHEDULED,
+        AttemptState.DEPLOYING,
+        AttemptState.INITIALIZING,
+        AttemptState.RUNNING,
+        AttemptState.FINISHED,
+    }
+)
+LIVE = frozenset(
+    {
+        AttemptState.CREATED,
+        AttemptState.SCHEDULED,
+        AttemptState.DEPLOYING,
+        AttemptState.INITIALIZING,
+        AttemptState.RUNNING,
+        AttemptState.CANCELING,
+    }
+)
+TERMINAL = frozenset({AttemptState.FINISHED, AttemptState.FAILED, AttemptState.CANCELED})
+# Execution time counts from DEPLOYING; states before it have no execution time yet.
+EXECUTING = frozenset({AttemptState.DEPLOYING, AttemptState.INITIALIZING, AttemptState.RUNNING})
+
+
+def state_rank(state: AttemptState) -> int:
+    """Return the FLIP-168 rank of a state (0 is the highest priority)."""
+    return _RANK[state]
+
+
+@dataclass
+class Attempt:
+    """What the core knows about one attempt; timestamps are seconds on the controller clock."""
+
+    subtask: int
+    number: int
+    target: str
+    state: AttemptState = AttemptState.CREATED
+    speculative: bool = False
+    node: str | None = None
+    created_at: float | None = None
+    deploying_at: float | None = None
+    end_at: float | None = None
+    exit_code: int | None = None
+    cause: str | None = None
+    input_bytes: int | None = None
+    progress: dict = field(default_factory=dict)
+
+    @property
+    def live(self) -> bool:
+        """True while the attempt holds a slot on its target."""
+        return self.state in LIVE
+
+    @property
+    def possible_to_finish(self) -> bool:
+        """True if the attempt is finished or may still finish (FLIP-168 definition)."""
+        return self.state in POSSIBLE_TO_FINISH
+
+    def execution_time(self, now: float) -> float:
+        """Seconds since DEPLOYING, up to the end or now; 0 for attempts not yet deploying."""
+        if self.deploying_at is None:
+            return 0.0
+        if self.state == AttemptState.FINISHED and self.end_at is not None:
+            return max(0.0, self.end_at - self.deploying_at)
+        if self.state in EXECUTING:
+            return max(0.0, now - self.deploying_at)
+        return 0.0
+
+
+def current_attempt(attempts: list[Attempt]) -> Attempt | None:
+    """Pick the attempt that best represents a subtask: highest state priority, earliest created."""
+    if not attempts:
+        return None
+    return min(attempts, key=lambda a: (state_rank(a.state), a.number))

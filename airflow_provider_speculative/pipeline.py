@@ -1,0 +1,137 @@
+"""Authoring API: declare a pipeline of stages inside a DAG; it compiles to one task per stage."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from airflow_provider_speculative.core.graph import (
+    ExchangeSpec,
+    PipelineError,
+    PipelineGraph,
+    SourceSpec,
+    StageSpec,
+)
+from airflow_provider_speculative.sinks.base import Sink
+
+
+class Stage:
+    """Handle of a declared stage; pass it to :func:`all_to_all` or :func:`pointwise` to consume it."""
+
+    def __init__(self, pipeline: Pipeline, spec: StageSpec, sink: Sink | None, operator_kwargs: dict[str, Any]):
+        self.pipeline = pipeline
+        self.spec = spec
+        self.sink = sink
+        self.operator_kwargs = operator_kwargs
+        self.task: Any = None
+
+    @property
+    def name(self) -> str:
+        """The stage name (also its Airflow task id)."""
+        return self.spec.name
+
+
+def parquet_source(path: str) -> SourceSpec:
+    """A Parquet dataset (directory, file or glob) whose files are split across the stage's subtasks."""
+    return SourceSpec(path=str(path), format="parquet")
+
+
+def _upstream_name(upstream: Stage | str) -> str:
+    return upstream.name if isinstance(upstream, Stage) else str(upstream)
+
+
+def all_to_all(upstream: Stage | str, key: str | list[str] | tuple[str, ...], mode: str = "blocking") -> ExchangeSpec:
+    """Read every upstream subtask's output, hash-partitioned on ``key``; each consumer reads a range."""
+    keys = (key,) if isinstance(key, str) else tuple(key)
+    return ExchangeSpec(upstream=_upstream_name(upstream), distribution="all_to_all", key=keys, mode=mode)  # type: ignore[arg-type]
+
+
+def pointwise(upstream: Stage | str, mode: str = "blocking") -> ExchangeSpec:
+    """Subtask i reads upstream subtask i's output (equal parallelism)."""
+    return ExchangeSpec(upstream=_upstream_name(upstream), distribution="pointwise", mode=mode)  # type: ignore[arg-type]
+
+
+class Pipeline:
+    """A stage graph inside a DAG. Use as a context manager, or call :meth:`compile` yourself.
+
+    ``config`` overrides ``[speculative]`` options for every stage of this pipeline.
+    """
+
+    def __init__(self, name: str, *, config: dict[str, Any] | None = None, dag: Any = None,
+                 default_max_parallelism: int = 32) -> None:
+        self.name = name
+        self.config = dict(config or {})
+        self.dag = dag
+        self.default_max_parallelism = default_max_parallelism
+        self.stages: dict[str, Stage] = {}
+        self.compiled = False
+
+    def stage(
+        self,
+        name: str,
+        *,
+        application: str,
+        parallelism: int,
+        inputs: dict[str, SourceSpec | ExchangeSpec | Stage] | None = None,
+        sink: Sink | None = None,
+        max_parallelism: int | None = None,
+        deterministic: bool = True,
+        config: dict[str, Any] | None = None,
+        application_args: list[str] | tuple[str, ...] = (),
+        spark_conf: dict[str, str] | None = None,
+        **operator_kwargs: Any,
+    ) -> Stage:
+        """Declare a stage; ``operator_kwargs`` go to its SparkStageOperator (retries, pool, ...)."""
+        if self.compiled:
+            raise PipelineError(f"pipeline {self.name!r} is already compiled; declare stages inside it")
+        if name in self.stages:
+            raise PipelineError(f"pipeline {self.name!r}: duplicate stage name {name!r}")
+        resolved: dict[str, SourceSpec | ExchangeSpec] = {}
+        for input_name, spec in (inputs or {}).items():
+            if isinstance(spec, Stage):
+                raise PipelineError(f"pipeline {self.name!r}, stage {name!r}: input {input_name!r} is a stage; "
+                                    "wrap it in all_to_all(stage, key=...) or pointwise(stage)")
+            if not isinstance(spec, SourceSpec | ExchangeSpec):
+                raise PipelineError(f"pipeline {self.name!r}, stage {name!r}: input {input_name!r} must be a "
+                                    f"source, all_to_all(...) or pointwise(...), got {type(spec).__name__}")
+            resolved[input_name] = spec
+        if sink is not None and not isinstance(sink, Sink):
+            raise PipelineError(f"pipeline {self.name!r}, stage {name!r}: sink must be a Sink, got {type(sink).__name__}")
+        spec = StageSpec(name=name, application=str(application), parallelism=parallelism, inputs=resolved,
+                         max_parallelism=max_parallelism or max(self.default_max_parallelism,
+                                                                parallelism if isinstance(parallelism, int) else 1),
+                         deterministic=deterministic, config=dict(config or {}),
+                         application_args=tuple(application_args), spark_conf=dict(spark_conf or {}))
+        handle = Stage(self, spec, sink, operator_kwargs)
+        self.stages[name] = handle
+        return handle
+
+    def graph(self) -> PipelineGraph:
+        """The validated stage graph."""
+        graph = PipelineGraph(name=self.name, stages={n: s.spec for n, s in self.stages.items()}, config=self.config)
+        graph.validate()
+        return graph
+
+    def compile(self) -> dict[str, Any]:
+        """Validate and create one SparkStageOperator per stage, wired like the stage edges."""
+        from airflow_provider_speculative.operators.stage import SparkStageOperator
+
+        graph = self.graph()
+        tasks: dict[str, Any] = {}
+        for name in graph.topological_order():
+            handle = self.stages[name]
+            kwargs = dict(handle.operator_kwargs)
+            if self.dag is not None:
+                kwargs.setdefault("dag", self.dag)
+            handle.task = SparkStageOperator(task_id=name, graph=graph, stage=name, sink=handle.sink, **kwargs)
+            tasks[name] = handle.task
+            for upstream in graph.upstreams(name):
+                tasks[upstream] >> handle.task
+        self.compiled = True
+        return tasks
+
+    def __enter__(self) -> Pipeline:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is None:
+            self.compile()

@@ -1,0 +1,41 @@
+"""Provider metadata for Airflow's ProvidersManager (entry point ``apache_airflow_provider``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from airflow_provider_speculative.core.config import OPTION_DOCS, SECTION, default_strings
+
+_TYPES = {"enabled": "boolean", "normalize_by_input_bytes": "boolean", "max_concurrent_executions": "integer",
+          "max_failures_per_subtask": "integer", "baseline_ratio": "float", "baseline_multiplier": "float"}
+
+
+def get_provider_info() -> dict[str, Any]:
+    """Describe the provider: triggers, operators, the ``[speculative]`` config section and CLI commands."""
+    from airflow_provider_speculative import __version__
+
+    defaults = default_strings()
+    return {
+        "package-name": "airflow-provider-speculative",
+        "name": "Speculative",
+        "description": "Stage-level PySpark pipelines with speculative execution, finalize-on-master "
+                       "commits and region failover (ideas from Apache Flink's batch scheduler).",
+        "versions": [__version__],
+        "integrations": [{"integration-name": "Speculative", "external-doc-url":
+                          "https://pypi.org/project/airflow-provider-speculative/", "tags": ["software"]}],
+        "operators": [{"integration-name": "Speculative",
+                       "python-modules": ["airflow_provider_speculative.operators.stage"]}],
+        "triggers": [{"integration-name": "Speculative",
+                      "python-modules": ["airflow_provider_speculative.triggers.controller"]}],
+        "config": {
+            SECTION: {
+                "description": "Speculative execution and stage control (FLIP-168 defaults).",
+                "options": {
+                    name: {"description": doc, "version_added": "0.1.0", "type": _TYPES.get(name, "string"),
+                           "example": None, "default": defaults[name]}
+                    for name, doc in OPTION_DOCS.items()
+                },
+            }
+        },
+        "cli": ["airflow_provider_speculative.cli.definition.get_cli_commands"],
+    }

@@ -1,0 +1,237 @@
+"""StageContext: what a stage's PySpark application uses to read its inputs and write its output."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+from airflow_provider_speculative.core.config import FaultSpec, SpeculativeConfig
+from airflow_provider_speculative.runtime.heartbeat import Heartbeat, current_node
+from airflow_provider_speculative.store.files import atomic_write_json, read_json
+from airflow_provider_speculative.store.layout import StageLayout
+from airflow_provider_speculative.store.manifest import (
+    SUBPARTITION_COLUMN,
+    PartitionError,
+    build_manifest,
+    verify_files,
+    write_manifest,
+)
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+EXIT_FAILED = 1
+EXIT_PARTITION = 3  # an input partition is missing or corrupt: the controller reruns its producer
+
+
+class StageContext:
+    """One attempt of one subtask, built from the submission's arguments (``--plan --subtask --attempt``)."""
+
+    def __init__(self, plan: dict[str, Any], subtask: int, attempt: int, target: str) -> None:
+        self.plan = plan
+        self.stage: str = plan["stage"]
+        self.subtask = subtask
+        self.attempt = attempt
+        self.target = target
+        self.parallelism: int = plan["parallelism"]
+        self.layout = StageLayout(Path(plan["store_root"]), plan["dag_id"], plan["run_id"], plan["stage"])
+        self.node = current_node()
+        self.config = SpeculativeConfig.from_json(plan["config"])
+        self._spec = plan["subtasks"][subtask]
+        self._spark: SparkSession | None = None
+        self._written = False
+        self._records_read = 0
+        self._heartbeat = Heartbeat(self.layout.heartbeat(subtask, attempt), self._progress)
+
+    # -- construction ------------------------------------------------------------------------
+
+    @classmethod
+    def from_argv(cls, argv: list[str] | None = None) -> StageContext:
+        """Parse the arguments the controller passes to every attempt."""
+        parser = argparse.ArgumentParser(description="airflow-provider-speculative stage attempt")
+        parser.add_argument("--plan", required=True, help="path of the stage's plan.json")
+        parser.add_argument("--subtask", required=True, type=int)
+        parser.add_argument("--attempt", required=True, type=int)
+        parser.add_argument("--target", default="")
+        args, _ = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
+        plan = read_json(args.plan)
+        if plan is None:
+            raise FileNotFoundError(f"plan not found: {args.plan}")
+        if not 0 <= args.subtask < plan["parallelism"]:
+            raise ValueError(f"subtask {args.subtask} out of range for parallelism {plan['parallelism']}")
+        return cls(plan, args.subtask, args.attempt, args.target)
+
+    @property
+    def application_args(self) -> list[str]:
+        """The stage's own application arguments (declared on the stage)."""
+        return list(self.plan.get("application_args") or [])
+
+    @property
+    def logical_date(self) -> str | None:
+        """The DAG run's logical date (ISO), if it has one."""
+        return self.plan.get("logical_date")
+
+    @property
+    def input_bytes(self) -> int:
+        """Bytes this subtask reads, as planned."""
+        return int(self._spec.get("input_bytes") or 0)
+
+    @property
+    def spark(self) -> SparkSession:
+        """The attempt's SparkSession (created on first use)."""
+        if self._spark is None:
+            from pyspark.sql import SparkSession
+
+            builder = SparkSession.builder.appName(
+                f"{self.plan['dag_id']}.{self.stage}[{self.subtask}]#{self.attempt}")
+            # Few, small shuffles: Spark's 200 default partitions would be 200 empty tasks.
+            builder = builder.config("spark.sql.shuffle.partitions",
+                                     os.environ.get("SPECULATIVE_SHUFFLE_PARTITIONS", "4"))
+            self._spark = builder.getOrCreate()
+            self._spark.sparkContext.setLogLevel("WARN")
+        return self._spark
+
+    # -- life cycle -------------------------------------------------------------------------
+
+    def __enter__(self) -> StageContext:
+        self._heartbeat.start()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if exc is None and not self._written:
+            exc = RuntimeError(f"stage {self.stage!r} application returned without calling ctx.write()")
+        if exc is not None:
+            self._record_failure(exc)
+            self._heartbeat.stop("FAILED")
+            self._stop_spark()
+            code = EXIT_PARTITION if isinstance(exc, PartitionError) else EXIT_FAILED
+            print(f"[speculative] attempt failed: {exc}", file=sys.stderr)
+            os._exit(code)  # do not let Spark's shutdown hooks turn a failure into exit 0
+        self._heartbeat.stop("FINISHED")
+        self._stop_spark()
+
+    def _stop_spark(self) -> None:
+        if self._spark is not None:
+            self._spark.stop()
+
+    def _record_failure(self, exc: BaseException) -> None:
+        record = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exception(exc)[-5:],
+                  "at": time.time()}
+        if isinstance(exc, PartitionError):
+            record.update(kind="partition", stage=exc.stage, subtask=exc.subtask, attempt=exc.attempt)
+        atomic_write_json(self.layout.attempt_dir(self.subtask, self.attempt) / "failure.json", record)
+
+    def _progress(self) -> dict[str, Any]:
+        progress: dict[str, Any] = {"input_bytes": self.input_bytes, "records_read": self._records_read}
+        if self._spark is not None:
+            tracker = self._spark.sparkContext.statusTracker()
+            done = total = 0
+            for stage_id in tracker.getActiveStageIds():
+                info = tracker.getStageInfo(stage_id)
+                if info:
+                    done += info.numCompletedTasks
+                    total += info.numTasks
+            progress.update(tasks_done=done, tasks_total=total)
+        return progress
+
+    # -- inputs -----------------------------------------------------------------------------
+
+    def read(self, name: str) -> DataFrame:
+        """Read input ``name``: this subtask's split of a source, or its range of an upstream stage."""
+        inputs = self._spec["inputs"]
+        if name not in inputs:
+            raise KeyError(f"stage {self.stage!r} has no input {name!r} (inputs: {', '.join(sorted(inputs))})")
+        spec = inputs[name]
+        if spec["kind"] == "source":
+            return self._read_source(name, spec)
+        return self._read_exchange(name, spec)
+
+    def _read_source(self, name: str, spec: dict[str, Any]) -> DataFrame:
+        paths = [f["path"] for f in spec["files"]]
+        for path in paths:
+            if not os.path.exists(path):
+                raise FileNotFoundError(f"stage {self.stage!r} input {name!r}: source file {path} is missing")
+        reader = self.spark.read.format(spec.get("format", "parquet"))
+        if not paths:
+            # An empty split still needs the dataset's schema.
+            return reader.load(spec["schema_file"]).limit(0)
+        return reader.load(paths)
+
+    def _read_exchange(self, name: str, spec: dict[str, Any]) -> DataFrame:
+        from pyspark.sql.types import StructType
+
+        paths = []
+        for part in spec["parts"]:
+            verify_files(part["data"], part["files"], checksums=spec.get("verify_checksums", True),
+                         stage=spec["upstream"], subtask=part["subtask"], attempt=part["attempt"])
+            paths += [str(Path(part["data"]) / f["path"]) for f in part["files"]]
+        schema = StructType.fromJson(spec["schema"]) if spec.get("schema") else None
+        if not paths:
+            if schema is None:
+                raise PartitionError(f"stage {self.stage!r} input {name!r}: upstream {spec['upstream']!r} "
+                                     "committed no schema", stage=spec["upstream"])
+            return self.spark.createDataFrame([], schema)
+        reader = self.spark.read
+        if schema is not None:
+            reader = reader.schema(schema)
+        return reader.parquet(*paths)
+
+    # -- output -----------------------------------------------------------------------------
+
+    def write(self, df: DataFrame) -> None:
+        """Write this attempt's output: hash-partitioned for the consumers, then the manifest last."""
+        from pyspark.sql import functions as F
+
+        if self._written:
+            raise RuntimeError(f"stage {self.stage!r}: ctx.write() may be called once per attempt")
+        data_dir = self.layout.data(self.subtask, self.attempt)
+        output = self.plan["output"]
+        key = output.get("key") or []
+        schema_json = df.schema.jsonValue()
+        if key:
+            missing = [k for k in key if k not in df.columns]
+            if missing:
+                raise ValueError(f"stage {self.stage!r} output lacks exchange key columns {missing} "
+                                 f"(columns: {df.columns})")
+            sp = F.pmod(F.xxhash64(*[F.col(k) for k in key]), F.lit(int(output["max_parallelism"])))
+            partitioned = df.withColumn(SUBPARTITION_COLUMN, sp).repartition(SUBPARTITION_COLUMN)
+            partitioned.write.partitionBy(SUBPARTITION_COLUMN).parquet(str(data_dir))
+        else:
+            df.coalesce(1).write.parquet(str(data_dir))
+        self._inject_faults()
+        manifest = build_manifest(data_dir, stage=self.stage, subtask=self.subtask, attempt=self.attempt,
+                                  node=self.node, schema=schema_json, input_bytes=self.input_bytes,
+                                  written_at=time.time())
+        manifest["records"] = _count_records(data_dir, manifest["files"])
+        self._written = True
+        write_manifest(self.layout.manifest(self.subtask, self.attempt), manifest)
+
+    def _inject_faults(self) -> None:
+        fault: FaultSpec = self.config.fault_injection.for_attempt(self.target, self.subtask, self.attempt)
+        if not fault.active:
+            return
+        if fault.fail:
+            raise RuntimeError(f"injected failure (fault_injection) for subtask {self.subtask} attempt {self.attempt}")
+        launched = float(os.environ.get("SPECULATIVE_LAUNCHED_AT") or self._heartbeat.started_at)
+        # A node `factor` times slower would have taken factor × the elapsed time so far.
+        extra = (fault.factor - 1.0) * (time.time() - launched) + fault.delay
+        print(f"[speculative] fault injection: slowing attempt by {extra:.1f}s", file=sys.stderr)
+        time.sleep(max(0.0, extra))
+
+
+def _count_records(data_dir: Path, files: list[dict[str, Any]]) -> int:
+    import pyarrow.parquet as pq
+
+    total = 0
+    for entry in files:
+        rows = pq.ParquetFile(Path(data_dir) / entry["path"]).metadata.num_rows
+        entry["records"] = rows
+        total += rows
+    return total

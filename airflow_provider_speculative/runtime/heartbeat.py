@@ -1,0 +1,55 @@
+"""A daemon thread that keeps ``heartbeat.json`` fresh with node and progress."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from airflow_provider_speculative.store.files import atomic_write_json
+
+
+def current_node() -> str:
+    """The node this attempt runs on: the target's node label if the launcher set one, else the host."""
+    return os.environ.get("SPECULATIVE_NODE") or socket.gethostname()
+
+
+class Heartbeat:
+    """Writes progress every ``interval`` seconds until stopped; the last write says why it stopped."""
+
+    def __init__(self, path: str | Path, progress: Callable[[], dict[str, Any]], interval: float = 2.0) -> None:
+        self.path = Path(path)
+        self.progress = progress
+        self.interval = interval
+        self.started_at = time.time()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="speculative-heartbeat", daemon=True)
+
+    def start(self) -> Heartbeat:
+        """Write the first beat synchronously (so RUNNING is visible at once), then keep beating."""
+        self.beat("RUNNING")
+        self._thread.start()
+        return self
+
+    def beat(self, phase: str) -> None:
+        """Write one heartbeat."""
+        try:
+            extra = self.progress()
+        except Exception as exc:  # progress is best effort; the beat itself must not fail
+            extra = {"progress_error": str(exc)}
+        atomic_write_json(self.path, {"node": current_node(), "pid": os.getpid(), "phase": phase,
+                                      "started_at": self.started_at, "at": time.time(), **extra})
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.beat("RUNNING")
+
+    def stop(self, phase: str) -> None:
+        """Stop beating and record the final phase."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=self.interval + 1)
+        self.beat(phase)

@@ -1,0 +1,71 @@
+"""Sink API in the terms of FLIP-281: opt-in marker and master-side ``finalize_global``."""
+
+from __future__ import annotations
+
+import importlib
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+class SupportsConcurrentExecutionAttempts:
+    """Marker: this sink tolerates several attempts of one subtask writing at once (opt-in to speculation)."""
+
+
+@dataclass(frozen=True)
+class AttemptResult:
+    """The admitted (finished) attempt of one subtask and the files it wrote."""
+
+    subtask: int
+    attempt: int
+    data_dir: Path
+    files: list[dict[str, Any]]
+    records: int | None = None
+
+
+@dataclass(frozen=True)
+class FinalizationContext:
+    """What ``finalize_global`` gets: the parallelism and the finished attempt of every subtask."""
+
+    parallelism: int
+    attempts: dict[int, AttemptResult]
+    dag_id: str
+    run_id: str
+    stage: str
+    logical_date: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def finished_attempt(self, subtask: int) -> int:
+        """The attempt number of ``subtask`` that finished and must be committed."""
+        return self.attempts[subtask].attempt
+
+
+class Sink(ABC):
+    """Where a final stage's output goes. Finalize runs once on the master (the Airflow worker)."""
+
+    template_fields: tuple[str, ...] = ()
+
+    @property
+    def supports_concurrent_attempts(self) -> bool:
+        """True if the sink opted in with :class:`SupportsConcurrentExecutionAttempts`."""
+        return isinstance(self, SupportsConcurrentExecutionAttempts)
+
+    @abstractmethod
+    def finalize_global(self, context: FinalizationContext) -> dict[str, Any]:
+        """Commit exactly the attempts in ``context``; must be idempotent; return a summary."""
+
+    @abstractmethod
+    def describe(self) -> dict[str, Any]:
+        """JSON-able constructor arguments (after template rendering), for plan.json."""
+
+    def to_json(self) -> dict[str, Any]:
+        """Serialise as class path plus arguments."""
+        return {"class": f"{type(self).__module__}.{type(self).__qualname__}", "kwargs": self.describe()}
+
+    @staticmethod
+    def from_json(data: dict[str, Any]) -> Sink:
+        """Rebuild a sink serialised by :meth:`to_json`."""
+        module, _, name = data["class"].rpartition(".")
+        cls = getattr(importlib.import_module(module), name)
+        return cls(**data["kwargs"])

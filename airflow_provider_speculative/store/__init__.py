@@ -1,0 +1,1 @@
+"""The result store: layout, atomic files, claims, manifests, journal and clean-up."""

@@ -1,0 +1,123 @@
+"""Where everything lives in the store (see DESIGN.md, store layout)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def safe_component(value: str) -> str:
+    """Make ``value`` a path component Hadoop and every shell accept, keeping it unique.
+
+    Airflow run ids contain ``:`` and ``+``, which Hadoop paths reject; a short hash keeps
+    two ids that differ only in such characters apart.
+    """
+    cleaned = _UNSAFE.sub("_", value).strip("._") or "_"
+    if cleaned == value:
+        return value
+    return f"{cleaned}-{hashlib.sha1(value.encode()).hexdigest()[:8]}"
+
+
+def default_store_root() -> Path:
+    """``$AIRFLOW_HOME/speculative-store`` (the default of ``[speculative] store_path``)."""
+    home = os.environ.get("AIRFLOW_HOME") or os.path.expanduser("~/airflow")
+    return Path(home) / "speculative-store"
+
+
+@dataclass(frozen=True)
+class StageLayout:
+    """Paths of one stage run: ``<root>/<dag_id>/<run_id>/<stage>/...``."""
+
+    root: Path
+    dag_id: str
+    run_id: str
+    stage: str
+
+    @property
+    def run_dir(self) -> Path:
+        """Directory of the whole DAG run."""
+        return Path(self.root) / safe_component(self.dag_id) / safe_component(self.run_id)
+
+    @property
+    def dir(self) -> Path:
+        """Directory of this stage run."""
+        return self.run_dir / safe_component(self.stage)
+
+    @property
+    def plan(self) -> Path:
+        """The resolved plan the operator wrote before deferring."""
+        return self.dir / "plan.json"
+
+    @property
+    def journal(self) -> Path:
+        """Append-only log of every controller decision."""
+        return self.dir / "journal.jsonl"
+
+    @property
+    def committed(self) -> Path:
+        """The admitted attempt of every subtask, written atomically by finalize."""
+        return self.dir / "committed.json"
+
+    @property
+    def blocklist(self) -> Path:
+        """Blocked nodes and their expiry, so a restarted controller keeps them."""
+        return self.dir / "blocklist.json"
+
+    @property
+    def summary(self) -> Path:
+        """Last stage summary (metrics, speculation status) for the CLI and UI."""
+        return self.dir / "summary.json"
+
+    def subtask_dir(self, subtask: int) -> Path:
+        """Directory of one subtask."""
+        return self.dir / f"subtask={subtask}"
+
+    def admitted(self, subtask: int) -> Path:
+        """Marker naming the admitted attempt, created exclusively so only one attempt wins."""
+        return self.subtask_dir(subtask) / "admitted.json"
+
+    def attempt_dir(self, subtask: int, attempt: int) -> Path:
+        """Directory of one attempt."""
+        return self.subtask_dir(subtask) / f"attempt={attempt}"
+
+    def claim(self, subtask: int, attempt: int) -> Path:
+        """Created exclusively before a launch: no restart or double-run launches a number twice."""
+        return self.attempt_dir(subtask, attempt) / "claim.json"
+
+    def status(self, subtask: int, attempt: int) -> Path:
+        """Launcher-side status: pid, target, node, timestamps, exit code."""
+        return self.attempt_dir(subtask, attempt) / "status.json"
+
+    def heartbeat(self, subtask: int, attempt: int) -> Path:
+        """Runtime-side heartbeat: progress and node."""
+        return self.attempt_dir(subtask, attempt) / "heartbeat.json"
+
+    def data(self, subtask: int, attempt: int) -> Path:
+        """Attempt-isolated output."""
+        return self.attempt_dir(subtask, attempt) / "data"
+
+    def manifest(self, subtask: int, attempt: int) -> Path:
+        """Manifest (files, sizes, checksums), written last by a successful attempt."""
+        return self.attempt_dir(subtask, attempt) / "_SUCCESS"
+
+    def log(self, subtask: int, attempt: int) -> Path:
+        """spark-submit output of the attempt."""
+        return self.attempt_dir(subtask, attempt) / "spark-submit.log"
+
+    def attempt_numbers(self, subtask: int) -> list[int]:
+        """Attempt numbers that exist (claimed) for ``subtask``, ascending."""
+        numbers = []
+        base = self.subtask_dir(subtask)
+        if base.is_dir():
+            for entry in base.iterdir():
+                if entry.name.startswith("attempt="):
+                    try:
+                        numbers.append(int(entry.name.split("=", 1)[1]))
+                    except ValueError:
+                        continue
+        return sorted(numbers)

@@ -1,0 +1,52 @@
+"""Committed stage results and loser clean-up."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+from airflow_provider_speculative.store.files import StoreError, atomic_write_json, read_json
+from airflow_provider_speculative.store.layout import StageLayout
+from airflow_provider_speculative.store.manifest import PartitionError, read_manifest
+
+
+def admitted_results(layout: StageLayout, admitted: dict[int, int]) -> dict[str, Any]:
+    """Build the committed record: for every subtask its admitted attempt, data dir and manifest."""
+    subtasks = {}
+    for subtask, attempt in sorted(admitted.items()):
+        manifest = read_manifest(layout.manifest(subtask, attempt))
+        if manifest is None:
+            raise PartitionError(
+                f"stage {layout.stage!r} subtask {subtask} attempt {attempt} was admitted but has no manifest "
+                f"at {layout.manifest(subtask, attempt)}", stage=layout.stage, subtask=subtask, attempt=attempt)
+        subtasks[str(subtask)] = {"attempt": attempt, "data": str(layout.data(subtask, attempt)),
+                                  "files": manifest["files"], "schema": manifest.get("schema"),
+                                  "records": manifest.get("records"), "bytes": manifest.get("bytes")}
+    return {"stage": layout.stage, "parallelism": len(subtasks), "subtasks": subtasks}
+
+
+def write_committed(layout: StageLayout, record: dict[str, Any]) -> None:
+    """Atomically publish the stage's committed results."""
+    atomic_write_json(layout.committed, record)
+
+
+def read_committed(layout: StageLayout) -> dict[str, Any]:
+    """Read a stage's committed results or raise naming the stage that has none."""
+    record = read_json(layout.committed)
+    if record is None:
+        raise StoreError(f"stage {layout.stage!r} has no committed result at {layout.committed}")
+    return record
+
+
+def remove_attempt_output(layout: StageLayout, subtask: int, attempt: int) -> bool:
+    """Delete a losing attempt's data and manifest (its status stays for the record)."""
+    removed = False
+    for path in (layout.manifest(subtask, attempt), layout.data(subtask, attempt)):
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+            removed = True
+        elif path.exists():
+            Path(path).unlink(missing_ok=True)
+            removed = True
+    return removed

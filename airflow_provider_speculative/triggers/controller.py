@@ -1,0 +1,72 @@
+"""StageControllerTrigger: the deferrable stage controller. Thin: the work is in StageController."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from airflow.triggers.base import BaseTrigger, TriggerEvent
+
+from airflow_provider_speculative.backends.controller import StageController
+from airflow_provider_speculative.store.files import read_json
+
+# A trigger that fires within ~5 s of defer() can get the resumed task failed by the scheduler
+# (stale executor event), so the single event is never sent earlier than this after deferral.
+MIN_SECONDS_BEFORE_EVENT = 6.0
+
+
+class StageControllerTrigger(BaseTrigger):
+    """Launch, watch, speculate and cancel the attempts of one stage run; fire once when it is decided."""
+
+    def __init__(self, plan_path: str, deferred_at: float) -> None:
+        super().__init__()
+        self.plan_path = plan_path
+        self.deferred_at = deferred_at
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        """Only the plan path and deferral time: everything else is rebuilt from the store."""
+        return (f"{type(self).__module__}.{type(self).__qualname__}",
+                {"plan_path": self.plan_path, "deferred_at": self.deferred_at})
+
+    def _controller(self) -> StageController:
+        plan = read_json(self.plan_path)
+        if plan is None:
+            raise FileNotFoundError(f"stage plan {self.plan_path} is missing")
+        return StageController(plan)
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        """Step the controller every check interval until the stage is decided; yield one event."""
+        controller = await asyncio.to_thread(self._controller)
+        metrics = _Metrics(controller.plan)
+        while True:
+            await asyncio.to_thread(controller.step)
+            metrics.emit(controller.summary())
+            if controller.done and time.time() - self.deferred_at >= MIN_SECONDS_BEFORE_EVENT:
+                break
+            await asyncio.sleep(controller.config.check_interval)
+        yield TriggerEvent(controller.event_payload())
+
+    async def on_kill(self) -> None:
+        """The user marked the task failed or cleared it: stop every Spark driver of this stage."""
+        controller = await asyncio.to_thread(self._controller)
+        await asyncio.to_thread(controller.kill_all, "task killed by user")
+
+
+class _Metrics:
+    """Send the FLIP-168 gauges through Airflow's Stats (StatsD or OpenTelemetry as configured)."""
+
+    def __init__(self, plan: dict[str, Any]) -> None:
+        self.tags = {"dag_id": plan["dag_id"], "stage": plan["stage"]}
+        self.prefix = f"speculative.{plan['dag_id']}.{plan['stage']}"
+        self.last: dict[str, Any] = {}
+
+    def emit(self, summary: dict[str, Any]) -> None:
+        """Send gauges that changed since the last check."""
+        from airflow.sdk.observability.stats import Stats
+
+        for name in ("numSlowExecutionVertices", "numEffectiveSpeculativeExecutions"):
+            if self.last.get(name) != summary[name]:
+                Stats.gauge(f"{self.prefix}.{name}", summary[name], tags=self.tags)
+                self.last[name] = summary[name]
