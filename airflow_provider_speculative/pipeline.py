@@ -95,7 +95,8 @@ class Pipeline:
                                     f"source, all_to_all(...) or pointwise(...), got {type(spec).__name__}")
             resolved[input_name] = spec
         if sink is not None and not isinstance(sink, Sink):
-            raise PipelineError(f"pipeline {self.name!r}, stage {name!r}: sink must be a Sink, got {type(sink).__name__}")
+            raise PipelineError(
+                f"pipeline {self.name!r}, stage {name!r}: sink must be a Sink, got {type(sink).__name__}")
         spec = StageSpec(name=name, application=str(application), parallelism=parallelism, inputs=resolved,
                          max_parallelism=max_parallelism or max(self.default_max_parallelism,
                                                                 parallelism if isinstance(parallelism, int) else 1),

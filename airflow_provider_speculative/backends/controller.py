@@ -10,10 +10,11 @@ from __future__ import annotations
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from airflow_provider_speculative.backends.local import LocalBackend, LaunchSpec
+from airflow_provider_speculative.backends.local import LaunchSpec, LocalBackend
 from airflow_provider_speculative.core.config import SpeculativeConfig
 from airflow_provider_speculative.core.scheduler import (
     Action,
@@ -72,10 +73,13 @@ class StageController:
             marker = read_json(self.layout.admitted(subtask))
             if marker is not None:
                 admitted[subtask] = marker["attempt"]
-        blocked = (read_json(self.layout.blocklist) or {}).get("until", {})
-        self.scheduler.restore(attempts, admitted, {k: float(v) for k, v in blocked.items()})
+        self.scheduler.restore(attempts, admitted, self._shared_blocks())
         if attempts:
             self.journal("restored", attempts=len(attempts), admitted=admitted)
+
+    def _shared_blocks(self) -> dict[str, float]:
+        blocked = (read_json(self.layout.blocklist) or {}).get("until", {})
+        return {node: float(until) for node, until in blocked.items()}
 
     # -- loop -------------------------------------------------------------------------------
 
@@ -84,6 +88,8 @@ class StageController:
         if self.result is not None:
             return []
         now = self.clock()
+        for node, until in self._shared_blocks().items():
+            self.scheduler.blocklist.block(node, until)  # blocks other stages of the run added
         updates = [self.backend.poll(a.subtask, a.number, now)
                    for a in self.scheduler.all_attempts() if a.state not in (
                        AttemptState.FINISHED, AttemptState.FAILED, AttemptState.CANCELED)]
@@ -91,8 +97,19 @@ class StageController:
         for action in actions:
             self._carry_out(action, now)
         self._reap(now)
+        self._persist_blocks()
         self._write_summary(now)
         return actions
+
+    def _persist_blocks(self) -> None:
+        # Blocks are extended while a slow attempt keeps running; a restarted controller and the
+        # next stage of the run must see the latest deadline, not the first one.
+        shared = self._shared_blocks()
+        merged = dict(shared)
+        for node, until in self.scheduler.blocklist.until.items():
+            merged[node] = max(until, merged.get(node, until))
+        if merged != shared:
+            atomic_write_json(self.layout.blocklist, {"until": merged})
 
     @property
     def done(self) -> bool:
@@ -112,7 +129,6 @@ class StageController:
             remove_attempt_output(self.layout, action.subtask, action.attempt)
             self.journal("discard", subtask=action.subtask, attempt=action.attempt, reason=action.reason)
         elif isinstance(action, BlockNode):
-            atomic_write_json(self.layout.blocklist, {"until": self.scheduler.blocklist.until})
             self.journal("block_node", node=action.node, until=action.until, reason=action.reason)
         elif isinstance(action, FailStage):
             self.result = action
@@ -194,6 +210,7 @@ class StageController:
             "stage": self.plan["stage"], "parallelism": self.plan["parallelism"],
             "speculation": sched.speculation_status,
             "numSlowExecutionVertices": len(sched.slow_subtasks),
+            "peakSlowExecutionVertices": sched.peak_slow,
             "numEffectiveSpeculativeExecutions": sched.effective_speculative_executions(),
             "baseline_seconds": baseline.seconds if baseline else None,
             "baseline_seconds_per_byte": baseline.per_byte if baseline else None,
@@ -235,5 +252,5 @@ def wipe_stage_attempts(layout: StageLayout) -> None:
         for entry in layout.dir.iterdir():
             if entry.name.startswith("subtask=") and entry.is_dir():
                 shutil.rmtree(entry, ignore_errors=True)
-        for name in ("blocklist.json", "summary.json", "committed.json"):
+        for name in ("summary.json", "committed.json"):
             (layout.dir / name).unlink(missing_ok=True)

@@ -16,7 +16,6 @@ import time
 
 from airflow_provider_speculative.store.files import atomic_write_json, read_json
 
-
 _READY_FD: list[int] = []
 
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 
 def _time(ts: float | None) -> str:
-    return datetime.fromtimestamp(ts, tz=timezone.utc).strftime("%H:%M:%S") if ts else "-"
+    return datetime.fromtimestamp(ts, tz=UTC).strftime("%H:%M:%S") if ts else "-"
 
 
 def format_table(report: dict[str, Any]) -> str:
@@ -41,8 +41,8 @@ def format_table(report: dict[str, Any]) -> str:
 
 def status(args: Any) -> None:
     """CLI entry: print the attempts table or JSON for ``--dag-id``/``--run-id``."""
-    from airflow_provider_speculative.settings import airflow_config, store_root
     from airflow_provider_speculative.backends.report import run_report
+    from airflow_provider_speculative.settings import airflow_config, store_root
 
     try:
         report = run_report(store_root(airflow_config()), args.dag_id, args.run_id, args.stage)

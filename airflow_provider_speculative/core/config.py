@@ -120,7 +120,8 @@ OPTION_DOCS: dict[str, str] = {
     "max_failures_per_subtask": "Failed attempts a subtask may have before the stage fails (>= 0).",
     "store_path": "Root of the result store; empty means $AIRFLOW_HOME/speculative-store.",
     "targets": "JSON list of targets: name, conn_id, slots, node, conf.",
-    "fault_injection": "JSON: {targets: {name: {factor, delay, fail}}, attempts: [{subtask, attempt, ...}]}. Off when empty.",
+    "fault_injection": ("JSON: {targets: {name: {factor, delay, fail}}, attempts: [{subtask, attempt, ...}]}. "
+                        "Off when empty."),
 }
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|sec|secs|seconds?|m|min|mins|minutes?|h|hours?)?\s*$")
@@ -241,7 +242,8 @@ def _faults(name: str, value: Any, where: str) -> FaultInjection:
     for item in raw.get("attempts") or []:
         if not isinstance(item, dict) or "subtask" not in item:
             raise _bad(name, item, where, "each attempts entry needs 'subtask' (and optionally 'attempt')")
-        key = (_int(f"{name}.subtask", item["subtask"], where, 0), _int(f"{name}.attempt", item.get("attempt", 0), where, 0))
+        key = (_int(f"{name}.subtask", item["subtask"], where, 0),
+               _int(f"{name}.attempt", item.get("attempt", 0), where, 0))
         attempts[key] = _fault_spec(f"{name}.attempts", item, where)
     return FaultInjection(targets=targets, attempts=attempts)
 
@@ -293,8 +295,8 @@ def default_strings() -> dict[str, str]:
             out[f.name] = ""
         elif isinstance(value, bool):
             out[f.name] = str(value)
-        elif isinstance(value, float) and value.is_integer():
-            out[f.name] = str(int(value)) if f.name in {"block_slow_node_duration", "baseline_lower_bound", "check_interval"} else str(value)
+        elif f.name in {"block_slow_node_duration", "baseline_lower_bound", "check_interval"}:
+            out[f.name] = f"{value:g}"
         else:
             out[f.name] = str(value)
     return out

@@ -18,9 +18,14 @@ class Baseline:
     lower_bound: float = 0.0
 
     def threshold(self, input_bytes: int | None) -> float:
-        """Execution time at or over which an attempt reading ``input_bytes`` is slow."""
+        """Execution time at or over which an attempt reading ``input_bytes`` is slow.
+
+        Normalisation only ever raises the threshold: a larger split earns proportionally more time,
+        but a small split is not held to less than the plain baseline, because fixed costs (JVM start,
+        scheduling) do not shrink with the input.
+        """
         if self.per_byte is not None and input_bytes:
-            return max(self.per_byte * input_bytes, self.lower_bound)
+            return max(self.seconds, self.per_byte * input_bytes)
         return self.seconds
 
 
@@ -43,8 +48,8 @@ def compute_baseline(
 
     ``finished`` holds one finished attempt per finished subtask. The baseline uses the earliest
     N·R of them by finish time: T = median execution time, baseline = max(T·M, B). When every one of
-    those reports its input bytes, the median is taken of seconds per byte, so a subtask that is slow
-    only because its split is larger is not called slow.
+    those has known input bytes, the median seconds per byte (times M) is kept too, so a subtask that
+    is slow only because its split is larger is not called slow (see :meth:`Baseline.threshold`).
     """
     needed = required_finished(parallelism, ratio)
     if len(finished) < needed:

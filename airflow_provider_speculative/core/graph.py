@@ -76,7 +76,8 @@ class PipelineGraph:
                 raise PipelineError(f"{where}: parallelism must be an integer >= 1, got {stage.parallelism!r}")
             if not isinstance(stage.max_parallelism, int) or stage.max_parallelism < stage.parallelism:
                 raise PipelineError(
-                    f"{where}: max_parallelism ({stage.max_parallelism!r}) must be >= parallelism ({stage.parallelism})")
+                    f"{where}: max_parallelism ({stage.max_parallelism!r}) must be >= "
+                    f"parallelism ({stage.parallelism})")
             if not stage.application:
                 raise PipelineError(f"{where}: application is required")
             for input_name, spec in stage.inputs.items():
@@ -96,7 +97,8 @@ class PipelineGraph:
     def _validate_exchange(self, where: str, input_name: str, spec: ExchangeSpec, stage: StageSpec) -> None:
         if spec.upstream not in self.stages:
             known = ", ".join(sorted(self.stages)) or "none"
-            raise PipelineError(f"{where}: input {input_name!r} reads unknown stage {spec.upstream!r} (stages: {known})")
+            raise PipelineError(
+                f"{where}: input {input_name!r} reads unknown stage {spec.upstream!r} (stages: {known})")
         if spec.upstream == stage.name:
             raise PipelineError(f"{where}: input {input_name!r} reads its own stage (cycle)")
         if spec.distribution not in ("all_to_all", "pointwise"):
@@ -145,11 +147,11 @@ class PipelineGraph:
             if state.get(name) == 2:
                 return
             if state.get(name) == 1:
-                cycle = path[path.index(name):] + [name]
+                cycle = [*path[path.index(name):], name]
                 raise PipelineError(f"pipeline {self.name!r}: cyclic stage graph: {' -> '.join(cycle)}")
             state[name] = 1
             for upstream in self.upstreams(name):
-                visit(upstream, path + [name])
+                visit(upstream, [*path, name])
             state[name] = 2
             order.append(name)
 

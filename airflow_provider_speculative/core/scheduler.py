@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from airflow_provider_speculative.core.blocklist import Blocklist
 from airflow_provider_speculative.core.config import SpeculativeConfig, Target
 from airflow_provider_speculative.core.detector import Baseline, compute_baseline, find_slow
-from airflow_provider_speculative.core.states import Attempt, AttemptState, current_attempt
+from airflow_provider_speculative.core.states import LIVE, Attempt, AttemptState, current_attempt
 
 
 @dataclass(frozen=True)
@@ -96,6 +96,7 @@ class StageScheduler:
     blocklist: Blocklist = field(default_factory=Blocklist)
     baseline: Baseline | None = None
     slow_subtasks: frozenset[int] = frozenset()
+    peak_slow: int = 0
     failed: FailStage | None = None
     completed: bool = False
 
@@ -163,6 +164,7 @@ class StageScheduler:
         if self.failed:
             return actions
         self.blocklist.expire(now)
+        actions += self._cancel_stragglers()
         actions += self._detect_slow(now)
         actions += self._place(now)
         if len(self.done_subtasks()) == self.parallelism and not any(a.live for a in self.all_attempts()):
@@ -186,9 +188,8 @@ class StageScheduler:
             if known is not None:
                 update.speculative = known.speculative
                 update.created_at = known.created_at if update.created_at is None else update.created_at
-            if known is not None and known.state == AttemptState.CANCELING and update.state in (
-                AttemptState.DEPLOYING, AttemptState.INITIALIZING, AttemptState.RUNNING, AttemptState.CREATED):
-                update.state = AttemptState.CANCELING
+            if known is not None and known.state == AttemptState.CANCELING and update.state in LIVE:
+                update.state = AttemptState.CANCELING  # a cancel is never undone by a stale observation
             self.attempts[update.subtask][update.number] = update
             if update.state == AttemptState.FINISHED and previous != AttemptState.FINISHED:
                 newly_finished.append(update)
@@ -213,6 +214,17 @@ class StageScheduler:
             if other.number != attempt.number and other.live and other.state != AttemptState.CANCELING:
                 other.state = AttemptState.CANCELING
                 actions.append(Cancel(subtask, other.number, f"attempt {attempt.number} finished first"))
+        return actions
+
+    def _cancel_stragglers(self) -> list[Action]:
+        # Losers are normally cancelled when the winner is seen; after a controller restart between
+        # admission and cancel, this catches siblings of admitted subtasks that still run.
+        actions: list[Action] = []
+        for subtask, winner in self.admitted.items():
+            for other in self.attempts.get(subtask, {}).values():
+                if other.number != winner and other.live and other.state != AttemptState.CANCELING:
+                    other.state = AttemptState.CANCELING
+                    actions.append(Cancel(subtask, other.number, f"attempt {winner} was admitted"))
         return actions
 
     def _on_failed(self, attempt: Attempt) -> list[Action]:
@@ -263,6 +275,7 @@ class StageScheduler:
                       if a.subtask not in self.admitted and a.subtask not in self.reused]
         slow = find_slow(candidates, self.baseline, now, self.input_bytes)
         self.slow_subtasks = frozenset(a.subtask for a in slow)
+        self.peak_slow = max(self.peak_slow, len(self.slow_subtasks))
         actions: list[Action] = []
         until = now + self.config.block_slow_node_duration
         for attempt in slow:

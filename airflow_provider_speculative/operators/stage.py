@@ -186,7 +186,8 @@ def _list_files(source: SourceSpec) -> list[tuple[str, int]]:
         candidates = list(Path(path).rglob(f"*.{source.format}"))
     else:
         candidates = [Path(path)]
-    files = [(str(p.resolve()), p.stat().st_size) for p in candidates if p.is_file() and not p.name.startswith((".", "_"))]
+    files = [(str(p.resolve()), p.stat().st_size) for p in candidates
+             if p.is_file() and not p.name.startswith((".", "_"))]
     if not files:
         raise FileNotFoundError(f"source {path!r} has no {source.format} files")
     return sorted(files)

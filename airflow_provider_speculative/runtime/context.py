@@ -220,7 +220,7 @@ class StageContext:
         if fault.fail:
             raise RuntimeError(f"injected failure (fault_injection) for subtask {self.subtask} attempt {self.attempt}")
         launched = float(os.environ.get("SPECULATIVE_LAUNCHED_AT") or self._heartbeat.started_at)
-        # A node `factor` times slower would have taken factor × the elapsed time so far.
+        # A node `factor` times slower would have taken factor times the elapsed time so far.
         extra = (fault.factor - 1.0) * (time.time() - launched) + fault.delay
         print(f"[speculative] fault injection: slowing attempt by {extra:.1f}s", file=sys.stderr)
         time.sleep(max(0.0, extra))

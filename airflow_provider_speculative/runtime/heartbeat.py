@@ -6,8 +6,9 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from airflow_provider_speculative.store.files import atomic_write_json
 

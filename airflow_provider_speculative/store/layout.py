@@ -65,8 +65,8 @@ class StageLayout:
 
     @property
     def blocklist(self) -> Path:
-        """Blocked nodes and their expiry, so a restarted controller keeps them."""
-        return self.dir / "blocklist.json"
+        """Blocked nodes of the whole run (a slow node stays blocked for the next stage too)."""
+        return self.run_dir / "blocklist.json"
 
     @property
     def summary(self) -> Path:

@@ -59,7 +59,8 @@ def verify_files(data_dir: str | Path, files: list[dict[str, Any]], *, checksums
     for entry in files:
         path = data_dir / entry["path"]
         if not path.is_file():
-            raise PartitionError(f"missing partition file {path} ({who})", stage=stage, subtask=subtask, attempt=attempt)
+            raise PartitionError(f"missing partition file {path} ({who})",
+                                 stage=stage, subtask=subtask, attempt=attempt)
         size = path.stat().st_size
         if size != entry["size"]:
             raise PartitionError(f"corrupt partition file {path} ({who}): size {size} != manifest {entry['size']}",

@@ -1,0 +1,179 @@
+"""FLIP-168 slow-task baseline: N·R finishers, median x multiplier, lower bound, per-byte normalisation."""
+
+from __future__ import annotations
+
+import pytest
+
+from airflow_provider_speculative.core.detector import Baseline, compute_baseline, find_slow, required_finished
+from airflow_provider_speculative.core.states import Attempt, AttemptState
+
+
+def finished(subtask: int, *, deploy: float, end: float, created: float = 0.0, nbytes: int | None = None) -> Attempt:
+    return Attempt(subtask=subtask, number=0, target="t", state=AttemptState.FINISHED, created_at=created,
+                   deploying_at=deploy, end_at=end, input_bytes=nbytes)
+
+
+def running(subtask: int, *, deploy: float, state: AttemptState = AttemptState.RUNNING,
+            nbytes: int | None = None) -> Attempt:
+    return Attempt(subtask=subtask, number=0, target="t", state=state, created_at=0.0, deploying_at=deploy,
+                   input_bytes=nbytes)
+
+
+def baseline(parallelism: int, done: list[Attempt], *, ratio: float = 0.75, multiplier: float = 1.5,
+             lower_bound: float = 0.0, input_bytes: dict[int, int] | None = None,
+             normalize: bool = True) -> Baseline | None:
+    return compute_baseline(parallelism, done, ratio=ratio, multiplier=multiplier, lower_bound=lower_bound,
+                            input_bytes=input_bytes, normalize_by_input_bytes=normalize)
+
+
+@pytest.mark.parametrize(
+    ("parallelism", "ratio", "expected"),
+    [
+        (4, 0.75, 3),
+        (5, 0.5, 3),    # 2.5 rounds half UP (Python's round() would give 2)
+        (9, 0.5, 5),    # 4.5 -> 5 (banker's rounding would give 4)
+        (10, 0.25, 3),  # 2.5 -> 3
+        (10, 0.24, 2),  # 2.4 -> 2
+        (4, 1.0, 4),
+        (1, 0.1, 1),    # at least one subtask must finish
+        (10, 0.01, 1),
+    ],
+)
+def test_required_finished_rounds_half_up(parallelism: int, ratio: float, expected: int) -> None:
+    assert required_finished(parallelism, ratio) == expected
+
+
+def test_no_baseline_and_no_slow_tasks_before_ratio_is_reached() -> None:
+    # N=5, R=0.5 needs 3 finishers; 2 is not enough, however slow the running attempts are.
+    done = [finished(0, deploy=0, end=10), finished(1, deploy=0, end=10)]
+    assert baseline(5, done, ratio=0.5) is None
+    assert find_slow([running(2, deploy=0)], None, now=10_000.0) == []
+
+
+def test_baseline_exists_once_ratio_is_reached() -> None:
+    done = [finished(i, deploy=0, end=10) for i in range(3)]
+    result = baseline(5, done, ratio=0.5, multiplier=1.5)
+    assert result is not None
+    assert result.seconds == pytest.approx(15.0)
+
+
+def test_baseline_uses_median_of_the_earliest_finishers_by_end_time() -> None:
+    # N=4, R=0.5 -> the 2 earliest finishers (ends 10 and 12, times 4 and 8) define T = 6.
+    # The late finisher with a huge execution time must not count, whatever the list order.
+    done = [
+        finished(3, deploy=0, end=1000),   # time 1000, finished last
+        finished(1, deploy=4, end=12),     # time 8
+        finished(0, deploy=6, end=10),     # time 4
+    ]
+    result = baseline(4, done, ratio=0.5, multiplier=2.0)
+    assert result is not None
+    assert result.seconds == pytest.approx(12.0)  # median(4, 8) * 2
+
+
+def test_baseline_median_with_odd_count() -> None:
+    done = [finished(0, deploy=0, end=5), finished(1, deploy=0, end=7), finished(2, deploy=0, end=30)]
+    result = baseline(3, done, ratio=1.0, multiplier=1.0)
+    assert result is not None
+    assert result.seconds == pytest.approx(7.0)
+
+
+def test_lower_bound_wins_when_larger() -> None:
+    done = [finished(i, deploy=0, end=10) for i in range(4)]
+    assert baseline(4, done, lower_bound=60.0).seconds == pytest.approx(60.0)
+    assert baseline(4, done, lower_bound=5.0).seconds == pytest.approx(15.0)
+
+
+def test_execution_time_counts_from_deploying_not_creation() -> None:
+    # Created at 0, deploying at 90, finished at 100: execution time is 10, not 100.
+    done = [finished(i, created=0, deploy=90, end=100) for i in range(4)]
+    result = baseline(4, done, multiplier=1.0)
+    assert result.seconds == pytest.approx(10.0)
+    # A running attempt created long ago but deploying only at 95 is not slow at 100.
+    late_start = Attempt(subtask=9, number=0, target="t", state=AttemptState.RUNNING, created_at=0.0,
+                         deploying_at=95.0)
+    assert find_slow([late_start], result, now=100.0) == []
+    assert find_slow([late_start], result, now=105.0) == [late_start]
+
+
+def test_running_attempt_at_exactly_the_baseline_is_slow() -> None:
+    limit = Baseline(seconds=15.0)
+    a = running(0, deploy=100.0)
+    assert find_slow([a], limit, now=114.999) == []
+    assert find_slow([a], limit, now=115.0) == [a]
+
+
+@pytest.mark.parametrize("state", [AttemptState.DEPLOYING, AttemptState.INITIALIZING, AttemptState.RUNNING])
+def test_every_executing_state_can_be_slow(state: AttemptState) -> None:
+    a = running(0, deploy=0.0, state=state)
+    assert find_slow([a], Baseline(seconds=10.0), now=20.0) == [a]
+
+
+@pytest.mark.parametrize("state", [AttemptState.CREATED, AttemptState.SCHEDULED, AttemptState.FINISHED,
+                                   AttemptState.CANCELING, AttemptState.FAILED, AttemptState.CANCELED])
+def test_non_executing_attempts_are_never_slow(state: AttemptState) -> None:
+    a = Attempt(subtask=0, number=0, target="t", state=state, deploying_at=0.0, end_at=500.0)
+    assert find_slow([a], Baseline(seconds=10.0), now=1000.0) == []
+
+
+def per_byte_baseline(**kw) -> Baseline:
+    # Three finishers of 64 bytes in 8 s each, multiplier 2: baseline 16 s and 0.25 s/byte
+    # (powers of two keep the arithmetic exact).
+    done = [finished(i, deploy=0, end=8) for i in range(3)]
+    sizes = {0: 64, 1: 64, 2: 64, 3: 192, 4: 8}
+    return baseline(4, done, multiplier=2.0, input_bytes=kw.pop("input_bytes", sizes), **kw)
+
+
+def test_per_byte_baseline_is_median_seconds_per_byte_times_multiplier() -> None:
+    result = per_byte_baseline()
+    assert result.seconds == 16.0
+    assert result.per_byte == 0.25
+
+
+def test_large_split_is_not_slow_at_twice_the_baseline() -> None:
+    result = per_byte_baseline()
+    big = running(3, deploy=0.0)  # reads 3x the bytes of the baseline finishers
+    sizes = {3: 192}
+    assert find_slow([big], result, now=2 * result.seconds, input_bytes=sizes) == []
+    assert find_slow([big], result, now=47.9, input_bytes=sizes) == []
+    assert find_slow([big], result, now=48.0, input_bytes=sizes) == [big]  # 192 B * 0.25 s/B
+
+
+def test_attempt_input_bytes_are_used_when_the_map_has_none() -> None:
+    result = per_byte_baseline()
+    big = running(3, deploy=0.0, nbytes=192)
+    assert find_slow([big], result, now=32.0) == []
+    assert find_slow([big], result, now=48.0) == [big]
+
+
+def test_small_split_is_never_held_to_less_than_the_plain_baseline() -> None:
+    result = per_byte_baseline()
+    small = running(4, deploy=0.0)  # 8 bytes: the per-byte threshold alone would be only 2 s
+    assert result.threshold(8) == 16.0
+    assert find_slow([small], result, now=15.9, input_bytes={4: 8}) == []
+    assert find_slow([small], result, now=16.0, input_bytes={4: 8}) == [small]
+
+
+def test_threshold_without_normalisation_or_size_is_plain_seconds() -> None:
+    assert Baseline(seconds=15.0).threshold(10_000) == 15.0
+    assert Baseline(seconds=15.0, per_byte=0.15).threshold(None) == 15.0
+    assert Baseline(seconds=15.0, per_byte=0.15).threshold(0) == 15.0
+
+
+def test_normalisation_off_when_a_baseline_finisher_lacks_bytes() -> None:
+    result = per_byte_baseline(input_bytes={0: 64, 1: 64, 3: 192})  # subtask 2 has no size
+    assert result.per_byte is None
+    big = running(3, deploy=0.0)
+    assert find_slow([big], result, now=16.0, input_bytes={3: 192}) == [big]
+
+
+def test_normalisation_off_by_config() -> None:
+    result = per_byte_baseline(normalize=False)
+    assert result.per_byte is None
+    assert result.threshold(192) == 16.0
+
+
+def test_normalisation_ignores_later_finishers_without_bytes() -> None:
+    # Only the earliest N·R finishers form the baseline; a later one without a size does not matter.
+    done = [finished(i, deploy=0, end=8) for i in range(3)] + [finished(3, deploy=0, end=50)]
+    result = baseline(4, done, multiplier=2.0, input_bytes={0: 64, 1: 64, 2: 64})
+    assert result.per_byte == 0.25

@@ -1,0 +1,137 @@
+"""ParquetSink.finalize_global: commit exactly the admitted attempts, replace on rerun, stay intact on failure."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from airflow_provider_speculative.sinks.base import AttemptResult, FinalizationContext, Sink
+from airflow_provider_speculative.sinks.parquet import ParquetSink
+from airflow_provider_speculative.store.files import StoreError
+from airflow_provider_speculative.store.manifest import build_manifest
+
+
+def attempt_output(root: Path, subtask: int, attempt: int, *chunks: list[int]) -> AttemptResult:
+    """Write one Parquet file per chunk of ids into a fake attempt data dir and describe it."""
+    data = root / f"subtask={subtask}" / f"attempt={attempt}" / "data"
+    data.mkdir(parents=True)
+    for n, ids in enumerate(chunks):
+        table = pa.table({"id": pa.array(ids, pa.int64()), "attempt": pa.array([attempt] * len(ids), pa.int64())})
+        pq.write_table(table, data / f"part-{n}.parquet")
+    return AttemptResult(subtask=subtask, attempt=attempt, data_dir=data, files=build_manifest(data)["files"])
+
+
+def context(*results: AttemptResult) -> FinalizationContext:
+    return FinalizationContext(parallelism=len(results), attempts={r.subtask: r for r in results},
+                               dag_id="dag", run_id="run", stage="write", logical_date="2026-01-01")
+
+
+def committed_ids(final: Path) -> list[int]:
+    return sorted(pq.read_table(final).column("id").to_pylist())
+
+
+def snapshot(directory: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(directory.iterdir())}
+
+
+def leftovers(final: Path) -> list[str]:
+    return sorted(p.name for p in final.parent.iterdir() if p.name.startswith(f".{final.name}."))
+
+
+@pytest.fixture
+def final(tmp_path: Path) -> Path:
+    return tmp_path / "out" / "ds=2026-01-01"
+
+
+def test_finalize_commits_exactly_the_admitted_attempts(tmp_path: Path, final: Path) -> None:
+    store = tmp_path / "store"
+    winner0 = attempt_output(store, 0, 1, [1, 2], [3])
+    attempt_output(store, 0, 0, [1, 2, 3, 999])  # the cancelled loser of subtask 0: never committed
+    winner1 = attempt_output(store, 1, 0, [4, 5])
+
+    summary = ParquetSink(str(final)).finalize_global(context(winner0, winner1))
+
+    assert sorted(p.name for p in final.iterdir()) == [
+        "_SUCCESS", "part-00000-000.parquet", "part-00000-001.parquet", "part-00001-000.parquet"]
+    assert committed_ids(final) == [1, 2, 3, 4, 5]
+    assert set(pq.read_table(final).column("attempt").to_pylist()) == {0, 1}
+    manifest = json.loads((final / "_SUCCESS").read_text())
+    assert [(f["path"], f["subtask"], f["attempt"]) for f in manifest["files"]] == [
+        ("part-00000-000.parquet", 0, 1), ("part-00000-001.parquet", 0, 1), ("part-00001-000.parquet", 1, 0)]
+    assert (manifest["dag_id"], manifest["run_id"], manifest["stage"]) == ("dag", "run", "write")
+    assert summary["files"] == 3 and summary["path"] == str(final)
+    assert leftovers(final) == []
+
+
+def test_rerun_replaces_the_directory_instead_of_appending(tmp_path: Path, final: Path) -> None:
+    sink = ParquetSink(str(final))
+    sink.finalize_global(context(attempt_output(tmp_path / "run1", 0, 0, [1], [2], [3]),
+                                 attempt_output(tmp_path / "run1", 1, 0, [4])))
+    sink.finalize_global(context(attempt_output(tmp_path / "run2", 0, 0, [10])))
+
+    assert sorted(p.name for p in final.iterdir()) == ["_SUCCESS", "part-00000-000.parquet"]
+    assert committed_ids(final) == [10]
+    manifest = json.loads((final / "_SUCCESS").read_text())
+    assert [f["path"] for f in manifest["files"]] == ["part-00000-000.parquet"]
+    assert leftovers(final) == []
+
+
+def test_finalize_is_idempotent(tmp_path: Path, final: Path) -> None:
+    ctx = context(attempt_output(tmp_path, 0, 0, [1, 2]), attempt_output(tmp_path, 1, 2, [3]))
+    ParquetSink(str(final)).finalize_global(ctx)
+    first = {k: v for k, v in snapshot(final).items() if k != "_SUCCESS"}
+    ParquetSink(str(final)).finalize_global(ctx)
+    assert {k: v for k, v in snapshot(final).items() if k != "_SUCCESS"} == first
+    assert committed_ids(final) == [1, 2, 3]
+
+
+def commit_then_fail(tmp_path: Path, final: Path, broken: AttemptResult) -> tuple[dict[str, bytes], Exception]:
+    ParquetSink(str(final)).finalize_global(context(attempt_output(tmp_path / "good", 0, 0, [1, 2]),
+                                                    attempt_output(tmp_path / "good", 1, 0, [3])))
+    before = snapshot(final)
+    healthy = attempt_output(tmp_path / "bad", 0, 0, [7, 8])
+    with pytest.raises(StoreError) as info:
+        ParquetSink(str(final)).finalize_global(context(healthy, broken))
+    return before, info.value
+
+
+def test_failure_midway_keeps_previous_commit_and_no_staging(tmp_path: Path, final: Path) -> None:
+    broken = attempt_output(tmp_path / "bad", 1, 3, [9], [10])
+    (broken.data_dir / "part-1.parquet").unlink()  # listed in the manifest, gone from disk
+    before, error = commit_then_fail(tmp_path, final, broken)
+    assert str(final) in str(error)
+    assert snapshot(final) == before
+    assert committed_ids(final) == [1, 2, 3]
+    assert leftovers(final) == []
+
+
+def test_checksum_mismatch_keeps_previous_commit_and_no_staging(tmp_path: Path, final: Path) -> None:
+    broken = attempt_output(tmp_path / "bad", 1, 3, [9])
+    path = broken.data_dir / "part-0.parquet"
+    content = bytearray(path.read_bytes())
+    content[len(content) // 2] ^= 0xFF
+    path.write_bytes(bytes(content))
+    before, error = commit_then_fail(tmp_path, final, broken)
+    assert "checksum mismatch" in str(error)
+    assert snapshot(final) == before
+    assert leftovers(final) == []
+
+
+def test_failure_on_first_commit_leaves_nothing(tmp_path: Path, final: Path) -> None:
+    broken = attempt_output(tmp_path, 0, 0, [1])
+    (broken.data_dir / "part-0.parquet").unlink()
+    with pytest.raises(StoreError):
+        ParquetSink(str(final)).finalize_global(context(broken))
+    assert not final.exists()
+    assert leftovers(final) == []
+
+
+def test_parquet_sink_opts_in_to_concurrent_attempts_and_round_trips(final: Path) -> None:
+    sink = ParquetSink(str(final))
+    assert sink.supports_concurrent_attempts
+    clone = Sink.from_json(sink.to_json())
+    assert isinstance(clone, ParquetSink) and clone.path == str(final)

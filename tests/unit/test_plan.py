@@ -1,0 +1,127 @@
+"""plan_stage: per-subtask inputs for sources, all_to_all and pointwise exchanges, and the fingerprint."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from airflow_provider_speculative.core.config import SpeculativeConfig
+from airflow_provider_speculative.core.graph import ExchangeSpec, PipelineGraph, SourceSpec, StageSpec
+from airflow_provider_speculative.core.plan import plan_stage
+
+MAX_P = 4  # producer max_parallelism: 4 subpartitions
+
+
+def build_graph() -> PipelineGraph:
+    stages = [
+        StageSpec("clean", "apps/clean.py", 2, {"raw": SourceSpec("/data/raw")}, max_parallelism=MAX_P),
+        StageSpec("agg", "apps/agg.py", 2,
+                  {"events": ExchangeSpec("clean", "all_to_all", key=("user",))}, max_parallelism=MAX_P),
+        StageSpec("enrich", "apps/enrich.py", 2, {"events": ExchangeSpec("clean", "all_to_all", key=("user",)),
+                                                   "totals": ExchangeSpec("agg", "pointwise")},
+                  max_parallelism=MAX_P),
+    ]
+    graph = PipelineGraph(name="p", stages={s.name: s for s in stages})
+    graph.validate()
+    return graph
+
+
+def committed(stage: str, parallelism: int) -> dict[str, Any]:
+    """A committed.json record: producer i wrote one file per subpartition, size 100*i + sp + 1."""
+    return {"stage": stage, "parallelism": parallelism, "subtasks": {
+        str(i): {"attempt": i + 1, "data": f"/store/{stage}/subtask={i}/attempt={i + 1}/data",
+                 "schema": {"fields": ["user"]},
+                 "files": [{"path": f"_sp={sp}/part-{i}.parquet", "size": 100 * i + sp + 1, "subpartition": sp}
+                           for sp in range(MAX_P)]}
+        for i in range(parallelism)}}
+
+
+RAW = [("/data/raw/a.parquet", 300), ("/data/raw/b.parquet", 200), ("/data/raw/c.parquet", 100)]
+
+
+def plan(stage: str, *, raw: list[tuple[str, int]] = RAW, run_id: str = "manual__1", **overrides) -> dict[str, Any]:
+    context = {"dag_id": "d", "run_id": run_id, "logical_date": "2026-01-01", "store_root": "/store",
+               "application": f"apps/{stage}.py", "commands": {}}
+    upstream = overrides.pop("upstream", {"clean": committed("clean", 2), "agg": committed("agg", 2)})
+    return plan_stage(build_graph(), stage, SpeculativeConfig(), source_files={"raw": raw},
+                      upstream_committed=upstream, sink=None, speculation_blocker=None, context=context)
+
+
+def test_source_files_are_split_per_subtask_with_input_bytes() -> None:
+    result = plan("clean")
+    subtasks = result["subtasks"]
+    assert len(subtasks) == 2
+    files = [[f["path"] for f in s["inputs"]["raw"]["files"]] for s in subtasks]
+    assert files == [["/data/raw/a.parquet"], ["/data/raw/b.parquet", "/data/raw/c.parquet"]]
+    assert [s["input_bytes"] for s in subtasks] == [300, 300]
+    assert subtasks[0]["inputs"]["raw"]["kind"] == "source"
+    assert result["output"]["key"] == ["user"]
+    assert result["consumers"] == ["agg", "enrich"]
+
+
+def test_source_without_files_fails_naming_the_input() -> None:
+    with pytest.raises(FileNotFoundError, match="input 'raw'"):
+        plan("clean", raw=[])
+
+
+def test_all_to_all_consumer_reads_exactly_its_subpartition_range() -> None:
+    subtasks = plan("agg")["subtasks"]
+    for i, expected in enumerate([{0, 1}, {2, 3}]):
+        parts = subtasks[i]["inputs"]["events"]["parts"]
+        assert [p["subtask"] for p in parts] == [0, 1]  # every producer
+        assert [p["attempt"] for p in parts] == [1, 2]  # its committed attempt
+        for part in parts:
+            assert {f["subpartition"] for f in part["files"]} == expected
+            assert len(part["files"]) == len(expected)
+        assert subtasks[i]["input_bytes"] == sum(f["size"] for p in parts for f in p["files"])
+    # Together the consumers read every producer file exactly once.
+    read = [f["path"] for s in subtasks for p in s["inputs"]["events"]["parts"] for f in p["files"]]
+    assert len(read) == len(set(read)) == 2 * MAX_P
+
+
+def test_pointwise_subtask_reads_only_its_producer() -> None:
+    subtasks = plan("enrich")["subtasks"]
+    for i in range(2):
+        totals = subtasks[i]["inputs"]["totals"]
+        assert totals["distribution"] == "pointwise"
+        assert [(p["subtask"], p["attempt"]) for p in totals["parts"]] == [(i, i + 1)]
+        assert totals["parts"][0]["data"] == f"/store/agg/subtask={i}/attempt={i + 1}/data"
+        assert len(totals["parts"][0]["files"]) == MAX_P
+    # input_bytes adds both inputs: the all_to_all range of 'clean' and all of agg's subtask i.
+    agg_bytes = [sum(100 * i + sp + 1 for sp in range(MAX_P)) for i in range(2)]
+    clean_bytes = [(1 + 2) + (101 + 102), (3 + 4) + (103 + 104)]
+    assert [s["input_bytes"] for s in subtasks] == [a + c for a, c in zip(agg_bytes, clean_bytes, strict=True)]
+
+
+def test_incomplete_upstream_commit_is_rejected() -> None:
+    partial = committed("clean", 2)
+    del partial["subtasks"]["1"]
+    with pytest.raises(ValueError, match="committed 1 of 2 subtasks"):
+        plan("agg", upstream={"clean": partial})
+
+
+def test_fingerprint_is_stable_for_equal_inputs() -> None:
+    assert plan("clean")["fingerprint"] == plan("clean")["fingerprint"]
+    assert plan("agg")["fingerprint"] == plan("agg")["fingerprint"]
+
+
+def test_fingerprint_ignores_the_run_id() -> None:
+    # The run id does not change the output, so a rerun's equal plan may reuse results.
+    assert plan("clean", run_id="manual__1")["fingerprint"] == plan("clean", run_id="manual__2")["fingerprint"]
+
+
+def test_fingerprint_changes_when_source_inputs_change() -> None:
+    base = plan("clean")["fingerprint"]
+    grown = [*RAW[:2], ("/data/raw/c.parquet", 101)]
+    extra = [*RAW, ("/data/raw/d.parquet", 5)]
+    assert plan("clean", raw=grown)["fingerprint"] != base
+    assert plan("clean", raw=extra)["fingerprint"] != base
+
+
+def test_fingerprint_changes_when_upstream_commit_changes() -> None:
+    base = plan("agg")["fingerprint"]
+    other = committed("clean", 2)
+    other["subtasks"]["0"]["attempt"] = 7
+    other["subtasks"]["0"]["data"] = "/store/clean/subtask=0/attempt=7/data"
+    assert plan("agg", upstream={"clean": other})["fingerprint"] != base

@@ -1,0 +1,195 @@
+"""Store primitives: atomic JSON, exclusive claims, JSONL journal, manifests, errors and layout."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from airflow_provider_speculative.store.files import (
+    StoreError,
+    append_jsonl,
+    atomic_write_json,
+    create_exclusive_json,
+    read_json,
+    read_jsonl,
+)
+from airflow_provider_speculative.store.layout import StageLayout, safe_component
+from airflow_provider_speculative.store.manifest import PartitionError, build_manifest, verify_files
+
+
+def names(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.iterdir())
+
+
+# -- atomic files ---------------------------------------------------------------------------------
+
+
+def test_atomic_write_json_replaces_content_and_leaves_no_temp_files(tmp_path: Path) -> None:
+    path = tmp_path / "deep" / "plan.json"
+    atomic_write_json(path, {"version": 1, "files": ["a"]})
+    atomic_write_json(path, {"version": 2})
+    assert json.loads(path.read_text()) == {"version": 2}
+    assert names(path.parent) == ["plan.json"]
+
+
+def test_create_exclusive_json_only_creates_once(tmp_path: Path) -> None:
+    path = tmp_path / "attempt=0" / "claim.json"
+    assert create_exclusive_json(path, {"owner": "first"}) is True
+    assert create_exclusive_json(path, {"owner": "second"}) is False
+    assert read_json(path) == {"owner": "first"}
+    assert names(path.parent) == ["claim.json"]
+
+
+def test_read_json_default_and_corrupt_file(tmp_path: Path) -> None:
+    assert read_json(tmp_path / "missing.json", default={"x": 1}) == {"x": 1}
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"half": ')
+    with pytest.raises(StoreError, match=str(bad)):
+        read_json(bad)
+
+
+def test_read_jsonl_ignores_a_torn_last_line(tmp_path: Path) -> None:
+    journal = tmp_path / "journal.jsonl"
+    append_jsonl(journal, {"event": "launch", "attempt": 0})
+    append_jsonl(journal, {"event": "admit", "attempt": 0})
+    with open(journal, "a") as handle:
+        handle.write('{"event": "canc')  # the writer died mid-line
+    assert read_jsonl(journal) == [{"event": "launch", "attempt": 0}, {"event": "admit", "attempt": 0}]
+
+
+def test_read_jsonl_of_missing_file_is_empty(tmp_path: Path) -> None:
+    assert read_jsonl(tmp_path / "none.jsonl") == []
+
+
+@pytest.mark.parametrize(
+    "write",
+    [
+        lambda p: atomic_write_json(p, {"a": 1}),
+        lambda p: create_exclusive_json(p, {"a": 1}),
+        lambda p: append_jsonl(p, {"a": 1}),
+    ],
+    ids=["atomic_write_json", "create_exclusive_json", "append_jsonl"],
+)
+def test_unwritable_location_raises_store_error_naming_the_path(tmp_path: Path, write) -> None:
+    # Tests run as root, so chmod cannot make a directory unwritable: put the path under a regular file.
+    blocker = tmp_path / "file.txt"
+    blocker.write_text("not a directory")
+    target = blocker / "sub" / "x.json"
+    with pytest.raises(StoreError) as info:
+        write(target)
+    assert str(target) in str(info.value)
+    assert blocker.read_text() == "not a directory"
+
+
+# -- manifests ------------------------------------------------------------------------------------
+
+
+def make_data(data: Path) -> None:
+    (data / "_sp=3").mkdir(parents=True)
+    (data / "_sp=3" / "part-0.parquet").write_bytes(b"PAR1-three-PAR1")
+    (data / "part-1.parquet").write_bytes(b"PAR1-plain-data-PAR1")
+    (data / "_SUCCESS").write_text("")  # Spark bookkeeping is not data
+    (data / ".part-1.parquet.crc").write_bytes(b"crc")
+    (data / "part-1.parquet.crc").write_bytes(b"crc")
+
+
+def test_build_manifest_lists_data_files_with_size_checksum_and_subpartition(tmp_path: Path) -> None:
+    make_data(tmp_path / "data")
+    manifest = build_manifest(tmp_path / "data", records=7)
+    files = {f["path"]: f for f in manifest["files"]}
+    assert sorted(files) == ["_sp=3/part-0.parquet", "part-1.parquet"]
+    assert files["_sp=3/part-0.parquet"]["subpartition"] == 3
+    assert files["part-1.parquet"]["subpartition"] is None
+    assert files["part-1.parquet"]["size"] == len(b"PAR1-plain-data-PAR1")
+    assert all(len(f["sha256"]) == 64 for f in files.values())
+    assert manifest["bytes"] == sum(f["size"] for f in files.values())
+    assert manifest["records"] == 7
+
+
+def test_build_manifest_of_missing_dir_is_empty(tmp_path: Path) -> None:
+    assert build_manifest(tmp_path / "nothing")["files"] == []
+
+
+def test_verify_files_accepts_intact_output(tmp_path: Path) -> None:
+    make_data(tmp_path / "data")
+    verify_files(tmp_path / "data", build_manifest(tmp_path / "data")["files"])
+
+
+def test_verify_files_detects_a_missing_file(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    make_data(data)
+    files = build_manifest(data)["files"]
+    (data / "_sp=3" / "part-0.parquet").unlink()
+    with pytest.raises(PartitionError, match=r"missing partition file .*_sp=3/part-0\.parquet") as info:
+        verify_files(data, files, stage="agg", subtask=2, attempt=1)
+    assert (info.value.stage, info.value.subtask, info.value.attempt) == ("agg", 2, 1)
+    assert "stage 'agg' subtask 2 attempt 1" in str(info.value)
+
+
+def test_verify_files_detects_a_corrupted_byte(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    make_data(data)
+    files = build_manifest(data)["files"]
+    target = data / "part-1.parquet"
+    content = bytearray(target.read_bytes())
+    content[5] ^= 0xFF  # same size, different content
+    target.write_bytes(bytes(content))
+    with pytest.raises(PartitionError, match=r"corrupt partition file .*part-1.parquet.*checksum"):
+        verify_files(data, files)
+    verify_files(data, files, checksums=False)  # a size-only check cannot see it
+
+
+def test_verify_files_detects_a_size_change(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    make_data(data)
+    files = build_manifest(data)["files"]
+    with open(data / "part-1.parquet", "ab") as handle:
+        handle.write(b"x")
+    with pytest.raises(PartitionError, match=r"part-1.parquet.*size 21 != manifest 20"):
+        verify_files(data, files, checksums=False)
+
+
+# -- layout ---------------------------------------------------------------------------------------
+
+
+def test_safe_component_makes_run_ids_safe() -> None:
+    run_id = "manual__2026-01-01T00:00:00+00:00"
+    safe = safe_component(run_id)
+    assert ":" not in safe and "+" not in safe and "/" not in safe
+    assert safe.startswith("manual__2026-01-01T00_00_00_00_00")
+
+
+def test_safe_component_keeps_distinct_ids_distinct() -> None:
+    ids = ["manual__2026-01-01T00:00:00+00:00", "manual__2026-01-01T00:00:00-00:00",
+           "manual__2026-01-01T00_00_00_00_00", "manual__2026-01-01T00+00+00+00+00", "a:b", "a+b", "a_b"]
+    assert len({safe_component(i) for i in ids}) == len(ids)
+
+
+def test_safe_component_leaves_safe_values_alone_and_is_stable() -> None:
+    assert safe_component("scheduled__2026-01-01") == "scheduled__2026-01-01"
+    assert safe_component("my_dag.v2") == "my_dag.v2"
+    assert safe_component("a:b") == safe_component("a:b")
+
+
+@pytest.mark.parametrize("value", ["..", ".", "", "a/../../etc", "/abs"])
+def test_safe_component_never_escapes_its_directory(value: str) -> None:
+    safe = safe_component(value)
+    assert safe not in ("", ".", "..") and "/" not in safe
+
+
+def test_stage_layout_paths_use_safe_components(tmp_path: Path) -> None:
+    layout = StageLayout(tmp_path, "dag", "manual__2026-01-01T00:00:00+00:00", "agg")
+    assert layout.dir.parent == layout.run_dir
+    assert layout.run_dir.parent == tmp_path / "dag"
+    assert ":" not in str(layout.dir.relative_to(tmp_path))
+    assert layout.manifest(1, 2) == layout.dir / "subtask=1" / "attempt=2" / "_SUCCESS"
+
+
+def test_attempt_numbers_lists_claimed_attempts(tmp_path: Path) -> None:
+    layout = StageLayout(tmp_path, "dag", "run", "agg")
+    assert layout.attempt_numbers(0) == []
+    for name in ("attempt=2", "attempt=0", "attempt=10", "attempt=x", "admitted.json"):
+        (layout.subtask_dir(0) / name).mkdir(parents=True)
+    assert layout.attempt_numbers(0) == [0, 2, 10]
