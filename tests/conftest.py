@@ -1,0 +1,54 @@
+"""Test-wide isolation: a private AIRFLOW_HOME, store, output and StatsD port, set before Airflow is imported."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+DATA = REPO / ".data" / "tpch" / "lineitem"
+SESSION_DIR = Path(tempfile.mkdtemp(prefix="speculative-tests-"))
+
+
+def _free_udp_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+STATSD_PORT = _free_udp_port()
+TEST_ENV = {
+    "AIRFLOW_HOME": str(SESSION_DIR / "airflow"),
+    "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "tests" / "integration" / "dags"),
+    "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+    "AIRFLOW__SPECULATIVE__STORE_PATH": str(SESSION_DIR / "store"),
+    "AIRFLOW_CONN_SPARK_DEFAULT": '{"conn_type": "spark", "host": "local[1]"}',
+    "AIRFLOW__METRICS__STATSD_ON": "True",
+    "AIRFLOW__METRICS__STATSD_HOST": "127.0.0.1",
+    "AIRFLOW__METRICS__STATSD_PORT": str(STATSD_PORT),
+    "SPECULATIVE_EXAMPLE_DATA": str(DATA),
+    "SPECULATIVE_EXAMPLE_OUTPUT": str(SESSION_DIR / "output"),
+}
+os.environ.update(TEST_ENV)
+
+
+@pytest.fixture(scope="session")
+def airflow_db() -> Path:
+    """A migrated SQLite metadata DB in the session's AIRFLOW_HOME."""
+    subprocess.run([str(Path(sys.executable).parent / "airflow"), "db", "migrate"], check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env={**os.environ, **TEST_ENV})
+    return Path(TEST_ENV["AIRFLOW_HOME"])
+
+
+@pytest.fixture(scope="session")
+def tpch_data() -> Path:
+    """The lineitem parts `make data` generates (make test generates them before pytest runs)."""
+    if not (DATA / ".done").exists():
+        pytest.skip(f"TPC-H data missing at {DATA}: run `make data`")
+    return DATA
