@@ -110,6 +110,11 @@ class Pipeline:
         """The validated stage graph."""
         graph = PipelineGraph(name=self.name, stages={n: s.spec for n, s in self.stages.items()}, config=self.config)
         graph.validate()
+        for name, handle in self.stages.items():
+            if handle.sink is not None and graph.consumers(name):
+                consumers = ", ".join(sorted({c for c, _, _ in graph.consumers(name)}))
+                raise PipelineError(f"pipeline {self.name!r}, stage {name!r}: a stage with a sink is final and "
+                                    f"cannot be read by other stages (read by: {consumers})")
         return graph
 
     def compile(self) -> dict[str, Any]:

@@ -95,7 +95,7 @@ class LocalBackend:
             out.state = AttemptState.FAILED if now - created > LAUNCH_LOST_AFTER else AttemptState.CREATED
             if out.state == AttemptState.FAILED:
                 out.cause, out.end_at = "launch lost: claimed but never started", now
-        elif heartbeat.get("phase") == "RUNNING":
+        elif heartbeat.get("phase") in ("RUNNING", "BARRIER"):
             out.state = AttemptState.RUNNING
         else:
             out.state = AttemptState.DEPLOYING

@@ -56,6 +56,10 @@ class FaultInjection:
 
     targets: dict[str, FaultSpec] = field(default_factory=dict)
     attempts: dict[tuple[int, int], FaultSpec] = field(default_factory=dict)
+    # Subtasks treated as slow from the start, so concurrent attempts exist deterministically.
+    force_speculation: frozenset[int] = frozenset()
+    # Attempts hold their manifest until <stage dir>/barrier.release exists: finishes land together.
+    barrier: bool = False
 
     def for_attempt(self, target: str, subtask: int, attempt: int) -> FaultSpec:
         """Return the fault applied to one attempt; a per-attempt rule wins over a target rule."""
@@ -68,6 +72,8 @@ class FaultInjection:
             "attempts": [
                 {"subtask": s, "attempt": a, **asdict(spec)} for (s, a), spec in self.attempts.items()
             ],
+            "force_speculation": sorted(self.force_speculation),
+            "barrier": self.barrier,
         }
 
 
@@ -120,8 +126,8 @@ OPTION_DOCS: dict[str, str] = {
     "max_failures_per_subtask": "Failed attempts a subtask may have before the stage fails (>= 0).",
     "store_path": "Root of the result store; empty means $AIRFLOW_HOME/speculative-store.",
     "targets": "JSON list of targets: name, conn_id, slots, node, conf.",
-    "fault_injection": ("JSON: {targets: {name: {factor, delay, fail}}, attempts: [{subtask, attempt, ...}]}. "
-                        "Off when empty."),
+    "fault_injection": ("JSON: {targets: {name: {factor, delay, fail}}, attempts: [{subtask, attempt, ...}], "
+                        "force_speculation: [subtask, ...], barrier: bool}. Tests and demos only; off when empty."),
 }
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|sec|secs|seconds?|m|min|mins|minutes?|h|hours?)?\s*$")
@@ -234,8 +240,9 @@ def _faults(name: str, value: Any, where: str) -> FaultInjection:
     raw = _json(name, value, where)
     if not raw:
         return FaultInjection()
-    if not isinstance(raw, dict) or set(raw) - {"targets", "attempts"}:
-        raise _bad(name, value, where, "expected {targets: {...}, attempts: [...]}")
+    if not isinstance(raw, dict) or set(raw) - {"targets", "attempts", "force_speculation", "barrier"}:
+        raise _bad(name, value, where, "expected {targets: {...}, attempts: [...], force_speculation: [...], "
+                                       "barrier: bool}")
     targets = {str(t): _fault_spec(f"{name}.targets.{t}", spec, where)
                for t, spec in (raw.get("targets") or {}).items()}
     attempts = {}
@@ -245,7 +252,12 @@ def _faults(name: str, value: Any, where: str) -> FaultInjection:
         key = (_int(f"{name}.subtask", item["subtask"], where, 0),
                _int(f"{name}.attempt", item.get("attempt", 0), where, 0))
         attempts[key] = _fault_spec(f"{name}.attempts", item, where)
-    return FaultInjection(targets=targets, attempts=attempts)
+    forced = raw.get("force_speculation") or []
+    if not isinstance(forced, list | tuple):
+        raise _bad(f"{name}.force_speculation", forced, where, "expected a list of subtask indexes")
+    return FaultInjection(targets=targets, attempts=attempts,
+                          force_speculation=frozenset(_int(f"{name}.force_speculation", i, where, 0) for i in forced),
+                          barrier=_bool(f"{name}.barrier", raw.get("barrier", False), where))
 
 
 def parse_option(name: str, value: Any, where: str) -> Any:

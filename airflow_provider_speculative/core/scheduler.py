@@ -274,7 +274,9 @@ class StageScheduler:
         candidates = [a for a in self.all_attempts()
                       if a.subtask not in self.admitted and a.subtask not in self.reused]
         slow = find_slow(candidates, self.baseline, now, self.input_bytes)
-        self.slow_subtasks = frozenset(a.subtask for a in slow)
+        forced = self.config.fault_injection.force_speculation
+        self.slow_subtasks = frozenset(a.subtask for a in slow) | frozenset(
+            a.subtask for a in candidates if a.subtask in forced and a.possible_to_finish)
         self.peak_slow = max(self.peak_slow, len(self.slow_subtasks))
         actions: list[Action] = []
         until = now + self.config.block_slow_node_duration

@@ -195,7 +195,10 @@ class StageContext:
         output = self.plan["output"]
         key = output.get("key") or []
         schema_json = df.schema.jsonValue()
-        if key:
+        sink_info: dict[str, Any] | None = None
+        if output.get("sink"):
+            sink_info = self._sink_writer(output["sink"], data_dir).write(df)
+        elif key:
             missing = [k for k in key if k not in df.columns]
             if missing:
                 raise ValueError(f"stage {self.stage!r} output lacks exchange key columns {missing} "
@@ -208,12 +211,25 @@ class StageContext:
         self._inject_faults()
         manifest = build_manifest(data_dir, stage=self.stage, subtask=self.subtask, attempt=self.attempt,
                                   node=self.node, schema=schema_json, input_bytes=self.input_bytes,
-                                  written_at=time.time())
+                                  written_at=time.time(), sink=sink_info)
         manifest["records"] = _count_records(data_dir, manifest["files"])
+        if sink_info and sink_info.get("records") is not None and not manifest["files"]:
+            manifest["records"] = sink_info["records"]
         self._written = True
         write_manifest(self.layout.manifest(self.subtask, self.attempt), manifest)
 
+    def _sink_writer(self, sink_json: dict[str, Any], data_dir: Path) -> Any:
+        from airflow_provider_speculative.sinks.base import InitializationContext, Sink
+
+        context = InitializationContext(
+            task_number=self.subtask, num_tasks=self.parallelism, attempt_number=self.attempt,
+            dag_id=self.plan["dag_id"], run_id=self.plan["run_id"], stage=self.stage, data_dir=data_dir,
+            logical_date=self.logical_date)
+        return Sink.from_json(sink_json).create_writer(context)
+
     def _inject_faults(self) -> None:
+        if self.config.fault_injection.barrier:
+            self._wait_at_barrier()
         fault: FaultSpec = self.config.fault_injection.for_attempt(self.target, self.subtask, self.attempt)
         if not fault.active:
             return
@@ -224,6 +240,16 @@ class StageContext:
         extra = (fault.factor - 1.0) * (time.time() - launched) + fault.delay
         print(f"[speculative] fault injection: slowing attempt by {extra:.1f}s", file=sys.stderr)
         time.sleep(max(0.0, extra))
+
+
+    def _wait_at_barrier(self, timeout: float = 900.0) -> None:
+        release = self.layout.dir / "barrier.release"
+        self._heartbeat.set_phase("BARRIER")
+        deadline = time.time() + timeout
+        while not release.exists():
+            if time.time() > deadline:
+                raise TimeoutError(f"fault injection barrier {release} was not released within {timeout}s")
+            time.sleep(0.005)
 
 
 def _count_records(data_dir: Path, files: list[dict[str, Any]]) -> int:

@@ -26,14 +26,20 @@ class Heartbeat:
         self.progress = progress
         self.interval = interval
         self.started_at = time.time()
+        self.phase = "RUNNING"
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="speculative-heartbeat", daemon=True)
 
     def start(self) -> Heartbeat:
         """Write the first beat synchronously (so RUNNING is visible at once), then keep beating."""
-        self.beat("RUNNING")
+        self.beat(self.phase)
         self._thread.start()
         return self
+
+    def set_phase(self, phase: str) -> None:
+        """Change the phase every later beat reports, and beat now."""
+        self.phase = phase
+        self.beat(phase)
 
     def beat(self, phase: str) -> None:
         """Write one heartbeat."""
@@ -46,7 +52,7 @@ class Heartbeat:
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval):
-            self.beat("RUNNING")
+            self.beat(self.phase)
 
     def stop(self, phase: str) -> None:
         """Stop beating and record the final phase."""

@@ -3,9 +3,19 @@
 from airflow_provider_speculative.sinks.base import (
     AttemptResult,
     FinalizationContext,
+    InitializationContext,
     Sink,
+    SinkWriter,
     SupportsConcurrentExecutionAttempts,
 )
 from airflow_provider_speculative.sinks.parquet import ParquetSink
 
-__all__ = ["AttemptResult", "FinalizationContext", "ParquetSink", "Sink", "SupportsConcurrentExecutionAttempts"]
+__all__ = [
+    "AttemptResult",
+    "FinalizationContext",
+    "InitializationContext",
+    "ParquetSink",
+    "Sink",
+    "SinkWriter",
+    "SupportsConcurrentExecutionAttempts",
+]

@@ -22,6 +22,7 @@ class AttemptResult:
     data_dir: Path
     files: list[dict[str, Any]]
     records: int | None = None
+    sink_info: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -41,10 +42,41 @@ class FinalizationContext:
         return self.attempts[subtask].attempt
 
 
+@dataclass(frozen=True)
+class InitializationContext:
+    """What a sink writer is opened with (FLIP-281 ``OutputFormat.InitializationContext``)."""
+
+    task_number: int
+    num_tasks: int
+    attempt_number: int
+    dag_id: str
+    run_id: str
+    stage: str
+    data_dir: Path
+    logical_date: str | None = None
+
+
+class SinkWriter(ABC):
+    """Runtime side of a sink: runs in the Spark driver of one attempt, isolated from other attempts."""
+
+    @abstractmethod
+    def write(self, df: Any) -> dict[str, Any]:
+        """Write the attempt's DataFrame; return what finalize needs (recorded in the attempt's manifest)."""
+
+
 class Sink(ABC):
-    """Where a final stage's output goes. Finalize runs once on the master (the Airflow worker)."""
+    """Where a final stage's output goes.
+
+    Attempts write through :meth:`create_writer` into attempt-isolated places; :meth:`finalize_global`
+    runs once on the master (the Airflow worker) and commits exactly the admitted attempts.
+    Subclass :class:`SupportsConcurrentExecutionAttempts` too, to allow speculative attempts.
+    """
 
     template_fields: tuple[str, ...] = ()
+
+    @abstractmethod
+    def create_writer(self, context: InitializationContext) -> SinkWriter:
+        """Open the writer of one attempt (task number, number of tasks, attempt number)."""
 
     @property
     def supports_concurrent_attempts(self) -> bool:

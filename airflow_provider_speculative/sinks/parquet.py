@@ -10,7 +10,13 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from airflow_provider_speculative.sinks.base import FinalizationContext, Sink, SupportsConcurrentExecutionAttempts
+from airflow_provider_speculative.sinks.base import (
+    FinalizationContext,
+    InitializationContext,
+    Sink,
+    SinkWriter,
+    SupportsConcurrentExecutionAttempts,
+)
 from airflow_provider_speculative.store.files import StoreError, atomic_write_json, sha256_file
 
 
@@ -30,6 +36,10 @@ class ParquetSink(Sink, SupportsConcurrentExecutionAttempts):
     def describe(self) -> dict[str, Any]:
         """Constructor arguments."""
         return {"path": self.path}
+
+    def create_writer(self, context: InitializationContext) -> SinkWriter:
+        """Attempts write Parquet into their own attempt directory."""
+        return _ParquetWriter(context)
 
     def finalize_global(self, context: FinalizationContext) -> dict[str, Any]:
         """Publish the admitted attempts' files as ``part-<subtask>-<n>.parquet`` plus a ``_SUCCESS`` manifest."""
@@ -63,6 +73,16 @@ class ParquetSink(Sink, SupportsConcurrentExecutionAttempts):
             shutil.rmtree(staging, ignore_errors=True)
             raise
         return {"sink": "parquet", "path": str(final), "files": len(files), "records": manifest["records"]}
+
+
+class _ParquetWriter(SinkWriter):
+    def __init__(self, context: InitializationContext) -> None:
+        self.context = context
+
+    def write(self, df: Any) -> dict[str, Any]:
+        # One file per subtask keeps the committed directory small and its names predictable.
+        df.coalesce(1).write.parquet(str(self.context.data_dir))
+        return {}
 
 
 def _link_or_copy(src: Path, dst: Path) -> None:
