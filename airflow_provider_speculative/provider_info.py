@@ -6,8 +6,11 @@ from typing import Any
 
 from airflow_provider_speculative.core.config import OPTION_DOCS, SECTION, default_strings
 
-_TYPES = {"enabled": "boolean", "normalize_by_input_bytes": "boolean", "max_concurrent_executions": "integer",
-          "max_failures_per_subtask": "integer", "baseline_ratio": "float", "baseline_multiplier": "float"}
+_TYPES = {
+    "enabled": "boolean", "normalize_by_input_bytes": "boolean", "max_concurrent_executions": "integer",
+    "max_failures_per_subtask": "integer", "max_failures_per_stage": "integer", "baseline_ratio": "float",
+    "baseline_multiplier": "float",
+}
 
 
 def get_provider_info() -> dict[str, Any]:

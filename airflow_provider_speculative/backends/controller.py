@@ -15,7 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from airflow_provider_speculative.backends.local import LaunchSpec, LocalBackend
+from airflow_provider_speculative.backends.recovery import PartitionRecovery, attempt_command
 from airflow_provider_speculative.core.config import SpeculativeConfig
+from airflow_provider_speculative.core.failover import files_in_range, input_readers
 from airflow_provider_speculative.core.scheduler import (
     Action,
     Admit,
@@ -23,7 +25,9 @@ from airflow_provider_speculative.core.scheduler import (
     Cancel,
     Discard,
     FailStage,
+    Invalidate,
     Launch,
+    RecoverPartition,
     StageComplete,
     StageScheduler,
 )
@@ -41,8 +45,11 @@ from airflow_provider_speculative.store.results import remove_attempt_output
 class StageController:
     """Drive one stage run: restore from the store, then poll attempts, feed the core, carry out its actions."""
 
-    def __init__(self, plan: dict[str, Any], clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, plan: dict[str, Any], clock: Callable[[], float] = time.time,
+                 extra_env: dict[str, str] | None = None) -> None:
         self.plan = plan
+        # Secrets for the attempts (e.g. a sink's DSN): passed at launch, never written to the store.
+        self.extra_env = dict(extra_env or {})
         self.clock = clock
         self.layout = StageLayout(Path(plan["store_root"]), plan["dag_id"], plan["run_id"], plan["stage"])
         self.config = SpeculativeConfig.from_json(plan["config"])
@@ -51,8 +58,12 @@ class StageController:
             parallelism=plan["parallelism"], config=self.config,
             input_bytes={i: s["input_bytes"] for i, s in enumerate(plan["subtasks"]) if s.get("input_bytes")},
             speculation_blocker=plan.get("speculation_blocker"),
-            reused=frozenset(plan.get("reused") or []))
+            reused=frozenset(plan.get("reused") or []),
+            input_readers=input_readers(plan),
+            upstreams={name: (info["parallelism"], info["deterministic"])
+                       for name, info in (plan.get("upstream_info") or {}).items()})
         self.reaping: set[tuple[int, int]] = set()
+        self.recoveries: dict[tuple[str, int], PartitionRecovery] = {}
         self.result: StageComplete | FailStage | None = None
         self._restore()
 
@@ -96,6 +107,9 @@ class StageController:
         actions = self.scheduler.step(now, updates)
         for action in actions:
             self._carry_out(action, now)
+        for action in self._step_recoveries():
+            actions.append(action)
+            self._carry_out(action, now)
         self._reap(now)
         self._persist_blocks()
         self._write_summary(now)
@@ -114,7 +128,40 @@ class StageController:
     @property
     def done(self) -> bool:
         """True once the stage completed or failed and no cancelled attempt is still alive."""
-        return self.result is not None and not self.reaping
+        return self.result is not None and not self.reaping and not self.recoveries
+
+    def _step_recoveries(self) -> list[Action]:
+        actions: list[Action] = []
+        for key, recovery in list(self.recoveries.items()):
+            if self.result is not None:
+                del self.recoveries[key]
+                continue
+            outcome, reason = recovery.step()
+            if outcome == "done":
+                del self.recoveries[key]
+                self._use_recovered(key[0], key[1], recovery.committed_part())
+                actions += self.scheduler.input_restored(*key)
+            elif outcome == "failed":
+                del self.recoveries[key]
+                actions += self.scheduler.recovery_failed(key[0], key[1], reason or "unknown")
+        return actions
+
+    def _use_recovered(self, stage: str, producer: int, part: dict[str, Any]) -> None:
+        """Point this stage's plan at the re-produced partition (new attempts read the new plan)."""
+        info = self.plan["upstream_info"][stage]
+        for consumer, spec in enumerate(self.plan["subtasks"]):
+            for entry in spec["inputs"].values():
+                if entry["kind"] != "exchange" or entry["upstream"] != stage:
+                    continue
+                for old in entry["parts"]:
+                    if old["subtask"] != producer:
+                        continue
+                    files = files_in_range(part["files"], entry["distribution"], consumer,
+                                           self.plan["parallelism"], info["max_parallelism"])
+                    spec["input_bytes"] += sum(f["size"] for f in files) - sum(f["size"] for f in old["files"])
+                    old.update(attempt=part["attempt"], data=part["data"], files=files)
+        atomic_write_json(self.layout.plan, self.plan)
+        self.journal("input_restored", stage=stage, subtask=producer, attempt=part["attempt"])
 
     def _carry_out(self, action: Action, now: float) -> None:
         if isinstance(action, Launch):
@@ -130,12 +177,32 @@ class StageController:
             self.journal("discard", subtask=action.subtask, attempt=action.attempt, reason=action.reason)
         elif isinstance(action, BlockNode):
             self.journal("block_node", node=action.node, until=action.until, reason=action.reason)
+        elif isinstance(action, RecoverPartition):
+            self._recover(action)
+        elif isinstance(action, Invalidate):
+            self.backend.invalidate(action.subtask, action.attempt, action.reason)
+            remove_attempt_output(self.layout, action.subtask, action.attempt)
+            self.journal("invalidate", subtask=action.subtask, attempt=action.attempt, reason=action.reason)
         elif isinstance(action, FailStage):
             self.result = action
             self.journal("stage_failed", reason=action.reason, causes=list(action.causes))
         elif isinstance(action, StageComplete):
             self.result = action
             self.journal("stage_complete", admitted=action.admitted)
+
+    def _recover(self, action: RecoverPartition) -> None:
+        self.journal("recover_partition", stage=action.stage, subtask=action.subtask, reason=action.reason)
+        recovery = PartitionRecovery(
+            self.layout.root, self.plan["dag_id"], self.plan["run_id"], action.stage, action.subtask,
+            env=self.extra_env, blocked=lambda node: self.scheduler.blocklist.is_blocked(node, self.clock()),
+            clock=self.clock)
+        if action.lost_attempt is not None and recovery.lost_attempt not in (None, action.lost_attempt):
+            # Re-produced already (e.g. before a controller restart): just read the new result.
+            self._use_recovered(action.stage, action.subtask, recovery.committed_part())
+            for follow_up in self.scheduler.input_restored(action.stage, action.subtask):
+                self._carry_out(follow_up, self.clock())
+            return
+        self.recoveries[(action.stage, action.subtask)] = recovery
 
     def _launch(self, action: Launch, now: float) -> None:
         target = next(t for t in self.config.targets if t.name == action.target)
@@ -147,9 +214,8 @@ class StageController:
                 action.subtask, action.attempt, now)
             self.journal("claim_lost", subtask=action.subtask, attempt=action.attempt)
             return
-        command = [*self.plan["commands"][target.name], "--plan", str(self.layout.plan),
-                   "--subtask", str(action.subtask), "--attempt", str(action.attempt), "--target", target.name]
-        env = dict(self.plan.get("env") or {})
+        command = attempt_command(self.plan, self.layout, action.subtask, action.attempt, target.name)
+        env = {**(self.plan.get("env") or {}), **self.extra_env}
         env.setdefault("PYSPARK_PYTHON", sys.executable)
         env.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
         try:

@@ -79,8 +79,15 @@ class LocalBackend:
                       progress={k: heartbeat[k] for k in ("records_read", "tasks_done", "tasks_total", "at")
                                 if k in heartbeat})
         state = status.get("state")
+        invalidated = read_json(base / "invalidated.json")
+        if invalidated is not None:
+            # Withdrawn by a rerun or failover: history only, never admitted again.
+            out.state, out.cause = AttemptState.CANCELED, f"invalidated: {invalidated.get('reason')}"
+            return out
         if state in ("FINISHED", "FAILED", "CANCELED"):
             out.state = AttemptState(state)
+            if state == "FAILED" and status.get("failure_kind") == "partition":
+                out.failure = read_json(base / "failure.json")
             return out
         alive = self._alive(launch)
         if launch and not alive:
@@ -126,6 +133,14 @@ class LocalBackend:
                 os.killpg(launch["pgid"], signal.SIGKILL)
         return not self._group_alive(launch["pgid"])
 
+    def invalidate(self, subtask: int, attempt: int, reason: str) -> None:
+        """Withdraw an attempt for good (its admission too, if it had it)."""
+        atomic_write_json(self.layout.attempt_dir(subtask, attempt) / "invalidated.json",
+                          {"reason": reason, "at": time.time()})
+        marker = read_json(self.layout.admitted(subtask))
+        if marker is not None and marker.get("attempt") == attempt:
+            self.layout.admitted(subtask).unlink(missing_ok=True)
+
     @staticmethod
     def _alive(launch: dict[str, Any]) -> bool:
         pid = launch.get("pid")
@@ -142,7 +157,8 @@ class LocalBackend:
     @staticmethod
     def _group_alive(pgid: int) -> bool:
         for proc in psutil.process_iter(["pid"]):
-            with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+            # A process may exit between listing and inspection: that is not an error here.
+            with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied, ProcessLookupError):
                 if os.getpgid(proc.pid) == pgid and proc.status() != psutil.STATUS_ZOMBIE:
                     return True
         return False

@@ -1,8 +1,9 @@
-"""``airflow speculative status``: stages -> subtasks -> attempts of a DAG run."""
+"""``airflow speculative status`` (stages -> subtasks -> attempts of a DAG run) and ``gc`` (store clean-up)."""
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from datetime import UTC, datetime
 from typing import Any
@@ -22,7 +23,8 @@ def format_table(report: dict[str, Any]) -> str:
             f"stage {stage['stage']}: parallelism {stage['parallelism']}, committed {stage['committed']}, "
             f"speculation {stage['speculation']}, numSlowExecutionVertices {stage['numSlowExecutionVertices']}, "
             f"numEffectiveSpeculativeExecutions {stage['numEffectiveSpeculativeExecutions']}"
-            + (f", blocked nodes {stage['blocked_nodes']}" if stage["blocked_nodes"] else ""))
+            + (f", blocked nodes {stage['blocked_nodes']}" if stage["blocked_nodes"] else "")
+            + (f", results expired (removed by gc at {_time(stage['expired']['at'])})" if stage.get("expired") else ""))
         for sub in stage["subtasks"]:
             if not sub["attempts"]:
                 rows.append((stage["stage"], str(sub["subtask"]), "-", "REUSED" if sub["reused"] else "-",
@@ -53,3 +55,123 @@ def status(args: Any) -> None:
         print(json.dumps(report, indent=2, default=str))
     else:
         print(format_table(report))
+
+
+def _run_states(dag_ids: list[str]) -> dict[tuple[str, str], str]:
+    """(dag_id, run_id) -> state of every DagRun of ``dag_ids`` in Airflow's metadata DB."""
+    from airflow.models.dagrun import DagRun
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    if not dag_ids:
+        return {}
+    with create_session() as session:
+        rows = session.execute(
+            select(DagRun.dag_id, DagRun.run_id, DagRun._state).where(DagRun.dag_id.in_(dag_ids))).all()
+    # The column holds plain strings; an enum would print as "DagRunState.SUCCESS".
+    return {(dag_id, run_id): str(getattr(state, "value", state)) for dag_id, run_id, state in rows}
+
+
+def _size(n: int) -> str:
+    if n < 1024:
+        return f"{n} B"
+    value = float(n)
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
+        value /= 1024
+        if value < 1024 or unit == "TiB":
+            break
+    return f"{value:.1f} {unit}"
+
+
+def format_gc_table(root: str, items: list[Any], dry_run: bool, summary: dict[str, Any] | None) -> str:
+    """Render gc's plan (or what it removed) as a plain-text table, one row per path."""
+    header = ("reason", "bytes", "path", "why")
+    rows = [(i.reason, str(i.bytes), _relative(i.path, root), i.detail) for i in items]
+    widths = [max(len(h), *(len(r[c]) for r in rows)) if rows else len(h) for c, h in enumerate(header)]
+    lines = [f"store {root}"]
+    if rows:
+        lines.append("  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)).rstrip())
+        lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    total = sum(i.bytes for i in items)
+    if dry_run:
+        lines.append(f"dry run: would remove {len(items)} paths, {_size(total)} ({total} bytes)")
+    else:
+        assert summary is not None
+        lines.append(f"removed {summary['removed']} paths, {_size(summary['bytes'])} ({summary['bytes']} bytes)")
+        lines += [f"error: {e['path']}: {e['error']}" for e in summary["errors"]]
+    return "\n".join(lines)
+
+
+def _relative(path: Any, root: str) -> str:
+    return os.path.relpath(path, root)
+
+
+def gc(args: Any) -> None:
+    """CLI entry: remove (or with ``--dry-run`` list) what the store no longer needs."""
+    import time
+
+    from airflow_provider_speculative.backends.gc import execute_gc, plan_gc, store_dag_ids
+    from airflow_provider_speculative.core.config import ConfigError, parse_option
+    from airflow_provider_speculative.settings import airflow_config, store_root
+
+    try:
+        retention = None if args.retention is None else parse_option("retention", args.retention, "--retention")
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(1)
+    root = store_root(airflow_config())
+    dag_ids = sorted(set(store_dag_ids(root).values()))
+    if args.dag_id is not None:
+        dag_ids = [d for d in dag_ids if d == args.dag_id]
+    # Runs missing from these states count as deleted, so ask about every DAG that is planned.
+    run_states = _run_states(dag_ids)
+    items = plan_gc(root, now=time.time(), run_states=run_states, retention=retention, dag_id=args.dag_id)
+    summary = None if args.dry_run else execute_gc(items)
+    if args.output == "json":
+        print(json.dumps({"store": str(root), "dry_run": bool(args.dry_run), "items": [i.to_json() for i in items],
+                          "bytes": sum(i.bytes for i in items), "summary": summary}, indent=2, default=str))
+    else:
+        print(format_gc_table(str(root), items, bool(args.dry_run), summary))
+    if summary and summary["errors"]:
+        sys.exit(1)
+
+
+def rerun(args: Any) -> None:
+    """CLI entry: print the affected region, invalidate exactly it and clear its stage tasks."""
+    from airflow_provider_speculative.backends.rerun import invalidate_region, plan_rerun
+    from airflow_provider_speculative.settings import airflow_config, store_root
+
+    root = store_root(airflow_config())
+    try:
+        region = plan_rerun(root, args.dag_id, args.run_id, args.stage, args.subtask)
+    except (FileNotFoundError, KeyError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(1)
+    affected = {stage: sorted(subtasks) for stage, subtasks in region.subtasks.items()}
+    result: dict[str, Any] = {"dag_id": args.dag_id, "run_id": args.run_id, "region": affected,
+                              "dry_run": bool(args.dry_run)}
+    if not args.dry_run:
+        result["invalidated"] = invalidate_region(root, args.dag_id, args.run_id, region,
+                                                  f"airflow speculative rerun --stage {args.stage}")
+        result["cleared_tasks"] = _clear_tasks(args.dag_id, args.run_id, sorted(affected))
+    if args.output == "json":
+        print(json.dumps(result, indent=2))
+        return
+    print(f"{'Would rerun' if args.dry_run else 'Rerunning'} in DAG {args.dag_id} run {args.run_id}:")
+    for stage, subtasks in affected.items():
+        print(f"  stage {stage}: subtasks {', '.join(map(str, subtasks))}")
+    if not args.dry_run:
+        print(f"Cleared tasks: {', '.join(result['cleared_tasks']) or '(none found)'}")
+
+
+def _clear_tasks(dag_id: str, run_id: str, task_ids: list[str]) -> list[str]:
+    """Clear the stage tasks of the run so the scheduler runs exactly them again."""
+    from airflow.models.taskinstance import TaskInstance, clear_task_instances
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    with create_session() as session:
+        tis = list(session.scalars(select(TaskInstance).where(
+            TaskInstance.dag_id == dag_id, TaskInstance.run_id == run_id, TaskInstance.task_id.in_(task_ids))))
+        clear_task_instances(tis, session)
+        return sorted(ti.task_id for ti in tis)

@@ -13,6 +13,11 @@ def get_cli_commands() -> list[Any]:
     run_id = Arg(("--run-id", "-r"), help="DAG run id", required=True)
     stage = Arg(("--stage", "-s"), help="only this stage", default=None)
     output = Arg(("--output", "-o"), help="output format", choices=("table", "json"), default="table")
+    gc_dag_id = Arg(("--dag-id", "-d"), help="only this DAG (default: every DAG in the store)", default=None)
+    dry_run = Arg(("--dry-run",), help="print what would be removed and the bytes; remove nothing",
+                  action="store_true")
+    retention = Arg(("--retention",), default=None,
+                    help="override the configured retention (also per-stage overrides), e.g. 0, 90 min, 48h")
     return [
         GroupCommand(
             name="speculative",
@@ -23,6 +28,22 @@ def get_cli_commands() -> list[Any]:
                     help="List stages, subtasks and attempts of a DAG run with the admitted attempt",
                     func=lazy_load_command("airflow_provider_speculative.cli.commands.status"),
                     args=(dag_id, run_id, stage, output),
+                ),
+                ActionCommand(
+                    name="gc",
+                    help="Remove what failed or cancelled attempts, expired results and deleted runs left in the store",
+                    func=lazy_load_command("airflow_provider_speculative.cli.commands.gc"),
+                    args=(gc_dag_id, dry_run, retention, output),
+                ),
+                ActionCommand(
+                    name="rerun",
+                    help="Invalidate the region a stage (or some of its subtasks) affects and clear its tasks",
+                    func=lazy_load_command("airflow_provider_speculative.cli.commands.rerun"),
+                    args=(dag_id, run_id, Arg(("--stage", "-s"), help="stage to rerun", required=True),
+                          Arg(("--subtask",), help="subtask index (repeatable); default: all", type=int,
+                              action="append", default=None),
+                          Arg(("--dry-run",), help="only print the affected region", action="store_true"),
+                          output),
                 ),
             ],
         )

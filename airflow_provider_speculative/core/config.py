@@ -30,9 +30,12 @@ class Target:
         return self.node or self.name
 
 
+# Many local drivers on one host would exhaust Spark UI ports (4040 + 16 retries); local attempts
+# run without the UI. Configure targets explicitly to keep it, e.g. on a cluster.
+LOCAL_CONF = {"spark.ui.enabled": "false"}
 DEFAULT_TARGETS: tuple[Target, ...] = (
-    Target(name="local-a", conn_id="spark_default", slots=2),
-    Target(name="local-b", conn_id="spark_default", slots=2),
+    Target(name="local-a", conn_id="spark_default", slots=2, conf=LOCAL_CONF),
+    Target(name="local-b", conn_id="spark_default", slots=2, conf=LOCAL_CONF),
 )
 
 
@@ -58,7 +61,7 @@ class FaultInjection:
     attempts: dict[tuple[int, int], FaultSpec] = field(default_factory=dict)
     # Subtasks treated as slow from the start, so concurrent attempts exist deterministically.
     force_speculation: frozenset[int] = frozenset()
-    # Attempts hold their manifest until <stage dir>/barrier.release exists: finishes land together.
+    # Attempts hold their manifest until <stage dir>/barrier.release.<subtask> exists: finishes land together.
     barrier: bool = False
 
     def for_attempt(self, target: str, subtask: int, attempt: int) -> FaultSpec:
@@ -90,6 +93,9 @@ class SpeculativeConfig:
     baseline_multiplier: float = 1.5
     normalize_by_input_bytes: bool = True
     max_failures_per_subtask: int = 3
+    max_failures_per_stage: int = 10
+    retention: float = 86400.0
+    failover_strategy: str = "region"
     store_path: str = ""
     targets: tuple[Target, ...] = DEFAULT_TARGETS
     fault_injection: FaultInjection = field(default_factory=FaultInjection)
@@ -124,6 +130,9 @@ OPTION_DOCS: dict[str, str] = {
     "baseline_multiplier": "Baseline = median execution time of the earliest finishers times this (>= 1).",
     "normalize_by_input_bytes": "Compare execution time per input byte when input sizes are known.",
     "max_failures_per_subtask": "Failed attempts a subtask may have before the stage fails (>= 0).",
+    "max_failures_per_stage": "Failed attempts a stage run may have in all before it fails (>= 0).",
+    "retention": "How long intermediate results stay after the run succeeded and their consumers committed.",
+    "failover_strategy": "What reruns when an input partition is lost: 'region' (only the affected region) or 'all'.",
     "store_path": "Root of the result store; empty means $AIRFLOW_HOME/speculative-store.",
     "targets": "JSON list of targets: name, conn_id, slots, node, conf.",
     "fault_injection": ("JSON: {targets: {name: {factor, delay, fail}}, attempts: [{subtask, attempt, ...}], "
@@ -266,9 +275,13 @@ def parse_option(name: str, value: Any, where: str) -> Any:
         return _bool(name, value, where)
     if name == "max_concurrent_executions":
         return _int(name, value, where, 1)
-    if name == "max_failures_per_subtask":
+    if name in {"max_failures_per_subtask", "max_failures_per_stage"}:
         return _int(name, value, where, 0)
-    if name in {"block_slow_node_duration", "baseline_lower_bound"}:
+    if name == "failover_strategy":
+        if value not in ("region", "all"):
+            raise _bad(name, value, where, "must be 'region' or 'all'")
+        return str(value)
+    if name in {"block_slow_node_duration", "baseline_lower_bound", "retention"}:
         return _duration(name, value, where)
     if name == "check_interval":
         seconds = _duration(name, value, where)
@@ -307,7 +320,7 @@ def default_strings() -> dict[str, str]:
             out[f.name] = ""
         elif isinstance(value, bool):
             out[f.name] = str(value)
-        elif f.name in {"block_slow_node_duration", "baseline_lower_bound", "check_interval"}:
+        elif f.name in {"block_slow_node_duration", "baseline_lower_bound", "check_interval", "retention"}:
             out[f.name] = f"{value:g}"
         else:
             out[f.name] = str(value)

@@ -60,6 +60,10 @@ def plan_stage(
         "deterministic": stage.deterministic,
         "application_args": list(stage.application_args),
         "upstreams": graph.upstreams(stage_name),
+        "upstream_info": {name: {"parallelism": graph.stages[name].parallelism,
+                                 "max_parallelism": graph.stages[name].max_parallelism,
+                                 "deterministic": graph.stages[name].deterministic}
+                          for name in graph.upstreams(stage_name)},
         "consumers": sorted({c for c, _, _ in graph.consumers(stage_name)}),
         "output": {"key": list(key), "max_parallelism": stage.max_parallelism, "sink": sink},
         "subtasks": subtasks,
@@ -98,7 +102,22 @@ def _plan_exchange(stage_name: str, input_name: str, spec: ExchangeSpec, n: int,
 
 
 def fingerprint(plan: dict[str, Any]) -> str:
-    """Hash of what determines a stage run's output; attempts of an equal plan can be reused."""
+    """Hash of what logically determines a stage run's output; attempts of an equal plan can be reused.
+
+    Exchange inputs count by producer subtask, not by which attempt produced them: a partition
+    re-produced by failover does not make the consumers' finished results stale by itself (whether
+    it does is the producer's ``deterministic`` flag, applied by the failover rules).
+    """
+    subtasks = []
+    for spec in plan["subtasks"]:
+        inputs = {}
+        for name, entry in spec["inputs"].items():
+            if entry["kind"] == "exchange":
+                inputs[name] = [entry["upstream"], entry["distribution"], [p["subtask"] for p in entry["parts"]]]
+            else:
+                inputs[name] = entry["files"]
+        subtasks.append(inputs)
     relevant = {k: plan.get(k) for k in ("stage", "parallelism", "max_parallelism", "application",
-                                         "application_args", "output", "subtasks", "logical_date")}
+                                         "application_args", "output", "logical_date")}
+    relevant["subtasks"] = subtasks
     return hashlib.sha256(json.dumps(relevant, sort_keys=True, default=str).encode()).hexdigest()[:16]

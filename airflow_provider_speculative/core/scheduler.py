@@ -62,6 +62,25 @@ class BlockNode:
 
 
 @dataclass(frozen=True)
+class RecoverPartition:
+    """FLIP-1 backtracking: re-produce ``subtask`` of upstream ``stage`` as a new attempt and re-commit it."""
+
+    stage: str
+    subtask: int
+    reason: str
+    lost_attempt: int | None = None
+
+
+@dataclass(frozen=True)
+class Invalidate:
+    """Withdraw an admitted attempt (its input was re-produced by a non-deterministic stage): rerun it."""
+
+    subtask: int
+    attempt: int
+    reason: str
+
+
+@dataclass(frozen=True)
 class FailStage:
     """The stage cannot finish: ``reason`` and every failed attempt's cause."""
 
@@ -76,7 +95,7 @@ class StageComplete:
     admitted: dict[int, int]
 
 
-Action = Launch | Cancel | Admit | Discard | BlockNode | FailStage | StageComplete
+Action = Launch | Cancel | Admit | Discard | BlockNode | RecoverPartition | Invalidate | FailStage | StageComplete
 
 
 @dataclass
@@ -90,6 +109,10 @@ class StageScheduler:
     speculation_blocker: str | None = None
     # Subtasks whose valid committed result is reused; they never get an attempt.
     reused: frozenset[int] = frozenset()
+    # (producer stage, producer subtask) -> consumer subtasks of this stage that read its partition.
+    input_readers: dict[tuple[str, int], frozenset[int]] = field(default_factory=dict)
+    # Producer stage -> (parallelism, deterministic), for the failover region.
+    upstreams: dict[str, tuple[int, bool]] = field(default_factory=dict)
 
     attempts: dict[int, dict[int, Attempt]] = field(default_factory=dict)
     admitted: dict[int, int] = field(default_factory=dict)
@@ -99,6 +122,11 @@ class StageScheduler:
     peak_slow: int = 0
     failed: FailStage | None = None
     completed: bool = False
+    # Subtask -> lost input partitions it waits for before it may run again.
+    waiting: dict[int, set[tuple[str, int]]] = field(default_factory=dict)
+    recovering: set[tuple[str, int]] = field(default_factory=set)
+    _unadmitted_finished: list[Attempt] = field(default_factory=list)
+    _pending_backtrack: list[Attempt] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         for subtask in range(self.parallelism):
@@ -134,8 +162,13 @@ class StageScheduler:
         return current_attempt(list(self.attempts[subtask].values()))
 
     def failures(self, subtask: int) -> int:
-        """Failed attempts of ``subtask`` so far."""
-        return sum(a.state == AttemptState.FAILED for a in self.attempts[subtask].values())
+        """Failed attempts of ``subtask`` so far, not counting lost inputs (not the subtask's fault)."""
+        return sum(a.state == AttemptState.FAILED and a.lost_partition is None
+                   for a in self.attempts[subtask].values())
+
+    def stage_failures(self) -> int:
+        """Failed attempts of the whole stage run, whatever the cause."""
+        return sum(a.state == AttemptState.FAILED for a in self.all_attempts())
 
     def effective_speculative_executions(self) -> int:
         """numEffectiveSpeculativeExecutions: admitted attempts that were speculative copies."""
@@ -154,12 +187,57 @@ class StageScheduler:
         self.admitted.update(admitted)
         for node, until in blocked.items():
             self.blocklist.block(node, until)
+        # The controller may have died between an attempt finishing and its admission.
+        self._unadmitted_finished = [a for a in attempts if a.state == AttemptState.FINISHED
+                                     and a.subtask not in self.admitted and a.subtask not in self.reused]
+        # ... or while a lost input was being re-produced: backtrack again (recovery adopts its attempt).
+        for subtask, per in self.attempts.items():
+            if subtask in self.admitted or subtask in self.reused or not per:
+                continue
+            last = per[max(per)]
+            if last.state == AttemptState.FAILED and last.lost_partition and not any(
+                    a.possible_to_finish for a in per.values()):
+                self._pending_backtrack.append(last)
+
+    def input_restored(self, stage: str, subtask: int) -> list[Action]:
+        """A lost upstream partition was re-produced and re-committed: waiting subtasks may run again.
+
+        Subtasks that already finished from the old partition keep their result if the producer is
+        deterministic; otherwise they are invalidated and rerun (FLIP-1).
+        """
+        key = (stage, subtask)
+        self.recovering.discard(key)
+        for waits in self.waiting.values():
+            waits.discard(key)
+        self.waiting = {s: w for s, w in self.waiting.items() if w}
+        actions: list[Action] = []
+        if not self.upstreams.get(stage, (0, True))[1]:
+            for reader in sorted(self.input_readers.get(key, frozenset())):
+                if reader in self.admitted:
+                    number = self.admitted.pop(reader)
+                    self.attempts[reader][number].state = AttemptState.CANCELED
+                    self.attempts[reader][number].cause = f"input {stage}[{subtask}] re-produced (non-deterministic)"
+                    actions.append(Invalidate(reader, number, f"input {stage}[{subtask}] was re-produced and "
+                                                              f"{stage!r} is not deterministic"))
+        return actions
+
+    def recovery_failed(self, stage: str, subtask: int, reason: str) -> list[Action]:
+        """Re-producing a lost partition failed beyond its limit: the stage fails."""
+        self.failed = FailStage(reason=f"could not re-produce lost partition {stage}[{subtask}]: {reason}",
+                                causes=tuple(self.failure_causes()))
+        return self._fail_actions()
 
     def step(self, now: float, updates: list[Attempt] | None = None) -> list[Action]:
         """Apply attempt observations, then decide: admit, cancel, block, speculate, restart, finish."""
         if self.failed or self.completed:
             return []
         actions: list[Action] = []
+        if self._unadmitted_finished:
+            pending, self._unadmitted_finished = self._unadmitted_finished, []
+            for attempt in sorted(pending, key=lambda a: (a.end_at or now, a.number)):
+                actions += self._on_finished(attempt)
+        while self._pending_backtrack:
+            actions += self._backtrack(self._pending_backtrack.pop(0))
         actions += self._apply(updates or [], now)
         if self.failed:
             return actions
@@ -229,11 +307,21 @@ class StageScheduler:
 
     def _on_failed(self, attempt: Attempt) -> list[Action]:
         subtask = attempt.subtask
+        if self.stage_failures() > self.config.max_failures_per_stage:
+            self.failed = FailStage(
+                reason=(f"{self.stage_failures()} failed attempts in this stage run "
+                        f"(max_failures_per_stage = {self.config.max_failures_per_stage})"),
+                causes=tuple(self.failure_causes()))
+            return self._fail_actions()
+        actions: list[Action] = []
+        if attempt.lost_partition is not None and attempt.lost_partition[0] in self.upstreams:
+            actions += self._backtrack(attempt)
         if subtask in self.admitted or subtask in self.reused:
-            return []
-        if any(a.possible_to_finish for a in self.attempts[subtask].values()):
-            # FLIP-168: a sibling may still finish, so this failure restarts nothing.
-            return []
+            return actions
+        if actions or self.waiting.get(subtask) or any(a.possible_to_finish for a in self.attempts[subtask].values()):
+            # FLIP-168: a sibling may still finish (or FLIP-1: the input is being re-produced),
+            # so this failure restarts nothing now.
+            return actions
         if self.failures(subtask) > self.config.max_failures_per_subtask:
             self.failed = FailStage(
                 reason=(f"subtask {subtask} failed {self.failures(subtask)} times "
@@ -242,6 +330,26 @@ class StageScheduler:
             )
             return self._fail_actions()
         return []  # _place launches the replacement attempt when a slot is free
+
+    def _backtrack(self, attempt: Attempt) -> list[Action]:
+        # FLIP-1: rerun the producer subtask(s) of the lost partition; readers wait until it is back.
+        assert attempt.lost_partition is not None
+        stage, lost = attempt.lost_partition
+        parallelism = self.upstreams[stage][0]
+        producers = range(parallelism) if self.config.failover_strategy == "all" else [lost]
+        actions: list[Action] = []
+        for producer in producers:
+            key = (stage, producer)
+            readers = set(self.input_readers.get(key, frozenset())) | {attempt.subtask}
+            for reader in readers - set(self.admitted) - set(self.reused):
+                self.waiting.setdefault(reader, set()).add(key)
+            if key not in self.recovering:
+                self.recovering.add(key)
+                lost_attempt = (attempt.failure or {}).get("attempt") if producer == lost else None
+                actions.append(RecoverPartition(stage, producer, (
+                    f"subtask {attempt.subtask} attempt {attempt.number} found {stage}[{lost}] missing or corrupt"
+                    + (" (failover_strategy = all)" if producer != lost else "")), lost_attempt))
+        return actions
 
     def _fail_actions(self) -> list[Action]:
         actions: list[Action] = [self.failed] if self.failed else []
@@ -300,10 +408,13 @@ class StageScheduler:
                 load[attempt.target] += 1
         wanted: list[tuple[int, bool, str]] = []
         for subtask in range(self.parallelism):
-            if subtask in self.admitted or subtask in self.reused:
+            if subtask in self.admitted or subtask in self.reused or self.waiting.get(subtask):
                 continue
             if not any(a.possible_to_finish for a in self.attempts[subtask].values()):
-                reason = "restart after failure" if self.attempts[subtask] else "initial attempt"
+                reason = "initial attempt"
+                if self.attempts[subtask]:
+                    last = self.attempts[subtask][max(self.attempts[subtask])]
+                    reason = "rerun after lost input" if last.lost_partition else "restart after failure"
                 wanted.append((subtask, False, reason))
         for subtask in sorted(self.slow_subtasks):
             live = [a for a in self.attempts[subtask].values() if a.possible_to_finish]

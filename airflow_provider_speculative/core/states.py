@@ -81,6 +81,16 @@ class Attempt:
     cause: str | None = None
     input_bytes: int | None = None
     progress: dict = field(default_factory=dict)
+    # For a failure caused by an input partition: {"kind": "partition", "stage": producer, "subtask": p}.
+    failure: dict | None = None
+
+    @property
+    def lost_partition(self) -> tuple[str, int] | None:
+        """The (producer stage, producer subtask) whose partition this attempt found missing or corrupt."""
+        f = self.failure or {}
+        if f.get("kind") == "partition" and f.get("stage") is not None and f.get("subtask") is not None:
+            return (str(f["stage"]), int(f["subtask"]))
+        return None
 
     @property
     def live(self) -> bool:

@@ -13,15 +13,18 @@ from typing import Any
 from airflow.sdk import BaseOperator
 
 from airflow_provider_speculative.backends.controller import StageController, wipe_stage_attempts
+from airflow_provider_speculative.backends.local import LocalBackend
 from airflow_provider_speculative.core.config import SpeculativeConfig
 from airflow_provider_speculative.core.graph import PipelineGraph, SourceSpec
 from airflow_provider_speculative.core.plan import plan_stage
+from airflow_provider_speculative.plugin.links import SparkHistoryLink, StageViewLink
 from airflow_provider_speculative.settings import airflow_config, store_root
 from airflow_provider_speculative.sinks.base import AttemptResult, FinalizationContext, Sink
-from airflow_provider_speculative.store.files import atomic_write_json, read_json
+from airflow_provider_speculative.store.files import append_jsonl, atomic_write_json, read_json
 from airflow_provider_speculative.store.layout import StageLayout
 from airflow_provider_speculative.store.results import (
     admitted_results,
+    broken_admissions,
     read_committed,
     remove_attempt_output,
     write_committed,
@@ -36,6 +39,7 @@ class SparkStageOperator(BaseOperator):
     """
 
     template_fields = ("sink_args",)
+    operator_extra_links = (StageViewLink(), SparkHistoryLink())
     ui_color = "#f4a460"
 
     def __init__(self, *, graph: PipelineGraph, stage: str, sink: Sink | None = None,
@@ -108,10 +112,18 @@ class SparkStageOperator(BaseOperator):
                      "application": application, "commands": self._commands(config, application),
                      "env": {}, "try_number": context["ti"].try_number})
         previous = read_json(layout.plan)
-        if self.force_rerun or (previous and previous.get("fingerprint") != plan["fingerprint"]):
+        conf = (context.get("dag_run").conf or {}) if context.get("dag_run") is not None else {}
+        force = self.force_rerun or bool(conf.get("speculative_force_rerun"))
+        if force or (previous and previous.get("fingerprint") != plan["fingerprint"]):
             if previous:
-                StageController(previous).kill_all("stage replanned")
+                StageController(previous).kill_all("full rerun forced" if force else "stage replanned")
             wipe_stage_attempts(layout)
+        elif previous:
+            # A retried or cleared task reruns only subtasks without a valid committed result.
+            backend = LocalBackend(layout)
+            for subtask, attempt, reason in broken_admissions(layout, plan["parallelism"]):
+                backend.invalidate(subtask, attempt, f"committed output no longer valid: {reason}")
+                journal(layout, "invalidate", subtask=subtask, attempt=attempt, reason=reason)
         atomic_write_json(layout.plan, plan)
         self.log.info("stage %s: %d subtasks, speculation %s, plan %s", self.stage, plan["parallelism"],
                       "blocked: " + plan["speculation_blocker"] if plan["speculation_blocker"] else
@@ -136,6 +148,7 @@ class SparkStageOperator(BaseOperator):
         admitted = {int(k): v for k, v in event["admitted"].items()}
         record = admitted_results(layout, admitted)
         sink_result = None
+        journal(layout, "finalize_started", admitted=event["admitted"], try_number=context["ti"].try_number)
         if plan["output"].get("sink"):
             sink = Sink.from_json(plan["output"]["sink"])
             ctx = FinalizationContext(
@@ -143,12 +156,14 @@ class SparkStageOperator(BaseOperator):
                 logical_date=plan.get("logical_date"),
                 attempts={s: AttemptResult(subtask=s, attempt=a, data_dir=layout.data(s, a),
                                            files=record["subtasks"][str(s)]["files"],
-                                           records=record["subtasks"][str(s)]["records"])
+                                           records=record["subtasks"][str(s)]["records"],
+                                           sink_info=record["subtasks"][str(s)]["sink"])
                           for s, a in admitted.items()})
             sink_result = sink.finalize_global(ctx)
         record.update(fingerprint=plan["fingerprint"], committed_at=time.time(), sink=sink_result,
                       summary=summary)
         write_committed(layout, record)
+        journal(layout, "finalize_done", sink=sink_result)
         removed = self._remove_losers(layout, plan["parallelism"], admitted)
         self._emit_metrics(plan, summary)
         self.log.info("stage %s committed %d subtasks (removed %d losing outputs); speculation %s; "
@@ -175,6 +190,11 @@ class SparkStageOperator(BaseOperator):
         for name in ("numSlowExecutionVertices", "numEffectiveSpeculativeExecutions"):
             if summary.get(name) is not None:
                 Stats.gauge(f"{prefix}.{name}", summary[name], tags=tags)
+
+
+def journal(layout: StageLayout, event: str, **fields: Any) -> None:
+    """Record a finalize step next to the controller's decisions."""
+    append_jsonl(layout.journal, {"at": time.time(), "event": event, **fields})
 
 
 def _list_files(source: SourceSpec) -> list[tuple[str, int]]:

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
 import os
+import shutil
 import sys
 import time
 import traceback
@@ -13,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_provider_speculative.core.config import FaultSpec, SpeculativeConfig
 from airflow_provider_speculative.runtime.heartbeat import Heartbeat, current_node
-from airflow_provider_speculative.store.files import atomic_write_json, read_json
+from airflow_provider_speculative.store.files import StoreError, atomic_write_json, read_json
 from airflow_provider_speculative.store.layout import StageLayout
 from airflow_provider_speculative.store.manifest import (
     SUBPARTITION_COLUMN,
@@ -28,6 +31,10 @@ if TYPE_CHECKING:
 
 EXIT_FAILED = 1
 EXIT_PARTITION = 3  # an input partition is missing or corrupt: the controller reruns its producer
+# The store is full / not writable; the supervisor names the cause from these when failure.json could
+# not be written (backends/supervisor.py STORE_EXIT_CAUSES).
+EXIT_STORE_FULL = 4
+EXIT_STORE_NOT_WRITABLE = 5
 
 
 class StageContext:
@@ -108,10 +115,18 @@ class StageContext:
         if exc is None and not self._written:
             exc = RuntimeError(f"stage {self.stage!r} application returned without calling ctx.write()")
         if exc is not None:
-            self._record_failure(exc)
-            self._heartbeat.stop("FAILED")
+            code = _exit_code(exc)
+            if code == EXIT_STORE_FULL:
+                # The partial output is useless without a manifest: free it so the failure can be
+                # recorded. Files Spark's JVM still holds open are only freed when the attempt exits,
+                # so the exit code carries the cause to the supervisor too.
+                shutil.rmtree(self.layout.data(self.subtask, self.attempt), ignore_errors=True)
+            # On a full or read-only store these writes fail too; the attempt must still exit FAILED.
+            with contextlib.suppress(StoreError):
+                self._record_failure(exc)
+            with contextlib.suppress(StoreError):
+                self._heartbeat.stop("FAILED")
             self._stop_spark()
-            code = EXIT_PARTITION if isinstance(exc, PartitionError) else EXIT_FAILED
             print(f"[speculative] attempt failed: {exc}", file=sys.stderr)
             os._exit(code)  # do not let Spark's shutdown hooks turn a failure into exit 0
         self._heartbeat.stop("FINISHED")
@@ -196,18 +211,25 @@ class StageContext:
         key = output.get("key") or []
         schema_json = df.schema.jsonValue()
         sink_info: dict[str, Any] | None = None
-        if output.get("sink"):
-            sink_info = self._sink_writer(output["sink"], data_dir).write(df)
-        elif key:
-            missing = [k for k in key if k not in df.columns]
-            if missing:
-                raise ValueError(f"stage {self.stage!r} output lacks exchange key columns {missing} "
-                                 f"(columns: {df.columns})")
-            sp = F.pmod(F.xxhash64(*[F.col(k) for k in key]), F.lit(int(output["max_parallelism"])))
-            partitioned = df.withColumn(SUBPARTITION_COLUMN, sp).repartition(SUBPARTITION_COLUMN)
-            partitioned.write.partitionBy(SUBPARTITION_COLUMN).parquet(str(data_dir))
-        else:
-            df.coalesce(1).write.parquet(str(data_dir))
+        try:
+            if output.get("sink"):
+                sink_info = self._sink_writer(output["sink"], data_dir).write(df)
+            elif key:
+                missing = [k for k in key if k not in df.columns]
+                if missing:
+                    raise ValueError(f"stage {self.stage!r} output lacks exchange key columns {missing} "
+                                     f"(columns: {df.columns})")
+                sp = F.pmod(F.xxhash64(*[F.col(k) for k in key]), F.lit(int(output["max_parallelism"])))
+                partitioned = df.withColumn(SUBPARTITION_COLUMN, sp).repartition(SUBPARTITION_COLUMN)
+                partitioned.write.partitionBy(SUBPARTITION_COLUMN).parquet(str(data_dir))
+            else:
+                df.coalesce(1).write.parquet(str(data_dir))
+        except Exception as exc:
+            # Spark reports a full disk as a long Java trace; name the store and the cause instead.
+            store_error = store_write_error(data_dir, exc)
+            if store_error is None:
+                raise
+            raise store_error from exc
         self._inject_faults()
         manifest = build_manifest(data_dir, stage=self.stage, subtask=self.subtask, attempt=self.attempt,
                                   node=self.node, schema=schema_json, input_bytes=self.input_bytes,
@@ -243,13 +265,50 @@ class StageContext:
 
 
     def _wait_at_barrier(self, timeout: float = 900.0) -> None:
-        release = self.layout.dir / "barrier.release"
+        release = self.layout.dir / f"barrier.release.{self.subtask}"
         self._heartbeat.set_phase("BARRIER")
         deadline = time.time() + timeout
         while not release.exists():
             if time.time() > deadline:
                 raise TimeoutError(f"fault injection barrier {release} was not released within {timeout}s")
             time.sleep(0.005)
+
+
+_FULL_MESSAGES = ("No space left on device", "Disk quota exceeded")
+_DENIED_MESSAGES = ("Permission denied", "Read-only file system", "Mkdirs failed to create")
+
+
+def _exit_code(exc: BaseException) -> int:
+    if isinstance(exc, PartitionError):
+        return EXIT_PARTITION
+    if isinstance(exc, StoreError) and str(exc).startswith("store is full"):
+        return EXIT_STORE_FULL
+    if isinstance(exc, StoreError) and str(exc).startswith("store is not writable"):
+        return EXIT_STORE_NOT_WRITABLE
+    return EXIT_FAILED
+
+
+def store_write_error(path: Path, exc: BaseException) -> StoreError | None:
+    """A :class:`StoreError` naming ``path`` if writing it failed because the store is full or not writable."""
+    if isinstance(exc, StoreError):
+        return exc
+    text = str(exc)
+    code = getattr(exc, "errno", None)
+    full = code in (errno.ENOSPC, errno.EDQUOT) or any(m in text for m in _FULL_MESSAGES)
+    denied = code in (errno.EACCES, errno.EROFS, errno.EPERM) or any(m in text for m in _DENIED_MESSAGES)
+    if not (full or denied):
+        return None
+    # Spark names the output path it failed on ("Task failed while writing rows to file:/..."); a full
+    # spill directory elsewhere must not be blamed on the store, so without the path look at the store.
+    probe = Path(path)
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    names_store = str(path) in text
+    if full and (names_store or shutil.disk_usage(probe).free == 0):
+        return StoreError(f"store is full: cannot write {path}: No space left on device")
+    if denied and (names_store or not os.access(probe, os.W_OK)):
+        return StoreError(f"store is not writable: cannot write {path}: permission denied or read-only file system")
+    return None
 
 
 def _count_records(data_dir: Path, files: list[dict[str, Any]]) -> int:

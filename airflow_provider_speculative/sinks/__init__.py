@@ -9,12 +9,14 @@ from airflow_provider_speculative.sinks.base import (
     SupportsConcurrentExecutionAttempts,
 )
 from airflow_provider_speculative.sinks.parquet import ParquetSink
+from airflow_provider_speculative.sinks.postgres import PostgresSink
 
 __all__ = [
     "AttemptResult",
     "FinalizationContext",
     "InitializationContext",
     "ParquetSink",
+    "PostgresSink",
     "Sink",
     "SinkWriter",
     "SupportsConcurrentExecutionAttempts",

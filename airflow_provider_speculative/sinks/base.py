@@ -83,6 +83,14 @@ class Sink(ABC):
         """True if the sink opted in with :class:`SupportsConcurrentExecutionAttempts`."""
         return isinstance(self, SupportsConcurrentExecutionAttempts)
 
+    def runtime_connections(self) -> list[str]:
+        """Airflow connection ids the attempts' writers need (resolved by the controller, never stored)."""
+        return []
+
+    def runtime_env(self, connections: dict[str, Any]) -> dict[str, str]:
+        """Environment for the attempts, built from the resolved ``connections`` (conn_id -> Connection)."""
+        return {}
+
     @abstractmethod
     def finalize_global(self, context: FinalizationContext) -> dict[str, Any]:
         """Commit exactly the attempts in ``context``; must be idempotent; return a summary."""

@@ -49,6 +49,7 @@ class ParquetSink(Sink, SupportsConcurrentExecutionAttempts):
         staging = parent / f".{final.name}.staging-{token}"
         try:
             parent.mkdir(parents=True, exist_ok=True)
+            _remove_leftovers(final)
             staging.mkdir()
             files = []
             for subtask in range(context.parallelism):
@@ -83,6 +84,13 @@ class _ParquetWriter(SinkWriter):
         # One file per subtask keeps the committed directory small and its names predictable.
         df.coalesce(1).write.parquet(str(self.context.data_dir))
         return {}
+
+
+def _remove_leftovers(final: Path) -> None:
+    # A finalize that crashed between its two renames leaves these behind; the retry cleans up.
+    for stale in final.parent.glob(f".{final.name}.*-*"):
+        if stale.name.startswith((f".{final.name}.staging-", f".{final.name}.old-")):
+            shutil.rmtree(stale, ignore_errors=True)
 
 
 def _link_or_copy(src: Path, dst: Path) -> None:

@@ -8,7 +8,7 @@ from typing import Any
 
 from airflow_provider_speculative.store.files import StoreError, atomic_write_json, read_json
 from airflow_provider_speculative.store.layout import StageLayout
-from airflow_provider_speculative.store.manifest import PartitionError, read_manifest
+from airflow_provider_speculative.store.manifest import PartitionError, read_manifest, verify_files
 
 
 def admitted_results(layout: StageLayout, admitted: dict[int, int]) -> dict[str, Any]:
@@ -22,7 +22,8 @@ def admitted_results(layout: StageLayout, admitted: dict[int, int]) -> dict[str,
                 f"at {layout.manifest(subtask, attempt)}", stage=layout.stage, subtask=subtask, attempt=attempt)
         subtasks[str(subtask)] = {"attempt": attempt, "data": str(layout.data(subtask, attempt)),
                                   "files": manifest["files"], "schema": manifest.get("schema"),
-                                  "records": manifest.get("records"), "bytes": manifest.get("bytes")}
+                                  "records": manifest.get("records"), "bytes": manifest.get("bytes"),
+                                  "sink": manifest.get("sink") or {}}
     return {"stage": layout.stage, "parallelism": len(subtasks), "subtasks": subtasks}
 
 
@@ -50,3 +51,24 @@ def remove_attempt_output(layout: StageLayout, subtask: int, attempt: int) -> bo
             Path(path).unlink(missing_ok=True)
             removed = True
     return removed
+
+
+def broken_admissions(layout: StageLayout, parallelism: int) -> list[tuple[int, int, str]]:
+    """Admitted attempts whose output is gone or damaged (manifest missing, file missing or resized)."""
+    broken = []
+    for subtask in range(parallelism):
+        marker = read_json(layout.admitted(subtask))
+        if marker is None:
+            continue
+        attempt = marker["attempt"]
+        manifest = read_manifest(layout.manifest(subtask, attempt))
+        if manifest is None:
+            broken.append((subtask, attempt, "manifest missing"))
+            continue
+        try:
+            # Sizes only: re-hashing every committed file on each retry would cost a full read.
+            verify_files(layout.data(subtask, attempt), manifest["files"], checksums=False,
+                         stage=layout.stage, subtask=subtask, attempt=attempt)
+        except PartitionError as exc:
+            broken.append((subtask, attempt, str(exc)))
+    return broken

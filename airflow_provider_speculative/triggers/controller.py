@@ -30,15 +30,30 @@ class StageControllerTrigger(BaseTrigger):
         return (f"{type(self).__module__}.{type(self).__qualname__}",
                 {"plan_path": self.plan_path, "deferred_at": self.deferred_at})
 
-    def _controller(self) -> StageController:
+    def _plan(self) -> dict[str, Any]:
         plan = read_json(self.plan_path)
         if plan is None:
             raise FileNotFoundError(f"stage plan {self.plan_path} is missing")
-        return StageController(plan)
+        return plan
+
+    @staticmethod
+    async def _attempt_env(plan: dict[str, Any]) -> dict[str, str]:
+        """Resolve the connections the sink's writers need (triggers may only use the async lookup)."""
+        if not plan["output"].get("sink"):
+            return {}
+        from airflow.sdk import BaseHook
+
+        from airflow_provider_speculative.sinks.base import Sink
+
+        sink = Sink.from_json(plan["output"]["sink"])
+        connections = {conn_id: await BaseHook.aget_connection(conn_id) for conn_id in sink.runtime_connections()}
+        return sink.runtime_env(connections)
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         """Step the controller every check interval until the stage is decided; yield one event."""
-        controller = await asyncio.to_thread(self._controller)
+        plan = await asyncio.to_thread(self._plan)
+        env = await self._attempt_env(plan)
+        controller = await asyncio.to_thread(StageController, plan, extra_env=env)
         metrics = _Metrics(controller.plan)
         while True:
             await asyncio.to_thread(controller.step)
@@ -50,7 +65,8 @@ class StageControllerTrigger(BaseTrigger):
 
     async def on_kill(self) -> None:
         """The user marked the task failed or cleared it: stop every Spark driver of this stage."""
-        controller = await asyncio.to_thread(self._controller)
+        plan = await asyncio.to_thread(self._plan)
+        controller = await asyncio.to_thread(StageController, plan)
         await asyncio.to_thread(controller.kill_all, "task killed by user")
 
 

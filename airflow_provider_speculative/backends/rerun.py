@@ -1,0 +1,68 @@
+"""Explicit reruns of a region of a DAG run: compute it from the recorded plans and invalidate exactly it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from airflow_provider_speculative.backends.local import LocalBackend
+from airflow_provider_speculative.core.failover import Region, rerun_region
+from airflow_provider_speculative.core.graph import ExchangeSpec, PipelineGraph, SourceSpec, StageSpec
+from airflow_provider_speculative.store.files import append_jsonl, read_json
+from airflow_provider_speculative.store.layout import StageLayout, safe_component
+from airflow_provider_speculative.store.results import remove_attempt_output
+
+
+def graph_from_plans(root: Path, dag_id: str, run_id: str) -> tuple[PipelineGraph, dict[str, dict[str, Any]]]:
+    """Rebuild the stage graph of a run from its plan.json files (what actually ran)."""
+    run_dir = Path(root) / safe_component(dag_id) / safe_component(run_id)
+    plans = {}
+    for plan_path in sorted(run_dir.glob("*/plan.json")):
+        plan = read_json(plan_path)
+        plans[plan["stage"]] = plan
+    if not plans:
+        raise FileNotFoundError(f"no speculative stages recorded for dag {dag_id!r} run {run_id!r} under {root}")
+    stages = {}
+    for name, plan in plans.items():
+        inputs: dict[str, SourceSpec | ExchangeSpec] = {}
+        for input_name, entry in plan["subtasks"][0]["inputs"].items():
+            if entry["kind"] == "exchange" and entry["upstream"] in plans:
+                inputs[input_name] = ExchangeSpec(entry["upstream"], entry["distribution"], ("_",),
+                                                  entry.get("mode", "blocking"))
+            else:
+                inputs[input_name] = SourceSpec(entry.get("schema_file", ""))
+        stages[name] = StageSpec(name, plan.get("application", ""), plan["parallelism"], inputs,
+                                 max_parallelism=plan["max_parallelism"], deterministic=plan.get("deterministic", True))
+    return PipelineGraph(name=dag_id, stages=stages), plans
+
+
+def plan_rerun(root: Path, dag_id: str, run_id: str, stage: str, subtasks: list[int] | None) -> Region:
+    """The region a rerun of ``stage`` (some or all subtasks) affects, with the run's failover strategy."""
+    graph, plans = graph_from_plans(root, dag_id, run_id)
+    if stage not in graph.stages:
+        raise KeyError(f"stage {stage!r} not found in dag {dag_id!r} run {run_id!r} (stages: {', '.join(plans)})")
+    parallelism = graph.stages[stage].parallelism
+    bad = [s for s in subtasks or [] if not 0 <= s < parallelism]
+    if bad:
+        raise ValueError(f"stage {stage!r} has subtasks 0..{parallelism - 1}; no subtask {bad}")
+    strategy = plans[stage]["config"].get("failover_strategy", "region")
+    return rerun_region(graph, stage, set(subtasks) if subtasks else None, strategy)
+
+
+def invalidate_region(root: Path, dag_id: str, run_id: str, region: Region, reason: str) -> dict[str, list[int]]:
+    """Withdraw the admitted attempts of the region and the stages' commits; return what was invalidated."""
+    done: dict[str, list[int]] = {}
+    for stage, subtasks in region.subtasks.items():
+        layout = StageLayout(Path(root), dag_id, run_id, stage)
+        backend = LocalBackend(layout)
+        for subtask in sorted(subtasks):
+            marker = read_json(layout.admitted(subtask))
+            if marker is None:
+                continue
+            backend.invalidate(subtask, marker["attempt"], reason)
+            remove_attempt_output(layout, subtask, marker["attempt"])
+            done.setdefault(stage, []).append(subtask)
+        # The stage must commit again; consumers re-plan from the new commit.
+        layout.committed.unlink(missing_ok=True)
+        append_jsonl(layout.journal, {"event": "rerun_invalidated", "subtasks": sorted(subtasks), "reason": reason})
+    return done

@@ -1,0 +1,150 @@
+"""The plugin's FastAPI app, mounted by the api-server under ``/speculative``.
+
+Every data route requires an authenticated Airflow user allowed to read the DAG (Airflow's own
+``requires_access_dag`` dependency: JWT from the ``Authorization`` header or the UI's cookie).
+Imported only by the api-server, when it asks the plugin for its ``fastapi_apps``.
+"""
+
+from __future__ import annotations
+
+import html
+import logging
+from pathlib import Path
+from typing import Any
+
+from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi.exception_handlers import http_exception_handler
+from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse, Response
+from fastapi.staticfiles import StaticFiles
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from airflow_provider_speculative.plugin.links import spark_history_url
+from airflow_provider_speculative.plugin.model import (
+    TERMINAL_RUN_STATES,
+    is_done,
+    resolve_stage,
+    run_view,
+    stage_view,
+)
+
+log = logging.getLogger(__name__)
+
+STATIC = Path(__file__).resolve().parent / "static"
+REFRESH_SECONDS = 2
+_NO_STORE = {"Cache-Control": "no-store"}
+
+
+def create_app(store: Path | None = None) -> FastAPI:
+    """Build the app; ``store`` overrides the ``[speculative] store_path`` root (for tests)."""
+    from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
+    from airflow.api_fastapi.core_api.security import requires_access_dag
+
+    read_run = requires_access_dag("GET", DagAccessEntity.RUN)
+    read_task = requires_access_dag("GET", DagAccessEntity.TASK_INSTANCE)
+    app = FastAPI(title="Speculative stages", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.store = store
+    # Exposed so tests can replace exactly these dependencies (FastAPI overrides are keyed by callable).
+    app.state.access = {"run": read_run, "task_instance": read_task}
+    app.mount("/static", StaticFiles(directory=STATIC), name="static")
+    app.add_exception_handler(StarletteHTTPException, _login_redirect)
+
+    @app.get("/api/run", dependencies=[Depends(read_run)])
+    def api_run(request: Request, dag_id: str, run_id: str) -> dict[str, Any]:
+        """Stages of a DAG run: graph edges, per-stage progress, restarts and notable journal events."""
+        try:
+            view = run_view(_store(request), dag_id, run_id, spark_history_url=spark_history_url())
+        except FileNotFoundError as exc:
+            raise _not_found(str(exc), dag_id, run_id) from None
+        return _finish(view, dag_id, run_id)
+
+    @app.get("/api/stage", dependencies=[Depends(read_task)])
+    def api_stage(request: Request, dag_id: str, run_id: str, task_id: str) -> dict[str, Any]:
+        """One stage (by its task id): subtasks, attempts, blocked nodes, baseline and metrics."""
+        view = stage_view(_store(request), dag_id, run_id, _stage_or_404(request, dag_id, run_id, task_id),
+                          spark_history_url=spark_history_url())
+        return _finish(view, dag_id, run_id)
+
+    @app.get("/ui/run", dependencies=[Depends(read_run)], response_class=FileResponse)
+    def ui_run() -> FileResponse:
+        """The run view page (DAG-run tab); it polls ``/api/run``."""
+        return FileResponse(STATIC / "run.html", headers=_NO_STORE)
+
+    @app.get("/ui/stage", dependencies=[Depends(read_task)], response_class=FileResponse)
+    def ui_stage() -> FileResponse:
+        """The stage view page (task-instance tab); it polls ``/api/stage``."""
+        return FileResponse(STATIC / "stage.html", headers=_NO_STORE)
+
+    @app.get("/ui/spark", dependencies=[Depends(read_task)], response_model=None)
+    def ui_spark(request: Request, dag_id: str, run_id: str, task_id: str) -> Response:
+        """Spark history of the stage's admitted attempts: a redirect when there is one, else a list."""
+        history = spark_history_url()
+        if not history:
+            raise HTTPException(404, "no Spark history server configured: set [speculative] spark_history_url")
+        view = stage_view(_store(request), dag_id, run_id, _stage_or_404(request, dag_id, run_id, task_id),
+                          spark_history_url=history)
+        links = [(s["subtask"], a["attempt"], a["spark_history"]) for s in view["subtasks"]
+                 for a in s["attempts"] if a["admitted"] and a["spark_history"]]
+        if len(links) == 1:
+            return RedirectResponse(links[0][2])
+        items = "".join(f'<li><a href="{html.escape(url)}">subtask {s}, attempt {n}</a></li>'
+                        for s, n, url in links) or "<li>no admitted attempt yet</li>"
+        return HTMLResponse(f"<!doctype html><title>Spark history: {html.escape(view['stage'])}</title>"
+                            f"<h1>Spark history of stage {html.escape(view['stage'])}</h1><ul>{items}</ul>")
+
+    return app
+
+
+def _store(request: Request) -> Path:
+    """The store root: the app's override, else ``[speculative] store_path``."""
+    if request.app.state.store is not None:
+        return Path(request.app.state.store)
+    from airflow_provider_speculative.settings import airflow_config, store_root
+
+    return store_root(airflow_config())
+
+
+def _stage_or_404(request: Request, dag_id: str, run_id: str, task_id: str) -> str:
+    stage = resolve_stage(_store(request), dag_id, run_id, task_id)
+    if stage is None:
+        raise _not_found(f"task {task_id!r} has no speculative stage recorded in run {run_id!r} "
+                         "(not a stage task, or not planned yet)", dag_id, run_id)
+    return stage
+
+
+def _not_found(message: str, dag_id: str, run_id: str) -> HTTPException:
+    """A 404 that tells the page whether to keep waiting (the run may still plan the stage) or stop."""
+    state = airflow_run_state(dag_id, run_id)
+    return HTTPException(404, {"message": message, "run_state": state, "done": state in TERMINAL_RUN_STATES})
+
+
+def _finish(view: dict[str, Any], dag_id: str, run_id: str) -> dict[str, Any]:
+    """Add the Airflow run state and whether the page may stop polling."""
+    state = airflow_run_state(dag_id, run_id)
+    return {**view, "run_state": state, "done": is_done(view, state), "refresh_seconds": REFRESH_SECONDS}
+
+
+def airflow_run_state(dag_id: str, run_id: str) -> str | None:
+    """The DAG run's state from the metadata DB, or None when it cannot be read (the views work without it)."""
+    try:
+        from airflow.models.dagrun import DagRun
+        from airflow.utils.session import create_session
+        from sqlalchemy import select
+
+        with create_session() as session:
+            state = session.scalar(select(DagRun.state).where(DagRun.dag_id == dag_id, DagRun.run_id == run_id))
+    except Exception:  # no DB (store-only deployments, tests): the page stops on "all committed" instead
+        log.debug("cannot read the state of dag %s run %s", dag_id, run_id, exc_info=True)
+        return None
+    return None if state is None else str(getattr(state, "value", state))
+
+
+async def _login_redirect(request: Request, exc: StarletteHTTPException) -> Response:
+    """Send a browser that opens a page without a session to the auth manager's login page."""
+    if exc.status_code == 401 and "text/html" in request.headers.get("accept", ""):
+        from airflow.api_fastapi.app import get_auth_manager
+
+        try:
+            return RedirectResponse(get_auth_manager().get_url_login(next_url=str(request.url)))
+        except Exception:  # no auth manager initialised (tests): plain 401
+            log.debug("no login redirect", exc_info=True)
+    return await http_exception_handler(request, exc)

@@ -1,0 +1,78 @@
+"""Operator extra links of a stage task: its stage view, and the Spark history of its admitted attempts.
+
+Declared on SparkStageOperator (the worker pushes each link to XCom when the task finishes) and
+registered in the plugin (the api-server then computes them on request, while the stage runs).
+Cheap to import: the operator is only imported when Airflow asks which operators a link is for.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlencode, urlsplit
+
+from airflow.sdk import BaseOperatorLink
+
+if TYPE_CHECKING:
+    from airflow.sdk.types import TaskInstanceKey
+
+URL_PREFIX = "/speculative"
+
+
+def _conf() -> Any:
+    try:
+        from airflow.sdk.configuration import conf
+    except ImportError:  # pragma: no cover - older layouts
+        from airflow.configuration import conf
+    return conf
+
+
+def spark_history_url() -> str:
+    """``[speculative] spark_history_url``: the Spark history server, or "" when none is configured."""
+    return (_conf().get("speculative", "spark_history_url", fallback="") or "").strip()
+
+
+def base_path() -> str:
+    """Path the plugin app is served under: ``[api] base_url``'s path + ``/speculative``."""
+    base = _conf().get("api", "base_url", fallback="") or ""
+    return urlsplit(base).path.rstrip("/") + URL_PREFIX
+
+
+def plugin_url(route: str, **params: str) -> str:
+    """URL of a plugin page; absolute when ``[api] base_url`` names a host, else a path on the api-server."""
+    base = (_conf().get("api", "base_url", fallback="") or "").rstrip("/")
+    if not urlsplit(base).netloc:
+        base = urlsplit(base).path.rstrip("/")
+    return f"{base}{URL_PREFIX}{route}?{urlencode(params)}"
+
+
+class _StageOperators:
+    """Resolves to ``[SparkStageOperator]`` when read, so loading the plugin does not import the operator."""
+
+    def __get__(self, obj: object, owner: type | None = None) -> list[type]:
+        from airflow_provider_speculative.operators.stage import SparkStageOperator
+
+        return [SparkStageOperator]
+
+
+class StageViewLink(BaseOperatorLink):
+    """Link from a stage task to its stage view (subtasks and attempts on a time axis)."""
+
+    name = "Speculative stage view"
+    operators = _StageOperators()
+
+    def get_link(self, operator: Any, *, ti_key: TaskInstanceKey) -> str:
+        """The plugin's stage page for this task instance."""
+        return plugin_url("/ui/stage", dag_id=ti_key.dag_id, run_id=ti_key.run_id, task_id=ti_key.task_id)
+
+
+class SparkHistoryLink(BaseOperatorLink):
+    """Link from a stage task to the Spark history of its admitted attempts (when a history server is set)."""
+
+    name = "Spark history (admitted attempts)"
+    operators = _StageOperators()
+
+    def get_link(self, operator: Any, *, ti_key: TaskInstanceKey) -> str:
+        """The plugin's redirect to the history server, or "" (no button) without ``spark_history_url``."""
+        if not spark_history_url():
+            return ""
+        return plugin_url("/ui/spark", dag_id=ti_key.dag_id, run_id=ti_key.run_id, task_id=ti_key.task_id)

@@ -1,0 +1,150 @@
+"""What the run and stage views show, built from the store (no FastAPI, no metadata DB)."""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+from airflow_provider_speculative.backends.report import run_report
+from airflow_provider_speculative.store.files import read_json, read_jsonl
+from airflow_provider_speculative.store.layout import StageLayout
+
+# Journal events every healthy stage writes; everything else is worth showing (blocks, cancels, restarts...).
+ROUTINE_EVENTS = frozenset({"launch", "admit"})
+RESTART_REASON = "restart after failure"
+LIVE_STATES = frozenset({"CREATED", "SCHEDULED", "DEPLOYING", "INITIALIZING", "RUNNING", "CANCELING"})
+TERMINAL_RUN_STATES = frozenset({"success", "failed"})
+_LOG_HEAD_BYTES = 256 * 1024
+_SPARK_UI_PORT = re.compile(r"Successfully started service '?SparkUI'? on port (\d+)")
+_DRIVER_HOST = re.compile(r"(?:Server created on |Starting executor ID driver on host )([^\s:]+)")
+
+
+def resolve_stage(root: Path, dag_id: str, run_id: str, task_id: str) -> str | None:
+    """The stage of ``task_id`` in this run: the task id itself, or its last part inside a task group."""
+    for candidate in dict.fromkeys((task_id, task_id.rsplit(".", 1)[-1])):
+        if StageLayout(root, dag_id, run_id, candidate).plan.is_file():
+            return candidate
+    return None
+
+
+def run_view(root: Path, dag_id: str, run_id: str, *, spark_history_url: str = "",
+             now: float | None = None) -> dict[str, Any]:
+    """Every stage of a run with the stage graph's edges; raises FileNotFoundError when none is recorded."""
+    now = time.time() if now is None else now
+    report = run_report(root, dag_id, run_id)
+    stages = [_enrich(root, dag_id, run_id, s, spark_history_url, now) for s in report["stages"]]
+    names = {s["stage"] for s in stages}
+    edges, sources = [], []
+    for s in stages:
+        for spec in s["inputs"]:
+            if spec["kind"] == "exchange":
+                edges.append({"from": spec.get("upstream"), "to": s["stage"], "input": spec["name"],
+                              "distribution": spec.get("distribution"), "mode": spec.get("mode")})
+            else:
+                sources.append({"stage": s["stage"], "input": spec["name"], "kind": spec["kind"],
+                                "format": spec.get("format")})
+    # A consumer that has not planned yet is still part of the graph: show it as waiting.
+    pending = sorted({c for s in stages for c in s["consumers"]} - names)
+    all_committed = bool(stages) and not pending and all(s["committed"] for s in stages)
+    return {"dag_id": dag_id, "run_id": run_id, "now": now, "stages": stages, "edges": edges, "sources": sources,
+            "pending_stages": pending, "all_committed": all_committed}
+
+
+def stage_view(root: Path, dag_id: str, run_id: str, stage: str, *, spark_history_url: str = "",
+               now: float | None = None) -> dict[str, Any]:
+    """One stage with its subtasks, attempts, blocked nodes, baseline and metrics."""
+    now = time.time() if now is None else now
+    report = run_report(root, dag_id, run_id, stage)
+    return {"dag_id": dag_id, "run_id": run_id, "now": now,
+            **_enrich(root, dag_id, run_id, report["stages"][0], spark_history_url, now)}
+
+
+def _enrich(root: Path, dag_id: str, run_id: str, stage: dict[str, Any], history: str,
+            now: float) -> dict[str, Any]:
+    """Add to run_report's stage what the views need: reasons, inputs, progress, restarts, events, window."""
+    layout = StageLayout(root, dag_id, run_id, stage["stage"])
+    plan = read_json(layout.plan) or {}
+    summary = read_json(layout.summary) or {}
+    journal = read_jsonl(layout.journal)
+    starts, ends, restarts = [], [], []
+    for sub in stage["subtasks"]:
+        for a in sub["attempts"]:
+            claim = read_json(layout.claim(sub["subtask"], a["attempt"])) or {}
+            a["reason"] = claim.get("reason")
+            a["created"] = claim.get("created_at")
+            a["restart"] = a["reason"] == RESTART_REASON
+            a["live"] = a["state"] in LIVE_STATES
+            begin = a["start"] or a["created"]
+            a["duration"] = ((a["end"] or now) - a["start"]) if a["start"] else None
+            a["spark_ui"] = _live_spark_ui(layout, sub["subtask"], a) if a["live"] else None
+            a["spark_history"] = _history_link(layout, sub["subtask"], a, history)
+            if begin:
+                starts.append(begin)
+                ends.append(a["end"] or now)
+            if a["restart"]:
+                restarts.append({"subtask": sub["subtask"], "attempt": a["attempt"], "target": a["target"],
+                                 "node": a["node"], "state": a["state"], "cause": a["cause"]})
+    done = [s for s in stage["subtasks"] if s["admitted"] is not None or s["reused"]]
+    events = [e for e in journal if e.get("event") not in ROUTINE_EVENTS]
+    failed = bool(events) and events[-1].get("event") == "stage_failed" and not stage["committed"]
+    live = any(a["live"] for s in stage["subtasks"] for a in s["attempts"])
+    first_inputs = (plan.get("subtasks") or [{}])[0].get("inputs", {})
+    stage.update(
+        state="committed" if stage["committed"] else "failed" if failed else "running" if live else "waiting",
+        progress={"admitted": len(done), "parallelism": stage["parallelism"]},
+        inputs=[{"name": name, "kind": spec.get("kind"), "upstream": spec.get("upstream"),
+                 "distribution": spec.get("distribution"), "mode": spec.get("mode"), "format": spec.get("format")}
+                for name, spec in sorted(first_inputs.items())],
+        attempts_total=sum(len(s["attempts"]) for s in stage["subtasks"]),
+        speculative_attempts=sum(a["speculative"] for s in stage["subtasks"] for a in s["attempts"]),
+        peakSlowExecutionVertices=summary.get("peakSlowExecutionVertices", 0),
+        speculation_blocker=plan.get("speculation_blocker"),
+        blocked=[{"node": node, "until": until, "expired": until <= now}
+                 for node, until in sorted(stage["blocked_nodes"].items())],
+        restarts=restarts, events=events,
+        window={"start": min(starts) if starts else None, "end": max(ends) if ends else None},
+    )
+    return stage
+
+
+def _history_link(layout: StageLayout, subtask: int, attempt: dict[str, Any], history: str) -> str | None:
+    """The Spark history server page of a finished attempt, where a history server is configured."""
+    if not history or attempt["live"]:
+        return None
+    app_id = _app_id(layout, subtask, attempt["attempt"])
+    return f"{history.rstrip('/')}/history/{app_id}/" if app_id else f"{history.rstrip('/')}/"
+
+
+def _app_id(layout: StageLayout, subtask: int, number: int) -> str | None:
+    """The Spark application id an attempt recorded (status or heartbeat), if any."""
+    for path in (layout.status(subtask, number), layout.heartbeat(subtask, number)):
+        record = read_json(path) or {}
+        for key in ("app_id", "application_id", "spark_app_id"):
+            if record.get(key):
+                return str(record[key])
+    return None
+
+
+def _live_spark_ui(layout: StageLayout, subtask: int, attempt: dict[str, Any]) -> str | None:
+    """The driver's Spark UI of a running attempt, read from the head of its spark-submit log."""
+    path = layout.log(subtask, attempt["attempt"])
+    try:
+        with open(path, "rb") as f:
+            head = f.read(_LOG_HEAD_BYTES).decode(errors="replace")
+    except OSError:
+        return None
+    port = _SPARK_UI_PORT.search(head)
+    if not port:
+        return None
+    host = _DRIVER_HOST.search(head)
+    return f"http://{host.group(1) if host else attempt['node'] or 'localhost'}:{port.group(1)}/"
+
+
+def is_done(view: dict[str, Any], run_state: str | None) -> bool:
+    """True once nothing in the view can change: all committed, or the Airflow run has finished."""
+    if run_state in TERMINAL_RUN_STATES:
+        return True
+    return bool(view.get("all_committed", view.get("committed")))
+

@@ -1,0 +1,404 @@
+/* Run and stage views of the speculative provider: poll the plugin's JSON endpoints and re-render. */
+"use strict";
+
+(function () {
+  const params = new URLSearchParams(window.location.search);
+  const DAG_ID = params.get("dag_id") || "";
+  const RUN_ID = params.get("run_id") || "";
+  const TASK_ID = params.get("task_id") || "";
+  const NOT_FOUND_RETRY_MS = 5000;
+
+  /* h("div", {class: "x"}, "text", child...) -> element; text is never parsed as HTML. */
+  function h(tag, attrs, ...children) {
+    const svg = ["svg", "g", "rect", "text", "path", "line", "title", "a", "tspan", "defs", "marker"].includes(tag)
+      && (attrs && attrs.svg);
+    const el = svg ? document.createElementNS("http://www.w3.org/2000/svg", tag) : document.createElement(tag);
+    for (const [key, value] of Object.entries(attrs || {})) {
+      if (key === "svg" || value === null || value === undefined || value === false) continue;
+      if (key === "style" && typeof value === "object") Object.assign(el.style, value);
+      else el.setAttribute(key, value === true ? "" : String(value));
+    }
+    for (const child of children.flat()) {
+      if (child === null || child === undefined || child === false) continue;
+      el.appendChild(child instanceof Node ? child : document.createTextNode(String(child)));
+    }
+    return el;
+  }
+  const s = (tag, attrs, ...children) => h(tag, Object.assign({svg: true}, attrs), ...children);
+
+  function seconds(value) {
+    if (value === null || value === undefined) return "-";
+    if (value < 60) return value.toFixed(1) + " s";
+    const m = Math.floor(value / 60), sec = Math.round(value % 60);
+    if (m < 60) return `${m}m ${sec}s`;
+    return `${Math.floor(m / 60)}h ${m % 60}m`;
+  }
+  function clock(epoch) {
+    return epoch ? new Date(epoch * 1000).toLocaleTimeString([], {hour12: false}) : "-";
+  }
+  function datetime(epoch) {
+    return epoch ? new Date(epoch * 1000).toLocaleString([], {hour12: false}) : "-";
+  }
+  function setLive(state, text) {
+    const live = document.getElementById("live");
+    live.dataset.state = state;
+    live.textContent = text;
+  }
+  function query(extra) {
+    const q = new URLSearchParams({dag_id: DAG_ID, run_id: RUN_ID});
+    for (const [k, v] of Object.entries(extra || {})) q.set(k, v);
+    return q.toString();
+  }
+  function stageHref(stage) {
+    return "stage?" + query({task_id: stage});
+  }
+
+  /* Fetch `url` every refresh_seconds and render, until the payload says done. */
+  function poll(url, render) {
+    const root = document.getElementById("content");
+    let refreshes = 0;
+    async function tick() {
+      let response;
+      try {
+        response = await fetch(url, {credentials: "same-origin", headers: {Accept: "application/json"},
+                                     cache: "no-store"});
+      } catch (err) {
+        setLive("error", "cannot reach the api-server; retrying");
+        window.setTimeout(tick, NOT_FOUND_RETRY_MS);
+        return;
+      }
+      if (response.status === 401 || response.status === 403) {
+        setLive("error", response.status === 401 ? "session expired: reload the page to log in again"
+                                                 : "you may not read this DAG");
+        root.replaceChildren(h("p", {class: "message"}, "Not authorized (" + response.status + ")."));
+        return;
+      }
+      if (response.status === 404) {
+        const body = await response.json().catch(() => ({}));
+        const detail = typeof body.detail === "object" && body.detail ? body.detail : {message: body.detail};
+        root.replaceChildren(h("p", {class: "message", id: "not-found"},
+                               detail.message || "Nothing recorded for this run yet."));
+        if (detail.done) {
+          document.body.dataset.done = "true";
+          setLive("done", "nothing recorded, and the run has finished (" + detail.run_state + ")");
+          return;
+        }
+        setLive("live", "nothing recorded yet; checking again");
+        window.setTimeout(tick, NOT_FOUND_RETRY_MS);
+        return;
+      }
+      if (!response.ok) {
+        setLive("error", "error " + response.status + "; retrying");
+        window.setTimeout(tick, NOT_FOUND_RETRY_MS);
+        return;
+      }
+      const data = await response.json();
+      refreshes += 1;
+      document.body.dataset.refreshes = String(refreshes);
+      root.replaceChildren(render(data));
+      if (data.done) {
+        document.body.dataset.done = "true";
+        setLive("done", "finished" + (data.run_state ? " (run " + data.run_state + ")" : "")
+                + ": auto-refresh stopped at " + clock(data.now));
+      } else {
+        setLive("live", "live: refreshing every " + data.refresh_seconds + " s (last " + clock(data.now) + ")");
+        window.setTimeout(tick, data.refresh_seconds * 1000);
+      }
+    }
+    tick();
+  }
+
+  function card(id, label, value, title) {
+    return h("div", {class: "card", id: id ? "metric-" + id : null, title: title || null},
+             h("div", {class: "label"}, label), h("div", {class: "value"}, value));
+  }
+
+  /* ---------------------------------------------------------------- stage view */
+
+  function renderStage(d) {
+    const frag = document.createDocumentFragment();
+    document.title = "Stage " + d.stage;
+    frag.append(
+      h("h1", null, "Stage " + d.stage, h("span", {class: "state " + d.state, id: "stage-state"}, d.state)),
+      h("div", {class: "sub"}, `DAG ${d.dag_id} · run ${d.run_id} · `,
+        h("a", {href: "run?" + query(), id: "run-link"}, "all stages of this run")),
+      h("div", {class: "cards"},
+        card("progress", "admitted / parallelism", `${d.progress.admitted} / ${d.progress.parallelism}`),
+        card("speculation", "speculation", d.speculation_blocker ? "blocked" : (d.speculation || "-"),
+             d.speculation_blocker || null),
+        card("numSlowExecutionVertices", "numSlowExecutionVertices", d.numSlowExecutionVertices,
+             "subtasks currently slower than the baseline"),
+        card("numEffectiveSpeculativeExecutions", "numEffectiveSpeculativeExecutions",
+             d.numEffectiveSpeculativeExecutions, "speculative attempts that finished first and were admitted"),
+        card("baseline", "slow-task baseline", seconds(d.baseline_seconds),
+             "an attempt running longer than this is slow"),
+        card("attempts", "attempts (speculative)", `${d.attempts_total} (${d.speculative_attempts})`),
+        card("peak", "peak slow subtasks", d.peakSlowExecutionVertices)),
+    );
+    if (d.speculation_blocker) {
+      frag.append(h("p", {class: "message"}, "Speculation is off for this stage: " + d.speculation_blocker));
+    }
+    frag.append(h("h2", null, "Attempts over time"), legend(), timeline(d));
+    frag.append(h("h2", null, "Blocked nodes"), blockedTable(d));
+    frag.append(h("h2", null, "Attempts"), attemptTable(d));
+    frag.append(h("h2", null, "Controller events"), eventsTable(d.events, false));
+    return frag;
+  }
+
+  function legend() {
+    const item = (cls, text) => h("span", null, h("i", {class: "swatch " + cls}), text);
+    return h("div", {class: "legend"}, item("FINISHED", "finished"), item("RUNNING", "running"),
+             item("FAILED", "failed"), item("CANCELED", "cancelled"), item("spec", "speculative attempt"),
+             item("admitted", "admitted (committed) attempt"), item("baseline", "slow-task baseline"));
+  }
+
+  function timeline(d) {
+    const box = h("div", {class: "timeline", id: "timeline"});
+    const t0 = d.window.start, t1 = Math.max(d.window.end || t0, (t0 || 0) + 1);
+    if (!t0) {
+      box.append(h("p", {class: "empty"}, "No attempt launched yet."));
+    }
+    const pct = (t) => Math.max(0, Math.min(100, (t - t0) / (t1 - t0) * 100));
+    if (t0) {
+      const ticks = h("div", {class: "track"});
+      for (let i = 0; i <= 4; i++) {
+        const left = i * 25;
+        ticks.append(h("span", {class: "tick", style: {left: Math.min(left, 97) + "%"}},
+                       i === 0 ? clock(t0) : "+" + seconds((t1 - t0) * i / 4)));
+      }
+      box.append(h("div", {class: "axis"}, h("span"), ticks));
+    }
+    const blocked = new Set(d.blocked.filter((b) => !b.expired).map((b) => b.node));
+    for (const sub of d.subtasks) {
+      const track = h("div", {class: "track"});
+      const label = h("div", {class: "name"}, "subtask " + sub.subtask,
+                      h("small", null, sub.reused ? "reused" : (sub.admitted !== null ? "admitted #" + sub.admitted
+                                                                                      : "not admitted yet")));
+      for (const a of sub.attempts) {
+        const lane = h("div", {class: "lane"});
+        const begin = a.start || a.created;
+        if (t0 && begin) {
+          const end = a.end || d.now;
+          const flags = [a.speculative ? "speculative" : null, a.admitted ? "admitted" : null,
+                         a.restart ? "restart" : null].filter(Boolean);
+          const title = [`attempt ${a.attempt}: ${a.state}`, `target ${a.target}, node ${a.node || "?"}`,
+                         `${clock(begin)} – ${a.end ? clock(a.end) : "now"} (${seconds(a.duration)})`,
+                         a.reason ? "reason: " + a.reason : null, a.cause ? "cause: " + a.cause : null,
+                         a.exit_code !== null ? "exit code " + a.exit_code : null].filter(Boolean).join("\n");
+          lane.append(h("div", {
+              class: ["attempt", a.state].concat(flags).join(" "), title: title,
+              "data-subtask": sub.subtask, "data-attempt": a.attempt, "data-state": a.state,
+              "data-admitted": String(a.admitted), "data-speculative": String(a.speculative),
+              style: {left: pct(begin) + "%", width: Math.max(pct(end) - pct(begin), 0.3) + "%"}},
+            `#${a.attempt} ${a.node || a.target}`,
+            a.speculative ? h("span", {class: "tag badge-spec"}, "speculative") : null,
+            a.admitted ? h("span", {class: "tag badge-admitted"}, "admitted") : null,
+            a.restart ? h("span", {class: "tag badge-restart"}, "restart") : null,
+            a.node && blocked.has(a.node) ? h("span", {class: "tag badge-blocked", title: "node is blocked"},
+                                              "node blocked") : null));
+          if (d.baseline_seconds && a.start && a.duration > d.baseline_seconds) {
+            lane.append(h("div", {class: "baseline-tick", style: {left: pct(a.start + d.baseline_seconds) + "%"},
+                                  title: "slow-task baseline " + seconds(d.baseline_seconds) + " after start"}));
+          }
+        }
+        track.append(lane);
+      }
+      if (!sub.attempts.length) track.append(h("div", {class: "lane empty"}, sub.reused ? "reused result" : ""));
+      box.append(h("div", {class: "subtask-row", "data-subtask": sub.subtask}, label, track));
+    }
+    return box;
+  }
+
+  function blockedTable(d) {
+    if (!d.blocked.length) return h("p", {class: "empty", id: "blocked-nodes"}, "No node is blocked.");
+    return h("table", {id: "blocked-nodes"},
+      h("tr", null, h("th", null, "node"), h("th", null, "blocked until"), h("th", null, "expires")),
+      d.blocked.map((b) => h("tr", {"data-node": b.node}, h("td", null, b.node), h("td", null, datetime(b.until)),
+                             h("td", null, b.expired ? "expired" : "in " + seconds(b.until - d.now)))));
+  }
+
+  function attemptTable(d) {
+    const rows = [];
+    for (const sub of d.subtasks) {
+      for (const a of sub.attempts) {
+        const links = [a.spark_ui ? h("a", {href: a.spark_ui, target: "_blank", rel: "noopener"}, "Spark UI") : null,
+                       a.spark_history ? h("a", {href: a.spark_history, target: "_blank", rel: "noopener"},
+                                           "history") : null].filter(Boolean);
+        rows.push(h("tr", {class: "attempt-row", "data-subtask": sub.subtask, "data-attempt": a.attempt},
+          h("td", null, sub.subtask), h("td", null, a.attempt),
+          h("td", null, h("span", {class: "state " + a.state}, a.state)),
+          h("td", null, [a.speculative ? "speculative" : null, a.admitted ? "admitted" : null,
+                         a.restart ? "restart" : null].filter(Boolean).join(", ") || "-"),
+          h("td", null, a.target || "-"), h("td", null, a.node || "-"),
+          h("td", null, clock(a.start)), h("td", null, clock(a.end)), h("td", null, seconds(a.duration)),
+          h("td", null, a.exit_code === null ? "-" : a.exit_code),
+          h("td", {class: "wrap"}, [a.reason, a.cause].filter(Boolean).join("; ") || "-"),
+          h("td", null, links.length ? links.flatMap((l, i) => i ? [" · ", l] : [l]) : "-")));
+      }
+    }
+    return h("table", {id: "attempts"},
+      h("tr", null, ["subtask", "attempt", "state", "flags", "target", "node", "start", "end", "duration", "exit",
+                     "reason / cause", "spark"].map((c) => h("th", null, c))),
+      rows);
+  }
+
+  function describe(e) {
+    const skip = new Set(["at", "event", "stage"]);
+    return Object.entries(e).filter(([k]) => !skip.has(k)).map(([k, v]) => {
+      if (k === "until") return "until " + datetime(v);
+      return k + " " + (typeof v === "object" ? JSON.stringify(v) : v);
+    }).join(", ");
+  }
+
+  function eventsTable(events, withStage) {
+    if (!events.length) return h("p", {class: "empty"}, "Only launches and admissions so far.");
+    return h("table", {class: "events"},
+      h("tr", null, h("th", null, "time"), withStage ? h("th", null, "stage") : null, h("th", null, "event"),
+        h("th", null, "details")),
+      events.map((e) => h("tr", {"data-event": e.event}, h("td", null, clock(e.at)),
+                          withStage ? h("td", null, e.stage) : null, h("td", null, e.event),
+                          h("td", {class: "wrap"}, describe(e)))));
+  }
+
+  /* ---------------------------------------------------------------- run view */
+
+  function renderRun(d) {
+    const frag = document.createDocumentFragment();
+    document.title = "Speculative stages of " + d.dag_id;
+    const committed = d.stages.filter((st) => st.committed).length;
+    frag.append(
+      h("h1", null, "Speculative stages"),
+      h("div", {class: "sub"}, `DAG ${d.dag_id} · run ${d.run_id} · ${committed} of ` +
+        `${d.stages.length + d.pending_stages.length} stages committed`),
+      h("div", {class: "graph", id: "stage-graph"}, graph(d)),
+      h("h2", null, "Stages"), stageTable(d),
+      h("h2", null, "Failover and reruns"), rerunSection(d));
+    return frag;
+  }
+
+  function graph(d) {
+    const W = 210, H = 92, GX = 120, GY = 28, PAD = 20;
+    const nodes = new Map();
+    const level = new Map();
+    const stages = d.stages.concat(d.pending_stages.map((name) => ({stage: name, pending: true, upstreams: [],
+                                                                    state: "waiting"})));
+    const upstreamsOf = new Map(stages.map((st) => [st.stage, new Set(st.upstreams || [])]));
+    for (const e of d.edges) if (upstreamsOf.has(e.to)) upstreamsOf.get(e.to).add(e.from);
+    for (const st of d.stages) for (const c of st.consumers) if (upstreamsOf.has(c)) upstreamsOf.get(c).add(st.stage);
+    const hasSources = d.sources.length > 0;
+    function lvl(name, seen) {
+      if (level.has(name)) return level.get(name);
+      if (seen.has(name)) return 0;
+      seen.add(name);
+      const ups = [...(upstreamsOf.get(name) || [])].filter((u) => upstreamsOf.has(u));
+      const value = ups.length ? Math.max(...ups.map((u) => lvl(u, seen))) + 1 : (hasSources ? 1 : 0);
+      level.set(name, value);
+      return value;
+    }
+    stages.forEach((st) => lvl(st.stage, new Set()));
+    const columns = new Map();
+    const place = (key, col, info) => {
+      const row = (columns.get(col) || []).length;
+      columns.set(col, (columns.get(col) || []).concat([key]));
+      nodes.set(key, Object.assign({x: PAD + col * (W + GX), y: PAD + row * (H + GY)}, info));
+    };
+    d.sources.forEach((src) => place("source:" + src.stage + ":" + src.input, 0, {source: src}));
+    stages.forEach((st) => place(st.stage, level.get(st.stage), {stage: st}));
+    if (!nodes.size) return h("p", {class: "empty"}, "No stage planned yet.");
+    const cols = Math.max(...[...columns.keys()]) + 1;
+    const rows = Math.max(...[...columns.values()].map((c) => c.length));
+    const width = PAD * 2 + cols * W + (cols - 1) * GX, height = PAD * 2 + rows * H + (rows - 1) * GY;
+    const svg = s("svg", {viewBox: `0 0 ${width} ${height}`, style: {maxWidth: width + "px"}, role: "img",
+                          "aria-label": "stage graph"});
+    svg.append(s("defs", null, s("marker", {id: "arrow", viewBox: "0 0 10 10", refX: 10, refY: 5, markerWidth: 7,
+                                            markerHeight: 7, orient: "auto-start-reverse"},
+                                 s("path", {d: "M 0 0 L 10 5 L 0 10 z", fill: "currentColor"}))));
+    const edge = (from, to, label, cls) => {
+      const a = nodes.get(from), b = nodes.get(to);
+      if (!a || !b) return;
+      const x1 = a.x + W, y1 = a.y + H / 2, x2 = b.x, y2 = b.y + H / 2, mx = (x1 + x2) / 2;
+      svg.append(s("g", {class: "edge-group", "data-from": from, "data-to": to},
+        s("path", {class: "edge " + (cls || ""), d: `M ${x1} ${y1} C ${mx} ${y1}, ${mx} ${y2}, ${x2} ${y2}`,
+                   "marker-end": "url(#arrow)"}),
+        s("text", {class: "edge-label", x: mx, y: (y1 + y2) / 2 - 6, "text-anchor": "middle"}, label)));
+    };
+    d.sources.forEach((src) => edge("source:" + src.stage + ":" + src.input, src.stage,
+                                    [src.kind, src.format].filter(Boolean).join(" · ")));
+    d.edges.forEach((e) => edge(e.from, e.to, `${e.distribution} · ${e.mode}`, e.mode));
+    for (const [key, n] of nodes) {
+      const g = s("g", {class: "node " + (n.source ? "source" : n.stage.state), transform: `translate(${n.x},${n.y})`,
+                        "data-stage": n.source ? null : key});
+      g.append(s("rect", {width: W, height: H, rx: 8}));
+      if (n.source) {
+        g.append(s("text", {class: "title", x: 12, y: 24}, n.source.input),
+                 s("text", {class: "muted", x: 12, y: 44}, "source of " + n.source.stage),
+                 s("text", {class: "muted", x: 12, y: 62}, n.source.format || ""));
+        svg.append(g);
+        continue;
+      }
+      const st = n.stage;
+      if (st.pending) {
+        g.append(s("text", {class: "title", x: 12, y: 24}, st.stage),
+                 s("text", {class: "muted", x: 12, y: 44}, "not planned yet"));
+        svg.append(g);
+        continue;
+      }
+      const frac = st.progress.parallelism ? st.progress.admitted / st.progress.parallelism : 0;
+      g.append(
+        s("text", {class: "title", x: 12, y: 22}, st.stage),
+        s("text", {class: "muted", x: W - 12, y: 22, "text-anchor": "end"}, st.state),
+        s("rect", {class: "bar-bg", x: 12, y: 32, width: W - 24, height: 8, rx: 4}),
+        s("rect", {class: "bar", x: 12, y: 32, width: (W - 24) * frac, height: 8, rx: 4}),
+        s("text", {x: 12, y: 58, class: "progress"}, `${st.progress.admitted}/${st.progress.parallelism} admitted`),
+        s("text", {class: "muted", x: 12, y: 78},
+          `${st.attempts_total} attempts · ${st.speculative_attempts} spec · ${st.restarts.length} restarts`));
+      svg.append(s("a", {href: stageHref(st.stage)}, g));
+    }
+    return svg;
+  }
+
+  function stageTable(d) {
+    return h("table", {id: "stages"},
+      h("tr", null, ["stage", "state", "admitted / parallelism", "inputs", "attempts", "speculative",
+                     "numEffectiveSpeculativeExecutions", "restarts", "blocked nodes"].map((c) => h("th", null, c))),
+      d.stages.map((st) => h("tr", {class: "stage-row", "data-stage": st.stage},
+        h("td", null, h("a", {href: stageHref(st.stage)}, st.stage)),
+        h("td", null, h("span", {class: "state " + st.state}, st.state)),
+        h("td", {class: "progress"}, `${st.progress.admitted} / ${st.progress.parallelism}`),
+        h("td", {class: "wrap"}, st.inputs.map((i) => i.kind === "exchange"
+          ? `${i.name} ← ${i.upstream} (${i.distribution}, ${i.mode})` : `${i.name} (${i.kind} ${i.format || ""})`)
+          .join("; ")),
+        h("td", null, st.attempts_total), h("td", null, st.speculative_attempts),
+        h("td", null, st.numEffectiveSpeculativeExecutions), h("td", null, st.restarts.length),
+        h("td", null, st.blocked.filter((b) => !b.expired).map((b) => b.node).join(", ") || "-"))));
+  }
+
+  function rerunSection(d) {
+    const restarts = d.stages.flatMap((st) => st.restarts.map((r) => Object.assign({stage: st.stage}, r)));
+    const events = d.stages.flatMap((st) => st.events.map((e) => Object.assign({stage: st.stage}, e)))
+      .sort((a, b) => a.at - b.at);
+    const box = h("div", {id: "reruns"});
+    if (!restarts.length) {
+      box.append(h("p", {class: "empty"}, "No attempt was rerun after a failure."));
+    } else {
+      box.append(h("table", {class: "restarts"},
+        h("tr", null, ["stage", "subtask", "attempt", "state", "target", "node", "cause"].map((c) => h("th", null, c))),
+        restarts.map((r) => h("tr", null, h("td", null, r.stage), h("td", null, r.subtask), h("td", null, r.attempt),
+                              h("td", null, h("span", {class: "state " + r.state}, r.state)),
+                              h("td", null, r.target || "-"), h("td", null, r.node || "-"),
+                              h("td", {class: "wrap"}, r.cause || "-")))));
+    }
+    box.append(h("h2", null, "Controller events"), eventsTable(events, true));
+    return box;
+  }
+
+  const page = document.body.dataset.page;
+  if (!DAG_ID || !RUN_ID || (page === "stage" && !TASK_ID)) {
+    document.getElementById("content").replaceChildren(
+      h("p", {class: "message"}, "Open this view from a DAG run or a task instance in the Airflow UI."));
+    setLive("error", "missing dag_id / run_id" + (page === "stage" ? " / task_id" : ""));
+    return;
+  }
+  if (page === "stage") poll("../api/stage?" + query({task_id: TASK_ID}), renderStage);
+  else poll("../api/run?" + query(), renderRun);
+})();

@@ -1,0 +1,248 @@
+"""Postgres sink: attempts write to attempt-scoped staging tables; finalize replaces one partition atomically.
+
+Exactly-once, whatever races happen:
+
+- every attempt writes into its own staging table ``<staging_schema>.st_<run key>_s<subtask>_a<attempt>``,
+  so concurrent attempts never touch the same rows;
+- ``finalize_global`` runs one transaction that deletes the final table's partition (e.g. the
+  logical date), inserts the rows of the admitted attempts only, records the commit in a ledger
+  table and drops the staging of every attempt of the stage run;
+- a retried finalize after a crash finds either nothing committed (the transaction rolled back,
+  staging is intact: it commits now) or its own ledger entry (already committed: nothing to redo).
+  A failed finalize rolls back and leaves the previously committed partition untouched.
+
+Attempts reach Postgres with a DSN the controller resolves from the Airflow connection and passes
+in their environment; it is never written to the store.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from typing import Any
+
+from airflow_provider_speculative.sinks.base import (
+    FinalizationContext,
+    InitializationContext,
+    Sink,
+    SinkWriter,
+    SupportsConcurrentExecutionAttempts,
+)
+
+# Spark SQL type name (simpleString) -> Postgres column type.
+_PG_TYPES = {
+    "string": "text", "bigint": "bigint", "int": "integer", "smallint": "smallint", "tinyint": "smallint",
+    "double": "double precision", "float": "real", "boolean": "boolean", "date": "date",
+    "timestamp": "timestamptz", "timestamp_ntz": "timestamp", "binary": "bytea",
+}
+
+
+def pg_type(spark_type: str) -> str:
+    """Map a Spark SQL type to a Postgres type; decimals keep precision and scale."""
+    if spark_type.startswith("decimal"):
+        return spark_type.replace("decimal", "numeric")
+    if spark_type not in _PG_TYPES:
+        raise TypeError(f"PostgresSink cannot store Spark type {spark_type!r}")
+    return _PG_TYPES[spark_type]
+
+
+def dsn_env_var(conn_id: str) -> str:
+    """Environment variable carrying the DSN of ``conn_id`` to attempts."""
+    return "SPECULATIVE_DSN_" + "".join(ch if ch.isalnum() else "_" for ch in conn_id).upper()
+
+
+def run_key(dag_id: str, run_id: str, stage: str, table: str) -> str:
+    """Short stable key of a stage run writing ``table`` (Postgres identifiers are at most 63 bytes)."""
+    return hashlib.sha1(f"{dag_id}\0{run_id}\0{stage}\0{table}".encode()).hexdigest()[:16]
+
+
+class PostgresSink(Sink, SupportsConcurrentExecutionAttempts):
+    """Replace partition ``partition_column = partition_value`` of ``table`` with the stage's output."""
+
+    template_fields = ("table", "partition_value")
+
+    def __init__(self, table: str, *, postgres_conn_id: str = "postgres_default", partition_column: str = "ds",
+                 partition_value: str = "{{ ds }}", staging_schema: str = "speculative_staging",
+                 ledger_table: str = "speculative_staging.commits") -> None:
+        if not table:
+            raise ValueError("PostgresSink needs a table")
+        self.table = table
+        self.postgres_conn_id = postgres_conn_id
+        self.partition_column = partition_column
+        self.partition_value = partition_value
+        self.staging_schema = staging_schema
+        self.ledger_table = ledger_table
+
+    def describe(self) -> dict[str, Any]:
+        """Constructor arguments."""
+        return {"table": self.table, "postgres_conn_id": self.postgres_conn_id,
+                "partition_column": self.partition_column, "partition_value": self.partition_value,
+                "staging_schema": self.staging_schema, "ledger_table": self.ledger_table}
+
+    def runtime_connections(self) -> list[str]:
+        """Attempts need this connection (as a DSN in their environment)."""
+        return [self.postgres_conn_id]
+
+    def runtime_env(self, connections: dict[str, Any]) -> dict[str, str]:
+        """Pass the connection to the attempts as a libpq DSN in their environment."""
+        return {dsn_env_var(self.postgres_conn_id): libpq_dsn(connections[self.postgres_conn_id])}
+
+    def staging_prefix(self, dag_id: str, run_id: str, stage: str) -> str:
+        """Name prefix of every staging table of one stage run."""
+        return f"st_{run_key(dag_id, run_id, stage, self.table)}_"
+
+    def create_writer(self, context: InitializationContext) -> SinkWriter:
+        """Attempts write into their own staging table."""
+        dsn = os.environ.get(dsn_env_var(self.postgres_conn_id))
+        if not dsn:
+            raise RuntimeError(f"PostgresSink: no DSN for connection {self.postgres_conn_id!r} in the attempt's "
+                               f"environment ({dsn_env_var(self.postgres_conn_id)}); the controller sets it")
+        table = f"{self.staging_prefix(context.dag_id, context.run_id, context.stage)}" \
+                f"s{context.task_number}_a{context.attempt_number}"
+        return _PostgresWriter(dsn, self.staging_schema, table)
+
+    # -- master side ------------------------------------------------------------------------
+
+    def _connect(self) -> Any:
+        # psycopg2 on both sides (writers and finalize): the postgres provider's hook may hand out
+        # psycopg 3 connections, whose SQL composition is not interchangeable.
+        import psycopg2
+        from airflow.sdk import BaseHook
+
+        return psycopg2.connect(libpq_dsn(BaseHook.get_connection(self.postgres_conn_id)))
+
+    def finalize_global(self, context: FinalizationContext) -> dict[str, Any]:
+        """One transaction: replace the partition with the admitted attempts' rows, record it, drop staging."""
+        from psycopg2 import sql
+
+        admitted = {str(s): r.attempt for s, r in sorted(context.attempts.items())}
+        infos = {s: r.sink_info for s, r in context.attempts.items()}
+        missing = [s for s, info in infos.items() if not info.get("staging_table")]
+        if missing:
+            raise RuntimeError(f"PostgresSink: admitted attempts of subtasks {missing} recorded no staging table")
+        columns = next(iter(infos.values()))["columns"]
+        final = _qualified(self.table)
+        ledger = _qualified(self.ledger_table)
+        prefix = self.staging_prefix(context.dag_id, context.run_id, context.stage)
+        conn = self._connect()
+        try:
+            with conn, conn.cursor() as cur:
+                # Serialise finalizes of the same table: they replace partitions of it.
+                cur.execute("SELECT pg_advisory_xact_lock(%s)", [_lock_id(self.table)])
+                cur.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(self.staging_schema)))
+                cur.execute(sql.SQL(
+                    "CREATE TABLE IF NOT EXISTS {} (target_table text, partition_value text, dag_id text, "
+                    "run_id text, stage text, attempts jsonb, records bigint, committed_at timestamptz DEFAULT now(), "
+                    "PRIMARY KEY (target_table, partition_value))").format(ledger))
+                cur.execute(sql.SQL("SELECT run_id, stage, attempts FROM {} WHERE target_table = %s "
+                                    "AND partition_value = %s").format(ledger), [self.table, self.partition_value])
+                row = cur.fetchone()
+                already = row is not None and (row[0], row[1], row[2]) == (context.run_id, context.stage, admitted)
+                records = None
+                if not already:
+                    records = self._replace_partition(cur, final, columns, infos, context)
+                    cur.execute(sql.SQL(
+                        "INSERT INTO {} (target_table, partition_value, dag_id, run_id, stage, attempts, records) "
+                        "VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT (target_table, partition_value) DO UPDATE "
+                        "SET dag_id = EXCLUDED.dag_id, run_id = EXCLUDED.run_id, stage = EXCLUDED.stage, "
+                        "attempts = EXCLUDED.attempts, records = EXCLUDED.records, committed_at = now()"
+                    ).format(ledger), [self.table, self.partition_value, context.dag_id, context.run_id,
+                                       context.stage, json.dumps(admitted), records])
+                dropped = self._drop_staging(cur, prefix)
+        finally:
+            conn.close()
+        return {"sink": "postgres", "table": self.table, "partition": {self.partition_column: self.partition_value},
+                "records": records, "already_committed": already, "staging_dropped": dropped}
+
+    def _replace_partition(self, cur: Any, final: Any, columns: list[list[str]], infos: dict[int, dict[str, Any]],
+                           context: FinalizationContext) -> int:
+        from psycopg2 import sql
+
+        defs = [sql.SQL("{} {}").format(sql.Identifier(name), sql.SQL(kind)) for name, kind in columns]
+        defs.append(sql.SQL("{} text NOT NULL").format(sql.Identifier(self.partition_column)))
+        cur.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} ({})").format(final, sql.SQL(", ").join(defs)))
+        cur.execute(sql.SQL("DELETE FROM {} WHERE {} = %s").format(final, sql.Identifier(self.partition_column)),
+                    [self.partition_value])
+        names = sql.SQL(", ").join(sql.Identifier(name) for name, _ in columns)
+        total = 0
+        for subtask in range(context.parallelism):
+            staging = sql.Identifier(self.staging_schema, infos[subtask]["staging_table"])
+            cur.execute(sql.SQL("SELECT count(*) FROM {}").format(staging))
+            (count,) = cur.fetchone()
+            if count != infos[subtask]["records"]:
+                raise RuntimeError(f"PostgresSink: staging {infos[subtask]['staging_table']} of subtask {subtask} "
+                                   f"holds {count} rows, its attempt wrote {infos[subtask]['records']}")
+            cur.execute(sql.SQL("INSERT INTO {} ({}, {}) SELECT {}, %s FROM {}").format(
+                final, names, sql.Identifier(self.partition_column), names, staging), [self.partition_value])
+            total += count
+        return total
+
+    def _drop_staging(self, cur: Any, prefix: str) -> int:
+        from psycopg2 import sql
+
+        cur.execute("SELECT tablename FROM pg_tables WHERE schemaname = %s AND starts_with(tablename, %s)",
+                    [self.staging_schema, prefix])
+        tables = [r[0] for r in cur.fetchall()]
+        for name in tables:
+            cur.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(self.staging_schema, name)))
+        return len(tables)
+
+
+class _PostgresWriter(SinkWriter):
+    def __init__(self, dsn: str, schema: str, table: str) -> None:
+        self.dsn = dsn
+        self.schema = schema
+        self.table = table
+
+    def write(self, df: Any, batch: int = 1000) -> dict[str, Any]:
+        import psycopg2
+        from psycopg2 import sql
+        from psycopg2.extras import execute_values
+
+        columns = [[f.name, pg_type(f.dataType.simpleString())] for f in df.schema.fields]
+        staging = sql.Identifier(self.schema, self.table)
+        conn = psycopg2.connect(self.dsn)
+        try:
+            with conn, conn.cursor() as cur:
+                cur.execute("SELECT pg_advisory_xact_lock(%s)", [_lock_id(self.schema)])
+                cur.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(self.schema)))
+            with conn, conn.cursor() as cur:
+                defs = sql.SQL(", ").join(sql.SQL("{} {}").format(sql.Identifier(n), sql.SQL(t)) for n, t in columns)
+                cur.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(staging))
+                cur.execute(sql.SQL("CREATE TABLE {} ({})").format(staging, defs))
+                insert = sql.SQL("INSERT INTO {} VALUES %s").format(staging).as_string(cur)
+                records, rows = 0, []
+                for row in df.toLocalIterator():
+                    rows.append(tuple(row))
+                    if len(rows) >= batch:
+                        execute_values(cur, insert, rows)
+                        records, rows = records + len(rows), []
+                if rows:
+                    execute_values(cur, insert, rows)
+                    records += len(rows)
+        finally:
+            conn.close()
+        return {"staging_table": self.table, "staging_schema": self.schema, "columns": columns, "records": records}
+
+
+def libpq_dsn(conn: Any) -> str:
+    """A libpq keyword DSN from an Airflow connection (host, port, schema as dbname, login, password)."""
+    parts = {"host": conn.host, "port": conn.port, "dbname": conn.schema, "user": conn.login,
+             "password": conn.password}
+    return " ".join(f"{key}={_libpq_quote(value)}" for key, value in parts.items() if value not in (None, ""))
+
+
+def _libpq_quote(value: Any) -> str:
+    escaped = str(value).replace("\\", "\\\\").replace("'", "\\'")
+    return f"'{escaped}'"
+
+
+def _qualified(name: str) -> Any:
+    from psycopg2 import sql
+
+    return sql.Identifier(*name.split(".", 1))
+
+
+def _lock_id(name: str) -> int:
+    return int.from_bytes(hashlib.sha1(name.encode()).digest()[:8], "big", signed=True)

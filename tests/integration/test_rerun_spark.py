@@ -1,0 +1,67 @@
+"""Airflow-level reruns: `airflow speculative rerun` invalidates exactly a region; a rerun reuses the rest."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pendulum
+import pytest
+
+from airflow_provider_speculative.store.files import read_json, read_jsonl
+from airflow_provider_speculative.store.layout import StageLayout
+from tests.conftest import TEST_ENV
+from tests.integration.q1 import assert_q1_equal, duckdb_q1, read_q1_output
+from tests.integration.spark_helpers import HERE, load_dag
+
+pytestmark = [pytest.mark.spark, pytest.mark.timeout(900)]
+
+AIRFLOW = str(Path(sys.executable).parent / "airflow")
+STORE = Path(TEST_ENV["AIRFLOW__SPECULATIVE__STORE_PATH"])
+
+
+def airflow(*args: str) -> str:
+    done = subprocess.run([AIRFLOW, *args], capture_output=True, text=True, env=os.environ, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done.stdout
+
+
+def last_json(stdout: str) -> dict:
+    return json.loads(stdout[stdout.index("{"):])
+
+
+def test_rerun_cli_reruns_only_the_region(airflow_db, tpch_data):
+    run = load_dag("small_q1", HERE / "dags").test(logical_date=pendulum.datetime(2026, 5, 1, tz="UTC"))
+    assert run.state == "success"
+    scan = StageLayout(STORE, "small_q1", run.run_id, "scan")
+
+    dry = last_json(airflow("speculative", "rerun", "-d", "small_q1", "-r", run.run_id, "--stage", "scan",
+                            "--subtask", "1", "--dry-run", "-o", "json"))
+    assert dry["region"] == {"scan": [1]}  # scan is deterministic: its readers keep their results
+    assert read_json(scan.admitted(1)) is not None, "a dry run must not change anything"
+
+    done = last_json(airflow("speculative", "rerun", "-d", "small_q1", "-r", run.run_id, "--stage", "scan",
+                             "--subtask", "1", "-o", "json"))
+    assert done["invalidated"] == {"scan": [1]} and done["cleared_tasks"] == ["scan"]
+    assert read_json(scan.admitted(1)) is None and read_json(scan.admitted(0)) is not None
+    assert not scan.committed.exists()
+
+    # Run the cleared task again (the scheduler would; `airflow tasks test` runs it inline).
+    airflow("tasks", "test", "small_q1", "scan", run.run_id)
+    assert scan.attempt_numbers(0) == [0], "the valid subtask must be reused, not rerun"
+    assert scan.attempt_numbers(1) == [0, 1]
+    assert read_json(scan.admitted(1))["attempt"] == 1
+    assert read_json(scan.committed)["subtasks"]["1"]["attempt"] == 1
+    assert any(e["event"] == "rerun_invalidated" for e in read_jsonl(scan.journal))
+
+    out = Path(TEST_ENV["SPECULATIVE_EXAMPLE_OUTPUT"]) / "small_q1" / "2026-05-01"
+    assert_q1_equal(read_q1_output(out), duckdb_q1(tpch_data))
+
+
+def test_rerun_cli_names_bad_input(airflow_db):
+    bad = subprocess.run([AIRFLOW, "speculative", "rerun", "-d", "nope", "-r", "nope", "--stage", "x"],
+                         capture_output=True, text=True, env=os.environ, timeout=120)
+    assert bad.returncode == 1 and "no speculative stages recorded for dag 'nope'" in bad.stderr
