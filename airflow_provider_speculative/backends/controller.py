@@ -8,7 +8,6 @@ running attempts instead of launching them again.
 from __future__ import annotations
 
 import shutil
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -216,8 +215,6 @@ class StageController:
             return
         command = attempt_command(self.plan, self.layout, action.subtask, action.attempt, target.name)
         env = {**(self.plan.get("env") or {}), **self.extra_env}
-        env.setdefault("PYSPARK_PYTHON", sys.executable)
-        env.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
         try:
             self.backend.launch(LaunchSpec(action.subtask, action.attempt, target.name, target.node_label,
                                            action.speculative, command, env))

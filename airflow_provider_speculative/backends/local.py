@@ -53,7 +53,9 @@ class LocalBackend:
                "--status", str(status), "--log", str(log),
                "--manifest", str(self.layout.manifest(spec.subtask, spec.attempt)), "--daemonize",
                "--", *spec.command]
-        env = {**os.environ, **spec.env, "SPECULATIVE_NODE": spec.node, "SPECULATIVE_LAUNCHED_AT": str(time.time())}
+        # The driver's Python must be the one with pyspark and this package: the launcher's own.
+        env = {"PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable, **os.environ, **spec.env,
+               "SPECULATIVE_NODE": spec.node, "SPECULATIVE_LAUNCHED_AT": str(time.time())}
         with open(log, "ab") as out:
             code = subprocess.call(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                    start_new_session=True, env=env, close_fds=True, timeout=60)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from airflow_provider_speculative.backends.gc import read_expired
 from airflow_provider_speculative.backends.local import LocalBackend
 from airflow_provider_speculative.core.states import current_attempt
 from airflow_provider_speculative.store.files import read_json, read_jsonl
@@ -56,6 +57,8 @@ def stage_report(layout: StageLayout, plan: dict[str, Any]) -> dict[str, Any]:
     return {
         "stage": plan["stage"], "parallelism": plan["parallelism"], "upstreams": plan.get("upstreams", []),
         "consumers": plan.get("consumers", []), "committed": committed is not None,
+        # Set once gc removed the committed data (FLIP-1 life cycle): a consumer rerun finds it missing.
+        "expired": read_expired(layout),
         "sink": (committed or {}).get("sink"), "speculation": summary.get("speculation"),
         "numSlowExecutionVertices": summary.get("numSlowExecutionVertices", 0),
         "numEffectiveSpeculativeExecutions": summary.get("numEffectiveSpeculativeExecutions", 0),

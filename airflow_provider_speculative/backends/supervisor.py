@@ -17,6 +17,9 @@ import time
 from airflow_provider_speculative.store.files import atomic_write_json, read_json
 
 _READY_FD: list[int] = []
+# Exit codes of runtime/context.py for a store that is full or not writable: then failure.json may
+# not have been written, and the exit code is the only record of the cause.
+STORE_EXIT_CAUSES = {4: "store is full", 5: "store is not writable"}
 
 
 def _daemonize(status_path: str) -> None:
@@ -91,6 +94,9 @@ def main(argv: list[str] | None = None) -> int:
     else:
         failure = read_json(os.path.join(os.path.dirname(args.status), "failure.json")) or {}
         cause = failure.get("error") or (f"exit code {code} without a manifest" if code == 0 else f"exit code {code}")
+        if not failure and code in STORE_EXIT_CAUSES:
+            cause = (f"{STORE_EXIT_CAUSES[code]}: the attempt could not write its output under "
+                     f"{os.path.dirname(args.status)} (exit code {code})")
         status.update(state="FAILED", cause=cause, failure_kind=failure.get("kind"))
     atomic_write_json(args.status, status)
     return code

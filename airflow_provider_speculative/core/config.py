@@ -139,9 +139,10 @@ OPTION_DOCS: dict[str, str] = {
                         "force_speculation: [subtask, ...], barrier: bool}. Tests and demos only; off when empty."),
 }
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|sec|secs|seconds?|m|min|mins|minutes?|h|hours?)?\s*$")
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|sec|secs|seconds?|m|min|mins|minutes?|h|hours?|d|days?)?\s*$")
 _UNIT = {"ms": 0.001, "s": 1, "sec": 1, "secs": 1, "second": 1, "seconds": 1, "m": 60, "min": 60,
-         "mins": 60, "minute": 60, "minutes": 60, "h": 3600, "hour": 3600, "hours": 3600}
+         "mins": 60, "minute": 60, "minutes": 60, "h": 3600, "hour": 3600, "hours": 3600,
+         "d": 86400, "day": 86400, "days": 86400}
 
 
 def _bad(name: str, value: Any, where: str, why: str) -> ConfigError:

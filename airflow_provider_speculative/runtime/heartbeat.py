@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from airflow_provider_speculative.store.files import atomic_write_json
+from airflow_provider_speculative.store.files import StoreError, atomic_write_json
 
 
 def current_node() -> str:
@@ -47,8 +48,12 @@ class Heartbeat:
             extra = self.progress()
         except Exception as exc:  # progress is best effort; the beat itself must not fail
             extra = {"progress_error": str(exc)}
-        atomic_write_json(self.path, {"node": current_node(), "pid": os.getpid(), "phase": phase,
-                                      "started_at": self.started_at, "at": time.time(), **extra})
+        try:
+            atomic_write_json(self.path, {"node": current_node(), "pid": os.getpid(), "phase": phase,
+                                          "started_at": self.started_at, "at": time.time(), **extra})
+        except StoreError as exc:
+            # A full store must fail the attempt through its write, not kill the heartbeat thread.
+            print(f"[speculative] heartbeat not written: {exc}", file=sys.stderr)
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval):

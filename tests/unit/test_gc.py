@@ -1,0 +1,566 @@
+"""Partition life cycle: gc removes losers, expired results and deleted runs, never live attempts;
+a full or unwritable store fails the attempt clearly and never leaves a manifest or commit."""
+
+from __future__ import annotations
+
+import errno
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import psutil
+import pytest
+
+from airflow_provider_speculative.backends import gc as gc_module
+from airflow_provider_speculative.backends.gc import (
+    DELETED_RUN,
+    EXPIRED,
+    LOSER,
+    SINK_EXPIRED,
+    STALE_BARRIER,
+    STALE_TEMP,
+    execute_gc,
+    plan_gc,
+    read_expired,
+    store_dag_ids,
+)
+from airflow_provider_speculative.backends.local import LocalBackend
+from airflow_provider_speculative.backends.report import run_report
+from airflow_provider_speculative.core.config import SpeculativeConfig
+from airflow_provider_speculative.core.states import AttemptState
+from airflow_provider_speculative.store.files import (
+    StoreError,
+    atomic_write_json,
+    create_exclusive_json,
+    read_json,
+    read_jsonl,
+)
+from airflow_provider_speculative.store.layout import StageLayout
+from airflow_provider_speculative.store.manifest import build_manifest, write_manifest
+from airflow_provider_speculative.store.results import admitted_results, write_committed
+
+DAG = "etl"
+RUN = "manual__2026-01-01T00:00:00+00:00"
+NOW = 1_800_000_000.0
+HOUR = 3600.0
+
+
+# -- building a store the way the backend, controller and finalize write it ------------------------
+
+
+class Store:
+    """Writes plans, claims, statuses, data, manifests, admissions and commits with the real store API."""
+
+    def __init__(self, root: Path, dag_id: str = DAG, run_id: str = RUN) -> None:
+        self.root, self.dag_id, self.run_id = root, dag_id, run_id
+
+    def layout(self, stage: str) -> StageLayout:
+        return StageLayout(self.root, self.dag_id, self.run_id, stage)
+
+    def stage(self, stage: str, *, parallelism: int = 1, consumers: tuple[str, ...] = (),
+              upstreams: tuple[str, ...] = (), sink: bool = False, retention: float | None = None) -> StageLayout:
+        layout = self.layout(stage)
+        config = SpeculativeConfig() if retention is None else SpeculativeConfig().with_overrides(
+            {"retention": retention}, "test")
+        atomic_write_json(layout.plan, {
+            "stage": stage, "dag_id": self.dag_id, "run_id": self.run_id, "store_root": str(self.root),
+            "parallelism": parallelism, "consumers": sorted(consumers), "upstreams": list(upstreams),
+            "output": {"key": [], "max_parallelism": 8, "sink": {"class": "x.Sink", "args": {}} if sink else None},
+            "subtasks": [{"inputs": {}, "input_bytes": 0} for _ in range(parallelism)],
+            "config": config.to_json(), "fingerprint": f"fp-{stage}"})
+        return layout
+
+    def attempt(self, layout: StageLayout, subtask: int, attempt: int, state: str, *, data: int = 0,
+                manifest: bool = False, live_phase: str = "RUNNING") -> None:
+        """One attempt; ``state`` LIVE means running under this test process's pid, so poll() sees it alive."""
+        assert create_exclusive_json(layout.claim(subtask, attempt), {
+            "target": "local-a", "node": "local-a", "speculative": attempt > 0, "created_at": NOW - 2 * HOUR})
+        status: dict[str, Any] = {"pid": os.getpid(), "pgid": os.getpgid(0), "deploying_at": NOW - 2 * HOUR,
+                                  "create_time": psutil.Process().create_time(), "node": "local-a"}
+        if state == "LIVE":
+            status["state"] = "DEPLOYING"
+            atomic_write_json(layout.heartbeat(subtask, attempt), {"node": "local-a", "phase": live_phase})
+        else:
+            status.update(state=state, end_at=NOW - HOUR, exit_code=0 if state == "FINISHED" else 1,
+                          cause=None if state == "FINISHED" else f"{state.lower()} in test")
+        atomic_write_json(layout.status(subtask, attempt), status)
+        if data:
+            part = layout.data(subtask, attempt) / "_sp=0" / "part-00000.parquet"
+            part.parent.mkdir(parents=True)
+            part.write_bytes(b"x" * data)
+        if manifest:
+            write_manifest(layout.manifest(subtask, attempt), build_manifest(
+                layout.data(subtask, attempt), stage=layout.stage, subtask=subtask, attempt=attempt, records=1))
+
+    def admit(self, layout: StageLayout, subtask: int, attempt: int) -> None:
+        assert create_exclusive_json(layout.admitted(subtask), {"attempt": attempt, "at": NOW - HOUR})
+
+    def commit(self, layout: StageLayout, admitted: dict[int, int], at: float) -> None:
+        record = admitted_results(layout, admitted)
+        record.update(fingerprint=f"fp-{layout.stage}", committed_at=at, sink=None, summary={})
+        write_committed(layout, record)
+
+    def finished_stage(self, stage: str, *, committed_at: float, data: int = 1000, **kwargs: Any) -> StageLayout:
+        """A committed stage: subtask 0 admitted attempt 0 with data and manifest."""
+        layout = self.stage(stage, **kwargs)
+        self.attempt(layout, 0, 0, "FINISHED", data=data, manifest=True)
+        self.admit(layout, 0, 0)
+        self.commit(layout, {0: 0}, committed_at)
+        return layout
+
+
+def tree(root: Path) -> dict[str, int]:
+    """Every file under ``root`` with its size."""
+    return {str(p.relative_to(root)): p.stat().st_size for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def paths(items: list[Any]) -> set[Path]:
+    return {i.path for i in items}
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Store:
+    return Store(tmp_path / "store")
+
+
+# -- losers -----------------------------------------------------------------------------------------
+
+
+def test_losers_output_is_removed_and_history_kept(store: Store) -> None:
+    layout = store.stage("extract", parallelism=2, consumers=("load",))
+    store.attempt(layout, 0, 0, "FINISHED", data=1000, manifest=True)
+    store.admit(layout, 0, 0)
+    store.attempt(layout, 0, 1, "CANCELED", data=300)  # cancelled speculative copy, partial output
+    store.attempt(layout, 1, 0, "FAILED", data=200)  # failed, partial output
+    store.attempt(layout, 1, 1, "FINISHED", data=500, manifest=True)
+    store.admit(layout, 1, 1)
+    store.attempt(layout, 1, 2, "FINISHED", data=700, manifest=True)  # finished after 1 won; output left
+    # Until the stage commits, a finished attempt may still matter; finalize then passes it over for good.
+    assert {i.attempt for i in plan_gc(store.root, now=NOW) if i.subtask == 1} == {0}
+    store.commit(layout, {0: 0, 1: 1}, NOW - HOUR / 2)
+
+    items = plan_gc(store.root, now=NOW)
+
+    assert {(i.subtask, i.attempt, i.path.name) for i in items} == {
+        (0, 1, "data"), (1, 0, "data"), (1, 2, "_SUCCESS"), (1, 2, "data")}
+    assert {i.reason for i in items} == {LOSER}
+    by_path = {(i.subtask, i.attempt, i.path.name): i for i in items}
+    assert by_path[(0, 1, "data")].bytes == 300
+    assert "CANCELED" in by_path[(0, 1, "data")].detail
+    assert "attempt 1 was committed" in by_path[(1, 2, "data")].detail
+    # The manifest goes before its data: it must never describe data that is gone.
+    order = [i.path for i in items]
+    assert order.index(layout.manifest(1, 2)) < order.index(layout.data(1, 2))
+
+    summary = execute_gc(items, now=NOW)
+
+    assert summary["removed"] == 4 and summary["errors"] == []
+    assert summary["bytes"] == 300 + 200 + 700 + by_path[(1, 2, "_SUCCESS")].bytes
+    for subtask, attempt in ((0, 1), (1, 0), (1, 2)):
+        assert not layout.data(subtask, attempt).exists()
+        assert not layout.manifest(subtask, attempt).exists()
+        assert layout.claim(subtask, attempt).exists() and layout.status(subtask, attempt).exists()
+    for subtask, attempt in ((0, 0), (1, 1)):  # admitted: untouched
+        assert layout.manifest(subtask, attempt).exists() and layout.data(subtask, attempt).is_dir()
+    gc_events = [e for e in read_jsonl(layout.journal) if e["event"] == "gc"]
+    assert len(gc_events) == 1
+    assert gc_events[0]["bytes"] == summary["bytes"]
+    assert sorted(r["path"] for r in gc_events[0]["removed"]) == [
+        "subtask=0/attempt=1/data", "subtask=1/attempt=0/data", "subtask=1/attempt=2/_SUCCESS",
+        "subtask=1/attempt=2/data"]
+    assert plan_gc(store.root, now=NOW) == []  # nothing left to do: gc is idempotent
+
+
+def test_finished_attempt_not_yet_admitted_is_kept(store: Store) -> None:
+    # The controller may not have polled it yet: it can still become the admitted attempt.
+    layout = store.stage("extract")
+    store.attempt(layout, 0, 0, "FINISHED", data=100, manifest=True)
+    store.attempt(layout, 0, 1, "FAILED", data=50)
+    assert paths(plan_gc(store.root, now=NOW)) == {layout.data(0, 1)}
+
+
+def test_recovery_attempt_finished_after_the_commit_is_kept(store: Store) -> None:
+    # A partition recovery re-produces a lost result after the commit; until it re-admits its
+    # attempt, the old admission still stands, and the new output must survive gc.
+    layout = store.finished_stage("extract", committed_at=NOW - 2 * HOUR)
+    store.attempt(layout, 0, 1, "FINISHED", data=100, manifest=True)  # ended NOW - HOUR, after the commit
+    assert plan_gc(store.root, now=NOW) == []
+
+
+# -- live attempts ----------------------------------------------------------------------------------
+
+
+def test_live_attempts_are_never_touched(store: Store) -> None:
+    layout = store.stage("extract", parallelism=2, consumers=("load",))
+    store.attempt(layout, 0, 0, "FINISHED", data=100, manifest=True)
+    store.admit(layout, 0, 0)
+    store.attempt(layout, 0, 1, "LIVE", data=40)  # speculative copy still running after the admission
+    store.attempt(layout, 1, 0, "LIVE", data=40)
+    atomic_write_json(layout.attempt_dir(1, 0) / "cancel.json", {"reason": "test", "at": NOW})  # CANCELING
+    (layout.dir / "barrier.release.1").touch()
+    backend = LocalBackend(layout)
+    assert backend.poll(0, 1, NOW).state == AttemptState.RUNNING
+    assert backend.poll(1, 0, NOW).state == AttemptState.CANCELING
+
+    assert plan_gc(store.root, now=NOW) == []
+    # Not even when the run is gone from Airflow: a live attempt still writes there.
+    assert plan_gc(store.root, now=NOW, run_states={}) == []
+
+
+def test_live_consumer_keeps_its_input(store: Store) -> None:
+    extract = store.finished_stage("extract", committed_at=NOW - 10 * HOUR, consumers=("load",))
+    load = store.finished_stage("load", committed_at=NOW - 5 * HOUR, upstreams=("extract",))
+    store.attempt(load, 0, 1, "LIVE")  # e.g. a cleared consumer reading the result again
+    items = plan_gc(store.root, now=NOW, run_states={(DAG, RUN): "success"}, retention=0)
+    assert extract.data(0, 0) not in paths(items)
+
+
+# -- intermediate results ---------------------------------------------------------------------------
+
+
+def test_intermediate_result_lives_until_run_success_consumers_committed_and_retention(store: Store) -> None:
+    extract = store.finished_stage("extract", committed_at=NOW - 10 * HOUR, data=1000, consumers=("load",))
+    load = store.stage("load", upstreams=("extract",))
+    store.attempt(load, 0, 0, "FINISHED", data=10, manifest=True)
+    store.admit(load, 0, 0)
+    success = {(DAG, RUN): "success"}
+
+    # Consumer admitted but not committed: the result is still needed.
+    assert plan_gc(store.root, now=NOW, run_states=success, retention=0) == []
+    store.commit(load, {0: 0}, NOW - 2 * HOUR)
+    # Run not (yet) successful: results stay for a retry or a clear.
+    for state in ("running", "failed", "queued"):
+        assert plan_gc(store.root, now=NOW, run_states={(DAG, RUN): state}, retention=0) == []
+    # Retention counts from the newest consumer commit (2 h ago), not the producer's (10 h ago).
+    assert plan_gc(store.root, now=NOW, run_states=success, retention=3 * HOUR) == []
+
+    items = plan_gc(store.root, now=NOW, run_states=success, retention=HOUR)
+
+    assert paths(items) == {extract.manifest(0, 0), extract.data(0, 0)}
+    assert {i.reason for i in items} == {EXPIRED}
+    assert sum(i.bytes for i in items if i.path.name == "data") == 1000
+    execute_gc(items, now=NOW)
+    assert not extract.data(0, 0).exists() and not extract.manifest(0, 0).exists()
+    assert extract.committed.exists()  # the record stays: a consumer rerun sees a missing partition
+    marker = read_expired(extract)
+    assert marker is not None and marker["attempts"] == {"0": 0} and marker["reason"] == EXPIRED
+    assert read_json(extract.dir / "expired.json")["committed_at"] == NOW - 10 * HOUR
+    assert [e["event"] for e in read_jsonl(extract.journal)][-1] == "gc"
+    report = run_report(store.root, DAG, RUN)
+    assert {s["stage"]: bool(s["expired"]) for s in report["stages"]} == {"extract": True, "load": False}
+
+
+def test_stage_retention_from_its_plan_applies_without_override(store: Store) -> None:
+    extract = store.finished_stage("extract", committed_at=NOW - 10 * HOUR, consumers=("load",), retention=1800)
+    store.finished_stage("load", committed_at=NOW - HOUR, upstreams=("extract",))
+    success = {(DAG, RUN): "success"}
+    assert paths(plan_gc(store.root, now=NOW, run_states=success)) == {extract.manifest(0, 0), extract.data(0, 0)}
+    assert plan_gc(store.root, now=NOW - 0.75 * HOUR, run_states=success) == []
+
+
+def test_sink_stage_data_expires_but_a_final_stage_without_sink_is_kept(store: Store, tmp_path: Path) -> None:
+    written = store.finished_stage("write", committed_at=NOW - 2 * HOUR, data=800, sink=True)
+    report = store.finished_stage("report", committed_at=NOW - 2 * HOUR, data=800)
+    # The sink's final output hard-links the admitted file: removing the store copy frees nothing of it.
+    final = tmp_path / "final.parquet"
+    os.link(written.data(0, 0) / "_sp=0" / "part-00000.parquet", final)
+
+    assert plan_gc(store.root, now=NOW, run_states={(DAG, RUN): "success"}, retention=3 * HOUR) == []
+    items = plan_gc(store.root, now=NOW, run_states={(DAG, RUN): "success"}, retention=HOUR)
+
+    assert paths(items) == {written.manifest(0, 0), written.data(0, 0)}
+    assert {i.reason for i in items} == {SINK_EXPIRED}
+    assert next(i for i in items if i.path.name == "data").bytes == 0
+    execute_gc(items, now=NOW)
+    assert final.read_bytes() == b"x" * 800
+    assert read_expired(written) is not None and read_expired(report) is None
+    assert report.data(0, 0).is_dir()
+
+
+def test_expiry_marker_is_ignored_once_the_stage_commits_again(store: Store) -> None:
+    extract = store.finished_stage("extract", committed_at=NOW - 10 * HOUR, consumers=("load",))
+    store.finished_stage("load", committed_at=NOW - 5 * HOUR, upstreams=("extract",))
+    execute_gc(plan_gc(store.root, now=NOW, run_states={(DAG, RUN): "success"}, retention=0), now=NOW)
+    assert read_expired(extract) is not None
+    store.attempt(extract, 0, 1, "FINISHED", data=10, manifest=True)
+    # A partition recovery re-commits the subtask with a new attempt (committed_at unchanged) ...
+    record = read_json(extract.committed)
+    record["subtasks"]["0"] = admitted_results(extract, {0: 1})["subtasks"]["0"]
+    write_committed(extract, record)
+    assert read_expired(extract) is None
+    # ... and a rerun of the whole stage commits a fresh result.
+    record = admitted_results(extract, {0: 1})
+    record.update(committed_at=NOW + 1)
+    write_committed(extract, record)
+    assert read_expired(extract) is None
+
+
+# -- deleted runs, stale files ----------------------------------------------------------------------
+
+
+def test_deleted_runs_are_removed_whole(tmp_path: Path) -> None:
+    root = tmp_path / "store"
+    kept, gone = Store(root, run_id="scheduled__1"), Store(root, run_id="manual__2026-02-02T00:00:00+00:00")
+    kept.finished_stage("extract", committed_at=NOW - HOUR)
+    gone_layout = gone.finished_stage("extract", committed_at=NOW - HOUR, data=5000)
+    gone.attempt(gone_layout, 0, 1, "FAILED", data=100)
+    assert store_dag_ids(root) == {DAG: DAG}
+
+    # Without run states nothing counts as deleted; only the failed attempt's output goes.
+    assert [(i.path, i.reason) for i in plan_gc(root, now=NOW)] == [(gone_layout.data(0, 1), LOSER)]
+    items = plan_gc(root, now=NOW, run_states={(DAG, "scheduled__1"): "running"})
+
+    assert [(i.path, i.reason) for i in items] == [(gone_layout.run_dir, DELETED_RUN)]
+    assert items[0].bytes >= 5100
+    execute_gc(items, now=NOW)
+    assert not gone_layout.run_dir.exists()
+    assert kept.layout("extract").data(0, 0).is_dir()
+
+    execute_gc(plan_gc(root, now=NOW, run_states={}), now=NOW)
+    assert not (root / DAG).exists()  # the DAG's directory goes with its last run
+
+
+def test_dag_id_restricts_gc_to_one_dag(tmp_path: Path) -> None:
+    root = tmp_path / "store"
+    mine = Store(root, dag_id="a").finished_stage("s", committed_at=NOW)
+    other = Store(root, dag_id="b").finished_stage("s", committed_at=NOW)
+    items = plan_gc(root, now=NOW, run_states={}, dag_id="a")
+    assert [(i.path, i.reason) for i in items] == [(mine.run_dir, DELETED_RUN)]
+    execute_gc(items, now=NOW)
+    assert other.run_dir.exists()
+
+
+def test_stale_temp_files_and_barriers_go_fresh_ones_stay(store: Store) -> None:
+    layout = store.finished_stage("extract", committed_at=NOW)
+    old_tmp = layout.dir / ".committed.json.abc123.tmp"
+    fresh_tmp = layout.attempt_dir(0, 0) / ".status.json.def456.tmp"
+    run_tmp = layout.run_dir / ".blocklist.json.0000.tmp"
+    for path in (old_tmp, fresh_tmp, run_tmp):
+        path.write_text("{")
+    for path in (old_tmp, run_tmp):
+        os.utime(path, (NOW - 2 * HOUR, NOW - 2 * HOUR))
+    os.utime(fresh_tmp, (NOW - 60, NOW - 60))
+    barrier = layout.dir / "barrier.release.0"
+    barrier.touch()
+
+    items = plan_gc(store.root, now=NOW)
+
+    assert {(i.path, i.reason) for i in items} == {
+        (old_tmp, STALE_TEMP), (run_tmp, STALE_TEMP), (barrier, STALE_BARRIER)}
+    execute_gc(items, now=NOW)
+    assert fresh_tmp.exists() and not old_tmp.exists() and not barrier.exists()
+
+
+# -- CLI --------------------------------------------------------------------------------------------
+
+
+def run_cli(monkeypatch: pytest.MonkeyPatch, root: Path, run_states: dict[tuple[str, str], str],
+            capsys: pytest.CaptureFixture[str], **args: Any) -> str:
+    from airflow_provider_speculative import settings
+    from airflow_provider_speculative.cli import commands
+
+    monkeypatch.setattr(settings, "store_root", lambda config: root)
+    monkeypatch.setattr(settings, "airflow_config", SpeculativeConfig)
+    asked: list[list[str]] = []
+    monkeypatch.setattr(commands, "_run_states", lambda dag_ids: asked.append(dag_ids) or run_states)
+    defaults = {"dag_id": None, "dry_run": False, "retention": None, "output": "table"}
+    commands.gc(SimpleNamespace(**{**defaults, **args}))
+    assert asked == [[DAG]]  # run states are read for the DAGs found in the store
+    return capsys.readouterr().out
+
+
+def test_cli_dry_run_lists_paths_and_bytes_and_removes_nothing(
+        store: Store, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    layout = store.stage("extract")
+    store.attempt(layout, 0, 0, "FINISHED", data=1000, manifest=True)
+    store.admit(layout, 0, 0)
+    store.attempt(layout, 0, 1, "FAILED", data=2048)
+    before = tree(store.root)
+
+    out = run_cli(monkeypatch, store.root, {(DAG, RUN): "running"}, capsys, dry_run=True)
+
+    assert tree(store.root) == before
+    assert "subtask=0/attempt=1/data" in out and "2048" in out
+    assert "dry run: would remove 1 paths, 2.0 KiB (2048 bytes)" in out
+
+    out = run_cli(monkeypatch, store.root, {(DAG, RUN): "running"}, capsys, output="json")
+    assert '"removed": 1' in out
+    assert not layout.data(0, 1).exists() and layout.data(0, 0).is_dir()
+
+
+def test_cli_retention_override_and_status_shows_expiry(
+        store: Store, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from airflow_provider_speculative.cli.commands import format_table
+
+    now = time.time()
+    extract = store.finished_stage("extract", committed_at=now - 3 * HOUR, consumers=("load",))
+    store.finished_stage("load", committed_at=now - 2 * HOUR, upstreams=("extract",))
+    success = {(DAG, RUN): "success"}
+
+    out = run_cli(monkeypatch, store.root, success, capsys, retention="1h")
+
+    assert "expired" in out and not extract.data(0, 0).exists()
+    assert "results expired" in format_table(run_report(store.root, DAG, RUN))
+    with pytest.raises(SystemExit):
+        run_cli(monkeypatch, store.root, success, capsys, retention="soon")
+
+
+# -- full or unwritable store -----------------------------------------------------------------------
+
+
+def _mount_tmpfs(path: Path, options: str) -> Iterator[Path]:
+    path.mkdir(parents=True, exist_ok=True)
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs to fill up needs root")
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)],
+                          capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({proc.stderr.strip()}); the regular-file test covers errors")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+@pytest.fixture
+def small_store(tmp_path: Path) -> Iterator[Path]:
+    yield from _mount_tmpfs(tmp_path / "small", "size=64k")
+
+
+@pytest.fixture
+def readonly_store(tmp_path: Path) -> Iterator[Path]:
+    yield from _mount_tmpfs(tmp_path / "ro", "size=64k,ro")
+
+
+def fill_with_output(data_dir: Path) -> None:
+    """Write attempt output until the device is full (as a large Spark write would)."""
+    data_dir.mkdir(parents=True)
+    n = 0
+    while True:
+        try:
+            (data_dir / f"part-{n:05d}.parquet").write_bytes(b"x" * 4096)
+        except OSError as exc:
+            assert exc.errno == errno.ENOSPC
+            return
+        n += 1
+
+
+def test_full_store_fails_manifest_and_commit_cleanly(small_store: Path) -> None:
+    layout = StageLayout(small_store, DAG, RUN, "extract")
+    fill_with_output(layout.data(0, 0))
+    manifest = build_manifest(layout.data(0, 0), stage="extract", subtask=0, attempt=0)  # reading still works
+
+    with pytest.raises(StoreError, match=rf"store is full: cannot write {layout.manifest(0, 0)}"):
+        write_manifest(layout.manifest(0, 0), manifest)
+    with pytest.raises(StoreError, match="store is full"):
+        write_committed(layout, {"stage": "extract", "subtasks": {}})
+
+    assert not layout.manifest(0, 0).exists() and not layout.committed.exists()
+    assert not [p for p in small_store.rglob("*.tmp")], "a failed atomic write left its temporary file"
+
+
+def test_attempt_on_full_store_is_recorded_failed_with_the_cause(
+        small_store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow_provider_speculative.backends import supervisor
+    from airflow_provider_speculative.runtime import context as runtime
+
+    store = Store(small_store)
+    layout = store.stage("extract")
+    assert create_exclusive_json(layout.claim(0, 0), {"target": "local-a", "created_at": time.time()})
+    fill_with_output(layout.data(0, 0))
+    ctx = runtime.StageContext(read_json(layout.plan), 0, 0, "local-a")
+    with pytest.raises(StoreError) as raised:
+        write_manifest(layout.manifest(0, 0), build_manifest(layout.data(0, 0)))
+
+    def exit_now(code: int) -> None:
+        raise SystemExit(code)
+
+    monkeypatch.setattr(runtime.os, "_exit", exit_now)
+    with pytest.raises(SystemExit) as exited:
+        ctx.__exit__(StoreError, raised.value, None)  # what leaving `with StageContext` does
+
+    assert exited.value.code == runtime.EXIT_STORE_FULL
+    assert not layout.data(0, 0).exists(), "the unusable partial output should be freed"
+    failure = read_json(layout.attempt_dir(0, 0) / "failure.json")
+    assert "store is full" in failure["error"] and str(layout.manifest(0, 0)) in failure["error"]
+
+    # The supervisor sees the application exit non-zero and records the cause from failure.json.
+    code = supervisor.main(["--status", str(layout.status(0, 0)), "--log", str(layout.log(0, 0)),
+                            "--manifest", str(layout.manifest(0, 0)), "--",
+                            sys.executable, "-c", f"raise SystemExit({runtime.EXIT_STORE_FULL})"])
+    assert code == runtime.EXIT_STORE_FULL
+    polled = LocalBackend(layout).poll(0, 0)
+    assert polled.state == AttemptState.FAILED
+    assert polled.cause is not None and "store is full" in polled.cause and str(layout.manifest(0, 0)) in polled.cause
+    assert not layout.manifest(0, 0).exists()
+
+
+@pytest.mark.parametrize("exit_code, cause", [(4, "store is full"), (5, "store is not writable")])
+def test_supervisor_names_the_store_when_no_failure_could_be_recorded(
+        tmp_path: Path, exit_code: int, cause: str) -> None:
+    # Spark's JVM keeps the space of its aborted files until the attempt exits, so failure.json may
+    # not fit; the runtime's exit code is then the only record and must still give a clear cause.
+    from airflow_provider_speculative.backends import supervisor
+    from airflow_provider_speculative.runtime import context as runtime
+
+    assert {runtime.EXIT_STORE_FULL: "store is full", runtime.EXIT_STORE_NOT_WRITABLE: "store is not writable"} \
+        == supervisor.STORE_EXIT_CAUSES
+    layout = StageLayout(tmp_path / "store", DAG, RUN, "extract")
+    assert create_exclusive_json(layout.claim(0, 0), {"target": "local-a", "created_at": time.time()})
+    supervisor.main(["--status", str(layout.status(0, 0)), "--log", str(layout.log(0, 0)),
+                     "--manifest", str(layout.manifest(0, 0)), "--",
+                     sys.executable, "-c", f"raise SystemExit({exit_code})"])
+    polled = LocalBackend(layout).poll(0, 0)
+    assert polled.state == AttemptState.FAILED
+    assert polled.cause == (f"{cause}: the attempt could not write its output under {layout.attempt_dir(0, 0)} "
+                            f"(exit code {exit_code})")
+
+
+def test_readonly_store_fails_with_not_writable(readonly_store: Path) -> None:
+    layout = StageLayout(readonly_store, DAG, RUN, "extract")
+    with pytest.raises(StoreError, match=rf"store is not writable: cannot write {layout.manifest(0, 0)}"):
+        write_manifest(layout.manifest(0, 0), {"files": []})
+    assert not layout.manifest(0, 0).exists()
+
+
+def test_store_path_under_a_regular_file_fails_naming_the_path(tmp_path: Path) -> None:
+    # Runs without mount privileges: any OS error on the store names the path and leaves no manifest.
+    (tmp_path / "store").write_text("not a directory")
+    layout = StageLayout(tmp_path / "store", DAG, RUN, "extract")
+    with pytest.raises(StoreError, match=rf"cannot write {layout.manifest(0, 0)}"):
+        write_manifest(layout.manifest(0, 0), {"files": []})
+    assert (tmp_path / "store").read_text() == "not a directory"
+
+
+def test_spark_write_errors_are_reported_as_store_errors(small_store: Path, tmp_path: Path) -> None:
+    from airflow_provider_speculative.runtime.context import store_write_error
+
+    data = small_store / "etl" / "run" / "extract" / "subtask=0" / "attempt=0" / "data"
+
+    def spark_failure(path: Path, cause: str) -> Exception:
+        # The shape of what PySpark raises (Py4JJavaError text, abbreviated from a real full-disk run).
+        return RuntimeError(f"An error occurred while calling o52.parquet.\n: org.apache.spark.SparkException: "
+                            f"[TASK_WRITE_FAILED] Task failed while writing rows to file:{path}. SQLSTATE: 58030\n"
+                            f"Caused by: org.apache.hadoop.fs.FSError: java.io.IOException: {cause}")
+
+    full = store_write_error(data, spark_failure(data, "No space left on device"))
+    assert isinstance(full, StoreError) and str(full) == f"store is full: cannot write {data}: No space left on device"
+    denied = store_write_error(data, spark_failure(data, "Permission denied"))
+    assert isinstance(denied, StoreError) and str(denied).startswith(f"store is not writable: cannot write {data}")
+    # Python-level writers (sinks) raise OSError: classified by errno and the store's own state.
+    fill_with_output(small_store / "filler")
+    assert "store is full" in str(store_write_error(data, OSError(errno.ENOSPC, "No space left on device")))
+    # A full disk elsewhere (Spark's local spill dir) or an unrelated error is not blamed on the store.
+    roomy = tmp_path / "roomy" / "data"
+    assert store_write_error(roomy, RuntimeError("java.io.IOException: No space left on device")) is None
+    assert store_write_error(roomy, RuntimeError("AnalysisException: column x not found")) is None
+
+
+def test_gc_module_has_no_airflow_import() -> None:
+    source = Path(gc_module.__file__).read_text()
+    assert "import airflow\n" not in source and "from airflow " not in source and "from airflow." not in source
