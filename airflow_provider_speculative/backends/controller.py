@@ -96,6 +96,8 @@ class StageController:
     def step(self) -> list[Action]:
         """One check: poll non-terminal attempts, run the core, carry out its actions."""
         if self.result is not None:
+            # Decided, but a cancelled loser may still be dying: keep reaping it, or `done` never turns true.
+            self._reap(self.clock())
             return []
         now = self.clock()
         for node, until in self._shared_blocks().items():

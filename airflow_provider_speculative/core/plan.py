@@ -98,22 +98,27 @@ def _plan_exchange(stage_name: str, input_name: str, spec: ExchangeSpec, n: int,
             subtasks[i]["input_bytes"] += sum(f["size"] for f in files)
         subtasks[i]["inputs"][input_name] = {
             "kind": "exchange", "upstream": spec.upstream, "distribution": spec.distribution, "mode": spec.mode,
+            # The plan that produced the committed result: it changes when the producer was replanned (its
+            # sources changed), and so must this consumer's fingerprint then, or its old result is reused.
+            "upstream_fingerprint": committed.get("fingerprint"),
             "schema": schema, "parts": entry_parts}
 
 
 def fingerprint(plan: dict[str, Any]) -> str:
     """Hash of what logically determines a stage run's output; attempts of an equal plan can be reused.
 
-    Exchange inputs count by producer subtask, not by which attempt produced them: a partition
-    re-produced by failover does not make the consumers' finished results stale by itself (whether
-    it does is the producer's ``deterministic`` flag, applied by the failover rules).
+    Exchange inputs count by producer subtask and the producer's plan fingerprint, not by which attempt
+    produced them: a partition re-produced by failover (same producer plan) does not make the consumers'
+    finished results stale by itself (whether it does is the producer's ``deterministic`` flag, applied by
+    the failover rules), but a producer replanned on other inputs does.
     """
     subtasks = []
     for spec in plan["subtasks"]:
         inputs = {}
         for name, entry in spec["inputs"].items():
             if entry["kind"] == "exchange":
-                inputs[name] = [entry["upstream"], entry["distribution"], [p["subtask"] for p in entry["parts"]]]
+                inputs[name] = [entry["upstream"], entry["distribution"], [p["subtask"] for p in entry["parts"]],
+                                entry.get("upstream_fingerprint")]
             else:
                 inputs[name] = entry["files"]
         subtasks.append(inputs)

@@ -126,3 +126,11 @@ def test_fingerprint_ignores_which_attempt_produced_an_upstream_partition() -> N
     other["subtasks"]["0"]["attempt"] = 7
     other["subtasks"]["0"]["data"] = "/store/clean/subtask=0/attempt=7/data"
     assert plan("agg", upstream={"clean": other})["fingerprint"] == base
+
+
+def test_fingerprint_changes_when_the_producer_was_replanned() -> None:
+    # A reprocessed date whose sources changed re-plans the producer: its consumers must not reuse results.
+    base = plan("agg")["fingerprint"]
+    other = committed("clean", 2)
+    other["fingerprint"] = "replanned-producer"
+    assert plan("agg", upstream={"clean": other})["fingerprint"] != base

@@ -1,0 +1,84 @@
+"""Test DAGs of ``test_e2e_recovery.py``: the example's Q1 applications, small (2 scan subtasks, 1 aggregate).
+
+- ``e2e_q1``: ``@daily`` from 2026-01-01 (no catchup, up to 3 active runs) for backfills.
+- ``e2e_q1_barrier``: the same pipeline, triggered by hand, whose scan attempts are held by fault injection
+  (``barrier``: a scan attempt that computed its output waits, heartbeat phase ``BARRIER``, before writing its
+  manifest until ``<stage dir>/barrier.release.<subtask>`` exists), so that a test can kill Airflow
+  components while scan attempts (their Spark drivers) are running, for as long as it needs, and then let
+  them finish.
+
+Every stage task retries once, 5 s after a failure. Every stage task also runs :func:`hold_before_finalize`
+first: a test can ask it (through control files) to stop a task after its stage controller decided the stage,
+just before finalize, so that the worker process executing the task can be killed at a known point.
+Paths come from ``SPECULATIVE_EXAMPLE_DATA``, ``SPECULATIVE_EXAMPLE_OUTPUT`` and ``SPECULATIVE_E2E_CONTROL``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pendulum
+from airflow.sdk import DAG
+
+from airflow_provider_speculative import ParquetSink, Pipeline, all_to_all, parquet_source
+from airflow_provider_speculative.store.layout import StageLayout
+
+APPS = Path(__file__).resolve().parents[3] / "dags" / "apps"
+HOLD_TIMEOUT = 900.0
+
+
+def hold_before_finalize(context: Any) -> None:
+    """Pause a stage task that resumes from its controller's event until the test releases it.
+
+    Active only when ``$SPECULATIVE_E2E_CONTROL/hold.<dag_id>.<task_id>.<ds>`` exists, only when the stage's
+    journal already says ``stage_complete`` (the task resumes for finalize, it does not plan), and only once:
+    ``held.<...>`` records this process (pid, try number); the task then waits until the hold file is removed.
+    """
+    control = os.environ.get("SPECULATIVE_E2E_CONTROL")
+    if not control:
+        return
+    ti = context["ti"]
+    name = f"{ti.dag_id}.{ti.task_id}.{context['ds']}"
+    hold, held = Path(control) / f"hold.{name}", Path(control) / f"held.{name}"
+    if not hold.exists() or held.exists():
+        return
+    layout = StageLayout(Path(os.environ["AIRFLOW__SPECULATIVE__STORE_PATH"]), ti.dag_id, context["run_id"],
+                         ti.task_id)
+    try:
+        events = [json.loads(line).get("event") for line in layout.journal.read_text().splitlines() if line]
+    except OSError:
+        return
+    if "stage_complete" not in events:
+        return
+    tmp = held.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"pid": os.getpid(), "ppid": os.getppid(), "try_number": ti.try_number,
+                               "at": time.time()}))
+    tmp.rename(held)
+    deadline = time.monotonic() + HOLD_TIMEOUT
+    while hold.exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+
+
+def q1_dag(dag_id: str, *, schedule: str | None, scan_config: dict[str, Any] | None = None) -> DAG:
+    """The 2-stage Q1 pipeline as DAG ``dag_id``, sink ``$SPECULATIVE_EXAMPLE_OUTPUT/<dag_id>/<ds>``."""
+    default_args = {"retries": 1, "retry_delay": timedelta(seconds=5)}
+    with DAG(dag_id=dag_id, schedule=schedule, start_date=pendulum.datetime(2026, 1, 1, tz="UTC"), catchup=False,
+             max_active_runs=3, default_args=default_args, tags=["speculative", "e2e"]) as dag, \
+            Pipeline(dag_id, config={"check_interval": "500ms"}) as pipeline:
+        scan = pipeline.stage("scan", application=str(APPS / "q1_scan.py"), parallelism=2,
+                              inputs={"lineitem": parquet_source(os.environ["SPECULATIVE_EXAMPLE_DATA"])},
+                              config=scan_config, pre_execute=hold_before_finalize)
+        pipeline.stage("aggregate", application=str(APPS / "q1_final.py"), parallelism=1,
+                       inputs={"partials": all_to_all(scan, key=["l_returnflag", "l_linestatus"])},
+                       sink=ParquetSink(os.environ["SPECULATIVE_EXAMPLE_OUTPUT"] + f"/{dag_id}/{{{{ ds }}}}"),
+                       pre_execute=hold_before_finalize)
+    return dag
+
+
+e2e_q1 = q1_dag("e2e_q1", schedule="@daily")
+e2e_q1_barrier = q1_dag("e2e_q1_barrier", schedule=None, scan_config={"fault_injection": {"barrier": True}})
