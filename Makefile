@@ -22,7 +22,7 @@ DEMO_ENV := AIRFLOW_HOME=$(DEMO)/airflow \
 	AIRFLOW__SPECULATIVE__BASELINE_LOWER_BOUND=5s \
 	AIRFLOW__SPECULATIVE__FAULT_INJECTION='{"targets": {"local-b": {"factor": 4}}}'
 
-.PHONY: demo test install java-check data lint bench clean
+.PHONY: demo test install java-check data lint bench clean browser
 
 $(VENV)/.installed: setup.cfg pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found (Python 3.11 is required)"; exit 1; }
@@ -53,7 +53,12 @@ demo: install java-check data
 	@echo; echo "Committed output: $(DEMO)/output/tpch_q1/$(DEMO_DATE)"; ls $(DEMO)/output/tpch_q1/$(DEMO_DATE)
 	@$(PY) -c "import pyarrow.parquet as pq; print(pq.read_table('$(DEMO)/output/tpch_q1/$(DEMO_DATE)').to_pandas().sort_values(['l_returnflag','l_linestatus']).to_string(index=False))"
 
-test: install java-check data
+# The UI plugin's browser test drives Debian's Chromium (never a downloaded browser build).
+browser:
+	@test -x /usr/bin/chromium || { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium chromium-driver; } \
+		|| { echo "error: the browser test needs /usr/bin/chromium: apt-get install -y chromium chromium-driver (as root)"; exit 1; }
+
+test: install java-check data browser
 	$(PY) -m pytest -ra
 
 lint: install

@@ -1,0 +1,213 @@
+"""The UI plugin's JSON endpoints, pages and links against a hand-built store (no Spark, no api-server)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import psutil
+import pytest
+from fastapi.testclient import TestClient
+
+from airflow_provider_speculative.store.layout import StageLayout
+
+DAG, RUN = "spec_ui", "manual__2026-03-01T00:00:00+00:00"
+T0 = 1_800_000_000.0
+
+
+def _write(path: Path, obj: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(obj))
+
+
+def _plan(root: Path, stage: str, parallelism: int, inputs: dict[str, Any], upstreams: list[str],
+          consumers: list[str]) -> StageLayout:
+    layout = StageLayout(root, DAG, RUN, stage)
+    _write(layout.plan, {
+        "stage": stage, "dag_id": DAG, "run_id": RUN, "store_root": str(root), "parallelism": parallelism,
+        "upstreams": upstreams, "consumers": consumers, "speculation_blocker": None,
+        "commands": {"local-a": ["spark-submit", "--conf", "secret=do-not-leak"]},
+        "subtasks": [{"inputs": inputs} for _ in range(parallelism)],
+    })
+    return layout
+
+
+def _attempt(layout: StageLayout, subtask: int, number: int, *, target: str, state: str | None,
+             start: float, end: float | None = None, speculative: bool = False, reason: str = "initial attempt",
+             live_pid: int | None = None, cause: str | None = None) -> None:
+    _write(layout.claim(subtask, number), {"created_at": start - 0.5, "node": target, "target": target,
+                                           "speculative": speculative, "reason": reason})
+    status: dict[str, Any] = {"deploying_at": start, "node": target, "pid": live_pid or 999_999_999, "pgid": 1}
+    if state:
+        status.update(state=state, end_at=end, exit_code=0 if state == "FINISHED" else 143, cause=cause)
+    if live_pid:
+        status["create_time"] = psutil.Process(live_pid).create_time()
+        _write(layout.heartbeat(subtask, number), {"phase": "RUNNING", "node": target, "at": start + 1})
+        layout.log(subtask, number).write_text(
+            "INFO Utils: Successfully started service 'SparkUI' on port 4041.\n"
+            "INFO NettyBlockTransferService: Server created on 10.1.2.3:39535\n")
+    _write(layout.status(subtask, number), status)
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Path:
+    """A finished scan (3 subtasks; subtask 1's speculative copy won; a node blocked) and a running aggregate."""
+    scan = _plan(tmp_path, "scan", 3, {"lineitem": {"kind": "source", "format": "parquet", "files": []}},
+                 [], ["aggregate"])
+    _attempt(scan, 0, 0, target="local-a", state="FINISHED", start=T0, end=T0 + 30)
+    _attempt(scan, 1, 0, target="local-b", state="CANCELED", start=T0, end=T0 + 95, cause="cancelled (signal 15)")
+    _attempt(scan, 1, 1, target="local-a", state="FINISHED", start=T0 + 60, end=T0 + 90, speculative=True,
+             reason="speculative copy of a slow attempt")
+    _attempt(scan, 2, 0, target="local-a", state="FAILED", start=T0, end=T0 + 10, cause="exit code 1")
+    _attempt(scan, 2, 1, target="local-a", state="FINISHED", start=T0 + 11, end=T0 + 40,
+             reason="restart after failure")
+    for subtask, number in ((0, 0), (1, 1), (2, 1)):
+        _write(scan.admitted(subtask), {"attempt": number})
+    _write(scan.summary, {"speculation": "on", "numSlowExecutionVertices": 0, "numEffectiveSpeculativeExecutions": 1,
+                          "peakSlowExecutionVertices": 1, "baseline_seconds": 45.0,
+                          "blocked_nodes": {"local-b": time.time() + 600}})
+    scan.journal.write_text("\n".join(json.dumps(e) for e in [
+        {"at": T0, "event": "launch", "subtask": 0, "attempt": 0},
+        {"at": T0 + 59, "event": "block_node", "node": "local-b", "until": T0 + 659, "reason": "slow"},
+        {"at": T0 + 90, "event": "admit", "subtask": 1, "attempt": 1},
+        {"at": T0 + 90, "event": "cancel", "subtask": 1, "attempt": 0, "reason": "attempt 1 finished first"},
+    ]) + "\n")
+    _write(scan.committed, {"subtasks": {}, "sink": None})
+
+    aggregate = _plan(tmp_path, "aggregate", 2, {"partials": {"kind": "exchange", "upstream": "scan",
+                                                              "distribution": "all_to_all", "mode": "hybrid"}},
+                      ["scan"], [])
+    _attempt(aggregate, 0, 0, target="local-a", state="FINISHED", start=T0 + 100, end=T0 + 120)
+    _write(aggregate.admitted(0), {"attempt": 0})
+    _attempt(aggregate, 1, 0, target="local-a", state=None, start=time.time() - 5, live_pid=os.getpid())
+    _write(aggregate.summary, {"speculation": "on", "baseline_seconds": None, "blocked_nodes": {}})
+    return tmp_path
+
+
+def _app(store: Path, authorized: bool) -> TestClient:
+    from airflow_provider_speculative.plugin.app import create_app
+
+    app = create_app(store=store)
+    if authorized:  # only this case replaces Airflow's check; the refused cases below go through it
+        for dependency in app.state.access.values():
+            app.dependency_overrides[dependency] = lambda: None
+    return TestClient(app)
+
+
+@pytest.mark.parametrize("url", [
+    f"/api/run?dag_id={DAG}&run_id={RUN}",
+    f"/api/stage?dag_id={DAG}&run_id={RUN}&task_id=scan",
+    f"/ui/run?dag_id={DAG}&run_id={RUN}",
+    f"/ui/stage?dag_id={DAG}&run_id={RUN}&task_id=scan",
+])
+def test_requests_without_credentials_are_refused(store: Path, url: str):
+    response = _app(store, authorized=False).get(url)
+    assert response.status_code == 401, response.text
+    assert "scan" not in response.text
+
+
+def test_run_endpoint_has_graph_progress_and_reruns(store: Path):
+    body = _app(store, authorized=True).get("/api/run", params={"dag_id": DAG, "run_id": RUN}).json()
+    assert [s["stage"] for s in body["stages"]] == ["scan", "aggregate"]
+    assert body["edges"] == [{"from": "scan", "to": "aggregate", "input": "partials", "distribution": "all_to_all",
+                              "mode": "hybrid"}]
+    assert body["sources"] == [{"stage": "scan", "input": "lineitem", "kind": "source", "format": "parquet"}]
+    scan, aggregate = body["stages"]
+    assert (scan["state"], scan["progress"]) == ("committed", {"admitted": 3, "parallelism": 3})
+    assert (aggregate["state"], aggregate["progress"]) == ("running", {"admitted": 1, "parallelism": 2})
+    assert scan["restarts"] == [{"subtask": 2, "attempt": 1, "target": "local-a", "node": "local-a",
+                                 "state": "FINISHED", "cause": None}]
+    assert [e["event"] for e in scan["events"]] == ["block_node", "cancel"]
+    assert body["done"] is False and body["all_committed"] is False
+    assert "do-not-leak" not in json.dumps(body)  # the plan's commands/env stay on the server
+
+
+def test_stage_endpoint_has_attempts_metrics_and_blocked_nodes(store: Path):
+    client = _app(store, authorized=True)
+    body = client.get("/api/stage", params={"dag_id": DAG, "run_id": RUN, "task_id": "group.scan"}).json()
+    assert body["stage"] == "scan" and body["done"] is True
+    slow = body["subtasks"][1]
+    assert [(a["state"], a["speculative"], a["admitted"], a["node"]) for a in slow["attempts"]] == [
+        ("CANCELED", False, False, "local-b"), ("FINISHED", True, True, "local-a")]
+    assert (body["numEffectiveSpeculativeExecutions"], body["numSlowExecutionVertices"]) == (1, 0)
+    assert body["baseline_seconds"] == 45.0
+    assert [(b["node"], b["expired"]) for b in body["blocked"]] == [("local-b", False)]
+    assert body["window"] == {"start": T0, "end": T0 + 95}
+
+    live = client.get("/api/stage", params={"dag_id": DAG, "run_id": RUN, "task_id": "aggregate"}).json()
+    running = live["subtasks"][1]["attempts"][0]
+    assert (running["state"], running["live"], running["spark_ui"]) == ("RUNNING", True, "http://10.1.2.3:4041/")
+    assert live["done"] is False
+
+    missing = client.get("/api/stage", params={"dag_id": DAG, "run_id": RUN, "task_id": "report"})
+    assert missing.status_code == 404 and "no speculative stage" in missing.json()["detail"]["message"]
+    assert missing.json()["detail"]["done"] is False  # no DB here: the page keeps waiting for the stage
+    assert client.get("/api/run", params={"dag_id": DAG, "run_id": "other"}).status_code == 404
+
+
+def test_pages_and_assets_are_served(store: Path):
+    client = _app(store, authorized=True)
+    page = client.get("/ui/stage", params={"dag_id": DAG, "run_id": RUN, "task_id": "scan"})
+    assert page.status_code == 200 and 'data-page="stage"' in page.text
+    assert 'data-page="run"' in client.get("/ui/run", params={"dag_id": DAG, "run_id": RUN}).text
+    script = client.get("/static/speculative.js")
+    assert script.status_code == 200 and "../api/stage?" in script.text
+    assert client.get("/static/icon.svg").status_code == 200
+
+
+def test_spark_history_link_needs_a_configured_server(store: Path, monkeypatch: pytest.MonkeyPatch):
+    from airflow_provider_speculative.plugin.links import SparkHistoryLink, StageViewLink
+
+    client = _app(store, authorized=True)
+    key = SimpleNamespace(dag_id=DAG, run_id=RUN, task_id="scan")
+    params = {"dag_id": DAG, "run_id": RUN, "task_id": "scan"}
+    monkeypatch.delenv("AIRFLOW__SPECULATIVE__SPARK_HISTORY_URL", raising=False)
+    assert SparkHistoryLink().get_link(None, ti_key=key) == ""
+    assert client.get("/ui/spark", params=params).status_code == 404
+
+    monkeypatch.setenv("AIRFLOW__SPECULATIVE__SPARK_HISTORY_URL", "http://history:18080/")
+    link = SparkHistoryLink().get_link(None, ti_key=key)
+    assert link.startswith("/speculative/ui/spark?") and "run_id=manual__2026-03-01T00%3A00%3A00%2B00%3A00" in link
+    page = client.get("/ui/spark", params=params, follow_redirects=False)
+    assert page.status_code == 200 and page.text.count("http://history:18080/") == 3  # one per admitted attempt
+    agg = client.get("/ui/spark", params={**params, "task_id": "aggregate"}, follow_redirects=False)
+    assert agg.status_code == 307 and agg.headers["location"] == "http://history:18080/"
+
+    stage_link = StageViewLink().get_link(None, ti_key=key)
+    assert stage_link.startswith("/speculative/ui/stage?dag_id=spec_ui&run_id=")
+
+
+def test_plugin_is_registered_through_the_entry_point():
+    from importlib.metadata import entry_points
+
+    from airflow.plugins_manager import is_valid_plugin
+
+    (ep,) = [ep for ep in entry_points(group="airflow.plugins") if ep.name == "speculative"]
+    plugin_class = ep.load()
+    assert is_valid_plugin(plugin_class)
+    plugin = plugin_class()
+    views = {v["destination"]: v for v in plugin.external_views}
+    assert views["dag_run"]["href"] == "/speculative/ui/run?dag_id={DAG_ID}&run_id={RUN_ID}"
+    assert views["task_instance"]["href"].endswith("task_id={TASK_ID}")
+    assert all(v["url_route"] for v in views.values())
+    assert [link.name for link in plugin.operator_extra_links] == ["Speculative stage view",
+                                                                   "Spark history (admitted attempts)"]
+    assert plugin.operator_extra_links[0].operators[0].__name__ == "SparkStageOperator"
+    (app,) = plugin.fastapi_apps
+    assert app["url_prefix"] == "/speculative"
+
+    from airflow_provider_speculative.operators.stage import SparkStageOperator
+
+    assert {link.name for link in SparkStageOperator.operator_extra_links} == {
+        link.name for link in plugin.operator_extra_links}
+
+
+def test_drop_in_file_does_not_register_the_plugin_twice():
+    import runpy
+
+    namespace = runpy.run_path(str(Path(__file__).resolve().parents[2] / "plugins" / "speculative_plugin.py"))
+    assert "SpeculativePlugin" not in namespace  # the entry point already registers it
