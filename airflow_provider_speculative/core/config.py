@@ -97,6 +97,7 @@ class SpeculativeConfig:
     retention: float = 86400.0
     failover_strategy: str = "region"
     store_path: str = ""
+    spark_history_url: str = ""
     targets: tuple[Target, ...] = DEFAULT_TARGETS
     fault_injection: FaultInjection = field(default_factory=FaultInjection)
 
@@ -134,6 +135,7 @@ OPTION_DOCS: dict[str, str] = {
     "retention": "How long intermediate results stay after the run succeeded and their consumers committed.",
     "failover_strategy": "What reruns when an input partition is lost: 'region' (only the affected region) or 'all'.",
     "store_path": "Root of the result store; empty means $AIRFLOW_HOME/speculative-store.",
+    "spark_history_url": "Spark history server URL for the UI's links to admitted attempts; empty: no link.",
     "targets": "JSON list of targets: name, conn_id, slots, node, conf.",
     "fault_injection": ("JSON: {targets: {name: {factor, delay, fail}}, attempts: [{subtask, attempt, ...}], "
                         "force_speculation: [subtask, ...], barrier: bool}. Tests and demos only; off when empty."),
@@ -299,7 +301,7 @@ def parse_option(name: str, value: Any, where: str) -> Any:
         if multiplier < 1:
             raise _bad(name, value, where, "must be >= 1")
         return multiplier
-    if name == "store_path":
+    if name in ("store_path", "spark_history_url"):
         return str(value or "")
     if name == "targets":
         return _targets(name, value, where)
