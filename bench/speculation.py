@@ -313,6 +313,10 @@ def metrics(run: dict[str, Any]) -> dict[str, Any]:
         "makespan": span(attempts),
         "stage_makespan": {stage: span([a for a in attempts if a["stage"] == stage]) for stage in STAGES},
         "attempt_seconds": round(sum(max(0.0, a["end"] - a["start"]) for a in timed), 2),
+        # c - a can be negative (the slow node idles while it sleeps), so also report what speculation itself ran
+        # and how much finished work was thrown away (cancelled losers, failed or discarded attempts).
+        "speculative_attempt_seconds": round(sum(a["end"] - a["start"] for a in timed if a["speculative"]), 2),
+        "discarded_attempt_seconds": round(sum(a["end"] - a["start"] for a in timed if not a["admitted"]), 2),
         "attempts": len(attempts),
         "speculative_launched": sum(a["speculative"] for a in attempts),
         "speculative_admitted": sum(a["speculative"] and a["admitted"] for a in attempts),
@@ -519,7 +523,9 @@ def compare(results: list[dict[str, Any]]) -> dict[str, Any]:
                            c_over_a_wall=ratio(c["wall"], a["wall"]),
                            extra_attempt_seconds=round(c["attempt_seconds"] - a["attempt_seconds"], 2))
         if c:
-            row.update(speculative_launched=c["speculative_launched"], speculative_admitted=c["speculative_admitted"])
+            row.update(speculative_launched=c["speculative_launched"], speculative_admitted=c["speculative_admitted"],
+                       speculative_attempt_seconds=c["speculative_attempt_seconds"],
+                       discarded_attempt_seconds=c["discarded_attempt_seconds"])
         per_repeat.append(row)
 
     def med(key: str) -> float | None:
@@ -527,7 +533,7 @@ def compare(results: list[dict[str, Any]]) -> dict[str, Any]:
         return round(statistics.median(values), 3) if values else None
 
     keys = ("a", "b", "c", "b_over_a", "c_over_a", "b_over_a_wall", "c_over_a_wall", "extra_attempt_seconds",
-            "speculative_launched", "speculative_admitted")
+            "speculative_launched", "speculative_admitted", "speculative_attempt_seconds", "discarded_attempt_seconds")
     medians = {k: med(k) for k in keys}
     goal = None
     if medians["b_over_a"] is not None and medians["c_over_a"] is not None:
@@ -633,7 +639,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nmakespan a {med['a']} s, b {med['b']} s, c {med['c']} s | b/a {med['b_over_a']} "
           f"(wall {med['b_over_a_wall']}), c/a {med['c_over_a']} (wall {med['c_over_a_wall']}) | "
           f"extra attempt-seconds (c - a) {med['extra_attempt_seconds']} | speculative attempts in c: launched "
-          f"{med['speculative_launched']}, admitted {med['speculative_admitted']}")
+          f"{med['speculative_launched']}, admitted {med['speculative_admitted']}, ran "
+          f"{med['speculative_attempt_seconds']} attempt-s; discarded attempt-s in c "
+          f"{med['discarded_attempt_seconds']}")
     if comparison["goal"]:
         goal = comparison["goal"]
         print(f"goal b/a >= {GOAL_B_OVER_A} and c/a <= {GOAL_C_OVER_A}: {'met' if goal['met'] else 'NOT met'}")
