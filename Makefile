@@ -59,7 +59,7 @@ browser:
 		|| { echo "error: the browser test needs /usr/bin/chromium: apt-get install -y chromium chromium-driver (as root)"; exit 1; }
 
 test: install java-check data browser
-	$(PY) -m pytest -ra
+	$(PY) -m pytest -ra --durations=25
 
 lint: install
 	$(VENV)/bin/ruff check .
