@@ -20,7 +20,7 @@ from unmarked_sink import UnmarkedParquetSink  # noqa: E402
 APP = str(HERE.parent / "apps" / "passthrough.py")
 DATA = os.environ.get("SPECULATIVE_RACE_DATA", "/nonexistent")
 OUTPUT = os.environ["SPECULATIVE_EXAMPLE_OUTPUT"]
-PARALLELISM = 10
+PARALLELISM = 6  # 6 subtasks x 2 attempts: 12 concurrent drivers, enough races, bounded suite time
 RACE = {
     "enabled": True,
     "max_concurrent_executions": 2,
