@@ -22,7 +22,7 @@ from tests.integration.spark_helpers import HERE, load_dag
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(900)]
 
 PG_DSN = "host=127.0.0.1 port=5432 dbname=test user=postgres"
-FILES, ROWS_PER_FILE = 6, 500  # one file per subtask (race_sinks.PARALLELISM)
+FILES, ROWS_PER_FILE = 6, 500  # one file per subtask: run_race checks this against the DAG's parallelism
 STORE = Path(TEST_ENV["AIRFLOW__SPECULATIVE__STORE_PATH"])
 
 
@@ -85,6 +85,7 @@ def run_race(dag_id: str, logical_date: pendulum.DateTime) -> tuple[object, dict
     assert run.state == "success"
     report = run_report(STORE, dag_id, run.run_id)
     (stage,) = report["stages"]
+    assert len(stage["subtasks"]) == FILES, "race_sinks.PARALLELISM must equal FILES (one source file each)"
     for sub in stage["subtasks"]:
         states = sorted(a["state"] for a in sub["attempts"])
         assert len(sub["attempts"]) == 2, sub
