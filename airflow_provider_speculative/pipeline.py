@@ -53,13 +53,15 @@ def pointwise(upstream: Stage | str, mode: str = "blocking") -> ExchangeSpec:
 class Pipeline:
     """A stage graph inside a DAG. Use as a context manager, or call :meth:`compile` yourself.
 
-    ``config`` overrides ``[speculative]`` options for every stage of this pipeline.
+    ``config`` overrides ``[speculative]`` options for every stage of this pipeline; ``spark_conf`` is
+    Spark configuration for every stage (a stage's own ``spark_conf`` wins per key).
     """
 
     def __init__(self, name: str, *, config: dict[str, Any] | None = None, dag: Any = None,
-                 default_max_parallelism: int = 32) -> None:
+                 default_max_parallelism: int = 32, spark_conf: dict[str, str] | None = None) -> None:
         self.name = name
         self.config = dict(config or {})
+        self.spark_conf = {str(k): str(v) for k, v in (spark_conf or {}).items()}
         self.dag = dag
         self.default_max_parallelism = default_max_parallelism
         self.stages: dict[str, Stage] = {}
@@ -101,7 +103,8 @@ class Pipeline:
                          max_parallelism=max_parallelism or max(self.default_max_parallelism,
                                                                 parallelism if isinstance(parallelism, int) else 1),
                          deterministic=deterministic, config=dict(config or {}),
-                         application_args=tuple(application_args), spark_conf=dict(spark_conf or {}))
+                         application_args=tuple(application_args),
+                         spark_conf={**self.spark_conf, **{str(k): str(v) for k, v in (spark_conf or {}).items()}})
         handle = Stage(self, spec, sink, operator_kwargs)
         self.stages[name] = handle
         return handle

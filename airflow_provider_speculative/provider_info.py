@@ -41,4 +41,7 @@ def get_provider_info() -> dict[str, Any]:
             }
         },
         "cli": ["airflow_provider_speculative.cli.definition.get_cli_commands"],
+        "extra-links": ["airflow_provider_speculative.links.StageViewLink",
+                        "airflow_provider_speculative.links.SparkHistoryLink"],
+        "plugins": [{"name": "speculative", "plugin-class": "airflow_provider_speculative.plugin.SpeculativePlugin"}],
     }

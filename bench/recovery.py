@@ -20,8 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from airflow_provider_speculative.backends.local import LocalBackend
-from airflow_provider_speculative.backends.standalone import plan_local_stage, run_stage
+from airflow_provider_speculative.backends.base import attempt_observer
+from airflow_provider_speculative.control.runner import plan_local_stage, run_stage
 from airflow_provider_speculative.core.config import SpeculativeConfig
 from airflow_provider_speculative.core.graph import ExchangeSpec, PipelineGraph, SourceSpec, StageSpec
 from airflow_provider_speculative.store.files import read_json
@@ -31,9 +31,12 @@ REPO = Path(__file__).resolve().parents[1]
 APPS = REPO / "dags" / "apps"
 
 
+SHUFFLE = {"spark.sql.shuffle.partitions": "4"}
+
+
 def attempt_seconds(layout: StageLayout, parallelism: int, newer_than: dict[int, int] | None = None) -> float:
     """Sum of (end - start) over a stage's attempts, optionally only attempts newer than given numbers."""
-    backend, total = LocalBackend(layout), 0.0
+    backend, total = attempt_observer(layout), 0.0
     for subtask in range(parallelism):
         for number in layout.attempt_numbers(subtask):
             if newer_than is not None and number <= newer_than.get(subtask, -1):
@@ -69,9 +72,11 @@ def main() -> None:
     parser.add_argument("--out", default=str(REPO / "bench" / "results"))
     args = parser.parse_args()
     graph = PipelineGraph("bench", {
-        "scan": StageSpec("scan", str(APPS / "q1_scan.py"), 8, {"lineitem": SourceSpec(args.data)}),
+        "scan": StageSpec("scan", str(APPS / "q1_scan.py"), 8, {"lineitem": SourceSpec(args.data)},
+                          spark_conf=SHUFFLE),
         "aggregate": StageSpec("aggregate", str(APPS / "q1_final.py"), 2,
-                               {"partials": ExchangeSpec("scan", "all_to_all", ("l_returnflag", "l_linestatus"))}),
+                               {"partials": ExchangeSpec("scan", "all_to_all", ("l_returnflag", "l_linestatus"))},
+                               spark_conf=SHUFFLE),
     })
     config = SpeculativeConfig().with_overrides({"check_interval": 0.5}, "bench")
     with tempfile.TemporaryDirectory(prefix="bench-recovery-") as tmp:

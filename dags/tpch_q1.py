@@ -27,7 +27,8 @@ with DAG(
     max_active_runs=1,
     tags=["speculative", "example"],
 ):
-    with Pipeline("tpch_q1") as pipeline:
+    # Few, small shuffles: Spark's 200 default shuffle partitions would be 200 near-empty tasks.
+    with Pipeline("tpch_q1", spark_conf={"spark.sql.shuffle.partitions": "4"}) as pipeline:
         scan = pipeline.stage(
             "scan",
             application=str(HERE / "apps" / "q1_scan.py"),

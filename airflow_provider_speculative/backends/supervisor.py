@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -17,6 +18,11 @@ import time
 from airflow_provider_speculative.store.files import atomic_write_json, read_json
 
 _READY_FD: list[int] = []
+# How often the supervisor refreshes alive_at and looks for a cancel request written by a controller
+# on another host (a local controller signals the process group directly).
+CHECK_INTERVAL = 1.0
+ALIVE_INTERVAL = 5.0
+KILL_GRACE = 5.0
 # Exit codes of runtime/context.py for a store that is full or not writable: then failure.json may
 # not have been written, and the exit code is the only record of the cause.
 STORE_EXIT_CAUSES = {4: "store is full", 5: "store is not writable"}
@@ -58,7 +64,10 @@ def main(argv: list[str] | None = None) -> int:
     cmd = args.cmd[1:] if args.cmd and args.cmd[0] == "--" else args.cmd
     if args.daemonize:
         _daemonize(args.status)
-    status = {"state": "DEPLOYING", "pid": os.getpid(), "pgid": os.getpgid(0), "deploying_at": time.time(),
+    now = time.time()
+    launched = os.environ.get("SPECULATIVE_LAUNCHED_AT")
+    status = {"state": "DEPLOYING", "pid": os.getpid(), "pgid": os.getpgid(0), "deploying_at": now,
+              "launched_at": float(launched) if launched else now, "alive_at": now, "host": socket.gethostname(),
               "create_time": _create_time(), "node": os.environ.get("SPECULATIVE_NODE")}
     atomic_write_json(args.status, status)
     if args.daemonize:
@@ -80,12 +89,7 @@ def main(argv: list[str] | None = None) -> int:
             return 127
         status["child_pid"] = child.pid
         atomic_write_json(args.status, status)
-        while True:
-            try:
-                code = child.wait()
-                break
-            except InterruptedError:
-                continue
+        code = _wait(child, args.status, status, cancelled)
     status.update(end_at=time.time(), exit_code=code)
     if cancelled["signal"] is not None:
         status.update(state="CANCELED", cause=f"cancelled (signal {cancelled['signal']})")
@@ -100,6 +104,40 @@ def main(argv: list[str] | None = None) -> int:
         status.update(state="FAILED", cause=cause, failure_kind=failure.get("kind"))
     atomic_write_json(args.status, status)
     return code
+
+
+def _wait(child: subprocess.Popen[bytes], status_path: str, status: dict[str, object],
+          cancelled: dict[str, int | None]) -> int:
+    cancel_path = os.path.join(os.path.dirname(status_path), "cancel.json")
+    term_sent_at: float | None = None
+    while True:
+        try:
+            return child.wait(timeout=CHECK_INTERVAL)
+        except subprocess.TimeoutExpired:
+            pass
+        except InterruptedError:
+            continue
+        if time.time() - float(status["alive_at"]) >= ALIVE_INTERVAL:  # type: ignore[arg-type]
+            status["alive_at"] = time.time()
+            atomic_write_json(status_path, status)
+        if os.path.exists(cancel_path):
+            # A controller on another host cannot signal this group: it asks through the store.
+            if term_sent_at is None:
+                cancelled["signal"] = signal.SIGTERM
+                term_sent_at = time.time()
+                _signal_children(signal.SIGTERM)
+            elif time.time() - term_sent_at > KILL_GRACE:
+                _signal_children(signal.SIGKILL)
+
+
+def _signal_children(signum: int) -> None:
+    import psutil
+
+    for proc in psutil.Process(os.getpid()).children(recursive=True):
+        try:
+            proc.send_signal(signum)
+        except psutil.Error:
+            continue
 
 
 if __name__ == "__main__":

@@ -43,7 +43,7 @@ def format_table(report: dict[str, Any]) -> str:
 
 def status(args: Any) -> None:
     """CLI entry: print the attempts table or JSON for ``--dag-id``/``--run-id``."""
-    from airflow_provider_speculative.backends.report import run_report
+    from airflow_provider_speculative.control.readmodel import run_report
     from airflow_provider_speculative.settings import airflow_config, store_root
 
     try:
@@ -110,8 +110,9 @@ def gc(args: Any) -> None:
     """CLI entry: remove (or with ``--dry-run`` list) what the store no longer needs."""
     import time
 
-    from airflow_provider_speculative.backends.gc import execute_gc, plan_gc, store_dag_ids
-    from airflow_provider_speculative.core.config import ConfigError, parse_option
+    from airflow_provider_speculative.control.lifecycle import execute_gc, plan_gc, store_dag_ids
+    from airflow_provider_speculative.core.config import parse_option
+    from airflow_provider_speculative.exceptions import ConfigError
     from airflow_provider_speculative.settings import airflow_config, store_root
 
     try:
@@ -138,7 +139,7 @@ def gc(args: Any) -> None:
 
 def rerun(args: Any) -> None:
     """CLI entry: print the affected region, invalidate exactly it and clear its stage tasks."""
-    from airflow_provider_speculative.backends.rerun import invalidate_region, plan_rerun
+    from airflow_provider_speculative.control.rerun import invalidate_region, plan_rerun
     from airflow_provider_speculative.settings import airflow_config, store_root
 
     root = store_root(airflow_config())

@@ -7,11 +7,9 @@ import re
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
+from airflow_provider_speculative.exceptions import ConfigError
+
 SECTION = "speculative"
-
-
-class ConfigError(ValueError):
-    """An option has an invalid value; the message names the option and where it came from."""
 
 
 @dataclass(frozen=True)

@@ -5,14 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from airflow_provider_speculative.core.config import ConfigError, SpeculativeConfig
+from airflow_provider_speculative.core.config import SpeculativeConfig
+from airflow_provider_speculative.exceptions import ConfigError, PipelineError
 
 Distribution = Literal["all_to_all", "pointwise"]
 Mode = Literal["blocking", "hybrid"]
-
-
-class PipelineError(ValueError):
-    """The stage graph is invalid; the message names the stage or input at fault."""
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,8 @@ def plan_stage(
 
     ``source_files`` maps input name -> listed (path, size) files of that source;
     ``upstream_committed`` maps upstream stage -> its committed.json record.
-    ``context`` carries dag_id, run_id, logical_date, store_root, application and commands.
+    ``context`` carries dag_id, run_id, logical_date, store_root, application and the targets' launch
+    templates (``hooks/targets.py``).
     """
     stage = graph.stages[stage_name]
     n = stage.parallelism

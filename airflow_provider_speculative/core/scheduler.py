@@ -1,18 +1,95 @@
-"""The stage scheduler: attempt observations and clock ticks in, instructions out.
+"""The stage scheduler: typed stimuli in, instructions out, through one entry point.
 
-It is the dask ``WorkerState`` idea applied to FLIP-168: the controller trigger polls attempts,
-feeds what it saw to :meth:`StageScheduler.step` and carries out the returned actions. The
-scheduler never does I/O, so every rule here is unit-tested with a fake clock.
+It is dask's ``WorkerState.handle_stimulus`` idea applied to FLIP-168: the controller polls
+attempts and feeds what it saw, as stimuli, to :meth:`StageScheduler.handle`, then carries out
+the returned actions. The scheduler is the only writer of its state (observations are copied,
+never kept or mutated), it never does I/O, and every rule here is unit-tested with a fake clock.
+Stimuli are named for what happened (past tense), actions for what to do (imperative).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import re
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
 
 from airflow_provider_speculative.core.blocklist import Blocklist
 from airflow_provider_speculative.core.config import SpeculativeConfig, Target
 from airflow_provider_speculative.core.detector import Baseline, compute_baseline, find_slow
 from airflow_provider_speculative.core.states import LIVE, Attempt, AttemptState, current_attempt
+
+# -- stimuli: what happened ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Restored:
+    """The controller restarted and read these attempts, admissions and node blocks from the store."""
+
+    attempts: tuple[Attempt, ...]
+    admitted: dict[int, int]
+    blocked: dict[str, float]
+
+
+@dataclass(frozen=True)
+class AttemptObserved:
+    """A poll saw this attempt (the scheduler keeps a copy; the caller's object is never changed)."""
+
+    attempt: Attempt
+
+
+@dataclass(frozen=True)
+class NodeBlocked:
+    """Another stage of the run blocked ``node`` until ``until`` (read from the run's blocklist)."""
+
+    node: str
+    until: float
+
+
+@dataclass(frozen=True)
+class ClaimLost:
+    """Launching failed to claim the number: another controller owns it; ``observed`` is its attempt."""
+
+    observed: Attempt
+
+
+@dataclass(frozen=True)
+class AdmissionLost:
+    """Admitting ``attempt`` lost the exclusive marker to ``winner`` (a concurrent controller)."""
+
+    subtask: int
+    attempt: int
+    winner: int
+
+
+@dataclass(frozen=True)
+class InputRestored:
+    """A lost upstream partition ``stage[subtask]`` was re-produced and re-committed."""
+
+    stage: str
+    subtask: int
+
+
+@dataclass(frozen=True)
+class RecoveryFailed:
+    """Re-producing ``stage[subtask]`` failed beyond its limit."""
+
+    stage: str
+    subtask: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class Tick:
+    """Time passed: apply the observations handled so far and decide (admit, speculate, place...)."""
+
+    now: float
+
+
+Stimulus = (Restored | AttemptObserved | NodeBlocked | ClaimLost | AdmissionLost | InputRestored | RecoveryFailed
+            | Tick)
+
+# -- actions: what to do ------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -82,20 +159,24 @@ class Invalidate:
 
 @dataclass(frozen=True)
 class FailStage:
-    """The stage cannot finish: ``reason`` and every failed attempt's cause."""
+    """The stage cannot finish: ``reason``, failure counts by cause and the first causes in full (bounded)."""
 
     reason: str
     causes: tuple[str, ...]
+    failed_attempts: int = 0
+    counts_by_cause: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)
-class StageComplete:
-    """Every subtask has an admitted attempt and no loser is still running."""
+class CompleteStage:
+    """Every subtask has an admitted attempt and no loser is still running: report the stage done."""
 
     admitted: dict[int, int]
 
 
-Action = Launch | Cancel | Admit | Discard | BlockNode | RecoverPartition | Invalidate | FailStage | StageComplete
+Action = Launch | Cancel | Admit | Discard | BlockNode | RecoverPartition | Invalidate | FailStage | CompleteStage
+# A failure storm reports this many causes in full, the rest as counts (the journal stays small).
+MAX_CAUSES = 20
 
 
 @dataclass
@@ -127,6 +208,7 @@ class StageScheduler:
     recovering: set[tuple[str, int]] = field(default_factory=set)
     _unadmitted_finished: list[Attempt] = field(default_factory=list)
     _pending_backtrack: list[Attempt] = field(default_factory=list)
+    _failed_count: int = 0
 
     def __post_init__(self) -> None:
         for subtask in range(self.parallelism):
@@ -167,8 +249,8 @@ class StageScheduler:
                    for a in self.attempts[subtask].values())
 
     def stage_failures(self) -> int:
-        """Failed attempts of the whole stage run, whatever the cause."""
-        return sum(a.state == AttemptState.FAILED for a in self.all_attempts())
+        """Failed attempts of the whole stage run, whatever the cause (kept as a count: O(1))."""
+        return self._failed_count
 
     def effective_speculative_executions(self) -> int:
         """numEffectiveSpeculativeExecutions: admitted attempts that were speculative copies."""
@@ -178,12 +260,50 @@ class StageScheduler:
         """Subtasks with an admitted or reused result."""
         return set(self.admitted) | set(self.reused)
 
+    # -- the entry point ----------------------------------------------------------------------
+
+    def handle(self, *stimuli: Stimulus) -> list[Action]:
+        """Apply stimuli in order and return the instructions they lead to.
+
+        Observations are applied at the next :class:`Tick` of the same call (which must come), so the
+        first finisher among several seen in one poll is chosen by end time, not by list order.
+        """
+        actions: list[Action] = []
+        observed: list[Attempt] = []
+        for stimulus in stimuli:
+            if isinstance(stimulus, AttemptObserved):
+                observed.append(replace(stimulus.attempt, progress=dict(stimulus.attempt.progress)))
+            elif isinstance(stimulus, Tick):
+                actions += self._step(stimulus.now, observed)
+                observed = []
+            elif isinstance(stimulus, Restored):
+                self._restore(stimulus)
+            elif isinstance(stimulus, NodeBlocked):
+                self.blocklist.block(stimulus.node, stimulus.until)
+            elif isinstance(stimulus, ClaimLost):
+                adopted = replace(stimulus.observed)
+                self.attempts.setdefault(adopted.subtask, {})[adopted.number] = adopted
+            elif isinstance(stimulus, AdmissionLost):
+                actions += self._admission_lost(stimulus)
+            elif isinstance(stimulus, InputRestored):
+                actions += self._input_restored(stimulus.stage, stimulus.subtask)
+            elif isinstance(stimulus, RecoveryFailed):
+                actions += self._recovery_failed(stimulus.stage, stimulus.subtask, stimulus.reason)
+            else:
+                raise TypeError(f"StageScheduler.handle: unknown stimulus {stimulus!r}")
+        if observed:
+            raise ValueError("StageScheduler.handle: AttemptObserved needs a Tick after it in the same call")
+        return actions
+
     # -- stimuli ----------------------------------------------------------------------------
 
-    def restore(self, attempts: list[Attempt], admitted: dict[int, int], blocked: dict[str, float]) -> None:
+    def _restore(self, restored: Restored) -> None:
         """Rebuild state from the store after a controller restart (no actions are produced)."""
+        attempts = [replace(a) for a in restored.attempts]
+        admitted, blocked = restored.admitted, restored.blocked
         for attempt in attempts:
             self.attempts.setdefault(attempt.subtask, {})[attempt.number] = attempt
+            self._failed_count += attempt.state == AttemptState.FAILED
         self.admitted.update(admitted)
         for node, until in blocked.items():
             self.blocklist.block(node, until)
@@ -199,7 +319,11 @@ class StageScheduler:
                     a.possible_to_finish for a in per.values()):
                 self._pending_backtrack.append(last)
 
-    def input_restored(self, stage: str, subtask: int) -> list[Action]:
+    def _admission_lost(self, lost: AdmissionLost) -> list[Action]:
+        self.admitted[lost.subtask] = lost.winner
+        return [Discard(lost.subtask, lost.attempt, f"attempt {lost.winner} was admitted by another controller")]
+
+    def _input_restored(self, stage: str, subtask: int) -> list[Action]:
         """A lost upstream partition was re-produced and re-committed: waiting subtasks may run again.
 
         Subtasks that already finished from the old partition keep their result if the producer is
@@ -221,13 +345,13 @@ class StageScheduler:
                                                               f"{stage!r} is not deterministic"))
         return actions
 
-    def recovery_failed(self, stage: str, subtask: int, reason: str) -> list[Action]:
+    def _recovery_failed(self, stage: str, subtask: int, reason: str) -> list[Action]:
         """Re-producing a lost partition failed beyond its limit: the stage fails."""
-        self.failed = FailStage(reason=f"could not re-produce lost partition {stage}[{subtask}]: {reason}",
-                                causes=tuple(self.failure_causes()))
-        return self._fail_actions()
+        if self.failed or self.completed:
+            return []
+        return self._fail(f"could not re-produce lost partition {stage}[{subtask}]: {reason}")
 
-    def step(self, now: float, updates: list[Attempt] | None = None) -> list[Action]:
+    def _step(self, now: float, updates: list[Attempt]) -> list[Action]:
         """Apply attempt observations, then decide: admit, cancel, block, speculate, restart, finish."""
         if self.failed or self.completed:
             return []
@@ -247,7 +371,7 @@ class StageScheduler:
         actions += self._place(now)
         if len(self.done_subtasks()) == self.parallelism and not any(a.live for a in self.all_attempts()):
             self.completed = True
-            actions.append(StageComplete(admitted=dict(self.admitted)))
+            actions.append(CompleteStage(admitted=dict(self.admitted)))
         return actions
 
     # -- rules ------------------------------------------------------------------------------
@@ -272,6 +396,7 @@ class StageScheduler:
             if update.state == AttemptState.FINISHED and previous != AttemptState.FINISHED:
                 newly_finished.append(update)
             elif update.state == AttemptState.FAILED and previous != AttemptState.FAILED:
+                self._failed_count += 1
                 newly_failed.append(update)
         # First finisher wins: when several finished between two polls, the earliest end wins.
         for attempt in sorted(newly_finished, key=lambda a: (a.end_at or now, a.number)):
@@ -287,11 +412,18 @@ class StageScheduler:
                 return []
             return [Discard(subtask, attempt.number, f"attempt {self.admitted.get(subtask)} was admitted first")]
         self.admitted[subtask] = attempt.number
-        actions: list[Action] = [Admit(subtask, attempt.number)]
-        for other in self.attempts[subtask].values():
-            if other.number != attempt.number and other.live and other.state != AttemptState.CANCELING:
+        return [Admit(subtask, attempt.number),
+                *self._cancel_live(self.attempts[subtask].values(), f"attempt {attempt.number} finished first",
+                                   keep=attempt.number)]
+
+    @staticmethod
+    def _cancel_live(attempts: Iterable[Attempt], reason: str, keep: int | None = None) -> list[Action]:
+        """Cancel every live attempt of ``attempts`` except ``keep`` (and those already cancelling)."""
+        actions: list[Action] = []
+        for other in attempts:
+            if other.number != keep and other.live and other.state != AttemptState.CANCELING:
                 other.state = AttemptState.CANCELING
-                actions.append(Cancel(subtask, other.number, f"attempt {attempt.number} finished first"))
+                actions.append(Cancel(other.subtask, other.number, reason))
         return actions
 
     def _cancel_stragglers(self) -> list[Action]:
@@ -299,20 +431,17 @@ class StageScheduler:
         # admission and cancel, this catches siblings of admitted subtasks that still run.
         actions: list[Action] = []
         for subtask, winner in self.admitted.items():
-            for other in self.attempts.get(subtask, {}).values():
-                if other.number != winner and other.live and other.state != AttemptState.CANCELING:
-                    other.state = AttemptState.CANCELING
-                    actions.append(Cancel(subtask, other.number, f"attempt {winner} was admitted"))
+            actions += self._cancel_live(self.attempts.get(subtask, {}).values(), f"attempt {winner} was admitted",
+                                         keep=winner)
         return actions
 
     def _on_failed(self, attempt: Attempt) -> list[Action]:
         subtask = attempt.subtask
+        if self.failed:
+            return []  # one FailStage per stage run, however many attempts fail after it
         if self.stage_failures() > self.config.max_failures_per_stage:
-            self.failed = FailStage(
-                reason=(f"{self.stage_failures()} failed attempts in this stage run "
-                        f"(max_failures_per_stage = {self.config.max_failures_per_stage})"),
-                causes=tuple(self.failure_causes()))
-            return self._fail_actions()
+            return self._fail(f"{self.stage_failures()} failed attempts in this stage run "
+                              f"(max_failures_per_stage = {self.config.max_failures_per_stage})")
         actions: list[Action] = []
         if attempt.lost_partition is not None and attempt.lost_partition[0] in self.upstreams:
             actions += self._backtrack(attempt)
@@ -323,12 +452,8 @@ class StageScheduler:
             # so this failure restarts nothing now.
             return actions
         if self.failures(subtask) > self.config.max_failures_per_subtask:
-            self.failed = FailStage(
-                reason=(f"subtask {subtask} failed {self.failures(subtask)} times "
-                        f"(max_failures_per_subtask = {self.config.max_failures_per_subtask})"),
-                causes=tuple(self.failure_causes()),
-            )
-            return self._fail_actions()
+            return self._fail(f"subtask {subtask} failed {self.failures(subtask)} times "
+                              f"(max_failures_per_subtask = {self.config.max_failures_per_subtask})")
         return []  # _place launches the replacement attempt when a slot is free
 
     def _backtrack(self, attempt: Attempt) -> list[Action]:
@@ -351,22 +476,21 @@ class StageScheduler:
                     + (" (failover_strategy = all)" if producer != lost else "")), lost_attempt))
         return actions
 
-    def _fail_actions(self) -> list[Action]:
-        actions: list[Action] = [self.failed] if self.failed else []
-        for attempt in self.all_attempts():
-            if attempt.live and attempt.state != AttemptState.CANCELING:
-                attempt.state = AttemptState.CANCELING
-                actions.append(Cancel(attempt.subtask, attempt.number, "stage failed"))
-        return actions
+    def _fail(self, reason: str) -> list[Action]:
+        failed = sorted((a for a in self.all_attempts() if a.state == AttemptState.FAILED),
+                        key=lambda a: (a.subtask, a.number))
+        counts = Counter(_cause_class(a.cause) for a in failed)
+        self.failed = FailStage(reason=reason, causes=tuple(self.failure_causes(failed[:MAX_CAUSES])),
+                                failed_attempts=len(failed), counts_by_cause=tuple(counts.most_common()))
+        return [self.failed, *self._cancel_live(self.all_attempts(), "stage failed")]
 
-    def failure_causes(self) -> list[str]:
-        """One line per failed attempt: subtask, attempt, target, node, exit code and cause."""
-        return [
-            f"subtask {a.subtask} attempt {a.number} on {a.target} (node {a.node or '?'}): "
-            f"exit code {a.exit_code}, {a.cause or 'no cause reported'}"
-            for a in sorted(self.all_attempts(), key=lambda a: (a.subtask, a.number))
-            if a.state == AttemptState.FAILED
-        ]
+    def failure_causes(self, attempts: Iterable[Attempt] | None = None) -> list[str]:
+        """One line per failed attempt (all, or ``attempts``): subtask, attempt, target, node, exit code, cause."""
+        if attempts is None:
+            attempts = sorted((a for a in self.all_attempts() if a.state == AttemptState.FAILED),
+                              key=lambda a: (a.subtask, a.number))
+        return [f"subtask {a.subtask} attempt {a.number} on {a.target} (node {a.node or '?'}): "
+                f"exit code {a.exit_code}, {a.cause or 'no cause reported'}" for a in attempts]
 
     def _detect_slow(self, now: float) -> list[Action]:
         if not self.speculation_enabled:
@@ -443,3 +567,9 @@ class StageScheduler:
         if not unblocked:
             return None
         return min(unblocked, key=lambda t: (load[t.name] / t.slots, self.targets.index(t)))
+
+
+def _cause_class(cause: str | None) -> str:
+    """A cause without the details that differ per attempt (paths, numbers), for counting by cause."""
+    text = (cause or "no cause reported").split(":")[0]
+    return re.sub(r"\d+", "N", text)[:120]

@@ -83,6 +83,18 @@ class Attempt:
     progress: dict = field(default_factory=dict)
     # For a failure caused by an input partition: {"kind": "partition", "stage": producer, "subtask": p}.
     failure: dict | None = None
+    # The Spark application the attempt's work ran in (its own driver, or the Connect server's).
+    app_id: str | None = None
+    # Launch requested, and the attempt's Spark session ready: startup_seconds is the difference.
+    launched_at: float | None = None
+    ready_at: float | None = None
+
+    @property
+    def startup_seconds(self) -> float | None:
+        """Seconds from launch to a ready Spark session (JVM start for spark-submit, ~2 s on Connect)."""
+        if self.launched_at is None or self.ready_at is None:
+            return None
+        return max(0.0, self.ready_at - self.launched_at)
 
     @property
     def lost_partition(self) -> tuple[str, int] | None:

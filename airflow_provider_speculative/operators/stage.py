@@ -3,24 +3,26 @@
 from __future__ import annotations
 
 import glob
-import os
-import shutil
-import sys
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from airflow.sdk import BaseOperator
 
-from airflow_provider_speculative.backends.controller import StageController, wipe_stage_attempts
-from airflow_provider_speculative.backends.local import LocalBackend
+from airflow_provider_speculative.backends.base import attempt_observer
+from airflow_provider_speculative.control.controller import StageController, wipe_stage_attempts
 from airflow_provider_speculative.core.config import SpeculativeConfig
 from airflow_provider_speculative.core.graph import PipelineGraph, SourceSpec
 from airflow_provider_speculative.core.plan import plan_stage
-from airflow_provider_speculative.plugin.links import SparkHistoryLink, StageViewLink
+from airflow_provider_speculative.exceptions import PlanError, StageFailedError
+from airflow_provider_speculative.hooks.targets import resolve_targets
+from airflow_provider_speculative.links import SparkHistoryLink, StageViewLink
+from airflow_provider_speculative.metrics import StageMetrics
 from airflow_provider_speculative.settings import airflow_config, store_root
 from airflow_provider_speculative.sinks.base import AttemptResult, FinalizationContext, Sink
-from airflow_provider_speculative.store.files import append_jsonl, atomic_write_json, read_json
+from airflow_provider_speculative.store import journal as journals
+from airflow_provider_speculative.store.files import atomic_write_json, read_json
 from airflow_provider_speculative.store.layout import StageLayout
 from airflow_provider_speculative.store.results import (
     admitted_results,
@@ -62,24 +64,6 @@ class SparkStageOperator(BaseOperator):
     def _layout(self, config: SpeculativeConfig, dag_id: str, run_id: str, stage: str | None = None) -> StageLayout:
         return StageLayout(store_root(config), dag_id, run_id, stage or self.stage)
 
-    def _commands(self, config: SpeculativeConfig, application: str) -> dict[str, list[str]]:
-        """Build each target's spark-submit command line with SparkSubmitHook (connection resolved here)."""
-        from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
-
-        spec = self.graph.stages[self.stage]
-        commands = {}
-        for target in config.targets:
-            hook = SparkSubmitHook(conn_id=target.conn_id, conf={**target.conf, **spec.spark_conf},
-                                   name=f"{self.dag_id}.{self.stage}")
-            cmd = hook._build_spark_submit_command(application)
-            if cmd and os.sep not in cmd[0] and not shutil.which(cmd[0]):
-                # Workers started from a venv without activating it: use the venv's spark-submit.
-                local = Path(sys.executable).parent / cmd[0]
-                if local.exists():
-                    cmd[0] = str(local)
-            commands[target.name] = cmd
-        return commands
-
     def _speculation_blocker(self) -> str | None:
         spec = self.graph.stages[self.stage]
         for name, source in spec.inputs.items():
@@ -95,11 +79,10 @@ class SparkStageOperator(BaseOperator):
         dag_id, run_id = context["dag"].dag_id, context["run_id"]
         layout = self._layout(config, dag_id, run_id)
         spec = self.graph.stages[self.stage]
-        application = str(Path(spec.application).resolve()) if not spec.application.startswith(("s3", "hdfs", "gs")) \
-            else spec.application
-        if not application.startswith(("s3", "hdfs", "gs")) and not Path(application).is_file():
-            raise FileNotFoundError(f"stage {self.stage!r}: application {application} does not exist")
-        source_files = {name: _list_files(src) for name, src in spec.inputs.items() if isinstance(src, SourceSpec)}
+        where = f"pipeline {self.graph.name!r}, stage {self.stage!r}"
+        application = _application_path(spec.application, where)
+        source_files = {name: _list_files(src, f"{where}, input {name!r}")
+                        for name, src in spec.inputs.items() if isinstance(src, SourceSpec)}
         upstream = {name: read_committed(self._layout(config, dag_id, run_id, name))
                     for name in self.graph.upstreams(self.stage)}
         logical_date = context.get("logical_date")
@@ -109,8 +92,9 @@ class SparkStageOperator(BaseOperator):
             speculation_blocker=self._speculation_blocker(),
             context={"dag_id": dag_id, "run_id": run_id, "store_root": str(layout.root),
                      "logical_date": logical_date.isoformat() if logical_date else None,
-                     "application": application, "commands": self._commands(config, application),
-                     "env": {}, "try_number": context["ti"].try_number})
+                     "application": application, "try_number": context["ti"].try_number,
+                     "targets": resolve_targets(config, application=application, spark_conf=spec.spark_conf,
+                                                app_name=f"{dag_id}.{self.stage}", where=where)})
         previous = read_json(layout.plan)
         conf = (context.get("dag_run").conf or {}) if context.get("dag_run") is not None else {}
         force = self.force_rerun or bool(conf.get("speculative_force_rerun"))
@@ -120,9 +104,9 @@ class SparkStageOperator(BaseOperator):
             wipe_stage_attempts(layout)
         elif previous:
             # A retried or cleared task reruns only subtasks without a valid committed result.
-            backend = LocalBackend(layout)
+            observer = attempt_observer(layout)
             for subtask, attempt, reason in broken_admissions(layout, plan["parallelism"]):
-                backend.invalidate(subtask, attempt, f"committed output no longer valid: {reason}")
+                observer.invalidate(subtask, attempt, f"committed output no longer valid: {reason}")
                 journal(layout, "invalidate", subtask=subtask, attempt=attempt, reason=reason)
         atomic_write_json(layout.plan, plan)
         self.log.info("stage %s: %d subtasks, speculation %s, plan %s", self.stage, plan["parallelism"],
@@ -139,12 +123,11 @@ class SparkStageOperator(BaseOperator):
 
     def execute_complete(self, context: Any, event: dict[str, Any]) -> dict[str, Any]:
         """Finalize-on-master: commit exactly the admitted attempt of every subtask, then clean losers."""
-        plan = read_json(event["plan_path"])
+        plan = _event_plan(event, self.graph.name, self.stage)
         layout = StageLayout(Path(plan["store_root"]), plan["dag_id"], plan["run_id"], plan["stage"])
         summary = event.get("summary", {})
         if event["status"] != "success":
-            causes = "\n  ".join(event.get("causes") or ["(none recorded)"])
-            raise RuntimeError(f"stage {self.stage!r} failed: {event.get('reason')}\n  {causes}")
+            raise StageFailedError(_failure_message(self.graph.name, self.stage, event))
         admitted = {int(k): v for k, v in event["admitted"].items()}
         record = admitted_results(layout, admitted)
         sink_result = None
@@ -165,7 +148,7 @@ class SparkStageOperator(BaseOperator):
         write_committed(layout, record)
         journal(layout, "finalize_done", sink=sink_result)
         removed = self._remove_losers(layout, plan["parallelism"], admitted)
-        self._emit_metrics(plan, summary)
+        StageMetrics.for_plan(plan).emit(summary, only_changed=False)
         self.log.info("stage %s committed %d subtasks (removed %d losing outputs); speculation %s; "
                       "numSlowExecutionVertices=%s numEffectiveSpeculativeExecutions=%s",
                       self.stage, len(admitted), removed, summary.get("speculation"),
@@ -181,23 +164,51 @@ class SparkStageOperator(BaseOperator):
                     removed += remove_attempt_output(layout, subtask, number)
         return removed
 
-    @staticmethod
-    def _emit_metrics(plan: dict[str, Any], summary: dict[str, Any]) -> None:
-        from airflow.sdk.observability.stats import Stats
-
-        tags = {"dag_id": plan["dag_id"], "stage": plan["stage"]}
-        prefix = f"speculative.{plan['dag_id']}.{plan['stage']}"
-        for name in ("numSlowExecutionVertices", "numEffectiveSpeculativeExecutions"):
-            if summary.get(name) is not None:
-                Stats.gauge(f"{prefix}.{name}", summary[name], tags=tags)
 
 
 def journal(layout: StageLayout, event: str, **fields: Any) -> None:
-    """Record a finalize step next to the controller's decisions."""
-    append_jsonl(layout.journal, {"at": time.time(), "event": event, **fields})
+    """Record a planning or finalize step next to the controller's decisions."""
+    journals.record(layout.journal, event, **fields)
 
 
-def _list_files(source: SourceSpec) -> list[tuple[str, int]]:
+def _event_plan(event: Any, pipeline: str, stage: str) -> dict[str, Any]:
+    """The plan an event points at, or a clear error if the event is not one the controller sends."""
+    where = f"pipeline {pipeline!r}, stage {stage!r}"
+    if not isinstance(event, dict) or event.get("status") not in ("success", "failed") or "plan_path" not in event:
+        raise StageFailedError(f"{where}: malformed controller event {event!r} (expected status success|failed "
+                               "and plan_path); the trigger and the worker may run different provider versions")
+    plan = read_json(event["plan_path"])
+    if plan is None:
+        raise StageFailedError(f"{where}: the plan {event['plan_path']} of this stage run is gone from the store")
+    if event["status"] == "success" and not isinstance(event.get("admitted"), dict):
+        raise StageFailedError(f"{where}: malformed controller event: 'admitted' missing ({event!r})")
+    return plan
+
+
+def _failure_message(pipeline: str, stage: str, event: dict[str, Any]) -> str:
+    causes = event.get("causes") or ["(none recorded)"]
+    total = event.get("failed_attempts") or len(causes)
+    counts = event.get("counts_by_cause") or {}
+    lines = [f"pipeline {pipeline!r}, stage {stage!r} failed: {event.get('reason')}"]
+    if counts:
+        lines.append("failed attempts by cause: " + "; ".join(f"{n} x {c}" for c, n in counts.items()))
+    lines += [f"  {c}" for c in causes]
+    if total > len(causes):
+        lines.append(f"  ... and {total - len(causes)} more failed attempts (see journal.jsonl)")
+    return "\n".join(lines)
+
+
+def _application_path(application: str, where: str) -> str:
+    """An application URL (any ``scheme://``) as given; a local path made absolute and checked to exist."""
+    if urlsplit(application).scheme and "://" in application:
+        return application
+    path = Path(application).resolve()
+    if not path.is_file():
+        raise PlanError(f"{where}: application {application!r} does not exist (resolved to {path})")
+    return str(path)
+
+
+def _list_files(source: SourceSpec, where: str) -> list[tuple[str, int]]:
     """List a source's data files (a directory, a file or a glob) with their sizes."""
     path = source.path
     if any(ch in path for ch in "*?["):
@@ -209,5 +220,5 @@ def _list_files(source: SourceSpec) -> list[tuple[str, int]]:
     files = [(str(p.resolve()), p.stat().st_size) for p in candidates
              if p.is_file() and not p.name.startswith((".", "_"))]
     if not files:
-        raise FileNotFoundError(f"source {path!r} has no {source.format} files")
+        raise PlanError(f"{where}: source {path!r} has no {source.format} files")
     return sorted(files)

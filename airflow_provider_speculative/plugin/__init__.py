@@ -11,14 +11,9 @@ from typing import Any
 
 from airflow.plugins_manager import AirflowPlugin
 
-from airflow_provider_speculative.plugin.links import (
-    URL_PREFIX,
-    SparkHistoryLink,
-    StageViewLink,
-    base_path,
-)
+from airflow_provider_speculative.links import URL_PREFIX, base_path
 
-__all__ = ["SparkHistoryLink", "SpeculativePlugin", "StageViewLink"]
+__all__ = ["SpeculativePlugin"]
 
 
 @cache
@@ -40,11 +35,10 @@ def _external_views() -> list[dict[str, Any]]:
 
 
 class SpeculativePlugin(AirflowPlugin):
-    """The speculative provider's UI: views on the DAG-run and task-instance pages, and stage extra links."""
+    """The speculative provider's UI: views on the DAG-run and task-instance pages (links: provider info)."""
 
     name = "speculative"
     external_views = _external_views()
-    operator_extra_links = [StageViewLink(), SparkHistoryLink()]
 
     @property
     def fastapi_apps(self) -> list[dict[str, Any]]:  # type: ignore[override]

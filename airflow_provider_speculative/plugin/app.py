@@ -18,7 +18,7 @@ from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse, Resp
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from airflow_provider_speculative.plugin.links import spark_history_url
+from airflow_provider_speculative.links import spark_history_url
 from airflow_provider_speculative.plugin.model import (
     TERMINAL_RUN_STATES,
     is_done,

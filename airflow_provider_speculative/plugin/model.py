@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from airflow_provider_speculative.backends.report import run_report
+from airflow_provider_speculative.control.readmodel import run_report
 from airflow_provider_speculative.store.files import read_json, read_jsonl
 from airflow_provider_speculative.store.layout import StageLayout
 
@@ -113,8 +113,9 @@ def _history_link(layout: StageLayout, subtask: int, attempt: dict[str, Any], hi
     """The Spark history server page of a finished attempt, where a history server is configured."""
     if not history or attempt["live"]:
         return None
-    app_id = _app_id(layout, subtask, attempt["attempt"])
-    return f"{history.rstrip('/')}/history/{app_id}/" if app_id else f"{history.rstrip('/')}/"
+    app_id = attempt.get("app_id") or _app_id(layout, subtask, attempt["attempt"])
+    # Without the application id a link could only be the server's front page: better none.
+    return f"{history.rstrip('/')}/history/{app_id}/" if app_id else None
 
 
 def _app_id(layout: StageLayout, subtask: int, number: int) -> str | None:

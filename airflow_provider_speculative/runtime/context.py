@@ -15,8 +15,10 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_speculative.core.config import FaultSpec, SpeculativeConfig
+from airflow_provider_speculative.exceptions import StoreError, StoreFullError, StoreNotWritableError
 from airflow_provider_speculative.runtime.heartbeat import Heartbeat, current_node
-from airflow_provider_speculative.store.files import StoreError, atomic_write_json, read_json
+from airflow_provider_speculative.runtime.session import attempt_tag, open_session
+from airflow_provider_speculative.store.files import atomic_write_json, read_json
 from airflow_provider_speculative.store.layout import StageLayout
 from airflow_provider_speculative.store.manifest import (
     SUBPARTITION_COLUMN,
@@ -53,7 +55,8 @@ class StageContext:
         self._spec = plan["subtasks"][subtask]
         self._spark: SparkSession | None = None
         self._written = False
-        self._records_read = 0
+        self._remote = False
+        self._session_info: dict[str, Any] = {}
         self._heartbeat = Heartbeat(self.layout.heartbeat(subtask, attempt), self._progress)
 
     # -- construction ------------------------------------------------------------------------
@@ -93,15 +96,14 @@ class StageContext:
     def spark(self) -> SparkSession:
         """The attempt's SparkSession (created on first use)."""
         if self._spark is None:
-            from pyspark.sql import SparkSession
-
-            builder = SparkSession.builder.appName(
-                f"{self.plan['dag_id']}.{self.stage}[{self.subtask}]#{self.attempt}")
-            # Few, small shuffles: Spark's 200 default partitions would be 200 empty tasks.
-            builder = builder.config("spark.sql.shuffle.partitions",
-                                     os.environ.get("SPECULATIVE_SHUFFLE_PARTITIONS", "4"))
-            self._spark = builder.getOrCreate()
-            self._spark.sparkContext.setLogLevel("WARN")
+            target = (self.plan.get("targets") or {}).get(self.target) or {}
+            opened = open_session(f"{self.plan['dag_id']}.{self.stage}[{self.subtask}]#{self.attempt}",
+                                  target.get("spark_conf") or {},
+                                  attempt_tag(self.plan["dag_id"], self.stage, self.subtask, self.attempt))
+            self._spark, self._remote = opened.spark, opened.remote
+            self._session_info = {"app_id": opened.app_id, "session_ready_at": time.time(),
+                                  "remote": opened.remote}
+            self._heartbeat.beat(self._heartbeat.phase)
         return self._spark
 
     # -- life cycle -------------------------------------------------------------------------
@@ -144,8 +146,8 @@ class StageContext:
         atomic_write_json(self.layout.attempt_dir(self.subtask, self.attempt) / "failure.json", record)
 
     def _progress(self) -> dict[str, Any]:
-        progress: dict[str, Any] = {"input_bytes": self.input_bytes, "records_read": self._records_read}
-        if self._spark is not None:
+        progress: dict[str, Any] = {"input_bytes": self.input_bytes, **self._session_info}
+        if self._spark is not None and not self._remote:
             tracker = self._spark.sparkContext.statusTracker()
             done = total = 0
             for stage_id in tracker.getActiveStageIds():
@@ -281,9 +283,9 @@ _DENIED_MESSAGES = ("Permission denied", "Read-only file system", "Mkdirs failed
 def _exit_code(exc: BaseException) -> int:
     if isinstance(exc, PartitionError):
         return EXIT_PARTITION
-    if isinstance(exc, StoreError) and str(exc).startswith("store is full"):
+    if isinstance(exc, StoreFullError):
         return EXIT_STORE_FULL
-    if isinstance(exc, StoreError) and str(exc).startswith("store is not writable"):
+    if isinstance(exc, StoreNotWritableError):
         return EXIT_STORE_NOT_WRITABLE
     return EXIT_FAILED
 
@@ -305,9 +307,10 @@ def store_write_error(path: Path, exc: BaseException) -> StoreError | None:
         probe = probe.parent
     names_store = str(path) in text
     if full and (names_store or shutil.disk_usage(probe).free == 0):
-        return StoreError(f"store is full: cannot write {path}: No space left on device")
+        return StoreFullError(f"store is full: cannot write {path}: No space left on device")
     if denied and (names_store or not os.access(probe, os.W_OK)):
-        return StoreError(f"store is not writable: cannot write {path}: permission denied or read-only file system")
+        return StoreNotWritableError(
+            f"store is not writable: cannot write {path}: permission denied or read-only file system")
     return None
 
 

@@ -11,7 +11,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from airflow_provider_speculative.store.files import StoreError, atomic_write_json
+from airflow_provider_speculative.exceptions import StoreError
+from airflow_provider_speculative.store.files import atomic_write_json
 
 
 def current_node() -> str:

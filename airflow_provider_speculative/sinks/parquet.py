@@ -10,6 +10,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from airflow_provider_speculative.exceptions import StoreError
 from airflow_provider_speculative.sinks.base import (
     FinalizationContext,
     InitializationContext,
@@ -17,7 +18,7 @@ from airflow_provider_speculative.sinks.base import (
     SinkWriter,
     SupportsConcurrentExecutionAttempts,
 )
-from airflow_provider_speculative.store.files import StoreError, atomic_write_json, sha256_file
+from airflow_provider_speculative.store.files import atomic_write_json, sha256_file
 
 
 class ParquetSink(Sink, SupportsConcurrentExecutionAttempts):

@@ -11,16 +11,14 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-
-class StoreError(RuntimeError):
-    """The store cannot be read or written; the message names the path."""
+from airflow_provider_speculative.exceptions import StoreError, StoreFullError, StoreNotWritableError
 
 
 def _raise_for(path: Path, exc: OSError) -> None:
     if exc.errno == errno.ENOSPC:
-        raise StoreError(f"store is full: cannot write {path}: {exc.strerror}") from exc
+        raise StoreFullError(f"store is full: cannot write {path}: {exc.strerror}") from exc
     if exc.errno in (errno.EACCES, errno.EROFS, errno.EPERM):
-        raise StoreError(f"store is not writable: cannot write {path}: {exc.strerror}") from exc
+        raise StoreNotWritableError(f"store is not writable: cannot write {path}: {exc.strerror}") from exc
     raise StoreError(f"cannot write {path}: {exc}") from exc
 
 

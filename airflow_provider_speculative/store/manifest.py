@@ -6,21 +6,11 @@ import re
 from pathlib import Path
 from typing import Any
 
+from airflow_provider_speculative.exceptions import PartitionError
 from airflow_provider_speculative.store.files import atomic_write_json, read_json, sha256_file
 
 SUBPARTITION_COLUMN = "_sp"
 _SP = re.compile(rf"(?:^|/){SUBPARTITION_COLUMN}=(\d+)(?:/|$)")
-
-
-class PartitionError(RuntimeError):
-    """An input partition is missing or corrupt; names the stage, subtask, attempt and file."""
-
-    def __init__(self, message: str, *, stage: str | None = None, subtask: int | None = None,
-                 attempt: int | None = None) -> None:
-        super().__init__(message)
-        self.stage = stage
-        self.subtask = subtask
-        self.attempt = attempt
 
 
 def _data_files(data_dir: Path) -> list[Path]:

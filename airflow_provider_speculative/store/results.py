@@ -6,9 +6,10 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from airflow_provider_speculative.store.files import StoreError, atomic_write_json, read_json
+from airflow_provider_speculative.exceptions import PartitionError, StoreError
+from airflow_provider_speculative.store.files import atomic_write_json, read_json
 from airflow_provider_speculative.store.layout import StageLayout
-from airflow_provider_speculative.store.manifest import PartitionError, read_manifest, verify_files
+from airflow_provider_speculative.store.manifest import read_manifest, verify_files
 
 
 def admitted_results(layout: StageLayout, admitted: dict[int, int]) -> dict[str, Any]:

@@ -9,7 +9,9 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from airflow_provider_speculative.backends.controller import StageController
+from airflow_provider_speculative.control.controller import StageController
+from airflow_provider_speculative.hooks.targets import connect_env
+from airflow_provider_speculative.metrics import StageMetrics
 from airflow_provider_speculative.store.files import read_json
 
 # A trigger that fires within ~5 s of defer() can get the resumed task failed by the scheduler
@@ -53,8 +55,9 @@ class StageControllerTrigger(BaseTrigger):
         """Step the controller every check interval until the stage is decided; yield one event."""
         plan = await asyncio.to_thread(self._plan)
         env = await self._attempt_env(plan)
-        controller = await asyncio.to_thread(StageController, plan, extra_env=env)
-        metrics = _Metrics(controller.plan)
+        target_env = await connect_env(plan)
+        controller = await asyncio.to_thread(StageController, plan, extra_env=env, target_env=target_env)
+        metrics = StageMetrics.for_plan(controller.plan)
         while True:
             await asyncio.to_thread(controller.step)
             metrics.emit(controller.summary())
@@ -68,21 +71,3 @@ class StageControllerTrigger(BaseTrigger):
         plan = await asyncio.to_thread(self._plan)
         controller = await asyncio.to_thread(StageController, plan)
         await asyncio.to_thread(controller.kill_all, "task killed by user")
-
-
-class _Metrics:
-    """Send the FLIP-168 gauges through Airflow's Stats (StatsD or OpenTelemetry as configured)."""
-
-    def __init__(self, plan: dict[str, Any]) -> None:
-        self.tags = {"dag_id": plan["dag_id"], "stage": plan["stage"]}
-        self.prefix = f"speculative.{plan['dag_id']}.{plan['stage']}"
-        self.last: dict[str, Any] = {}
-
-    def emit(self, summary: dict[str, Any]) -> None:
-        """Send gauges that changed since the last check."""
-        from airflow.sdk.observability.stats import Stats
-
-        for name in ("numSlowExecutionVertices", "numEffectiveSpeculativeExecutions"):
-            if self.last.get(name) != summary[name]:
-                Stats.gauge(f"{self.prefix}.{name}", summary[name], tags=self.tags)
-                self.last[name] = summary[name]

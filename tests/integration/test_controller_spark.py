@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_speculative.backends.controller import StageController
+from airflow_provider_speculative.control.controller import StageController
 from airflow_provider_speculative.core.config import SpeculativeConfig
 from airflow_provider_speculative.core.graph import PipelineGraph, SourceSpec, StageSpec
 from airflow_provider_speculative.core.plan import plan_stage
@@ -31,11 +31,14 @@ def write_plan(tmp_path: Path, tpch_data: Path, config: dict) -> dict:
     files = [(str(p), p.stat().st_size) for p in sorted(tpch_data.glob("*.parquet"))[:2]]
     cfg = SpeculativeConfig().with_overrides({"check_interval": 0.5, **config}, "test")
     root = tmp_path / "store"
-    command = [SPARK_SUBMIT, "--master", "local[1]", "--conf", "spark.ui.enabled=false", str(APP)]
+    command = [SPARK_SUBMIT, "--master", "local[1]", "--conf", "spark.ui.enabled=false",
+               "--conf", "spark.sql.shuffle.partitions=4", str(APP)]
     plan = plan_stage(graph, "scan", cfg, source_files={"lineitem": files}, upstream_committed={}, sink=None,
                       speculation_blocker=None,
                       context={"dag_id": "t", "run_id": "r1", "store_root": str(root), "logical_date": None,
-                               "application": str(APP), "commands": {t.name: command for t in cfg.targets}})
+                               "application": str(APP),
+                               "targets": {t.name: {"kind": "spark_submit", "conn_id": t.conn_id, "node": t.node_label,
+                                                    "command": command, "env": {}} for t in cfg.targets}})
     atomic_write_json(StageLayout(root, "t", "r1", "scan").plan, plan)
     return plan
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_speculative.backends.standalone import plan_local_stage, run_stage
+from airflow_provider_speculative.control.runner import plan_local_stage, run_stage
 from airflow_provider_speculative.core.config import SpeculativeConfig
 from airflow_provider_speculative.core.graph import ExchangeSpec, PipelineGraph, SourceSpec, StageSpec
 from airflow_provider_speculative.store.files import read_json, read_jsonl
@@ -17,6 +17,7 @@ from tests.integration.q1 import assert_q1_equal, duckdb_q1, read_q1_output
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(900)]
 
 APPS = Path(__file__).resolve().parents[2] / "dags" / "apps"
+SHUFFLE = {"spark.sql.shuffle.partitions": "4"}
 KEY = ("l_returnflag", "l_linestatus")
 CONFIG = SpeculativeConfig().with_overrides({"check_interval": 0.5}, "test")
 
@@ -28,9 +29,9 @@ def test_corrupt_partition_reruns_only_its_producer_then_the_consumers(tmp_path,
         (two_files / path.name).symlink_to(path)
     graph = PipelineGraph("f", {
         "scan": StageSpec("scan", str(APPS / "q1_scan.py"), 2, {"lineitem": SourceSpec(str(two_files))},
-                          max_parallelism=8),
+                          max_parallelism=8, spark_conf=SHUFFLE),
         "aggregate": StageSpec("aggregate", str(APPS / "q1_final.py"), 2,
-                               {"partials": ExchangeSpec("scan", "all_to_all", KEY)}),
+                               {"partials": ExchangeSpec("scan", "all_to_all", KEY)}, spark_conf=SHUFFLE),
     })
     root = tmp_path / "store"
     run_stage(plan_local_stage(graph, "scan", root, "f", "r1", CONFIG))

@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from airflow_provider_speculative.backends.report import run_report
+from airflow_provider_speculative.control.readmodel import run_report
 from airflow_provider_speculative.store.files import read_json
 from tests.conftest import TEST_ENV
 from tests.integration.spark_helpers import HERE, load_dag

@@ -8,7 +8,7 @@ from pathlib import Path
 import pendulum
 import pytest
 
-from airflow_provider_speculative.backends.report import run_report
+from airflow_provider_speculative.control.readmodel import run_report
 from airflow_provider_speculative.store.files import read_json, read_jsonl
 from airflow_provider_speculative.store.layout import StageLayout
 from tests.conftest import STATSD_PORT, TEST_ENV

@@ -198,7 +198,9 @@ def test_endpoints_serve_the_run_to_a_dag_reader(api_server: ApiServer, finished
     attempts = [a for s in stage["subtasks"] for a in s["attempts"]]
     assert sum(a["admitted"] for a in attempts) == 3 and any(a["speculative"] for a in attempts)
     assert stage["baseline_seconds"] > 0 and "local-b" in {b["node"] for b in stage["blocked"]}
-    assert all(a["spark_history"] == f"{HISTORY}/" for a in attempts)
+    # History links name each admitted attempt's own Spark application (recorded by its heartbeat).
+    assert all(a["app_id"] for a in attempts if a["admitted"])
+    assert all(a["spark_history"] == f"{HISTORY}/history/{a['app_id']}/" for a in attempts if a["admitted"])
 
     # Airflow's extra-links API computes the plugin's links for the stage task.
     links = _get(api_server, f"/api/v2/dags/spec_q1/dagRuns/{quote(finished_run, safe='')}/taskInstances/scan/links",

@@ -9,14 +9,17 @@ from airflow_provider_speculative.core.failover import input_readers, rerun_regi
 from airflow_provider_speculative.core.graph import ExchangeSpec, PipelineGraph, SourceSpec, StageSpec
 from airflow_provider_speculative.core.scheduler import (
     Admit,
+    CompleteStage,
     FailStage,
+    InputRestored,
     Invalidate,
     Launch,
     RecoverPartition,
-    StageComplete,
+    RecoveryFailed,
     StageScheduler,
 )
 from airflow_provider_speculative.core.states import Attempt, AttemptState
+from tests.unit.scheduler_helpers import restore, step
 
 S = AttemptState
 ALL_READ_SCAN = {("scan", p): frozenset({0, 1}) for p in range(4)}
@@ -41,8 +44,8 @@ def of(actions: list, kind: type) -> list:
 
 def test_lost_partition_reruns_exactly_its_producer_and_readers_wait() -> None:
     sched = consumer()
-    sched.step(0.0)
-    actions = sched.step(5.0, [lost(sched, 0, 0, producer=2)])
+    step(sched, 0.0)
+    actions = step(sched, 5.0, [lost(sched, 0, 0, producer=2)])
     assert [(a.stage, a.subtask, a.lost_attempt) for a in of(actions, RecoverPartition)] == [("scan", 2, 0)]
     assert of(actions, Launch) == []  # subtask 0 waits for scan[2]; subtask 1 still runs
     assert sched.waiting == {0: {("scan", 2)}, 1: {("scan", 2)}}
@@ -52,53 +55,53 @@ def test_lost_partition_reruns_exactly_its_producer_and_readers_wait() -> None:
 
 def test_a_second_reader_failing_on_the_same_partition_starts_no_second_recovery() -> None:
     sched = consumer()
-    sched.step(0.0)
-    sched.step(5.0, [lost(sched, 0, 0, producer=2)])
-    assert of(sched.step(6.0, [lost(sched, 1, 0, producer=2, at=6.0)]), RecoverPartition) == []
+    step(sched, 0.0)
+    step(sched, 5.0, [lost(sched, 0, 0, producer=2)])
+    assert of(step(sched, 6.0, [lost(sched, 1, 0, producer=2, at=6.0)]), RecoverPartition) == []
 
 
 def test_restored_input_releases_the_waiting_subtasks() -> None:
     sched = consumer()
-    sched.step(0.0)
-    sched.step(5.0, [lost(sched, 0, 0, producer=2)])
-    assert sched.input_restored("scan", 2) == []  # deterministic producer: nothing invalidated
-    actions = sched.step(30.0)
+    step(sched, 0.0)
+    step(sched, 5.0, [lost(sched, 0, 0, producer=2)])
+    assert sched.handle(InputRestored("scan", 2)) == []  # deterministic producer: nothing invalidated
+    actions = step(sched, 30.0)
     assert [(a.subtask, a.attempt, a.reason) for a in of(actions, Launch)] == [(0, 1, "rerun after lost input")]
 
 
 def test_non_deterministic_producer_reruns_finished_readers_too() -> None:
     sched = consumer(deterministic=False)
-    sched.step(0.0)
-    sched.step(4.0, [replace(sched.attempts[1][0], state=S.FINISHED, deploying_at=0.0, end_at=4.0)])
+    step(sched, 0.0)
+    step(sched, 4.0, [replace(sched.attempts[1][0], state=S.FINISHED, deploying_at=0.0, end_at=4.0)])
     assert sched.admitted == {1: 0}
-    sched.step(5.0, [lost(sched, 0, 0, producer=2)])
-    invalidated = sched.input_restored("scan", 2)
+    step(sched, 5.0, [lost(sched, 0, 0, producer=2)])
+    invalidated = sched.handle(InputRestored("scan", 2))
     assert [(a.subtask, a.attempt) for a in of(invalidated, Invalidate)] == [(1, 0)]
-    assert sorted((a.subtask, a.attempt) for a in of(sched.step(30.0), Launch)) == [(0, 1), (1, 1)]
+    assert sorted((a.subtask, a.attempt) for a in of(step(sched, 30.0), Launch)) == [(0, 1), (1, 1)]
 
 
 def test_deterministic_producer_keeps_finished_readers() -> None:
     sched = consumer(deterministic=True)
-    sched.step(0.0)
-    sched.step(4.0, [replace(sched.attempts[1][0], state=S.FINISHED, deploying_at=0.0, end_at=4.0)])
-    sched.step(5.0, [lost(sched, 0, 0, producer=2)])
-    sched.input_restored("scan", 2)
+    step(sched, 0.0)
+    step(sched, 4.0, [replace(sched.attempts[1][0], state=S.FINISHED, deploying_at=0.0, end_at=4.0)])
+    step(sched, 5.0, [lost(sched, 0, 0, producer=2)])
+    sched.handle(InputRestored("scan", 2))
     assert sched.admitted == {1: 0}
-    assert [(a.subtask, a.attempt) for a in of(sched.step(30.0), Launch)] == [(0, 1)]
+    assert [(a.subtask, a.attempt) for a in of(step(sched, 30.0), Launch)] == [(0, 1)]
 
 
 def test_strategy_all_reruns_every_producer_subtask() -> None:
     sched = consumer(failover_strategy="all")
-    sched.step(0.0)
-    actions = sched.step(5.0, [lost(sched, 0, 0, producer=2)])
+    step(sched, 0.0)
+    actions = step(sched, 5.0, [lost(sched, 0, 0, producer=2)])
     assert sorted(a.subtask for a in of(actions, RecoverPartition)) == [0, 1, 2, 3]
 
 
 def test_failed_recovery_fails_the_stage_with_the_causes() -> None:
     sched = consumer()
-    sched.step(0.0)
-    sched.step(5.0, [lost(sched, 0, 0, producer=2)])
-    actions = sched.recovery_failed("scan", 2, "3 recovery attempts failed")
+    step(sched, 0.0)
+    step(sched, 5.0, [lost(sched, 0, 0, producer=2)])
+    actions = sched.handle(RecoveryFailed("scan", 2, "3 recovery attempts failed"))
     (fail,) = of(actions, FailStage)
     assert "could not re-produce lost partition scan[2]" in fail.reason
     assert any("subtask 0 attempt 0" in cause for cause in fail.causes)
@@ -106,27 +109,27 @@ def test_failed_recovery_fails_the_stage_with_the_causes() -> None:
 
 def test_stage_failure_limit_counts_every_failed_attempt() -> None:
     sched = StageScheduler(parallelism=3, config=SpeculativeConfig(max_failures_per_stage=1))
-    sched.step(0.0)
-    sched.step(1.0, [replace(sched.attempts[0][0], state=S.FAILED, cause="boom")])
-    actions = sched.step(2.0, [replace(sched.attempts[1][0], state=S.FAILED, cause="bang")])
+    step(sched, 0.0)
+    step(sched, 1.0, [replace(sched.attempts[0][0], state=S.FAILED, cause="boom")])
+    actions = step(sched, 2.0, [replace(sched.attempts[1][0], state=S.FAILED, cause="bang")])
     (fail,) = of(actions, FailStage)
     assert "max_failures_per_stage = 1" in fail.reason and len(fail.causes) == 2
 
 
 def test_restart_admits_a_finished_attempt_the_old_controller_never_admitted() -> None:
     sched = StageScheduler(parallelism=1, config=SpeculativeConfig())
-    sched.restore([Attempt(0, 0, "local-a", S.FINISHED, deploying_at=0.0, end_at=9.0)], {}, {})
-    actions = sched.step(10.0)
+    restore(sched, [Attempt(0, 0, "local-a", S.FINISHED, deploying_at=0.0, end_at=9.0)], {}, {})
+    actions = step(sched, 10.0)
     assert [(a.subtask, a.attempt) for a in of(actions, Admit)] == [(0, 0)]
-    assert of(actions, StageComplete)
+    assert of(actions, CompleteStage)
 
 
 def test_restart_during_recovery_backtracks_again() -> None:
     sched = consumer()
     failed = Attempt(0, 0, "local-a", S.FAILED, deploying_at=0.0, end_at=5.0,
                      failure={"kind": "partition", "stage": "scan", "subtask": 2, "attempt": 0})
-    sched.restore([failed, Attempt(1, 0, "local-b", S.RUNNING, deploying_at=0.0)], {}, {})
-    actions = sched.step(20.0)
+    restore(sched, [failed, Attempt(1, 0, "local-b", S.RUNNING, deploying_at=0.0)], {}, {})
+    actions = step(sched, 20.0)
     assert [(a.stage, a.subtask) for a in of(actions, RecoverPartition)] == [("scan", 2)]
     assert of(actions, Launch) == []
 

@@ -16,8 +16,9 @@ from typing import Any
 import psutil
 import pytest
 
-from airflow_provider_speculative.backends import gc as gc_module
-from airflow_provider_speculative.backends.gc import (
+from airflow_provider_speculative.backends.base import attempt_observer
+from airflow_provider_speculative.control import lifecycle as gc_module
+from airflow_provider_speculative.control.lifecycle import (
     DELETED_RUN,
     EXPIRED,
     LOSER,
@@ -29,8 +30,7 @@ from airflow_provider_speculative.backends.gc import (
     read_expired,
     store_dag_ids,
 )
-from airflow_provider_speculative.backends.local import LocalBackend
-from airflow_provider_speculative.backends.report import run_report
+from airflow_provider_speculative.control.readmodel import run_report
 from airflow_provider_speculative.core.config import SpeculativeConfig
 from airflow_provider_speculative.core.states import AttemptState
 from airflow_provider_speculative.store.files import (
@@ -203,7 +203,7 @@ def test_live_attempts_are_never_touched(store: Store) -> None:
     store.attempt(layout, 1, 0, "LIVE", data=40)
     atomic_write_json(layout.attempt_dir(1, 0) / "cancel.json", {"reason": "test", "at": NOW})  # CANCELING
     (layout.dir / "barrier.release.1").touch()
-    backend = LocalBackend(layout)
+    backend = attempt_observer(layout)
     assert backend.poll(0, 1, NOW).state == AttemptState.RUNNING
     assert backend.poll(1, 0, NOW).state == AttemptState.CANCELING
 
@@ -494,7 +494,7 @@ def test_attempt_on_full_store_is_recorded_failed_with_the_cause(
                             "--manifest", str(layout.manifest(0, 0)), "--",
                             sys.executable, "-c", f"raise SystemExit({runtime.EXIT_STORE_FULL})"])
     assert code == runtime.EXIT_STORE_FULL
-    polled = LocalBackend(layout).poll(0, 0)
+    polled = attempt_observer(layout).poll(0, 0)
     assert polled.state == AttemptState.FAILED
     assert polled.cause is not None and "store is full" in polled.cause and str(layout.manifest(0, 0)) in polled.cause
     assert not layout.manifest(0, 0).exists()
@@ -515,7 +515,7 @@ def test_supervisor_names_the_store_when_no_failure_could_be_recorded(
     supervisor.main(["--status", str(layout.status(0, 0)), "--log", str(layout.log(0, 0)),
                      "--manifest", str(layout.manifest(0, 0)), "--",
                      sys.executable, "-c", f"raise SystemExit({exit_code})"])
-    polled = LocalBackend(layout).poll(0, 0)
+    polled = attempt_observer(layout).poll(0, 0)
     assert polled.state == AttemptState.FAILED
     assert polled.cause == (f"{cause}: the attempt could not write its output under {layout.attempt_dir(0, 0)} "
                             f"(exit code {exit_code})")

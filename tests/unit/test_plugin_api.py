@@ -30,7 +30,7 @@ def _plan(root: Path, stage: str, parallelism: int, inputs: dict[str, Any], upst
     _write(layout.plan, {
         "stage": stage, "dag_id": DAG, "run_id": RUN, "store_root": str(root), "parallelism": parallelism,
         "upstreams": upstreams, "consumers": consumers, "speculation_blocker": None,
-        "commands": {"local-a": ["spark-submit", "--conf", "secret=do-not-leak"]},
+        "targets": {"local-a": {"kind": "spark_submit", "command": ["spark-submit", "--conf", "secret=do-not-leak"]}},
         "subtasks": [{"inputs": inputs} for _ in range(parallelism)],
     })
     return layout
@@ -44,6 +44,8 @@ def _attempt(layout: StageLayout, subtask: int, number: int, *, target: str, sta
     status: dict[str, Any] = {"deploying_at": start, "node": target, "pid": live_pid or 999_999_999, "pgid": 1}
     if state:
         status.update(state=state, end_at=end, exit_code=0 if state == "FINISHED" else 143, cause=cause)
+        _write(layout.heartbeat(subtask, number), {"phase": state, "node": target, "at": end,
+                                                   "app_id": f"app-{layout.stage}-{subtask}-{number}"})
     if live_pid:
         status["create_time"] = psutil.Process(live_pid).create_time()
         _write(layout.heartbeat(subtask, number), {"phase": "RUNNING", "node": target, "at": start + 1})
@@ -160,7 +162,7 @@ def test_pages_and_assets_are_served(store: Path):
 
 
 def test_spark_history_link_needs_a_configured_server(store: Path, monkeypatch: pytest.MonkeyPatch):
-    from airflow_provider_speculative.plugin.links import SparkHistoryLink, StageViewLink
+    from airflow_provider_speculative.links import SparkHistoryLink, StageViewLink
 
     client = _app(store, authorized=True)
     key = SimpleNamespace(dag_id=DAG, run_id=RUN, task_id="scan")
@@ -174,8 +176,11 @@ def test_spark_history_link_needs_a_configured_server(store: Path, monkeypatch: 
     assert link.startswith("/speculative/ui/spark?") and "run_id=manual__2026-03-01T00%3A00%3A00%2B00%3A00" in link
     page = client.get("/ui/spark", params=params, follow_redirects=False)
     assert page.status_code == 200 and page.text.count("http://history:18080/") == 3  # one per admitted attempt
+    # Each link is the admitted attempt's own application, never the history server's front page.
+    for subtask, number in ((0, 0), (1, 1), (2, 1)):
+        assert f"http://history:18080/history/app-scan-{subtask}-{number}/" in page.text
     agg = client.get("/ui/spark", params={**params, "task_id": "aggregate"}, follow_redirects=False)
-    assert agg.status_code == 307 and agg.headers["location"] == "http://history:18080/"
+    assert agg.status_code == 307 and agg.headers["location"].startswith("http://history:18080/history/app-aggregate-")
 
     stage_link = StageViewLink().get_link(None, ti_key=key)
     assert stage_link.startswith("/speculative/ui/stage?dag_id=spec_ui&run_id=")
@@ -194,16 +199,17 @@ def test_plugin_is_registered_through_the_entry_point():
     assert views["dag_run"]["href"] == "/speculative/ui/run?dag_id={DAG_ID}&run_id={RUN_ID}"
     assert views["task_instance"]["href"].endswith("task_id={TASK_ID}")
     assert all(v["url_route"] for v in views.values())
-    assert [link.name for link in plugin.operator_extra_links] == ["Speculative stage view",
-                                                                   "Spark history (admitted attempts)"]
-    assert plugin.operator_extra_links[0].operators[0].__name__ == "SparkStageOperator"
     (app,) = plugin.fastapi_apps
     assert app["url_prefix"] == "/speculative"
 
     from airflow_provider_speculative.operators.stage import SparkStageOperator
+    from airflow_provider_speculative.provider_info import get_provider_info
 
-    assert {link.name for link in SparkStageOperator.operator_extra_links} == {
-        link.name for link in plugin.operator_extra_links}
+    # Links are declared by the provider (for deserialisation) and on the operator, not by the plugin.
+    declared = get_provider_info()["extra-links"]
+    assert {f"{type(link).__module__}.{type(link).__name__}" for link in SparkStageOperator.operator_extra_links} \
+        == set(declared)
+    assert get_provider_info()["plugins"][0]["plugin-class"] == f"{ep.module}.{ep.attr}"
 
 
 def test_drop_in_file_does_not_register_the_plugin_twice():

@@ -12,13 +12,14 @@ from airflow_provider_speculative.core.scheduler import (
     Admit,
     BlockNode,
     Cancel,
+    CompleteStage,
     Discard,
     FailStage,
     Launch,
-    StageComplete,
     StageScheduler,
 )
 from airflow_provider_speculative.core.states import Attempt, AttemptState
+from tests.unit.scheduler_helpers import restore, step
 
 S = AttemptState
 SPECULATIVE = {"enabled": True, "baseline_lower_bound": 0.0}  # baseline = 1.5 x median, no 60 s floor
@@ -69,7 +70,7 @@ def live_count(sched: StageScheduler, subtask: int) -> int:
 
 def start_all(sched: StageScheduler, now: float, deploy: float = 0.0) -> list[Action]:
     """Report every CREATED attempt as RUNNING since ``deploy``."""
-    return sched.step(now, [running(sched, a.subtask, a.number, deploy)
+    return step(sched, now, [running(sched, a.subtask, a.number, deploy)
                             for a in sched.all_attempts() if a.state == S.CREATED])
 
 
@@ -80,9 +81,9 @@ def straggler(**config) -> StageScheduler:
     deploying at 0) becomes slow at t=15.
     """
     sched = scheduler(4, **config)
-    sched.step(0.0)
+    step(sched, 0.0)
     start_all(sched, 1.0)
-    sched.step(10.0, [finished(sched, s, end=10.0) for s in (0, 1, 2)])
+    step(sched, 10.0, [finished(sched, s, end=10.0) for s in (0, 1, 2)])
     return sched
 
 
@@ -91,7 +92,7 @@ def straggler(**config) -> StageScheduler:
 
 def test_initial_launches_fill_target_slots_in_subtask_order() -> None:
     sched = scheduler(6)  # default: local-a and local-b with 2 slots each
-    actions = sched.step(0.0)
+    actions = step(sched, 0.0)
     assert launched(actions) == [(0, 0, "local-a"), (1, 0, "local-b"), (2, 0, "local-a"), (3, 0, "local-b")]
     assert all(not a.speculative and a.reason == "initial attempt" for a in of(actions, Launch))
     assert sched.attempts[0][0].state == S.CREATED and sched.attempts[0][0].created_at == 0.0
@@ -99,34 +100,34 @@ def test_initial_launches_fill_target_slots_in_subtask_order() -> None:
 
 def test_no_over_subscription_while_slots_are_full() -> None:
     sched = scheduler(6)
-    sched.step(0.0)
+    step(sched, 0.0)
     assert of(start_all(sched, 1.0), Launch) == []
     for now in (2.0, 50.0, 500.0):
-        assert of(sched.step(now), Launch) == []
+        assert of(step(sched, now), Launch) == []
     assert sched.attempts[4] == {} and sched.attempts[5] == {}
 
 
 def test_finishing_frees_a_slot_and_the_next_subtask_launches() -> None:
     sched = scheduler(6)
-    sched.step(0.0)
+    step(sched, 0.0)
     start_all(sched, 1.0)
-    actions = sched.step(5.0, [finished(sched, 1, end=4.0)])  # subtask 1 ran on local-b
+    actions = step(sched, 5.0, [finished(sched, 1, end=4.0)])  # subtask 1 ran on local-b
     assert of(actions, Admit) == [Admit(1, 0)]
     assert launched(actions) == [(4, 0, "local-b")]
-    actions = sched.step(6.0, [failed(sched, 0, end=6.0)])  # a failure frees a slot too (and restarts 0 first)
+    actions = step(sched, 6.0, [failed(sched, 0, end=6.0)])  # a failure frees a slot too (and restarts 0 first)
     assert launched(actions) == [(0, 1, "local-a")]
 
 
 def test_every_node_blocked_still_runs_original_attempts() -> None:
     sched = scheduler(2)
-    sched.restore([], {}, {"local-a": 100.0, "local-b": 100.0})
-    assert launched(sched.step(0.0)) == [(0, 0, "local-a"), (1, 0, "local-b")]
+    restore(sched, [], {}, {"local-a": 100.0, "local-b": 100.0})
+    assert launched(step(sched, 0.0)) == [(0, 0, "local-a"), (1, 0, "local-b")]
 
 
 def test_original_attempts_avoid_a_blocked_node_while_another_is_free() -> None:
     sched = scheduler(4)
-    sched.restore([], {}, {"local-b": 100.0})
-    assert launched(sched.step(0.0)) == [(0, 0, "local-a"), (1, 0, "local-a")]
+    restore(sched, [], {}, {"local-b": 100.0})
+    assert launched(step(sched, 0.0)) == [(0, 0, "local-a"), (1, 0, "local-a")]
 
 
 # -- admission, cancel, discard, completion -------------------------------------------------------
@@ -135,14 +136,14 @@ def test_original_attempts_avoid_a_blocked_node_while_another_is_free() -> None:
 def two_attempts(**config) -> StageScheduler:
     """One subtask with attempts 0 (local-a) and 1 (local-b) running, as after a speculative launch."""
     sched = scheduler(1, **config)
-    sched.restore([Attempt(0, 0, "local-a", S.RUNNING, deploying_at=0.0),
+    restore(sched, [Attempt(0, 0, "local-a", S.RUNNING, deploying_at=0.0),
                    Attempt(0, 1, "local-b", S.RUNNING, speculative=True, deploying_at=5.0)], {}, {})
     return sched
 
 
 def test_first_finisher_is_admitted_and_siblings_cancelled() -> None:
     sched = two_attempts()
-    actions = sched.step(20.0, [finished(sched, 0, 1, end=19.0)])
+    actions = step(sched, 20.0, [finished(sched, 0, 1, end=19.0)])
     assert of(actions, Admit) == [Admit(0, 1)]
     assert [(c.subtask, c.attempt) for c in of(actions, Cancel)] == [(0, 0)]
     assert sched.attempts[0][0].state == S.CANCELING
@@ -151,8 +152,8 @@ def test_first_finisher_is_admitted_and_siblings_cancelled() -> None:
 
 def test_attempt_finishing_after_admission_is_discarded() -> None:
     sched = two_attempts()
-    sched.step(20.0, [finished(sched, 0, 1, end=19.0)])
-    actions = sched.step(21.0, [finished(sched, 0, 0, end=20.5)])
+    step(sched, 20.0, [finished(sched, 0, 1, end=19.0)])
+    actions = step(sched, 21.0, [finished(sched, 0, 0, end=20.5)])
     assert [(d.subtask, d.attempt) for d in of(actions, Discard)] == [(0, 0)]
     assert of(actions, Admit) == []
     assert sched.admitted == {0: 1}
@@ -162,7 +163,7 @@ def test_attempt_finishing_after_admission_is_discarded() -> None:
 def test_same_poll_finishers_earliest_end_wins(order: tuple[int, int]) -> None:
     sched = two_attempts()
     ends = {0: 19.0, 1: 17.0}
-    actions = sched.step(20.0, [finished(sched, 0, n, end=ends[n]) for n in order])
+    actions = step(sched, 20.0, [finished(sched, 0, n, end=ends[n]) for n in order])
     assert of(actions, Admit) == [Admit(0, 1)]
     assert [(d.subtask, d.attempt) for d in of(actions, Discard)] == [(0, 0)]
     assert of(actions, Cancel) == []
@@ -170,48 +171,48 @@ def test_same_poll_finishers_earliest_end_wins(order: tuple[int, int]) -> None:
 
 def test_stage_complete_only_after_cancelled_losers_stop_and_only_once() -> None:
     sched = two_attempts()
-    actions = sched.step(20.0, [finished(sched, 0, 1, end=19.0)])
-    assert of(actions, StageComplete) == []
+    actions = step(sched, 20.0, [finished(sched, 0, 1, end=19.0)])
+    assert of(actions, CompleteStage) == []
     # The loser is still alive (the backend reports it RUNNING): it stays CANCELING, no completion.
-    actions = sched.step(21.0, [running(sched, 0, 0)])
+    actions = step(sched, 21.0, [running(sched, 0, 0)])
     assert sched.attempts[0][0].state == S.CANCELING
-    assert of(actions, StageComplete) == []
-    actions = sched.step(22.0, [seen(sched, 0, 0, S.CANCELED, end_at=22.0)])
-    assert actions == [StageComplete(admitted={0: 1})]
+    assert of(actions, CompleteStage) == []
+    actions = step(sched, 22.0, [seen(sched, 0, 0, S.CANCELED, end_at=22.0)])
+    assert actions == [CompleteStage(admitted={0: 1})]
     assert sched.completed
-    assert sched.step(23.0) == []
-    assert sched.step(24.0, [finished(sched, 0, 0, end=24.0)]) == []
+    assert step(sched, 23.0) == []
+    assert step(sched, 24.0, [finished(sched, 0, 0, end=24.0)]) == []
 
 
 def test_canceling_attempt_reporting_failed_is_canceled_not_a_failure() -> None:
     sched = two_attempts(max_failures_per_subtask=0)
-    sched.step(20.0, [finished(sched, 0, 1, end=19.0)])
-    actions = sched.step(21.0, [failed(sched, 0, 0, end=21.0, cause="killed by SIGTERM")])
+    step(sched, 20.0, [finished(sched, 0, 1, end=19.0)])
+    actions = step(sched, 21.0, [failed(sched, 0, 0, end=21.0, cause="killed by SIGTERM")])
     assert sched.attempts[0][0].state == S.CANCELED
     assert sched.failures(0) == 0
     assert sched.failure_causes() == []
     assert of(actions, FailStage) == []
-    assert actions == [StageComplete(admitted={0: 1})]
+    assert actions == [CompleteStage(admitted={0: 1})]
 
 
 def test_canceling_attempt_reported_scheduled_stays_canceling() -> None:
     sched = scheduler(1)
-    sched.restore([Attempt(0, 0, "local-a", S.RUNNING, deploying_at=0.0),
+    restore(sched, [Attempt(0, 0, "local-a", S.RUNNING, deploying_at=0.0),
                    Attempt(0, 1, "local-b", S.SCHEDULED, speculative=True)], {}, {})
-    sched.step(20.0, [finished(sched, 0, 0, end=19.0)])
-    sched.step(21.0, [seen(sched, 0, 1, S.SCHEDULED)])
+    step(sched, 20.0, [finished(sched, 0, 0, end=19.0)])
+    step(sched, 21.0, [seen(sched, 0, 1, S.SCHEDULED)])
     assert sched.attempts[0][1].state == S.CANCELING
-    sched.step(22.0, [failed(sched, 0, 1, end=22.0)])
+    step(sched, 22.0, [failed(sched, 0, 1, end=22.0)])
     assert sched.failures(0) == 0
 
 
 def test_stage_complete_when_every_subtask_is_admitted() -> None:
     sched = scheduler(2)
-    sched.step(0.0)
+    step(sched, 0.0)
     start_all(sched, 1.0)
-    assert of(sched.step(5.0, [finished(sched, 0, end=5.0)]), StageComplete) == []
-    actions = sched.step(6.0, [finished(sched, 1, end=6.0)])
-    assert of(actions, StageComplete) == [StageComplete(admitted={0: 0, 1: 0})]
+    assert of(step(sched, 5.0, [finished(sched, 0, end=5.0)]), CompleteStage) == []
+    actions = step(sched, 6.0, [finished(sched, 1, end=6.0)])
+    assert of(actions, CompleteStage) == [CompleteStage(admitted={0: 0, 1: 0})]
 
 
 # -- speculation --------------------------------------------------------------------------------
@@ -222,7 +223,7 @@ def test_speculation_is_off_by_default() -> None:
     assert sched.config.enabled is False
     assert sched.speculation_status.startswith("off: disabled")
     for now in (15.0, 100.0, 10_000.0):
-        actions = sched.step(now)
+        actions = step(sched, now)
         assert of(actions, BlockNode) == [] and of(actions, Launch) == []
     assert sched.slow_subtasks == frozenset() and sched.baseline is None
     assert sched.blocklist.active(10_000.0) == {}
@@ -233,7 +234,7 @@ def test_speculation_blocker_turns_speculation_off_and_says_why() -> None:
     assert sched.speculation_status == "off: sink FooSink does not support concurrent attempts"
     assert not sched.speculation_enabled
     for now in (15.0, 1000.0):
-        actions = sched.step(now)
+        actions = step(sched, now)
         assert of(actions, BlockNode) == [] and of(actions, Launch) == []
 
 
@@ -243,9 +244,9 @@ def test_speculation_status_on() -> None:
 
 def test_slow_attempt_blocks_its_node_and_gets_a_speculative_copy_elsewhere() -> None:
     sched = straggler(**SPECULATIVE)
-    assert of(sched.step(14.9), Launch) == []  # 13.9 s of execution < 15 s baseline
+    assert of(step(sched, 14.9), Launch) == []  # 13.9 s of execution < 15 s baseline
     assert sched.baseline.seconds == pytest.approx(15.0)
-    actions = sched.step(16.0)
+    actions = step(sched, 16.0)
     assert sched.slow_subtasks == frozenset({3})
     blocks = of(actions, BlockNode)
     assert [(b.node, b.until) for b in blocks] == [("local-b", 76.0)]
@@ -259,37 +260,37 @@ def test_speculative_copy_goes_to_an_unblocked_target() -> None:
     # the free local-b (which would win on index) and go to local-c.
     sched = scheduler(3, **SPECULATIVE, baseline_ratio=0.5,
                       targets=targets(("local-a", 1, "n1"), ("local-b", 1, "n1"), ("local-c", 1, "n2")))
-    assert launched(sched.step(0.0)) == [(0, 0, "local-a"), (1, 0, "local-b"), (2, 0, "local-c")]
+    assert launched(step(sched, 0.0)) == [(0, 0, "local-a"), (1, 0, "local-b"), (2, 0, "local-c")]
     start_all(sched, 0.0)
-    sched.step(10.0, [finished(sched, 1, end=10.0), finished(sched, 2, end=10.0)])
-    actions = sched.step(15.0)
+    step(sched, 10.0, [finished(sched, 1, end=10.0), finished(sched, 2, end=10.0)])
+    actions = step(sched, 15.0)
     assert [b.node for b in of(actions, BlockNode)] == ["n1"]
     assert launched(actions) == [(0, 1, "local-c")]
 
 
 def test_slow_node_reported_by_the_attempt_is_blocked() -> None:
     sched = straggler(**SPECULATIVE)
-    actions = sched.step(16.0, [seen(sched, 3, 0, S.RUNNING, node="host-7")])
+    actions = step(sched, 16.0, [seen(sched, 3, 0, S.RUNNING, node="host-7")])
     assert [b.node for b in of(actions, BlockNode)] == ["host-7"]
 
 
 def test_speculative_winner_counts_as_effective_speculative_execution() -> None:
     sched = straggler(**SPECULATIVE)
-    sched.step(16.0)
-    sched.step(17.0, [running(sched, 3, 1, at=17.0)])
+    step(sched, 16.0)
+    step(sched, 17.0, [running(sched, 3, 1, at=17.0)])
     assert sched.effective_speculative_executions() == 0
-    actions = sched.step(20.0, [finished(sched, 3, 1, end=20.0)])
+    actions = step(sched, 20.0, [finished(sched, 3, 1, end=20.0)])
     assert of(actions, Admit) == [Admit(3, 1)]
     assert [(c.subtask, c.attempt) for c in of(actions, Cancel)] == [(3, 0)]
     assert sched.effective_speculative_executions() == 1
-    actions = sched.step(21.0, [seen(sched, 3, 0, S.CANCELED, end_at=21.0)])
-    assert of(actions, StageComplete) == [StageComplete(admitted={0: 0, 1: 0, 2: 0, 3: 1})]
+    actions = step(sched, 21.0, [seen(sched, 3, 0, S.CANCELED, end_at=21.0)])
+    assert of(actions, CompleteStage) == [CompleteStage(admitted={0: 0, 1: 0, 2: 0, 3: 1})]
 
 
 def test_original_winning_is_not_an_effective_speculative_execution() -> None:
     sched = straggler(**SPECULATIVE)
-    sched.step(16.0)
-    sched.step(20.0, [finished(sched, 3, 0, end=20.0)])
+    step(sched, 16.0)
+    step(sched, 20.0, [finished(sched, 3, 0, end=20.0)])
     assert sched.admitted[3] == 0
     assert sched.effective_speculative_executions() == 0
 
@@ -298,12 +299,12 @@ def test_original_winning_is_not_an_effective_speculative_execution() -> None:
 def test_max_concurrent_executions_caps_live_attempts(limit: int) -> None:
     sched = scheduler(4, **SPECULATIVE, max_concurrent_executions=limit,
                       targets=targets(("a", 1), ("b", 1), ("c", 1), ("d", 1)))
-    sched.step(0.0)
+    step(sched, 0.0)
     start_all(sched, 0.0)
-    sched.step(10.0, [finished(sched, s, end=10.0) for s in (0, 1, 2)])
+    step(sched, 10.0, [finished(sched, s, end=10.0) for s in (0, 1, 2)])
     copies = []
     for now in range(15, 40):
-        copies += of(sched.step(float(now)), Launch)
+        copies += of(step(sched, float(now)), Launch)
         assert live_count(sched, 3) <= limit
     assert [(c.subtask, c.speculative) for c in copies] == [(3, True)] * (limit - 1)
     assert live_count(sched, 3) == limit
@@ -313,17 +314,17 @@ def test_max_concurrent_executions_caps_live_attempts(limit: int) -> None:
 def test_blocked_node_gets_new_attempts_again_after_block_duration() -> None:
     sched = scheduler(4, **SPECULATIVE, baseline_ratio=0.25, block_slow_node_duration=30.0,
                       targets=targets(("local-a", 1), ("local-b", 1)))
-    assert launched(sched.step(0.0)) == [(0, 0, "local-a"), (1, 0, "local-b")]
+    assert launched(step(sched, 0.0)) == [(0, 0, "local-a"), (1, 0, "local-b")]
     start_all(sched, 1.0, deploy=1.0)
-    actions = sched.step(11.0, [finished(sched, 0, end=11.0)])  # baseline: 1 finisher, 10 s -> 15 s
+    actions = step(sched, 11.0, [finished(sched, 0, end=11.0)])  # baseline: 1 finisher, 10 s -> 15 s
     assert launched(actions) == [(2, 0, "local-a")]
-    actions = sched.step(16.0)  # subtask 1 on local-b has run 15 s
+    actions = step(sched, 16.0)  # subtask 1 on local-b has run 15 s
     assert [(b.node, b.until) for b in of(actions, BlockNode)] == [("local-b", 46.0)]
     assert launched(actions) == []  # the only unblocked target (local-a) is full
     # Subtask 1 finishes: local-b is free but still blocked, so subtask 3 waits.
-    assert launched(sched.step(20.0, [finished(sched, 1, end=20.0)])) == []
-    assert launched(sched.step(45.9)) == []
-    assert launched(sched.step(46.0)) == [(3, 0, "local-b")]
+    assert launched(step(sched, 20.0, [finished(sched, 1, end=20.0)])) == []
+    assert launched(step(sched, 45.9)) == []
+    assert launched(step(sched, 46.0)) == [(3, 0, "local-b")]
     assert sched.blocklist.active(46.0) == {}
 
 
@@ -331,29 +332,29 @@ def test_larger_split_is_judged_per_input_byte() -> None:
     # Finishers read 64 bytes in 10 s: baseline 15 s; subtask 3 reads 3x as much, so it gets 45 s.
     sched = straggler(**SPECULATIVE, input_bytes={0: 64, 1: 64, 2: 64, 3: 192})
     for now in (15.0, 30.0, 44.9):
-        assert of(sched.step(now), Launch) == []
+        assert of(step(sched, now), Launch) == []
     assert sched.slow_subtasks == frozenset()
-    assert launched(sched.step(45.0)) == [(3, 1, "local-a")]
+    assert launched(step(sched, 45.0)) == [(3, 1, "local-a")]
 
 
 def test_zero_block_duration_speculates_without_blocking() -> None:
     sched = straggler(**SPECULATIVE, block_slow_node_duration=0.0)
-    actions = sched.step(16.0)
+    actions = step(sched, 16.0)
     assert of(actions, BlockNode) == []
     assert launched(actions) == [(3, 1, "local-a")]
 
 
 def test_peak_slow_remembers_the_most_simultaneous_slow_subtasks() -> None:
     sched = scheduler(4, **SPECULATIVE, baseline_ratio=0.5)
-    sched.step(0.0)
+    step(sched, 0.0)
     start_all(sched, 0.0)
-    sched.step(10.0, [finished(sched, 0, end=10.0), finished(sched, 2, end=10.0)])  # both on local-a
-    actions = sched.step(15.0)
+    step(sched, 10.0, [finished(sched, 0, end=10.0), finished(sched, 2, end=10.0)])  # both on local-a
+    actions = step(sched, 15.0)
     assert sched.slow_subtasks == frozenset({1, 3})
     assert sched.peak_slow == 2
     assert [b.node for b in of(actions, BlockNode)] == ["local-b"]  # one block per node
     assert sorted(launched(actions)) == [(1, 1, "local-a"), (3, 1, "local-a")]
-    sched.step(20.0, [finished(sched, 1, 1, end=20.0)])
+    step(sched, 20.0, [finished(sched, 1, 1, end=20.0)])
     assert sched.slow_subtasks == frozenset({3})
     assert sched.peak_slow == 2
 
@@ -363,15 +364,15 @@ def test_peak_slow_remembers_the_most_simultaneous_slow_subtasks() -> None:
 
 def test_failure_while_a_sibling_may_finish_launches_nothing() -> None:
     sched = two_attempts()
-    actions = sched.step(20.0, [failed(sched, 0, 0, end=20.0)])
+    actions = step(sched, 20.0, [failed(sched, 0, 0, end=20.0)])
     assert actions == []
     assert sched.failed is None
 
 
 def test_failure_with_no_sibling_left_launches_a_replacement_with_the_next_number() -> None:
     sched = two_attempts()
-    sched.step(20.0, [failed(sched, 0, 0, end=20.0)])
-    actions = sched.step(21.0, [failed(sched, 0, 1, end=21.0)])
+    step(sched, 20.0, [failed(sched, 0, 0, end=20.0)])
+    actions = step(sched, 21.0, [failed(sched, 0, 1, end=21.0)])
     replacements = of(actions, Launch)
     assert [(a.subtask, a.attempt, a.speculative, a.reason) for a in replacements] == [
         (0, 2, False, "restart after failure")]
@@ -379,18 +380,18 @@ def test_failure_with_no_sibling_left_launches_a_replacement_with_the_next_numbe
 
 def test_replacement_after_single_failure() -> None:
     sched = scheduler(1)
-    sched.step(0.0)
-    actions = sched.step(5.0, [failed(sched, 0, 0, end=5.0)])
+    step(sched, 0.0)
+    actions = step(sched, 5.0, [failed(sched, 0, 0, end=5.0)])
     assert launched(actions) == [(0, 1, "local-a")]
 
 
 def test_exceeding_max_failures_fails_the_stage_and_cancels_live_attempts() -> None:
     sched = scheduler(2, max_failures_per_subtask=1)
-    sched.step(0.0)
+    step(sched, 0.0)
     start_all(sched, 0.0)
-    first = sched.step(5.0, [failed(sched, 0, 0, end=5.0, cause="OOM")])
+    first = step(sched, 5.0, [failed(sched, 0, 0, end=5.0, cause="OOM")])
     assert of(first, FailStage) == [] and launched(first) == [(0, 1, "local-a")]
-    actions = sched.step(9.0, [failed(sched, 0, 1, end=9.0, cause="disk full")])
+    actions = step(sched, 9.0, [failed(sched, 0, 1, end=9.0, cause="disk full")])
     fail = of(actions, FailStage)
     assert len(fail) == 1 and fail[0] is sched.failed
     assert "subtask 0 failed 2 times" in fail[0].reason
@@ -400,22 +401,22 @@ def test_exceeding_max_failures_fails_the_stage_and_cancels_live_attempts() -> N
     assert "subtask 0 attempt 1 on local-a" in fail[0].causes[1] and "disk full" in fail[0].causes[1]
     assert [(c.subtask, c.attempt, c.reason) for c in of(actions, Cancel)] == [(1, 0, "stage failed")]
     assert of(actions, Launch) == []
-    assert sched.step(10.0) == []
+    assert step(sched, 10.0) == []
 
 
 def test_zero_max_failures_fails_on_first_failure() -> None:
     sched = scheduler(1, max_failures_per_subtask=0)
-    sched.step(0.0)
-    actions = sched.step(5.0, [failed(sched, 0, 0, end=5.0)])
+    step(sched, 0.0)
+    actions = step(sched, 5.0, [failed(sched, 0, 0, end=5.0)])
     assert len(of(actions, FailStage)) == 1
     assert of(actions, Launch) == []
 
 
 def test_failure_of_a_loser_after_admission_is_ignored() -> None:
     sched = scheduler(1, max_failures_per_subtask=0)
-    sched.restore([Attempt(0, 0, "local-a", S.RUNNING, deploying_at=0.0),
+    restore(sched, [Attempt(0, 0, "local-a", S.RUNNING, deploying_at=0.0),
                    Attempt(0, 1, "local-b", S.RUNNING, deploying_at=0.0)], {}, {})
-    sched.step(10.0, [finished(sched, 0, 0, end=10.0), failed(sched, 0, 1, end=10.0)])
+    step(sched, 10.0, [finished(sched, 0, 0, end=10.0), failed(sched, 0, 1, end=10.0)])
     assert sched.failed is None
     assert sched.completed
 
@@ -425,51 +426,51 @@ def test_failure_of_a_loser_after_admission_is_ignored() -> None:
 
 def test_restore_with_running_attempts_launches_no_duplicates() -> None:
     sched = scheduler(4)
-    sched.restore([Attempt(0, 0, "local-a", S.RUNNING, deploying_at=5.0),
+    restore(sched, [Attempt(0, 0, "local-a", S.RUNNING, deploying_at=5.0),
                    Attempt(1, 0, "local-b", S.CREATED, created_at=6.0),
                    Attempt(2, 0, "local-a", S.FINISHED, deploying_at=1.0, end_at=9.0)],
                   admitted={2: 0}, blocked={})
-    actions = sched.step(100.0)
+    actions = step(sched, 100.0)
     assert launched(actions) == [(3, 0, "local-a")]
     assert of(actions, Admit) == []
-    assert of(sched.step(101.0), Launch) == []
+    assert of(step(sched, 101.0), Launch) == []
 
 
 def test_restore_continues_attempt_numbers() -> None:
     sched = scheduler(1)
-    sched.restore([Attempt(0, 0, "local-a", S.FAILED), Attempt(0, 1, "local-b", S.CANCELED)], {}, {})
-    assert launched(sched.step(100.0)) == [(0, 2, "local-a")]
+    restore(sched, [Attempt(0, 0, "local-a", S.FAILED), Attempt(0, 1, "local-b", S.CANCELED)], {}, {})
+    assert launched(step(sched, 100.0)) == [(0, 2, "local-a")]
 
 
 def test_restore_keeps_blocked_nodes() -> None:
     sched = scheduler(4)
-    sched.restore([], {}, {"local-a": 50.0})
-    assert launched(sched.step(0.0)) == [(0, 0, "local-b"), (1, 0, "local-b")]
-    assert launched(sched.step(50.0)) == [(2, 0, "local-a"), (3, 0, "local-a")]
+    restore(sched, [], {}, {"local-a": 50.0})
+    assert launched(step(sched, 0.0)) == [(0, 0, "local-b"), (1, 0, "local-b")]
+    assert launched(step(sched, 50.0)) == [(2, 0, "local-a"), (3, 0, "local-a")]
 
 
 def test_restore_cancels_running_siblings_of_an_admitted_subtask() -> None:
     # The controller died after persisting the admission but before cancelling the loser.
     sched = scheduler(1)
-    sched.restore([Attempt(0, 0, "local-a", S.RUNNING, deploying_at=0.0),
+    restore(sched, [Attempt(0, 0, "local-a", S.RUNNING, deploying_at=0.0),
                    Attempt(0, 1, "local-b", S.FINISHED, speculative=True, deploying_at=5.0, end_at=9.0)],
                   admitted={0: 1}, blocked={})
-    actions = sched.step(100.0)
+    actions = step(sched, 100.0)
     assert [(c.subtask, c.attempt) for c in of(actions, Cancel)] == [(0, 0)]
 
 
 def test_reused_subtasks_get_no_attempts() -> None:
     sched = scheduler(3, reused=frozenset({1}))
-    actions = sched.step(0.0)
+    actions = step(sched, 0.0)
     assert launched(actions) == [(0, 0, "local-a"), (2, 0, "local-b")]
     assert sched.attempts[1] == {}
     start_all(sched, 0.0)
-    actions = sched.step(5.0, [finished(sched, 0, end=5.0), finished(sched, 2, end=5.0)])
+    actions = step(sched, 5.0, [finished(sched, 0, end=5.0), finished(sched, 2, end=5.0)])
     assert of(actions, Launch) == []
-    assert of(actions, StageComplete) == [StageComplete(admitted={0: 0, 2: 0})]
+    assert of(actions, CompleteStage) == [CompleteStage(admitted={0: 0, 2: 0})]
     assert sched.done_subtasks() == {0, 1, 2}
 
 
 def test_all_subtasks_reused_completes_without_launching() -> None:
     sched = scheduler(2, reused=frozenset({0, 1}))
-    assert sched.step(0.0) == [StageComplete(admitted={})]
+    assert step(sched, 0.0) == [CompleteStage(admitted={})]

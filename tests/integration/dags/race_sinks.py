@@ -21,6 +21,7 @@ APP = str(HERE.parent / "apps" / "passthrough.py")
 DATA = os.environ.get("SPECULATIVE_RACE_DATA", "/nonexistent")
 OUTPUT = os.environ["SPECULATIVE_EXAMPLE_OUTPUT"]
 PARALLELISM = 6  # 6 subtasks x 2 attempts: 12 concurrent drivers, enough races, bounded suite time
+SHUFFLE = {"spark.sql.shuffle.partitions": "4"}
 RACE = {
     "enabled": True,
     "max_concurrent_executions": 2,
@@ -40,12 +41,13 @@ SINKS = {
 
 for dag_id, sink in SINKS.items():
     with DAG(dag_id=dag_id, schedule=None, start_date=pendulum.datetime(2026, 1, 1, tz="UTC")), \
-            Pipeline(dag_id, config=RACE) as pipeline:
+            Pipeline(dag_id, config=RACE, spark_conf=SHUFFLE) as pipeline:
         pipeline.stage("write", application=APP, parallelism=PARALLELISM,
                        inputs={"rows": parquet_source(DATA)}, sink=sink)
 
 with DAG(dag_id="race_unmarked", schedule=None, start_date=pendulum.datetime(2026, 1, 1, tz="UTC")), \
-        Pipeline("race_unmarked", config={**RACE, "fault_injection": {"force_speculation": [0, 1]}}) as pipeline:
+        Pipeline("race_unmarked", config={**RACE, "fault_injection": {"force_speculation": [0, 1]}},
+                 spark_conf=SHUFFLE) as pipeline:
     pipeline.stage("write", application=APP, parallelism=2, inputs={"rows": parquet_source(DATA)},
                    sink=UnmarkedParquetSink(OUTPUT + "/race_unmarked/{{ ds }}"),
                    spark_conf={"spark.submit.pyFiles": str(HERE / "unmarked_sink.py")})

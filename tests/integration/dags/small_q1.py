@@ -13,7 +13,8 @@ from airflow_provider_speculative import ParquetSink, Pipeline, all_to_all, parq
 APPS = Path(__file__).resolve().parents[3] / "dags" / "apps"
 
 with DAG(dag_id="small_q1", schedule=None, start_date=pendulum.datetime(2026, 1, 1, tz="UTC")), \
-        Pipeline("small_q1", config={"check_interval": "500ms"}) as pipeline:
+        Pipeline("small_q1", config={"check_interval": "500ms"},
+                 spark_conf={"spark.sql.shuffle.partitions": "4"}) as pipeline:
     scan = pipeline.stage("scan", application=str(APPS / "q1_scan.py"), parallelism=2,
                           inputs={"lineitem": parquet_source(os.environ["SPECULATIVE_EXAMPLE_DATA"])})
     pipeline.stage("aggregate", application=str(APPS / "q1_final.py"), parallelism=1,

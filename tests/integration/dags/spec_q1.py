@@ -21,7 +21,7 @@ with DAG(dag_id="spec_q1", schedule=None, start_date=pendulum.datetime(2026, 1, 
             "targets": [{"name": "local-a", "slots": 2}, {"name": "local-b", "slots": 1}],
             # factor 4 plus a fixed delay: the copy wins with a margin even on a loaded machine.
             "fault_injection": {"targets": {"local-b": {"factor": 4, "delay": "60s"}}},
-        }) as pipeline:
+        }, spark_conf={"spark.sql.shuffle.partitions": "4"}) as pipeline:
     scan = pipeline.stage("scan", application=str(APPS / "q1_scan.py"), parallelism=3,
                           inputs={"lineitem": parquet_source(os.environ["SPECULATIVE_EXAMPLE_DATA"])})
     pipeline.stage("aggregate", application=str(APPS / "q1_final.py"), parallelism=1,

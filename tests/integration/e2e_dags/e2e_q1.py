@@ -69,7 +69,8 @@ def q1_dag(dag_id: str, *, schedule: str | None, scan_config: dict[str, Any] | N
     default_args = {"retries": 1, "retry_delay": timedelta(seconds=5)}
     with DAG(dag_id=dag_id, schedule=schedule, start_date=pendulum.datetime(2026, 1, 1, tz="UTC"), catchup=False,
              max_active_runs=3, default_args=default_args, tags=["speculative", "e2e"]) as dag, \
-            Pipeline(dag_id, config={"check_interval": "500ms"}) as pipeline:
+            Pipeline(dag_id, config={"check_interval": "500ms"},
+                          spark_conf={"spark.sql.shuffle.partitions": "4"}) as pipeline:
         scan = pipeline.stage("scan", application=str(APPS / "q1_scan.py"), parallelism=2,
                               inputs={"lineitem": parquet_source(os.environ["SPECULATIVE_EXAMPLE_DATA"])},
                               config=scan_config, pre_execute=hold_before_finalize)

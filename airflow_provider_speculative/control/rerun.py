@@ -5,10 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from airflow_provider_speculative.backends.local import LocalBackend
+from airflow_provider_speculative.backends.base import attempt_observer
 from airflow_provider_speculative.core.failover import Region, rerun_region
 from airflow_provider_speculative.core.graph import ExchangeSpec, PipelineGraph, SourceSpec, StageSpec
-from airflow_provider_speculative.store.files import append_jsonl, read_json
+from airflow_provider_speculative.store import journal
+from airflow_provider_speculative.store.files import read_json
 from airflow_provider_speculative.store.layout import StageLayout, safe_component
 from airflow_provider_speculative.store.results import remove_attempt_output
 
@@ -54,7 +55,7 @@ def invalidate_region(root: Path, dag_id: str, run_id: str, region: Region, reas
     done: dict[str, list[int]] = {}
     for stage, subtasks in region.subtasks.items():
         layout = StageLayout(Path(root), dag_id, run_id, stage)
-        backend = LocalBackend(layout)
+        backend = attempt_observer(layout)
         for subtask in sorted(subtasks):
             marker = read_json(layout.admitted(subtask))
             if marker is None:
@@ -64,5 +65,5 @@ def invalidate_region(root: Path, dag_id: str, run_id: str, region: Region, reas
             done.setdefault(stage, []).append(subtask)
         # The stage must commit again; consumers re-plan from the new commit.
         layout.committed.unlink(missing_ok=True)
-        append_jsonl(layout.journal, {"event": "rerun_invalidated", "subtasks": sorted(subtasks), "reason": reason})
+        journal.record(layout.journal, "rerun_invalidated", subtasks=sorted(subtasks), reason=reason)
     return done

@@ -7,18 +7,20 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from airflow_provider_speculative.backends.local import LaunchSpec, LocalBackend
+from airflow_provider_speculative.backends.base import LaunchSpec, attempt_observer, plan_backends
 from airflow_provider_speculative.core.config import SpeculativeConfig, Target
 from airflow_provider_speculative.core.states import AttemptState
-from airflow_provider_speculative.store.files import append_jsonl, atomic_write_json, read_json
+from airflow_provider_speculative.exceptions import PartitionError
+from airflow_provider_speculative.store.files import atomic_write_json, read_json
+from airflow_provider_speculative.store.journal import Journal
 from airflow_provider_speculative.store.layout import StageLayout
-from airflow_provider_speculative.store.manifest import PartitionError, read_manifest, verify_files
+from airflow_provider_speculative.store.manifest import read_manifest, verify_files
 from airflow_provider_speculative.store.results import admitted_results, read_committed
 
 
 def attempt_command(plan: dict[str, Any], layout: StageLayout, subtask: int, attempt: int, target: str) -> list[str]:
-    """The spark-submit command line of one attempt: the target's command plus the attempt's arguments."""
-    return [*plan["commands"][target], "--plan", str(layout.plan), "--subtask", str(subtask),
+    """The command line of one attempt: the target's launch command plus the attempt's arguments."""
+    return [*plan["targets"][target]["command"], "--plan", str(layout.plan), "--subtask", str(subtask),
             "--attempt", str(attempt), "--target", target]
 
 
@@ -29,15 +31,18 @@ class PartitionRecovery:
     """
 
     def __init__(self, root: Path, dag_id: str, run_id: str, stage: str, subtask: int, *,
-                 env: dict[str, str], blocked: Callable[[str], bool], clock: Callable[[], float] = time.time) -> None:
+                 env: dict[str, str], blocked: Callable[[str], bool], clock: Callable[[], float] = time.time,
+                 target_env: dict[str, dict[str, str]] | None = None) -> None:
         self.layout = StageLayout(root, dag_id, run_id, stage)
         self.plan = read_json(self.layout.plan)
         if self.plan is None:
             raise FileNotFoundError(f"cannot re-produce {stage}[{subtask}]: its plan {self.layout.plan} is missing")
         self.stage, self.subtask = stage, subtask
         self.config = SpeculativeConfig.from_json(self.plan["config"])
-        self.backend = LocalBackend(self.layout)
+        self.backends = plan_backends(self.plan, self.layout)
+        self.backend = attempt_observer(self.layout)
         self.env, self.blocked, self.clock = env, blocked, clock
+        self.target_env = target_env or {}
         marker = read_json(self.layout.admitted(subtask)) or {}
         self.lost_attempt = marker.get("attempt")
         self.attempt: int | None = self._adoptable()
@@ -67,8 +72,9 @@ class PartitionRecovery:
         if not self.backend.claim(self.subtask, number, record):
             self.attempt = number  # another controller launched it: adopt
             return
-        env = {**(self.plan.get("env") or {}), **self.env}
-        self.backend.launch(LaunchSpec(self.subtask, number, target.name, target.node_label, False,
+        env = {**(self.plan["targets"][target.name].get("env") or {}), **self.target_env.get(target.name, {}),
+               **self.env}
+        self.backends[target.name].launch(LaunchSpec(self.subtask, number, target.name, target.node_label, False,
                                        attempt_command(self.plan, self.layout, self.subtask, number, target.name),
                                        env))
         self.attempt = number
@@ -115,4 +121,4 @@ class PartitionRecovery:
         return read_committed(self.layout)["subtasks"][str(self.subtask)]
 
     def _journal(self, event: str, **fields: Any) -> None:
-        append_jsonl(self.layout.journal, {"at": self.clock(), "event": event, "subtask": self.subtask, **fields})
+        Journal(self.layout.journal, self.clock, subtask=self.subtask)(event, **fields)

@@ -1,41 +1,40 @@
-"""Local backend: each attempt is a detached spark-submit under a supervisor; state lives in the store."""
+"""Supervised attempts: a detached supervisor process per attempt runs its command; state lives in the store.
+
+The supervisor records pid, host, timestamps and the exit code in ``status.json`` and refreshes
+``alive_at`` while the command runs. The controller decides liveness from the pid when the
+supervisor runs on its own host, and from ``alive_at`` when it runs elsewhere (an HA triggerer on
+another machine took the trigger over): nothing here assumes the attempt is a local process.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import psutil
 
+from airflow_provider_speculative.backends.base import LaunchSpec
 from airflow_provider_speculative.core.states import Attempt, AttemptState
 from airflow_provider_speculative.store.files import atomic_write_json, create_exclusive_json, read_json
 from airflow_provider_speculative.store.layout import StageLayout
 
 # A claim with no process after this long was lost between claim and launch (controller crash).
 LAUNCH_LOST_AFTER = 60.0
+# A supervisor on another host that has not refreshed alive_at for this long is presumed dead.
+REMOTE_ALIVE_TIMEOUT = 30.0
+HOST = socket.gethostname()
 
 
-@dataclass(frozen=True)
-class LaunchSpec:
-    """Everything needed to start one attempt."""
+class SupervisedBackend:
+    """Launch, poll and kill the attempts of one stage run through detached supervisors."""
 
-    subtask: int
-    attempt: int
-    target: str
-    node: str
-    speculative: bool
-    command: list[str]
-    env: dict[str, str]
-
-
-class LocalBackend:
-    """Launch, poll and kill attempts of one stage run as local detached processes."""
+    kind: ClassVar[str] = "supervised"
 
     def __init__(self, layout: StageLayout, kill_grace: float = 5.0) -> None:
         self.layout = layout
@@ -49,19 +48,23 @@ class LocalBackend:
         """Start the supervisor detached, in its own session; return once its status is recorded."""
         status = self.layout.status(spec.subtask, spec.attempt)
         log = self.layout.log(spec.subtask, spec.attempt)
+        env = self.launch_env(spec)
         cmd = [sys.executable, "-m", "airflow_provider_speculative.backends.supervisor",
                "--status", str(status), "--log", str(log),
                "--manifest", str(self.layout.manifest(spec.subtask, spec.attempt)), "--daemonize",
                "--", *spec.command]
-        # The driver's Python must be the one with pyspark and this package: the launcher's own.
-        env = {"PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable, **os.environ, **spec.env,
-               "SPECULATIVE_NODE": spec.node, "SPECULATIVE_LAUNCHED_AT": str(time.time())}
         with open(log, "ab") as out:
             code = subprocess.call(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                    start_new_session=True, env=env, close_fds=True, timeout=60)
         if code != 0 or read_json(status) is None:
             raise RuntimeError(f"could not start attempt {spec.attempt} of subtask {spec.subtask}: "
                                f"supervisor exited {code}; see {log}")
+
+    def launch_env(self, spec: LaunchSpec) -> dict[str, str]:
+        """The attempt's environment: the launcher's, the plan's, and what the runtime needs to know."""
+        # The driver's Python must be the one with pyspark and this package: the launcher's own.
+        return {"PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable, **os.environ,
+                **spec.env, "SPECULATIVE_NODE": spec.node, "SPECULATIVE_LAUNCHED_AT": str(time.time())}
 
     def poll(self, subtask: int, attempt: int, now: float | None = None) -> Attempt:
         """Read one attempt's state from the store, checking that a live one's process still exists."""
@@ -77,8 +80,9 @@ class LocalBackend:
                       node=heartbeat.get("node") or status.get("node") or claim.get("node"),
                       deploying_at=status.get("deploying_at"),
                       end_at=status.get("end_at"), exit_code=status.get("exit_code"), cause=status.get("cause"),
-                      input_bytes=heartbeat.get("input_bytes"),
-                      progress={k: heartbeat[k] for k in ("records_read", "tasks_done", "tasks_total", "at")
+                      input_bytes=heartbeat.get("input_bytes"), app_id=heartbeat.get("app_id"),
+                      launched_at=status.get("launched_at"), ready_at=heartbeat.get("session_ready_at"),
+                      progress={k: heartbeat[k] for k in ("tasks_done", "tasks_total", "bytes_read", "at")
                                 if k in heartbeat})
         state = status.get("state")
         invalidated = read_json(base / "invalidated.json")
@@ -91,7 +95,7 @@ class LocalBackend:
             if state == "FAILED" and status.get("failure_kind") == "partition":
                 out.failure = read_json(base / "failure.json")
             return out
-        alive = self._alive(launch)
+        alive = self._alive(launch, now)
         if launch and not alive:
             out.state = AttemptState.CANCELED if cancel else AttemptState.FAILED
             out.end_at = out.end_at or now
@@ -128,6 +132,9 @@ class LocalBackend:
         launch = read_json(self.layout.status(subtask, attempt)) or {}
         if not launch.get("pgid"):
             return True
+        if launch.get("host") not in (None, HOST):
+            # The remote supervisor escalates by itself (cancel.json); done once it recorded the end.
+            return launch.get("state") in ("FINISHED", "FAILED", "CANCELED") or not self._alive(launch, now)
         if not self._group_alive(launch["pgid"]):
             return True
         if now - cancel.get("at", now) >= self.kill_grace:
@@ -144,10 +151,14 @@ class LocalBackend:
             self.layout.admitted(subtask).unlink(missing_ok=True)
 
     @staticmethod
-    def _alive(launch: dict[str, Any]) -> bool:
+    def _alive(launch: dict[str, Any], now: float | None = None) -> bool:
         pid = launch.get("pid")
         if not pid:
             return False
+        if launch.get("host") not in (None, HOST):
+            # Another host's pid means nothing here: trust the supervisor's own refresh.
+            seen = max(float(launch.get("alive_at") or 0), float(launch.get("deploying_at") or 0))
+            return (time.time() if now is None else now) - seen < REMOTE_ALIVE_TIMEOUT
         try:
             proc = psutil.Process(pid)
             if launch.get("create_time") and abs(proc.create_time() - launch["create_time"]) > 1:

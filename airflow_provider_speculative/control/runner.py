@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from airflow_provider_speculative.backends.controller import StageController, wipe_stage_attempts
+from airflow_provider_speculative.control.controller import StageController, wipe_stage_attempts
 from airflow_provider_speculative.core.config import SpeculativeConfig
 from airflow_provider_speculative.core.graph import PipelineGraph, SourceSpec
 from airflow_provider_speculative.core.plan import plan_stage
@@ -35,11 +35,14 @@ def plan_local_stage(graph: PipelineGraph, stage: str, root: Path, dag_id: str, 
     spec = graph.stages[stage]
     sources = {name: list_parquet(src.path) for name, src in spec.inputs.items() if isinstance(src, SourceSpec)}
     upstream = {u: read_committed(StageLayout(root, dag_id, run_id, u)) for u in graph.upstreams(stage)}
-    command = [*local_spark_submit(), spec.application]
+    conf = [arg for key, value in spec.spark_conf.items() for arg in ("--conf", f"{key}={value}")]
+    command = [*local_spark_submit(), *conf, spec.application]
+    targets = {t.name: {"kind": "spark_submit", "conn_id": t.conn_id, "node": t.node_label, "command": command,
+                        "env": {}, "spark_conf": {}} for t in config.targets}
     return plan_stage(graph, stage, config, source_files=sources, upstream_committed=upstream, sink=None,
                       speculation_blocker=None,
                       context={"dag_id": dag_id, "run_id": run_id, "store_root": str(root), "logical_date": None,
-                               "application": spec.application, "commands": {t.name: command for t in config.targets}})
+                               "application": spec.application, "targets": targets})
 
 
 def run_stage(plan: dict[str, Any], timeout: float = 1800.0, fresh: bool = False) -> StageController:

@@ -1,8 +1,9 @@
 """Operator extra links of a stage task: its stage view, and the Spark history of its admitted attempts.
 
-Declared on SparkStageOperator (the worker pushes each link to XCom when the task finishes) and
-registered in the plugin (the api-server then computes them on request, while the stage runs).
-Cheap to import: the operator is only imported when Airflow asks which operators a link is for.
+A leaf module: it imports no operator and nothing of the UI plugin, so parsing a DAG stays cheap.
+Declared on SparkStageOperator and under ``extra-links`` in the provider info (the api-server
+deserialises them from there). A link is computed from the task instance's key alone; what it
+shows is read from what the stage persisted in the store (the plugin's pages do the reading).
 """
 
 from __future__ import annotations
@@ -45,20 +46,10 @@ def plugin_url(route: str, **params: str) -> str:
     return f"{base}{URL_PREFIX}{route}?{urlencode(params)}"
 
 
-class _StageOperators:
-    """Resolves to ``[SparkStageOperator]`` when read, so loading the plugin does not import the operator."""
-
-    def __get__(self, obj: object, owner: type | None = None) -> list[type]:
-        from airflow_provider_speculative.operators.stage import SparkStageOperator
-
-        return [SparkStageOperator]
-
-
 class StageViewLink(BaseOperatorLink):
     """Link from a stage task to its stage view (subtasks and attempts on a time axis)."""
 
     name = "Speculative stage view"
-    operators = _StageOperators()
 
     def get_link(self, operator: Any, *, ti_key: TaskInstanceKey) -> str:
         """The plugin's stage page for this task instance."""
@@ -69,7 +60,6 @@ class SparkHistoryLink(BaseOperatorLink):
     """Link from a stage task to the Spark history of its admitted attempts (when a history server is set)."""
 
     name = "Spark history (admitted attempts)"
-    operators = _StageOperators()
 
     def get_link(self, operator: Any, *, ti_key: TaskInstanceKey) -> str:
         """The plugin's redirect to the history server, or "" (no button) without ``spark_history_url``."""

@@ -1,8 +1,8 @@
 """Partition life cycle: plan and carry out the removal of what the store no longer needs (FLIP-1).
 
 No Airflow import: the caller (``airflow speculative gc``) reads run states from the metadata DB and
-passes them in. Lives in ``backends`` rather than ``store`` because it must ask
-:meth:`LocalBackend.poll` whether an attempt is still alive, and ``store`` may not import backends.
+passes them in. Lives in ``control`` rather than ``store`` because it must ask
+a backend's poll whether an attempt is still alive, and ``store`` may not import backends.
 
 What goes, and when:
 
@@ -32,15 +32,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from airflow_provider_speculative.backends.local import LocalBackend
+from airflow_provider_speculative.backends.base import attempt_observer
 from airflow_provider_speculative.core.config import SpeculativeConfig
 from airflow_provider_speculative.core.states import Attempt, AttemptState
-from airflow_provider_speculative.store.files import (
-    StoreError,
-    append_jsonl,
-    atomic_write_json,
-    read_json,
-)
+from airflow_provider_speculative.exceptions import StoreError
+from airflow_provider_speculative.store import journal
+from airflow_provider_speculative.store.files import atomic_write_json, read_json
 from airflow_provider_speculative.store.layout import StageLayout, safe_component
 
 LOSER = "loser"
@@ -196,9 +193,8 @@ def execute_gc(items: Iterable[GcItem], *, now: float | None = None) -> dict[str
         if not stage_dir.is_dir():
             continue
         try:
-            append_jsonl(stage_dir / "journal.jsonl", {
-                "at": now, "event": "gc", "bytes": sum(i.bytes for i in removed),
-                "removed": [{**i.to_json(), "path": os.path.relpath(i.path, stage_dir)} for i in removed]})
+            journal.record(stage_dir / "journal.jsonl", "gc", at=now, bytes=sum(i.bytes for i in removed),
+                           removed=[{**i.to_json(), "path": os.path.relpath(i.path, stage_dir)} for i in removed])
         except StoreError as exc:
             summary["errors"].append({"path": str(stage_dir / "journal.jsonl"), "error": str(exc)})
     return summary
@@ -238,7 +234,7 @@ def _read_stages(root: Path, dag_dir_name: str, run_dir: Path, now: float) -> di
         except StoreError:
             plan, committed = None, None  # unreadable: still checked for live attempts, never expired
         stage = _Stage(layout=layout, plan=plan, committed=committed)
-        backend = LocalBackend(layout)
+        backend = attempt_observer(layout)
         for subtask_dir in sorted(stage_dir.glob("subtask=*")):
             try:
                 subtask = int(subtask_dir.name.split("=", 1)[1])

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from airflow_provider_speculative.backends.gc import read_expired
-from airflow_provider_speculative.backends.local import LocalBackend
+from airflow_provider_speculative.backends.base import attempt_observer
+from airflow_provider_speculative.control.lifecycle import read_expired
 from airflow_provider_speculative.core.states import current_attempt
 from airflow_provider_speculative.store.files import read_json, read_jsonl
 from airflow_provider_speculative.store.layout import StageLayout, safe_component
@@ -34,7 +34,7 @@ def run_report(root: Path, dag_id: str, run_id: str, stage: str | None = None) -
 
 def stage_report(layout: StageLayout, plan: dict[str, Any]) -> dict[str, Any]:
     """One stage: summary, committed flag and every subtask's attempts with the current one."""
-    backend = LocalBackend(layout)
+    backend = attempt_observer(layout)
     summary = read_json(layout.summary) or {}
     committed = read_json(layout.committed)
     subtasks = []
@@ -52,6 +52,7 @@ def stage_report(layout: StageLayout, plan: dict[str, Any]) -> dict[str, Any]:
                 "attempt": a.number, "state": a.state.value, "target": a.target, "node": a.node,
                 "speculative": a.speculative, "start": a.deploying_at, "end": a.end_at, "exit_code": a.exit_code,
                 "cause": a.cause, "admitted": bool(marker and marker["attempt"] == a.number),
+                "app_id": a.app_id, "launched_at": a.launched_at, "startup_seconds": a.startup_seconds,
             } for a in attempts],
         })
     return {

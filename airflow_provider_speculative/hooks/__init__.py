@@ -1,0 +1,1 @@
+"""Airflow-side resolution of targets: connections to launch templates for the backends."""

@@ -1,0 +1,98 @@
+"""Resolve a stage's targets from their Airflow connections into launch templates for plan.json.
+
+Runs in the operator (on a worker, where connections can be read synchronously). The connection type
+picks the backend kind (``spark`` -> spark-submit, ``spark_connect`` -> Spark Connect). Secrets never
+enter the plan: a Connect URL may carry a token, so the trigger resolves it again with the async
+connection API and hands it to attempts through their environment only (:func:`connect_env`).
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote, urlparse
+
+from airflow_provider_speculative.backends.base import kind_for_conn_type
+from airflow_provider_speculative.core.config import SpeculativeConfig, Target
+from airflow_provider_speculative.exceptions import TargetError
+
+# The runtime reads the Connect server's base URL (without session id) from this variable.
+REMOTE_ENV = "SPECULATIVE_SPARK_REMOTE"
+
+
+def _connection(target: Target, where: str) -> Any:
+    from airflow.sdk import BaseHook
+
+    try:
+        return BaseHook.get_connection(target.conn_id)
+    except Exception as exc:  # AirflowNotFoundException and friends: never fall back to a default master
+        raise TargetError(f"{where}: target {target.name!r} uses connection {target.conn_id!r}, which cannot be "
+                          f"found ({type(exc).__name__}: {exc}); define it (e.g. AIRFLOW_CONN_"
+                          f"{target.conn_id.upper()}) or change [speculative] targets") from None
+
+
+def resolve_targets(config: SpeculativeConfig, *, application: str, spark_conf: dict[str, str], app_name: str,
+                    where: str) -> dict[str, dict[str, Any]]:
+    """Each target's launch template: ``{kind, conn_id, node, command, env, spark_conf}``."""
+    out: dict[str, dict[str, Any]] = {}
+    for target in config.targets:
+        conn = _connection(target, where)
+        try:
+            kind = kind_for_conn_type(conn.conn_type, target=target.name, conn_id=target.conn_id)
+        except TargetError as exc:
+            raise TargetError(f"{where}: {exc}") from None
+        conf = {**target.conf, **spark_conf}
+        if kind == "spark_submit":
+            command = _spark_submit_command(target, conf, application, app_name)
+        else:
+            # The attempt is a small Python client; its Spark conf is applied to its remote session.
+            command = [sys.executable, application]
+        out[target.name] = {"kind": kind, "conn_id": target.conn_id, "node": target.node_label,
+                            "command": command, "env": {}, "spark_conf": conf if kind == "spark_connect" else {}}
+    return out
+
+
+def _spark_submit_command(target: Target, conf: dict[str, str], application: str, app_name: str) -> list[str]:
+    from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+
+    hook = SparkSubmitHook(conn_id=target.conn_id, conf=conf, name=app_name)
+    cmd = hook._build_spark_submit_command(application)
+    if cmd and "/" not in cmd[0] and not shutil.which(cmd[0]):
+        # Workers started from a venv without activating it: use the venv's spark-submit.
+        local = Path(sys.executable).parent / cmd[0]
+        if local.exists():
+            cmd[0] = str(local)
+    return cmd
+
+
+def connect_url(conn: Any) -> str:
+    """``sc://host:port/;user_id=..;token=..`` from a ``spark_connect`` connection (SparkConnectHook's rules)."""
+    host = str(conn.host or "")
+    if "://" not in host:
+        host = f"sc://{host}"
+    if conn.port:
+        host = f"{host}:{conn.port}"
+    url = urlparse(host)
+    params = []
+    if conn.login:
+        params.append(f"user_id={quote(conn.login)}")
+    if conn.password:
+        params.append(f"token={quote(conn.password)}")
+    extra = conn.extra_dejson if hasattr(conn, "extra_dejson") else {}
+    if extra.get("use_ssl") is not None:
+        params.append(f"use_ssl={quote(str(extra['use_ssl']))}")
+    return f"sc://{url.netloc}/" + (";" + ";".join(params) if params else "")
+
+
+async def connect_env(plan: dict[str, Any]) -> dict[str, dict[str, str]]:
+    """Per Connect target, the environment carrying its server URL (resolved in the triggerer, never stored)."""
+    from airflow.sdk import BaseHook
+
+    out: dict[str, dict[str, str]] = {}
+    for name, spec in plan["targets"].items():
+        if spec["kind"] == "spark_connect":
+            conn = await BaseHook.aget_connection(spec["conn_id"])
+            out[name] = {REMOTE_ENV: connect_url(conn)}
+    return out

@@ -1,0 +1,33 @@
+"""The one metrics emitter: FLIP-168's gauges per stage through Airflow's Stats (StatsD or OpenTelemetry)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+# FLIP-168's two metrics, named as Flink names them.
+GAUGES = ("numSlowExecutionVertices", "numEffectiveSpeculativeExecutions")
+
+
+class StageMetrics:
+    """Gauges of one stage run, named ``speculative.<dag_id>.<stage>.<metric>`` and tagged dag_id/stage."""
+
+    def __init__(self, dag_id: str, stage: str) -> None:
+        self.tags = {"dag_id": dag_id, "stage": stage}
+        self.prefix = f"speculative.{dag_id}.{stage}"
+        self.last: dict[str, Any] = {}
+
+    @classmethod
+    def for_plan(cls, plan: dict[str, Any]) -> StageMetrics:
+        """The emitter of the stage run a plan describes."""
+        return cls(plan["dag_id"], plan["stage"])
+
+    def emit(self, summary: dict[str, Any], *, only_changed: bool = True) -> None:
+        """Send the gauges found in ``summary`` (by default only those that changed since the last call)."""
+        from airflow.sdk.observability.stats import Stats
+
+        for name in GAUGES:
+            value = summary.get(name)
+            if value is None or (only_changed and self.last.get(name) == value):
+                continue
+            Stats.gauge(f"{self.prefix}.{name}", value, tags=self.tags)
+            self.last[name] = value

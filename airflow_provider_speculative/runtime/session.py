@@ -1,0 +1,59 @@
+"""Open the attempt's Spark session: a classic driver (spark-submit) or a Spark Connect client.
+
+The same stage application runs on either kind of target: the backend says which by setting
+``SPECULATIVE_SPARK_REMOTE`` (a full ``sc://`` URL with this attempt's own ``session_id``) for
+Connect targets. On Connect every operation of the attempt also carries a tag naming the attempt,
+so a cancel can interrupt exactly its work on the shared server.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+REMOTE_ENV = "SPECULATIVE_SPARK_REMOTE"
+
+
+def attempt_tag(dag_id: str, stage: str, subtask: int, attempt: int) -> str:
+    """The Spark operation tag of one attempt (Spark forbids commas in tags; keep it readable)."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", f"speculative-{dag_id}-{stage}-{subtask}-{attempt}")
+
+
+@dataclass
+class OpenedSession:
+    """A ready session and what the heartbeat reports about it."""
+
+    spark: SparkSession
+    app_id: str | None
+    remote: bool
+
+
+def open_session(app_name: str, spark_conf: dict[str, str], tag: str) -> OpenedSession:
+    """Open the session this process is meant to use (Connect if ``SPECULATIVE_SPARK_REMOTE`` is set)."""
+    from pyspark.sql import SparkSession
+
+    remote = os.environ.get(REMOTE_ENV)
+    if not remote:
+        # spark-submit already passed the stage's spark_conf as --conf.
+        spark = SparkSession.builder.appName(app_name).getOrCreate()
+        spark.sparkContext.setLogLevel("WARN")
+        return OpenedSession(spark, spark.sparkContext.applicationId, remote=False)
+    spark = SparkSession.builder.remote(remote).getOrCreate()
+    spark.addTag(tag)
+    for key, value in spark_conf.items():
+        try:
+            spark.conf.set(key, value)
+        except Exception as exc:  # static confs (executor memory...) belong to the server, not a session
+            print(f"[speculative] spark_conf {key}={value} ignored on a Spark Connect target: {exc}",
+                  file=sys.stderr)
+    try:
+        app_id = spark.conf.get("spark.app.id")
+    except Exception:
+        app_id = None
+    return OpenedSession(spark, app_id, remote=True)
