@@ -59,10 +59,11 @@ def test_cancel_and_on_kill_leave_no_spark_driver(tmp_path, tpch_data):
     pgids = {s: read_json(layout.status(s, 0))["pgid"] for s in (0, 1)}
     assert all(group_processes(pgid) for pgid in pgids.values())
 
-    controller.backend.cancel(0, 0, "test")
-    wait_for(lambda: controller.backend.reap(0, 0), 30, "attempt 0 of subtask 0 to die")
+    backend = controller.backends["local-a"]
+    backend.cancel(0, 0, "test")
+    wait_for(lambda: backend.reap(0, 0), 30, "attempt 0 of subtask 0 to die")
     assert group_processes(pgids[0]) == []
-    assert wait_for(lambda: controller.backend.poll(0, 0).state == AttemptState.CANCELED, 10, "CANCELED state")
+    assert wait_for(lambda: backend.poll(0, 0).state == AttemptState.CANCELED, 10, "CANCELED state")
 
     # The user marks the deferred task failed: the trigger's on_kill stops the rest.
     trigger = StageControllerTrigger(plan_path=str(layout.plan), deferred_at=time.time())

@@ -19,7 +19,7 @@ from airflow_provider_speculative.core.scheduler import (
     StageScheduler,
 )
 from airflow_provider_speculative.core.states import Attempt, AttemptState
-from tests.unit.scheduler_helpers import restore, step
+from tests.unit.core.scheduler_helpers import restore, step
 
 S = AttemptState
 SPECULATIVE = {"enabled": True, "baseline_lower_bound": 0.0}  # baseline = 1.5 x median, no 60 s floor

@@ -19,7 +19,7 @@ from airflow_provider_speculative.core.scheduler import (
     StageScheduler,
 )
 from airflow_provider_speculative.core.states import Attempt, AttemptState
-from tests.unit.scheduler_helpers import restore, step
+from tests.unit.core.scheduler_helpers import restore, step
 
 S = AttemptState
 ALL_READ_SCAN = {("scan", p): frozenset({0, 1}) for p in range(4)}

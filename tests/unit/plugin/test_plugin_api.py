@@ -215,5 +215,5 @@ def test_plugin_is_registered_through_the_entry_point():
 def test_drop_in_file_does_not_register_the_plugin_twice():
     import runpy
 
-    namespace = runpy.run_path(str(Path(__file__).resolve().parents[2] / "plugins" / "speculative_plugin.py"))
+    namespace = runpy.run_path(str(Path(__file__).resolve().parents[3] / "plugins" / "speculative_plugin.py"))
     assert "SpeculativePlugin" not in namespace  # the entry point already registers it
