@@ -31,6 +31,7 @@ from airflow_provider_speculative.core.scheduler import (
     InputRestored,
     Invalidate,
     Launch,
+    LaunchFailed,
     NodeBlocked,
     RecoverPartition,
     RecoveryFailed,
@@ -50,7 +51,8 @@ class StageController:
 
     def __init__(self, plan: dict[str, Any], clock: Callable[[], float] = time.time,
                  extra_env: dict[str, str] | None = None,
-                 target_env: dict[str, dict[str, str]] | None = None) -> None:
+                 target_env: dict[str, dict[str, str]] | None = None,
+                 backends: dict[str, Backend] | None = None, observer: Backend | None = None) -> None:
         self.plan = plan
         # Secrets for the attempts (a sink's DSN, a Connect server's URL with its token): passed at
         # launch, never written to the store.
@@ -62,8 +64,8 @@ class StageController:
         self.journal = Journal(self.layout.journal, clock)
         # One backend per target (its kind was resolved from the target's connection at plan time);
         # the observer reads any attempt the same way (targets of an older plan, unknown ones).
-        self.backends: dict[str, Backend] = plan_backends(plan, self.layout)
-        self.observer = attempt_observer(self.layout)
+        self.backends: dict[str, Backend] = backends if backends is not None else plan_backends(plan, self.layout)
+        self.observer = observer if observer is not None else attempt_observer(self.layout)
         self.scheduler = StageScheduler(
             parallelism=plan["parallelism"], config=self.config,
             input_bytes={i: s["input_bytes"] for i, s in enumerate(plan["subtasks"]) if s.get("input_bytes")},
@@ -73,6 +75,7 @@ class StageController:
             upstreams={name: (info["parallelism"], info["deterministic"])
                        for name, info in (plan.get("upstream_info") or {}).items()})
         self.reaping: set[tuple[int, int]] = set()
+        self._launch_failures: list[LaunchFailed] = []
         self.recoveries: dict[tuple[str, int], PartitionRecovery] = {}
         self.result: CompleteStage | FailStage | None = None
         self._restore()
@@ -113,9 +116,13 @@ class StageController:
         now = self.clock()
         # Blocks other stages of the run added, then what changed, then decide.
         stimuli: list[Any] = [NodeBlocked(node, until) for node, until in self._shared_blocks().items()]
+        failed_launches = {(f.subtask, f.attempt) for f in self._launch_failures}
         stimuli += [AttemptObserved(self._backend(a.target).poll(a.subtask, a.number, now))
                     for a in self.scheduler.all_attempts() if a.state not in (
-                        AttemptState.FINISHED, AttemptState.FAILED, AttemptState.CANCELED)]
+                        AttemptState.FINISHED, AttemptState.FAILED, AttemptState.CANCELED)
+                    and (a.subtask, a.number) not in failed_launches]
+        stimuli += self._launch_failures
+        self._launch_failures = []
         actions = self._carry_out_all(self.scheduler.handle(*stimuli, Tick(now)), now)
         actions += self._carry_out_all(self._step_recoveries(), now)
         self._reap(now)
@@ -251,9 +258,14 @@ class StageController:
             backend.launch(LaunchSpec(action.subtask, action.attempt, target.name, target.node_label,
                                       action.speculative, command, env))
         except Exception as exc:
+            # Recorded for restarts and the read model; the scheduler hears it at the next check.
             atomic_write_json(self.layout.status(action.subtask, action.attempt),
                               {"state": "FAILED", "end_at": self.clock(), "exit_code": None,
                                "cause": f"launch failed: {exc}"})
+            self.journal("launch_failed", subtask=action.subtask, attempt=action.attempt, target=target.name,
+                         cause=str(exc))
+            self._launch_failures.append(LaunchFailed(action.subtask, action.attempt, str(exc), self.clock()))
+            return []
         self.journal("launch", subtask=action.subtask, attempt=action.attempt, target=target.name,
                      speculative=action.speculative, reason=action.reason)
         return []

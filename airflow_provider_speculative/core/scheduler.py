@@ -54,6 +54,16 @@ class ClaimLost:
 
 
 @dataclass(frozen=True)
+class LaunchFailed:
+    """Starting attempt ``attempt`` of ``subtask`` failed at ``at`` (the backend raised ``cause``)."""
+
+    subtask: int
+    attempt: int
+    cause: str
+    at: float
+
+
+@dataclass(frozen=True)
 class AdmissionLost:
     """Admitting ``attempt`` lost the exclusive marker to ``winner`` (a concurrent controller)."""
 
@@ -86,8 +96,8 @@ class Tick:
     now: float
 
 
-Stimulus = (Restored | AttemptObserved | NodeBlocked | ClaimLost | AdmissionLost | InputRestored | RecoveryFailed
-            | Tick)
+Stimulus = (Restored | AttemptObserved | NodeBlocked | ClaimLost | LaunchFailed | AdmissionLost | InputRestored
+            | RecoveryFailed | Tick)
 
 # -- actions: what to do ------------------------------------------------------------------------
 
@@ -283,6 +293,13 @@ class StageScheduler:
             elif isinstance(stimulus, ClaimLost):
                 adopted = replace(stimulus.observed)
                 self.attempts.setdefault(adopted.subtask, {})[adopted.number] = adopted
+            elif isinstance(stimulus, LaunchFailed):
+                known = self.attempts.get(stimulus.subtask, {}).get(stimulus.attempt)
+                if known is None:
+                    raise ValueError(f"LaunchFailed for unknown attempt {stimulus.subtask}/{stimulus.attempt}")
+                # Applied with the next Tick, like any observation: the failure rules run there.
+                observed.append(replace(known, state=AttemptState.FAILED, end_at=stimulus.at,
+                                        cause=f"launch failed: {stimulus.cause}"))
             elif isinstance(stimulus, AdmissionLost):
                 actions += self._admission_lost(stimulus)
             elif isinstance(stimulus, InputRestored):

@@ -1,0 +1,191 @@
+"""StageController against a fake backend on a real temporary store: launch failure, lost claim,
+lost admission, reaping, and the refusal of actions it does not know."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+
+from airflow_provider_speculative.backends.base import LaunchSpec
+from airflow_provider_speculative.control.controller import StageController
+from airflow_provider_speculative.core.config import SpeculativeConfig
+from airflow_provider_speculative.core.states import Attempt, AttemptState
+from airflow_provider_speculative.store.files import atomic_write_json, create_exclusive_json, read_json, read_jsonl
+from airflow_provider_speculative.store.layout import StageLayout
+
+S = AttemptState
+
+
+class Clock:
+    """A fake clock the test advances."""
+
+    def __init__(self) -> None:
+        self.now = 1_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class FakeBackend:
+    """Attempts in memory; claims in the real store (so two controllers race on them for real)."""
+
+    kind: ClassVar[str] = "fake"
+    kill_grace = 0.0
+
+    def __init__(self, layout: StageLayout, clock: Clock) -> None:
+        self.layout, self.clock = layout, clock
+        self.attempts: dict[tuple[int, int], Attempt] = {}
+        self.launched: list[LaunchSpec] = []
+        self.cancelled: list[tuple[int, int]] = []
+        self.fail_launch: set[tuple[int, int]] = set()
+        self.survives_cancel: set[tuple[int, int]] = set()
+
+    def claim(self, subtask: int, attempt: int, record: dict[str, Any]) -> bool:
+        return create_exclusive_json(self.layout.claim(subtask, attempt), record)
+
+    def launch(self, spec: LaunchSpec) -> None:
+        if (spec.subtask, spec.attempt) in self.fail_launch:
+            raise RuntimeError("no executor slot")
+        self.launched.append(spec)
+        self.attempts[(spec.subtask, spec.attempt)] = Attempt(spec.subtask, spec.attempt, spec.target, S.RUNNING,
+                                                              deploying_at=self.clock())
+
+    def poll(self, subtask: int, attempt: int, now: float | None = None) -> Attempt:
+        known = self.attempts.get((subtask, attempt))
+        return replace(known) if known else Attempt(subtask, attempt, "local-a", S.CREATED)
+
+    def cancel(self, subtask: int, attempt: int, reason: str) -> None:
+        self.cancelled.append((subtask, attempt))
+        if (subtask, attempt) not in self.survives_cancel:
+            self.set(subtask, attempt, S.CANCELED)
+
+    def reap(self, subtask: int, attempt: int, now: float | None = None) -> bool:
+        return (subtask, attempt) not in self.survives_cancel
+
+    def invalidate(self, subtask: int, attempt: int, reason: str) -> None:
+        self.set(subtask, attempt, S.CANCELED)
+
+    def set(self, subtask: int, attempt: int, state: AttemptState) -> None:
+        self.attempts[(subtask, attempt)] = replace(self.attempts[(subtask, attempt)], state=state,
+                                                    end_at=self.clock())
+
+    def finish(self, subtask: int, attempt: int) -> None:
+        """Finish with a manifest, as a real attempt writes it."""
+        atomic_write_json(self.layout.manifest(subtask, attempt), {"files": [], "records": 0})
+        self.set(subtask, attempt, S.FINISHED)
+
+
+@dataclass
+class Harness:
+    controller: StageController
+    backend: FakeBackend
+    clock: Clock
+    layout: StageLayout
+
+    def step(self, seconds: float = 1.0) -> list[Any]:
+        self.clock.now += seconds
+        return self.controller.step()
+
+    def events(self, name: str) -> list[dict[str, Any]]:
+        return [e for e in read_jsonl(self.layout.journal) if e["event"] == name]
+
+
+def make_plan(root: Path, parallelism: int = 2, **config: Any) -> dict[str, Any]:
+    targets = [{"name": "local-a", "slots": 4}, {"name": "local-b", "slots": 4}]
+    cfg = SpeculativeConfig().with_overrides({"targets": targets, **config}, "test")
+    return {"store_root": str(root), "dag_id": "d", "run_id": "r", "stage": "scan", "parallelism": parallelism,
+            "config": cfg.to_json(), "subtasks": [{"inputs": {}, "input_bytes": 0} for _ in range(parallelism)],
+            "targets": {t["name"]: {"kind": "fake", "command": ["app.py"], "env": {}} for t in targets}}
+
+
+def harness(tmp_path: Path, parallelism: int = 2, **config: Any) -> Harness:
+    plan = make_plan(tmp_path / "store", parallelism, **config)
+    layout = StageLayout(Path(plan["store_root"]), "d", "r", "scan")
+    atomic_write_json(layout.plan, plan)
+    clock = Clock()
+    backend = FakeBackend(layout, clock)
+    # One fake serves both targets: what matters here is the controller's handling, not placement.
+    controller = StageController(plan, clock=clock, backends={"local-a": backend, "local-b": backend},
+                                 observer=backend)
+    return Harness(controller, backend, clock, layout)
+
+
+def test_a_launch_failure_is_a_failed_attempt_and_the_subtask_restarts(tmp_path: Path) -> None:
+    h = harness(tmp_path, parallelism=1)
+    h.backend.fail_launch.add((0, 0))
+    h.step()
+    assert h.events("launch_failed")[0]["cause"] == "no executor slot"
+    assert read_json(h.layout.status(0, 0))["state"] == "FAILED"
+    h.step()  # the scheduler hears of the failure and places attempt 1
+    attempt0 = h.controller.scheduler.attempts[0][0]
+    assert attempt0.state == S.FAILED and attempt0.cause == "launch failed: no executor slot"
+    assert [(s.subtask, s.attempt) for s in h.backend.launched] == [(0, 1)]
+
+
+def test_launch_failures_past_the_limit_fail_the_stage_once(tmp_path: Path) -> None:
+    h = harness(tmp_path, parallelism=1, max_failures_per_subtask=1)
+    h.backend.fail_launch.update({(0, 0), (0, 1), (0, 2)})
+    for _ in range(6):
+        h.step()
+    assert h.controller.result is not None and h.controller.done
+    payload = h.controller.event_payload()
+    assert payload["status"] == "failed" and "subtask 0 failed 2 times" in payload["reason"]
+    assert len(h.events("stage_failed")) == 1
+
+
+def test_a_lost_claim_adopts_the_other_controllers_attempt(tmp_path: Path) -> None:
+    h = harness(tmp_path, parallelism=1)
+    # Another controller instance claimed and launched attempt 0 first.
+    assert create_exclusive_json(h.layout.claim(0, 0), {"target": "local-a", "created_at": h.clock()})
+    h.backend.attempts[(0, 0)] = Attempt(0, 0, "local-a", S.RUNNING, deploying_at=h.clock())
+    h.step()
+    assert h.backend.launched == []  # nothing launched twice
+    assert h.events("claim_lost") == [{"at": h.clock(), "event": "claim_lost", "subtask": 0, "attempt": 0}]
+    assert h.controller.scheduler.attempts[0][0].state == S.RUNNING
+
+
+def test_a_lost_admission_keeps_the_other_winner_and_discards_ours(tmp_path: Path) -> None:
+    h = harness(tmp_path, parallelism=1, enabled=True, max_concurrent_executions=2,
+                fault_injection={"force_speculation": [0]})
+    h.step()
+    h.step()
+    assert sorted((s.subtask, s.attempt) for s in h.backend.launched) == [(0, 0), (0, 1)]
+    # A concurrent controller admitted attempt 1 while we saw attempt 0 finish.
+    assert create_exclusive_json(h.layout.admitted(0), {"attempt": 1, "at": h.clock()})
+    h.backend.finish(0, 0)
+    h.step()
+    assert h.events("admit_lost") == [{"at": h.clock(), "event": "admit_lost", "subtask": 0, "attempt": 0,
+                                       "winner": 1}]
+    assert h.controller.scheduler.admitted == {0: 1}
+    assert not h.layout.manifest(0, 0).exists()  # the discarded attempt's output is gone
+    assert h.events("discard")[0]["attempt"] == 0
+
+
+def test_losers_are_reaped_before_the_stage_is_done(tmp_path: Path) -> None:
+    h = harness(tmp_path, parallelism=1, enabled=True, max_concurrent_executions=2,
+                fault_injection={"force_speculation": [0]})
+    h.step()
+    h.step()
+    h.backend.survives_cancel.add((0, 0))  # the loser's driver takes a while to die
+    h.backend.finish(0, 1)
+    h.step()
+    assert (0, 0) in h.backend.cancelled and h.controller.scheduler.admitted == {0: 1}
+    assert not h.controller.done  # admitted, but the loser is still alive: the stage waits for it
+    h.backend.survives_cancel.clear()
+    h.backend.set(0, 0, S.CANCELED)  # the driver finally died
+    h.step()
+    assert h.controller.done and h.controller.event_payload()["admitted"] == {"0": 1}
+
+
+def test_an_unknown_action_is_refused(tmp_path: Path) -> None:
+    h = harness(tmp_path)
+
+    @dataclass(frozen=True)
+    class Teleport:
+        subtask: int
+
+    with pytest.raises(TypeError, match="no handler for action"):
+        h.controller._carry_out(Teleport(0), h.clock())  # type: ignore[arg-type]

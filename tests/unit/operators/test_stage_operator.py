@@ -1,0 +1,135 @@
+"""SparkStageOperator.execute and execute_complete on a temporary store (no Spark: attempts are faked)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pendulum
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from airflow.exceptions import TaskDeferred
+
+from airflow_provider_speculative import Pipeline, parquet_source
+from airflow_provider_speculative.exceptions import PlanError, StageFailedError, TargetError
+from airflow_provider_speculative.store.files import atomic_write_json, read_json
+from airflow_provider_speculative.store.layout import StageLayout
+from airflow_provider_speculative.store.manifest import build_manifest, write_manifest
+
+
+@pytest.fixture
+def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", '{"conn_type": "spark", "host": "local[1]"}')
+    monkeypatch.setenv("AIRFLOW__SPECULATIVE__STORE_PATH", str(tmp_path / "store"))
+    source = tmp_path / "src"
+    source.mkdir()
+    for i in range(2):
+        pq.write_table(pa.table({"k": [i], "v": [i * 10]}), source / f"part-{i}.parquet")
+    (tmp_path / "app.py").write_text("# stage application\n")
+    return tmp_path
+
+
+def _operator(tmp_path: Path, targets: list[dict[str, Any]] | None = None) -> Any:
+    config = {"targets": targets} if targets else {}
+    with Pipeline("p", config=config) as pipeline:
+        stage = pipeline.stage("scan", application=str(tmp_path / "app.py"), parallelism=2,
+                               inputs={"src": parquet_source(str(tmp_path / "src"))})
+    return stage.task
+
+
+def _context(run_id: str = "r1") -> dict[str, Any]:
+    return {"dag": SimpleNamespace(dag_id="d"), "run_id": run_id, "ti": SimpleNamespace(try_number=1),
+            "logical_date": pendulum.datetime(2026, 1, 1, tz="UTC"), "dag_run": SimpleNamespace(conf={})}
+
+
+def _execute(op: Any) -> TaskDeferred:
+    with pytest.raises(TaskDeferred) as deferred:
+        op.execute(_context())
+    return deferred.value
+
+
+def _finish(layout: StageLayout, subtask: int, attempt: int) -> None:
+    """What a finished attempt leaves: claim, data, manifest; and its admission."""
+    atomic_write_json(layout.claim(subtask, attempt), {"target": "local-a", "created_at": 1.0})
+    data = layout.data(subtask, attempt)
+    data.mkdir(parents=True)
+    pq.write_table(pa.table({"k": [subtask]}), data / "part-0.parquet")
+    write_manifest(layout.manifest(subtask, attempt), build_manifest(data, stage="scan", subtask=subtask,
+                                                                     attempt=attempt, records=1))
+    atomic_write_json(layout.admitted(subtask), {"attempt": attempt, "at": 1.0})
+
+
+def test_execute_writes_the_plan_and_defers_once(env: Path) -> None:
+    deferred = _execute(_operator(env))
+    plan = read_json(deferred.trigger.plan_path)
+    assert plan["parallelism"] == 2 and plan["stage"] == "scan" and plan["pipeline"] == "p"
+    assert {t["kind"] for t in plan["targets"].values()} == {"spark_submit"}
+    assert all(t["command"][-1] == str(env / "app.py") for t in plan["targets"].values())
+    assert deferred.method_name == "execute_complete"
+
+
+def test_a_replanned_equal_stage_keeps_its_admissions_and_invalidates_broken_ones(env: Path) -> None:
+    op = _operator(env)
+    layout = StageLayout(env / "store", "d", "r1", "scan")
+    _execute(op)
+    _finish(layout, 0, 0)
+    _finish(layout, 1, 0)
+    layout.manifest(1, 0).unlink()  # subtask 1's committed output was lost since
+
+    _execute(op)  # a retry of the task: same inputs, same fingerprint
+
+    assert read_json(layout.admitted(0)) == {"attempt": 0, "at": 1.0}
+    assert not (layout.attempt_dir(0, 0) / "invalidated.json").exists()
+    assert "manifest missing" in read_json(layout.attempt_dir(1, 0) / "invalidated.json")["reason"]
+    assert not layout.admitted(1).exists()
+
+
+def test_execute_complete_commits_the_admitted_attempts(env: Path) -> None:
+    op = _operator(env)
+    deferred = _execute(op)
+    layout = StageLayout(env / "store", "d", "r1", "scan")
+    _finish(layout, 0, 0)
+    _finish(layout, 1, 2)
+    result = op.execute_complete(_context(), {"status": "success", "plan_path": deferred.trigger.plan_path,
+                                              "admitted": {"0": 0, "1": 2}, "summary": {}})
+    committed = read_json(layout.committed)
+    assert {k: v["attempt"] for k, v in committed["subtasks"].items()} == {"0": 0, "1": 2}
+    assert result["committed"] == str(layout.committed)
+
+
+@pytest.mark.parametrize("event", [None, {"status": "maybe"}, {"status": "success"},
+                                   {"status": "success", "plan_path": "PLAN"}])
+def test_a_malformed_event_gets_a_clear_error(env: Path, event: Any) -> None:
+    op = _operator(env)
+    plan_path = _execute(op).trigger.plan_path
+    if isinstance(event, dict) and event.get("plan_path") == "PLAN":
+        event = {**event, "plan_path": plan_path}
+    with pytest.raises(StageFailedError, match=r"pipeline 'p', stage 'scan': malformed controller event"):
+        op.execute_complete(_context(), event)
+
+
+def test_a_failed_stage_reports_counts_and_first_causes(env: Path) -> None:
+    op = _operator(env)
+    plan_path = _execute(op).trigger.plan_path
+    event = {"status": "failed", "plan_path": plan_path, "reason": "12 failed attempts in this stage run",
+             "causes": ["subtask 0 attempt 0 on local-a (node local-a): exit code 1, boom"],
+             "failed_attempts": 12, "counts_by_cause": {"boom": 12}}
+    with pytest.raises(StageFailedError) as failure:
+        op.execute_complete(_context(), event)
+    text = str(failure.value)
+    assert "pipeline 'p', stage 'scan' failed: 12 failed attempts" in text
+    assert "12 x boom" in text and "and 11 more failed attempts" in text
+
+
+def test_unknown_target_connection_fails_at_plan_time(env: Path) -> None:
+    op = _operator(env, targets=[{"name": "far", "conn_id": "no_such_conn"}])
+    with pytest.raises(TargetError, match=r"pipeline 'p', stage 'scan': target 'far' uses connection 'no_such_conn'"):
+        op.execute(_context())
+
+
+def test_missing_application_fails_at_plan_time(env: Path) -> None:
+    (env / "app.py").unlink()
+    with pytest.raises(PlanError, match=r"pipeline 'p', stage 'scan': application .*app.py' does not exist"):
+        _operator(env).execute(_context())
