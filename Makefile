@@ -22,7 +22,7 @@ DEMO_ENV := AIRFLOW_HOME=$(DEMO)/airflow \
 	AIRFLOW__SPECULATIVE__BASELINE_LOWER_BOUND=5s \
 	AIRFLOW__SPECULATIVE__FAULT_INJECTION='{"targets": {"local-b": {"factor": 4}}}'
 
-.PHONY: demo test install java-check data lint bench clean browser
+.PHONY: demo test unit install java-check data lint bench clean browser
 
 $(VENV)/.installed: setup.cfg pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found (Python 3.11 is required)"; exit 1; }
@@ -60,6 +60,10 @@ browser:
 
 test: install java-check data browser
 	$(PY) -m pytest -ra --durations=25
+
+# The fast tests alone (pure core, store, backends' file mapping, controller on a fake backend): seconds.
+unit: install
+	$(PY) -m pytest tests/unit -q
 
 lint: install
 	$(VENV)/bin/ruff check .

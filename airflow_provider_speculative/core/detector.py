@@ -15,7 +15,6 @@ class Baseline:
 
     seconds: float
     per_byte: float | None = None
-    lower_bound: float = 0.0
 
     def threshold(self, input_bytes: int | None) -> float:
         """Execution time at or over which an attempt reading ``input_bytes`` is slow.
@@ -62,7 +61,7 @@ def compute_baseline(
         sizes = [input_bytes.get(a.subtask) or a.input_bytes or 0 for a in earliest]
         if all(size > 0 for size in sizes):
             per_byte = median(t / s for t, s in zip(times, sizes, strict=True)) * multiplier
-    return Baseline(seconds=seconds, per_byte=per_byte, lower_bound=lower_bound)
+    return Baseline(seconds=seconds, per_byte=per_byte)
 
 
 def find_slow(

@@ -186,7 +186,7 @@ class StageContext:
 
         paths = []
         for part in spec["parts"]:
-            verify_files(part["data"], part["files"], checksums=spec.get("verify_checksums", True),
+            verify_files(part["data"], part["files"],
                          stage=spec["upstream"], subtask=part["subtask"], attempt=part["attempt"])
             paths += [str(Path(part["data"]) / f["path"]) for f in part["files"]]
         schema = StructType.fromJson(spec["schema"]) if spec.get("schema") else None

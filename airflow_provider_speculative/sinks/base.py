@@ -72,7 +72,6 @@ class Sink(ABC):
     Subclass :class:`SupportsConcurrentExecutionAttempts` too, to allow speculative attempts.
     """
 
-    template_fields: tuple[str, ...] = ()
 
     @abstractmethod
     def create_writer(self, context: InitializationContext) -> SinkWriter:

@@ -29,7 +29,6 @@ class ParquetSink(Sink, SupportsConcurrentExecutionAttempts):
     A rerun of the same logical date replaces the directory, never appends to it.
     """
 
-    template_fields = ("path",)
 
     def __init__(self, path: str) -> None:
         self.path = path

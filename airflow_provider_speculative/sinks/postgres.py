@@ -60,7 +60,6 @@ def run_key(dag_id: str, run_id: str, stage: str, table: str) -> str:
 class PostgresSink(Sink, SupportsConcurrentExecutionAttempts):
     """Replace partition ``partition_column = partition_value`` of ``table`` with the stage's output."""
 
-    template_fields = ("table", "partition_value")
 
     def __init__(self, table: str, *, postgres_conn_id: str = "postgres_default", partition_column: str = "ds",
                  partition_value: str = "{{ ds }}", staging_schema: str = "speculative_staging",

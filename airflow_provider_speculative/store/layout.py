@@ -1,4 +1,4 @@
-"""Where everything lives in the store (see DESIGN.md, store layout)."""
+"""Where everything lives in the store (docs/architecture.md, "Store layout")."""
 
 from __future__ import annotations
 

@@ -75,5 +75,5 @@ def test_run_steps_until_decided_and_fires_exactly_once(tmp_path: Path, monkeypa
 
 def test_a_missing_plan_fails_the_trigger_naming_it(tmp_path: Path) -> None:
     trigger = StageControllerTrigger(plan_path=str(tmp_path / "gone.json"), deferred_at=0.0)
-    with pytest.raises(FileNotFoundError, match="gone.json"):
+    with pytest.raises(FileNotFoundError, match=r"gone\.json"):
         asyncio.run(_events(trigger))
