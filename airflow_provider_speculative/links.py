@@ -28,8 +28,10 @@ def _conf() -> Any:
 
 
 def spark_history_url() -> str:
-    """``[speculative] spark_history_url``: the Spark history server, or "" when none is configured."""
-    return (_conf().get("speculative", "spark_history_url", fallback="") or "").strip()
+    """``[speculative] spark_history_url`` (validated), or "" when none is configured."""
+    from airflow_provider_speculative.settings import airflow_config
+
+    return airflow_config().spark_history_url.strip()
 
 
 def base_path() -> str:

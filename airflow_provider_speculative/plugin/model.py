@@ -68,6 +68,8 @@ def _enrich(root: Path, dag_id: str, run_id: str, stage: dict[str, Any], history
     plan = read_json(layout.plan) or {}
     summary = read_json(layout.summary) or {}
     journal = read_jsonl(layout.journal)
+    # The stage's own validated config (pipeline and stage overrides applied) wins over the global one.
+    stage_history = str((plan.get("config") or {}).get("spark_history_url") or history)
     starts, ends, restarts = [], [], []
     for sub in stage["subtasks"]:
         for a in sub["attempts"]:
@@ -79,7 +81,7 @@ def _enrich(root: Path, dag_id: str, run_id: str, stage: dict[str, Any], history
             begin = a["start"] or a["created"]
             a["duration"] = ((a["end"] or now) - a["start"]) if a["start"] else None
             a["spark_ui"] = _live_spark_ui(layout, sub["subtask"], a) if a["live"] else None
-            a["spark_history"] = _history_link(layout, sub["subtask"], a, history)
+            a["spark_history"] = _history_link(layout, sub["subtask"], a, stage_history)
             if begin:
                 starts.append(begin)
                 ends.append(a["end"] or now)
