@@ -16,7 +16,7 @@ from typing import Any
 from airflow_provider_speculative.backends.base import Backend, LaunchSpec, attempt_observer, plan_backends
 from airflow_provider_speculative.control.recovery import PartitionRecovery, attempt_command
 from airflow_provider_speculative.core.config import SpeculativeConfig
-from airflow_provider_speculative.core.failover import files_in_range, input_readers
+from airflow_provider_speculative.core.failover import input_readers
 from airflow_provider_speculative.core.scheduler import (
     Action,
     AdmissionLost,
@@ -175,20 +175,10 @@ class StageController:
         return actions
 
     def _use_recovered(self, stage: str, producer: int, part: dict[str, Any]) -> None:
-        """Point this stage's plan at the re-produced partition (new attempts read the new plan)."""
-        info = self.plan["upstream_info"][stage]
-        for consumer, spec in enumerate(self.plan["subtasks"]):
-            for entry in spec["inputs"].values():
-                if entry["kind"] != "exchange" or entry["upstream"] != stage:
-                    continue
-                for old in entry["parts"]:
-                    if old["subtask"] != producer:
-                        continue
-                    files = files_in_range(part["files"], entry["distribution"], consumer,
-                                           self.plan["parallelism"], info["max_parallelism"])
-                    spec["input_bytes"] += sum(f["size"] for f in files) - sum(f["size"] for f in old["files"])
-                    old.update(attempt=part["attempt"], data=part["data"], files=files)
-        atomic_write_json(self.layout.plan, self.plan)
+        """A re-produced partition is committed: new attempts resolve their files from the new commit.
+
+        The plan names producers and ranges, not files, so nothing in it changes.
+        """
         self.journal("input_restored", stage=stage, subtask=producer, attempt=part["attempt"])
 
     def _carry_out(self, action: Action, now: float) -> list[Action]:

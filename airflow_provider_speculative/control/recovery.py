@@ -15,7 +15,7 @@ from airflow_provider_speculative.store.files import atomic_write_json, read_jso
 from airflow_provider_speculative.store.journal import Journal
 from airflow_provider_speculative.store.layout import StageLayout
 from airflow_provider_speculative.store.manifest import read_manifest, verify_files
-from airflow_provider_speculative.store.results import admitted_results, read_committed
+from airflow_provider_speculative.store.results import admitted_results, read_committed, write_committed
 
 
 def attempt_command(plan: dict[str, Any], layout: StageLayout, subtask: int, attempt: int, target: str) -> list[str]:
@@ -113,7 +113,7 @@ class PartitionRecovery:
             "subtasks"][str(self.subtask)]
         record.setdefault("recovered", []).append(
             {"subtask": self.subtask, "attempt": number, "replaces": self.lost_attempt, "at": self.clock()})
-        atomic_write_json(self.layout.committed, record)
+        write_committed(self.layout, record)
         self._journal("recovered", attempt=number, replaces=self.lost_attempt)
 
     def committed_part(self) -> dict[str, Any]:

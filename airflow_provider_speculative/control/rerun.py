@@ -26,7 +26,7 @@ def graph_from_plans(root: Path, dag_id: str, run_id: str) -> tuple[PipelineGrap
     stages = {}
     for name, plan in plans.items():
         inputs: dict[str, SourceSpec | ExchangeSpec] = {}
-        for input_name, entry in plan["subtasks"][0]["inputs"].items():
+        for input_name, entry in (plan.get("inputs") or {}).items():
             if entry["kind"] == "exchange" and entry["upstream"] in plans:
                 inputs[input_name] = ExchangeSpec(entry["upstream"], entry["distribution"], ("_",),
                                                   entry.get("mode", "blocking"))

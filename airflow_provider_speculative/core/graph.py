@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -169,11 +170,12 @@ def subpartition_range(consumer: int, consumer_parallelism: int, max_parallelism
 def split_files(files: list[tuple[str, int]], parallelism: int) -> list[list[tuple[str, int]]]:
     """Split (path, size) files over subtasks, largest first onto the lightest subtask (deterministic)."""
     splits: list[list[tuple[str, int]]] = [[] for _ in range(parallelism)]
-    loads = [0] * parallelism
+    # A heap of (load, subtask): O(files log files + files log parallelism), not files x parallelism.
+    lightest = [(0, i) for i in range(parallelism)]
     for path, size in sorted(files, key=lambda f: (-f[1], f[0])):
-        target = min(range(parallelism), key=lambda i: (loads[i], i))
+        load, target = heapq.heappop(lightest)
         splits[target].append((path, size))
-        loads[target] += size
+        heapq.heappush(lightest, (load + size, target))
     for split in splits:
         split.sort()
     return splits

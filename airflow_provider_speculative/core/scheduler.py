@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from airflow_provider_speculative.core.blocklist import Blocklist
 from airflow_provider_speculative.core.config import SpeculativeConfig, Target
 from airflow_provider_speculative.core.detector import Baseline, compute_baseline, find_slow
+from airflow_provider_speculative.core.failover import InputReaders
 from airflow_provider_speculative.core.states import LIVE, Attempt, AttemptState, current_attempt
 
 # -- stimuli: what happened ---------------------------------------------------------------------
@@ -201,7 +202,7 @@ class StageScheduler:
     # Subtasks whose valid committed result is reused; they never get an attempt.
     reused: frozenset[int] = frozenset()
     # (producer stage, producer subtask) -> consumer subtasks of this stage that read its partition.
-    input_readers: dict[tuple[str, int], frozenset[int]] = field(default_factory=dict)
+    input_readers: Mapping[tuple[str, int], frozenset[int]] | InputReaders = field(default_factory=dict)
     # Producer stage -> (parallelism, deterministic), for the failover region.
     upstreams: dict[str, tuple[int, bool]] = field(default_factory=dict)
 

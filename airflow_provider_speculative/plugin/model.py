@@ -92,7 +92,7 @@ def _enrich(root: Path, dag_id: str, run_id: str, stage: dict[str, Any], history
     events = [e for e in journal if e.get("event") not in ROUTINE_EVENTS]
     failed = bool(events) and events[-1].get("event") == "stage_failed" and not stage["committed"]
     live = any(a["live"] for s in stage["subtasks"] for a in s["attempts"])
-    first_inputs = (plan.get("subtasks") or [{}])[0].get("inputs", {})
+    first_inputs = plan.get("inputs") or {}
     stage.update(
         state="committed" if stage["committed"] else "failed" if failed else "running" if live else "waiting",
         progress={"admitted": len(done), "parallelism": stage["parallelism"]},

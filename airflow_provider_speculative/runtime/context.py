@@ -15,6 +15,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_speculative.core.config import FaultSpec, SpeculativeConfig
+from airflow_provider_speculative.core.failover import files_in_range
 from airflow_provider_speculative.exceptions import StoreError, StoreFullError, StoreNotWritableError
 from airflow_provider_speculative.runtime.heartbeat import Heartbeat, current_node
 from airflow_provider_speculative.runtime.session import attempt_tag, open_session
@@ -27,6 +28,7 @@ from airflow_provider_speculative.store.manifest import (
     verify_files,
     write_manifest,
 )
+from airflow_provider_speculative.store.results import committed_files
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -165,35 +167,52 @@ class StageContext:
         inputs = self._spec["inputs"]
         if name not in inputs:
             raise KeyError(f"stage {self.stage!r} has no input {name!r} (inputs: {', '.join(sorted(inputs))})")
-        spec = inputs[name]
-        if spec["kind"] == "source":
-            return self._read_source(name, spec)
-        return self._read_exchange(name, spec)
+        shared = self.plan["inputs"][name]
+        if shared["kind"] == "source":
+            return self._read_source(name, shared, inputs[name])
+        return self._read_exchange(name, shared, inputs[name])
 
-    def _read_source(self, name: str, spec: dict[str, Any]) -> DataFrame:
-        paths = [f["path"] for f in spec["files"]]
+    def _read_source(self, name: str, shared: dict[str, Any], mine: dict[str, Any]) -> DataFrame:
+        paths = [f["path"] for f in mine["files"]]
         for path in paths:
             if not os.path.exists(path):
                 raise FileNotFoundError(f"stage {self.stage!r} input {name!r}: source file {path} is missing")
-        reader = self.spark.read.format(spec.get("format", "parquet"))
+        reader = self.spark.read.format(shared.get("format", "parquet"))
         if not paths:
             # An empty split still needs the dataset's schema.
-            return reader.load(spec["schema_file"]).limit(0)
+            return reader.load(shared["schema_file"]).limit(0)
         return reader.load(paths)
 
-    def _read_exchange(self, name: str, spec: dict[str, Any]) -> DataFrame:
+    def exchange_files(self, name: str) -> list[str]:
+        """The verified producer files this subtask reads for exchange input ``name``.
+
+        Resolved from the producers' commits when the attempt starts (the plan names only producer and
+        subpartition ranges): a partition re-produced by failover is read from its new attempt.
+        """
+        shared, mine = self.plan["inputs"][name], self._spec["inputs"][name]
+        upstream = StageLayout(self.layout.root, self.plan["dag_id"], self.plan["run_id"], shared["upstream"])
+        committed = read_json(upstream.committed)
+        if committed is None:
+            raise PartitionError(f"stage {self.stage!r} input {name!r}: upstream {shared['upstream']!r} has no "
+                                 f"committed result at {upstream.committed}", stage=shared["upstream"])
+        paths: list[str] = []
+        for producer in range(*mine["producers"]):
+            part = committed["subtasks"][str(producer)]
+            files = files_in_range(committed_files(upstream, producer, part["attempt"]), mine["subpartitions"])
+            data = upstream.data(producer, part["attempt"])
+            verify_files(data, files, stage=shared["upstream"], subtask=producer, attempt=part["attempt"])
+            paths += [str(data / f["path"]) for f in files]
+        return paths
+
+    def _read_exchange(self, name: str, shared: dict[str, Any], mine: dict[str, Any]) -> DataFrame:
         from pyspark.sql.types import StructType
 
-        paths = []
-        for part in spec["parts"]:
-            verify_files(part["data"], part["files"],
-                         stage=spec["upstream"], subtask=part["subtask"], attempt=part["attempt"])
-            paths += [str(Path(part["data"]) / f["path"]) for f in part["files"]]
-        schema = StructType.fromJson(spec["schema"]) if spec.get("schema") else None
+        paths = self.exchange_files(name)
+        schema = StructType.fromJson(shared["schema"]) if shared.get("schema") else None
         if not paths:
             if schema is None:
-                raise PartitionError(f"stage {self.stage!r} input {name!r}: upstream {spec['upstream']!r} "
-                                     "committed no schema", stage=spec["upstream"])
+                raise PartitionError(f"stage {self.stage!r} input {name!r}: upstream {shared['upstream']!r} "
+                                     "committed no schema", stage=shared["upstream"])
             return self.spark.createDataFrame([], schema)
         reader = self.spark.read
         if schema is not None:

@@ -28,9 +28,39 @@ def admitted_results(layout: StageLayout, admitted: dict[int, int]) -> dict[str,
     return {"stage": layout.stage, "parallelism": len(subtasks), "subtasks": subtasks}
 
 
+def compact(entry: dict[str, Any]) -> dict[str, Any]:
+    """A committed subtask without its file list: consumers read files from the attempt's manifest.
+
+    What planning needs stays: bytes per subpartition (for ranges and input sizes), totals and schema.
+    A 1,000-producer stage with 1,000 subpartitions each would otherwise commit a million file entries.
+    """
+    files = entry.get("files")
+    if files is None:
+        return entry
+    per_sp: dict[str, int] = {}
+    for f in files:
+        if f.get("subpartition") is not None:
+            per_sp[str(f["subpartition"])] = per_sp.get(str(f["subpartition"]), 0) + int(f["size"])
+    out = {k: v for k, v in entry.items() if k != "files"}
+    out.update(file_count=len(files), subpartition_bytes=per_sp,
+               bytes=entry.get("bytes") if entry.get("bytes") is not None else sum(int(f["size"]) for f in files))
+    return out
+
+
 def write_committed(layout: StageLayout, record: dict[str, Any]) -> None:
-    """Atomically publish the stage's committed results."""
-    atomic_write_json(layout.committed, record)
+    """Atomically publish the stage's committed results (compact: file lists stay in the manifests)."""
+    subtasks = {k: compact(v) for k, v in (record.get("subtasks") or {}).items()}
+    atomic_write_json(layout.committed, {**record, "subtasks": subtasks})
+
+
+def committed_files(layout: StageLayout, subtask: int, attempt: int) -> list[dict[str, Any]]:
+    """The files of a committed attempt, from its manifest (raises PartitionError if it is gone)."""
+    manifest = read_manifest(layout.manifest(subtask, attempt))
+    if manifest is None:
+        raise PartitionError(f"stage {layout.stage!r} subtask {subtask} attempt {attempt} is committed but its "
+                             f"manifest {layout.manifest(subtask, attempt)} is missing",
+                             stage=layout.stage, subtask=subtask, attempt=attempt)
+    return list(manifest["files"])
 
 
 def read_committed(layout: StageLayout) -> dict[str, Any]:

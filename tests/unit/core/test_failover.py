@@ -156,9 +156,12 @@ def test_rerun_region_strategy_all() -> None:
 
 
 def test_input_readers_from_a_plan() -> None:
-    plan = {"subtasks": [
-        {"inputs": {"x": {"kind": "exchange", "upstream": "scan", "parts": [{"subtask": 0}, {"subtask": 1}]},
-                    "s": {"kind": "source", "files": []}}},
-        {"inputs": {"x": {"kind": "exchange", "upstream": "scan", "parts": [{"subtask": 1}]}}},
-    ]}
-    assert input_readers(plan) == {("scan", 0): frozenset({0}), ("scan", 1): frozenset({0, 1})}
+    plan = {"parallelism": 3, "inputs": {
+        "x": {"kind": "exchange", "upstream": "scan", "distribution": "all_to_all"},
+        "y": {"kind": "exchange", "upstream": "dim", "distribution": "pointwise"},
+        "z": {"kind": "source"}}}
+    readers = input_readers(plan)
+    assert readers.get(("scan", 5)) == frozenset({0, 1, 2})  # every consumer reads a range of every producer
+    assert readers.get(("dim", 1)) == frozenset({1})
+    assert readers.get(("dim", 7)) == frozenset()
+    assert readers.get(("other", 0), frozenset({9})) == frozenset({9})

@@ -1,7 +1,8 @@
-"""plan_stage: per-subtask inputs for sources, all_to_all and pointwise exchanges, and the fingerprint."""
+"""plan_stage: per-subtask inputs for sources, all_to_all and pointwise exchanges (by range), and the fingerprint."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -9,6 +10,7 @@ import pytest
 from airflow_provider_speculative.core.config import SpeculativeConfig
 from airflow_provider_speculative.core.graph import ExchangeSpec, PipelineGraph, SourceSpec, StageSpec
 from airflow_provider_speculative.core.plan import plan_stage
+from airflow_provider_speculative.exceptions import PlanError
 
 MAX_P = 4  # producer max_parallelism: 4 subpartitions
 
@@ -42,7 +44,7 @@ RAW = [("/data/raw/a.parquet", 300), ("/data/raw/b.parquet", 200), ("/data/raw/c
 
 def plan(stage: str, *, raw: list[tuple[str, int]] = RAW, run_id: str = "manual__1", **overrides) -> dict[str, Any]:
     context = {"dag_id": "d", "run_id": run_id, "logical_date": "2026-01-01", "store_root": "/store",
-               "application": f"apps/{stage}.py", "commands": {}}
+               "application": f"apps/{stage}.py", "targets": {}}
     upstream = overrides.pop("upstream", {"clean": committed("clean", 2), "agg": committed("agg", 2)})
     return plan_stage(build_graph(), stage, SpeculativeConfig(), source_files={"raw": raw},
                       upstream_committed=upstream, sink=None, speculation_blocker=None, context=context)
@@ -55,39 +57,45 @@ def test_source_files_are_split_per_subtask_with_input_bytes() -> None:
     files = [[f["path"] for f in s["inputs"]["raw"]["files"]] for s in subtasks]
     assert files == [["/data/raw/a.parquet"], ["/data/raw/b.parquet", "/data/raw/c.parquet"]]
     assert [s["input_bytes"] for s in subtasks] == [300, 300]
-    assert subtasks[0]["inputs"]["raw"]["kind"] == "source"
+    assert result["inputs"]["raw"] == {"kind": "source", "format": "parquet", "path": "/data/raw",
+                                       "schema_file": "/data/raw/a.parquet"}
     assert result["output"]["key"] == ["user"]
     assert result["consumers"] == ["agg", "enrich"]
 
 
 def test_source_without_files_fails_naming_the_input() -> None:
-    with pytest.raises(FileNotFoundError, match="input 'raw'"):
+    with pytest.raises(PlanError, match="pipeline 'p', stage 'clean', input 'raw'"):
         plan("clean", raw=[])
 
 
 def test_all_to_all_consumer_reads_exactly_its_subpartition_range() -> None:
-    subtasks = plan("agg")["subtasks"]
-    for i, expected in enumerate([{0, 1}, {2, 3}]):
-        parts = subtasks[i]["inputs"]["events"]["parts"]
-        assert [p["subtask"] for p in parts] == [0, 1]  # every producer
-        assert [p["attempt"] for p in parts] == [1, 2]  # its committed attempt
-        for part in parts:
-            assert {f["subpartition"] for f in part["files"]} == expected
-            assert len(part["files"]) == len(expected)
-        assert subtasks[i]["input_bytes"] == sum(f["size"] for p in parts for f in p["files"])
-    # Together the consumers read every producer file exactly once.
-    read = [f["path"] for s in subtasks for p in s["inputs"]["events"]["parts"] for f in p["files"]]
-    assert len(read) == len(set(read)) == 2 * MAX_P
+    result = plan("agg")
+    subtasks = result["subtasks"]
+    assert [s["inputs"]["events"] for s in subtasks] == [{"producers": [0, 2], "subpartitions": [0, 2]},
+                                                         {"producers": [0, 2], "subpartitions": [2, 4]}]
+    # input bytes: the range's files of every producer (size 100 * producer + subpartition + 1).
+    assert [s["input_bytes"] for s in subtasks] == [(1 + 2) + (101 + 102), (3 + 4) + (103 + 104)]
+    shared = result["inputs"]["events"]
+    assert shared["upstream"] == "clean" and shared["distribution"] == "all_to_all"
+    assert shared["schema"] == {"fields": ["user"]} and shared["producer_parallelism"] == 2
+    # No file is listed in the plan: attempts resolve them from the producers' commits.
+    assert "_sp=" not in json.dumps(result)
+
+
+def test_all_to_all_bytes_come_from_a_compact_commit_too() -> None:
+    compact = committed("clean", 2)
+    for part in compact["subtasks"].values():
+        part["subpartition_bytes"] = {str(f["subpartition"]): f["size"] for f in part.pop("files")}
+    assert [s["input_bytes"] for s in plan("agg", upstream={"clean": compact})["subtasks"]] == \
+        [s["input_bytes"] for s in plan("agg")["subtasks"]]
 
 
 def test_pointwise_subtask_reads_only_its_producer() -> None:
-    subtasks = plan("enrich")["subtasks"]
+    result = plan("enrich")
+    subtasks = result["subtasks"]
+    assert result["inputs"]["totals"]["distribution"] == "pointwise"
     for i in range(2):
-        totals = subtasks[i]["inputs"]["totals"]
-        assert totals["distribution"] == "pointwise"
-        assert [(p["subtask"], p["attempt"]) for p in totals["parts"]] == [(i, i + 1)]
-        assert totals["parts"][0]["data"] == f"/store/agg/subtask={i}/attempt={i + 1}/data"
-        assert len(totals["parts"][0]["files"]) == MAX_P
+        assert subtasks[i]["inputs"]["totals"] == {"producers": [i, i + 1], "subpartitions": None}
     # input_bytes adds both inputs: the all_to_all range of 'clean' and all of agg's subtask i.
     agg_bytes = [sum(100 * i + sp + 1 for sp in range(MAX_P)) for i in range(2)]
     clean_bytes = [(1 + 2) + (101 + 102), (3 + 4) + (103 + 104)]
@@ -97,7 +105,7 @@ def test_pointwise_subtask_reads_only_its_producer() -> None:
 def test_incomplete_upstream_commit_is_rejected() -> None:
     partial = committed("clean", 2)
     del partial["subtasks"]["1"]
-    with pytest.raises(ValueError, match="committed 1 of 2 subtasks"):
+    with pytest.raises(PlanError, match="input 'events': upstream 'clean' committed 1 of 2 subtasks"):
         plan("agg", upstream={"clean": partial})
 
 

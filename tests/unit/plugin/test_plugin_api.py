@@ -31,7 +31,7 @@ def _plan(root: Path, stage: str, parallelism: int, inputs: dict[str, Any], upst
         "stage": stage, "dag_id": DAG, "run_id": RUN, "store_root": str(root), "parallelism": parallelism,
         "upstreams": upstreams, "consumers": consumers, "speculation_blocker": None,
         "targets": {"local-a": {"kind": "spark_submit", "command": ["spark-submit", "--conf", "secret=do-not-leak"]}},
-        "subtasks": [{"inputs": inputs} for _ in range(parallelism)],
+        "inputs": inputs, "subtasks": [{"inputs": {name: {} for name in inputs}} for _ in range(parallelism)],
     })
     return layout
 
