@@ -51,6 +51,10 @@ class Backend(Protocol):
         """The attempt as observed now (state, node, application id, timestamps, progress)."""
         ...
 
+    def probe(self, subtask: int, attempt: int, now: float) -> bool:
+        """Cheap liveness of an attempt polled before (True: still there; False: poll it now)."""
+        ...
+
     def cancel(self, subtask: int, attempt: int, reason: str) -> None:
         """Ask the attempt to stop; its Spark work must really stop, not only its client."""
         ...

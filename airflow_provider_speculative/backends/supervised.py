@@ -21,6 +21,7 @@ import psutil
 
 from airflow_provider_speculative.backends.base import LaunchSpec
 from airflow_provider_speculative.core.states import Attempt, AttemptState
+from airflow_provider_speculative.store import changes
 from airflow_provider_speculative.store.files import atomic_write_json, create_exclusive_json, read_json
 from airflow_provider_speculative.store.layout import StageLayout
 
@@ -39,6 +40,9 @@ class SupervisedBackend:
     def __init__(self, layout: StageLayout, kill_grace: float = 5.0) -> None:
         self.layout = layout
         self.kill_grace = kill_grace
+        self._dirs: dict[tuple[int, int], str] = {}
+        # The last status read per attempt: what probe() checks between full polls.
+        self._seen: dict[tuple[int, int], dict[str, Any]] = {}
 
     def claim(self, subtask: int, attempt: int, record: dict[str, Any]) -> bool:
         """Atomically claim an attempt number; False if someone (a restarted controller) has it."""
@@ -69,12 +73,13 @@ class SupervisedBackend:
     def poll(self, subtask: int, attempt: int, now: float | None = None) -> Attempt:
         """Read one attempt's state from the store, checking that a live one's process still exists."""
         now = time.time() if now is None else now
-        base = self.layout.attempt_dir(subtask, attempt)
-        claim = read_json(self.layout.claim(subtask, attempt)) or {}
-        status = read_json(self.layout.status(subtask, attempt)) or {}
+        # Plain string paths: a tick may poll thousands of attempts, and pathlib costs more than the reads.
+        base = self._dir(subtask, attempt)
+        claim = read_json(os.path.join(base, "claim.json")) or {}
+        status = read_json(os.path.join(base, "status.json")) or {}
         launch = status
-        heartbeat = read_json(self.layout.heartbeat(subtask, attempt)) or {}
-        cancel = read_json(base / "cancel.json")
+        heartbeat = read_json(os.path.join(base, "heartbeat.json")) or {}
+        cancel = read_json(os.path.join(base, "cancel.json"))
         out = Attempt(subtask=subtask, number=attempt, target=claim.get("target", "?"),
                       speculative=bool(claim.get("speculative")), created_at=claim.get("created_at"),
                       node=heartbeat.get("node") or status.get("node") or claim.get("node"),
@@ -84,8 +89,9 @@ class SupervisedBackend:
                       launched_at=status.get("launched_at"), ready_at=heartbeat.get("session_ready_at"),
                       progress={k: heartbeat[k] for k in ("tasks_done", "tasks_total", "bytes_read", "at")
                                 if k in heartbeat})
+        self._seen[(subtask, attempt)] = launch
         state = status.get("state")
-        invalidated = read_json(base / "invalidated.json")
+        invalidated = read_json(os.path.join(base, "invalidated.json"))
         if invalidated is not None:
             # Withdrawn by a rerun or failover: history only, never admitted again.
             out.state, out.cause = AttemptState.CANCELED, f"invalidated: {invalidated.get('reason')}"
@@ -93,7 +99,7 @@ class SupervisedBackend:
         if state in ("FINISHED", "FAILED", "CANCELED"):
             out.state = AttemptState(state)
             if state == "FAILED" and status.get("failure_kind") == "partition":
-                out.failure = read_json(base / "failure.json")
+                out.failure = read_json(os.path.join(base, "failure.json"))
             return out
         alive = self._alive(launch, now)
         if launch and not alive:
@@ -114,11 +120,40 @@ class SupervisedBackend:
             out.state = AttemptState.DEPLOYING
         return out
 
+    def probe(self, subtask: int, attempt: int, now: float) -> bool:
+        """A cheap check that a polled live attempt's process still exists (no file read on this host).
+
+        False means "poll it now". On this host it is a signal-0 probe of the supervisor's pid (the pid is
+        re-verified against its create time by every full poll); on another host, the supervisor's
+        ``alive_at`` as last read.
+        """
+        launch = self._seen.get((subtask, attempt))
+        if not launch or not launch.get("pid"):
+            return False
+        if launch.get("host") not in (None, HOST):
+            seen = max(float(launch.get("alive_at") or 0), float(launch.get("deploying_at") or 0))
+            return now - seen < REMOTE_ALIVE_TIMEOUT / 2
+        try:
+            os.kill(int(launch["pid"]), 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+
+    def _dir(self, subtask: int, attempt: int) -> str:
+        key = (subtask, attempt)
+        path = self._dirs.get(key)
+        if path is None:
+            path = self._dirs[key] = str(self.layout.attempt_dir(subtask, attempt))
+        return path
+
     def cancel(self, subtask: int, attempt: int, reason: str) -> None:
         """Ask the attempt's process group to stop (SIGTERM); :meth:`reap` escalates to SIGKILL."""
         base = self.layout.attempt_dir(subtask, attempt)
         if read_json(base / "cancel.json") is None:
             atomic_write_json(base / "cancel.json", {"reason": reason, "at": time.time()})
+            changes.notify(self.layout.dir, subtask, attempt)
         launch = read_json(self.layout.status(subtask, attempt)) or {}
         if launch.get("host") not in (None, HOST):
             return  # a pgid of another host means nothing here: its supervisor acts on cancel.json
@@ -148,6 +183,7 @@ class SupervisedBackend:
         """Withdraw an attempt for good (its admission too, if it had it)."""
         atomic_write_json(self.layout.attempt_dir(subtask, attempt) / "invalidated.json",
                           {"reason": reason, "at": time.time()})
+        changes.notify(self.layout.dir, subtask, attempt)
         marker = read_json(self.layout.admitted(subtask))
         if marker is not None and marker.get("attempt") == attempt:
             self.layout.admitted(subtask).unlink(missing_ok=True)

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 
+from airflow_provider_speculative.store import changes
 from airflow_provider_speculative.store.files import atomic_write_json, read_json
 
 _READY_FD: list[int] = []
@@ -52,6 +53,20 @@ def _create_time() -> float | None:
         return None
 
 
+def _record(status_path: str, status: dict[str, object], *, notify: bool = True) -> None:
+    """Write status.json and, for a state change, leave a change notice for the controller."""
+    atomic_write_json(status_path, status)
+    if notify:
+        attempt_dir = os.path.dirname(status_path)
+        subtask_dir = os.path.dirname(attempt_dir)
+        try:
+            subtask = int(os.path.basename(subtask_dir).split("=", 1)[1])
+            attempt = int(os.path.basename(attempt_dir).split("=", 1)[1])
+        except (IndexError, ValueError):
+            return  # not in the store layout (a unit test's own path): nobody to notify
+        changes.notify(os.path.dirname(subtask_dir), subtask, attempt)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the command after ``--``, keeping ``--status`` up to date; return its exit code."""
     parser = argparse.ArgumentParser()
@@ -69,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     status = {"state": "DEPLOYING", "pid": os.getpid(), "pgid": os.getpgid(0), "deploying_at": now,
               "launched_at": float(launched) if launched else now, "alive_at": now, "host": socket.gethostname(),
               "create_time": _create_time(), "node": os.environ.get("SPECULATIVE_NODE")}
-    atomic_write_json(args.status, status)
+    _record(args.status, status)
     if args.daemonize:
         os.write(_READY_FD[0], b"1")
         os.close(_READY_FD[0])
@@ -85,10 +100,10 @@ def main(argv: list[str] | None = None) -> int:
             child = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
         except OSError as exc:
             status.update(state="FAILED", end_at=time.time(), exit_code=127, cause=f"cannot start {cmd[0]}: {exc}")
-            atomic_write_json(args.status, status)
+            _record(args.status, status)
             return 127
         status["child_pid"] = child.pid
-        atomic_write_json(args.status, status)
+        _record(args.status, status)
         code = _wait(child, args.status, status, cancelled)
     status.update(end_at=time.time(), exit_code=code)
     if cancelled["signal"] is not None:
@@ -102,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
             cause = (f"{STORE_EXIT_CAUSES[code]}: the attempt could not write its output under "
                      f"{os.path.dirname(args.status)} (exit code {code})")
         status.update(state="FAILED", cause=cause, failure_kind=failure.get("kind"))
-    atomic_write_json(args.status, status)
+    _record(args.status, status)
     return code
 
 
@@ -118,8 +133,9 @@ def _wait(child: subprocess.Popen[bytes], status_path: str, status: dict[str, ob
         except InterruptedError:
             continue
         if time.time() - float(status["alive_at"]) >= ALIVE_INTERVAL:  # type: ignore[arg-type]
+            # A refresh is not a change: no notice (controllers of other hosts read it on their own clock).
             status["alive_at"] = time.time()
-            atomic_write_json(status_path, status)
+            _record(status_path, status, notify=False)
         if os.path.exists(cancel_path):
             # A controller on another host cannot signal this group: it asks through the store.
             if term_sent_at is None:

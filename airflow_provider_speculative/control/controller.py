@@ -7,6 +7,7 @@ running attempts instead of launching them again.
 
 from __future__ import annotations
 
+import math
 import shutil
 import time
 from collections.abc import Callable
@@ -40,10 +41,17 @@ from airflow_provider_speculative.core.scheduler import (
     Tick,
 )
 from airflow_provider_speculative.core.states import Attempt, AttemptState, current_attempt
+from airflow_provider_speculative.store import changes
 from airflow_provider_speculative.store.files import atomic_write_json, create_exclusive_json, read_json
 from airflow_provider_speculative.store.journal import Journal
 from airflow_provider_speculative.store.layout import StageLayout
 from airflow_provider_speculative.store.results import remove_attempt_output
+
+# Every live attempt's files are re-read at least this often, notices or not (lost notices, launch
+# timeouts); its process is probed (a signal 0 on this host) at least this often.
+FULL_POLL_PERIOD = 60.0
+PROBE_PERIOD = 5.0
+SUMMARY_REFRESH = 10.0
 
 
 class StageController:
@@ -76,6 +84,9 @@ class StageController:
                        for name, info in (plan.get("upstream_info") or {}).items()})
         self.reaping: set[tuple[int, int]] = set()
         self._launch_failures: list[LaunchFailed] = []
+        self._full_cursor = self._probe_cursor = 0
+        self._summary: dict[str, Any] | None = None
+        self._summary_at = float("-inf")
         self.recoveries: dict[tuple[str, int], PartitionRecovery] = {}
         self.result: CompleteStage | FailStage | None = None
         self._restore()
@@ -116,19 +127,58 @@ class StageController:
         now = self.clock()
         # Blocks other stages of the run added, then what changed, then decide.
         stimuli: list[Any] = [NodeBlocked(node, until) for node, until in self._shared_blocks().items()]
+        notices, names = changes.pending(self.layout.dir)
         failed_launches = {(f.subtask, f.attempt) for f in self._launch_failures}
-        stimuli += [AttemptObserved(self._backend(a.target).poll(a.subtask, a.number, now))
-                    for a in self.scheduler.all_attempts() if a.state not in (
-                        AttemptState.FINISHED, AttemptState.FAILED, AttemptState.CANCELED)
-                    and (a.subtask, a.number) not in failed_launches]
+        observed = self._observe(now, notices, failed_launches)
+        stimuli += [AttemptObserved(a) for a in observed]
         stimuli += self._launch_failures
+        changed = bool(observed or self._launch_failures)
         self._launch_failures = []
+        changes.acknowledge(names)
         actions = self._carry_out_all(self.scheduler.handle(*stimuli, Tick(now)), now)
         actions += self._carry_out_all(self._step_recoveries(), now)
         self._reap(now)
         self._persist_blocks()
-        self._write_summary(now)
+        if changed or actions or now - self._summary_at >= SUMMARY_REFRESH:
+            # summary.json is O(subtasks): rewritten when something changed, else every SUMMARY_REFRESH.
+            self._summary = None
+            self._write_summary(now)
         return actions
+
+    def _observe(self, now: float, notices: set[tuple[int, int]], skip: set[tuple[int, int]]) -> list[Attempt]:
+        """Poll the live attempts that can have changed: O(changes), not O(live attempts), per tick.
+
+        Polled in full: attempts with a change notice, attempts not started yet, attempts whose cheap
+        probe says their process is gone, and a rotating share of the rest so that every live attempt is
+        re-read within ``FULL_POLL_PERIOD`` whatever notices were lost. Probed (a signal-0, no file
+        read): a rotating share so that each live attempt is probed within ``PROBE_PERIOD``.
+        """
+        live = self.scheduler.live_attempts()
+        if not live:
+            return []
+        interval = max(self.config.check_interval, 0.001)
+        full_share = max(1, math.ceil(len(live) * interval / FULL_POLL_PERIOD))
+        probe_share = max(1, math.ceil(len(live) * interval / PROBE_PERIOD))
+        n = len(live)
+        # Two independent rotations over the live attempts: full polls and probes.
+        full_keys = {(live[(self._full_cursor + i) % n].subtask, live[(self._full_cursor + i) % n].number)
+                     for i in range(min(full_share, n))}
+        probe_keys = {(live[(self._probe_cursor + i) % n].subtask, live[(self._probe_cursor + i) % n].number)
+                      for i in range(min(probe_share, n))}
+        self._full_cursor = (self._full_cursor + full_share) % n
+        self._probe_cursor = (self._probe_cursor + probe_share) % n
+        observed = []
+        for attempt in live:
+            key = (attempt.subtask, attempt.number)
+            if key in skip:
+                continue
+            backend = self._backend(attempt.target)
+            full = key in notices or key in full_keys or attempt.state == AttemptState.CREATED
+            if not full and key in probe_keys and not backend.probe(attempt.subtask, attempt.number, now):
+                full = True
+            if full:
+                observed.append(backend.poll(attempt.subtask, attempt.number, now))
+        return observed
 
     def _backend(self, target: str) -> Backend:
         return self.backends.get(target) or self.observer
@@ -295,8 +345,12 @@ class StageController:
     # -- records ----------------------------------------------------------------------------
 
     def summary(self, now: float | None = None) -> dict[str, Any]:
-        """Metrics and speculation status of the stage (also written to summary.json)."""
-        now = self.clock() if now is None else now
+        """Metrics and speculation status of the stage (also written to summary.json); cached between changes."""
+        if self._summary is None or now is not None:
+            self._summary = self._build_summary(self.clock() if now is None else now)
+        return self._summary
+
+    def _build_summary(self, now: float) -> dict[str, Any]:
         sched = self.scheduler
         baseline = sched.baseline
         return {
@@ -319,11 +373,12 @@ class StageController:
         }
 
     def _write_summary(self, now: float) -> None:
+        self._summary_at = now
         atomic_write_json(self.layout.summary, self.summary(now))
 
     def event_payload(self) -> dict[str, Any]:
         """The one trigger event: everything finalize needs (dag.test drops defer kwargs on resume)."""
-        summary = self.summary()
+        summary = self.summary(self.clock())  # fresh: the event is what finalize records
         if isinstance(self.result, FailStage):
             return {"status": "failed", "plan_path": str(self.layout.plan), "reason": self.result.reason,
                     "causes": list(self.result.causes), "failed_attempts": self.result.failed_attempts,

@@ -18,7 +18,7 @@ from airflow_provider_speculative.core.blocklist import Blocklist
 from airflow_provider_speculative.core.config import SpeculativeConfig, Target
 from airflow_provider_speculative.core.detector import Baseline, compute_baseline, find_slow
 from airflow_provider_speculative.core.failover import InputReaders
-from airflow_provider_speculative.core.states import LIVE, Attempt, AttemptState, current_attempt
+from airflow_provider_speculative.core.states import LIVE, TERMINAL, Attempt, AttemptState, current_attempt
 
 # -- stimuli: what happened ---------------------------------------------------------------------
 
@@ -220,10 +220,18 @@ class StageScheduler:
     _unadmitted_finished: list[Attempt] = field(default_factory=list)
     _pending_backtrack: list[Attempt] = field(default_factory=list)
     _failed_count: int = 0
+    # Subtasks whose attempts changed since the last placement, and those still waiting for a slot:
+    # placement looks only at these, so a quiet tick costs O(changes), not O(subtasks).
+    _dirty: set[int] = field(default_factory=set)
+    _wanting: set[int] = field(default_factory=set)
+    _check_stragglers: bool = True
+    _admit_version: int = 0
+    _baseline_version: int = -1
 
     def __post_init__(self) -> None:
         for subtask in range(self.parallelism):
             self.attempts.setdefault(subtask, {})
+        self._dirty = set(range(self.parallelism))
 
     # -- read-only views -------------------------------------------------------------------
 
@@ -245,6 +253,10 @@ class StageScheduler:
         if self.speculation_blocker:
             return f"off: {self.speculation_blocker}"
         return "on"
+
+    def live_attempts(self) -> list[Attempt]:
+        """Attempts not yet FINISHED, FAILED or CANCELED (those can still change)."""
+        return [a for per in self.attempts.values() for a in per.values() if a.state not in TERMINAL]
 
     def all_attempts(self) -> list[Attempt]:
         """Every attempt of every subtask."""
@@ -294,6 +306,8 @@ class StageScheduler:
             elif isinstance(stimulus, ClaimLost):
                 adopted = replace(stimulus.observed)
                 self.attempts.setdefault(adopted.subtask, {})[adopted.number] = adopted
+                self._dirty.add(adopted.subtask)
+                self._check_stragglers = True
             elif isinstance(stimulus, LaunchFailed):
                 known = self.attempts.get(stimulus.subtask, {}).get(stimulus.attempt)
                 if known is None:
@@ -322,6 +336,9 @@ class StageScheduler:
         for attempt in attempts:
             self.attempts.setdefault(attempt.subtask, {})[attempt.number] = attempt
             self._failed_count += attempt.state == AttemptState.FAILED
+        self._dirty.update(self.attempts)
+        self._check_stragglers = True
+        self._admit_version += 1
         self.admitted.update(admitted)
         for node, until in blocked.items():
             self.blocklist.block(node, until)
@@ -339,6 +356,9 @@ class StageScheduler:
 
     def _admission_lost(self, lost: AdmissionLost) -> list[Action]:
         self.admitted[lost.subtask] = lost.winner
+        self._admit_version += 1
+        self._dirty.add(lost.subtask)
+        self._check_stragglers = True
         return [Discard(lost.subtask, lost.attempt, f"attempt {lost.winner} was admitted by another controller")]
 
     def _input_restored(self, stage: str, subtask: int) -> list[Action]:
@@ -349,6 +369,7 @@ class StageScheduler:
         """
         key = (stage, subtask)
         self.recovering.discard(key)
+        self._dirty.update(self.waiting)
         for waits in self.waiting.values():
             waits.discard(key)
         self.waiting = {s: w for s, w in self.waiting.items() if w}
@@ -357,6 +378,8 @@ class StageScheduler:
             for reader in sorted(self.input_readers.get(key, frozenset())):
                 if reader in self.admitted:
                     number = self.admitted.pop(reader)
+                    self._admit_version += 1
+                    self._dirty.add(reader)
                     self.attempts[reader][number].state = AttemptState.CANCELED
                     self.attempts[reader][number].cause = f"input {stage}[{subtask}] re-produced (non-deterministic)"
                     actions.append(Invalidate(reader, number, f"input {stage}[{subtask}] was re-produced and "
@@ -384,10 +407,13 @@ class StageScheduler:
         if self.failed:
             return actions
         self.blocklist.expire(now)
-        actions += self._cancel_stragglers()
+        if self._check_stragglers:
+            self._check_stragglers = False
+            actions += self._cancel_stragglers()
         actions += self._detect_slow(now)
         actions += self._place(now)
-        if len(self.done_subtasks()) == self.parallelism and not any(a.live for a in self.all_attempts()):
+        if (len(self.admitted) + len(self.reused) >= self.parallelism and len(self.done_subtasks()) == self.parallelism
+                and not any(a.live for a in self.all_attempts())):
             self.completed = True
             actions.append(CompleteStage(admitted=dict(self.admitted)))
         return actions
@@ -411,6 +437,7 @@ class StageScheduler:
             if known is not None and known.state == AttemptState.CANCELING and update.state in LIVE:
                 update.state = AttemptState.CANCELING  # a cancel is never undone by a stale observation
             self.attempts[update.subtask][update.number] = update
+            self._dirty.add(update.subtask)
             if update.state == AttemptState.FINISHED and previous != AttemptState.FINISHED:
                 newly_finished.append(update)
             elif update.state == AttemptState.FAILED and previous != AttemptState.FAILED:
@@ -430,6 +457,7 @@ class StageScheduler:
                 return []
             return [Discard(subtask, attempt.number, f"attempt {self.admitted.get(subtask)} was admitted first")]
         self.admitted[subtask] = attempt.number
+        self._admit_version += 1
         return [Admit(subtask, attempt.number),
                 *self._cancel_live(self.attempts[subtask].values(), f"attempt {attempt.number} finished first",
                                    keep=attempt.number)]
@@ -514,17 +542,23 @@ class StageScheduler:
         if not self.speculation_enabled:
             self.slow_subtasks = frozenset()
             return []
-        finished = [self.attempts[s][n] for s, n in self.admitted.items()
-                    if n in self.attempts[s] and self.attempts[s][n].deploying_at is not None]
-        self.baseline = compute_baseline(
-            self.parallelism, finished,
-            ratio=self.config.baseline_ratio, multiplier=self.config.baseline_multiplier,
-            lower_bound=self.config.baseline_lower_bound, input_bytes=self.input_bytes,
-            normalize_by_input_bytes=self.config.normalize_by_input_bytes)
+        if self._baseline_version != self._admit_version:
+            # Admitted attempts never change, so the baseline only moves when admissions do: no re-sort per tick.
+            self._baseline_version = self._admit_version
+            finished = [self.attempts[s][n] for s, n in self.admitted.items()
+                        if n in self.attempts[s] and self.attempts[s][n].deploying_at is not None]
+            self.baseline = compute_baseline(
+                self.parallelism, finished,
+                ratio=self.config.baseline_ratio, multiplier=self.config.baseline_multiplier,
+                lower_bound=self.config.baseline_lower_bound, input_bytes=self.input_bytes,
+                normalize_by_input_bytes=self.config.normalize_by_input_bytes)
+        forced = self.config.fault_injection.force_speculation
+        if self.baseline is None and not forced:
+            self.slow_subtasks = frozenset()  # nothing can be slow before the baseline exists
+            return []
         candidates = [a for a in self.all_attempts()
                       if a.subtask not in self.admitted and a.subtask not in self.reused]
         slow = find_slow(candidates, self.baseline, now, self.input_bytes)
-        forced = self.config.fault_injection.force_speculation
         self.slow_subtasks = frozenset(a.subtask for a in slow) | frozenset(
             a.subtask for a in candidates if a.subtask in forced and a.possible_to_finish)
         self.peak_slow = max(self.peak_slow, len(self.slow_subtasks))
@@ -544,12 +578,10 @@ class StageScheduler:
         return Target(name=name)
 
     def _place(self, now: float) -> list[Action]:
-        load = {t.name: 0 for t in self.targets}
-        for attempt in self.all_attempts():
-            if attempt.live and attempt.target in load:
-                load[attempt.target] += 1
         wanted: list[tuple[int, bool, str]] = []
-        for subtask in range(self.parallelism):
+        candidates, self._dirty = self._dirty | self._wanting, set()
+        self._wanting = set()
+        for subtask in sorted(candidates):
             if subtask in self.admitted or subtask in self.reused or self.waiting.get(subtask):
                 continue
             if not any(a.possible_to_finish for a in self.attempts[subtask].values()):
@@ -562,11 +594,19 @@ class StageScheduler:
             live = [a for a in self.attempts[subtask].values() if a.possible_to_finish]
             if live and len(live) < self.config.max_concurrent_executions:
                 wanted.append((subtask, True, "speculative copy of a slow attempt"))
+        if not wanted:
+            return []
+        load = {t.name: 0 for t in self.targets}
+        for attempt in self.all_attempts():
+            if attempt.live and attempt.target in load:
+                load[attempt.target] += 1
         actions: list[Action] = []
         for subtask, speculative, reason in wanted:
             avoid = {a.target for a in self.attempts[subtask].values() if a.live} if speculative else set()
             target = self._pick_target(load, now, avoid, allow_blocked=not speculative)
             if target is None:
+                if not speculative:
+                    self._wanting.add(subtask)  # no free slot now: try again next tick
                 continue
             number = max(self.attempts[subtask], default=-1) + 1
             self.attempts[subtask][number] = Attempt(

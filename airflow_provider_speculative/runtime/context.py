@@ -19,6 +19,7 @@ from airflow_provider_speculative.core.failover import files_in_range
 from airflow_provider_speculative.exceptions import StoreError, StoreFullError, StoreNotWritableError
 from airflow_provider_speculative.runtime.heartbeat import Heartbeat, current_node
 from airflow_provider_speculative.runtime.session import attempt_tag, open_session
+from airflow_provider_speculative.store import changes
 from airflow_provider_speculative.store.files import atomic_write_json, read_json
 from airflow_provider_speculative.store.layout import StageLayout
 from airflow_provider_speculative.store.manifest import (
@@ -106,13 +107,18 @@ class StageContext:
             self._session_info = {"app_id": opened.app_id, "session_ready_at": time.time(),
                                   "remote": opened.remote}
             self._heartbeat.beat(self._heartbeat.phase)
+            self._notify()  # the session is ready: app id and start-up time are known
         return self._spark
 
     # -- life cycle -------------------------------------------------------------------------
 
     def __enter__(self) -> StageContext:
         self._heartbeat.start()
+        self._notify()  # now RUNNING
         return self
+
+    def _notify(self) -> None:
+        changes.notify(self.layout.dir, self.subtask, self.attempt)
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:

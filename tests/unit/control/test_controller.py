@@ -13,6 +13,7 @@ from airflow_provider_speculative.backends.base import LaunchSpec
 from airflow_provider_speculative.control.controller import StageController
 from airflow_provider_speculative.core.config import SpeculativeConfig
 from airflow_provider_speculative.core.states import Attempt, AttemptState
+from airflow_provider_speculative.store import changes
 from airflow_provider_speculative.store.files import atomic_write_json, create_exclusive_json, read_json, read_jsonl
 from airflow_provider_speculative.store.layout import StageLayout
 
@@ -52,10 +53,14 @@ class FakeBackend:
         self.launched.append(spec)
         self.attempts[(spec.subtask, spec.attempt)] = Attempt(spec.subtask, spec.attempt, spec.target, S.RUNNING,
                                                               deploying_at=self.clock())
+        changes.notify(self.layout.dir, spec.subtask, spec.attempt)
 
     def poll(self, subtask: int, attempt: int, now: float | None = None) -> Attempt:
         known = self.attempts.get((subtask, attempt))
         return replace(known) if known else Attempt(subtask, attempt, "local-a", S.CREATED)
+
+    def probe(self, subtask: int, attempt: int, now: float) -> bool:
+        return True
 
     def cancel(self, subtask: int, attempt: int, reason: str) -> None:
         self.cancelled.append((subtask, attempt))
@@ -69,8 +74,10 @@ class FakeBackend:
         self.set(subtask, attempt, S.CANCELED)
 
     def set(self, subtask: int, attempt: int, state: AttemptState) -> None:
+        """Change an attempt's state and leave a change notice, as every real writer does."""
         self.attempts[(subtask, attempt)] = replace(self.attempts[(subtask, attempt)], state=state,
                                                     end_at=self.clock())
+        changes.notify(self.layout.dir, subtask, attempt)
 
     def finish(self, subtask: int, attempt: int) -> None:
         """Finish with a manifest, as a real attempt writes it."""
@@ -141,6 +148,7 @@ def test_a_lost_claim_adopts_the_other_controllers_attempt(tmp_path: Path) -> No
     # Another controller instance claimed and launched attempt 0 first.
     assert create_exclusive_json(h.layout.claim(0, 0), {"target": "local-a", "created_at": h.clock()})
     h.backend.attempts[(0, 0)] = Attempt(0, 0, "local-a", S.RUNNING, deploying_at=h.clock())
+    changes.notify(h.layout.dir, 0, 0)
     h.step()
     assert h.backend.launched == []  # nothing launched twice
     assert h.events("claim_lost") == [{"at": h.clock(), "event": "claim_lost", "subtask": 0, "attempt": 0}]
@@ -189,3 +197,27 @@ def test_an_unknown_action_is_refused(tmp_path: Path) -> None:
 
     with pytest.raises(TypeError, match="no handler for action"):
         h.controller._carry_out(Teleport(0), h.clock())  # type: ignore[arg-type]
+
+
+def test_a_tick_polls_only_what_changed(tmp_path: Path) -> None:
+    h = harness(tmp_path, parallelism=200, check_interval=1.0)
+    h.step()
+    h.step()  # 200 attempts running
+    polled: list[tuple[int, int]] = []
+    poll = h.backend.poll
+    h.backend.poll = lambda s, a, now=None: polled.append((s, a)) or poll(s, a, now)  # type: ignore[method-assign]
+    h.backend.finish(7, 0)
+    h.step()
+    # The noticed attempt, plus the rotating safety share: 200 live x 1 s / 60 s -> 4.
+    assert (7, 0) in polled and len(polled) <= 1 + 4
+    assert h.controller.scheduler.admitted == {7: 0}
+
+
+def test_a_lost_notice_is_caught_by_the_rotating_full_poll(tmp_path: Path) -> None:
+    h = harness(tmp_path, parallelism=3, check_interval=20.0)  # 3 live x 20 s / 60 s -> 1 per tick
+    h.step()
+    h.step()
+    h.backend.attempts[(1, 0)] = replace(h.backend.attempts[(1, 0)], state=S.FAILED, end_at=h.clock())
+    for _ in range(4):  # no notice was written: within a full rotation the failure is seen
+        h.step()
+    assert h.controller.scheduler.attempts[1][0].state == S.FAILED
