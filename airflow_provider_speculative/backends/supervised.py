@@ -95,7 +95,7 @@ class SupervisedBackend:
             if state == "FAILED" and status.get("failure_kind") == "partition":
                 out.failure = read_json(base / "failure.json")
             return out
-        alive = self._alive(launch, now)
+        alive = self.attempt_alive(launch, heartbeat, now)
         if launch and not alive:
             out.state = AttemptState.CANCELED if cancel else AttemptState.FAILED
             out.end_at = out.end_at or now
@@ -113,6 +113,10 @@ class SupervisedBackend:
         else:
             out.state = AttemptState.DEPLOYING
         return out
+
+    def attempt_alive(self, status: dict[str, Any], heartbeat: dict[str, Any], now: float) -> bool:
+        """Whether a launched, not yet ended attempt is still alive (here: its process; see the read model)."""
+        return self._alive(status, now)
 
     def cancel(self, subtask: int, attempt: int, reason: str) -> None:
         """Ask the attempt's process group to stop (SIGTERM); :meth:`reap` escalates to SIGKILL."""

@@ -42,6 +42,9 @@ def get_cli_commands() -> list[Any]:
                     args=(dag_id, run_id, Arg(("--stage", "-s"), help="stage to rerun", required=True),
                           Arg(("--subtask",), help="subtask index (repeatable); default: all", type=int,
                               action="append", default=None),
+                          Arg(("--no-downstream",), dest="no_downstream", action="store_true",
+                              help="rerun only the named subtasks, not their consumers (readers of a "
+                                   "non-deterministic stage are included regardless)"),
                           Arg(("--dry-run",), help="only print the affected region", action="store_true"),
                           output),
                 ),
