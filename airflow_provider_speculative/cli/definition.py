@@ -27,7 +27,12 @@ def get_cli_commands() -> list[Any]:
                     name="status",
                     help="List stages, subtasks and attempts of a DAG run with the admitted attempt",
                     func=lazy_load_command("airflow_provider_speculative.cli.commands.status"),
-                    args=(dag_id, run_id, stage, output),
+                    args=(dag_id, run_id, stage, output,
+                          Arg(("--watch", "-w"), action="store_true",
+                              help="redraw the per-stage progress (admitted/total, running, speculative, slow) "
+                                   "until the run ends"),
+                          Arg(("--interval",), type=float, default=2.0,
+                              help="seconds between --watch refreshes (default 2)")),
                 ),
                 ActionCommand(
                     name="gc",
