@@ -83,6 +83,8 @@ def ui_env(base: dict[str, str], home: Path, port: int) -> dict[str, str]:
     keys = _secrets(home)
     url = f"http://127.0.0.1:{port}"
     env = dict(base)
+    # Stage tasks defer at once; a few LocalExecutor workers are plenty and spare a small machine.
+    env.setdefault("AIRFLOW__CORE__PARALLELISM", "4")
     env.update({
         "PATH": f"{BIN}{os.pathsep}{env.get('PATH', '')}",
         "AIRFLOW_HOME": str(home),
