@@ -85,6 +85,10 @@ def ui_env(base: dict[str, str], home: Path, port: int) -> dict[str, str]:
     env = dict(base)
     # Stage tasks defer at once; a few LocalExecutor workers are plenty and spare a small machine.
     env.setdefault("AIRFLOW__CORE__PARALLELISM", "4")
+    # SQLite serialises the components' writes; on a busy machine a task's first Execution API call
+    # can wait tens of seconds for the lock. The default 5 s timeout then retries a call that already
+    # succeeded (the task is "running"), which fails the task.
+    env.setdefault("AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT", "120")
     env.update({
         "PATH": f"{BIN}{os.pathsep}{env.get('PATH', '')}",
         "AIRFLOW_HOME": str(home),
