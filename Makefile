@@ -22,7 +22,7 @@ DEMO_ENV := AIRFLOW_HOME=$(DEMO)/airflow \
 	AIRFLOW__SPECULATIVE__BASELINE_LOWER_BOUND=5s \
 	AIRFLOW__SPECULATIVE__FAULT_INJECTION='{"targets": {"local-b": {"factor": 4}}}'
 
-.PHONY: demo test unit install java-check data lint bench clean browser
+.PHONY: demo test unit install java-check data lint bench clean browser ui
 
 $(VENV)/.installed: setup.cfg pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found (Python 3.11 is required)"; exit 1; }
@@ -45,13 +45,22 @@ data: $(DATA_DIR)/lineitem/.done
 
 demo: install java-check data
 	rm -rf $(DEMO)
+	$(DEMO_ENV) $(PY) scripts/demo_env.py write $(DEMO)
 	$(DEMO_ENV) $(VENV)/bin/airflow db migrate >/dev/null
+	$(DEMO_ENV) $(VENV)/bin/airflow dags reserialize >/dev/null 2>&1  # so that `airflow dags list` shows it
 	$(DEMO_ENV) $(VENV)/bin/airflow dags test tpch_q1 $(DEMO_DATE) > $(DEMO)/dags-test.log 2>&1 \
 		|| { tail -50 $(DEMO)/dags-test.log; exit 1; }
 	@run_id=$$(ls $(DEMO)/store/tpch_q1 | head -1); \
 	$(DEMO_ENV) $(VENV)/bin/airflow speculative status --dag-id tpch_q1 --run-id "$$(cat $(DEMO)/store/tpch_q1/$$run_id/aggregate/plan.json | $(PY) -c 'import json,sys; print(json.load(sys.stdin)["run_id"])')"
 	@echo; echo "Committed output: $(DEMO)/output/tpch_q1/$(DEMO_DATE)"; ls $(DEMO)/output/tpch_q1/$(DEMO_DATE)
 	@$(PY) -c "import pyarrow.parquet as pq; print(pq.read_table('$(DEMO)/output/tpch_q1/$(DEMO_DATE)').to_pandas().sort_values(['l_returnflag','l_linestatus']).to_string(index=False))"
+	@$(PY) scripts/demo_env.py hint $(DEMO)
+
+# The Airflow UI with the plugin on the demo's home: starts every component, triggers the example and
+# prints the run view's URL and a login; Ctrl-C stops everything it started (attempts included).
+ui: install java-check data
+	@test -f $(DEMO)/airflow/airflow.cfg || $(DEMO_ENV) $(PY) scripts/demo_env.py write $(DEMO)
+	$(DEMO_ENV) $(PY) scripts/demo_ui.py $(UI_ARGS)
 
 # The UI plugin's browser test drives Debian's Chromium (never a downloaded browser build).
 browser:

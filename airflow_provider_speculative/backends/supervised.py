@@ -101,7 +101,7 @@ class SupervisedBackend:
             if state == "FAILED" and status.get("failure_kind") == "partition":
                 out.failure = read_json(os.path.join(base, "failure.json"))
             return out
-        alive = self._alive(launch, now)
+        alive = self.attempt_alive(launch, heartbeat, now)
         if launch and not alive:
             out.state = AttemptState.CANCELED if cancel else AttemptState.FAILED
             out.end_at = out.end_at or now
@@ -147,6 +147,10 @@ class SupervisedBackend:
         if path is None:
             path = self._dirs[key] = str(self.layout.attempt_dir(subtask, attempt))
         return path
+
+    def attempt_alive(self, status: dict[str, Any], heartbeat: dict[str, Any], now: float) -> bool:
+        """Whether a launched, not yet ended attempt is still alive (here: its process; see the read model)."""
+        return self._alive(status, now)
 
     def cancel(self, subtask: int, attempt: int, reason: str) -> None:
         """Ask the attempt's process group to stop (SIGTERM); :meth:`reap` escalates to SIGKILL."""

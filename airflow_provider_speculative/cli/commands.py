@@ -5,54 +5,230 @@ from __future__ import annotations
 import json
 import os
 import sys
-from datetime import UTC, datetime
-from typing import Any
+import time
+from collections.abc import Callable
+from datetime import datetime, tzinfo
+from typing import IO, Any
+
+# -- pure formatting (unit-tested) ----------------------------------------------------------------
 
 
-def _time(ts: float | None) -> str:
-    return datetime.fromtimestamp(ts, tz=UTC).strftime("%H:%M:%S") if ts else "-"
+def _local(ts: float, tz: tzinfo | None) -> datetime:
+    """``ts`` as an aware datetime in ``tz`` (default: the machine's local zone)."""
+    return datetime.fromtimestamp(ts, tz) if tz is not None else datetime.fromtimestamp(ts).astimezone()
 
 
-def format_table(report: dict[str, Any]) -> str:
-    """Render a run report as a plain-text table (one row per attempt)."""
-    header = ("stage", "subtask", "attempt", "state", "target", "node", "start", "end", "exit", "flags")
+def format_time(ts: float | None, now: float, tz: tzinfo | None = None, seconds: bool = True) -> str:
+    """Local wall-clock time; with the date when it is not today (``14:02:07``, ``2026-01-01 14:02:07``)."""
+    if ts is None:
+        return "-"
+    when, today = _local(ts, tz), _local(now, tz)
+    clock = when.strftime("%H:%M:%S" if seconds else "%H:%M")
+    return clock if when.date() == today.date() else f"{when:%Y-%m-%d} {clock}"
+
+
+def format_duration(seconds: float | None) -> str:
+    """A short human duration: ``850ms``, ``42s``, ``5m 03s``, ``2h 05m``, ``3d 4h``."""
+    if seconds is None:
+        return "-"
+    seconds = max(0.0, seconds)
+    if seconds < 1:
+        return f"{seconds * 1000:.0f}ms"
+    if seconds < 10:
+        return f"{seconds:.1f}s"
+    whole = round(seconds)
+    if whole < 60:
+        return f"{whole}s"
+    minutes, sec = divmod(whole, 60)
+    if minutes < 60:
+        return f"{minutes}m {sec:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 24:
+        return f"{hours}h {minutes:02d}m"
+    days, hours = divmod(hours, 24)
+    return f"{days}d {hours}h"
+
+
+def format_until(ts: float, now: float, tz: tzinfo | None = None) -> str:
+    """A deadline relative to now: ``until 14:02 (in 5m 00s)``, or ``expired at 14:02 (3m 00s ago)``."""
+    at = format_time(ts, now, tz, seconds=False)
+    if ts > now:
+        return f"until {at} (in {format_duration(ts - now)})"
+    return f"expired at {at} ({format_duration(now - ts)} ago)"
+
+
+def iso_time(ts: float | None, tz: tzinfo | None = None) -> str | None:
+    """ISO-8601 with the UTC offset (``2026-01-01T14:02:07.123+01:00``), or None."""
+    return None if ts is None else _local(ts, tz).isoformat(timespec="milliseconds")
+
+
+def _utc_offset(now: float, tz: tzinfo | None) -> str:
+    offset = _local(now, tz).strftime("%z")
+    return f"UTC{offset[:3]}:{offset[3:]}" if offset else "UTC"
+
+
+def format_table(report: dict[str, Any], now: float | None = None, tz: tzinfo | None = None) -> str:
+    """Render a run report as a plain-text table (one row per attempt), times in local time."""
+    now = time.time() if now is None else now
+    header = ("stage", "subtask", "attempt", "state", "target", "node", "start", "end", "duration", "exit", "flags")
     rows: list[tuple[str, ...]] = []
-    lines = [f"DAG {report['dag_id']} run {report['run_id']}"]
+    lines = [f"DAG {report['dag_id']} run {report['run_id']} (times in local time, {_utc_offset(now, tz)})"]
     for stage in report["stages"]:
+        blocked = ", ".join(f"{node} {format_until(until, now, tz)}"
+                            for node, until in sorted(stage["blocked_nodes"].items()))
         lines.append(
             f"stage {stage['stage']}: parallelism {stage['parallelism']}, committed {stage['committed']}, "
             f"speculation {stage['speculation']}, numSlowExecutionVertices {stage['numSlowExecutionVertices']}, "
             f"numEffectiveSpeculativeExecutions {stage['numEffectiveSpeculativeExecutions']}"
-            + (f", blocked nodes {stage['blocked_nodes']}" if stage["blocked_nodes"] else "")
-            + (f", results expired (removed by gc at {_time(stage['expired']['at'])})" if stage.get("expired") else ""))
+            + (f", blocked nodes: {blocked}" if blocked else "")
+            + (f", results expired (removed by gc at {format_time(stage['expired']['at'], now, tz)})"
+               if stage.get("expired") else ""))
         for sub in stage["subtasks"]:
             if not sub["attempts"]:
                 rows.append((stage["stage"], str(sub["subtask"]), "-", "REUSED" if sub["reused"] else "-",
-                             "-", "-", "-", "-", "-", ""))
+                             "-", "-", "-", "-", "-", "-", ""))
             for a in sub["attempts"]:
                 flags = [f for f, on in (("admitted", a["admitted"]), ("current", a["attempt"] == sub["current"]),
                                          ("speculative", a["speculative"])) if on]
+                duration = ((a["end"] or now) - a["start"]) if a["start"] else None
                 rows.append((stage["stage"], str(sub["subtask"]), str(a["attempt"]), a["state"], a["target"] or "-",
-                             a["node"] or "-", _time(a["start"]), _time(a["end"]),
+                             a["node"] or "-", format_time(a["start"], now, tz), format_time(a["end"], now, tz),
+                             format_duration(duration) + ("+" if duration is not None and not a["end"] else ""),
                              "-" if a["exit_code"] is None else str(a["exit_code"]), ",".join(flags)))
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
-    lines.append("  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)))
-    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+    lines.append("  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)).rstrip())
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     return "\n".join(lines)
 
 
+_ATTEMPT_TIMES = ("start", "end", "launched_at", "last_seen")
+
+
+def json_report(report: dict[str, Any], now: float | None = None, tz: tzinfo | None = None) -> dict[str, Any]:
+    """The report for ``--output json``: times as ISO-8601 with offset, the epoch seconds under ``*_epoch``."""
+    now = time.time() if now is None else now
+    stages = []
+    for stage in report["stages"]:
+        subtasks = []
+        for sub in stage["subtasks"]:
+            attempts = []
+            for a in sub["attempts"]:
+                out = {k: v for k, v in a.items() if k not in _ATTEMPT_TIMES}
+                for key in _ATTEMPT_TIMES:
+                    if key in a:
+                        out[key], out[f"{key}_epoch"] = iso_time(a[key], tz), a[key]
+                out["duration_seconds"] = ((a["end"] or now) - a["start"]) if a.get("start") else None
+                attempts.append(out)
+            subtasks.append({**sub, "attempts": attempts})
+        blocked = stage["blocked_nodes"]
+        expired = stage.get("expired")
+        stages.append({**stage, "subtasks": subtasks,
+                       "blocked_nodes": {node: iso_time(until, tz) for node, until in blocked.items()},
+                       "blocked_nodes_epoch": dict(blocked),
+                       "expired": {**expired, "at": iso_time(expired.get("at"), tz), "at_epoch": expired.get("at")}
+                       if expired else expired})
+    return {**report, "generated_at": iso_time(now, tz), "stages": stages}
+
+
+def format_progress(report: dict[str, Any], progress: dict[str, Any], now: float, tz: tzinfo | None = None,
+                    run_state: str | None = None) -> str:
+    """The ``--watch`` frame: one line per stage with admitted/total, running, speculative and slow attempts."""
+    header = ("stage", "state", "admitted", "running", "speculative", "slow", "blocked nodes")
+    rows = []
+    by_name = {s["stage"]: s for s in report["stages"]}
+    for p in progress["stages"]:
+        blocked = ", ".join(f"{node} {format_until(until, now, tz)}"
+                            for node, until in sorted(by_name[p["stage"]]["blocked_nodes"].items()) if until > now)
+        rows.append((p["stage"], p["state"], f"{p['admitted']}/{p['total']}", str(p["running"]),
+                     str(p["speculative"]), str(p["slow"]), blocked or "-"))
+    rows += [(name, "not planned", "-", "-", "-", "-", "-") for name in progress["pending_stages"]]
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
+    state = f", Airflow run {run_state}" if run_state else ""
+    lines = [f"DAG {report['dag_id']} run {report['run_id']} at {format_time(now, now, tz)}{state}",
+             "  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)).rstrip()]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    return "\n".join(lines)
+
+
+# -- status ---------------------------------------------------------------------------------------
+
+TERMINAL_RUN_STATES = frozenset({"success", "failed"})
+# Cursor to the top-left corner, then clear to the end of the screen: redraw the frame in place.
+_REDRAW = "\x1b[H\x1b[J"
+
+
+def watch(root: Any, dag_id: str, run_id: str, *, out: IO[str], interval: float, stage: str | None = None,
+          run_state: Callable[[], str | None] = lambda: None, in_place: bool | None = None,
+          clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep,
+          max_frames: int | None = None) -> dict[str, Any]:
+    """Redraw the progress table every ``interval`` s until the run ends; return the last progress.
+
+    The run ends when every stage committed, a stage failed and nothing else runs, or the Airflow run
+    finished. On a terminal each frame replaces the previous one; otherwise frames follow each other.
+    """
+    from airflow_provider_speculative.control.readmodel import run_progress, run_report
+
+    in_place = out.isatty() if in_place is None else in_place
+    frames = 0
+    while True:
+        now = clock()
+        state = run_state()
+        try:
+            report = run_report(root, dag_id, run_id, stage)
+        except FileNotFoundError:
+            # A queued run has planned no stage yet: wait for it, unless Airflow does not know it or it is over.
+            if state is None or state in TERMINAL_RUN_STATES:
+                raise
+            report = {"dag_id": dag_id, "run_id": run_id, "stages": []}
+        progress = run_progress(report)
+        if not report["stages"]:
+            progress["done"] = False
+        frame = format_progress(report, progress, now, run_state=state)
+        out.write((_REDRAW if in_place else ("\n" if frames else "")) + frame + "\n")
+        out.flush()
+        frames += 1
+        if progress["done"] or state in TERMINAL_RUN_STATES or (max_frames and frames >= max_frames):
+            return progress
+        sleep(interval)
+
+
+def _airflow_run_state(dag_id: str, run_id: str) -> str | None:
+    """The DAG run's state in the metadata DB, or None when it cannot be read (the watch then uses the store)."""
+    try:
+        from airflow.models.dagrun import DagRun
+        from airflow.utils.session import create_session
+        from sqlalchemy import select
+
+        with create_session() as session:
+            state = session.scalar(select(DagRun._state).where(DagRun.dag_id == dag_id, DagRun.run_id == run_id))
+    except Exception:  # a store without a reachable DB still has its own end condition
+        return None
+    return None if state is None else str(getattr(state, "value", state))
+
+
 def status(args: Any) -> None:
-    """CLI entry: print the attempts table or JSON for ``--dag-id``/``--run-id``."""
+    """CLI entry: print the attempts table or JSON for ``--dag-id``/``--run-id`` (``--watch``: live progress)."""
     from airflow_provider_speculative.control.readmodel import run_report
     from airflow_provider_speculative.settings import airflow_config, store_root
 
+    root = store_root(airflow_config())
     try:
-        report = run_report(store_root(airflow_config()), args.dag_id, args.run_id, args.stage)
+        if getattr(args, "watch", False):
+            if args.interval <= 0:
+                print("error: --interval must be > 0", file=sys.stderr)
+                sys.exit(1)
+            try:
+                watch(root, args.dag_id, args.run_id, out=sys.stdout, interval=args.interval, stage=args.stage,
+                      run_state=lambda: _airflow_run_state(args.dag_id, args.run_id))
+            except KeyboardInterrupt:
+                pass
+            return
+        report = run_report(root, args.dag_id, args.run_id, args.stage)
     except FileNotFoundError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(1)
     if args.output == "json":
-        print(json.dumps(report, indent=2, default=str))
+        print(json.dumps(json_report(report), indent=2, default=str))
     else:
         print(format_table(report))
 
@@ -137,42 +313,73 @@ def gc(args: Any) -> None:
         sys.exit(1)
 
 
+def format_rerun(result: dict[str, Any]) -> str:
+    """The rerun's region in two parts (the named subtasks, their downstream consumers) and what was cleared."""
+    def parts(region: dict[str, list[int]]) -> list[str]:
+        return [f"    stage {stage}: subtasks {', '.join(map(str, subs))}" for stage, subs in region.items()]
+
+    lines = [f"{'Would rerun' if result['dry_run'] else 'Rerunning'} in DAG {result['dag_id']} run {result['run_id']}:",
+             "  named:", *parts(result["requested"]),
+             "  downstream (consumers of the named subtasks, transitively):",
+             *(parts(result["downstream"]) or ["    (none: --no-downstream)" if result["no_downstream"]
+                                               else "    (none)"])]
+    if not result["dry_run"]:
+        cleared = result["cleared_tasks"]
+        lines.append(f"Cleared tasks: {', '.join(cleared) or '(none found)'}")
+        missing = [s for s in result["region"] if s not in result.get("stage_tasks", {})]
+        if missing:
+            lines.append(f"No task instance in the run for stages: {', '.join(missing)}")
+    return "\n".join(lines)
+
+
 def rerun(args: Any) -> None:
     """CLI entry: print the affected region, invalidate exactly it and clear its stage tasks."""
     from airflow_provider_speculative.control.rerun import invalidate_region, plan_rerun
     from airflow_provider_speculative.settings import airflow_config, store_root
 
     root = store_root(airflow_config())
+    no_downstream = bool(getattr(args, "no_downstream", False))
     try:
-        region = plan_rerun(root, args.dag_id, args.run_id, args.stage, args.subtask)
+        region = plan_rerun(root, args.dag_id, args.run_id, args.stage, args.subtask, downstream=not no_downstream)
     except (FileNotFoundError, KeyError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(1)
     affected = {stage: sorted(subtasks) for stage, subtasks in region.subtasks.items()}
-    result: dict[str, Any] = {"dag_id": args.dag_id, "run_id": args.run_id, "region": affected,
-                              "dry_run": bool(args.dry_run)}
+    result: dict[str, Any] = {
+        "dag_id": args.dag_id, "run_id": args.run_id, "region": affected,
+        "requested": {stage: sorted(subs) for stage, subs in region.requested.items()},
+        "downstream": {stage: sorted(subs) for stage, subs in region.downstream().items()},
+        "no_downstream": no_downstream, "dry_run": bool(args.dry_run)}
     if not args.dry_run:
         result["invalidated"] = invalidate_region(root, args.dag_id, args.run_id, region,
                                                   f"airflow speculative rerun --stage {args.stage}")
-        result["cleared_tasks"] = _clear_tasks(args.dag_id, args.run_id, sorted(affected))
+        result["stage_tasks"] = _clear_tasks(args.dag_id, args.run_id, list(affected))
+        result["cleared_tasks"] = sorted(result["stage_tasks"].values())
     if args.output == "json":
         print(json.dumps(result, indent=2))
         return
-    print(f"{'Would rerun' if args.dry_run else 'Rerunning'} in DAG {args.dag_id} run {args.run_id}:")
-    for stage, subtasks in affected.items():
-        print(f"  stage {stage}: subtasks {', '.join(map(str, subtasks))}")
-    if not args.dry_run:
-        print(f"Cleared tasks: {', '.join(result['cleared_tasks']) or '(none found)'}")
+    print(format_rerun(result))
 
 
-def _clear_tasks(dag_id: str, run_id: str, task_ids: list[str]) -> list[str]:
-    """Clear the stage tasks of the run so the scheduler runs exactly them again."""
+def _clear_tasks(dag_id: str, run_id: str, stages: list[str]) -> dict[str, str]:
+    """Clear exactly the task instances that run ``stages`` in the run (stage -> task id cleared).
+
+    Only these: no downstream task, no other run. The run goes back to queued if it had finished, so
+    the scheduler runs them again.
+    """
     from airflow.models.taskinstance import TaskInstance, clear_task_instances
     from airflow.utils.session import create_session
     from sqlalchemy import select
 
+    from airflow_provider_speculative.control.rerun import stage_task_ids
+
     with create_session() as session:
+        all_ids = list(session.scalars(select(TaskInstance.task_id).where(
+            TaskInstance.dag_id == dag_id, TaskInstance.run_id == run_id)))
+        chosen = stage_task_ids(stages, all_ids)
         tis = list(session.scalars(select(TaskInstance).where(
-            TaskInstance.dag_id == dag_id, TaskInstance.run_id == run_id, TaskInstance.task_id.in_(task_ids))))
+            TaskInstance.dag_id == dag_id, TaskInstance.run_id == run_id,
+            TaskInstance.task_id.in_(list(chosen.values())), TaskInstance.map_index == -1)))
         clear_task_instances(tis, session)
-        return sorted(ti.task_id for ti in tis)
+        cleared = {ti.task_id for ti in tis}
+        return {stage: task for stage, task in chosen.items() if task in cleared}

@@ -27,7 +27,12 @@ def get_cli_commands() -> list[Any]:
                     name="status",
                     help="List stages, subtasks and attempts of a DAG run with the admitted attempt",
                     func=lazy_load_command("airflow_provider_speculative.cli.commands.status"),
-                    args=(dag_id, run_id, stage, output),
+                    args=(dag_id, run_id, stage, output,
+                          Arg(("--watch", "-w"), action="store_true",
+                              help="redraw the per-stage progress (admitted/total, running, speculative, slow) "
+                                   "until the run ends"),
+                          Arg(("--interval",), type=float, default=2.0,
+                              help="seconds between --watch refreshes (default 2)")),
                 ),
                 ActionCommand(
                     name="gc",
@@ -42,6 +47,9 @@ def get_cli_commands() -> list[Any]:
                     args=(dag_id, run_id, Arg(("--stage", "-s"), help="stage to rerun", required=True),
                           Arg(("--subtask",), help="subtask index (repeatable); default: all", type=int,
                               action="append", default=None),
+                          Arg(("--no-downstream",), dest="no_downstream", action="store_true",
+                              help="rerun only the named subtasks, not their consumers (readers of a "
+                                   "non-deterministic stage are included regardless)"),
                           Arg(("--dry-run",), help="only print the affected region", action="store_true"),
                           output),
                 ),

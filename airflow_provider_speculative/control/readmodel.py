@@ -1,18 +1,77 @@
-"""Read a DAG run's stages, subtasks and attempts from the store (for the CLI and the UI)."""
+"""Read a DAG run's stages, subtasks and attempts from the store (for the CLI and the UI).
+
+Two ways to decide whether an attempt that has not recorded its end is still alive:
+
+- ``liveness="process"`` (the CLI's default, what the controller does): look the supervisor's pid up
+  on this host (and trust ``alive_at`` for a supervisor on another host);
+- ``liveness="heartbeat"`` (the UI): only the store's timestamps count, so the answer does not depend on
+  where the reader runs. An attempt is alive while the newest of its runtime heartbeat (``heartbeat.json``
+  ``at``, every 2 s), its supervisor's refresh (``status.json`` ``alive_at``, every 5 s) and its start is
+  younger than :data:`HEARTBEAT_STALE_AFTER` seconds; after that it shows as failed, "presumed lost".
+"""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
-from airflow_provider_speculative.backends.base import attempt_observer
+from airflow_provider_speculative.backends.base import Backend, attempt_observer
+from airflow_provider_speculative.backends.supervised import SupervisedBackend
 from airflow_provider_speculative.control.lifecycle import read_expired
-from airflow_provider_speculative.core.states import current_attempt
+from airflow_provider_speculative.core.states import Attempt, current_attempt
 from airflow_provider_speculative.store.files import read_json, read_jsonl
 from airflow_provider_speculative.store.layout import StageLayout, safe_component
 
+# Six missed supervisor refreshes (5 s) or fifteen missed heartbeats (2 s): long enough for a loaded
+# machine's GC pause or a slow shared file system, short enough for a user watching the page.
+HEARTBEAT_STALE_AFTER = 30.0
+LIVENESS_MODES = ("process", "heartbeat")
 
-def run_report(root: Path, dag_id: str, run_id: str, stage: str | None = None) -> dict[str, Any]:
+
+def last_sign_of_life(status: dict[str, Any], heartbeat: dict[str, Any]) -> float | None:
+    """The newest time the attempt was seen alive: heartbeat ``at``, supervisor ``alive_at`` or its start."""
+    seen = [float(v) for v in (heartbeat.get("at"), status.get("alive_at"), status.get("deploying_at")) if v]
+    return max(seen) if seen else None
+
+
+def heartbeat_alive(status: dict[str, Any], heartbeat: dict[str, Any], now: float,
+                    stale_after: float = HEARTBEAT_STALE_AFTER) -> bool:
+    """Whether an attempt that has not ended is alive, judged by the age of its last sign of life only."""
+    seen = last_sign_of_life(status, heartbeat)
+    return seen is not None and now - seen < stale_after
+
+
+class HeartbeatObserver(SupervisedBackend):
+    """Reads attempts like the backends do, but decides liveness from heartbeat age, never from a pid."""
+
+    def __init__(self, layout: StageLayout, stale_after: float = HEARTBEAT_STALE_AFTER) -> None:
+        super().__init__(layout)
+        self.stale_after = stale_after
+
+    def attempt_alive(self, status: dict[str, Any], heartbeat: dict[str, Any], now: float) -> bool:
+        """Alive while the last sign of life is younger than ``stale_after``."""
+        return heartbeat_alive(status, heartbeat, now, self.stale_after)
+
+    def poll(self, subtask: int, attempt: int, now: float | None = None) -> Attempt:
+        """The attempt as the store shows it; a stale one is reported as presumed lost, not as killed."""
+        out = super().poll(subtask, attempt, now)
+        if out.cause == "attempt process disappeared (killed or crashed)":
+            out.cause = f"presumed lost: no heartbeat for {self.stale_after:.0f} s"
+        return out
+
+
+def observer(layout: StageLayout, liveness: str = "process") -> Backend:
+    """The attempt reader for a liveness mode (see the module docstring)."""
+    if liveness == "heartbeat":
+        return HeartbeatObserver(layout)
+    if liveness != "process":
+        raise ValueError(f"unknown liveness mode {liveness!r}; expected one of {', '.join(LIVENESS_MODES)}")
+    return attempt_observer(layout)
+
+
+def run_report(root: Path, dag_id: str, run_id: str, stage: str | None = None, *,
+               liveness: str = "process", now: float | None = None) -> dict[str, Any]:
     """Stages (in plan order) -> subtasks -> attempts for one DAG run."""
     run_dir = Path(root) / safe_component(dag_id) / safe_component(run_id)
     if not run_dir.is_dir():
@@ -22,7 +81,8 @@ def run_report(root: Path, dag_id: str, run_id: str, stage: str | None = None) -
         plan = read_json(stage_dir / "plan.json")
         if stage and plan["stage"] != stage:
             continue
-        stages.append(stage_report(StageLayout(Path(plan["store_root"]), dag_id, run_id, plan["stage"]), plan))
+        stages.append(stage_report(StageLayout(Path(plan["store_root"]), dag_id, run_id, plan["stage"]), plan,
+                                   liveness=liveness, now=now))
     if stage and not stages:
         raise FileNotFoundError(f"stage {stage!r} not found in dag {dag_id!r} run {run_id!r}")
     order = {s["stage"]: i for i, s in enumerate(stages)}
@@ -32,14 +92,16 @@ def run_report(root: Path, dag_id: str, run_id: str, stage: str | None = None) -
     return {"dag_id": dag_id, "run_id": run_id, "stages": stages}
 
 
-def stage_report(layout: StageLayout, plan: dict[str, Any]) -> dict[str, Any]:
+def stage_report(layout: StageLayout, plan: dict[str, Any], *, liveness: str = "process",
+                 now: float | None = None) -> dict[str, Any]:
     """One stage: summary, committed flag and every subtask's attempts with the current one."""
-    backend = attempt_observer(layout)
+    now = time.time() if now is None else now
+    backend = observer(layout, liveness)
     summary = read_json(layout.summary) or {}
     committed = read_json(layout.committed)
     subtasks = []
     for subtask in range(plan["parallelism"]):
-        attempts = [backend.poll(subtask, n) for n in layout.attempt_numbers(subtask)
+        attempts = [backend.poll(subtask, n, now) for n in layout.attempt_numbers(subtask)
                     if layout.claim(subtask, n).exists()]
         marker = read_json(layout.admitted(subtask))
         current = current_attempt(attempts)
@@ -53,6 +115,9 @@ def stage_report(layout: StageLayout, plan: dict[str, Any]) -> dict[str, Any]:
                 "speculative": a.speculative, "start": a.deploying_at, "end": a.end_at, "exit_code": a.exit_code,
                 "cause": a.cause, "admitted": bool(marker and marker["attempt"] == a.number),
                 "app_id": a.app_id, "launched_at": a.launched_at, "startup_seconds": a.startup_seconds,
+                "duration": ((a.end_at or now) - a.deploying_at) if a.deploying_at else None,
+                "last_seen": last_sign_of_life(read_json(layout.status(subtask, a.number)) or {},
+                                               read_json(layout.heartbeat(subtask, a.number)) or {}),
             } for a in attempts],
         })
     return {
@@ -65,4 +130,40 @@ def stage_report(layout: StageLayout, plan: dict[str, Any]) -> dict[str, Any]:
         "numEffectiveSpeculativeExecutions": summary.get("numEffectiveSpeculativeExecutions", 0),
         "blocked_nodes": summary.get("blocked_nodes", {}), "baseline_seconds": summary.get("baseline_seconds"),
         "subtasks": subtasks, "journal_events": len(read_jsonl(layout.journal)),
+        "failed": _stage_failed(layout, committed is not None),
     }
+
+
+def _stage_failed(layout: StageLayout, committed: bool) -> bool:
+    """The controller's last notable journal event is ``stage_failed`` and nothing was committed since."""
+    if committed:
+        return False
+    events = [e for e in read_jsonl(layout.journal) if e.get("event") not in ("launch", "admit")]
+    return bool(events) and events[-1].get("event") == "stage_failed"
+
+
+LIVE_STATES = frozenset({"CREATED", "SCHEDULED", "DEPLOYING", "INITIALIZING", "RUNNING", "CANCELING"})
+
+
+def stage_progress(stage: dict[str, Any]) -> dict[str, Any]:
+    """A stage's progress from its report: admitted/total, running, live speculative and slow attempts."""
+    live = [a for s in stage["subtasks"] for a in s["attempts"] if a["state"] in LIVE_STATES]
+    admitted = sum(1 for s in stage["subtasks"] if s["admitted"] is not None or s["reused"])
+    state = ("committed" if stage["committed"] else "failed" if stage.get("failed")
+             else "running" if live else "waiting")
+    return {"stage": stage["stage"], "state": state, "admitted": admitted, "total": stage["parallelism"],
+            "running": len(live), "speculative": sum(1 for a in live if a["speculative"]),
+            "slow": stage.get("numSlowExecutionVertices", 0)}
+
+
+def run_progress(report: dict[str, Any]) -> dict[str, Any]:
+    """Per-stage progress, the consumers not planned yet, and whether nothing in the run can change any more."""
+    stages = [stage_progress(s) for s in report["stages"]]
+    names = {s["stage"] for s in report["stages"]}
+    pending = sorted({c for s in report["stages"] for c in s["consumers"]} - names)
+    failed = any(s["state"] == "failed" for s in stages)
+    all_committed = bool(stages) and not pending and all(s["state"] == "committed" for s in stages)
+    # A failed stage's consumers never plan: the run is over once nothing else still runs.
+    over = failed and not any(s["state"] == "running" for s in stages)
+    return {"stages": stages, "pending_stages": pending, "done": all_committed or over,
+            "all_committed": all_committed, "failed": failed}

@@ -37,8 +37,12 @@ def graph_from_plans(root: Path, dag_id: str, run_id: str) -> tuple[PipelineGrap
     return PipelineGraph(name=dag_id, stages=stages), plans
 
 
-def plan_rerun(root: Path, dag_id: str, run_id: str, stage: str, subtasks: list[int] | None) -> Region:
-    """The region a rerun of ``stage`` (some or all subtasks) affects, with the run's failover strategy."""
+def plan_rerun(root: Path, dag_id: str, run_id: str, stage: str, subtasks: list[int] | None,
+               downstream: bool = True) -> Region:
+    """The region a rerun of ``stage`` (some or all subtasks) affects, with the run's failover strategy.
+
+    ``downstream``: include the consumers of the rerun subtasks, transitively (see ``rerun_region``).
+    """
     graph, plans = graph_from_plans(root, dag_id, run_id)
     if stage not in graph.stages:
         raise KeyError(f"stage {stage!r} not found in dag {dag_id!r} run {run_id!r} (stages: {', '.join(plans)})")
@@ -47,7 +51,18 @@ def plan_rerun(root: Path, dag_id: str, run_id: str, stage: str, subtasks: list[
     if bad:
         raise ValueError(f"stage {stage!r} has subtasks 0..{parallelism - 1}; no subtask {bad}")
     strategy = plans[stage]["config"].get("failover_strategy", "region")
-    return rerun_region(graph, stage, set(subtasks) if subtasks else None, strategy)
+    return rerun_region(graph, stage, set(subtasks) if subtasks else None, strategy, downstream=downstream)
+
+
+def stage_task_ids(stages: list[str], task_ids: list[str]) -> dict[str, str]:
+    """Stage -> the Airflow task id that runs it among ``task_ids`` (the stage name, or ``group.stage``)."""
+    found: dict[str, str] = {}
+    for stage in stages:
+        exact = [t for t in task_ids if t == stage]
+        grouped = sorted(t for t in task_ids if t.rsplit(".", 1)[-1] == stage and t != stage)
+        if exact or grouped:
+            found[stage] = (exact or grouped)[0]
+    return found
 
 
 def invalidate_region(root: Path, dag_id: str, run_id: str, region: Region, reason: str) -> dict[str, list[int]]:

@@ -49,9 +49,10 @@ def files_in_range(files: list[dict[str, Any]], subpartitions: list[int] | None)
 
 @dataclass
 class Region:
-    """Subtasks to rerun, per stage, in producer-first order."""
+    """Subtasks to rerun, per stage, in producer-first order; ``requested`` is the part the user named."""
 
     subtasks: dict[str, set[int]] = field(default_factory=dict)
+    requested: dict[str, set[int]] = field(default_factory=dict)
 
     def add(self, stage: str, subtasks: set[int]) -> bool:
         """Add subtasks; return True if anything was new."""
@@ -59,20 +60,30 @@ class Region:
         self.subtasks.setdefault(stage, set()).update(subtasks)
         return len(self.subtasks[stage]) > before
 
+    def downstream(self) -> dict[str, set[int]]:
+        """The subtasks the region adds to the requested ones (consumers, transitively)."""
+        extra = {stage: subs - self.requested.get(stage, set()) for stage, subs in self.subtasks.items()}
+        return {stage: subs for stage, subs in extra.items() if subs}
 
-def rerun_region(graph: PipelineGraph, stage: str, subtasks: set[int] | None, strategy: str = "region") -> Region:
+
+def rerun_region(graph: PipelineGraph, stage: str, subtasks: set[int] | None, strategy: str = "region",
+                 downstream: bool = True) -> Region:
     """The region an explicit rerun of ``stage`` (all or some subtasks) affects.
 
-    Each rerun subtask is its own region (persisted exchanges); its consumers are affected only if the
-    rerun stage is not deterministic (a deterministic stage re-produces the same data). ``all``
-    reruns every subtask of every affected stage.
+    With ``downstream`` (the default) every consumer of a rerun subtask reruns too, transitively: an
+    ``all_to_all`` consumer entirely (each of its subtasks reads a subpartition range of every
+    producer subtask), a ``pointwise`` consumer only at the same index; so the consumers' results are
+    recomputed from the new output. Without it, only the named subtasks rerun, except that readers of a
+    non-deterministic stage are always included (their results would no longer match the new output).
+    ``all`` reruns every subtask of every affected stage.
     """
     region = Region()
     first = set(range(graph.stages[stage].parallelism)) if subtasks is None or strategy == "all" else set(subtasks)
     region.add(stage, first)
+    region.requested = {stage: set(first)}
     for name in graph.topological_order():
         rerun = region.subtasks.get(name)
-        if not rerun or graph.stages[name].deterministic:
+        if not rerun or (not downstream and graph.stages[name].deterministic):
             continue
         for consumer, _, spec in graph.consumers(name):
             parallelism = graph.stages[consumer].parallelism

@@ -33,7 +33,7 @@ def run_view(root: Path, dag_id: str, run_id: str, *, spark_history_url: str = "
              now: float | None = None) -> dict[str, Any]:
     """Every stage of a run with the stage graph's edges; raises FileNotFoundError when none is recorded."""
     now = time.time() if now is None else now
-    report = run_report(root, dag_id, run_id)
+    report = run_report(root, dag_id, run_id, liveness="heartbeat", now=now)
     stages = [_enrich(root, dag_id, run_id, s, spark_history_url, now) for s in report["stages"]]
     names = {s["stage"] for s in stages}
     edges, sources = [], []
@@ -56,7 +56,7 @@ def stage_view(root: Path, dag_id: str, run_id: str, stage: str, *, spark_histor
                now: float | None = None) -> dict[str, Any]:
     """One stage with its subtasks, attempts, blocked nodes, baseline and metrics."""
     now = time.time() if now is None else now
-    report = run_report(root, dag_id, run_id, stage)
+    report = run_report(root, dag_id, run_id, stage, liveness="heartbeat", now=now)
     return {"dag_id": dag_id, "run_id": run_id, "now": now,
             **_enrich(root, dag_id, run_id, report["stages"][0], spark_history_url, now)}
 
@@ -79,7 +79,9 @@ def _enrich(root: Path, dag_id: str, run_id: str, stage: dict[str, Any], history
             a["restart"] = a["reason"] == RESTART_REASON
             a["live"] = a["state"] in LIVE_STATES
             begin = a["start"] or a["created"]
-            a["duration"] = ((a["end"] or now) - a["start"]) if a["start"] else None
+            # Liveness comes from the store's timestamps (the read model's heartbeat mode), never from a
+            # pid lookup on the api-server's host, which knows nothing of attempts on other machines.
+            a["heartbeat_age"] = (now - a["last_seen"]) if a["live"] and a["last_seen"] else None
             a["spark_ui"] = _live_spark_ui(layout, sub["subtask"], a) if a["live"] else None
             a["spark_history"] = _history_link(layout, sub["subtask"], a, stage_history)
             if begin:

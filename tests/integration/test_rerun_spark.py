@@ -33,29 +33,47 @@ def last_json(stdout: str) -> dict:
     return json.loads(stdout[stdout.index("{"):])
 
 
-def test_rerun_cli_reruns_only_the_region(airflow_db, tpch_data):
+def test_rerun_cli_reruns_the_subtask_and_its_consumers(airflow_db, tpch_data):
     run = load_dag("small_q1", HERE / "dags").test(logical_date=pendulum.datetime(2026, 5, 1, tz="UTC"))
     assert run.state == "success"
     scan = StageLayout(STORE, "small_q1", run.run_id, "scan")
+    aggregate = StageLayout(STORE, "small_q1", run.run_id, "aggregate")
+    old_commit = read_json(aggregate.committed)
 
-    dry = last_json(airflow("speculative", "rerun", "-d", "small_q1", "-r", run.run_id, "--stage", "scan",
-                            "--subtask", "1", "--dry-run", "-o", "json"))
-    assert dry["region"] == {"scan": [1]}  # scan is deterministic: its readers keep their results
+    narrow = last_json(airflow("speculative", "rerun", "-d", "small_q1", "-r", run.run_id, "--stage", "scan",
+                               "--subtask", "1", "--no-downstream", "--dry-run", "-o", "json"))
+    assert narrow["region"] == {"scan": [1]} and narrow["downstream"] == {}
+    dry = airflow("speculative", "rerun", "-d", "small_q1", "-r", run.run_id, "--stage", "scan", "--subtask", "1",
+                  "--dry-run")
+    assert "  named:\n    stage scan: subtasks 1\n" in dry
+    assert "transitively):\n    stage aggregate: subtasks 0\n" in dry
     assert read_json(scan.admitted(1)) is not None, "a dry run must not change anything"
 
     done = last_json(airflow("speculative", "rerun", "-d", "small_q1", "-r", run.run_id, "--stage", "scan",
                              "--subtask", "1", "-o", "json"))
-    assert done["invalidated"] == {"scan": [1]} and done["cleared_tasks"] == ["scan"]
+    # By default the consumer of scan[1] (all_to_all: every aggregate subtask) reruns too.
+    assert done["requested"] == {"scan": [1]} and done["downstream"] == {"aggregate": [0]}
+    assert done["invalidated"] == {"scan": [1], "aggregate": [0]}
+    assert done["cleared_tasks"] == ["aggregate", "scan"]
     assert read_json(scan.admitted(1)) is None and read_json(scan.admitted(0)) is not None
-    assert not scan.committed.exists()
+    assert read_json(aggregate.admitted(0)) is None
+    assert not scan.committed.exists() and not aggregate.committed.exists()
 
-    # Run the cleared task again (the scheduler would; `airflow tasks test` runs it inline).
+    # Run the cleared tasks again in order (the scheduler would; `airflow tasks test` runs them inline).
     airflow("tasks", "test", "small_q1", "scan", run.run_id)
     assert scan.attempt_numbers(0) == [0], "the valid subtask must be reused, not rerun"
     assert scan.attempt_numbers(1) == [0, 1]
     assert read_json(scan.admitted(1))["attempt"] == 1
     assert read_json(scan.committed)["subtasks"]["1"]["attempt"] == 1
     assert any(e["event"] == "rerun_invalidated" for e in read_jsonl(scan.journal))
+
+    airflow("tasks", "test", "small_q1", "aggregate", run.run_id)
+    # The consumer was recomputed, and from the new producer output: its plan reads scan[1] attempt 1.
+    assert aggregate.attempt_numbers(0) == [0, 1] and read_json(aggregate.admitted(0))["attempt"] == 1
+    parts = read_json(aggregate.plan)["subtasks"][0]["inputs"]["partials"]["parts"]
+    assert [(p["subtask"], p["attempt"]) for p in parts] == [(0, 0), (1, 1)]
+    new_commit = read_json(aggregate.committed)
+    assert new_commit["subtasks"]["0"]["attempt"] == 1 and new_commit["committed_at"] > old_commit["committed_at"]
 
     out = Path(TEST_ENV["SPECULATIVE_EXAMPLE_OUTPUT"]) / "small_q1" / "2026-05-01"
     assert_q1_equal(read_q1_output(out), duckdb_q1(tpch_data))

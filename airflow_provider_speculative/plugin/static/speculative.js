@@ -138,6 +138,13 @@
     if (d.speculation_blocker) {
       frag.append(h("p", {class: "message"}, "Speculation is off for this stage: " + d.speculation_blocker));
     }
+    if (d.expired) {
+      // gc removed the committed results (FLIP-1 life cycle): a consumer rerun would find them missing.
+      const subs = Object.keys(d.expired.attempts || {});
+      frag.append(h("p", {class: "message expired", id: "expired"},
+        `Results expired: gc removed the committed output of ${subs.length} subtask(s) at ${datetime(d.expired.at)}`
+        + (d.expired.reason ? ` (${d.expired.reason})` : "") + "; a consumer rerun would have to recompute them."));
+    }
     frag.append(h("h2", null, "Attempts over time"), legend(), timeline(d));
     frag.append(h("h2", null, "Blocked nodes"), blockedTable(d));
     frag.append(h("h2", null, "Attempts"), attemptTable(d));
@@ -231,14 +238,16 @@
                          a.restart ? "restart" : null].filter(Boolean).join(", ") || "-"),
           h("td", null, a.target || "-"), h("td", null, a.node || "-"),
           h("td", null, clock(a.start)), h("td", null, clock(a.end)), h("td", null, seconds(a.duration)),
+          h("td", {class: "heartbeat"}, a.heartbeat_age === null || a.heartbeat_age === undefined ? "-"
+                                        : seconds(a.heartbeat_age) + " ago"),
           h("td", null, a.exit_code === null ? "-" : a.exit_code),
           h("td", {class: "wrap"}, [a.reason, a.cause].filter(Boolean).join("; ") || "-"),
           h("td", null, links.length ? links.flatMap((l, i) => i ? [" · ", l] : [l]) : "-")));
       }
     }
     return h("table", {id: "attempts"},
-      h("tr", null, ["subtask", "attempt", "state", "flags", "target", "node", "start", "end", "duration", "exit",
-                     "reason / cause", "spark"].map((c) => h("th", null, c))),
+      h("tr", null, ["subtask", "attempt", "state", "flags", "target", "node", "start", "end", "duration", "heartbeat",
+                     "exit", "reason / cause", "spark"].map((c) => h("th", null, c))),
       rows);
   }
 
@@ -370,7 +379,9 @@
           .join("; ")),
         h("td", null, st.attempts_total), h("td", null, st.speculative_attempts),
         h("td", null, st.numEffectiveSpeculativeExecutions), h("td", null, st.restarts.length),
-        h("td", null, st.blocked.filter((b) => !b.expired).map((b) => b.node).join(", ") || "-"))));
+        h("td", null, st.blocked.filter((b) => !b.expired).map((b) => b.node).join(", ") || "-",
+          st.expired ? h("span", {class: "tag badge-expired", title: "gc removed the committed results"},
+                         "results expired") : null))));
   }
 
   function rerunSection(d) {

@@ -142,17 +142,50 @@ def graph(deterministic: bool) -> PipelineGraph:
     })
 
 
-def test_rerun_region_of_a_deterministic_stage_is_just_its_subtasks() -> None:
-    assert rerun_region(graph(True), "scan", {1}).subtasks == {"scan": {1}}
+def test_rerun_region_includes_downstream_consumers_by_default() -> None:
+    region = rerun_region(graph(True), "scan", {1})
+    # all_to_all: every consumer subtask reads a range of scan[1]'s subpartitions; pointwise: only index 1.
+    assert region.subtasks == {"scan": {1}, "agg": {0, 1}, "enrich": {1}}
+    assert region.requested == {"scan": {1}}
+    assert region.downstream() == {"agg": {0, 1}, "enrich": {1}}
 
 
-def test_rerun_region_of_a_non_deterministic_stage_includes_its_readers() -> None:
-    region = rerun_region(graph(False), "scan", {1})
+def test_rerun_region_is_transitive_and_follows_each_edge_kind() -> None:
+    chain = PipelineGraph("p", {
+        "scan": StageSpec("scan", "a.py", 4, {"src": SourceSpec("/d")}),
+        "enrich": StageSpec("enrich", "b.py", 4, {"x": ExchangeSpec("scan", "pointwise")}),
+        "tag": StageSpec("tag", "c.py", 4, {"x": ExchangeSpec("enrich", "pointwise")}),
+        "agg": StageSpec("agg", "d.py", 3, {"x": ExchangeSpec("tag", "all_to_all", ("k",))}),
+        "final": StageSpec("final", "e.py", 3, {"x": ExchangeSpec("agg", "pointwise")}),
+    })
+    region = rerun_region(chain, "scan", {2, 3})
+    assert region.subtasks == {"scan": {2, 3}, "enrich": {2, 3}, "tag": {2, 3}, "agg": {0, 1, 2},
+                               "final": {0, 1, 2}}
+    # A region starting in the middle never reaches upstream.
+    assert rerun_region(chain, "tag", {0}).subtasks == {"tag": {0}, "agg": {0, 1, 2}, "final": {0, 1, 2}}
+
+
+def test_rerun_region_without_downstream_is_just_the_named_subtasks() -> None:
+    region = rerun_region(graph(True), "scan", {1}, downstream=False)
+    assert region.subtasks == {"scan": {1}} and region.downstream() == {}
+
+
+def test_rerun_region_without_downstream_still_includes_readers_of_a_non_deterministic_stage() -> None:
+    region = rerun_region(graph(False), "scan", {1}, downstream=False)
     assert region.subtasks == {"scan": {1}, "agg": {0, 1}, "enrich": {1}}
 
 
+def test_rerun_region_of_a_whole_stage() -> None:
+    region = rerun_region(graph(True), "scan", None)
+    assert region.requested == {"scan": {0, 1, 2, 3}}
+    assert region.subtasks == {"scan": {0, 1, 2, 3}, "agg": {0, 1}, "enrich": {0, 1, 2, 3}}
+
+
 def test_rerun_region_strategy_all() -> None:
-    assert rerun_region(graph(True), "scan", {1}, strategy="all").subtasks == {"scan": {0, 1, 2, 3}}
+    assert rerun_region(graph(True), "scan", {1}, strategy="all", downstream=False).subtasks == {
+        "scan": {0, 1, 2, 3}}
+    assert rerun_region(graph(True), "scan", {1}, strategy="all").subtasks == {
+        "scan": {0, 1, 2, 3}, "agg": {0, 1}, "enrich": {0, 1, 2, 3}}
 
 
 def test_input_readers_from_a_plan() -> None:

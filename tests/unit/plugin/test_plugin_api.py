@@ -217,3 +217,37 @@ def test_drop_in_file_does_not_register_the_plugin_twice():
 
     namespace = runpy.run_path(str(Path(__file__).resolve().parents[3] / "plugins" / "speculative_plugin.py"))
     assert "SpeculativePlugin" not in namespace  # the entry point already registers it
+
+
+def test_an_attempt_on_another_host_is_running_while_it_beats(store: Path):
+    """Liveness from heartbeat age: a pid unknown to the api-server's host does not make the attempt failed."""
+    aggregate = StageLayout(store, DAG, RUN, "aggregate")
+    now = time.time()
+    _write(aggregate.status(1, 0), {"deploying_at": now - 50, "alive_at": now - 4, "node": "worker-7",
+                                    "pid": 999_999_999, "pgid": 999_999_999, "host": "worker-7"})
+    _write(aggregate.heartbeat(1, 0), {"phase": "RUNNING", "node": "worker-7", "at": now - 2})
+    client = _app(store, authorized=True)
+    params = {"dag_id": DAG, "run_id": RUN, "task_id": "aggregate"}
+    running = client.get("/api/stage", params=params).json()["subtasks"][1]["attempts"][0]
+    assert (running["state"], running["live"]) == ("RUNNING", True)
+    assert 1.5 < running["heartbeat_age"] < 30
+
+    # Silent for longer than the threshold: presumed lost.
+    _write(aggregate.status(1, 0), {"deploying_at": now - 90, "alive_at": now - 60, "node": "worker-7",
+                                    "pid": 999_999_999, "pgid": 999_999_999, "host": "worker-7"})
+    _write(aggregate.heartbeat(1, 0), {"phase": "RUNNING", "node": "worker-7", "at": now - 45})
+    lost = client.get("/api/stage", params=params).json()["subtasks"][1]["attempts"][0]
+    assert (lost["state"], lost["cause"]) == ("FAILED", "presumed lost: no heartbeat for 30 s")
+
+
+def test_stage_view_carries_the_gc_expiry_marker(store: Path):
+    scan = StageLayout(store, DAG, RUN, "scan")
+    _write(scan.committed, {"committed_at": T0 + 100, "subtasks": {"0": {"attempt": 0}, "1": {"attempt": 1}}})
+    _write(scan.dir / "expired.json", {"at": T0 + 90_000, "committed_at": T0 + 100, "reason": "retention passed",
+                                       "attempts": {"0": 0, "1": 1}})
+    client = _app(store, authorized=True)
+    body = client.get("/api/stage", params={"dag_id": DAG, "run_id": RUN, "task_id": "scan"}).json()
+    assert body["expired"]["at"] == T0 + 90_000 and body["expired"]["attempts"] == {"0": 0, "1": 1}
+    run = client.get("/api/run", params={"dag_id": DAG, "run_id": RUN}).json()
+    assert run["stages"][0]["expired"] is not None and run["stages"][1]["expired"] is None
+    assert "Results expired" in client.get("/static/speculative.js").text

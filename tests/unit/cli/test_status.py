@@ -1,0 +1,268 @@
+"""`airflow speculative status`: readable times, ISO JSON, the --watch loop against a store a thread advances,
+and the read model's heartbeat liveness (what the UI uses)."""
+
+from __future__ import annotations
+
+import io
+import json
+import threading
+import time
+from datetime import UTC, datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from airflow_provider_speculative.cli.commands import (
+    format_duration,
+    format_progress,
+    format_rerun,
+    format_table,
+    format_time,
+    format_until,
+    iso_time,
+    json_report,
+    watch,
+)
+from airflow_provider_speculative.control.readmodel import (
+    HEARTBEAT_STALE_AFTER,
+    heartbeat_alive,
+    run_progress,
+    run_report,
+)
+from airflow_provider_speculative.store.layout import StageLayout
+
+CET = timezone(timedelta(hours=1))
+NOW = datetime(2026, 1, 2, 14, 0, 0, tzinfo=CET).timestamp()
+DAG, RUN = "demo", "manual__2026-01-02T00:00:00+00:00"
+
+
+def test_times_are_local_with_the_date_only_when_not_today() -> None:
+    assert format_time(NOW + 7.4, NOW, CET) == "14:00:07"
+    assert format_time(NOW - 86400, NOW, CET) == "2026-01-01 14:00:00"
+    assert format_time(NOW + 120, NOW, CET, seconds=False) == "14:02"
+    assert format_time(None, NOW, CET) == "-"
+    # The same instant in another zone is another wall-clock time.
+    assert format_time(NOW, NOW, UTC) == "13:00:00"
+
+
+@pytest.mark.parametrize(("seconds", "text"), [
+    (None, "-"), (0.25, "250ms"), (4.26, "4.3s"), (42.4, "42s"), (59.6, "1m 00s"), (303, "5m 03s"),
+    (7500, "2h 05m"), (3 * 86400 + 4 * 3600 + 59, "3d 4h"), (-3, "0ms"),
+])
+def test_durations(seconds: float | None, text: str) -> None:
+    assert format_duration(seconds) == text
+
+
+def test_block_expiry_is_relative_to_now() -> None:
+    assert format_until(NOW + 300, NOW, CET) == "until 14:05 (in 5m 00s)"
+    assert format_until(NOW - 180, NOW, CET) == "expired at 13:57 (3m 00s ago)"
+    assert format_until(NOW + 86400, NOW, CET) == "until 2026-01-03 14:00 (in 1d 0h)"
+
+
+def test_iso_times_carry_the_offset() -> None:
+    assert iso_time(NOW + 0.5, CET) == "2026-01-02T14:00:00.500+01:00"
+    assert iso_time(None) is None
+    assert datetime.fromisoformat(iso_time(NOW)).timestamp() == NOW  # type: ignore[arg-type]
+
+
+def _report() -> dict[str, Any]:
+    attempt = {"attempt": 0, "state": "FINISHED", "target": "local-a", "node": "local-a", "speculative": False,
+               "start": NOW - 65, "end": NOW - 5, "exit_code": 0, "cause": None, "admitted": True, "app_id": None,
+               "launched_at": NOW - 66, "startup_seconds": None, "duration": 60.0, "last_seen": NOW - 5}
+    running = {**attempt, "attempt": 1, "state": "RUNNING", "start": NOW - 30, "end": None, "exit_code": None,
+               "admitted": False, "speculative": True, "launched_at": NOW - 31}
+    return {"dag_id": DAG, "run_id": RUN, "stages": [{
+        "stage": "scan", "parallelism": 2, "upstreams": [], "consumers": ["aggregate"], "committed": False,
+        "expired": None, "sink": None, "speculation": "on", "numSlowExecutionVertices": 1,
+        "numEffectiveSpeculativeExecutions": 0, "blocked_nodes": {"local-b": NOW + 300}, "baseline_seconds": 20.0,
+        "failed": False, "journal_events": 3,
+        "subtasks": [{"subtask": 0, "admitted": 0, "current": 0, "reused": False, "attempts": [attempt]},
+                     {"subtask": 1, "admitted": None, "current": 1, "reused": False, "attempts": [running]}]}]}
+
+
+def test_table_has_readable_times_block_expiry_and_durations() -> None:
+    text = format_table(_report(), now=NOW, tz=CET)
+    assert "1795" not in text and "1767" not in text  # no epoch seconds anywhere
+    assert "(times in local time, UTC+01:00)" in text.splitlines()[0]
+    assert "blocked nodes: local-b until 14:05 (in 5m 00s)" in text
+    rows = [line.split() for line in text.splitlines()[3:]]
+    assert rows[0][:9] == ["scan", "0", "0", "FINISHED", "local-a", "local-a", "13:58:55", "13:59:55", "1m"]
+    assert rows[1][6:9] == ["13:59:30", "-", "30s+"]  # still running: duration so far
+
+
+def test_json_has_iso_times_and_keeps_epochs_under_their_own_keys() -> None:
+    doc = json.loads(json.dumps(json_report(_report(), now=NOW, tz=CET)))
+    stage = doc["stages"][0]
+    assert stage["blocked_nodes"] == {"local-b": "2026-01-02T14:05:00.000+01:00"}
+    assert stage["blocked_nodes_epoch"] == {"local-b": NOW + 300}
+    done, running = (s["attempts"][0] for s in stage["subtasks"])
+    assert done["start"] == "2026-01-02T13:58:55.000+01:00" and done["start_epoch"] == NOW - 65
+    assert done["duration_seconds"] == 60 and running["duration_seconds"] == 30 and running["end"] is None
+    assert doc["generated_at"] == "2026-01-02T14:00:00.000+01:00"
+
+
+def test_progress_frame_counts_admitted_running_speculative_and_slow() -> None:
+    report = _report()
+    progress = run_progress(report)
+    assert progress["stages"] == [{"stage": "scan", "state": "running", "admitted": 1, "total": 2, "running": 1,
+                                   "speculative": 1, "slow": 1}]
+    assert progress["pending_stages"] == ["aggregate"] and not progress["done"]
+    frame = format_progress(report, progress, NOW, CET, run_state="running")
+    assert frame.splitlines()[2].split()[:6] == ["scan", "running", "1/2", "1", "1", "1"]
+    assert "local-b until 14:05" in frame and "aggregate  not planned" in frame
+    assert "Airflow run running" in frame.splitlines()[0]
+
+
+def test_rerun_output_names_both_parts_of_the_region() -> None:
+    text = format_rerun({"dag_id": DAG, "run_id": RUN, "dry_run": False, "no_downstream": False,
+                         "region": {"scan": [1], "aggregate": [0, 1]}, "requested": {"scan": [1]},
+                         "downstream": {"aggregate": [0, 1]}, "cleared_tasks": ["aggregate", "scan"],
+                         "stage_tasks": {"scan": "scan", "aggregate": "aggregate"}})
+    assert text.splitlines() == [
+        f"Rerunning in DAG {DAG} run {RUN}:", "  named:", "    stage scan: subtasks 1",
+        "  downstream (consumers of the named subtasks, transitively):", "    stage aggregate: subtasks 0, 1",
+        "Cleared tasks: aggregate, scan"]
+
+
+# -- the store behind --watch and the UI ---------------------------------------------------------
+
+
+def _write(path: Path, obj: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(obj))
+    tmp.replace(path)
+
+
+def _stage(root: Path, stage: str, parallelism: int, consumers: list[str]) -> StageLayout:
+    layout = StageLayout(root, DAG, RUN, stage)
+    _write(layout.plan, {"stage": stage, "store_root": str(root), "parallelism": parallelism, "upstreams": [],
+                         "consumers": consumers, "subtasks": [{"inputs": {}}] * parallelism})
+    return layout
+
+
+def _running(layout: StageLayout, subtask: int, number: int, at: float, speculative: bool = False) -> None:
+    # A supervisor on another host: liveness comes from alive_at (the pid means nothing here).
+    _write(layout.claim(subtask, number), {"target": "local-a", "node": "local-a", "speculative": speculative,
+                                           "created_at": at})
+    _write(layout.status(subtask, number), {"pid": 1, "pgid": 1, "host": "elsewhere", "deploying_at": at,
+                                            "alive_at": at})
+    _write(layout.heartbeat(subtask, number), {"phase": "RUNNING", "node": "local-a", "at": at})
+
+
+def _finish(layout: StageLayout, subtask: int, number: int, at: float) -> None:
+    status = json.loads(layout.status(subtask, number).read_text())
+    _write(layout.status(subtask, number), {**status, "state": "FINISHED", "end_at": at, "exit_code": 0})
+    _write(layout.admitted(subtask), {"attempt": number})
+
+
+def wait_for(predicate: Any, timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+class Frames(io.StringIO):
+    """A thread-safe output that the test can read while watch() writes to it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lock = threading.Lock()
+
+    def write(self, text: str) -> int:
+        with self.lock:
+            return super().write(text)
+
+    def text(self) -> str:
+        with self.lock:
+            return self.getvalue()
+
+
+def row(out: Frames, stage: str) -> list[str]:
+    """The stage's row of the last complete frame, split into cells."""
+    frames = [f for f in out.text().split("\x1b[H\x1b[J") if f.endswith("\n")]
+    last = frames[-1] if frames else ""
+    return next((line.split() for line in last.splitlines() if line.split()[:1] == [stage]), [])
+
+
+def test_watch_follows_a_live_run_until_every_stage_committed(tmp_path: Path) -> None:
+    now = time.time()
+    scan = _stage(tmp_path, "scan", 2, ["aggregate"])
+    _running(scan, 0, 0, now)
+    _running(scan, 1, 0, now)
+    out, result = Frames(), {}
+    thread = threading.Thread(target=lambda: result.update(watch(
+        tmp_path, DAG, RUN, out=out, interval=0.05, run_state=lambda: "running", in_place=True)), daemon=True)
+    thread.start()
+    wait_for(lambda: row(out, "scan") == ["scan", "running", "0/2", "2", "0", "0", "-"], 10,
+             "a frame with both scan subtasks running")
+
+    _running(scan, 1, 1, time.time(), speculative=True)
+    wait_for(lambda: row(out, "scan")[:5] == ["scan", "running", "0/2", "3", "1"], 10, "the speculative attempt")
+    _finish(scan, 1, 1, time.time())
+    _finish(scan, 0, 0, time.time())
+    _write(scan.committed, {"subtasks": {}})
+    wait_for(lambda: row(out, "scan")[:3] == ["scan", "committed", "2/2"], 10, "scan committed")
+    assert row(out, "aggregate")[:3] == ["aggregate", "not", "planned"]
+    assert thread.is_alive(), "the run is not over while a consumer has not planned"
+
+    aggregate = _stage(tmp_path, "aggregate", 1, [])
+    _running(aggregate, 0, 0, time.time())
+    _finish(aggregate, 0, 0, time.time())
+    _write(aggregate.committed, {"subtasks": {}})
+    thread.join(timeout=10)
+    assert not thread.is_alive(), "watch must return once every stage committed"
+    assert result["all_committed"] and result["done"]
+    assert out.text().count("\x1b[H\x1b[J") >= 4  # each frame redraws the screen in place
+    assert row(out, "scan")[:3] == ["scan", "committed", "2/2"]
+    assert row(out, "aggregate")[:3] == ["aggregate", "committed", "1/1"]
+
+
+def test_watch_stops_when_the_airflow_run_finished_and_waits_for_a_queued_run(tmp_path: Path) -> None:
+    states = iter(["queued", "queued", "running", "failed"])
+    out = Frames()
+    calls = []
+
+    def state() -> str:
+        calls.append(1)
+        if len(calls) == 3:  # the run plans its first stage while being watched
+            _running(_stage(tmp_path, "scan", 1, []), 0, 0, time.time())
+        return next(states)
+
+    progress = watch(tmp_path, DAG, RUN, out=out, interval=0.0, run_state=state, in_place=False)
+    assert len(calls) == 4 and not progress["done"]
+    assert "Airflow run failed" in out.text().split("\n\n")[-1]
+    with pytest.raises(FileNotFoundError):  # a run Airflow does not know is an error, not an endless wait
+        watch(tmp_path / "empty", DAG, RUN, out=out, interval=0.0, run_state=lambda: None)
+
+
+def test_heartbeat_liveness_uses_the_newest_sign_of_life() -> None:
+    assert heartbeat_alive({"deploying_at": 100.0}, {"at": 120.0}, 100 + HEARTBEAT_STALE_AFTER + 10)
+    assert heartbeat_alive({"deploying_at": 100.0, "alive_at": 125.0}, {}, 150.0)
+    assert not heartbeat_alive({"deploying_at": 100.0, "alive_at": 105.0}, {"at": 110.0},
+                               110 + HEARTBEAT_STALE_AFTER)
+    assert not heartbeat_alive({}, {}, 0.0)
+
+
+def test_heartbeat_mode_shows_a_local_attempt_without_process_as_running(tmp_path: Path) -> None:
+    """A pid that does not exist on this host (another machine's attempt) does not make it failed."""
+    scan = _stage(tmp_path, "scan", 1, [])
+    now = time.time()
+    _write(scan.claim(0, 0), {"target": "local-a", "node": "local-a", "created_at": now - 40})
+    _write(scan.status(0, 0), {"pid": 999_999_999, "pgid": 999_999_999, "deploying_at": now - 40,
+                               "alive_at": now - 3})
+    _write(scan.heartbeat(0, 0), {"phase": "RUNNING", "node": "local-a", "at": now - 1})
+
+    def state(**kwargs: Any) -> tuple[str, str | None]:
+        (a,) = run_report(tmp_path, DAG, RUN, **kwargs)["stages"][0]["subtasks"][0]["attempts"]
+        return a["state"], a["cause"]
+
+    assert state(liveness="process")[0] == "FAILED"  # the pid lookup on this host finds nothing
+    assert state(liveness="heartbeat") == ("RUNNING", None)
+    late = now + HEARTBEAT_STALE_AFTER + 1
+    assert state(liveness="heartbeat", now=late) == ("FAILED", "presumed lost: no heartbeat for 30 s")
