@@ -30,6 +30,10 @@ LAUNCH_LOST_AFTER = 60.0
 # A supervisor on another host that has not refreshed alive_at for this long is presumed dead.
 REMOTE_ALIVE_TIMEOUT = 30.0
 HOST = socket.gethostname()
+# A pid verified against its create time is trusted, between signal-0 probes, for this long: reading
+# /proc through psutil costs ~100 us, and a supervisor's pid cannot be reused while it still runs.
+PID_REVERIFY = 30.0
+_VERIFIED: dict[tuple[int, Any], float] = {}
 
 
 class SupervisedBackend:
@@ -202,12 +206,28 @@ class SupervisedBackend:
             seen = max(float(launch.get("alive_at") or 0), float(launch.get("deploying_at") or 0))
             return (time.time() if now is None else now) - seen < REMOTE_ALIVE_TIMEOUT
         try:
+            os.kill(int(pid), 0)  # the cheap negative answer first
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            pass
+        key = (int(pid), launch.get("create_time"))
+        checked = _VERIFIED.get(key)
+        now_mono = time.monotonic()
+        if checked is not None and now_mono - checked < PID_REVERIFY:
+            return True
+        try:
             proc = psutil.Process(pid)
             if launch.get("create_time") and abs(proc.create_time() - launch["create_time"]) > 1:
                 return False  # the pid was reused by another process
-            return proc.status() != psutil.STATUS_ZOMBIE
+            alive = proc.status() != psutil.STATUS_ZOMBIE
         except psutil.NoSuchProcess:
             return False
+        if alive:
+            if len(_VERIFIED) > 100_000:  # a long-lived triggerer: forget, re-verifying costs little
+                _VERIFIED.clear()
+            _VERIFIED[key] = now_mono
+        return alive
 
     @staticmethod
     def _group_alive(pgid: int) -> bool:

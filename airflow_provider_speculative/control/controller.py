@@ -49,7 +49,7 @@ from airflow_provider_speculative.store.results import remove_attempt_output
 
 # Every live attempt's files are re-read at least this often, notices or not (lost notices, launch
 # timeouts); its process is probed (a signal 0 on this host) at least this often.
-FULL_POLL_PERIOD = 60.0
+FULL_POLL_PERIOD = 300.0
 PROBE_PERIOD = 5.0
 SUMMARY_REFRESH = 10.0
 

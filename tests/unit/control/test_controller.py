@@ -208,13 +208,13 @@ def test_a_tick_polls_only_what_changed(tmp_path: Path) -> None:
     h.backend.poll = lambda s, a, now=None: polled.append((s, a)) or poll(s, a, now)  # type: ignore[method-assign]
     h.backend.finish(7, 0)
     h.step()
-    # The noticed attempt, plus the rotating safety share: 200 live x 1 s / 60 s -> 4.
+    # The noticed attempt, plus the rotating safety share: 200 live x 1 s / 300 s -> 1.
     assert (7, 0) in polled and len(polled) <= 1 + 4
     assert h.controller.scheduler.admitted == {7: 0}
 
 
 def test_a_lost_notice_is_caught_by_the_rotating_full_poll(tmp_path: Path) -> None:
-    h = harness(tmp_path, parallelism=3, check_interval=20.0)  # 3 live x 20 s / 60 s -> 1 per tick
+    h = harness(tmp_path, parallelism=3, check_interval=20.0)  # 3 live x 20 s / 300 s -> 1 per tick
     h.step()
     h.step()
     h.backend.attempts[(1, 0)] = replace(h.backend.attempts[(1, 0)], state=S.FAILED, end_at=h.clock())
