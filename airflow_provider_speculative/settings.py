@@ -51,3 +51,14 @@ def airflow_config() -> SpeculativeConfig:
 def store_root(config: SpeculativeConfig) -> Path:
     """Absolute store root for ``config``."""
     return Path(config.store_path).expanduser().resolve() if config.store_path else default_store_root()
+
+
+def metadata_db_identity() -> dict[str, str] | None:
+    """Identity of the metadata database this Airflow is configured for; None if it is not configured here."""
+    from airflow_provider_speculative.store.identity import db_identity
+
+    try:
+        url = _conf().get("database", "sql_alchemy_conn")
+    except Exception:  # a worker without database settings: the store is claimed elsewhere
+        return None
+    return db_identity(url) if url else None

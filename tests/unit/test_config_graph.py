@@ -194,7 +194,7 @@ def test_self_loop_is_a_cycle() -> None:
 
 @pytest.mark.parametrize("parallelism", [0, -1, 1.5])
 def test_parallelism_must_be_positive_integer(parallelism) -> None:
-    with pytest.raises(PipelineError, match=r"stage 'a': parallelism must be an integer >= 1"):
+    with pytest.raises(PipelineError, match=r"stage 'a': parallelism must be an integer from 1 to 32768"):
         graph(stage("a", parallelism=parallelism)).validate()
 
 
