@@ -26,7 +26,7 @@ def db_identity(url: str) -> dict[str, str]:
     """Identity of the database at SQLAlchemy URL ``url`` (password dropped before hashing or showing)."""
     from sqlalchemy.engine import make_url
 
-    parsed = make_url(url).set(password=None)
+    parsed = make_url(url)._replace(password=None)  # URL.set(password=None) keeps the password
     shown = parsed.render_as_string(hide_password=False)
     return {"id": hashlib.sha256(shown.encode()).hexdigest()[:16], "dialect": parsed.get_backend_name(),
             "url": shown}
