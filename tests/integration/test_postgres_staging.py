@@ -120,7 +120,7 @@ def test_failed_stage_run_discarded_attempts_and_gc_leave_no_staging(
         operator.execute_complete({"ti": SimpleNamespace(try_number=1)}, event)
     assert staging_tables(database) == []
     journal = [json.loads(line) for line in layout.journal.read_text().splitlines()]
-    assert [e for e in journal if e["event"] == "sink_staging_removed"][0]["scope"] == "stage run"
+    assert next(e for e in journal if e["event"] == "sink_staging_removed")["scope"] == "stage run"
 
     # A run whose clean-up never happened (worker killed): gc finds its orphans once the run is over.
     write_attempts(spark, database, sink, "run_orphans", tmp_path / "o", attempts=1)
