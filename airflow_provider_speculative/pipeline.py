@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from airflow_provider_speculative.core.graph import (
@@ -31,8 +32,9 @@ class Stage:
 
 
 def parquet_source(path: str) -> SourceSpec:
-    """A Parquet dataset (directory, file or glob) whose files are split across the stage's subtasks."""
-    return SourceSpec(path=str(path), format="parquet")
+    """A Parquet dataset (absolute directory, file or glob) whose files are split across the stage's subtasks."""
+    # Checked (empty, relative) when the stage graph is validated, where the error can name the stage.
+    return SourceSpec(path=os.fspath(path) if isinstance(path, str | os.PathLike) else path, format="parquet")
 
 
 def _upstream_name(upstream: Stage | str) -> str:
@@ -41,7 +43,8 @@ def _upstream_name(upstream: Stage | str) -> str:
 
 def all_to_all(upstream: Stage | str, key: str | list[str] | tuple[str, ...], mode: str = "blocking") -> ExchangeSpec:
     """Read every upstream subtask's output, hash-partitioned on ``key``; each consumer reads a range."""
-    keys = (key,) if isinstance(key, str) else tuple(key)
+    # None, '' or [''] are kept as given: graph validation rejects them naming the stage and input.
+    keys = (key,) if isinstance(key, str) else tuple(key) if isinstance(key, list | tuple) else key
     return ExchangeSpec(upstream=_upstream_name(upstream), distribution="all_to_all", key=keys, mode=mode)  # type: ignore[arg-type]
 
 
@@ -99,9 +102,15 @@ class Pipeline:
         if sink is not None and not isinstance(sink, Sink):
             raise PipelineError(
                 f"pipeline {self.name!r}, stage {name!r}: sink must be a Sink, got {type(sink).__name__}")
-        spec = StageSpec(name=name, application=str(application), parallelism=parallelism, inputs=resolved,
-                         max_parallelism=max_parallelism or max(self.default_max_parallelism,
-                                                                parallelism if isinstance(parallelism, int) else 1),
+        if sink is not None:
+            sink.validate(f"pipeline {self.name!r}, stage {name!r}, sink {type(sink).__name__}")
+        if max_parallelism is None:
+            default = parallelism if isinstance(parallelism, int) and not isinstance(parallelism, bool) else 1
+            max_parallelism = max(self.default_max_parallelism, default)
+        if isinstance(application, os.PathLike):
+            application = os.fspath(application)
+        spec = StageSpec(name=name, application=application, parallelism=parallelism, inputs=resolved,
+                         max_parallelism=max_parallelism,
                          deterministic=deterministic, config=dict(config or {}),
                          application_args=tuple(application_args),
                          spark_conf={**self.spark_conf, **{str(k): str(v) for k, v in (spark_conf or {}).items()}})

@@ -4,20 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from airflow_provider_speculative.core.config import OPTION_DOCS, SECTION, default_strings
-
-_TYPES = {
-    "enabled": "boolean", "normalize_by_input_bytes": "boolean", "max_concurrent_executions": "integer",
-    "max_failures_per_subtask": "integer", "max_failures_per_stage": "integer", "baseline_ratio": "float",
-    "baseline_multiplier": "float",
-}
+from airflow_provider_speculative.core.config import OPTIONS, SECTION
 
 
 def get_provider_info() -> dict[str, Any]:
     """Describe the provider: triggers, operators, the ``[speculative]`` config section and CLI commands."""
     from airflow_provider_speculative import __version__
 
-    defaults = default_strings()
     return {
         "package-name": "airflow-provider-speculative",
         "name": "Speculative",
@@ -34,9 +27,9 @@ def get_provider_info() -> dict[str, Any]:
             SECTION: {
                 "description": "Speculative execution and stage control (FLIP-168 defaults).",
                 "options": {
-                    name: {"description": doc, "version_added": "0.1.0", "type": _TYPES.get(name, "string"),
-                           "example": None, "default": defaults[name]}
-                    for name, doc in OPTION_DOCS.items()
+                    o.name: {"description": o.doc, "version_added": "0.1.0", "type": o.type,
+                             "example": None, "default": o.show_default()}
+                    for o in OPTIONS
                 },
             }
         },

@@ -2,27 +2,63 @@
 
 from __future__ import annotations
 
-from dataclasses import fields
+import logging
 from pathlib import Path
+from typing import Any
 
-from airflow_provider_speculative.core.config import SECTION, SpeculativeConfig
+from airflow_provider_speculative.core.config import OPTIONS, SECTION, SpeculativeConfig, unknown_options
 from airflow_provider_speculative.store.layout import default_store_root
 
+log = logging.getLogger(__name__)
 
-def airflow_config() -> SpeculativeConfig:
-    """The section's values as Airflow sees them (airflow.cfg, AIRFLOW__SPECULATIVE__* env, defaults)."""
+
+def _conf() -> Any:
     try:
         from airflow.sdk.configuration import conf
     except ImportError:  # pragma: no cover - older layouts
         from airflow.configuration import conf
+    return conf
 
-    values = {}
-    for f in fields(SpeculativeConfig):
-        if conf.has_option(SECTION, f.name):
-            values[f.name] = conf.get(SECTION, f.name)
+
+def section_keys(conf: Any) -> list[str]:
+    """Every key set in the section: airflow.cfg, AIRFLOW__SPECULATIVE__* env vars and provider defaults."""
+    try:
+        section = conf.getsection(SECTION) or {}
+    except Exception:  # a config without the section has no misspellings
+        return []
+    # Env var keys arrive as written after the prefix; options are lower case.
+    return [str(key).lower() for key in section]
+
+
+def warn_unknown_options(conf: Any) -> list[str]:
+    """Log a warning listing misspelled keys of the section and the known options; return the unknown keys."""
+    unknown = unknown_options(set(section_keys(conf)))
+    if unknown:
+        log.warning("[%s] unknown option(s) %s in airflow.cfg or AIRFLOW__%s__* environment variables are "
+                    "ignored; known options: %s", SECTION, ", ".join(unknown), SECTION.upper(),
+                    ", ".join(o.name for o in OPTIONS))
+    return unknown
+
+
+def airflow_config() -> SpeculativeConfig:
+    """The section's values as Airflow sees them (airflow.cfg, AIRFLOW__SPECULATIVE__* env, defaults)."""
+    conf = _conf()
+    warn_unknown_options(conf)
+    values = {o.name: conf.get(SECTION, o.name) for o in OPTIONS if conf.has_option(SECTION, o.name)}
     return SpeculativeConfig().with_overrides(values, "airflow configuration")
 
 
 def store_root(config: SpeculativeConfig) -> Path:
     """Absolute store root for ``config``."""
     return Path(config.store_path).expanduser().resolve() if config.store_path else default_store_root()
+
+
+def metadata_db_identity() -> dict[str, str] | None:
+    """Identity of the metadata database this Airflow is configured for; None if it is not configured here."""
+    from airflow_provider_speculative.store.identity import db_identity
+
+    try:
+        url = _conf().get("database", "sql_alchemy_conn")
+    except Exception:  # a worker without database settings: the store is claimed elsewhere
+        return None
+    return db_identity(url) if url else None

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import datetime, tzinfo
-from typing import IO, Any
+from typing import IO, Any, NoReturn
 
 # -- pure formatting (unit-tested) ----------------------------------------------------------------
 
@@ -167,6 +167,7 @@ def watch(root: Any, dag_id: str, run_id: str, *, out: IO[str], interval: float,
     finished. On a terminal each frame replaces the previous one; otherwise frames follow each other.
     """
     from airflow_provider_speculative.control.readmodel import run_progress, run_report
+    from airflow_provider_speculative.exceptions import NotFoundError
 
     in_place = out.isatty() if in_place is None else in_place
     frames = 0
@@ -175,7 +176,7 @@ def watch(root: Any, dag_id: str, run_id: str, *, out: IO[str], interval: float,
         state = run_state()
         try:
             report = run_report(root, dag_id, run_id, stage)
-        except FileNotFoundError:
+        except NotFoundError:
             # A queued run has planned no stage yet: wait for it, unless Airflow does not know it or it is over.
             if state is None or state in TERMINAL_RUN_STATES:
                 raise
@@ -209,14 +210,14 @@ def _airflow_run_state(dag_id: str, run_id: str) -> str | None:
 def status(args: Any) -> None:
     """CLI entry: print the attempts table or JSON for ``--dag-id``/``--run-id`` (``--watch``: live progress)."""
     from airflow_provider_speculative.control.readmodel import run_report
+    from airflow_provider_speculative.exceptions import SpeculativeError
     from airflow_provider_speculative.settings import airflow_config, store_root
 
     root = store_root(airflow_config())
     try:
         if getattr(args, "watch", False):
             if args.interval <= 0:
-                print("error: --interval must be > 0", file=sys.stderr)
-                sys.exit(1)
+                _fail("--interval must be > 0")
             try:
                 watch(root, args.dag_id, args.run_id, out=sys.stdout, interval=args.interval, stage=args.stage,
                       run_state=lambda: _airflow_run_state(args.dag_id, args.run_id))
@@ -224,28 +225,47 @@ def status(args: Any) -> None:
                 pass
             return
         report = run_report(root, args.dag_id, args.run_id, args.stage)
-    except FileNotFoundError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(1)
+    except (SpeculativeError, OSError) as exc:  # unknown run or stage, corrupt plan.json, unreadable store
+        _fail(str(exc))
     if args.output == "json":
         print(json.dumps(json_report(report), indent=2, default=str))
     else:
         print(format_table(report))
 
 
-def _run_states(dag_ids: list[str]) -> dict[tuple[str, str], str]:
-    """(dag_id, run_id) -> state of every DagRun of ``dag_ids`` in Airflow's metadata DB."""
+@dataclass
+class DbFacts:
+    """What gc reads from the metadata DB about the DAGs in the store."""
+
+    run_states: dict[tuple[str, str], str] = field(default_factory=dict)
+    known_dags: set[str] = field(default_factory=set)
+    deleted_dags: set[str] = field(default_factory=set)
+    deleted_runs: set[tuple[str, str]] = field(default_factory=set)
+
+
+def _db_facts(dag_ids: list[str]) -> DbFacts:
+    """Run states, which DAGs the DB knows, and the deletions its audit log recorded (UI/REST API)."""
+    from airflow.models.dag import DagModel
     from airflow.models.dagrun import DagRun
+    from airflow.models.log import Log
     from airflow.utils.session import create_session
     from sqlalchemy import select
 
+    facts = DbFacts()
     if not dag_ids:
-        return {}
+        return facts
     with create_session() as session:
         rows = session.execute(
             select(DagRun.dag_id, DagRun.run_id, DagRun._state).where(DagRun.dag_id.in_(dag_ids))).all()
-    # The column holds plain strings; an enum would print as "DagRunState.SUCCESS".
-    return {(dag_id, run_id): str(getattr(state, "value", state)) for dag_id, run_id, state in rows}
+        # The column holds plain strings; an enum would print as "DagRunState.SUCCESS".
+        facts.run_states = {(d, r): str(getattr(state, "value", state)) for d, r, state in rows}
+        facts.known_dags = set(session.scalars(select(DagModel.dag_id).where(DagModel.dag_id.in_(dag_ids))))
+        logged = session.execute(select(Log.event, Log.dag_id, Log.run_id).where(
+            Log.dag_id.in_(dag_ids), Log.event.in_(("delete_dag_run", "delete_dag")))).all()
+    facts.deleted_runs = {(d, r) for event, d, r in logged if event == "delete_dag_run" and r}
+    # A DAG deleted and later re-added is known again: its runs then need their own deletion record.
+    facts.deleted_dags = {d for event, d, _ in logged if event == "delete_dag"} - facts.known_dags
+    return facts
 
 
 def _size(n: int) -> str:
@@ -262,7 +282,7 @@ def _size(n: int) -> str:
 def format_gc_table(root: str, items: list[Any], dry_run: bool, summary: dict[str, Any] | None) -> str:
     """Render gc's plan (or what it removed) as a plain-text table, one row per path."""
     header = ("reason", "bytes", "path", "why")
-    rows = [(i.reason, str(i.bytes), _relative(i.path, root), i.detail) for i in items]
+    rows = [(i.reason, str(i.bytes), i.display(root), i.detail) for i in items]
     widths = [max(len(h), *(len(r[c]) for r in rows)) if rows else len(h) for c, h in enumerate(header)]
     lines = [f"store {root}"]
     if rows:
@@ -278,37 +298,53 @@ def format_gc_table(root: str, items: list[Any], dry_run: bool, summary: dict[st
     return "\n".join(lines)
 
 
-def _relative(path: Any, root: str) -> str:
-    return os.path.relpath(path, root)
+def _fail(message: str) -> NoReturn:
+    """One line on stderr and exit status 1: user errors get no traceback."""
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(1)
 
 
 def gc(args: Any) -> None:
     """CLI entry: remove (or with ``--dry-run`` list) what the store no longer needs."""
     import time
 
-    from airflow_provider_speculative.control.lifecycle import execute_gc, plan_gc, store_dag_ids
+    from airflow_provider_speculative.control.lifecycle import execute_gc, list_sink_staging, plan_gc, store_dag_ids
     from airflow_provider_speculative.core.config import parse_option
-    from airflow_provider_speculative.exceptions import ConfigError
-    from airflow_provider_speculative.settings import airflow_config, store_root
+    from airflow_provider_speculative.exceptions import SpeculativeError
+    from airflow_provider_speculative.settings import airflow_config, metadata_db_identity, store_root
+    from airflow_provider_speculative.store.identity import claim_store, mismatch, read_store_identity
 
     try:
         retention = None if args.retention is None else parse_option("retention", args.retention, "--retention")
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(1)
-    root = store_root(airflow_config())
+        older = getattr(args, "older_than", None)
+        older_than = None if older is None else parse_option("retention", older, "--older-than")
+        root = store_root(airflow_config())
+        identity = metadata_db_identity()
+        if getattr(args, "claim", False) and identity is not None:
+            claim_store(root, identity)
+        problem = mismatch(read_store_identity(root), identity) if root.is_dir() else None
+    except SpeculativeError as exc:
+        _fail(str(exc))
+    if problem:
+        # Its DagRun table says nothing about this store's runs: every run would look deleted.
+        _fail(f"gc deletes nothing in store {root}: {problem}")
     dag_ids = sorted(set(store_dag_ids(root).values()))
     if args.dag_id is not None:
         dag_ids = [d for d in dag_ids if d == args.dag_id]
-    # Runs missing from these states count as deleted, so ask about every DAG that is planned.
-    run_states = _run_states(dag_ids)
-    items = plan_gc(root, now=time.time(), run_states=run_states, retention=retention, dag_id=args.dag_id)
+    facts = _db_facts(dag_ids)
+    kept: list[str] = []
+    items = plan_gc(root, now=time.time(), run_states=facts.run_states, retention=retention, dag_id=args.dag_id,
+                    deleted_runs=facts.deleted_runs, known_dags=facts.known_dags, deleted_dags=facts.deleted_dags,
+                    older_than=older_than, sink_staging=list_sink_staging, kept=kept)
     summary = None if args.dry_run else execute_gc(items)
     if args.output == "json":
         print(json.dumps({"store": str(root), "dry_run": bool(args.dry_run), "items": [i.to_json() for i in items],
-                          "bytes": sum(i.bytes for i in items), "summary": summary}, indent=2, default=str))
+                          "bytes": sum(i.bytes for i in items), "summary": summary, "kept": kept},
+                         indent=2, default=str))
     else:
         print(format_gc_table(str(root), items, bool(args.dry_run), summary))
+        for reason in kept:
+            print(f"kept: {reason}")
     if summary and summary["errors"]:
         sys.exit(1)
 
@@ -335,15 +371,15 @@ def format_rerun(result: dict[str, Any]) -> str:
 def rerun(args: Any) -> None:
     """CLI entry: print the affected region, invalidate exactly it and clear its stage tasks."""
     from airflow_provider_speculative.control.rerun import invalidate_region, plan_rerun
+    from airflow_provider_speculative.exceptions import SpeculativeError
     from airflow_provider_speculative.settings import airflow_config, store_root
 
-    root = store_root(airflow_config())
     no_downstream = bool(getattr(args, "no_downstream", False))
     try:
+        root = store_root(airflow_config())
         region = plan_rerun(root, args.dag_id, args.run_id, args.stage, args.subtask, downstream=not no_downstream)
-    except (FileNotFoundError, KeyError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(1)
+    except (SpeculativeError, OSError, ValueError) as exc:  # unknown run/stage/subtask, corrupt plan.json
+        _fail(str(exc))
     affected = {stage: sorted(subtasks) for stage, subtasks in region.subtasks.items()}
     result: dict[str, Any] = {
         "dag_id": args.dag_id, "run_id": args.run_id, "region": affected,

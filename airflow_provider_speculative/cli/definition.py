@@ -18,6 +18,11 @@ def get_cli_commands() -> list[Any]:
                   action="store_true")
     retention = Arg(("--retention",), default=None,
                     help="override the configured retention (also per-stage overrides), e.g. 0, 90 min, 48h")
+    older_than = Arg(("--older-than",), default=None,
+                     help="also remove runs missing from the metadata DB whose files are older than this "
+                          "(e.g. 30d); without it only runs whose deletion the audit log records are removed")
+    claim = Arg(("--claim",), action="store_true",
+                help="record this Airflow's metadata DB in the store's store.json if it records none")
     return [
         GroupCommand(
             name="speculative",
@@ -38,7 +43,7 @@ def get_cli_commands() -> list[Any]:
                     name="gc",
                     help="Remove what failed or cancelled attempts, expired results and deleted runs left in the store",
                     func=lazy_load_command("airflow_provider_speculative.cli.commands.gc"),
-                    args=(gc_dag_id, dry_run, retention, output),
+                    args=(gc_dag_id, dry_run, retention, older_than, claim, output),
                 ),
                 ActionCommand(
                     name="rerun",

@@ -41,6 +41,7 @@ from airflow_provider_speculative.core.scheduler import (
     Tick,
 )
 from airflow_provider_speculative.core.states import Attempt, AttemptState, current_attempt
+from airflow_provider_speculative.sinks.base import Sink, StagingScope
 from airflow_provider_speculative.store import changes
 from airflow_provider_speculative.store.files import atomic_write_json, create_exclusive_json, read_json
 from airflow_provider_speculative.store.journal import Journal
@@ -87,6 +88,8 @@ class StageController:
         self._full_cursor = self._probe_cursor = 0
         self._summary: dict[str, Any] | None = None
         self._summary_at = float("-inf")
+        # Rebuilt only when an attempt's sink staging must go: the sink's module may not import everywhere.
+        self.sink_json: dict[str, Any] | None = (plan.get("output") or {}).get("sink")
         self.recoveries: dict[tuple[str, int], PartitionRecovery] = {}
         self.result: CompleteStage | FailStage | None = None
         self._restore()
@@ -246,6 +249,7 @@ class StageController:
             self.journal("cancel", subtask=action.subtask, attempt=action.attempt, reason=action.reason)
         elif isinstance(action, Discard):
             remove_attempt_output(self.layout, action.subtask, action.attempt)
+            self._cleanup_sink_staging(action.subtask, action.attempt)
             self.journal("discard", subtask=action.subtask, attempt=action.attempt, reason=action.reason)
         elif isinstance(action, BlockNode):
             self.journal("block_node", node=action.node, until=action.until, reason=action.reason)
@@ -328,6 +332,22 @@ class StageController:
                 self.reaping.discard((subtask, number))
                 if self.scheduler.admitted.get(subtask) != number:
                     remove_attempt_output(self.layout, subtask, number)
+                    self._cleanup_sink_staging(subtask, number)
+
+    def _cleanup_sink_staging(self, subtask: int, attempt: int) -> None:
+        """Drop what a discarded or cancelled attempt staged in the sink (e.g. its Postgres staging table)."""
+        if not self.sink_json:
+            return
+        scope = StagingScope(self.plan["dag_id"], self.plan["run_id"], self.plan["stage"], ((subtask, attempt),),
+                             env=self.extra_env)
+        try:
+            removed = Sink.from_json(self.sink_json).cleanup_staging(scope)
+        except Exception as exc:  # the sink may be unreachable; finalize or gc removes it later
+            self.journal("sink_staging_cleanup_failed", subtask=subtask, attempt=attempt,
+                         error=f"{type(exc).__name__}: {exc}")
+            return
+        if removed:
+            self.journal("sink_staging_removed", subtask=subtask, attempt=attempt, objects=removed)
 
     def kill_all(self, reason: str) -> None:
         """Cancel every live attempt and wait (bounded) until their process groups are gone."""

@@ -13,12 +13,18 @@ What goes, and when:
   stage committed and the newest consumer commit is older than the retention.
 - ``sink-expired``: the admitted data of a final stage with a sink (the sink holds its own copy)
   once the run succeeded and its own commit is older than the retention.
-- ``deleted-run``: the whole directory of a run the Airflow DB no longer has, if nothing in it is live.
+- ``deleted-run``: the whole directory of a run the Airflow DB positively says was deleted (its
+  audit log records the run's or its DAG's deletion), or, with an explicit ``older_than``, a run the
+  DB does not have whose newest file is older than that; never while anything in it is live. A run
+  merely missing from the DB is kept and reported: a fresh or foreign database has no runs at all.
+  A DAG the DB does not know (and whose deletion it did not record) is left alone entirely.
 - ``stale-temp`` / ``stale-barrier``: temporary files of atomic writes orphaned by a crash, and
   fault-injection barrier releases of stages with nothing live.
+- ``sink-staging``: what a sink staged outside the store (Postgres staging tables, Parquet
+  ``.<name>.staging-*`` / ``.old-*`` directories) for a stage run that is over (committed, or its DAG
+  run finished or deleted) with nothing live; removed by the sink itself (``Sink.cleanup_staging``).
 
-Sink staging and backup siblings (``.<name>.staging-*``, ``.<name>.old-*``) live next to the sink
-output, outside the store, and are not gc's business.
+Which metadata database the store belongs to is the caller's check (``store/identity.py``).
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ import contextlib
 import os
 import shutil
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,6 +42,7 @@ from airflow_provider_speculative.backends.base import attempt_observer
 from airflow_provider_speculative.core.config import SpeculativeConfig
 from airflow_provider_speculative.core.states import Attempt, AttemptState
 from airflow_provider_speculative.exceptions import StoreError
+from airflow_provider_speculative.sinks.base import Sink, StagingObject, StagingScope
 from airflow_provider_speculative.store import journal
 from airflow_provider_speculative.store.files import atomic_write_json, read_json
 from airflow_provider_speculative.store.layout import StageLayout, safe_component
@@ -46,6 +53,9 @@ SINK_EXPIRED = "sink-expired"
 DELETED_RUN = "deleted-run"
 STALE_TEMP = "stale-temp"
 STALE_BARRIER = "stale-barrier"
+SINK_STAGING = "sink-staging"
+# DagRun states after which nothing of the run writes any more.
+FINISHED_RUN_STATES = frozenset({"success", "failed"})
 
 EXPIRED_MARKER = "expired.json"
 # An atomic write lives for milliseconds; a temporary file this old was orphaned by a crash.
@@ -56,7 +66,8 @@ STALE_TEMP_AFTER = 3600.0
 class GcItem:
     """One path gc removes (or would remove with ``--dry-run``), the bytes that frees, and why."""
 
-    path: Path
+    # A path in the store; for sink staging the sink's own name of the object (a table, a directory).
+    path: Path | str
     bytes: int
     reason: str
     detail: str = ""
@@ -64,11 +75,18 @@ class GcItem:
     stage_dir: Path | None = None
     subtask: int | None = None
     attempt: int | None = None
+    # Sink staging only: the sink (as in plan.json) and the stage run whose staging it is.
+    sink: dict[str, Any] | None = None
+    scope: StagingScope | None = None
 
     def to_json(self) -> dict[str, Any]:
         """JSON-friendly form (for ``--output json`` and the journal)."""
         return {"path": str(self.path), "bytes": self.bytes, "reason": self.reason, "detail": self.detail,
                 "subtask": self.subtask, "attempt": self.attempt}
+
+    def display(self, root: str | Path) -> str:
+        """The path relative to the store root; a sink staging object by its own name."""
+        return str(self.path) if self.reason == SINK_STAGING else os.path.relpath(self.path, root)
 
 
 @dataclass
@@ -109,39 +127,114 @@ def store_dag_ids(root: str | Path) -> dict[str, str]:
     return out
 
 
+SinkStaging = Callable[[dict[str, Any], StagingScope], list[StagingObject]]
+
+
+def list_sink_staging(sink: dict[str, Any], scope: StagingScope) -> list[StagingObject]:
+    """Ask the sink (as serialised in plan.json) which staging objects it holds for ``scope``."""
+    return Sink.from_json(sink).staging(scope)
+
+
 def plan_gc(root: str | Path, *, now: float, run_states: dict[tuple[str, str], str] | None = None,
-            retention: float | None = None, dag_id: str | None = None) -> list[GcItem]:
+            retention: float | None = None, dag_id: str | None = None,
+            deleted_runs: Iterable[tuple[str, str]] = (), known_dags: Iterable[str] | None = None,
+            deleted_dags: Iterable[str] = (), older_than: float | None = None,
+            sink_staging: SinkStaging | None = None, kept: list[str] | None = None) -> list[GcItem]:
     """List what gc would remove under ``root``; nothing is touched.
 
-    ``run_states`` maps (dag_id, run_id) to the Airflow DagRun state. It must cover every DAG planned
-    (restrict with ``dag_id``): a run missing from it counts as deleted. Without it, only attempt
-    leftovers and stale files are considered. ``retention`` (seconds) overrides each stage's
-    configured ``retention`` (from its plan).
+    ``run_states`` maps (dag_id, run_id) to the Airflow DagRun state, for every DAG planned (restrict
+    with ``dag_id``); without it, only attempt leftovers and stale files are considered. A run missing
+    from it is removed only if ``deleted_runs`` (or ``deleted_dags``) says it was deleted, or it is
+    older than ``older_than`` seconds. With ``known_dags``, a DAG not in it (nor in ``deleted_dags``)
+    is left alone. ``retention`` (seconds) overrides each stage's configured ``retention``.
+    ``sink_staging`` lists a sink's staging objects (e.g. :func:`list_sink_staging`); None: not looked at.
+    Why something that might look removable is kept is appended to ``kept``.
     """
     root = Path(root)
+    kept = [] if kept is None else kept
     if not root.is_dir():
         return []
     known = None if run_states is None else {
         (safe_component(d), safe_component(r)): state for (d, r), state in run_states.items()}
+    deleted = {(safe_component(d), safe_component(r)) for d, r in deleted_runs}
+    gone_dags = {safe_component(d) for d in deleted_dags}
+    dags = None if known_dags is None else {safe_component(d) for d in known_dags}
     items: list[GcItem] = []
     for dag_dir in _dirs(root):
         if dag_id is not None and dag_dir.name != safe_component(dag_id):
             continue
+        dag_gone = dag_dir.name in gone_dags
+        if dags is not None and dag_dir.name not in dags and not dag_gone and older_than is None:
+            kept.append(f"DAG {dag_dir.name}: unknown to this metadata database and its deletion is not recorded "
+                        "there; nothing of it is removed (--older-than removes its old runs)")
+            continue
         for run_dir in _dirs(dag_dir):
             stages = _read_stages(root, dag_dir.name, run_dir, now)
             if known is not None and (dag_dir.name, run_dir.name) not in known:
-                # The run was deleted from Airflow; a live attempt still writes here, so wait for it.
-                if not any(s.live for s in stages.values()):
-                    items.append(GcItem(run_dir, _tree_bytes(run_dir), DELETED_RUN,
-                                        "the DAG run no longer exists in the Airflow metadata DB"))
-                continue
-            succeeded = known is not None and known[(dag_dir.name, run_dir.name)] == "success"
+                why = _deleted_because(dag_dir.name, run_dir, deleted, dag_gone, older_than, now)
+                if why is not None and not any(s.live for s in stages.values()):
+                    items += _staging_items(stages, sink_staging, kept, f"the DAG run was deleted ({why})")
+                    items.append(GcItem(run_dir, _tree_bytes(run_dir), DELETED_RUN, why))
+                    continue
+                # Kept whole; what is garbage whatever the run's state (losers, stale files) still goes.
+                kept.append(f"run {dag_dir.name}/{run_dir.name}: " + (
+                    "not in the metadata database, but its deletion is not recorded there; kept "
+                    "(--older-than removes old runs)" if why is None else "deleted, but an attempt is still live"))
+            state = None if known is None else known.get((dag_dir.name, run_dir.name))
+            succeeded = state == "success"
             for stage in stages.values():
                 items += _loser_items(stage)
                 if succeeded:
                     items += _expired_items(stage, stages, now, retention)
                 items += _stale_items(stage, now)
+                if not stage.live and (state in FINISHED_RUN_STATES or stage.committed is not None):
+                    items += _staging_items({stage.name: stage}, sink_staging, kept,
+                                            "stage run over: " + ("committed" if stage.committed is not None
+                                                                  else f"DAG run {state}"))
             items += _stale_temp(run_dir, now, stage_dir=None, recursive=False)
+    return items
+
+
+def _deleted_because(dag_dir: str, run_dir: Path, deleted: set[tuple[str, str]], dag_gone: bool,
+                     older_than: float | None, now: float) -> str | None:
+    """The evidence that a run missing from the DB was deleted; None if there is none."""
+    if (dag_dir, run_dir.name) in deleted:
+        return "the audit log records the deletion of the DAG run"
+    if dag_gone:
+        return "the audit log records the deletion of the DAG"
+    if older_than is not None:
+        newest = _newest_mtime(run_dir)
+        if now - newest >= older_than:
+            return f"not in the metadata DB and untouched for {now - newest:.0f}s (--older-than {older_than:g}s)"
+    return None
+
+
+def _newest_mtime(directory: Path) -> float:
+    newest = 0.0
+    for current, _subdirs, files in os.walk(directory):
+        for name in [*files, "."]:
+            with contextlib.suppress(OSError):
+                newest = max(newest, os.lstat(os.path.join(current, name)).st_mtime)
+    return newest
+
+
+def _staging_items(stages: dict[str, _Stage], sink_staging: SinkStaging | None, kept: list[str],
+                   detail: str) -> list[GcItem]:
+    if sink_staging is None:
+        return []
+    items = []
+    for stage in stages.values():
+        sink = ((stage.plan or {}).get("output") or {}).get("sink")
+        if not sink or stage.plan is None:
+            continue
+        scope = StagingScope(stage.plan["dag_id"], stage.plan["run_id"], stage.plan["stage"])
+        try:
+            objects = sink_staging(sink, scope)
+        except Exception as exc:  # an unreachable sink must not stop gc of the store
+            kept.append(f"stage {stage.layout.dir}: sink staging not checked: {type(exc).__name__}: {exc}")
+            continue
+        items += [GcItem(obj.name, obj.bytes, SINK_STAGING, detail, stage.layout.dir, sink=sink, scope=scope)
+                  for obj in objects]
     return items
 
 
@@ -170,11 +263,19 @@ def execute_gc(items: Iterable[GcItem], *, now: float | None = None) -> dict[str
                 unmarked.add(stage_dir)
                 summary["errors"].append({"path": str(stage_dir / EXPIRED_MARKER), "error": str(exc)})
     done: dict[Path, list[GcItem]] = {}
+    # Sink staging goes first (a deleted run's plan, which names the sink, goes with the run) and
+    # only through the sink, which drops exactly its own objects of that stage run.
+    items.sort(key=lambda i: i.reason != SINK_STAGING)
+    staged = _remove_sink_staging([i for i in items if i.reason == SINK_STAGING], summary)
     for item in items:
         if item.stage_dir in unmarked and item.reason in (EXPIRED, SINK_EXPIRED):
             continue
         try:
-            _remove(item.path)
+            if item.reason == SINK_STAGING:
+                if str(item.path) not in staged:
+                    continue
+            else:
+                _remove(Path(item.path))
         except OSError as exc:
             summary["errors"].append({"path": str(item.path), "error": f"{type(exc).__name__}: {exc}"})
             continue
@@ -194,10 +295,25 @@ def execute_gc(items: Iterable[GcItem], *, now: float | None = None) -> dict[str
             continue
         try:
             journal.record(stage_dir / "journal.jsonl", "gc", at=now, bytes=sum(i.bytes for i in removed),
-                           removed=[{**i.to_json(), "path": os.path.relpath(i.path, stage_dir)} for i in removed])
+                           removed=[{**i.to_json(), "path": i.display(stage_dir)} for i in removed])
         except StoreError as exc:
             summary["errors"].append({"path": str(stage_dir / "journal.jsonl"), "error": str(exc)})
     return summary
+
+
+def _remove_sink_staging(items: list[GcItem], summary: dict[str, Any]) -> set[str]:
+    """Ask each stage run's sink to remove its staging; return the names it removed."""
+    removed: set[str] = set()
+    scopes: dict[tuple[str, str, str], GcItem] = {}
+    for item in items:
+        assert item.scope is not None and item.sink is not None
+        scopes.setdefault((item.scope.dag_id, item.scope.run_id, item.scope.stage), item)
+    for item in scopes.values():
+        try:
+            removed.update(Sink.from_json(item.sink).cleanup_staging(item.scope))
+        except Exception as exc:
+            summary["errors"].append({"path": str(item.path), "error": f"{type(exc).__name__}: {exc}"})
+    return removed
 
 
 def read_expired(layout: StageLayout) -> dict[str, Any] | None:

@@ -20,6 +20,7 @@ from airflow_provider_speculative.backends.base import Backend, attempt_observer
 from airflow_provider_speculative.backends.supervised import SupervisedBackend
 from airflow_provider_speculative.control.lifecycle import read_expired
 from airflow_provider_speculative.core.states import Attempt, current_attempt
+from airflow_provider_speculative.exceptions import NotFoundError, StoreError
 from airflow_provider_speculative.store.files import read_json, read_jsonl
 from airflow_provider_speculative.store.layout import StageLayout, safe_component
 
@@ -70,21 +71,30 @@ def observer(layout: StageLayout, liveness: str = "process") -> Backend:
     return attempt_observer(layout)
 
 
+def read_plan(path: Path) -> dict[str, Any]:
+    """A stage's plan.json; :class:`StoreError` naming the file if it is corrupt or not a stage plan."""
+    plan = read_json(path)
+    if not isinstance(plan, dict) or not all(k in plan for k in ("stage", "parallelism", "store_root")):
+        raise StoreError(f"{path} is not a stage plan (missing stage, parallelism or store_root); "
+                         "it was damaged or written by something else")
+    return plan
+
+
 def run_report(root: Path, dag_id: str, run_id: str, stage: str | None = None, *,
                liveness: str = "process", now: float | None = None) -> dict[str, Any]:
     """Stages (in plan order) -> subtasks -> attempts for one DAG run."""
     run_dir = Path(root) / safe_component(dag_id) / safe_component(run_id)
     if not run_dir.is_dir():
-        raise FileNotFoundError(f"no speculative stages recorded for dag {dag_id!r} run {run_id!r} under {root}")
+        raise NotFoundError(f"no speculative stages recorded for dag {dag_id!r} run {run_id!r} under {root}")
     stages = []
     for stage_dir in sorted(p for p in run_dir.iterdir() if (p / "plan.json").is_file()):
-        plan = read_json(stage_dir / "plan.json")
+        plan = read_plan(stage_dir / "plan.json")
         if stage and plan["stage"] != stage:
             continue
         stages.append(stage_report(StageLayout(Path(plan["store_root"]), dag_id, run_id, plan["stage"]), plan,
                                    liveness=liveness, now=now))
     if stage and not stages:
-        raise FileNotFoundError(f"stage {stage!r} not found in dag {dag_id!r} run {run_id!r}")
+        raise NotFoundError(f"stage {stage!r} not found in dag {dag_id!r} run {run_id!r}")
     order = {s["stage"]: i for i, s in enumerate(stages)}
     for s in stages:
         order[s["stage"]] = max([order.get(u, 0) + 1 for u in s["upstreams"]] + [0])

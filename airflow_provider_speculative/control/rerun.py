@@ -6,8 +6,10 @@ from pathlib import Path
 from typing import Any
 
 from airflow_provider_speculative.backends.base import attempt_observer
+from airflow_provider_speculative.control.readmodel import read_plan
 from airflow_provider_speculative.core.failover import Region, rerun_region
 from airflow_provider_speculative.core.graph import ExchangeSpec, PipelineGraph, SourceSpec, StageSpec
+from airflow_provider_speculative.exceptions import NotFoundError
 from airflow_provider_speculative.store import journal
 from airflow_provider_speculative.store.files import read_json
 from airflow_provider_speculative.store.layout import StageLayout, safe_component
@@ -19,10 +21,10 @@ def graph_from_plans(root: Path, dag_id: str, run_id: str) -> tuple[PipelineGrap
     run_dir = Path(root) / safe_component(dag_id) / safe_component(run_id)
     plans = {}
     for plan_path in sorted(run_dir.glob("*/plan.json")):
-        plan = read_json(plan_path)
+        plan = read_plan(plan_path)
         plans[plan["stage"]] = plan
     if not plans:
-        raise FileNotFoundError(f"no speculative stages recorded for dag {dag_id!r} run {run_id!r} under {root}")
+        raise NotFoundError(f"no speculative stages recorded for dag {dag_id!r} run {run_id!r} under {root}")
     stages = {}
     for name, plan in plans.items():
         inputs: dict[str, SourceSpec | ExchangeSpec] = {}
@@ -45,7 +47,7 @@ def plan_rerun(root: Path, dag_id: str, run_id: str, stage: str, subtasks: list[
     """
     graph, plans = graph_from_plans(root, dag_id, run_id)
     if stage not in graph.stages:
-        raise KeyError(f"stage {stage!r} not found in dag {dag_id!r} run {run_id!r} (stages: {', '.join(plans)})")
+        raise NotFoundError(f"stage {stage!r} not found in dag {dag_id!r} run {run_id!r} (stages: {', '.join(plans)})")
     parallelism = graph.stages[stage].parallelism
     bad = [s for s in subtasks or [] if not 0 <= s < parallelism]
     if bad:

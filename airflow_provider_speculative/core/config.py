@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import math
+import os
 import re
-from dataclasses import asdict, dataclass, field, fields, replace
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, fields, make_dataclass, replace
 from typing import Any
 
 from airflow_provider_speculative.exceptions import ConfigError
@@ -78,67 +81,6 @@ class FaultInjection:
         }
 
 
-@dataclass(frozen=True)
-class SpeculativeConfig:
-    """All options of the ``[speculative]`` section, after parsing and validation."""
-
-    enabled: bool = False
-    max_concurrent_executions: int = 2
-    block_slow_node_duration: float = 60.0
-    check_interval: float = 1.0
-    baseline_lower_bound: float = 60.0
-    baseline_ratio: float = 0.75
-    baseline_multiplier: float = 1.5
-    normalize_by_input_bytes: bool = True
-    max_failures_per_subtask: int = 3
-    max_failures_per_stage: int = 10
-    retention: float = 86400.0
-    failover_strategy: str = "region"
-    store_path: str = ""
-    spark_history_url: str = ""
-    targets: tuple[Target, ...] = DEFAULT_TARGETS
-    fault_injection: FaultInjection = field(default_factory=FaultInjection)
-
-    def with_overrides(self, overrides: dict[str, Any] | None, where: str) -> SpeculativeConfig:
-        """Return a copy with ``overrides`` applied; ``where`` names the source in error messages."""
-        if not overrides:
-            return self
-        parsed = {name: parse_option(name, value, where) for name, value in overrides.items()}
-        return replace(self, **parsed)
-
-    def to_json(self) -> dict[str, Any]:
-        """Serialise to plain JSON types (for plan.json and trigger kwargs)."""
-        out = {f.name: getattr(self, f.name) for f in fields(self)}
-        out["targets"] = [asdict(t) for t in self.targets]
-        out["fault_injection"] = self.fault_injection.to_json()
-        return out
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> SpeculativeConfig:
-        """Inverse of :meth:`to_json`."""
-        return cls().with_overrides(data, "plan")
-
-
-OPTION_DOCS: dict[str, str] = {
-    "enabled": "Launch speculative attempts for slow subtasks.",
-    "max_concurrent_executions": "Live attempts per subtask, original included (>= 1).",
-    "block_slow_node_duration": "Seconds a slow node stays blocked for new attempts (>= 0).",
-    "check_interval": "Seconds between controller checks (> 0).",
-    "baseline_lower_bound": "Lower bound of the slow-task baseline in seconds (>= 0).",
-    "baseline_ratio": "Fraction of subtasks that must finish before a baseline exists (0 < r <= 1).",
-    "baseline_multiplier": "Baseline = median execution time of the earliest finishers times this (>= 1).",
-    "normalize_by_input_bytes": "Compare execution time per input byte when input sizes are known.",
-    "max_failures_per_subtask": "Failed attempts a subtask may have before the stage fails (>= 0).",
-    "max_failures_per_stage": "Failed attempts a stage run may have in all before it fails (>= 0).",
-    "retention": "How long intermediate results stay after the run succeeded and their consumers committed.",
-    "failover_strategy": "What reruns when an input partition is lost: 'region' (only the affected region) or 'all'.",
-    "store_path": "Root of the result store; empty means $AIRFLOW_HOME/speculative-store.",
-    "spark_history_url": "Spark history server URL for the UI's links to admitted attempts; empty: no link.",
-    "targets": "JSON list of targets: name, conn_id, slots, node, conf.",
-    "fault_injection": ("JSON: {targets: {name: {factor, delay, fail}}, attempts: [{subtask, attempt, ...}], "
-                        "force_speculation: [subtask, ...], barrier: bool}. Tests and demos only; off when empty."),
-}
-
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|sec|secs|seconds?|m|min|mins|minutes?|h|hours?|d|days?)?\s*$")
 _UNIT = {"ms": 0.001, "s": 1, "sec": 1, "secs": 1, "second": 1, "seconds": 1, "m": 60, "min": 60,
          "mins": 60, "minute": 60, "minutes": 60, "h": 3600, "hour": 3600, "hours": 3600,
@@ -154,6 +96,8 @@ def _duration(name: str, value: Any, where: str) -> float:
         raise _bad(name, value, where, "expected a duration such as 60, '60s' or '1 min'")
     if isinstance(value, int | float):
         seconds = float(value)
+        if not math.isfinite(seconds):
+            raise _bad(name, value, where, "must be a finite number of seconds")
     else:
         match = _DURATION.match(str(value))
         if not match:
@@ -191,9 +135,13 @@ def _float(name: str, value: Any, where: str) -> float:
     try:
         if isinstance(value, bool):
             raise ValueError
-        return float(value)
+        number = float(value)
     except (TypeError, ValueError):
         raise _bad(name, value, where, "expected a number") from None
+    if not math.isfinite(number):
+        # NaN compares false with every bound, so it would slip through each range check below.
+        raise _bad(name, value, where, "expected a finite number")
+    return number
 
 
 def _json(name: str, value: Any, where: str) -> Any:
@@ -270,59 +218,163 @@ def _faults(name: str, value: Any, where: str) -> FaultInjection:
                           barrier=_bool(f"{name}.barrier", raw.get("barrier", False), where))
 
 
+
+
+# -- the option table: each [speculative] option is declared here, once -----------------------------
+
+Parser = Callable[[str, Any, str], Any]
+
+
+@dataclass(frozen=True)
+class Option:
+    """One ``[speculative]`` option: name, parser, default, doc and how Airflow's config declares it."""
+
+    name: str
+    parse: Parser
+    default: Any
+    doc: str
+    # Type in provider info (Airflow's config declares "string", "boolean", "integer" or "float").
+    type: str = "string"
+    # How airflow.cfg shows the default; None: str(default).
+    default_string: str | None = None
+    # What the README's option table shows as the default; None: the default string in backticks.
+    readme_default: str | None = None
+    annotation: str = "Any"
+
+    def show_default(self) -> str:
+        """The default as the string Airflow's config declares (parses back to ``default``)."""
+        return str(self.default) if self.default_string is None else self.default_string
+
+
+def _bool_option(name: str, default: bool, doc: str) -> Option:
+    return Option(name, _bool, default, doc, "boolean", annotation="bool")
+
+
+def _int_option(name: str, default: int, doc: str, minimum: int) -> Option:
+    return Option(name, lambda n, v, w: _int(n, v, w, minimum), default, doc, "integer", annotation="int")
+
+
+def _duration_option(name: str, default: float, doc: str, *, positive: bool = False,
+                     readme_default: str | None = None) -> Option:
+    def parse(n: str, v: Any, w: str) -> float:
+        seconds = _duration(n, v, w)
+        if positive and seconds <= 0:
+            raise _bad(n, v, w, "must be > 0")
+        return seconds
+
+    return Option(name, parse, default, doc, "string", f"{default:g}",
+                  readme_default or f"`{default:g}` s", annotation="float")
+
+
+def _float_option(name: str, default: float, doc: str, check: Callable[[float], bool], why: str) -> Option:
+    def parse(n: str, v: Any, w: str) -> float:
+        number = _float(n, v, w)
+        if not check(number):
+            raise _bad(n, v, w, why)
+        return number
+
+    return Option(name, parse, default, doc, "float", annotation="float")
+
+
+def _choice(name: str, value: Any, where: str, choices: tuple[str, ...]) -> str:
+    if value not in choices:
+        raise _bad(name, value, where, "must be " + " or ".join(repr(c) for c in choices))
+    return str(value)
+
+
+def _text(name: str, value: Any, where: str) -> str:
+    if value is not None and not isinstance(value, str | os.PathLike):
+        raise _bad(name, value, where, "expected a string")
+    return os.fspath(value) if value else ""
+
+
+OPTIONS: tuple[Option, ...] = (
+    _bool_option("enabled", False, "Launch speculative attempts for slow subtasks."),
+    _int_option("max_concurrent_executions", 2, "Live attempts per subtask, original included (>= 1).", 1),
+    _duration_option("block_slow_node_duration", 60.0,
+                     "Seconds a slow node stays blocked for new attempts (>= 0)."),
+    _duration_option("check_interval", 1.0, "Seconds between controller checks (> 0).", positive=True),
+    _duration_option("baseline_lower_bound", 60.0, "Lower bound of the slow-task baseline in seconds (>= 0)."),
+    _float_option("baseline_ratio", 0.75,
+                  "Fraction of subtasks that must finish before a baseline exists (0 < r <= 1).",
+                  lambda r: 0 < r <= 1, "must be in (0, 1]"),
+    _float_option("baseline_multiplier", 1.5,
+                  "Baseline = median execution time of the earliest finishers times this (>= 1).",
+                  lambda m: m >= 1, "must be >= 1"),
+    _bool_option("normalize_by_input_bytes", True,
+                 "Compare execution time per input byte when input sizes are known."),
+    _int_option("max_failures_per_subtask", 3,
+                "Failed attempts a subtask may have before the stage fails (>= 0).", 0),
+    _int_option("max_failures_per_stage", 10,
+                "Failed attempts a stage run may have in all before it fails (>= 0).", 0),
+    _duration_option("retention", 86400.0,
+                     "How long intermediate results stay after the run succeeded and their consumers committed.",
+                     readme_default="`86400` s (1 day)"),
+    Option("failover_strategy", lambda n, v, w: _choice(n, v, w, ("region", "all")), "region",
+           "What reruns when an input partition is lost: 'region' (only the affected region) or 'all'.",
+           annotation="str"),
+    Option("store_path", _text, "", "Root of the result store; empty means $AIRFLOW_HOME/speculative-store.",
+           readme_default="`$AIRFLOW_HOME/speculative-store`", annotation="str"),
+    Option("spark_history_url", _text, "",
+           "Spark history server URL for the UI's links to admitted attempts; empty: no link.",
+           readme_default="empty", annotation="str"),
+    Option("targets", _targets, DEFAULT_TARGETS, "JSON list of targets: name, conn_id, slots, node, conf.",
+           default_string=json.dumps([asdict(t) for t in DEFAULT_TARGETS]), readme_default="two local targets",
+           annotation="tuple[Target, ...]"),
+    Option("fault_injection", _faults, FaultInjection(),
+           "JSON: {targets: {name: {factor, delay, fail}}, attempts: [{subtask, attempt, ...}], "
+           "force_speculation: [subtask, ...], barrier: bool}. Tests and demos only; off when empty.",
+           default_string="", readme_default="off", annotation="FaultInjection"),
+)
+OPTION_BY_NAME: dict[str, Option] = {o.name: o for o in OPTIONS}
+OPTION_DOCS: dict[str, str] = {o.name: o.doc for o in OPTIONS}
+
+
 def parse_option(name: str, value: Any, where: str) -> Any:
     """Parse and validate one option value, raising :class:`ConfigError` naming it."""
-    if name == "enabled" or name == "normalize_by_input_bytes":
-        return _bool(name, value, where)
-    if name == "max_concurrent_executions":
-        return _int(name, value, where, 1)
-    if name in {"max_failures_per_subtask", "max_failures_per_stage"}:
-        return _int(name, value, where, 0)
-    if name == "failover_strategy":
-        if value not in ("region", "all"):
-            raise _bad(name, value, where, "must be 'region' or 'all'")
-        return str(value)
-    if name in {"block_slow_node_duration", "baseline_lower_bound", "retention"}:
-        return _duration(name, value, where)
-    if name == "check_interval":
-        seconds = _duration(name, value, where)
-        if seconds <= 0:
-            raise _bad(name, value, where, "must be > 0")
-        return seconds
-    if name == "baseline_ratio":
-        ratio = _float(name, value, where)
-        if not 0 < ratio <= 1:
-            raise _bad(name, value, where, "must be in (0, 1]")
-        return ratio
-    if name == "baseline_multiplier":
-        multiplier = _float(name, value, where)
-        if multiplier < 1:
-            raise _bad(name, value, where, "must be >= 1")
-        return multiplier
-    if name in ("store_path", "spark_history_url"):
-        return str(value or "")
-    if name == "targets":
-        return _targets(name, value, where)
-    if name == "fault_injection":
-        return _faults(name, value, where)
-    known = ", ".join(sorted(OPTION_DOCS))
-    raise ConfigError(f"[{SECTION}] unknown option {name!r} ({where}); known options: {known}")
+    option = OPTION_BY_NAME.get(name)
+    if option is None:
+        raise ConfigError(f"[{SECTION}] unknown option {name!r} ({where}); known options: {', '.join(OPTION_BY_NAME)}")
+    return option.parse(name, value, where)
+
+
+def unknown_options(names: Any) -> list[str]:
+    """The names in ``names`` that are not ``[speculative]`` options (misspellings), sorted."""
+    return sorted(str(n) for n in names if str(n) not in OPTION_BY_NAME)
 
 
 def default_strings() -> dict[str, str]:
     """The defaults as the strings Airflow's config declares (provider info)."""
-    base = SpeculativeConfig()
-    out: dict[str, str] = {}
-    for f in fields(base):
-        value = getattr(base, f.name)
-        if f.name == "targets":
-            out[f.name] = json.dumps([asdict(t) for t in value])
-        elif f.name == "fault_injection":
-            out[f.name] = ""
-        elif isinstance(value, bool):
-            out[f.name] = str(value)
-        elif f.name in {"block_slow_node_duration", "baseline_lower_bound", "check_interval", "retention"}:
-            out[f.name] = f"{value:g}"
-        else:
-            out[f.name] = str(value)
+    return {o.name: o.show_default() for o in OPTIONS}
+
+
+def _with_overrides(self: Any, overrides: dict[str, Any] | None, where: str) -> Any:
+    """Return a copy with ``overrides`` applied; ``where`` names the source in error messages."""
+    if not overrides:
+        return self
+    parsed = {name: parse_option(name, value, where) for name, value in overrides.items()}
+    return replace(self, **parsed)
+
+
+def _to_json(self: Any) -> dict[str, Any]:
+    """Serialise to plain JSON types (for plan.json and trigger kwargs)."""
+    out = {f.name: getattr(self, f.name) for f in fields(self)}
+    out["targets"] = [asdict(t) for t in self.targets]
+    out["fault_injection"] = self.fault_injection.to_json()
     return out
+
+
+def _from_json(cls: type, data: dict[str, Any]) -> Any:
+    """Inverse of ``to_json``."""
+    return cls().with_overrides(data, "plan")
+
+
+# Fields, types and defaults come from OPTIONS; a mutable default is copied per instance.
+SpeculativeConfig = make_dataclass(
+    "SpeculativeConfig",
+    [(o.name, o.annotation, field(default_factory=lambda o=o: o.default)) for o in OPTIONS],
+    frozen=True,
+    namespace={"__doc__": "All options of the ``[speculative]`` section, after parsing and validation.",
+               "with_overrides": _with_overrides, "to_json": _to_json, "from_json": classmethod(_from_json),
+               "__module__": __name__},
+)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import heapq
+import posixpath
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -11,6 +12,9 @@ from airflow_provider_speculative.exceptions import ConfigError, PipelineError
 
 Distribution = Literal["all_to_all", "pointwise"]
 Mode = Literal["blocking", "hybrid"]
+
+# Flink's upper bound for max parallelism (key groups); more subtasks than this is a typo, not a plan.
+MAX_PARALLELISM = 32768
 
 
 @dataclass(frozen=True)
@@ -70,14 +74,19 @@ class PipelineGraph:
         """Raise :class:`PipelineError` for unknown inputs, bad parallelism, bad exchanges or cycles."""
         for stage in self.stages.values():
             where = f"pipeline {self.name!r}, stage {stage.name!r}"
-            if not isinstance(stage.parallelism, int) or stage.parallelism < 1:
-                raise PipelineError(f"{where}: parallelism must be an integer >= 1, got {stage.parallelism!r}")
-            if not isinstance(stage.max_parallelism, int) or stage.max_parallelism < stage.parallelism:
+            _check_count(where, "parallelism", stage.parallelism, 1)
+            _check_count(where, "max_parallelism", stage.max_parallelism, 1)
+            if stage.max_parallelism < stage.parallelism:
                 raise PipelineError(
                     f"{where}: max_parallelism ({stage.max_parallelism!r}) must be >= "
                     f"parallelism ({stage.parallelism})")
-            if not stage.application:
-                raise PipelineError(f"{where}: application is required")
+            if not isinstance(stage.application, str) or not stage.application.strip() \
+                    or stage.application.strip() == "None":
+                raise PipelineError(f"{where}: application is required (a path or URL of a PySpark file), "
+                                    f"got {stage.application!r}")
+            for input_name, spec in stage.inputs.items():
+                if isinstance(spec, SourceSpec):
+                    _check_source(f"{where}, input {input_name!r}", spec)
             for input_name, spec in stage.inputs.items():
                 if isinstance(spec, ExchangeSpec):
                     self._validate_exchange(where, input_name, spec, stage)
@@ -103,8 +112,19 @@ class PipelineGraph:
             raise PipelineError(f"{where}: input {input_name!r} has unknown distribution {spec.distribution!r}")
         if spec.mode not in ("blocking", "hybrid"):
             raise PipelineError(f"{where}: input {input_name!r} has unknown mode {spec.mode!r}")
-        if spec.distribution == "all_to_all" and not spec.key:
-            raise PipelineError(f"{where}: all_to_all input {input_name!r} needs a key")
+        if spec.distribution == "all_to_all":
+            key = spec.key
+            if not key or not isinstance(key, tuple) \
+                    or not all(isinstance(k, str) and k.strip() for k in key):
+                raise PipelineError(f"{where}: all_to_all input {input_name!r} needs a key: a column name or a "
+                                    f"list of column names, none empty; got {key!r}")
+            producer = self.stages[spec.upstream]
+            if stage.parallelism > producer.max_parallelism:
+                # The producer hash-partitions into max_parallelism subpartitions: a consumer reads at least one.
+                raise PipelineError(
+                    f"{where}: all_to_all input {input_name!r} has {stage.parallelism} consumers but its producer "
+                    f"{spec.upstream!r} writes only max_parallelism={producer.max_parallelism} subpartitions; "
+                    f"raise {spec.upstream!r}'s max_parallelism or lower {stage.name!r}'s parallelism")
         if spec.distribution == "pointwise" and self.stages[spec.upstream].parallelism != stage.parallelism:
             raise PipelineError(
                 f"{where}: pointwise input {input_name!r} needs equal parallelism "
@@ -156,6 +176,25 @@ class PipelineGraph:
         for name in self.stages:
             visit(name, [])
         return order
+
+
+def _check_count(where: str, name: str, value: Any, minimum: int) -> None:
+    # bool is an int subclass: parallelism=True would silently mean 1.
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= MAX_PARALLELISM:
+        raise PipelineError(f"{where}: {name} must be an integer from {minimum} to {MAX_PARALLELISM}, got {value!r}")
+
+
+def _check_source(where: str, source: SourceSpec) -> None:
+    """A source path must be absolute: a relative one would be read against the worker's cwd."""
+    path = source.path
+    if not isinstance(path, str) or not path.strip() or path.strip() == "None":
+        raise PipelineError(f"{where}: source path is empty; give the absolute path of a Parquet directory, file "
+                            "or glob")
+    if not posixpath.isabs(path):
+        raise PipelineError(f"{where}: source path {path!r} is relative; it would be read against the worker's "
+                            "current directory. Give an absolute path")
+    if source.format != "parquet":
+        raise PipelineError(f"{where}: source format {source.format!r} is not supported (only 'parquet')")
 
 
 def subpartition_range(consumer: int, consumer_parallelism: int, max_parallelism: int) -> range:

@@ -15,14 +15,15 @@ from airflow_provider_speculative.control.controller import StageController, wip
 from airflow_provider_speculative.core.config import SpeculativeConfig
 from airflow_provider_speculative.core.graph import PipelineGraph, SourceSpec
 from airflow_provider_speculative.core.plan import plan_stage
-from airflow_provider_speculative.exceptions import PlanError, StageFailedError
+from airflow_provider_speculative.exceptions import PlanError, StageFailedError, StoreError
 from airflow_provider_speculative.hooks.targets import resolve_targets
 from airflow_provider_speculative.links import SparkHistoryLink, StageViewLink
 from airflow_provider_speculative.metrics import StageMetrics
-from airflow_provider_speculative.settings import airflow_config, store_root
-from airflow_provider_speculative.sinks.base import AttemptResult, FinalizationContext, Sink
+from airflow_provider_speculative.settings import airflow_config, metadata_db_identity, store_root
+from airflow_provider_speculative.sinks.base import AttemptResult, FinalizationContext, PlanContext, Sink, StagingScope
 from airflow_provider_speculative.store import journal as journals
 from airflow_provider_speculative.store.files import atomic_write_json, read_json
+from airflow_provider_speculative.store.identity import claim_store
 from airflow_provider_speculative.store.layout import StageLayout
 from airflow_provider_speculative.store.results import (
     admitted_results,
@@ -81,14 +82,22 @@ class SparkStageOperator(BaseOperator):
         spec = self.graph.stages[self.stage]
         where = f"pipeline {self.graph.name!r}, stage {self.stage!r}"
         application = _application_path(spec.application, where)
-        source_files = {name: _list_files(src, f"{where}, input {name!r}")
+        source_files = {name: _list_files(src, f"{where}, input {name!r}", spec.parallelism)
                         for name, src in spec.inputs.items() if isinstance(src, SourceSpec)}
+        sink = self._rendered_sink() if self.sink else None
+        if sink is not None:
+            # Before any compute: a sink that would overwrite the store, a source or another stage's output.
+            sink.validate_plan(PlanContext(
+                dag_id=dag_id, run_id=run_id, stage=self.stage, where=f"{where}, sink {type(sink).__name__}",
+                store_root=layout.root,
+                source_paths=tuple(_source_root(src) for src in spec.inputs.values() if isinstance(src, SourceSpec))))
+        self._claim_store(layout.root)
         upstream = {name: read_committed(self._layout(config, dag_id, run_id, name))
                     for name in self.graph.upstreams(self.stage)}
         logical_date = context.get("logical_date")
         plan = plan_stage(
             self.graph, self.stage, config, source_files=source_files, upstream_committed=upstream,
-            sink=self._rendered_sink().to_json() if self.sink else None,
+            sink=sink.to_json() if sink is not None else None,
             speculation_blocker=self._speculation_blocker(),
             context={"dag_id": dag_id, "run_id": run_id, "store_root": str(layout.root),
                      "logical_date": logical_date.isoformat() if logical_date else None,
@@ -115,6 +124,22 @@ class SparkStageOperator(BaseOperator):
         self.defer(trigger=StageControllerTrigger(plan_path=str(layout.plan), deferred_at=time.time()),
                    method_name="execute_complete")
 
+    def _claim_store(self, root: Path) -> None:
+        """Record which metadata database the store belongs to (gc refuses to trust any other)."""
+        identity = metadata_db_identity()
+        if identity is None:
+            return
+        try:
+            record = claim_store(root, identity)
+        except StoreError as exc:
+            self.log.warning("could not record the store's metadata database: %s", exc)
+            return
+        recorded = (record or {}).get("metadata_db") or {}
+        if recorded.get("id") != identity["id"]:
+            self.log.warning("store %s belongs to metadata database %s, not this Airflow's %s: "
+                             "`airflow speculative gc` here will not delete runs", root, recorded.get("url"),
+                             identity["url"])
+
     def _rendered_sink(self) -> Sink:
         assert self.sink is not None
         return type(self.sink)(**(self.sink_args or {}))
@@ -127,6 +152,7 @@ class SparkStageOperator(BaseOperator):
         layout = StageLayout(Path(plan["store_root"]), plan["dag_id"], plan["run_id"], plan["stage"])
         summary = event.get("summary", {})
         if event["status"] != "success":
+            self._cleanup_sink_staging(plan, layout, None)
             raise StageFailedError(_failure_message(self.graph.name, self.stage, event))
         admitted = {int(k): v for k, v in event["admitted"].items()}
         record = admitted_results(layout, admitted)
@@ -148,12 +174,33 @@ class SparkStageOperator(BaseOperator):
         write_committed(layout, record)
         journal(layout, "finalize_done", sink=sink_result)
         removed = self._remove_losers(layout, plan["parallelism"], admitted)
+        losers = tuple((s, n) for s in range(plan["parallelism"]) for n in layout.attempt_numbers(s)
+                       if admitted.get(s) != n)
+        if losers:
+            self._cleanup_sink_staging(plan, layout, losers)
         StageMetrics.for_plan(plan).emit(summary, only_changed=False)
         self.log.info("stage %s committed %d subtasks (removed %d losing outputs); speculation %s; "
                       "numSlowExecutionVertices=%s numEffectiveSpeculativeExecutions=%s",
                       self.stage, len(admitted), removed, summary.get("speculation"),
                       summary.get("numSlowExecutionVertices"), summary.get("numEffectiveSpeculativeExecutions"))
         return {"stage": self.stage, "committed": str(layout.committed), "sink": sink_result, **summary}
+
+    def _cleanup_sink_staging(self, plan: dict[str, Any], layout: StageLayout,
+                              attempts: tuple[tuple[int, int], ...] | None) -> None:
+        """Let the sink remove what attempts staged outside the store (all of a failed run, or the losers)."""
+        if not (plan.get("output") or {}).get("sink"):
+            return
+        scope = StagingScope(plan["dag_id"], plan["run_id"], plan["stage"], attempts)
+        try:
+            removed = Sink.from_json(plan["output"]["sink"]).cleanup_staging(scope)
+        except Exception as exc:  # clean-up must not hide the stage's own outcome; gc finds what is left
+            self.log.warning("stage %s: sink staging clean-up failed (airflow speculative gc will retry): %s",
+                             self.stage, exc)
+            journal(layout, "sink_staging_cleanup_failed", error=f"{type(exc).__name__}: {exc}")
+            return
+        if removed:
+            journal(layout, "sink_staging_removed", objects=removed,
+                    scope="stage run" if attempts is None else "losers")
 
     @staticmethod
     def _remove_losers(layout: StageLayout, parallelism: int, admitted: dict[int, int]) -> int:
@@ -208,17 +255,58 @@ def _application_path(application: str, where: str) -> str:
     return str(path)
 
 
-def _list_files(source: SourceSpec, where: str) -> list[tuple[str, int]]:
-    """List a source's data files (a directory, a file or a glob) with their sizes."""
+def _source_root(source: SourceSpec) -> Path:
+    """The fixed directory part of a source path (a glob's directory before its first wildcard)."""
+    fixed: list[str] = []
+    for part in Path(source.path).parts:
+        if any(c in part for c in "*?["):
+            break
+        fixed.append(part)
+    return Path(*fixed) if fixed else Path(source.path)
+
+
+PARQUET_MAGIC = b"PAR1"
+
+
+def _parquet_problem(path: Path, size: int) -> str | None:
+    """Why ``path`` is not a Parquet file (magic bytes at both ends); None if it looks like one."""
+    if size < 2 * len(PARQUET_MAGIC) + 4:
+        return "empty" if size == 0 else f"only {size} bytes"
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(len(PARQUET_MAGIC))
+            handle.seek(-len(PARQUET_MAGIC), 2)
+            tail = handle.read(len(PARQUET_MAGIC))
+    except OSError as exc:
+        return f"unreadable ({exc.strerror or exc})"
+    if head != PARQUET_MAGIC or tail != PARQUET_MAGIC:
+        return "no Parquet magic bytes (PAR1) at its start and end"
+    return None
+
+
+def _list_files(source: SourceSpec, where: str, parallelism: int) -> list[tuple[str, int]]:
+    """List a source's data files (a directory, a file or a glob) with their sizes; check they are Parquet."""
     path = source.path
     if any(ch in path for ch in "*?["):
         candidates = [Path(p) for p in glob.glob(path, recursive=True)]
     elif Path(path).is_dir():
         candidates = list(Path(path).rglob(f"*.{source.format}"))
-    else:
+    elif Path(path).exists():
         candidates = [Path(path)]
+    else:
+        raise PlanError(f"{where}: source {path!r} does not exist")
     files = [(str(p.resolve()), p.stat().st_size) for p in candidates
              if p.is_file() and not p.name.startswith((".", "_"))]
     if not files:
         raise PlanError(f"{where}: source {path!r} has no {source.format} files")
+    bad = [(f, problem) for f, size in files if (problem := _parquet_problem(Path(f), size))]
+    if bad:
+        first, problem = bad[0]
+        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+        raise PlanError(f"{where}: source {path!r}: {first} is not a Parquet file: {problem}{more}")
+    if len(files) < parallelism:
+        # Splits are by file: the extra subtasks would be launched with no input at all.
+        raise PlanError(f"{where}: source {path!r} has {len(files)} {source.format} files but the stage has "
+                        f"parallelism {parallelism}; each subtask reads whole files, so lower parallelism to "
+                        f"at most {len(files)}")
     return sorted(files)

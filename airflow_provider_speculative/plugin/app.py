@@ -18,6 +18,7 @@ from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse, Resp
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from airflow_provider_speculative.exceptions import NotFoundError
 from airflow_provider_speculative.links import spark_history_url
 from airflow_provider_speculative.plugin.model import (
     TERMINAL_RUN_STATES,
@@ -53,7 +54,7 @@ def create_app(store: Path | None = None) -> FastAPI:
         """Stages of a DAG run: graph edges, per-stage progress, restarts and notable journal events."""
         try:
             view = run_view(_store(request), dag_id, run_id, spark_history_url=spark_history_url())
-        except FileNotFoundError as exc:
+        except (FileNotFoundError, NotFoundError) as exc:
             raise _not_found(str(exc), dag_id, run_id) from None
         return _finish(view, dag_id, run_id)
 

@@ -31,7 +31,7 @@ def resolve_stage(root: Path, dag_id: str, run_id: str, task_id: str) -> str | N
 
 def run_view(root: Path, dag_id: str, run_id: str, *, spark_history_url: str = "",
              now: float | None = None) -> dict[str, Any]:
-    """Every stage of a run with the stage graph's edges; raises FileNotFoundError when none is recorded."""
+    """Every stage of a run with the stage graph's edges; raises NotFoundError when none is recorded."""
     now = time.time() if now is None else now
     report = run_report(root, dag_id, run_id, liveness="heartbeat", now=now)
     stages = [_enrich(root, dag_id, run_id, s, spark_history_url, now) for s in report["stages"]]

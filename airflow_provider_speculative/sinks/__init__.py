@@ -4,8 +4,11 @@ from airflow_provider_speculative.sinks.base import (
     AttemptResult,
     FinalizationContext,
     InitializationContext,
+    PlanContext,
     Sink,
     SinkWriter,
+    StagingObject,
+    StagingScope,
     SupportsConcurrentExecutionAttempts,
 )
 from airflow_provider_speculative.sinks.parquet import ParquetSink
@@ -16,8 +19,11 @@ __all__ = [
     "FinalizationContext",
     "InitializationContext",
     "ParquetSink",
+    "PlanContext",
     "PostgresSink",
     "Sink",
     "SinkWriter",
+    "StagingObject",
+    "StagingScope",
     "SupportsConcurrentExecutionAttempts",
 ]

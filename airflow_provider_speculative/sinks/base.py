@@ -56,6 +56,43 @@ class InitializationContext:
     logical_date: str | None = None
 
 
+@dataclass(frozen=True)
+class PlanContext:
+    """What ``validate_plan`` gets: the stage run about to be planned and what it must not overwrite.
+
+    Called by the operator before any attempt is launched, with the sink's templates rendered.
+    """
+
+    dag_id: str
+    run_id: str
+    stage: str
+    where: str
+    store_root: Path
+    # Absolute local paths of the stage's sources (a glob's fixed directory part).
+    source_paths: tuple[Path, ...] = ()
+
+
+@dataclass(frozen=True)
+class StagingScope:
+    """Which staging objects a clean-up is about: one stage run, optionally only some attempts."""
+
+    dag_id: str
+    run_id: str
+    stage: str
+    # (subtask, attempt) pairs; None: every attempt of the stage run.
+    attempts: tuple[tuple[int, int], ...] | None = None
+    # Resolved secrets (e.g. a DSN) when the caller has them; else the sink resolves its connection.
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class StagingObject:
+    """A staging object a sink left outside the store: a directory or a table, and its size if known."""
+
+    name: str
+    bytes: int = 0
+
+
 class SinkWriter(ABC):
     """Runtime side of a sink: runs in the Spark driver of one attempt, isolated from other attempts."""
 
@@ -89,6 +126,29 @@ class Sink(ABC):
     def runtime_env(self, connections: dict[str, Any]) -> dict[str, str]:
         """Environment for the attempts, built from the resolved ``connections`` (conn_id -> Connection)."""
         return {}
+
+    def validate(self, where: str) -> None:
+        """Check the arguments when the DAG is parsed, without I/O; raise ``PipelineError`` naming ``where``.
+
+        Templated arguments (``{{ ... }}``) are checked again by :meth:`validate_plan` once rendered.
+        """
+        return None
+
+    def validate_plan(self, context: PlanContext) -> None:
+        """Check the rendered sink before any compute (I/O allowed); raise ``PlanError`` naming ``context.where``."""
+        self.validate(context.where)
+
+    def staging(self, scope: StagingScope) -> list[StagingObject]:
+        """Staging objects this sink holds for ``scope`` outside the store (for gc and clean-up)."""
+        return []
+
+    def cleanup_staging(self, scope: StagingScope) -> list[str]:
+        """Remove what this sink staged for ``scope`` and nothing else; idempotent; return what was removed.
+
+        Called for discarded or cancelled attempts (the controller), for every attempt of a stage run
+        that failed (the operator), and by ``airflow speculative gc`` for orphans of finished runs.
+        """
+        return []
 
     @abstractmethod
     def finalize_global(self, context: FinalizationContext) -> dict[str, Any]:

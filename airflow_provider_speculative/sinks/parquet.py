@@ -1,28 +1,42 @@
-"""Parquet directory sink: the final directory is replaced atomically with the admitted attempts' files."""
+"""Parquet directory sink: the final directory is replaced atomically with the admitted attempts' files.
+
+It only ever replaces a directory it wrote itself (its ``_SUCCESS`` manifest names this DAG and
+stage) or an empty one; anything else at the path makes the commit fail with nothing touched.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
+import posixpath
+import re
 import shutil
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
-from airflow_provider_speculative.exceptions import StoreError
+from airflow_provider_speculative.exceptions import PipelineError, PlanError, StoreError
 from airflow_provider_speculative.sinks.base import (
     FinalizationContext,
     InitializationContext,
+    PlanContext,
     Sink,
     SinkWriter,
+    StagingObject,
+    StagingScope,
     SupportsConcurrentExecutionAttempts,
 )
-from airflow_provider_speculative.store.files import atomic_write_json, sha256_file
+from airflow_provider_speculative.store.files import atomic_write_json, read_json, sha256_file
+
+MANIFEST = "_SUCCESS"
+# Everything finalize puts into a directory; a staging directory holding anything else is not ours.
+_OWN_FILE = re.compile(r"^(part-\d{5}-\d{3}\.parquet|_SUCCESS|\.[^/]*\.tmp)$")
 
 
 class ParquetSink(Sink, SupportsConcurrentExecutionAttempts):
-    """Write the stage's output as Parquet files into ``path`` (templated, e.g. ``out/{{ ds }}``).
+    """Write the stage's output as Parquet files into ``path`` (absolute, templated, e.g. ``/out/{{ ds }}``).
 
     Attempts write into their own attempt directories, so concurrent attempts never collide; finalize
     builds a complete staging directory from the admitted attempts only and swaps it in with renames.
@@ -37,19 +51,59 @@ class ParquetSink(Sink, SupportsConcurrentExecutionAttempts):
         """Constructor arguments."""
         return {"path": self.path}
 
+    def validate(self, where: str) -> None:
+        """The path must be a non-empty absolute path (a leading template is checked once rendered)."""
+        path = self.path
+        if not isinstance(path, str | os.PathLike) or not os.fspath(path).strip():
+            raise PipelineError(f"{where}: path is empty ({path!r}); give an absolute directory path")
+        text = os.fspath(path)
+        if text.lstrip().startswith("{{"):
+            return  # e.g. "{{ var.value.out }}/q1": only the rendered value can be judged
+        if not posixpath.isabs(text):
+            raise PipelineError(f"{where}: path {text!r} is relative; it would be resolved against the worker's "
+                                "current directory. Give an absolute path")
+
+    def validate_plan(self, context: PlanContext) -> None:
+        """Refuse a path inside (or above) the store, equal to, above or inside a source, or owned by another stage."""
+        try:
+            self.validate(context.where)
+        except PipelineError as exc:
+            raise PlanError(str(exc)) from None
+        final = Path(os.path.abspath(os.fspath(self.path)))
+        resolved = final.resolve()
+        store = context.store_root.resolve()
+        if _overlaps(resolved, store):
+            raise PlanError(f"{context.where}: path {str(final)!r} overlaps the result store {str(store)!r}; "
+                            "a sink must write outside the store")
+        for source in context.source_paths:
+            source = source.resolve()
+            if _overlaps(resolved, source):
+                raise PlanError(f"{context.where}: path {str(final)!r} overlaps the source {str(source)!r}; "
+                                "committing would replace or add to the stage's own input")
+        problem = _foreign(final, context.dag_id, context.stage)
+        if problem:
+            raise PlanError(f"{context.where}: will not replace {str(final)!r}: {problem}")
+
     def create_writer(self, context: InitializationContext) -> SinkWriter:
         """Attempts write Parquet into their own attempt directory."""
         return _ParquetWriter(context)
 
     def finalize_global(self, context: FinalizationContext) -> dict[str, Any]:
         """Publish the admitted attempts' files as ``part-<subtask>-<n>.parquet`` plus a ``_SUCCESS`` manifest."""
-        final = Path(self.path)
+        final = Path(os.fspath(self.path))
+        if not final.is_absolute():
+            raise StoreError(f"ParquetSink will not commit to relative path {str(final)!r}")
         parent = final.parent
-        token = uuid.uuid4().hex[:12]
+        key = _run_key(context.dag_id, context.run_id, context.stage, final)
+        token = f"{key}-{uuid.uuid4().hex[:8]}"
         staging = parent / f".{final.name}.staging-{token}"
+        # Before anything is created: a foreign directory at the path means nothing may be touched.
+        problem = _foreign(final, context.dag_id, context.stage)
+        if problem:
+            raise StoreError(f"ParquetSink will not replace {final}: {problem}")
         try:
             parent.mkdir(parents=True, exist_ok=True)
-            _remove_leftovers(final)
+            _remove_leftovers(final, key)
             staging.mkdir()
             files = []
             for subtask in range(context.parallelism):
@@ -62,18 +116,34 @@ class ParquetSink(Sink, SupportsConcurrentExecutionAttempts):
             for entry in files:
                 if sha256_file(staging / entry["path"]) != entry["sha256"]:
                     raise StoreError(f"checksum mismatch while staging {entry['path']} for {final}")
-            manifest = {"dag_id": context.dag_id, "run_id": context.run_id, "stage": context.stage,
-                        "logical_date": context.logical_date, "files": files, "committed_at": time.time(),
-                        "records": sum(f.get("records") or 0 for f in files)}
-            atomic_write_json(staging / "_SUCCESS", manifest)
-            _swap_in(staging, final, token)
+            manifest = {"sink": "ParquetSink", "dag_id": context.dag_id, "run_id": context.run_id,
+                        "stage": context.stage, "logical_date": context.logical_date, "files": files,
+                        "committed_at": time.time(), "records": sum(f.get("records") or 0 for f in files)}
+            atomic_write_json(staging / MANIFEST, manifest)
+            _swap_in(staging, final, token, context.dag_id, context.stage)
         except OSError as exc:
-            shutil.rmtree(staging, ignore_errors=True)
+            _remove_own(staging)
             raise StoreError(f"ParquetSink could not commit {final}: {exc}") from exc
         except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
+            _remove_own(staging)
             raise
         return {"sink": "parquet", "path": str(final), "files": len(files), "records": manifest["records"]}
+
+    def staging(self, scope: StagingScope) -> list[StagingObject]:
+        """Staging and backup directories a crashed finalize of this stage run left next to the path."""
+        final = Path(os.fspath(self.path))
+        if not final.is_absolute() or not final.parent.is_dir():
+            return []
+        key = _run_key(scope.dag_id, scope.run_id, scope.stage, final)
+        return [StagingObject(str(p), _dir_bytes(p)) for p in _leftovers(final, key)]
+
+    def cleanup_staging(self, scope: StagingScope) -> list[str]:
+        """Remove this stage run's staging leftovers; attempts' own files live in the store, not here."""
+        removed = []
+        for obj in self.staging(scope):
+            if _remove_own(Path(obj.name)):
+                removed.append(obj.name)
+        return removed
 
 
 class _ParquetWriter(SinkWriter):
@@ -86,11 +156,76 @@ class _ParquetWriter(SinkWriter):
         return {}
 
 
-def _remove_leftovers(final: Path) -> None:
-    # A finalize that crashed between its two renames leaves these behind; the retry cleans up.
-    for stale in final.parent.glob(f".{final.name}.*-*"):
-        if stale.name.startswith((f".{final.name}.staging-", f".{final.name}.old-")):
-            shutil.rmtree(stale, ignore_errors=True)
+def _run_key(dag_id: str, run_id: str, stage: str, final: Path) -> str:
+    """Short key naming one stage run's staging next to ``final`` (so clean-up finds only its own)."""
+    return hashlib.sha1(f"{dag_id}\0{run_id}\0{stage}\0{final}".encode()).hexdigest()[:12]
+
+
+def _overlaps(a: Path, b: Path) -> bool:
+    return a == b or a.is_relative_to(b) or b.is_relative_to(a)
+
+
+def _foreign(final: Path, dag_id: str, stage: str) -> str | None:
+    """Why ``final`` may not be replaced by this sink of ``dag_id``/``stage``; None if it is empty or ours."""
+    if final.is_symlink():
+        return "it is a symbolic link"
+    if not final.exists():
+        return None
+    if not final.is_dir():
+        return "it is not a directory"
+    try:
+        entries = [p.name for p in final.iterdir()]
+    except OSError as exc:
+        return f"it cannot be listed ({exc})"
+    if not entries:
+        return None
+    try:
+        manifest = read_json(final / MANIFEST)
+    except StoreError:
+        manifest = None
+    if not isinstance(manifest, dict) or "files" not in manifest:
+        return (f"it holds {len(entries)} entries (e.g. {sorted(entries)[0]!r}) and no ParquetSink manifest; "
+                "the sink only replaces a directory it wrote or an empty one")
+    if (manifest.get("dag_id"), manifest.get("stage")) != (dag_id, stage):
+        return (f"it was committed by DAG {manifest.get('dag_id')!r}, stage {manifest.get('stage')!r}; "
+                "two stages may not share a sink path")
+    return None
+
+
+def _leftovers(final: Path, key: str) -> list[Path]:
+    out = []
+    for prefix in (f".{final.name}.staging-{key}-", f".{final.name}.old-{key}-"):
+        out += [p for p in final.parent.glob(prefix + "*") if p.is_dir() and not p.is_symlink()]
+    return sorted(out)
+
+
+def _remove_leftovers(final: Path, key: str) -> None:
+    # A finalize of this stage run that crashed between its two renames leaves these behind.
+    for stale in _leftovers(final, key):
+        _remove_own(stale)
+
+
+def _remove_own(directory: Path) -> bool:
+    """Remove a staging or backup directory only if it holds nothing but what finalize writes."""
+    try:
+        if not directory.is_dir() or directory.is_symlink():
+            return False
+        entries = list(directory.iterdir())
+    except OSError:
+        return False
+    if any(not p.is_file() or p.is_symlink() or not _OWN_FILE.match(p.name) for p in entries):
+        return False
+    shutil.rmtree(directory, ignore_errors=True)
+    return True
+
+
+def _dir_bytes(directory: Path) -> int:
+    total = 0
+    with contextlib.suppress(OSError):
+        for p in directory.iterdir():
+            with contextlib.suppress(OSError):
+                total += p.stat().st_size
+    return total
 
 
 def _link_or_copy(src: Path, dst: Path) -> None:
@@ -101,9 +236,13 @@ def _link_or_copy(src: Path, dst: Path) -> None:
         shutil.copy2(src, dst)
 
 
-def _swap_in(staging: Path, final: Path, token: str) -> None:
+def _swap_in(staging: Path, final: Path, token: str, dag_id: str, stage: str) -> None:
     """Replace ``final`` by ``staging``: readers see the old or the new directory, never a mix."""
     old = final.parent / f".{final.name}.old-{token}"
+    # Checked again right before the rename: another writer may have put something there meanwhile.
+    problem = _foreign(final, dag_id, stage)
+    if problem:
+        raise StoreError(f"ParquetSink will not replace {final}: {problem}")
     if final.exists():
         os.rename(final, old)
     try:
@@ -112,5 +251,4 @@ def _swap_in(staging: Path, final: Path, token: str) -> None:
         if old.exists() and not final.exists():
             os.rename(old, final)  # put the previous commit back untouched
         raise
-    with contextlib.suppress(OSError):
-        shutil.rmtree(old)
+    _remove_own(old)

@@ -20,15 +20,23 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from typing import Any
 
+from airflow_provider_speculative.exceptions import PipelineError, PlanError
 from airflow_provider_speculative.sinks.base import (
     FinalizationContext,
     InitializationContext,
+    PlanContext,
     Sink,
     SinkWriter,
+    StagingObject,
+    StagingScope,
     SupportsConcurrentExecutionAttempts,
 )
+
+# An unquoted Postgres identifier; quoted exotic names are not supported (they are a typo more often).
+_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]{0,62}$")
 
 # Spark SQL type name (simpleString) -> Postgres column type.
 _PG_TYPES = {
@@ -64,14 +72,34 @@ class PostgresSink(Sink, SupportsConcurrentExecutionAttempts):
     def __init__(self, table: str, *, postgres_conn_id: str = "postgres_default", partition_column: str = "ds",
                  partition_value: str = "{{ ds }}", staging_schema: str = "speculative_staging",
                  ledger_table: str = "speculative_staging.commits") -> None:
-        if not table:
-            raise ValueError("PostgresSink needs a table")
+        # Names are checked by validate() (DAG parse) and validate_plan() (rendered), naming the stage.
         self.table = table
         self.postgres_conn_id = postgres_conn_id
         self.partition_column = partition_column
         self.partition_value = partition_value
         self.staging_schema = staging_schema
         self.ledger_table = ledger_table
+
+    def validate(self, where: str) -> None:
+        """``table`` and ``ledger_table`` are ``[schema.]table``; schema and column are identifiers."""
+        checks = [("table", self.table, 2), ("ledger_table", self.ledger_table, 2),
+                  ("staging_schema", self.staging_schema, 1), ("partition_column", self.partition_column, 1)]
+        for name, value, parts in checks:
+            if name == "table" and isinstance(value, str) and "{{" in value:
+                continue  # rendered at plan time, checked then
+            problem = _name_problem(value, parts)
+            if problem:
+                form = "[schema.]table" if parts == 2 else "an identifier"
+                raise PipelineError(f"{where}: {name} {value!r} is not {form}: {problem}")
+
+    def validate_plan(self, context: PlanContext) -> None:
+        """Check the rendered names before any attempt writes (no database access needed)."""
+        try:
+            self.validate(context.where)
+            if "{{" in self.table:
+                raise PipelineError(f"{context.where}: table {self.table!r} was not rendered")
+        except PipelineError as exc:
+            raise PlanError(str(exc)) from None
 
     def describe(self) -> dict[str, Any]:
         """Constructor arguments."""
@@ -103,13 +131,56 @@ class PostgresSink(Sink, SupportsConcurrentExecutionAttempts):
 
     # -- master side ------------------------------------------------------------------------
 
-    def _connect(self) -> Any:
+    def _connect(self, env: dict[str, str] | None = None) -> Any:
         # psycopg2 on both sides (writers and finalize): the postgres provider's hook may hand out
         # psycopg 3 connections, whose SQL composition is not interchangeable.
         import psycopg2
-        from airflow.sdk import BaseHook
 
-        return psycopg2.connect(libpq_dsn(BaseHook.get_connection(self.postgres_conn_id)))
+        dsn = (env or {}).get(dsn_env_var(self.postgres_conn_id))
+        if not dsn:
+            # A trigger passes the DSN it resolved asynchronously; elsewhere the sync lookup is allowed.
+            from airflow.sdk import BaseHook
+
+            dsn = libpq_dsn(BaseHook.get_connection(self.postgres_conn_id))
+        return psycopg2.connect(dsn)
+
+    def _staging_names(self, cur: Any, scope: StagingScope) -> list[str]:
+        prefix = self.staging_prefix(scope.dag_id, scope.run_id, scope.stage)
+        cur.execute("SELECT tablename FROM pg_tables WHERE schemaname = %s AND starts_with(tablename, %s) "
+                    "ORDER BY tablename", [self.staging_schema, prefix])
+        names = [r[0] for r in cur.fetchall()]
+        if scope.attempts is not None:
+            wanted = {f"{prefix}s{s}_a{a}" for s, a in scope.attempts}
+            names = [n for n in names if n in wanted]
+        return names
+
+    def staging(self, scope: StagingScope) -> list[StagingObject]:
+        """This stage run's staging tables (name ``schema.table``, size on disk)."""
+        conn = self._connect(scope.env)
+        try:
+            with conn, conn.cursor() as cur:
+                out = []
+                for name in self._staging_names(cur, scope):
+                    cur.execute("SELECT pg_total_relation_size(format('%%I.%%I', %s::text, %s::text)::regclass)",
+                                [self.staging_schema, name])
+                    out.append(StagingObject(f"{self.staging_schema}.{name}", int(cur.fetchone()[0] or 0)))
+                return out
+        finally:
+            conn.close()
+
+    def cleanup_staging(self, scope: StagingScope) -> list[str]:
+        """Drop this stage run's staging tables (or only those of ``scope.attempts``) in one transaction."""
+        from psycopg2 import sql
+
+        conn = self._connect(scope.env)
+        try:
+            with conn, conn.cursor() as cur:
+                names = self._staging_names(cur, scope)
+                for name in names:
+                    cur.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(self.staging_schema, name)))
+        finally:
+            conn.close()
+        return [f"{self.staging_schema}.{name}" for name in names]
 
     def finalize_global(self, context: FinalizationContext) -> dict[str, Any]:
         """One transaction: replace the partition with the admitted attempts' rows, record it, drop staging."""
@@ -235,6 +306,20 @@ def libpq_dsn(conn: Any) -> str:
 def _libpq_quote(value: Any) -> str:
     escaped = str(value).replace("\\", "\\\\").replace("'", "\\'")
     return f"'{escaped}'"
+
+
+def _name_problem(value: Any, parts: int) -> str | None:
+    """Why ``value`` is not a dotted name of at most ``parts`` unquoted identifiers; None if it is."""
+    if not isinstance(value, str) or not value:
+        return "it is empty" if value in ("", None) else f"expected a string, got {type(value).__name__}"
+    pieces = value.split(".")
+    if len(pieces) > parts:
+        return f"at most {parts - 1} dot{'s' if parts > 2 else ''} allowed (database-qualified names are not)" \
+            if parts > 1 else "no dots allowed"
+    for piece in pieces:
+        if not _IDENTIFIER.match(piece):
+            return f"{piece!r} is not an unquoted identifier (letters, digits, _ and $, at most 63, not a digit first)"
+    return None
 
 
 def _qualified(name: str) -> Any:

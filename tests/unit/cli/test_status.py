@@ -30,6 +30,7 @@ from airflow_provider_speculative.control.readmodel import (
     run_progress,
     run_report,
 )
+from airflow_provider_speculative.exceptions import NotFoundError
 from airflow_provider_speculative.store.layout import StageLayout
 
 CET = timezone(timedelta(hours=1))
@@ -237,7 +238,7 @@ def test_watch_stops_when_the_airflow_run_finished_and_waits_for_a_queued_run(tm
     progress = watch(tmp_path, DAG, RUN, out=out, interval=0.0, run_state=state, in_place=False)
     assert len(calls) == 4 and not progress["done"]
     assert "Airflow run failed" in out.text().split("\n\n")[-1]
-    with pytest.raises(FileNotFoundError):  # a run Airflow does not know is an error, not an endless wait
+    with pytest.raises(NotFoundError):  # a run Airflow does not know is an error, not an endless wait
         watch(tmp_path / "empty", DAG, RUN, out=out, interval=0.0, run_state=lambda: None)
 
 

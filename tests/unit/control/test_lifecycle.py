@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -109,8 +110,9 @@ class Store:
 
 
 def tree(root: Path) -> dict[str, int]:
-    """Every file under ``root`` with its size."""
-    return {str(p.relative_to(root)): p.stat().st_size for p in sorted(root.rglob("*")) if p.is_file()}
+    """Every file under ``root`` with its size (but the store's store.json, which the CLI tests write)."""
+    return {str(p.relative_to(root)): p.stat().st_size for p in sorted(root.rglob("*"))
+            if p.is_file() and p != root / "store.json"}
 
 
 def paths(items: list[Any]) -> set[Path]:
@@ -307,15 +309,22 @@ def test_deleted_runs_are_removed_whole(tmp_path: Path) -> None:
 
     # Without run states nothing counts as deleted; only the failed attempt's output goes.
     assert [(i.path, i.reason) for i in plan_gc(root, now=NOW)] == [(gone_layout.data(0, 1), LOSER)]
-    items = plan_gc(root, now=NOW, run_states={(DAG, "scheduled__1"): "running"})
+    states = {(DAG, "scheduled__1"): "running"}
+    # Missing from the DB is not enough: a fresh or foreign database has no runs at all.
+    notes: list[str] = []
+    assert [(i.path, i.reason) for i in plan_gc(root, now=NOW, run_states=states, kept=notes)] == [
+        (gone_layout.data(0, 1), LOSER)]
+    assert any("its deletion is not recorded" in n for n in notes)
+    items = plan_gc(root, now=NOW, run_states=states, deleted_runs={(DAG, gone.run_id)})
 
     assert [(i.path, i.reason) for i in items] == [(gone_layout.run_dir, DELETED_RUN)]
+    assert "audit log records the deletion of the DAG run" in items[0].detail
     assert items[0].bytes >= 5100
     execute_gc(items, now=NOW)
     assert not gone_layout.run_dir.exists()
     assert kept.layout("extract").data(0, 0).is_dir()
 
-    execute_gc(plan_gc(root, now=NOW, run_states={}), now=NOW)
+    execute_gc(plan_gc(root, now=NOW, run_states={}, deleted_dags={DAG}), now=NOW)
     assert not (root / DAG).exists()  # the DAG's directory goes with its last run
 
 
@@ -323,7 +332,7 @@ def test_dag_id_restricts_gc_to_one_dag(tmp_path: Path) -> None:
     root = tmp_path / "store"
     mine = Store(root, dag_id="a").finished_stage("s", committed_at=NOW)
     other = Store(root, dag_id="b").finished_stage("s", committed_at=NOW)
-    items = plan_gc(root, now=NOW, run_states={}, dag_id="a")
+    items = plan_gc(root, now=NOW, run_states={}, dag_id="a", deleted_dags={"a", "b"})
     assert [(i.path, i.reason) for i in items] == [(mine.run_dir, DELETED_RUN)]
     execute_gc(items, now=NOW)
     assert other.run_dir.exists()
@@ -353,16 +362,26 @@ def test_stale_temp_files_and_barriers_go_fresh_ones_stay(store: Store) -> None:
 # -- CLI --------------------------------------------------------------------------------------------
 
 
+DB_URL = "postgresql://airflow:secret@127.0.0.1:5432/airflow"
+
+
 def run_cli(monkeypatch: pytest.MonkeyPatch, root: Path, run_states: dict[tuple[str, str], str],
-            capsys: pytest.CaptureFixture[str], **args: Any) -> str:
+            capsys: pytest.CaptureFixture[str], *, db_url: str = DB_URL, claim_as: str | None = DB_URL,
+            facts: dict[str, Any] | None = None, **args: Any) -> str:
     from airflow_provider_speculative import settings
     from airflow_provider_speculative.cli import commands
+    from airflow_provider_speculative.store.identity import claim_store, db_identity
 
     monkeypatch.setattr(settings, "store_root", lambda config: root)
     monkeypatch.setattr(settings, "airflow_config", SpeculativeConfig)
+    monkeypatch.setattr(settings, "metadata_db_identity", lambda: db_identity(db_url))
+    if claim_as is not None and root.is_dir():
+        claim_store(root, db_identity(claim_as))
     asked: list[list[str]] = []
-    monkeypatch.setattr(commands, "_run_states", lambda dag_ids: asked.append(dag_ids) or run_states)
-    defaults = {"dag_id": None, "dry_run": False, "retention": None, "output": "table"}
+    known = {"run_states": run_states, "known_dags": {DAG}, **(facts or {})}
+    monkeypatch.setattr(commands, "_db_facts", lambda dag_ids: asked.append(dag_ids) or commands.DbFacts(**known))
+    defaults = {"dag_id": None, "dry_run": False, "retention": None, "output": "table", "older_than": None,
+                "claim": False}
     commands.gc(SimpleNamespace(**{**defaults, **args}))
     assert asked == [[DAG]]  # run states are read for the DAGs found in the store
     return capsys.readouterr().out
@@ -407,3 +426,87 @@ def test_cli_retention_override_and_status_shows_expiry(
 def test_gc_module_has_no_airflow_import() -> None:
     source = Path(gc_module.__file__).read_text()
     assert "import airflow\n" not in source and "from airflow " not in source and "from airflow." not in source
+
+
+# -- gc refuses to guess ----------------------------------------------------------------------------
+
+
+def test_cli_against_another_metadata_database_deletes_nothing_and_says_why(
+        store: Store, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    layout = store.finished_stage("extract", committed_at=NOW - HOUR)
+    store.attempt(layout, 0, 1, "FAILED", data=100)
+    before = tree(store.root)
+    for claim_as, db_url, why in (
+            (None, DB_URL, "has no store.json naming its metadata database"),
+            (DB_URL, "sqlite:////tmp/fresh/airflow.db", "belongs to metadata database 'postgresql://airflow@")):
+        with pytest.raises(SystemExit) as exit_info:
+            run_cli(monkeypatch, store.root, {}, capsys, claim_as=claim_as, db_url=db_url)
+        err = capsys.readouterr().err
+        assert exit_info.value.code == 1 and err.count("\n") == 1, err
+        assert "gc deletes nothing" in err and why in err
+        assert "secret" not in err  # the password never leaves the URL
+        assert tree(store.root) == before
+        assert (store.root / "store.json").exists() == (claim_as is not None)
+    # --claim records this database only for a store that has none: the foreign record stays.
+    with pytest.raises(SystemExit):
+        run_cli(monkeypatch, store.root, {}, capsys, claim_as=None, db_url="sqlite:////x.db", claim=True)
+    (store.root / "store.json").unlink()
+    out = run_cli(monkeypatch, store.root, {(DAG, RUN): "running"}, capsys, claim_as=None, claim=True)
+    assert "removed 1 paths" in out and not layout.data(0, 1).exists()
+
+
+def test_runs_missing_from_the_db_are_kept_unless_deleted_or_older_than(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    root = tmp_path / "store"
+    gone = Store(root, run_id="manual__1").finished_stage("extract", committed_at=NOW - HOUR)
+    out = run_cli(monkeypatch, root, {}, capsys)
+    assert gone.run_dir.exists()
+    assert "kept: run etl/manual__1: not in the metadata database, but its deletion is not recorded" in out
+    # Not old enough: its files were just written.
+    run_cli(monkeypatch, root, {}, capsys, older_than="1h")
+    assert gone.run_dir.exists()
+    out = run_cli(monkeypatch, root, {}, capsys, older_than="0s")
+    assert not gone.run_dir.exists() and "--older-than 0s" in out
+
+
+def test_unknown_dag_is_left_alone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                   capsys: pytest.CaptureFixture[str]) -> None:
+    root = tmp_path / "store"
+    layout = Store(root).finished_stage("extract", committed_at=NOW - HOUR)
+    Store(root).attempt(layout, 0, 1, "FAILED", data=100)
+    before = tree(root)
+    out = run_cli(monkeypatch, root, {}, capsys, facts={"known_dags": set()})
+    assert tree(root) == before
+    assert "kept: DAG etl: unknown to this metadata database and its deletion is not recorded" in out
+    out = run_cli(monkeypatch, root, {}, capsys, facts={"known_dags": set(), "deleted_dags": {DAG}})
+    assert not layout.run_dir.exists()
+
+
+def test_sink_staging_of_a_finished_stage_run_is_removed_by_the_sink(tmp_path: Path) -> None:
+    from airflow_provider_speculative.control.lifecycle import SINK_STAGING, list_sink_staging
+    from airflow_provider_speculative.sinks.parquet import ParquetSink, _run_key
+
+    root = tmp_path / "store"
+    store = Store(root)
+    layout = store.finished_stage("write", committed_at=NOW - HOUR)
+    final = tmp_path / "out" / "ds=1"
+    plan = json.loads(layout.plan.read_text())
+    plan["output"]["sink"] = ParquetSink(str(final)).to_json()
+    atomic_write_json(layout.plan, plan)
+    final.parent.mkdir(parents=True)
+    orphan = final.parent / f".{final.name}.staging-{_run_key(DAG, RUN, 'write', final)}-0badf00d"
+    orphan.mkdir()
+    (orphan / "part-00000-000.parquet").write_bytes(b"x" * 64)
+    users = final.parent / f".{final.name}.staging-mine"
+    users.mkdir()
+
+    # The run is still running and the stage not committed: staging may still be needed.
+    (layout.committed).unlink()
+    assert [i for i in plan_gc(root, now=NOW, run_states={(DAG, RUN): "running"},
+                               sink_staging=list_sink_staging) if i.reason == SINK_STAGING] == []
+    items = [i for i in plan_gc(root, now=NOW, run_states={(DAG, RUN): "failed"}, sink_staging=list_sink_staging)
+             if i.reason == SINK_STAGING]
+    assert [(i.path, i.bytes) for i in items] == [(str(orphan), 64)]
+    summary = execute_gc(items, now=NOW)
+    assert summary["by_reason"][SINK_STAGING]["removed"] == 1 and not summary["errors"]
+    assert not orphan.exists() and users.is_dir()

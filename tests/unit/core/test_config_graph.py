@@ -194,7 +194,7 @@ def test_self_loop_is_a_cycle() -> None:
 
 @pytest.mark.parametrize("parallelism", [0, -1, 1.5])
 def test_parallelism_must_be_positive_integer(parallelism) -> None:
-    with pytest.raises(PipelineError, match=r"stage 'a': parallelism must be an integer >= 1"):
+    with pytest.raises(PipelineError, match=r"stage 'a': parallelism must be an integer from 1 to 32768"):
         graph(stage("a", parallelism=parallelism)).validate()
 
 
@@ -347,3 +347,54 @@ def test_authoring_api_does_not_import_airflow() -> None:
             "print('airflow' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+# -- the option table (declared once in core/config.py) -------------------------------------------
+
+
+def test_every_option_is_declared_once_and_everything_derives_from_the_table() -> None:
+    from dataclasses import fields
+
+    from airflow_provider_speculative.core.config import OPTION_DOCS, OPTIONS
+    from airflow_provider_speculative.provider_info import get_provider_info
+
+    names = [o.name for o in OPTIONS]
+    assert len(names) == len(set(names))
+    assert [f.name for f in fields(SpeculativeConfig)] == names
+    assert list(OPTION_DOCS) == names
+    cfg = SpeculativeConfig()
+    assert {o.name: getattr(cfg, o.name) for o in OPTIONS} == {o.name: o.default for o in OPTIONS}
+    declared = get_provider_info()["config"]["speculative"]["options"]
+    assert list(declared) == names
+    assert {n: (d["type"], d["default"]) for n, d in declared.items()} == {
+        o.name: (o.type, o.show_default()) for o in OPTIONS}
+    # A declared default must parse back to the default.
+    assert {n: parse_option(n, d["default"], "provider info") for n, d in declared.items()} == {
+        o.name: o.default for o in OPTIONS}
+
+
+def test_readme_lists_every_option_with_its_default() -> None:
+    from pathlib import Path
+
+    from airflow_provider_speculative.core.config import OPTIONS
+
+    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
+    rows = {line.split("|")[1].strip(): line.split("|")[2].strip() for line in readme.splitlines()
+            if line.startswith("| `")}
+    for option in OPTIONS:
+        assert f"`{option.name}`" in rows, f"README option table misses {option.name}"
+        assert rows[f"`{option.name}`"] == (option.readme_default or f"`{option.show_default()}`"), option.name
+
+
+def test_misspelled_options_in_airflow_config_are_warned_with_the_known_ones(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow_provider_speculative import settings
+
+    warnings: list[str] = []
+    # Airflow's structlog set-up does not reach caplog: catch the warning where it is logged.
+    monkeypatch.setattr(settings.log, "warning", lambda msg, *args: warnings.append(msg % args))
+    monkeypatch.setenv("AIRFLOW__SPECULATIVE__ENABLE", "true")
+    cfg = settings.airflow_config()
+    assert cfg.enabled is False  # the misspelling is not applied, but named
+    text = "\n".join(warnings)
+    assert "unknown option(s) enable" in text and "known options: enabled, max_concurrent_executions" in text

@@ -135,3 +135,118 @@ def test_parquet_sink_opts_in_to_concurrent_attempts_and_round_trips(final: Path
     assert sink.supports_concurrent_attempts
     clone = Sink.from_json(sink.to_json())
     assert isinstance(clone, ParquetSink) and clone.path == str(final)
+
+
+# -- never replace what the sink did not write -----------------------------------------------------
+
+
+def test_a_users_directory_at_the_path_is_never_replaced(tmp_path: Path) -> None:
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    (reports / "q3.xlsx").write_bytes(b"the user's work")
+    with pytest.raises(StoreError, match="no ParquetSink manifest"):
+        ParquetSink(str(reports)).finalize_global(context(attempt_output(tmp_path / "s", 0, 0, [1])))
+    assert snapshot(reports) == {"q3.xlsx": b"the user's work"}
+    assert leftovers(reports) == []
+
+
+def test_a_sibling_reached_through_dotdot_is_never_replaced(tmp_path: Path) -> None:
+    sibling = tmp_path / "other"
+    sibling.mkdir()
+    (sibling / "keep.parquet").write_bytes(b"PAR1 not ours PAR1")
+    path = str(tmp_path / "out" / ".." / "other")
+    with pytest.raises(StoreError, match="will not replace"):
+        ParquetSink(path).finalize_global(context(attempt_output(tmp_path / "s", 0, 0, [1])))
+    assert snapshot(sibling) == {"keep.parquet": b"PAR1 not ours PAR1"}
+
+
+def test_the_store_root_is_refused_at_plan_time_and_never_replaced_at_commit(tmp_path: Path) -> None:
+    from airflow_provider_speculative.exceptions import PlanError
+    from airflow_provider_speculative.sinks.base import PlanContext
+
+    store = tmp_path / "store"
+    other_dag = store / "other_dag" / "run" / "stage"
+    other_dag.mkdir(parents=True)
+    (other_dag / "plan.json").write_text("{}")
+    sink = ParquetSink(str(store))
+    for path in (store, store / "dag" / "out", tmp_path):  # the root, inside it, above it
+        with pytest.raises(PlanError, match="overlaps the result store"):
+            ParquetSink(str(path)).validate_plan(PlanContext("dag", "run", "write", "pipeline 'p', stage 'write'",
+                                                             store))
+    with pytest.raises(StoreError, match="no ParquetSink manifest"):
+        sink.finalize_global(context(attempt_output(tmp_path / "s", 0, 0, [1])))
+    assert (other_dag / "plan.json").read_text() == "{}"
+
+
+def plan_context(store: Path, *sources: Path, dag: str = "dag", stage: str = "write"):
+    from airflow_provider_speculative.sinks.base import PlanContext
+
+    return PlanContext(dag, "run", stage, f"pipeline 'p', stage {stage!r}, sink ParquetSink", store, tuple(sources))
+
+
+def test_a_path_equal_to_above_or_inside_a_source_is_refused_at_plan_time(tmp_path: Path) -> None:
+    from airflow_provider_speculative.exceptions import PlanError
+
+    source = tmp_path / "data" / "lineitem"
+    source.mkdir(parents=True)
+    for path in (source, source.parent, source / "out"):
+        with pytest.raises(PlanError, match=r"stage 'write', sink ParquetSink: .* overlaps the source"):
+            ParquetSink(str(path)).validate_plan(plan_context(tmp_path / "store", source))
+    ParquetSink(str(tmp_path / "out")).validate_plan(plan_context(tmp_path / "store", source))
+
+
+def test_a_path_committed_by_another_dag_or_stage_is_refused_at_plan_and_commit(tmp_path: Path, final: Path) -> None:
+    from airflow_provider_speculative.exceptions import PlanError
+
+    ParquetSink(str(final)).finalize_global(context(attempt_output(tmp_path / "a", 0, 0, [1])))
+    before = snapshot(final)
+    for dag, stage in (("other_dag", "write"), ("dag", "other_stage")):
+        with pytest.raises(PlanError, match=r"committed by DAG 'dag', stage 'write'; two stages may not share"):
+            ParquetSink(str(final)).validate_plan(plan_context(tmp_path / "store", dag=dag, stage=stage))
+        ctx = FinalizationContext(parallelism=1, attempts={0: attempt_output(tmp_path / dag / stage, 0, 0, [9])},
+                                  dag_id=dag, run_id="run", stage=stage)
+        with pytest.raises(StoreError, match="committed by DAG 'dag'"):
+            ParquetSink(str(final)).finalize_global(ctx)
+        assert snapshot(final) == before
+    # The owner itself (a rerun) and an empty directory are fine.
+    ParquetSink(str(final)).validate_plan(plan_context(tmp_path / "store"))
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    ParquetSink(str(empty)).finalize_global(context(attempt_output(tmp_path / "e", 0, 0, [5])))
+    assert committed_ids(empty) == [5]
+
+
+@pytest.mark.parametrize("path", ["", "  ", None, "..", "out/{{ ds }}", "reports"])
+def test_empty_relative_or_none_paths_fail_when_the_dag_is_parsed(path) -> None:
+    from airflow_provider_speculative.exceptions import PipelineError
+    from airflow_provider_speculative.pipeline import Pipeline
+
+    p = Pipeline("p")
+    with pytest.raises(PipelineError, match=r"pipeline 'p', stage 'write', sink ParquetSink: path .*(empty|relative)"):
+        p.stage("write", application="/apps/w.py", parallelism=1, sink=ParquetSink(path))
+
+
+def test_leftovers_of_other_runs_and_foreign_siblings_are_not_removed(tmp_path: Path, final: Path) -> None:
+    final.parent.mkdir(parents=True)
+    foreign = final.parent / f".{final.name}.staging-user"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("mine")
+    ParquetSink(str(final)).finalize_global(context(attempt_output(tmp_path, 0, 0, [1])))
+    assert (foreign / "notes.txt").read_text() == "mine"
+
+
+def test_crashed_finalize_leftovers_are_listed_and_cleaned_for_their_own_run_only(tmp_path: Path, final: Path) -> None:
+    from airflow_provider_speculative.sinks.base import StagingScope
+    from airflow_provider_speculative.sinks.parquet import _run_key
+
+    final.parent.mkdir(parents=True)
+    mine = final.parent / f".{final.name}.staging-{_run_key('dag', 'run', 'write', final)}-abcd1234"
+    theirs = final.parent / f".{final.name}.staging-{_run_key('dag', 'run2', 'write', final)}-abcd1234"
+    for d in (mine, theirs):
+        d.mkdir()
+        (d / "part-00000-000.parquet").write_bytes(b"x" * 10)
+    sink = ParquetSink(str(final))
+    scope = StagingScope("dag", "run", "write")
+    assert [(o.name, o.bytes) for o in sink.staging(scope)] == [(str(mine), 10)]
+    assert sink.cleanup_staging(scope) == [str(mine)]
+    assert not mine.exists() and theirs.exists()

@@ -1,0 +1,136 @@
+"""PostgresSink staging on a real Postgres: a failed stage run, discarded attempts and gc leave no staging table.
+
+Real Postgres on 127.0.0.1:5432 (trust auth), a private database per test module; real Spark
+DataFrames written by the sink's own writer; the operator's real failure path.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+
+import psycopg2
+import pytest
+
+from airflow_provider_speculative.control.lifecycle import SINK_STAGING, execute_gc, list_sink_staging, plan_gc
+from airflow_provider_speculative.core.graph import PipelineGraph, SourceSpec, StageSpec
+from airflow_provider_speculative.exceptions import StageFailedError
+from airflow_provider_speculative.sinks.base import InitializationContext, StagingScope
+from airflow_provider_speculative.sinks.postgres import PostgresSink, dsn_env_var
+from airflow_provider_speculative.store.files import atomic_write_json
+from airflow_provider_speculative.store.layout import StageLayout
+
+ADMIN = "host=127.0.0.1 port=5432 dbname=postgres user=postgres"
+CONN_ID = "pg_staging_test"
+SUBTASKS, ATTEMPTS = 10, 2
+
+
+@pytest.fixture(scope="module")
+def database() -> Iterator[str]:
+    """A private database (unique name), dropped afterwards; its DSN is what attempts would get."""
+    name = f"safety_{uuid.uuid4().hex[:10]}"
+    try:
+        admin = psycopg2.connect(ADMIN)
+    except psycopg2.OperationalError as exc:
+        pytest.fail(f"PostgreSQL on 127.0.0.1:5432 is required: {exc}")
+    admin.autocommit = True
+    with admin.cursor() as cur:
+        cur.execute(f"CREATE DATABASE {name}")
+    os.environ[f"AIRFLOW_CONN_{CONN_ID.upper()}"] = f"postgresql://postgres@127.0.0.1:5432/{name}"
+    try:
+        yield f"host=127.0.0.1 port=5432 dbname={name} user=postgres"
+    finally:
+        os.environ.pop(f"AIRFLOW_CONN_{CONN_ID.upper()}", None)
+        with admin.cursor() as cur:
+            cur.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        admin.close()
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[object]:
+    from pyspark.sql import SparkSession
+
+    session = (SparkSession.builder.master("local[1]").appName("postgres-staging-test")
+               .config("spark.ui.enabled", "false").getOrCreate())
+    try:
+        yield session
+    finally:
+        session.stop()
+
+
+def staging_tables(dsn: str) -> list[str]:
+    with psycopg2.connect(dsn) as conn, conn.cursor() as cur:
+        cur.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'speculative_staging' ORDER BY 1")
+        return [r[0] for r in cur.fetchall()]
+
+
+def write_attempts(spark: object, dsn: str, sink: PostgresSink, run_id: str, tmp: Path,
+                   attempts: int = ATTEMPTS) -> None:
+    """Every attempt of a 10-subtask stage writes its staging table through the sink's own writer."""
+    os.environ[dsn_env_var(CONN_ID)] = dsn
+    try:
+        df = spark.createDataFrame([(i, f"row {i}") for i in range(5)], "id bigint, name string")  # type: ignore[attr-defined]
+        for subtask in range(SUBTASKS):
+            for attempt in range(attempts):
+                writer = sink.create_writer(InitializationContext(subtask, SUBTASKS, attempt, "dag", run_id, "write",
+                                                                  tmp / f"{subtask}-{attempt}"))
+                assert writer.write(df)["records"] == 5
+    finally:
+        os.environ.pop(dsn_env_var(CONN_ID), None)
+
+
+def stage_plan(root: Path, sink: PostgresSink, run_id: str) -> StageLayout:
+    layout = StageLayout(root, "dag", run_id, "write")
+    atomic_write_json(layout.plan, {
+        "stage": "write", "dag_id": "dag", "run_id": run_id, "store_root": str(root), "parallelism": SUBTASKS,
+        "output": {"key": [], "max_parallelism": 32, "sink": sink.to_json()}, "subtasks": [], "consumers": [],
+        "config": {}, "fingerprint": "fp"})
+    return layout
+
+
+def test_failed_stage_run_discarded_attempts_and_gc_leave_no_staging(
+        database: str, spark: object, tmp_path: Path) -> None:
+    from airflow_provider_speculative.operators.stage import SparkStageOperator
+
+    sink = PostgresSink("results", postgres_conn_id=CONN_ID)
+    root = tmp_path / "store"
+
+    # A discarded attempt: the controller's hook drops exactly that attempt's table.
+    write_attempts(spark, database, sink, "run_discard", tmp_path / "d")
+    assert len(staging_tables(database)) == SUBTASKS * ATTEMPTS
+    removed = sink.cleanup_staging(StagingScope("dag", "run_discard", "write", ((3, 1),),
+                                                env={dsn_env_var(CONN_ID): database}))
+    prefix = sink.staging_prefix("dag", "run_discard", "write")
+    assert removed == [f"speculative_staging.{prefix}s3_a1"]
+    assert len(staging_tables(database)) == SUBTASKS * ATTEMPTS - 1
+
+    # The stage run fails: the operator's failure path drops every staging table of the run.
+    layout = stage_plan(root, sink, "run_discard")
+    graph = PipelineGraph("p", {"write": StageSpec("write", "/apps/w.py", SUBTASKS,
+                                                   {"rows": SourceSpec("/data/rows")})})
+    operator = SparkStageOperator(task_id="write", graph=graph, stage="write", sink=sink)
+    event = {"status": "failed", "plan_path": str(layout.plan), "reason": "too many failed attempts",
+             "causes": ["subtask 0 attempt 0: boom"]}
+    with pytest.raises(StageFailedError, match="pipeline 'p', stage 'write' failed"):
+        operator.execute_complete({"ti": SimpleNamespace(try_number=1)}, event)
+    assert staging_tables(database) == []
+    journal = [json.loads(line) for line in layout.journal.read_text().splitlines()]
+    assert next(e for e in journal if e["event"] == "sink_staging_removed")["scope"] == "stage run"
+
+    # A run whose clean-up never happened (worker killed): gc finds its orphans once the run is over.
+    write_attempts(spark, database, sink, "run_orphans", tmp_path / "o", attempts=1)
+    stage_plan(root, sink, "run_orphans")
+    now = time.time()
+    running = plan_gc(root, now=now, run_states={("dag", "run_orphans"): "running"}, sink_staging=list_sink_staging)
+    assert [i for i in running if i.reason == SINK_STAGING] == []
+    items = [i for i in plan_gc(root, now=now, run_states={("dag", "run_orphans"): "failed"},
+                                sink_staging=list_sink_staging) if i.reason == SINK_STAGING]
+    assert len(items) == SUBTASKS and all(i.bytes > 0 for i in items)
+    summary = execute_gc(items, now=now)
+    assert summary["by_reason"][SINK_STAGING]["removed"] == SUBTASKS and not summary["errors"]
+    assert staging_tables(database) == []

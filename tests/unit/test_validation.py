@@ -1,0 +1,232 @@
+"""Every bad input fails early with a message naming pipeline, stage and input: one case per row of docs/validation.md.
+
+Parse-time cases build the pipeline (no I/O); plan-time cases run the real operator's ``execute`` on real
+files, which must fail before any attempt is launched (and before targets are even resolved, except for the
+target case itself); CLI cases run the real command functions.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from airflow_provider_speculative.exceptions import PipelineError, PlanError, TargetError
+from airflow_provider_speculative.pipeline import Pipeline, all_to_all, parquet_source, pointwise
+from airflow_provider_speculative.sinks import ParquetSink, PostgresSink
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "validation.md"
+APP = str(Path(__file__).resolve().parents[1] / "integration" / "apps" / "passthrough.py")
+
+
+@dataclass(frozen=True)
+class Case:
+    """One bad input: how to trigger it, the error class and a pattern of its message."""
+
+    id: str
+    trigger: Callable[[Path], Any]
+    error: type[BaseException]
+    message: str
+
+
+def parquet_dir(tmp: Path, files: int = 2) -> Path:
+    data = tmp / "data" / "rows"
+    data.mkdir(parents=True, exist_ok=True)
+    for i in range(files):
+        pq.write_table(pa.table({"id": [i]}), data / f"part-{i}.parquet")
+    return data
+
+
+def stage(inputs: dict[str, Any] | None = None, *, parallelism: Any = 2, application: Any = APP,
+          sink: Any = None, config: dict[str, Any] | None = None, **kwargs: Any) -> Pipeline:
+    p = Pipeline("p", config=config)
+    p.stage("s", application=application, parallelism=parallelism,
+            inputs=inputs if inputs is not None else {"rows": parquet_source("/data/rows")}, sink=sink, **kwargs)
+    p.graph()
+    return p
+
+
+def two_stages(key: Any = "id", consumers: int = 2, producer_max: int | None = None) -> None:
+    p = Pipeline("p")
+    a = p.stage("a", application=APP, parallelism=2, inputs={"rows": parquet_source("/data/rows")},
+                max_parallelism=producer_max)
+    p.stage("b", application=APP, parallelism=consumers, inputs={"partials": all_to_all(a, key=key)})
+    p.graph()
+
+
+def plan(tmp: Path, *, inputs: dict[str, Any] | None = None, parallelism: int = 2, application: str = APP,
+         sink: Any = None, config: dict[str, Any] | None = None) -> None:
+    """Run the real operator's execute (planning) for one stage on real files."""
+    from airflow_provider_speculative.operators.stage import SparkStageOperator
+
+    p = Pipeline("p", config=config)
+    p.stage("s", application=application, parallelism=parallelism,
+            inputs=inputs if inputs is not None else {"rows": parquet_source(str(parquet_dir(tmp)))}, sink=sink)
+    operator = SparkStageOperator(task_id="s", graph=p.graph(), stage="s", sink=sink)
+    operator.execute({"dag": SimpleNamespace(dag_id="validation_dag"), "run_id": f"run_{tmp.name}",
+                      "ti": SimpleNamespace(try_number=1), "logical_date": None, "dag_run": None})
+
+
+def not_parquet(tmp: Path) -> None:
+    data = parquet_dir(tmp)
+    (data / "part-9.parquet").write_text("id,name\n1,one\n2,two\n")  # a CSV with a Parquet name
+    plan(tmp, inputs={"rows": parquet_source(str(data))})
+
+
+def store_root() -> Path:
+    from airflow_provider_speculative.settings import airflow_config
+    from airflow_provider_speculative.settings import store_root as root
+
+    return root(airflow_config())
+
+
+def foreign_dir(tmp: Path) -> None:
+    reports = tmp / "reports"
+    reports.mkdir()
+    (reports / "q3.xlsx").write_text("mine")
+    plan(tmp, sink=ParquetSink(str(reports)))
+
+
+def other_dags_output(tmp: Path) -> None:
+    from airflow_provider_speculative.store.files import atomic_write_json
+
+    out = tmp / "out"
+    out.mkdir()
+    atomic_write_json(out / "_SUCCESS", {"dag_id": "other_dag", "stage": "s", "files": []})
+    (out / "part-00000-000.parquet").write_bytes(b"PAR1")
+    plan(tmp, sink=ParquetSink(str(out)))
+
+
+def cli(command: str, tmp: Path, monkeypatch: pytest.MonkeyPatch, corrupt: bool) -> None:
+    from airflow_provider_speculative import settings
+    from airflow_provider_speculative.cli import commands
+    from airflow_provider_speculative.core.config import SpeculativeConfig
+
+    root = tmp / "store"
+    if corrupt:
+        plan_path = root / "dag" / "run" / "s" / "plan.json"
+        plan_path.parent.mkdir(parents=True)
+        plan_path.write_text('{"stage": "s", "parallel')
+    monkeypatch.setattr(settings, "store_root", lambda config: root)
+    monkeypatch.setattr(settings, "airflow_config", SpeculativeConfig)
+    args = SimpleNamespace(dag_id="dag", run_id="run", stage="s", output="table", subtask=None, dry_run=True)
+    getattr(commands, command)(args)
+
+
+def unknown_target(tmp: Path) -> None:
+    plan(tmp, config={"targets": '[{"name": "gpu", "conn_id": "no_such_connection"}]'})
+
+
+CASES = [
+    # -- DAG parse time: no I/O ---------------------------------------------------------------------
+    Case("parallelism-bool", lambda t: stage(parallelism=True), PipelineError,
+         r"pipeline 'p', stage 's': parallelism must be an integer from 1 to 32768, got True"),
+    Case("parallelism-huge", lambda t: stage(parallelism=10**6), PipelineError,
+         r"stage 's': parallelism must be an integer from 1 to 32768, got 1000000"),
+    Case("parallelism-zero", lambda t: stage(parallelism=0), PipelineError, r"stage 's': parallelism must be"),
+    Case("max-parallelism-below", lambda t: stage(parallelism=4, max_parallelism=2), PipelineError,
+         r"stage 's': max_parallelism \(2\) must be >= parallelism \(4\)"),
+    Case("application-empty", lambda t: stage(application=""), PipelineError,
+         r"pipeline 'p', stage 's': application is required"),
+    Case("application-none", lambda t: stage(application=None), PipelineError,
+         r"stage 's': application is required .* got None"),
+    Case("source-empty", lambda t: stage({"rows": parquet_source("")}), PipelineError,
+         r"pipeline 'p', stage 's', input 'rows': source path is empty"),
+    Case("source-none", lambda t: stage({"rows": parquet_source(None)}), PipelineError,  # type: ignore[arg-type]
+         r"stage 's', input 'rows': source path is empty"),
+    Case("source-relative", lambda t: stage({"rows": parquet_source("data/rows")}), PipelineError,
+         r"stage 's', input 'rows': source path 'data/rows' is relative"),
+    Case("key-none", lambda t: two_stages(key=None), PipelineError,
+         r"pipeline 'p', stage 'b': all_to_all input 'partials' needs a key: .* got None"),
+    Case("key-empty", lambda t: two_stages(key=""), PipelineError,
+         r"stage 'b': all_to_all input 'partials' needs a key"),
+    Case("key-list-empty", lambda t: two_stages(key=[""]), PipelineError,
+         r"stage 'b': all_to_all input 'partials' needs a key: .* got \(''\,\)"),
+    Case("consumer-wider-than-max-parallelism", lambda t: two_stages(consumers=8, producer_max=4), PipelineError,
+         r"stage 'b': all_to_all input 'partials' has 8 consumers but its producer 'a' writes only "
+         r"max_parallelism=4 subpartitions"),
+    Case("exchange-unknown-stage", lambda t: stage({"x": pointwise("s0")}), PipelineError,
+         r"stage 's': input 'x' reads unknown stage 's0'"),
+    Case("option-nan", lambda t: stage(config={"check_interval": float("nan")}), PipelineError,
+         r"\[speculative\] check_interval = nan \(pipeline 'p'\): must be a finite number of seconds"),
+    Case("option-inf", lambda t: stage(config={"baseline_multiplier": "inf"}), PipelineError,
+         r"\[speculative\] baseline_multiplier = 'inf' \(pipeline 'p'\): expected a finite number"),
+    Case("option-bool-as-number", lambda t: stage(config={"max_concurrent_executions": True}), PipelineError,
+         r"max_concurrent_executions = True \(pipeline 'p'\): expected an integer"),
+    Case("option-unknown", lambda t: stage(config={"enable": True}), PipelineError,
+         r"\[speculative\] unknown option 'enable' \(pipeline 'p'\); known options: enabled, "),
+    Case("sink-path-empty", lambda t: stage(sink=ParquetSink("")), PipelineError,
+         r"pipeline 'p', stage 's', sink ParquetSink: path is empty"),
+    Case("sink-path-none", lambda t: stage(sink=ParquetSink(None)), PipelineError,  # type: ignore[arg-type]
+         r"stage 's', sink ParquetSink: path is empty \(None\)"),
+    Case("sink-path-relative", lambda t: stage(sink=ParquetSink("..")), PipelineError,
+         r"stage 's', sink ParquetSink: path '..' is relative"),
+    Case("postgres-table-three-parts", lambda t: stage(sink=PostgresSink("db.schema.table")), PipelineError,
+         r"stage 's', sink PostgresSink: table 'db.schema.table' is not \[schema.\]table: at most 1 dot allowed"),
+    Case("postgres-table-empty", lambda t: stage(sink=PostgresSink("")), PipelineError,
+         r"stage 's', sink PostgresSink: table '' is not \[schema.\]table: it is empty"),
+    Case("postgres-table-bad-identifier", lambda t: stage(sink=PostgresSink("public.my table")), PipelineError,
+         r"sink PostgresSink: table 'public.my table' is not \[schema.\]table: 'my table' is not an unquoted"),
+    # -- plan time: the operator's execute, before any attempt ---------------------------------------
+    Case("application-missing", lambda t: plan(t, application=str(t / "nope.py")), PlanError,
+         r"pipeline 'p', stage 's': application '.*nope.py' does not exist"),
+    Case("source-missing", lambda t: plan(t, inputs={"rows": parquet_source(str(t / "gone"))}), PlanError,
+         r"pipeline 'p', stage 's', input 'rows': source '.*gone' does not exist"),
+    Case("source-no-files", lambda t: plan(t, inputs={"rows": parquet_source(str((t / "e").mkdir() or t / "e"))}),
+         PlanError, r"stage 's', input 'rows': source '.*/e' has no parquet files"),
+    Case("source-not-parquet", not_parquet, PlanError,
+         r"stage 's', input 'rows': source '.*rows': .*part-9.parquet is not a Parquet file: no Parquet magic"),
+    Case("parallelism-above-files", lambda t: plan(t, parallelism=3), PlanError,
+         r"stage 's', input 'rows': source '.*rows' has 2 parquet files but the stage has parallelism 3"),
+    Case("sink-inside-store", lambda t: plan(t, sink=ParquetSink(str(store_root() / "validation_dag" / "out"))),
+         PlanError, r"stage 's', sink ParquetSink: path '.*' overlaps the result store"),
+    Case("sink-is-store-root", lambda t: plan(t, sink=ParquetSink(str(store_root()))), PlanError,
+         r"stage 's', sink ParquetSink: path '.*' overlaps the result store"),
+    Case("sink-above-source", lambda t: plan(t, sink=ParquetSink(str(t / "data"))), PlanError,
+         r"stage 's', sink ParquetSink: path '.*/data' overlaps the source"),
+    Case("sink-foreign-directory", foreign_dir, PlanError,
+         r"stage 's', sink ParquetSink: will not replace '.*reports': it holds 1 entries .* no ParquetSink manifest"),
+    Case("sink-other-dags-output", other_dags_output, PlanError,
+         r"sink ParquetSink: will not replace '.*out': it was committed by DAG 'other_dag', stage 's'"),
+    Case("target-unknown-connection", unknown_target, TargetError,
+         r"pipeline 'p', stage 's': target 'gpu' uses connection 'no_such_connection', which cannot be found"),
+]
+# (id, command, corrupt plan.json?, message): the CLI prints NotFoundError / StoreError as one line.
+CLI_CASES = [
+    ("cli-status-unknown-run", "status", False, r"no speculative stages recorded for dag 'dag' run 'run'"),
+    ("cli-status-corrupt-plan", "status", True, r"corrupt JSON in .*plan.json"),
+    ("cli-rerun-unknown-run", "rerun", False, r"no speculative stages recorded for dag 'dag' run 'run'"),
+    ("cli-rerun-corrupt-plan", "rerun", True, r"corrupt JSON in .*plan.json"),
+]
+
+
+@pytest.mark.parametrize("case", CASES + CLI_CASES, ids=lambda c: c.id if isinstance(c, Case) else c[0])
+def test_bad_input_fails_early_naming_pipeline_stage_and_input(
+        case: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    if isinstance(case, Case):
+        with pytest.raises(case.error) as info:
+            case.trigger(tmp_path)
+        assert re.search(case.message, str(info.value)), f"{case.id}: {info.value}"
+        assert "\n" not in str(info.value)
+        return
+    _, command, corrupt, message = case
+    with pytest.raises(SystemExit) as exit_info:
+        cli(command, tmp_path, monkeypatch, corrupt)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 1
+    assert err.startswith("error: ") and err.count("\n") == 1 and "Traceback" not in err, err
+    assert re.search(message, err), err
+
+
+def test_docs_table_lists_every_case() -> None:
+    doc = DOC.read_text()
+    ids = [c.id for c in CASES] + [c[0] for c in CLI_CASES]
+    listed = re.findall(r"^\| `([a-z0-9-]+)` \|", doc, flags=re.M)
+    assert sorted(listed) == sorted([*ids, "misspelled-airflow-cfg-option"])
