@@ -14,6 +14,7 @@ No Spark, no Airflow: the attempts are files a real supervisor would have writte
 from __future__ import annotations
 
 import argparse
+import math
 import json
 import os
 import random
@@ -31,7 +32,7 @@ sys.path.insert(0, str(REPO))
 import psutil  # noqa: E402
 
 from airflow_provider_speculative.backends import supervised  # noqa: E402
-from airflow_provider_speculative.control.controller import StageController  # noqa: E402
+from airflow_provider_speculative.control.controller import PROBE_PERIOD, StageController  # noqa: E402
 from airflow_provider_speculative.core.config import SpeculativeConfig  # noqa: E402
 from airflow_provider_speculative.core.graph import ExchangeSpec, PipelineGraph, SourceSpec, StageSpec  # noqa: E402
 from airflow_provider_speculative.core.plan import plan_stage  # noqa: E402
@@ -117,6 +118,9 @@ def bench_ticks(root: Path, n: int, ticks: int) -> dict[str, float]:
         cpu0 = time.process_time()
         controller = StageController(plan)
         restore_cpu = time.process_time() - cpu0
+        # Warm up: one probe rotation (PROBE_PERIOD / check_interval ticks), as a controller that has run a while.
+        for _ in range(math.ceil(PROBE_PERIOD / cfg.check_interval)):
+            controller.step()
         samples = []
         for i in range(ticks):
             if i % 5 == 0:  # a few attempts heartbeat between ticks, as live ones do

@@ -34,6 +34,9 @@ HOST = socket.gethostname()
 # /proc through psutil costs ~100 us, and a supervisor's pid cannot be reused while it still runs.
 PID_REVERIFY = 30.0
 _VERIFIED: dict[tuple[int, Any], float] = {}
+# The last status read per attempt directory, shared by every backend instance of the process (a
+# controller's observer and its per-target backends): what probe() checks between full polls.
+_SEEN: dict[str, dict[str, Any]] = {}
 
 
 class SupervisedBackend:
@@ -45,8 +48,6 @@ class SupervisedBackend:
         self.layout = layout
         self.kill_grace = kill_grace
         self._dirs: dict[tuple[int, int], str] = {}
-        # The last status read per attempt: what probe() checks between full polls.
-        self._seen: dict[tuple[int, int], dict[str, Any]] = {}
 
     def claim(self, subtask: int, attempt: int, record: dict[str, Any]) -> bool:
         """Atomically claim an attempt number; False if someone (a restarted controller) has it."""
@@ -93,7 +94,9 @@ class SupervisedBackend:
                       launched_at=status.get("launched_at"), ready_at=heartbeat.get("session_ready_at"),
                       progress={k: heartbeat[k] for k in ("tasks_done", "tasks_total", "bytes_read", "at")
                                 if k in heartbeat})
-        self._seen[(subtask, attempt)] = launch
+        if len(_SEEN) > 100_000:
+            _SEEN.clear()
+        _SEEN[base] = launch
         state = status.get("state")
         invalidated = read_json(os.path.join(base, "invalidated.json"))
         if invalidated is not None:
@@ -131,7 +134,7 @@ class SupervisedBackend:
         re-verified against its create time by every full poll); on another host, the supervisor's
         ``alive_at`` as last read.
         """
-        launch = self._seen.get((subtask, attempt))
+        launch = _SEEN.get(self._dir(subtask, attempt))
         if not launch or not launch.get("pid"):
             return False
         if launch.get("host") not in (None, HOST):
