@@ -14,8 +14,8 @@ No Spark, no Airflow: the attempts are files a real supervisor would have writte
 from __future__ import annotations
 
 import argparse
-import math
 import json
+import math
 import os
 import random
 import shutil
