@@ -62,7 +62,7 @@ class StageController:
         self.journal = Journal(self.layout.journal, clock)
         # One backend per target (its kind was resolved from the target's connection at plan time);
         # the observer reads any attempt the same way (targets of an older plan, unknown ones).
-        self.backends: dict[str, Backend] = plan_backends(plan, self.layout)
+        self.backends: dict[str, Backend] = plan_backends(plan, self.layout, self.target_env)
         self.observer = attempt_observer(self.layout)
         self.scheduler = StageScheduler(
             parallelism=plan["parallelism"], config=self.config,
