@@ -201,6 +201,16 @@ class SparkConnectBackend(SupervisedBackend):
             return False
         return self._server_step(subtask, attempt, record, release=True, now=now)
 
+    def cleanup_pending(self, subtask: int, attempt: int) -> bool:
+        """True if the attempt was cancelled but its session on the server is not released yet.
+
+        A controller restarted after the client died (but before the release) keeps reaping it.
+        """
+        if self.connect_record(subtask, attempt) is None:
+            return False
+        state = self._cancel_state(subtask, attempt)
+        return not (state.get("released_at") or state.get("gave_up_at"))
+
     def _cancel_state(self, subtask: int, attempt: int) -> dict[str, Any]:
         return read_json(self.layout.attempt_dir(subtask, attempt) / "connect-cancel.json") or {}
 

@@ -88,8 +88,13 @@ class StageController:
                 if self.layout.claim(subtask, number).exists():
                     attempt = self.observer.poll(subtask, number, now)
                     attempts.append(attempt)
-                    if read_json(self.layout.attempt_dir(subtask, number) / "cancel.json") is not None and attempt.live:
+                    cancelled = read_json(self.layout.attempt_dir(subtask, number) / "cancel.json") is not None
+                    if cancelled and attempt.live:
                         attempt.state = AttemptState.CANCELING
+                        self.reaping.add((subtask, number))
+                    elif cancelled and getattr(self._backend(attempt.target), "cleanup_pending",
+                                               lambda *_: False)(subtask, number):
+                        # The client is gone but its target still has work to stop (a Connect session).
                         self.reaping.add((subtask, number))
             marker = read_json(self.layout.admitted(subtask))
             if marker is not None:
