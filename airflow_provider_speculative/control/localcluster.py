@@ -236,7 +236,7 @@ class LocalCluster:
                 info.ready_at = info.ready_at or time.time()
                 info.app_id = application_id(info.ui_port)
                 # The REST API may lag the gRPC service by a moment; the app id is informative only.
-                if info.app_id or time.time() - info.ready_at > 10:
+                if info.app_id or time.time() - info.ready_at > 30:
                     self._write(info)
                     return
             time.sleep(0.25)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pendulum
 import pytest
 
-from airflow_provider_speculative.control.localcluster import LocalCluster, connection_definitions
+from airflow_provider_speculative.control.localcluster import LocalCluster, application_id, connection_definitions
 from airflow_provider_speculative.control.readmodel import run_report
 from airflow_provider_speculative.store.files import read_json
 from airflow_provider_speculative.store.layout import StageLayout
@@ -70,7 +70,8 @@ def test_q1_on_connect_equals_spark_submit(airflow_db, tpch_data, connect_pool):
     assert_q1_equal(on_connect, duckdb_q1(tpch_data))
 
     # (c) every attempt has its application id and start-up time, on both kinds of target.
-    connect_apps = {s.app_id for s in connect_pool.values()}
+    connect_apps = {application_id(s.ui_port) for s in connect_pool.values()}
+    assert None not in connect_apps
     for dag_id, run in (("connect_q1", connect_run), ("small_q1", submit_run)):
         attempts = _attempts(run_report(STORE, dag_id, run.run_id))
         assert attempts
