@@ -77,8 +77,12 @@ def kind_for_conn_type(conn_type: str | None, *, target: str, conn_id: str) -> s
     return kind
 
 
-def create_backend(kind: str, layout: StageLayout) -> Backend:
-    """The backend implementation for ``kind`` (as recorded in plan.json) over one stage run's store."""
+def create_backend(kind: str, layout: StageLayout, env: dict[str, str] | None = None) -> Backend:
+    """The backend implementation for ``kind`` (as recorded in plan.json) over one stage run's store.
+
+    ``env`` is the target's launch environment resolved by the trigger (e.g. a Connect server's URL with
+    its token): a backend that must reach its target outside an attempt (a Connect cancel) keeps it in memory.
+    """
     if kind == "spark_submit":
         from airflow_provider_speculative.backends.spark_submit import SparkSubmitBackend
 
@@ -86,14 +90,16 @@ def create_backend(kind: str, layout: StageLayout) -> Backend:
     if kind == "spark_connect":
         from airflow_provider_speculative.backends.spark_connect import SparkConnectBackend
 
-        return SparkConnectBackend(layout)
+        return SparkConnectBackend(layout, env=env)
     raise TargetError(f"unknown backend kind {kind!r} in the plan of stage {layout.stage!r}; "
                       "known: spark_submit, spark_connect")
 
 
-def plan_backends(plan: dict[str, Any], layout: StageLayout) -> dict[str, Backend]:
+def plan_backends(plan: dict[str, Any], layout: StageLayout,
+                  target_env: dict[str, dict[str, str]] | None = None) -> dict[str, Backend]:
     """One backend per target of a plan (targets of the same kind share nothing but the store)."""
-    return {name: create_backend(spec["kind"], layout) for name, spec in plan["targets"].items()}
+    return {name: create_backend(spec["kind"], layout, (target_env or {}).get(name))
+            for name, spec in plan["targets"].items()}
 
 
 def attempt_observer(layout: StageLayout) -> Backend:

@@ -58,6 +58,22 @@ def get_cli_commands() -> list[Any]:
                           Arg(("--dry-run",), help="only print the affected region", action="store_true"),
                           output),
                 ),
+                ActionCommand(
+                    name="local-cluster",
+                    help="Start, stop or list a local pool of Spark Connect servers to use as targets",
+                    func=lazy_load_command("airflow_provider_speculative.cli.local_cluster.local_cluster"),
+                    args=(Arg(("action",), help="start, stop or status", choices=("start", "stop", "status")),
+                          Arg(("--servers",), help="number of servers (targets local-a, local-b, ...)", type=int,
+                              default=2),
+                          Arg(("--base-port",), help="gRPC port of the first server (then +1 each)", type=int,
+                              default=15002),
+                          Arg(("--ui-base-port",), help="Spark UI port of the first server (then +1 each)",
+                              type=int, default=4050),
+                          Arg(("--cores",), help="cores per server (master local[N])", type=int, default=2),
+                          Arg(("--directory",), default=None,
+                              help="pid files and logs (default $AIRFLOW_HOME/speculative-local-cluster)"),
+                          output),
+                ),
             ],
         )
     ]

@@ -73,7 +73,8 @@ class StageController:
         self.journal = Journal(self.layout.journal, clock)
         # One backend per target (its kind was resolved from the target's connection at plan time);
         # the observer reads any attempt the same way (targets of an older plan, unknown ones).
-        self.backends: dict[str, Backend] = backends if backends is not None else plan_backends(plan, self.layout)
+        self.backends: dict[str, Backend] = (backends if backends is not None
+                                             else plan_backends(plan, self.layout, self.target_env))
         self.observer = observer if observer is not None else attempt_observer(self.layout)
         self.scheduler = StageScheduler(
             parallelism=plan["parallelism"], config=self.config,
@@ -105,8 +106,13 @@ class StageController:
                 if self.layout.claim(subtask, number).exists():
                     attempt = self.observer.poll(subtask, number, now)
                     attempts.append(attempt)
-                    if read_json(self.layout.attempt_dir(subtask, number) / "cancel.json") is not None and attempt.live:
+                    cancelled = read_json(self.layout.attempt_dir(subtask, number) / "cancel.json") is not None
+                    if cancelled and attempt.live:
                         attempt.state = AttemptState.CANCELING
+                        self.reaping.add((subtask, number))
+                    elif cancelled and getattr(self._backend(attempt.target), "cleanup_pending",
+                                               lambda *_: False)(subtask, number):
+                        # The client is gone but its target still has work to stop (a Connect session).
                         self.reaping.add((subtask, number))
             marker = read_json(self.layout.admitted(subtask))
             if marker is not None:

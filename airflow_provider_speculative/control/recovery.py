@@ -39,10 +39,10 @@ class PartitionRecovery:
             raise FileNotFoundError(f"cannot re-produce {stage}[{subtask}]: its plan {self.layout.plan} is missing")
         self.stage, self.subtask = stage, subtask
         self.config = SpeculativeConfig.from_json(self.plan["config"])
-        self.backends = plan_backends(self.plan, self.layout)
+        self.target_env = target_env or {}
+        self.backends = plan_backends(self.plan, self.layout, self.target_env)
         self.backend = attempt_observer(self.layout)
         self.env, self.blocked, self.clock = env, blocked, clock
-        self.target_env = target_env or {}
         marker = read_json(self.layout.admitted(subtask)) or {}
         self.lost_attempt = marker.get("attempt")
         self.attempt: int | None = self._adoptable()

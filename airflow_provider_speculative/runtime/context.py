@@ -60,6 +60,8 @@ class StageContext:
         self._written = False
         self._remote = False
         self._session_info: dict[str, Any] = {}
+        # Spark Connect progress, per operation (the server reports it with every result batch).
+        self._remote_progress: dict[str, tuple[int, int, int]] = {}
         self._heartbeat = Heartbeat(self.layout.heartbeat(subtask, attempt), self._progress)
 
     # -- construction ------------------------------------------------------------------------
@@ -104,6 +106,8 @@ class StageContext:
                                   target.get("spark_conf") or {},
                                   attempt_tag(self.plan["dag_id"], self.stage, self.subtask, self.attempt))
             self._spark, self._remote = opened.spark, opened.remote
+            if opened.remote:
+                self._spark.registerProgressHandler(self._on_remote_progress)
             self._session_info = {"app_id": opened.app_id, "session_ready_at": time.time(),
                                   "remote": opened.remote}
             self._heartbeat.beat(self._heartbeat.phase)
@@ -153,9 +157,22 @@ class StageContext:
             record.update(kind="partition", stage=exc.stage, subtask=exc.subtask, attempt=exc.attempt)
         atomic_write_json(self.layout.attempt_dir(self.subtask, self.attempt) / "failure.json", record)
 
+    def _on_remote_progress(self, stages: Any = None, inflight_tasks: int = 0, operation_id: str | None = None,
+                            done: bool = False, **_: Any) -> None:
+        # Called by the Connect client (keyword arguments) with the operation's stages so far.
+        stages = list(stages or [])
+        self._remote_progress[operation_id or ""] = (sum(s.num_completed_tasks for s in stages),
+                                                      sum(s.num_tasks for s in stages),
+                                                      sum(s.num_bytes_read for s in stages))
+
     def _progress(self) -> dict[str, Any]:
         progress: dict[str, Any] = {"input_bytes": self.input_bytes, **self._session_info}
-        if self._spark is not None and not self._remote:
+        if self._remote and self._remote_progress:
+            # Summed over the attempt's operations: the heartbeat shows the attempt's whole work so far.
+            values = list(self._remote_progress.values())
+            progress.update(tasks_done=sum(v[0] for v in values), tasks_total=sum(v[1] for v in values),
+                            bytes_read=sum(v[2] for v in values))
+        elif self._spark is not None and not self._remote:
             tracker = self._spark.sparkContext.statusTracker()
             done = total = 0
             for stage_id in tracker.getActiveStageIds():

@@ -1,0 +1,261 @@
+"""Spark Connect backend: every attempt is a small Python client of a warm, shared Spark Connect server.
+
+An attempt costs a Python start and a gRPC session (~2 s) instead of a driver JVM (12-17 s). The
+client still runs under the detached supervisor (so polling, logs and restart-safety are those of
+:class:`SupervisedBackend`), but its Spark work runs in the *server*, in a session of its own:
+
+* At launch the backend picks a fresh ``session_id`` (uuid4) for the attempt, keeps the connection's
+  ``user_id`` (or uses :data:`DEFAULT_USER_ID`) and records both in ``connect.json`` next to the
+  attempt's status (never the token). ``SPECULATIVE_SPARK_REMOTE`` carries the full URL to the client.
+* Killing a client does NOT stop its query: the server keeps a reattachable execution running for
+  minutes. So cancel interrupts the session's operations on the server first, through the same
+  ``user_id`` and ``session_id`` (any other id silently addresses a new, empty session), then ends
+  the client like the base class. :meth:`reap` only reports the attempt gone once the client's
+  process group is gone *and* the server reports no running operation of the session; then it
+  releases the session, so nothing can ever run in it again (a straggling client gets
+  ``INVALID_HANDLE.SESSION_CLOSED``). Every step is recorded in ``connect-cancel.json``, so a
+  restarted controller continues where the previous one stopped.
+* Every RPC has a deadline (:data:`RPC_TIMEOUT`): the controller runs in the triggerer. An
+  unreachable server is recorded (``connect-cancel.json`` and the journal) and retried on each reap
+  until :data:`UNREACHABLE_GIVE_UP` seconds after the cancel; then the attempt counts as gone (the
+  client is dead; if the server is down its work died with it, if it is only unreachable from the
+  triggerer its orphaned query ends on its own and its late files are the ``gc`` command's).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, ClassVar
+from urllib.parse import quote, unquote
+
+from airflow_provider_speculative.backends.base import LaunchSpec
+from airflow_provider_speculative.backends.supervised import SupervisedBackend
+from airflow_provider_speculative.store import journal
+from airflow_provider_speculative.store.files import atomic_write_json, read_json
+from airflow_provider_speculative.store.layout import StageLayout
+
+REMOTE_ENV = "SPECULATIVE_SPARK_REMOTE"
+DEFAULT_USER_ID = "speculative"
+RPC_TIMEOUT = 5.0
+UNREACHABLE_GIVE_UP = 60.0
+# Parameters of an sc:// URL the backend owns per attempt; the connection's others are kept.
+_SESSION_PARAMS = ("session_id",)
+
+
+def split_url(url: str) -> tuple[str, dict[str, str]]:
+    """``sc://host:port/;a=1;b=2`` -> (``sc://host:port/``, {a: 1, b: 2}) with values unquoted."""
+    base, _, params = url.partition(";")
+    if not base.endswith("/"):
+        base += "/"
+    out: dict[str, str] = {}
+    for item in filter(None, params.split(";")):
+        key, _, value = item.partition("=")
+        out[key.strip()] = unquote(value)
+    return base, out
+
+
+def compose_url(base_url: str, *, session_id: str, user_id: str | None = None) -> str:
+    """The attempt's URL: the connection's URL with its own ``session_id`` (and ``user_id`` if it has none).
+
+    A ``session_id`` already in the connection is replaced: attempts must never share a session.
+    """
+    base, params = split_url(base_url)
+    for key in _SESSION_PARAMS:
+        params.pop(key, None)
+    if user_id and not params.get("user_id"):
+        params["user_id"] = user_id
+    params["session_id"] = session_id
+    return base + ";" + ";".join(f"{k}={quote(v, safe='')}" for k, v in params.items())
+
+
+def public_url(url: str) -> str:
+    """The URL without secrets (what may be written to the store): base plus ``user_id`` and ``use_ssl``."""
+    base, params = split_url(url)
+    kept = {k: v for k, v in params.items() if k in ("user_id", "use_ssl")}
+    return base + (";" + ";".join(f"{k}={quote(v, safe='')}" for k, v in kept.items()) if kept else "")
+
+
+class ConnectSession:
+    """Bounded-time RPCs on one server-side session (Interrupt, GetStatus, ReleaseSession) with the raw stub.
+
+    The pyspark client retries for minutes on an unreachable server; the controller cannot wait that
+    long, so each call here is a single RPC with a deadline.
+    """
+
+    def __init__(self, url: str, timeout: float = RPC_TIMEOUT) -> None:
+        from pyspark.sql.connect.client.core import DefaultChannelBuilder
+        from pyspark.sql.connect.proto import base_pb2_grpc
+
+        self.builder = DefaultChannelBuilder(url)
+        self.session_id = self.builder.session_id
+        self.user_id = self.builder.userId
+        self.timeout = timeout
+        self.channel = self.builder.toChannel()
+        self.stub = base_pb2_grpc.SparkConnectServiceStub(self.channel)
+
+    def __enter__(self) -> ConnectSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.channel.close()
+
+    def _fill(self, req: Any) -> Any:
+        req.session_id = self.session_id
+        req.client_type = "airflow-provider-speculative"
+        if self.user_id:
+            req.user_context.user_id = self.user_id
+        return req
+
+    def interrupt_all(self) -> list[str]:
+        """Interrupt every operation of the session; the ids of those interrupted."""
+        from pyspark.sql.connect.proto import base_pb2 as pb2
+
+        req = self._fill(pb2.InterruptRequest())
+        req.interrupt_type = pb2.InterruptRequest.InterruptType.INTERRUPT_TYPE_ALL
+        resp = self.stub.Interrupt(req, metadata=self.builder.metadata(), timeout=self.timeout)
+        return list(resp.interrupted_ids)
+
+    def running_operations(self) -> list[str]:
+        """Operations of the session the server still reports running or terminating."""
+        from pyspark.sql.connect.proto import base_pb2 as pb2
+
+        req = self._fill(pb2.GetStatusRequest())
+        req.operation_status.SetInParent()
+        resp = self.stub.GetStatus(req, metadata=self.builder.metadata(), timeout=self.timeout)
+        states = pb2.GetStatusResponse.OperationStatus
+        live = (states.OPERATION_STATE_RUNNING, states.OPERATION_STATE_TERMINATING)
+        return [s.operation_id for s in resp.operation_statuses if s.state in live]
+
+    def release(self) -> None:
+        """Close the session on the server: it can never run anything again."""
+        from pyspark.sql.connect.proto import base_pb2 as pb2
+
+        req = self._fill(pb2.ReleaseSessionRequest())
+        self.stub.ReleaseSession(req, metadata=self.builder.metadata(), timeout=self.timeout)
+
+
+def session_closed(exc: BaseException) -> bool:
+    """True if the server answered that the session is already released (a cancel done before)."""
+    return "SESSION_CLOSED" in str(exc)
+
+
+class SparkConnectBackend(SupervisedBackend):
+    """Attempts as Spark Connect clients of a shared server, each in its own session."""
+
+    kind: ClassVar[str] = "spark_connect"
+
+    def __init__(self, layout: StageLayout, kill_grace: float = 5.0, env: dict[str, str] | None = None) -> None:
+        super().__init__(layout, kill_grace)
+        # The target's URL as the trigger resolved it (may hold a token): kept in memory only.
+        self.remote = (env or {}).get(REMOTE_ENV)
+
+    def connect_record(self, subtask: int, attempt: int) -> dict[str, Any] | None:
+        """The attempt's recorded session (``server``, ``user_id``, ``session_id``), if it was launched here."""
+        return read_json(self.layout.attempt_dir(subtask, attempt) / "connect.json")
+
+    def launch(self, spec: LaunchSpec) -> None:
+        """Give the attempt its own session on the server, record it, then start the client supervised."""
+        remote = spec.env.get(REMOTE_ENV) or self.remote
+        if not remote:
+            raise RuntimeError(f"target {spec.target!r} is a Spark Connect target but no server URL was passed "
+                               f"({REMOTE_ENV} is unset): the trigger resolves it from the target's connection")
+        self.remote = self.remote or remote
+        session_id = str(uuid.uuid4())
+        url = compose_url(remote, session_id=session_id, user_id=DEFAULT_USER_ID)
+        _, params = split_url(url)
+        atomic_write_json(self.layout.attempt_dir(spec.subtask, spec.attempt) / "connect.json",
+                          {"server": public_url(url), "user_id": params["user_id"], "session_id": session_id,
+                           "at": time.time()})
+        super().launch(LaunchSpec(spec.subtask, spec.attempt, spec.target, spec.node, spec.speculative,
+                                  spec.command, {**spec.env, REMOTE_ENV: url}))
+
+    def _session_url(self, record: dict[str, Any]) -> str:
+        # The in-memory URL carries the token; after a restart without it, the recorded one (no token).
+        return compose_url(self.remote or record["server"], session_id=record["session_id"],
+                           user_id=record["user_id"])
+
+    def cancel(self, subtask: int, attempt: int, reason: str) -> None:
+        """Record the cancel, interrupt the session's work on the server, then end the client."""
+        base = self.layout.attempt_dir(subtask, attempt)
+        if read_json(base / "cancel.json") is None:
+            # First, so that a client dying of the interrupt is classified as cancelled, not failed.
+            atomic_write_json(base / "cancel.json", {"reason": reason, "at": time.time()})
+        record = self.connect_record(subtask, attempt)
+        if record is not None and not (self._cancel_state(subtask, attempt).get("interrupted_at")):
+            self._server_step(subtask, attempt, record, release=False)
+        super().cancel(subtask, attempt, reason)
+
+    def reap(self, subtask: int, attempt: int, now: float | None = None) -> bool:
+        """True once the client's group is gone and the server runs nothing of the session (then released)."""
+        now = time.time() if now is None else now
+        client_gone = super().reap(subtask, attempt, now)
+        record = self.connect_record(subtask, attempt)
+        if record is None:
+            return client_gone
+        state = self._cancel_state(subtask, attempt)
+        if state.get("released_at") or state.get("gave_up_at"):
+            return client_gone
+        if not client_gone:
+            # A live client could still start operations; interrupt (again) only once it is gone.
+            return False
+        return self._server_step(subtask, attempt, record, release=True, now=now)
+
+    def cleanup_pending(self, subtask: int, attempt: int) -> bool:
+        """True if the attempt was cancelled but its session on the server is not released yet.
+
+        A controller restarted after the client died (but before the release) keeps reaping it.
+        """
+        if self.connect_record(subtask, attempt) is None:
+            return False
+        state = self._cancel_state(subtask, attempt)
+        return not (state.get("released_at") or state.get("gave_up_at"))
+
+    def _cancel_state(self, subtask: int, attempt: int) -> dict[str, Any]:
+        return read_json(self.layout.attempt_dir(subtask, attempt) / "connect-cancel.json") or {}
+
+    def _server_step(self, subtask: int, attempt: int, record: dict[str, Any], *, release: bool,
+                     now: float | None = None) -> bool:
+        """Interrupt the session's running operations; with ``release``, close it once nothing runs.
+
+        Returns True when the server runs nothing of the session any more (or the server stayed
+        unreachable past :data:`UNREACHABLE_GIVE_UP`).
+        """
+        now = time.time() if now is None else now
+        path = self.layout.attempt_dir(subtask, attempt) / "connect-cancel.json"
+        state = read_json(path) or {"server": record["server"], "user_id": record["user_id"],
+                                    "session_id": record["session_id"], "started_at": now, "interrupted": []}
+        done = False
+        try:
+            with ConnectSession(self._session_url(record)) as session:
+                ids = session.interrupt_all()
+                state["interrupted"] = sorted(set(state.get("interrupted") or []) | set(ids))
+                state["interrupted_at"] = state.get("interrupted_at") or time.time()
+                if release:
+                    running = session.running_operations()
+                    state["running"] = running
+                    if not running:
+                        session.release()
+                        state["released_at"] = time.time()
+                        done = True
+            state.pop("error", None)
+        except Exception as exc:
+            if session_closed(exc):
+                # Released by an earlier cancel (another controller): nothing can run in it.
+                state.update(released_at=state.get("released_at") or time.time(), running=[])
+                state.pop("error", None)
+                done = True
+            else:
+                first = state.get("error") is None
+                state["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+                state["errors"] = int(state.get("errors") or 0) + 1
+                if first:
+                    journal.record(self.layout.journal, "connect_unreachable", subtask=subtask, attempt=attempt,
+                                   server=record["server"], error=state["error"])
+                if release and now - float(state.get("started_at") or now) >= UNREACHABLE_GIVE_UP:
+                    state["gave_up_at"] = time.time()
+                    journal.record(self.layout.journal, "connect_cancel_gave_up", subtask=subtask, attempt=attempt,
+                                   server=record["server"], error=state["error"])
+                    done = True
+        atomic_write_json(path, state)
+        return done

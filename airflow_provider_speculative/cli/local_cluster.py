@@ -1,0 +1,53 @@
+"""``airflow speculative local-cluster start|stop|status``: a local pool of Spark Connect servers."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from typing import Any
+
+
+def local_cluster(args: Any) -> None:
+    """CLI entry: start, stop or list the local Connect servers (see control/localcluster.py)."""
+    from airflow_provider_speculative.control.localcluster import (
+        LocalCluster,
+        LocalClusterError,
+        connection_definitions,
+        targets_json,
+    )
+
+    cluster = LocalCluster(args.directory)
+    try:
+        if args.action == "start":
+            started, already = cluster.start(servers=args.servers, base_port=args.base_port,
+                                             ui_base_port=args.ui_base_port, cores=args.cores)
+            for info in already:
+                print(f"{info.name}: already running (pid {info.pid}, port {info.port})")
+            for info in started:
+                print(f"{info.name}: started (pid {info.pid}, port {info.port}, UI {info.ui_port}, "
+                      f"app {info.app_id}, log {info.log})")
+            servers = sorted(already + started, key=lambda s: s.name)
+            print("\n# Airflow connections for the servers:")
+            for name, value in connection_definitions(servers).items():
+                print(f"export {name}={shlex.quote(value)}")
+            print("\n# and the targets that use them ([speculative] targets):")
+            print(f"export AIRFLOW__SPECULATIVE__TARGETS={shlex.quote(targets_json(servers))}")
+        elif args.action == "stop":
+            results = cluster.stop()
+            if not results:
+                print(f"no local Connect server recorded under {cluster.dir}")
+            for info, what in results:
+                print(f"{info.name}: {what} (pid {info.pid}, port {info.port})")
+        else:
+            rows = cluster.status()
+            if args.output == "json":
+                print(json.dumps(rows, indent=2))
+            elif not rows:
+                print(f"no local Connect server recorded under {cluster.dir}")
+            for row in rows if args.output != "json" else []:
+                print(f"{row['name']}: {'alive' if row['alive'] else 'DEAD'}  port {row['port']}  "
+                      f"UI {row['ui_port']}  pid {row['pid']}  app {row['app_id'] or '-'}  conn {row['conn_id']}")
+    except LocalClusterError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(1)

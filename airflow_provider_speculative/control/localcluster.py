@@ -1,0 +1,329 @@
+"""A local pool of Spark Connect servers (one JVM each) to use as ``spark_connect`` targets.
+
+``airflow speculative local-cluster start|stop|status`` and the demo use it. Each server is a
+``spark-submit --class SparkConnectServer`` started in its own process group, bound to 127.0.0.1,
+with its log and a JSON pid file under ``$AIRFLOW_HOME/speculative-local-cluster/``. ``stop`` only
+kills a process whose pid file it wrote *and* that still is that server (same start time, same
+command line): a recycled pid is never killed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import string
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from airflow_provider_speculative.exceptions import SpeculativeError
+
+CONNECT_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
+DEFAULT_BASE_PORT = 15002
+DEFAULT_UI_BASE_PORT = 4050
+DEFAULT_CORES = 2
+START_TIMEOUT = 180.0
+_UI_STARTED = re.compile(r"Successfully started service 'SparkUI' on port (\d+)")
+
+
+class LocalClusterError(SpeculativeError):
+    """The local Connect pool cannot be started or stopped (port taken, Java missing, server died)."""
+
+
+@dataclass
+class ServerInfo:
+    """One server of the pool, as recorded in its pid file."""
+
+    name: str
+    port: int
+    ui_port: int
+    pid: int = 0
+    create_time: float = 0.0
+    log: str = ""
+    master: str = "local[2]"
+    started_at: float = 0.0
+    ready_at: float | None = None
+    app_id: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def conn_id(self) -> str:
+        """The Airflow connection id the printed definitions use for this server."""
+        return "spark_connect_" + self.name.replace("-", "_")
+
+    @property
+    def url(self) -> str:
+        """The server's ``sc://`` URL."""
+        return f"sc://127.0.0.1:{self.port}"
+
+
+def cluster_dir(home: str | Path | None = None) -> Path:
+    """Where pid files and logs live: ``$AIRFLOW_HOME/speculative-local-cluster`` unless ``home`` is given."""
+    if home is not None:
+        return Path(home)
+    airflow_home = os.environ.get("AIRFLOW_HOME") or str(Path.home() / "airflow")
+    return Path(airflow_home) / "speculative-local-cluster"
+
+
+def server_names(count: int) -> list[str]:
+    """``local-a``, ``local-b``, ... (the example's target names)."""
+    if not 1 <= count <= 26:
+        raise LocalClusterError(f"--servers must be between 1 and 26, not {count}")
+    return [f"local-{letter}" for letter in string.ascii_lowercase[:count]]
+
+
+def spark_submit() -> str:
+    """The ``spark-submit`` next to this Python (the venv's), else the one on PATH."""
+    local = Path(sys.executable).parent / "spark-submit"
+    if local.exists():
+        return str(local)
+    found = shutil.which("spark-submit")
+    if not found:
+        raise LocalClusterError("spark-submit not found next to this Python nor on PATH (pip install pyspark)")
+    return found
+
+
+def check_java(env: dict[str, str] | None = None) -> str:
+    """The java binary Spark will use, or a :class:`LocalClusterError` saying how to provide one."""
+    env = os.environ if env is None else env
+    java_home = env.get("JAVA_HOME")
+    if java_home:
+        java = Path(java_home) / "bin" / "java"
+        if not os.access(java, os.X_OK):
+            raise LocalClusterError(f"JAVA_HOME={java_home} has no executable bin/java: point JAVA_HOME "
+                                    "at a Java 17+ installation or unset it to use java from PATH")
+        return str(java)
+    found = shutil.which("java", path=env.get("PATH"))
+    if not found:
+        raise LocalClusterError("Java not found: java is not on PATH and JAVA_HOME is not set; "
+                                "Spark needs Java 17+ (e.g. apt-get install openjdk-17-jre-headless)")
+    return found
+
+
+def port_owner(port: int) -> str | None:
+    """A description of what listens on TCP ``port`` of 127.0.0.1 (None when the port is free)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+            return None
+        except OSError:
+            pass
+    with contextlib.suppress(psutil.Error, OSError):
+        for conn in psutil.net_connections(kind="tcp"):
+            if conn.laddr and conn.laddr.port == port and conn.status == psutil.CONN_LISTEN and conn.pid:
+                with contextlib.suppress(psutil.Error):
+                    proc = psutil.Process(conn.pid)
+                    return f"pid {conn.pid} ({' '.join(proc.cmdline())[:160]})"
+                return f"pid {conn.pid}"
+    return "another process (owner unknown)"
+
+
+def server_command(info: ServerInfo, conf: dict[str, str] | None = None) -> list[str]:
+    """The spark-submit command line of one server (loopback only, fixed gRPC and UI ports)."""
+    cmd = [spark_submit(), "--class", CONNECT_CLASS, "--master", info.master, "--name", f"speculative-{info.name}",
+           "--conf", f"spark.connect.grpc.binding.port={info.port}",
+           "--conf", "spark.connect.grpc.binding.address=127.0.0.1",
+           "--conf", f"spark.ui.port={info.ui_port}",
+           "--conf", "spark.driver.host=127.0.0.1", "--conf", "spark.driver.bindAddress=127.0.0.1"]
+    for key, value in (conf or {}).items():
+        cmd += ["--conf", f"{key}={value}"]
+    return [*cmd, "spark-internal"]
+
+
+class LocalCluster:
+    """Start, stop and list the pool's servers; all state is in ``directory``."""
+
+    def __init__(self, directory: str | Path | None = None) -> None:
+        self.dir = cluster_dir(directory)
+
+    def pid_file(self, name: str) -> Path:
+        """The JSON pid file of server ``name``."""
+        return self.dir / f"{name}.json"
+
+    def recorded(self) -> list[ServerInfo]:
+        """Every server with a pid file, by name."""
+        out = []
+        for path in sorted(self.dir.glob("local-*.json")):
+            with contextlib.suppress(OSError, ValueError, TypeError):
+                out.append(ServerInfo(**json.loads(path.read_text())))
+        return out
+
+    def _write(self, info: ServerInfo) -> None:
+        tmp = self.pid_file(info.name).with_suffix(".tmp")
+        tmp.write_text(json.dumps(asdict(info), indent=2))
+        tmp.replace(self.pid_file(info.name))
+
+    @staticmethod
+    def process(info: ServerInfo) -> psutil.Process | None:
+        """The server's live process if the pid is still that server (not a recycled pid), else None."""
+        if not info.pid:
+            return None
+        try:
+            proc = psutil.Process(info.pid)
+            if abs(proc.create_time() - info.create_time) > 1 or proc.status() == psutil.STATUS_ZOMBIE:
+                return None
+            cmdline = " ".join(proc.cmdline())
+        except psutil.Error:
+            return None
+        if CONNECT_CLASS not in cmdline or f"spark.connect.grpc.binding.port={info.port}" not in cmdline:
+            return None
+        return proc
+
+    def start(self, servers: int = 2, base_port: int = DEFAULT_BASE_PORT, ui_base_port: int = DEFAULT_UI_BASE_PORT,
+              cores: int = DEFAULT_CORES, conf: dict[str, str] | None = None,
+              timeout: float = START_TIMEOUT) -> tuple[list[ServerInfo], list[ServerInfo]]:
+        """Start the servers not already running; wait until each accepts clients. Returns (started, running)."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        check_java()
+        started: list[ServerInfo] = []
+        already: list[ServerInfo] = []
+        existing = {s.name: s for s in self.recorded()}
+        for index, name in enumerate(server_names(servers)):
+            old = existing.get(name)
+            if old is not None and self.process(old) is not None:
+                already.append(old)
+                continue
+            info = ServerInfo(name=name, port=base_port + index, ui_port=ui_base_port + index,
+                              master=f"local[{cores}]", log=str(self.dir / f"{name}.log"))
+            for port, what in ((info.port, "gRPC"), (info.ui_port, "Spark UI")):
+                owner = port_owner(port)
+                if owner is not None:
+                    self.stop_servers(started)
+                    raise LocalClusterError(f"cannot start {name}: its {what} port {port} on 127.0.0.1 is already "
+                                            f"in use by {owner}; choose other ports with --base-port / "
+                                            "--ui-base-port or stop that process")
+            started.append(self._launch(info, conf))
+        try:
+            for info in started:
+                self._wait_ready(info, timeout)
+        except LocalClusterError:
+            self.stop_servers(started)
+            raise
+        return started, already
+
+    def _launch(self, info: ServerInfo, conf: dict[str, str] | None) -> ServerInfo:
+        # The servers' Python workers (UDFs) must be this venv's Python; never bind a non-loopback address.
+        env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable}
+        with open(info.log, "ab") as log:
+            proc = subprocess.Popen(server_command(info, conf), stdin=subprocess.DEVNULL, stdout=log,
+                                    stderr=subprocess.STDOUT, env=env, start_new_session=True, close_fds=True)
+        info.pid = proc.pid
+        info.create_time = psutil.Process(proc.pid).create_time()
+        info.started_at = time.time()
+        self._write(info)
+        return info
+
+    def _wait_ready(self, info: ServerInfo, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process(info) is None:
+                raise LocalClusterError(f"Connect server {info.name} (port {info.port}) exited during start-up; "
+                                        f"last lines of {info.log}:\n{_tail(info.log)}")
+            if _accepts(info.port) and _log_has(info.log, "Spark Connect server started"):
+                info.ui_port = _actual_ui_port(info.log) or info.ui_port
+                info.ready_at = info.ready_at or time.time()
+                info.app_id = application_id(info.ui_port)
+                # The REST API may lag the gRPC service by a moment; the app id is informative only.
+                if info.app_id or time.time() - info.ready_at > 30:
+                    self._write(info)
+                    return
+            time.sleep(0.25)
+        raise LocalClusterError(f"Connect server {info.name} did not accept clients on port {info.port} within "
+                                f"{timeout:.0f}s; see {info.log}")
+
+    def stop(self) -> list[tuple[ServerInfo, str]]:
+        """Stop every recorded server; returns (server, what happened) pairs."""
+        return self.stop_servers(self.recorded())
+
+    def stop_servers(self, servers: list[ServerInfo], grace: float = 15.0) -> list[tuple[ServerInfo, str]]:
+        """Stop these servers (only processes that still are them), SIGTERM then SIGKILL after ``grace``."""
+        out: list[tuple[ServerInfo, str]] = []
+        for info in servers:
+            proc = self.process(info)
+            if proc is None:
+                out.append((info, "not running"))
+            else:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, signal.SIGTERM) if os.getpgid(proc.pid) == proc.pid else proc.terminate()
+                try:
+                    proc.wait(timeout=grace)
+                    out.append((info, "stopped"))
+                except psutil.TimeoutExpired:
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.killpg(proc.pid, signal.SIGKILL) if os.getpgid(proc.pid) == proc.pid else proc.kill()
+                    with contextlib.suppress(psutil.Error):
+                        proc.wait(timeout=grace)
+                    out.append((info, "killed"))
+            self.pid_file(info.name).unlink(missing_ok=True)
+        return out
+
+    def status(self) -> list[dict[str, Any]]:
+        """Each recorded server: name, alive, ports, pid, app id, URL and log."""
+        rows = []
+        for info in self.recorded():
+            alive = self.process(info) is not None
+            rows.append({"name": info.name, "alive": alive, "port": info.port, "ui_port": info.ui_port,
+                         "pid": info.pid, "app_id": (application_id(info.ui_port) if alive else None) or info.app_id,
+                         "url": info.url, "conn_id": info.conn_id, "log": info.log})
+        return rows
+
+
+def application_id(ui_port: int, timeout: float = 2.0) -> str | None:
+    """The application id a Spark UI's REST API reports (None if it does not answer)."""
+    with contextlib.suppress(OSError, ValueError, IndexError, KeyError):
+        with urllib.request.urlopen(f"http://127.0.0.1:{ui_port}/api/v1/applications", timeout=timeout) as resp:
+            return json.loads(resp.read().decode())[0]["id"]
+    return None
+
+
+def connection_definitions(servers: list[ServerInfo]) -> dict[str, str]:
+    """``AIRFLOW_CONN_<ID>`` environment variables (JSON connections) for the servers."""
+    return {f"AIRFLOW_CONN_{s.conn_id.upper()}": json.dumps({"conn_type": "spark_connect", "host": "127.0.0.1",
+                                                             "port": s.port}) for s in servers}
+
+
+def targets_json(servers: list[ServerInfo], slots: int = 2) -> str:
+    """The ``[speculative] targets`` value that uses the servers (one target per server, node = its name)."""
+    return json.dumps([{"name": s.name, "conn_id": s.conn_id, "slots": slots} for s in servers])
+
+
+def _accepts(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def _log_has(path: str, text: str) -> bool:
+    try:
+        return text.encode() in Path(path).read_bytes()
+    except OSError:
+        return False
+
+
+def _actual_ui_port(path: str) -> int | None:
+    # Spark moves the UI to the next free port when the configured one is taken: trust the log.
+    with contextlib.suppress(OSError):
+        found = _UI_STARTED.findall(Path(path).read_text(errors="replace"))
+        if found:
+            return int(found[-1])
+    return None
+
+
+def _tail(path: str, lines: int = 15) -> str:
+    with contextlib.suppress(OSError):
+        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:])
+    return "(no log)"

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# `make demo`: run the example TPC-H Q1 pipeline through `airflow dags test` and print its status.
+#
+# DEMO_TARGETS=connect (default): attempts are clients of a local pool of two warm Spark Connect
+# servers (targets local-a, local-b), started here and stopped on exit, also on failure.
+# DEMO_TARGETS=spark-submit: every attempt is its own spark-submit (the built-in local targets).
+# The caller (the Makefile) exports AIRFLOW_HOME, the store and the example's data/output paths.
+set -euo pipefail
+
+VENV=${VENV:-.venv}
+DEMO=${DEMO:?DEMO (the demo directory) must be set}
+DEMO_DATE=${DEMO_DATE:-2026-01-01}
+DEMO_TARGETS=${DEMO_TARGETS:-connect}
+CONNECT_PORT=${DEMO_CONNECT_PORT:-15002}
+CONNECT_UI_PORT=${DEMO_CONNECT_UI_PORT:-4050}
+AIRFLOW="$VENV/bin/airflow"
+mkdir -p "$DEMO"
+
+if [ "$DEMO_TARGETS" = connect ]; then
+    # Stop exactly the servers started here (pid files), whatever happens below.
+    trap '"$AIRFLOW" speculative local-cluster stop --directory "$DEMO/local-cluster" || true' EXIT
+    "$AIRFLOW" speculative local-cluster start --servers 2 --base-port "$CONNECT_PORT" \
+        --ui-base-port "$CONNECT_UI_PORT" --directory "$DEMO/local-cluster" > "$DEMO/local-cluster.out"
+    grep -v '^export ' "$DEMO/local-cluster.out" | grep -v '^#' | grep -v '^$' || true
+    # The connections (AIRFLOW_CONN_SPARK_CONNECT_LOCAL_A/B) and [speculative] targets it printed.
+    eval "$(grep '^export ' "$DEMO/local-cluster.out")"
+elif [ "$DEMO_TARGETS" != spark-submit ]; then
+    echo "error: DEMO_TARGETS must be connect or spark-submit, not '$DEMO_TARGETS'" >&2
+    exit 2
+fi
+
+"$AIRFLOW" db migrate > /dev/null
+"$AIRFLOW" dags reserialize > /dev/null 2>&1  # so that `airflow dags list` shows the example afterwards
+"$AIRFLOW" dags test tpch_q1 "$DEMO_DATE" > "$DEMO/dags-test.log" 2>&1 || { tail -50 "$DEMO/dags-test.log"; exit 1; }
+run_id=$("$VENV/bin/python" -c 'import json,sys; print(json.load(open(sys.argv[1]))["run_id"])' \
+    "$(ls -d "$AIRFLOW__SPECULATIVE__STORE_PATH"/tpch_q1/*/aggregate | head -1)/plan.json")
+"$AIRFLOW" speculative status --dag-id tpch_q1 --run-id "$run_id"
+echo; echo "Committed output: $SPECULATIVE_EXAMPLE_OUTPUT/tpch_q1/$DEMO_DATE"; ls "$SPECULATIVE_EXAMPLE_OUTPUT/tpch_q1/$DEMO_DATE"
+"$VENV/bin/python" -c "import pyarrow.parquet as pq, sys; print(pq.read_table(sys.argv[1]).to_pandas().sort_values(['l_returnflag','l_linestatus']).to_string(index=False))" \
+    "$SPECULATIVE_EXAMPLE_OUTPUT/tpch_q1/$DEMO_DATE"

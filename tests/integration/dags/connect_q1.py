@@ -1,0 +1,39 @@
+"""Test DAGs on Spark Connect targets (servers started by tests/integration/test_connect_spark.py).
+
+``connect_q1`` is ``small_q1`` on Connect targets; ``connect_cancel`` runs a copy of its only subtask
+at once, and the original (a query sleeping in a UDF on the server) must be cancelled when it loses.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pendulum
+from airflow.sdk import DAG
+
+from airflow_provider_speculative import ParquetSink, Pipeline, all_to_all, parquet_source
+
+HERE = Path(__file__).resolve().parent
+APPS = HERE.parents[2] / "dags" / "apps"
+DATA = os.environ["SPECULATIVE_EXAMPLE_DATA"]
+TARGETS = [{"name": "connect-a", "conn_id": "spark_connect_test_a", "slots": 2},
+           {"name": "connect-b", "conn_id": "spark_connect_test_b", "slots": 2}]
+
+with DAG(dag_id="connect_q1", schedule=None, start_date=pendulum.datetime(2026, 1, 1, tz="UTC")), \
+        Pipeline("connect_q1", config={"check_interval": "500ms", "targets": TARGETS},
+                 spark_conf={"spark.sql.shuffle.partitions": "4"}) as pipeline:
+    scan = pipeline.stage("scan", application=str(APPS / "q1_scan.py"), parallelism=2,
+                          inputs={"lineitem": parquet_source(DATA)})
+    pipeline.stage("aggregate", application=str(APPS / "q1_final.py"), parallelism=1,
+                   inputs={"partials": all_to_all(scan, key=["l_returnflag", "l_linestatus"])},
+                   sink=ParquetSink(os.environ["SPECULATIVE_EXAMPLE_OUTPUT"] + "/connect_q1/{{ ds }}"))
+
+with DAG(dag_id="connect_cancel", schedule=None, start_date=pendulum.datetime(2026, 1, 1, tz="UTC")), \
+        Pipeline("connect_cancel", config={
+            "enabled": True, "check_interval": "300ms", "max_concurrent_executions": 2,
+            "targets": [{**TARGETS[0], "slots": 1}, {**TARGETS[1], "slots": 1}],
+            "fault_injection": {"force_speculation": [0]}},
+            spark_conf={"spark.sql.shuffle.partitions": "2"}) as pipeline:
+    pipeline.stage("count", application=str(HERE.parent / "apps" / "slow_first_attempt.py"), parallelism=1,
+                   inputs={"lineitem": parquet_source(DATA)})

@@ -1,0 +1,126 @@
+"""Spark Connect targets end to end: real Connect servers (the local-cluster module), real Airflow dag.test().
+
+(a) the example's Q1 pipeline commits the same rows on Connect targets as on spark-submit targets;
+(b) a losing attempt whose query runs on the server is really stopped there (checked through the
+server's own REST API), its client is gone and its output removed; (c) the status read model gives
+every attempt its application id and start-up time on both kinds of target.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import urllib.request
+from pathlib import Path
+
+import pendulum
+import pytest
+
+from airflow_provider_speculative.control.localcluster import LocalCluster, application_id, connection_definitions
+from airflow_provider_speculative.control.readmodel import run_report
+from airflow_provider_speculative.store.files import read_json
+from airflow_provider_speculative.store.layout import StageLayout
+from tests.conftest import TEST_ENV
+from tests.integration.q1 import assert_q1_equal, duckdb_q1, read_q1_output
+from tests.integration.spark_helpers import HERE, group_processes, load_dag, wait_for
+
+pytestmark = [pytest.mark.spark, pytest.mark.timeout(900)]
+
+BASE_PORT, UI_BASE_PORT = 15110, 4110
+STORE = Path(TEST_ENV["AIRFLOW__SPECULATIVE__STORE_PATH"])
+OUTPUT = Path(TEST_ENV["SPECULATIVE_EXAMPLE_OUTPUT"])
+
+
+@pytest.fixture(scope="module")
+def connect_pool(tmp_path_factory):
+    """Two real Connect servers (one core each), exposed as connections spark_connect_test_a/b."""
+    cluster = LocalCluster(tmp_path_factory.mktemp("local-cluster"))
+    started, _ = cluster.start(servers=2, base_port=BASE_PORT, ui_base_port=UI_BASE_PORT, cores=1)
+    env = {name.replace("LOCAL", "TEST"): value for name, value in connection_definitions(started).items()}
+    os.environ.update(env)
+    try:
+        yield {s.url + "/": s for s in started}
+    finally:
+        for name in env:
+            os.environ.pop(name, None)
+        cluster.stop()
+        assert all(cluster.process(s) is None for s in started)
+
+
+def _rest(ui_port: int, path: str) -> list[dict]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{ui_port}/api/v1/applications{path}", timeout=5) as resp:
+        return json.loads(resp.read().decode())
+
+
+def _attempts(report: dict) -> list[dict]:
+    return [a for stage in report["stages"] for sub in stage["subtasks"] for a in sub["attempts"]]
+
+
+def test_q1_on_connect_equals_spark_submit(airflow_db, tpch_data, connect_pool):
+    date = pendulum.datetime(2026, 5, 1, tz="UTC")
+    dags = HERE / "dags"
+    connect_run = load_dag("connect_q1", dags).test(logical_date=date)
+    assert connect_run.state == "success"
+    submit_run = load_dag("small_q1", dags).test(logical_date=date)
+    assert submit_run.state == "success"
+
+    on_connect = read_q1_output(OUTPUT / "connect_q1" / "2026-05-01")
+    on_submit = read_q1_output(OUTPUT / "small_q1" / "2026-05-01")
+    assert on_connect == on_submit  # exactly the same rows, not only within a tolerance
+    assert_q1_equal(on_connect, duckdb_q1(tpch_data))
+
+    # (c) every attempt has its application id and start-up time, on both kinds of target.
+    connect_apps = {application_id(s.ui_port) for s in connect_pool.values()}
+    assert None not in connect_apps
+    for dag_id, run in (("connect_q1", connect_run), ("small_q1", submit_run)):
+        attempts = _attempts(run_report(STORE, dag_id, run.run_id))
+        assert attempts
+        for attempt in attempts:
+            assert attempt["app_id"], (dag_id, attempt)
+            assert attempt["startup_seconds"] is not None and attempt["startup_seconds"] > 0, (dag_id, attempt)
+            # On Connect the application is the server's; on spark-submit each attempt is its own.
+            assert (attempt["app_id"] in connect_apps) == (dag_id == "connect_q1"), (dag_id, attempt)
+    # The CLI prints the same read model.
+    import subprocess
+    import sys
+
+    out = subprocess.run([str(Path(sys.executable).parent / "airflow"), "speculative", "status", "--dag-id",
+                          "connect_q1", "--run-id", connect_run.run_id, "--output", "json"],
+                         check=True, capture_output=True, text=True, env={**os.environ, **TEST_ENV}).stdout
+    cli_attempts = _attempts(json.loads(out[out.index("{"):]))
+    assert [a["app_id"] for a in cli_attempts] == [a["app_id"] for a in _attempts(
+        run_report(STORE, "connect_q1", connect_run.run_id))]
+    assert all(a["startup_seconds"] for a in cli_attempts)
+
+
+def test_losing_attempt_is_stopped_on_the_server(airflow_db, tpch_data, connect_pool):
+    run = load_dag("connect_cancel", HERE / "dags").test(logical_date=pendulum.datetime(2026, 5, 2, tz="UTC"))
+    assert run.state == "success"
+    layout = StageLayout(STORE, "connect_cancel", run.run_id, "count")
+    report = run_report(STORE, "connect_cancel", run.run_id)
+    loser, winner = report["stages"][0]["subtasks"][0]["attempts"][:2]
+    assert (loser["attempt"], loser["state"], loser["admitted"]) == (0, "CANCELED", False)
+    assert (winner["attempt"], winner["state"], winner["admitted"]) == (1, "FINISHED", True)
+
+    session = read_json(layout.attempt_dir(0, 0) / "connect.json")
+    cancel = read_json(layout.attempt_dir(0, 0) / "connect-cancel.json")
+    # The loser's query was running on the server when it was cancelled, and the session is closed.
+    assert cancel["session_id"] == session["session_id"] and cancel["interrupted"], cancel
+    assert cancel.get("released_at") and not cancel.get("error"), cancel
+
+    server = connect_pool[session["server"].split(";")[0]]
+    app = _rest(server.ui_port, "")[0]["id"]
+    prefix = f"SparkConnect_OperationTag_User_{session['user_id']}_Session_{session['session_id']}_"
+
+    def jobs(status: str = "") -> list[dict]:
+        found = _rest(server.ui_port, f"/{app}/jobs" + (f"?status={status}" if status else ""))
+        return [j for j in found if any(t.startswith(prefix) for t in j.get("jobTags", []))]
+
+    assert jobs(), "the server never ran a job of the losing attempt's session"
+    wait_for(lambda: not jobs("running"), 60, "no job of the cancelled attempt running on the server")
+    assert any(j["status"] == "FAILED" for j in jobs()), jobs()  # the interrupted write job
+
+    # Its client is gone and the controller removed its output.
+    assert group_processes(read_json(layout.status(0, 0))["pgid"]) == []
+    assert not layout.data(0, 0).exists() and not layout.manifest(0, 0).exists()
+    assert layout.manifest(0, 1).exists()
