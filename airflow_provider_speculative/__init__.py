@@ -4,7 +4,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-__all__ = ["ParquetSink", "Pipeline", "all_to_all", "get_provider_info", "parquet_source", "pointwise"]
+__all__ = ["ParquetSink", "Pipeline", "all_to_all", "get_provider_info", "StageOutputSensor", "parquet_source", "pointwise"]
 
 
 def __getattr__(name: str):  # lazy: the Spark-side runtime imports this package without Airflow
@@ -16,6 +16,10 @@ def __getattr__(name: str):  # lazy: the Spark-side runtime imports this package
         from airflow_provider_speculative.sinks.parquet import ParquetSink
 
         return ParquetSink
+    if name == "StageOutputSensor":
+        from airflow_provider_speculative.sensors.stage_output import StageOutputSensor
+
+        return StageOutputSensor
     if name == "get_provider_info":
         from airflow_provider_speculative.provider_info import get_provider_info
 

@@ -8,7 +8,7 @@ from airflow_provider_speculative.core.config import OPTIONS, SECTION
 
 
 def get_provider_info() -> dict[str, Any]:
-    """Describe the provider: triggers, operators, the ``[speculative]`` config section and CLI commands."""
+    """Describe the provider: operators, sensors, triggers, the ``[speculative]`` config section and CLI commands."""
     from airflow_provider_speculative import __version__
 
     return {
@@ -22,7 +22,10 @@ def get_provider_info() -> dict[str, Any]:
         "operators": [{"integration-name": "Speculative",
                        "python-modules": ["airflow_provider_speculative.operators.stage"]}],
         "triggers": [{"integration-name": "Speculative",
-                      "python-modules": ["airflow_provider_speculative.triggers.controller"]}],
+                      "python-modules": ["airflow_provider_speculative.triggers.controller",
+                                         "airflow_provider_speculative.triggers.stage_output"]}],
+        "sensors": [{"integration-name": "Speculative",
+                     "python-modules": ["airflow_provider_speculative.sensors.stage_output"]}],
         "config": {
             SECTION: {
                 "description": "Speculative execution and stage control (FLIP-168 defaults).",

@@ -1,0 +1,110 @@
+"""Find a stage run's committed output in the store by DAG, stage and logical date (StageOutputSensor's I/O).
+
+A run is found by its logical date, not by a guessed run id: run ids depend on how the run was
+created (``scheduled__``, ``manual__``, asset-triggered, a custom id), while every stage's plan.json
+records the run's ``logical_date``. Scanning costs one small JSON read per run directory of that
+DAG, and only once per directory: a run's logical date never changes, so directories already seen
+with another date are skipped on later polls (cost linear in the DAG's runs, then in new runs).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from airflow_provider_speculative.core.readiness import Readiness, check_committed, describe_wait, same_instant
+from airflow_provider_speculative.exceptions import StoreError
+from airflow_provider_speculative.store.files import read_json
+from airflow_provider_speculative.store.layout import StageLayout, safe_component
+
+
+@dataclass(frozen=True)
+class OutputObservation:
+    """One look at the store: the matching run (if any), its readiness, and a sentence for logs and timeouts."""
+
+    run_id: str | None
+    readiness: Readiness | None
+    message: str
+    committed_path: str | None = None
+
+    @property
+    def ready(self) -> bool:
+        """The requested output is committed."""
+        return self.readiness is not None and self.readiness.ready
+
+    def payload(self) -> dict[str, Any]:
+        """JSON-able summary for a trigger event or an XCom."""
+        return {"run_id": self.run_id, "committed": self.committed_path, "message": self.message,
+                "ready": self.ready}
+
+
+class StageOutputLocator:
+    """Watch ``<store>/<dag_id>/<run>/<stage>/committed.json`` of the run with ``logical_date`` (or ``run_id``)."""
+
+    def __init__(self, store_root: str | Path, dag_id: str, stage: str, *, logical_date: Any = None,
+                 run_id: str | None = None, subtasks: Sequence[int] | None = None,
+                 subpartitions: Sequence[int] | None = None) -> None:
+        if (logical_date is None) == (run_id is None):
+            raise ValueError(f"DAG {dag_id!r}, stage {stage!r}: give exactly one of logical_date and run_id")
+        self.root = Path(store_root)
+        self.dag_id, self.stage = dag_id, stage
+        self.logical_date, self.run_id = logical_date, run_id
+        self.subtasks = list(subtasks) if subtasks is not None else None
+        self.subpartitions = list(subpartitions) if subpartitions is not None else None
+        self._other_dates: set[str] = set()  # run directories of other logical dates (never rescanned)
+
+    def _plan_of_run(self, run_dir: Path) -> dict[str, Any] | None:
+        """The stage's plan.json, or a sibling stage's (any stage's plan carries the run's logical date)."""
+        own = read_json(run_dir / safe_component(self.stage) / "plan.json")
+        if own is not None:
+            return own
+        for child in sorted(run_dir.iterdir()) if run_dir.is_dir() else ():
+            plan = read_json(child / "plan.json") if child.is_dir() else None
+            if plan is not None:
+                return plan
+        return None
+
+    def _candidates(self) -> list[tuple[str, StageLayout]]:
+        if self.run_id is not None:
+            return [(self.run_id, StageLayout(self.root, self.dag_id, self.run_id, self.stage))]
+        dag_dir = self.root / safe_component(self.dag_id)
+        found = []
+        if not dag_dir.is_dir():
+            return found
+        for run_dir in sorted(dag_dir.iterdir()):
+            if not run_dir.is_dir() or run_dir.name in self._other_dates:
+                continue
+            try:
+                plan = self._plan_of_run(run_dir)
+            except StoreError:
+                continue  # a torn or foreign file is not this run's plan; looked at again next poll
+            if plan is None:
+                continue  # nothing planned in that run yet: its date is unknown, look again next poll
+            if not same_instant(plan.get("logical_date"), self.logical_date):
+                self._other_dates.add(run_dir.name)
+                continue
+            run_id = str(plan.get("run_id") or run_dir.name)
+            found.append((run_id, StageLayout(self.root, self.dag_id, run_id, self.stage)))
+        return found
+
+    def check(self) -> OutputObservation:
+        """Look once; of several runs with the date (a deleted and recreated run), prefer a ready one, then the newest commit."""
+        best: tuple[str, StageLayout, Readiness] | None = None
+        for run_id, layout in self._candidates():
+            record = read_json(layout.committed)
+            readiness = check_committed(record, self.subtasks, self.subpartitions)
+            rank = (readiness.ready, readiness.committed, readiness.details.get("committed_at") or 0)
+            if best is None or rank > (best[2].ready, best[2].committed, best[2].details.get("committed_at") or 0):
+                best = (run_id, layout, readiness)
+        if best is None:
+            message = describe_wait(self.dag_id, self.stage, self.logical_date, None, None)
+            return OutputObservation(run_id=None, readiness=None, message=message)
+        run_id, layout, readiness = best
+        date = self.logical_date if self.run_id is None else None
+        message = describe_wait(self.dag_id, self.stage, date, run_id, readiness, self.subtasks, self.subpartitions)
+        if readiness.ready:
+            message = f"DAG {self.dag_id!r}, stage {self.stage!r}, run {run_id!r}: committed output is there"
+        return OutputObservation(run_id=run_id, readiness=readiness, message=message,
+                                 committed_path=str(layout.committed) if readiness.committed else None)

@@ -1,0 +1,116 @@
+"""StageOutputSensor: wait until a stage of a pipeline (this DAG or another) has committed for a logical date."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from airflow.sdk import BaseSensorOperator
+from airflow.sdk.exceptions import AirflowException, AirflowSensorTimeout, AirflowSkipException
+
+from airflow_provider_speculative.control.stage_output import OutputObservation, StageOutputLocator
+from airflow_provider_speculative.core.readiness import parse_instant
+from airflow_provider_speculative.settings import airflow_config, store_root
+from airflow_provider_speculative.triggers.stage_output import StageOutputTrigger
+
+# The trigger reports the timeout itself (naming what is missing); Airflow's deferral timeout is only a
+# backstop for a triggerer that is down, so it is set this much later.
+DEFERRAL_TIMEOUT_GRACE = 60.0
+
+
+class StageOutputSensor(BaseSensorOperator):
+    """Wait for ``stage`` of DAG ``external_dag_id`` (default: this DAG) to commit for a logical date.
+
+    The run is found in the result store by its logical date (default: this run's), or by ``run_id``.
+    ``subtasks``: also require these subtask numbers in the commit. ``subpartitions``: also require that
+    some committed subtask wrote data for each of these subpartitions. ``deferrable=True`` (default)
+    waits in the triggerer; ``deferrable=False`` pokes in ``reschedule`` mode (no slot held between pokes).
+    ``timeout`` fails the sensor naming what is missing; ``soft_fail=True`` skips it instead.
+    Returns (XCom) the run id and the path of the committed record.
+    """
+
+    template_fields: Sequence[str] = ("external_dag_id", "stage", "logical_date", "run_id", "store_path")
+    ui_color = "#ffd8a8"
+
+    def __init__(self, *, stage: str, external_dag_id: str | None = None, logical_date: Any = None,
+                 run_id: str | None = None, subtasks: Sequence[int] | None = None,
+                 subpartitions: Sequence[int] | None = None, store_path: str | None = None,
+                 deferrable: bool = True, poke_interval: float = 30.0, **kwargs: Any) -> None:
+        if not deferrable:
+            kwargs.setdefault("mode", "reschedule")
+        super().__init__(poke_interval=poke_interval, **kwargs)
+        if logical_date is not None and run_id is not None:
+            raise ValueError(f"{self.task_id}: give logical_date or run_id, not both")
+        self.stage = stage
+        self.external_dag_id = external_dag_id
+        self.logical_date = logical_date
+        self.run_id = run_id
+        self.subtasks = [int(s) for s in subtasks] if subtasks is not None else None
+        self.subpartitions = [int(s) for s in subpartitions] if subpartitions is not None else None
+        self.store_path = store_path
+        self.deferrable = deferrable
+        self._last: OutputObservation | None = None
+
+    # -- what to watch -----------------------------------------------------------------------
+
+    def _trigger(self, context: Any, deadline: float | None) -> StageOutputTrigger:
+        dag_id = self.external_dag_id or context["dag"].dag_id
+        root = (Path(self.store_path).expanduser().resolve() if self.store_path
+                else store_root(airflow_config()))
+        run_id = self.run_id or None
+        logical_date = None
+        if run_id is None:
+            moment = parse_instant(self.logical_date if self.logical_date not in (None, "")
+                                   else context.get("logical_date"))
+            if moment is None:
+                raise AirflowException(f"{self.task_id}: waiting for DAG {dag_id!r}, stage {self.stage!r}: this run "
+                                       "has no logical date; give logical_date or run_id")
+            logical_date = moment.isoformat()
+        return StageOutputTrigger(str(root), dag_id, self.stage, logical_date=logical_date, run_id=run_id,
+                                  subtasks=self.subtasks, subpartitions=self.subpartitions,
+                                  poke_interval=float(self.poke_interval), deadline=deadline)
+
+    # -- reschedule / poke mode -------------------------------------------------------------
+
+    def poke(self, context: Any) -> bool:
+        """One look at the store."""
+        self._last = self._trigger(context, None).locator().check()
+        self.log.info("%s", self._last.message)
+        return self._last.ready
+
+    def execute(self, context: Any) -> Any:
+        """Return at once if committed; else defer to StageOutputTrigger, or poke in reschedule mode."""
+        if not self.deferrable:
+            try:
+                super().execute(context)
+            except AirflowSensorTimeout as exc:
+                raise AirflowSensorTimeout(self._timeout_message()) from exc
+            except AirflowSkipException as exc:
+                if self._last is not None and "timed out" in str(exc):
+                    raise AirflowSkipException(self._timeout_message()) from exc
+                raise
+            return self._last.payload() if self._last is not None else None
+        if self.poke(context):
+            return self._last.payload() if self._last is not None else None
+        trigger = self._trigger(context, time.time() + float(self.timeout))
+        self.defer(trigger=trigger, method_name="execute_complete",
+                   timeout=timedelta(seconds=float(self.timeout) + DEFERRAL_TIMEOUT_GRACE))
+
+    def _timeout_message(self, message: str | None = None) -> str:
+        what = message or (self._last.message if self._last else "nothing observed")
+        return f"{self.task_id}: timed out after {float(self.timeout):g} s waiting for committed output: {what}"
+
+    def execute_complete(self, context: Any, event: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The trigger fired: succeed, or time out (skipped with soft_fail) naming what is missing."""
+        event = event or {}
+        status = event.get("status")
+        if status == "success":
+            self.log.info("%s", event.get("message"))
+            return {k: event.get(k) for k in ("run_id", "committed", "message")}
+        if status == "timeout":
+            # BaseSensorOperator.resume_execution turns this into a skip when soft_fail is set.
+            raise AirflowSensorTimeout(self._timeout_message(event.get("message")))
+        raise AirflowException(f"{self.task_id}: watching the store failed: {event.get('message') or event!r}")

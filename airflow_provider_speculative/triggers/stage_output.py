@@ -1,0 +1,63 @@
+"""StageOutputTrigger: poll the store for a stage's commit without holding a worker slot. Thin: see control/stage_output."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from airflow.triggers.base import BaseTrigger, TriggerEvent
+
+from airflow_provider_speculative.control.stage_output import StageOutputLocator
+
+
+class StageOutputTrigger(BaseTrigger):
+    """Fire ``success`` when the stage run's output is committed, or ``timeout`` (naming what is missing) at the deadline.
+
+    Reads only the store (files, through a thread); never the metadata database.
+    """
+
+    def __init__(self, store_root: str, dag_id: str, stage: str, *, logical_date: str | None = None,
+                 run_id: str | None = None, subtasks: list[int] | None = None,
+                 subpartitions: list[int] | None = None, poke_interval: float = 30.0,
+                 deadline: float | None = None) -> None:
+        super().__init__()
+        self.store_root, self.dag_id, self.stage = store_root, dag_id, stage
+        self.logical_date, self.run_id = logical_date, run_id
+        self.subtasks, self.subpartitions = subtasks, subpartitions
+        self.poke_interval, self.deadline = poke_interval, deadline
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        """Everything needed to rebuild the locator in any triggerer."""
+        return (f"{type(self).__module__}.{type(self).__qualname__}",
+                {"store_root": self.store_root, "dag_id": self.dag_id, "stage": self.stage,
+                 "logical_date": self.logical_date, "run_id": self.run_id, "subtasks": self.subtasks,
+                 "subpartitions": self.subpartitions, "poke_interval": self.poke_interval,
+                 "deadline": self.deadline})
+
+    def locator(self) -> StageOutputLocator:
+        """The store watcher this trigger polls."""
+        return StageOutputLocator(self.store_root, self.dag_id, self.stage, logical_date=self.logical_date,
+                                  run_id=self.run_id, subtasks=self.subtasks, subpartitions=self.subpartitions)
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        """Poll every ``poke_interval`` seconds; yield exactly one event."""
+        locator = self.locator()
+        while True:
+            try:
+                observation = await asyncio.to_thread(locator.check)
+            except Exception as exc:  # a broken store must fail the sensor with its cause, not kill the trigger
+                yield TriggerEvent({"status": "error", "message": f"{type(exc).__name__}: {exc}"})
+                return
+            if observation.ready:
+                yield TriggerEvent({"status": "success", **observation.payload()})
+                return
+            if self.deadline is not None and time.time() >= self.deadline:
+                yield TriggerEvent({"status": "timeout", **observation.payload()})
+                return
+            wait = self.poke_interval
+            if self.deadline is not None:
+                wait = max(0.0, min(wait, self.deadline - time.time()))
+            self.log.debug("%s", observation.message)
+            await asyncio.sleep(wait)
