@@ -4,7 +4,8 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-__all__ = ["ParquetSink", "Pipeline", "all_to_all", "get_provider_info", "StageOutputSensor", "parquet_source", "pointwise"]
+__all__ = ["ParquetSink", "Pipeline", "StageOutputSensor", "all_to_all", "get_provider_info", "parquet_source",
+           "pointwise"]
 
 
 def __getattr__(name: str):  # lazy: the Spark-side runtime imports this package without Airflow

@@ -90,7 +90,7 @@ class StageOutputLocator:
         return found
 
     def check(self) -> OutputObservation:
-        """Look once; of several runs with the date (a deleted and recreated run), prefer a ready one, then the newest commit."""
+        """Look once. Of several runs with the date (a run deleted, recreated) prefer a ready one, then the newest."""
         best: tuple[str, StageLayout, Readiness] | None = None
         for run_id, layout in self._candidates():
             record = read_json(layout.committed)

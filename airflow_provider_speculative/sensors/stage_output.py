@@ -11,7 +11,7 @@ from typing import Any
 from airflow.sdk import BaseSensorOperator
 from airflow.sdk.exceptions import AirflowException, AirflowSensorTimeout, AirflowSkipException
 
-from airflow_provider_speculative.control.stage_output import OutputObservation, StageOutputLocator
+from airflow_provider_speculative.control.stage_output import OutputObservation
 from airflow_provider_speculative.core.readiness import parse_instant
 from airflow_provider_speculative.settings import airflow_config, store_root
 from airflow_provider_speculative.triggers.stage_output import StageOutputTrigger

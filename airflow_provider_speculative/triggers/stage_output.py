@@ -1,4 +1,4 @@
-"""StageOutputTrigger: poll the store for a stage's commit without holding a worker slot. Thin: see control/stage_output."""
+"""StageOutputTrigger: poll the store for a stage's commit, holding no worker slot. Thin: see control/stage_output."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from airflow_provider_speculative.control.stage_output import StageOutputLocator
 
 
 class StageOutputTrigger(BaseTrigger):
-    """Fire ``success`` when the stage run's output is committed, or ``timeout`` (naming what is missing) at the deadline.
+    """Fire ``success`` once the stage run's output is committed, or ``timeout`` naming what is missing.
 
     Reads only the store (files, through a thread); never the metadata database.
     """
