@@ -15,6 +15,7 @@ from airflow_provider_speculative.control.controller import StageController, wip
 from airflow_provider_speculative.core.config import SpeculativeConfig
 from airflow_provider_speculative.core.graph import PipelineGraph, SourceSpec
 from airflow_provider_speculative.core.plan import plan_stage
+from airflow_provider_speculative.core.readiness import partition_key
 from airflow_provider_speculative.exceptions import PlanError, StageFailedError, StoreError
 from airflow_provider_speculative.hooks.targets import resolve_targets
 from airflow_provider_speculative.links import SparkHistoryLink, StageViewLink
@@ -46,13 +47,19 @@ class SparkStageOperator(BaseOperator):
     ui_color = "#f4a460"
 
     def __init__(self, *, graph: PipelineGraph, stage: str, sink: Sink | None = None,
-                 force_rerun: bool = False, **kwargs: Any) -> None:
+                 force_rerun: bool = False, asset_partitioned: bool = False, **kwargs: Any) -> None:
+        self.sink_asset = sink_asset(sink)
+        if self.sink_asset is not None:
+            outlets = kwargs.get("outlets") or []
+            outlets = list(outlets) if isinstance(outlets, list | tuple) else [outlets]
+            kwargs["outlets"] = [*outlets, self.sink_asset] if self.sink_asset not in outlets else outlets
         super().__init__(**kwargs)
         self.graph = graph
         self.stage = stage
         self.sink = sink
         self.sink_args = sink.describe() if sink is not None else None
         self.force_rerun = force_rerun
+        self.asset_partitioned = asset_partitioned
 
     # -- planning (worker) ------------------------------------------------------------------
 
@@ -173,6 +180,7 @@ class SparkStageOperator(BaseOperator):
                       summary=summary)
         write_committed(layout, record)
         journal(layout, "finalize_done", sink=sink_result)
+        self._publish_asset_event(context, plan, record, summary, sink_result)
         removed = self._remove_losers(layout, plan["parallelism"], admitted)
         losers = tuple((s, n) for s in range(plan["parallelism"]) for n in layout.attempt_numbers(s)
                        if admitted.get(s) != n)
@@ -184,6 +192,19 @@ class SparkStageOperator(BaseOperator):
                       self.stage, len(admitted), removed, summary.get("speculation"),
                       summary.get("numSlowExecutionVertices"), summary.get("numEffectiveSpeculativeExecutions"))
         return {"stage": self.stage, "committed": str(layout.committed), "sink": sink_result, **summary}
+
+    def _publish_asset_event(self, context: Any, plan: dict[str, Any], record: dict[str, Any],
+                             summary: dict[str, Any], sink_result: dict[str, Any] | None) -> None:
+        """Describe the commit in the sink asset's event; Airflow records it when the task succeeds."""
+        outlet_events = context.get("outlet_events") if hasattr(context, "get") else None
+        if self.sink_asset is None or outlet_events is None:
+            return
+        accessor = outlet_events[self.sink_asset]
+        accessor.extra = asset_event_extra(plan, record, summary, sink_result)
+        if self.asset_partitioned:
+            key = context.get("partition_key") or partition_key(plan.get("logical_date"))
+            if key:
+                accessor.add_partitions(key)
 
     def _cleanup_sink_staging(self, plan: dict[str, Any], layout: StageLayout,
                               attempts: tuple[tuple[int, int], ...] | None) -> None:
@@ -211,6 +232,35 @@ class SparkStageOperator(BaseOperator):
                     removed += remove_attempt_output(layout, subtask, number)
         return removed
 
+
+
+def sink_asset(sink: Sink | None) -> Any:
+    """The Airflow asset a sink's commits update (None without a sink or a parse-time URI)."""
+    uri = sink.asset_uri() if sink is not None else None
+    if uri is None:
+        return None
+    from airflow.sdk import Asset
+
+    return Asset(uri=uri)
+
+
+def asset_event_extra(plan: dict[str, Any], record: dict[str, Any], summary: dict[str, Any],
+                      sink_result: dict[str, Any] | None) -> dict[str, Any]:
+    """What a consumer needs to know about one commit without reading the store (JSON values only)."""
+    subtasks = record.get("subtasks") or {}
+    result = sink_result or {}
+    # The attempts' manifests count records; a sink's own count is the fallback (it may not count them).
+    counts = [e.get("records") for e in subtasks.values()]
+    records = sum(int(c) for c in counts) if counts and None not in counts else result.get("records")
+    files = result.get("files")
+    if not isinstance(files, int):
+        files = sum(len(e.get("files") or ()) or int(e.get("file_count") or 0) for e in subtasks.values())
+    return {"dag_id": plan["dag_id"], "run_id": plan["run_id"], "stage": plan["stage"],
+            "logical_date": plan.get("logical_date"), "records": records, "files": files,
+            "location": result.get("path") or result.get("table"),
+            "attempts_admitted": {k: e.get("attempt") for k, e in sorted(subtasks.items(), key=lambda i: int(i[0]))},
+            "numEffectiveSpeculativeExecutions": summary.get("numEffectiveSpeculativeExecutions"),
+            "numSlowExecutionVertices": summary.get("numSlowExecutionVertices")}
 
 
 def journal(layout: StageLayout, event: str, **fields: Any) -> None:

@@ -154,6 +154,13 @@ class Sink(ABC):
     def finalize_global(self, context: FinalizationContext) -> dict[str, Any]:
         """Commit exactly the attempts in ``context``; must be idempotent; return a summary."""
 
+    def asset_uri(self) -> str | None:
+        """URI of the Airflow asset this sink's commits update, known when the DAG is parsed; None: no asset.
+
+        The operator declares it as an outlet and emits one asset event per commit (docs/assets.md).
+        """
+        return None
+
     @abstractmethod
     def describe(self) -> dict[str, Any]:
         """JSON-able constructor arguments (after template rendering), for plan.json."""

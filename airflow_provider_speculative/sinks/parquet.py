@@ -51,6 +51,23 @@ class ParquetSink(Sink, SupportsConcurrentExecutionAttempts):
         """Constructor arguments."""
         return {"path": self.path}
 
+    def asset_uri(self) -> str | None:
+        """``file://`` URI of the path's fixed part (before its first templated component); None if it has none.
+
+        ``/out/q1/{{ ds }}`` is the asset ``file:///out/q1``: one asset for every logical date, whose events
+        carry the rendered path and the logical date (docs/assets.md).
+        """
+        text = os.fspath(self.path) if isinstance(self.path, str | os.PathLike) else ""
+        fixed: list[str] = []
+        for part in text.split("/"):
+            if "{{" in part or "{%" in part:
+                break
+            fixed.append(part)
+        prefix = posixpath.normpath("/".join(fixed) or ".")
+        if not posixpath.isabs(prefix) or prefix == "/":
+            return None
+        return Path(prefix).as_uri()
+
     def validate(self, where: str) -> None:
         """The path must be a non-empty absolute path (a leading template is checked once rendered)."""
         path = self.path

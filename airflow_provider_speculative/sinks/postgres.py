@@ -22,6 +22,7 @@ import json
 import os
 import re
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from airflow_provider_speculative.exceptions import PipelineError, PlanError
 from airflow_provider_speculative.sinks.base import (
@@ -71,7 +72,7 @@ class PostgresSink(Sink, SupportsConcurrentExecutionAttempts):
 
     def __init__(self, table: str, *, postgres_conn_id: str = "postgres_default", partition_column: str = "ds",
                  partition_value: str = "{{ ds }}", staging_schema: str = "speculative_staging",
-                 ledger_table: str = "speculative_staging.commits") -> None:
+                 ledger_table: str = "speculative_staging.commits", asset_uri: str | None = None) -> None:
         # Names are checked by validate() (DAG parse) and validate_plan() (rendered), naming the stage.
         self.table = table
         self.postgres_conn_id = postgres_conn_id
@@ -79,6 +80,24 @@ class PostgresSink(Sink, SupportsConcurrentExecutionAttempts):
         self.partition_value = partition_value
         self.staging_schema = staging_schema
         self.ledger_table = ledger_table
+        # Not in describe(): it names the asset at parse time and plays no part in writing or committing.
+        self.database_uri = asset_uri
+
+    def asset_uri(self) -> str | None:
+        """``postgres://host:port/database/schema/table`` from the ``asset_uri`` argument; None without one.
+
+        ``asset_uri`` is the database part (``postgres://host:5432/db``; the table is appended) or the full
+        URI. It is an argument because the host and database are the connection's, which a DAG file must not
+        look up while it is parsed.
+        """
+        if not self.database_uri:
+            return None
+        parsed = urlsplit(self.database_uri)
+        path = [p for p in parsed.path.split("/") if p]
+        if len(path) == 1 and isinstance(self.table, str) and "{{" not in self.table:
+            schema, _, table = self.table.rpartition(".")
+            path += [schema or "public", table]
+        return urlunsplit(parsed._replace(path="/" + "/".join(path)))
 
     def validate(self, where: str) -> None:
         """``table`` and ``ledger_table`` are ``[schema.]table``; schema and column are identifiers."""
@@ -91,6 +110,23 @@ class PostgresSink(Sink, SupportsConcurrentExecutionAttempts):
             if problem:
                 form = "[schema.]table" if parts == 2 else "an identifier"
                 raise PipelineError(f"{where}: {name} {value!r} is not {form}: {problem}")
+        if self.database_uri is not None:
+            self._check_asset_uri(where)
+
+    def _check_asset_uri(self, where: str) -> None:
+        parsed = urlsplit(str(self.database_uri))
+        parts = [p for p in parsed.path.split("/") if p]
+        problem = None
+        if parsed.scheme != "postgres" or not parsed.hostname:
+            problem = "expected postgres://host[:port]/database"
+        elif parsed.password:
+            problem = "it contains a password (asset URIs are shown in the UI)"
+        elif len(parts) == 1 and "{{" in str(self.table):
+            problem = "the table is templated; give the full URI postgres://host:port/database/schema/table"
+        elif len(parts) not in (1, 3):
+            problem = "expected postgres://host[:port]/database or postgres://host[:port]/database/schema/table"
+        if problem:
+            raise PipelineError(f"{where}: asset_uri {self.database_uri!r} is not usable: {problem}")
 
     def validate_plan(self, context: PlanContext) -> None:
         """Check the rendered names before any attempt writes (no database access needed)."""
