@@ -2,7 +2,9 @@
 
 The example DAG ``dags/tpch_q1.py`` is triggered through the CLI, its two stages run as real Spark
 submissions launched by the deferred stage controller in the triggerer, and the committed output must
-equal DuckDB's TPC-H Q1 over the same lineitem files.
+equal DuckDB's TPC-H Q1 over the same lineitem files. ``dags/tpch_q1_report.py`` is triggered first: its
+StageOutputSensor defers in the triggerer until tpch_q1's aggregate commits, then reads the output; the
+commit is recorded as an asset event with its summary.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 
@@ -32,6 +35,7 @@ from tests.integration.q1 import assert_q1_equal, duckdb_q1, output_decimal_scal
 DAGS = REPO / "dags"
 
 DAG_ID = "tpch_q1"
+REPORT_DAG_ID = "tpch_q1_report"
 LOGICAL_DATE = "2026-01-01T00:00:00+00:00"
 DS = "2026-01-01"
 
@@ -101,6 +105,19 @@ def run_and_check(dep: AirflowCluster, lineitem: Path, tmp_path: Path) -> None:
 
     wait_until(dag_serialized, 240, f"the dag-processor to serialize {DAG_ID}", interval=2, on_timeout=import_errors)
 
+    # The downstream report first: its sensor must wait (deferred, in the triggerer) for the commit.
+    dep.wait_dag(REPORT_DAG_ID)
+    dep.cli("dags", "unpause", REPORT_DAG_ID)
+    report_run_id = dep.trigger(REPORT_DAG_ID, LOGICAL_DATE)
+
+    def sensor_deferred() -> bool:
+        dep.check_alive()
+        state = dep.task_instances(REPORT_DAG_ID, report_run_id).get("wait_for_q1", {}).get("state")
+        assert state not in ("success", "failed", "skipped"), f"the sensor ended ({state}) before tpch_q1 ran"
+        return state == "deferred"
+
+    wait_until(sensor_deferred, 240, "the StageOutputSensor to defer", interval=2)
+
     dep.cli("dags", "unpause", DAG_ID)
     triggered = dep.cli_json("dags", "trigger", DAG_ID, "--logical-date", LOGICAL_DATE)
     run = triggered[0] if isinstance(triggered, list) else triggered
@@ -139,6 +156,24 @@ def run_and_check(dep: AirflowCluster, lineitem: Path, tmp_path: Path) -> None:
             attempts = [(a["attempt"], a["state"], a["admitted"], a["speculative"]) for a in sub["attempts"]]
             assert attempts == [(0, "FINISHED", True, False)], f"stage {name} subtask {sub['subtask']}: {attempts}"
             assert sub["admitted"] == 0
+
+    # The sensor fired in the triggerer and the report read the committed rows (Q1: 4 groups).
+    report_run = dep.wait_runs_finished(REPORT_DAG_ID, [report_run_id], 180)[report_run_id]
+    assert report_run["state"] == "success", f"{REPORT_DAG_ID} run {report_run_id} is {report_run['state']}"
+    xcom = dep.api("GET", f"/dags/{REPORT_DAG_ID}/dagRuns/{quote(report_run_id, safe='')}/taskInstances/report/"
+                          "xcomEntries/return_value?deserialize=true")
+    value = xcom["value"] if isinstance(xcom["value"], dict) else json.loads(xcom["value"])
+    assert value == {"run_id": run_id, "rows": 4, "path": str(output)}
+
+    # The sink's commit is an asset event describing it.
+    events = dep.api("GET", f"/assets/events?source_dag_id={DAG_ID}&source_run_id={quote(run_id, safe='')}")
+    sink_events = [e for e in events["asset_events"] if e["source_task_id"] == "aggregate"]
+    assert len(sink_events) == 1, events
+    extra = sink_events[0]["extra"]
+    assert sink_events[0]["uri"] == (tmp_path / "output" / DAG_ID).as_uri()
+    assert (extra["run_id"], extra["logical_date"], extra["records"], extra["location"]) == (
+        run_id, LOGICAL_DATE, 4, str(output))
+    assert extra["attempts_admitted"] == {"0": 0, "1": 0} and extra["numEffectiveSpeculativeExecutions"] == 0
 
     # Shut everything down: no spark-submit or SparkSubmit driver of this store may be left behind.
     dep.stop()
