@@ -61,4 +61,7 @@ def metadata_db_identity() -> dict[str, str] | None:
         url = _conf().get("database", "sql_alchemy_conn")
     except Exception:  # a worker without database settings: the store is claimed elsewhere
         return None
-    return db_identity(url) if url else None
+    try:
+        return db_identity(url) if url else None
+    except Exception:  # Airflow 3 task processes get "airflow-db-not-allowed:///", which is no URL
+        return None

@@ -66,7 +66,9 @@ def postgres_db() -> Iterator[PostgresDatabase]:
 @pytest.fixture
 def deployment(tmp_path: Path, postgres_db: PostgresDatabase) -> Iterator[AirflowCluster]:
     """Migrated DB, then api-server, scheduler, dag-processor and triggerer, all healthy; torn down after."""
-    dep = AirflowCluster(tmp_path, postgres_db.url, dags_folder=DAGS, data=LINEITEM)
+    # Admin API access: the test reads task states, XComs and asset events through the REST API.
+    dep = AirflowCluster(tmp_path, postgres_db.url, dags_folder=DAGS, data=LINEITEM,
+                         extra_env={"AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True"})
     try:
         dep.migrate()
         dep.start_all()
