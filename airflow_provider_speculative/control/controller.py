@@ -40,7 +40,7 @@ from airflow_provider_speculative.core.scheduler import (
     StageScheduler,
     Tick,
 )
-from airflow_provider_speculative.core.states import Attempt, AttemptState, current_attempt
+from airflow_provider_speculative.core.states import TERMINAL, Attempt, AttemptState, current_attempt
 from airflow_provider_speculative.sinks.base import Sink, StagingScope
 from airflow_provider_speculative.store import changes
 from airflow_provider_speculative.store.files import atomic_write_json, create_exclusive_json, read_json
@@ -87,6 +87,8 @@ class StageController:
         self.reaping: set[tuple[int, int]] = set()
         self._launch_failures: list[LaunchFailed] = []
         self._full_cursor = self._probe_cursor = 0
+        self._live: list[tuple[int, int]] | None = None
+        self._live_stale = True
         self._summary: dict[str, Any] | None = None
         self._summary_at = float("-inf")
         # Rebuilt only when an attempt's sink staging must go: the sink's module may not import everywhere.
@@ -139,6 +141,10 @@ class StageController:
         notices, names = changes.pending(self.layout.dir)
         failed_launches = {(f.subtask, f.attempt) for f in self._launch_failures}
         observed = self._observe(now, notices, failed_launches)
+        known = self.scheduler.attempts
+        # Attempts that appeared or changed state change the live set the next tick rotates over.
+        self._live_stale = any(known.get(a.subtask, {}).get(a.number) is None
+                               or known[a.subtask][a.number].state != a.state for a in observed)
         stimuli += [AttemptObserved(a) for a in observed]
         stimuli += self._launch_failures
         changed = bool(observed or self._launch_failures)
@@ -146,6 +152,7 @@ class StageController:
         changes.acknowledge(names)
         actions = self._carry_out_all(self.scheduler.handle(*stimuli, Tick(now)), now)
         actions += self._carry_out_all(self._step_recoveries(), now)
+        self._live_stale = self._live_stale or bool(actions) or changed
         self._reap(now)
         self._persist_blocks()
         if changed or actions or now - self._summary_at >= SUMMARY_REFRESH:
@@ -157,36 +164,40 @@ class StageController:
     def _observe(self, now: float, notices: set[tuple[int, int]], skip: set[tuple[int, int]]) -> list[Attempt]:
         """Poll the live attempts that can have changed: O(changes), not O(live attempts), per tick.
 
-        Polled in full: attempts with a change notice, attempts not started yet, attempts whose cheap
-        probe says their process is gone, and a rotating share of the rest so that every live attempt is
-        re-read within ``FULL_POLL_PERIOD`` whatever notices were lost. Probed (a signal-0, no file
-        read): a rotating share so that each live attempt is probed within ``PROBE_PERIOD``.
+        Polled in full: attempts with a change notice, attempts whose cheap probe says their process is
+        gone, and a rotating share of the rest so that every live attempt is re-read within
+        ``FULL_POLL_PERIOD`` whatever notices were lost (a launch lost between claim and start is found
+        so too). Probed (a signal 0, no file read): a rotating share so that each live attempt is probed
+        within ``PROBE_PERIOD``.
         """
-        live = self.scheduler.live_attempts()
+        if self._live is None or self._live_stale:
+            # Rebuilt only after a tick that changed something: a quiet tick never walks every attempt.
+            self._live = [(a.subtask, a.number) for a in self.scheduler.live_attempts()]
+            self._live_stale = False
+        live = self._live
         if not live:
             return []
-        interval = max(self.config.check_interval, 0.001)
-        full_share = max(1, math.ceil(len(live) * interval / FULL_POLL_PERIOD))
-        probe_share = max(1, math.ceil(len(live) * interval / PROBE_PERIOD))
         n = len(live)
+        interval = max(self.config.check_interval, 0.001)
+        full_share = min(n, max(1, math.ceil(n * interval / FULL_POLL_PERIOD)))
+        probe_share = min(n, max(1, math.ceil(n * interval / PROBE_PERIOD)))
         # Two independent rotations over the live attempts: full polls and probes.
-        full_keys = {(live[(self._full_cursor + i) % n].subtask, live[(self._full_cursor + i) % n].number)
-                     for i in range(min(full_share, n))}
-        probe_keys = {(live[(self._probe_cursor + i) % n].subtask, live[(self._probe_cursor + i) % n].number)
-                      for i in range(min(probe_share, n))}
+        full_keys = {live[(self._full_cursor + i) % n] for i in range(full_share)}
+        probe_keys = {live[(self._probe_cursor + i) % n] for i in range(probe_share)}
         self._full_cursor = (self._full_cursor + full_share) % n
         self._probe_cursor = (self._probe_cursor + probe_share) % n
+        attempts = self.scheduler.attempts
         observed = []
-        for attempt in live:
-            key = (attempt.subtask, attempt.number)
-            if key in skip:
+        for key in sorted(notices | full_keys | probe_keys):
+            attempt = attempts.get(key[0], {}).get(key[1])
+            if attempt is None or attempt.state in TERMINAL or key in skip:
                 continue
             backend = self._backend(attempt.target)
             full = key in notices or key in full_keys or attempt.state == AttemptState.CREATED
-            if not full and key in probe_keys and not backend.probe(attempt.subtask, attempt.number, now):
+            if not full and not backend.probe(key[0], key[1], now):
                 full = True
             if full:
-                observed.append(backend.poll(attempt.subtask, attempt.number, now))
+                observed.append(backend.poll(key[0], key[1], now))
         return observed
 
     def _backend(self, target: str) -> Backend:
