@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import fields
 from pathlib import Path
 
-from airflow_provider_speculative.core.config import SECTION, SpeculativeConfig
+from airflow_provider_speculative.core.config import SECTION, SpeculativeConfig, store_root_path
 from airflow_provider_speculative.store.layout import default_store_root
 
 
@@ -24,5 +24,7 @@ def airflow_config() -> SpeculativeConfig:
 
 
 def store_root(config: SpeculativeConfig) -> Path:
-    """Absolute store root for ``config``."""
-    return Path(config.store_path).expanduser().resolve() if config.store_path else default_store_root()
+    """Absolute store root for ``config`` (``store_path`` may be a local path or a ``file://`` URL)."""
+    if not config.store_path:
+        return default_store_root()
+    return Path(store_root_path(config.store_path, "store_path")).expanduser().resolve()

@@ -92,8 +92,8 @@ class SupervisedBackend:
             return out
         if state in ("FINISHED", "FAILED", "CANCELED"):
             out.state = AttemptState(state)
-            if state == "FAILED" and status.get("failure_kind") == "partition":
-                out.failure = read_json(base / "failure.json")
+            if state == "FAILED" and status.get("failure_kind") in ("partition", "node_lost"):
+                out.failure = read_json(base / "failure.json") or {"kind": status["failure_kind"]}
             return out
         alive = self._alive(launch, now)
         if launch and not alive:

@@ -94,6 +94,7 @@ class SpeculativeConfig:
     max_failures_per_stage: int = 10
     retention: float = 86400.0
     failover_strategy: str = "region"
+    executor_loss_timeout: float = 60.0
     store_path: str = ""
     spark_history_url: str = ""
     targets: tuple[Target, ...] = DEFAULT_TARGETS
@@ -132,7 +133,9 @@ OPTION_DOCS: dict[str, str] = {
     "max_failures_per_stage": "Failed attempts a stage run may have in all before it fails (>= 0).",
     "retention": "How long intermediate results stay after the run succeeded and their consumers committed.",
     "failover_strategy": "What reruns when an input partition is lost: 'region' (only the affected region) or 'all'.",
-    "store_path": "Root of the result store; empty means $AIRFLOW_HOME/speculative-store.",
+    "executor_loss_timeout": ("On a cluster master: an attempt whose executors are all gone (or never came) for this "
+                              "long fails as 'node lost' and its node is blocked (0: never)."),
+    "store_path": "Root of the result store: a local path or file:// URL; empty means $AIRFLOW_HOME/speculative-store.",
     "spark_history_url": "Spark history server URL for the UI's links to admitted attempts; empty: no link.",
     "targets": "JSON list of targets: name, conn_id, slots, node, conf.",
     "fault_injection": ("JSON: {targets: {name: {factor, delay, fail}}, attempts: [{subtask, attempt, ...}], "
@@ -270,6 +273,33 @@ def _faults(name: str, value: Any, where: str) -> FaultInjection:
                           barrier=_bool(f"{name}.barrier", raw.get("barrier", False), where))
 
 
+# Store roots other helpers may add later (hdfs://, s3://) need an object-store layer first: see docs/store.md.
+STORE_SCHEMES = ("file",)
+
+
+def store_root_path(value: str, where: str = "configuration") -> str:
+    """The local path of a store root given as a path or a ``file://`` URL; other schemes are refused.
+
+    ``file:///shared/store`` and ``/shared/store`` mean the same; a host part other than empty or
+    ``localhost`` is refused too (the path must be mounted on every machine that runs attempts).
+    """
+    from urllib.parse import unquote, urlparse
+
+    if "://" not in value:
+        return value
+    url = urlparse(value)
+    if url.scheme.lower() not in STORE_SCHEMES:
+        raise _bad("store_path", value, where,
+                   f"store scheme {url.scheme!r} is not supported (supported: a local path or file://; "
+                   "a shared POSIX mount such as NFS works as file://)")
+    if url.netloc not in ("", "localhost"):
+        raise _bad("store_path", value, where,
+                   f"file:// URL with host {url.netloc!r}: use file:///path on a filesystem mounted on every host")
+    if not url.path.startswith("/"):
+        raise _bad("store_path", value, where, "file:// URL needs an absolute path (file:///path)")
+    return unquote(url.path)
+
+
 def parse_option(name: str, value: Any, where: str) -> Any:
     """Parse and validate one option value, raising :class:`ConfigError` naming it."""
     if name == "enabled" or name == "normalize_by_input_bytes":
@@ -282,7 +312,7 @@ def parse_option(name: str, value: Any, where: str) -> Any:
         if value not in ("region", "all"):
             raise _bad(name, value, where, "must be 'region' or 'all'")
         return str(value)
-    if name in {"block_slow_node_duration", "baseline_lower_bound", "retention"}:
+    if name in {"block_slow_node_duration", "baseline_lower_bound", "retention", "executor_loss_timeout"}:
         return _duration(name, value, where)
     if name == "check_interval":
         seconds = _duration(name, value, where)
@@ -299,7 +329,11 @@ def parse_option(name: str, value: Any, where: str) -> Any:
         if multiplier < 1:
             raise _bad(name, value, where, "must be >= 1")
         return multiplier
-    if name in ("store_path", "spark_history_url"):
+    if name == "store_path":
+        text = str(value or "")
+        store_root_path(text, where)  # fail when the DAG is parsed, not when an attempt starts
+        return text
+    if name == "spark_history_url":
         return str(value or "")
     if name == "targets":
         return _targets(name, value, where)
@@ -321,7 +355,8 @@ def default_strings() -> dict[str, str]:
             out[f.name] = ""
         elif isinstance(value, bool):
             out[f.name] = str(value)
-        elif f.name in {"block_slow_node_duration", "baseline_lower_bound", "check_interval", "retention"}:
+        elif f.name in {"block_slow_node_duration", "baseline_lower_bound", "check_interval", "retention",
+                        "executor_loss_timeout"}:
             out[f.name] = f"{value:g}"
         else:
             out[f.name] = str(value)
