@@ -313,7 +313,12 @@ class StageContext:
         # A node `factor` times slower would have taken factor times the elapsed time so far.
         extra = (fault.factor - 1.0) * (time.time() - launched) + fault.delay
         print(f"[speculative] fault injection: slowing attempt by {extra:.1f}s", file=sys.stderr)
-        time.sleep(max(0.0, extra))
+        # The injected delay stands for work on the node: losing the node during it loses the attempt.
+        deadline = time.time() + max(0.0, extra)
+        while time.time() < deadline:
+            if self._node_lost is not None:
+                raise self._node_lost
+            time.sleep(min(0.5, max(0.0, deadline - time.time())))
 
 
     def _wait_at_barrier(self, timeout: float = 900.0) -> None:
