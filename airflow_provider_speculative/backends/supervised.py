@@ -120,6 +120,10 @@ class SupervisedBackend:
         if read_json(base / "cancel.json") is None:
             atomic_write_json(base / "cancel.json", {"reason": reason, "at": time.time()})
         launch = read_json(self.layout.status(subtask, attempt)) or {}
+        if launch.get("host") not in (None, HOST):
+            # Another host's process group id means nothing (or another process) here: the remote
+            # supervisor sees cancel.json and stops the attempt itself.
+            return
         if launch.get("state") not in ("FINISHED", "FAILED", "CANCELED") and self._alive(launch):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(launch["pgid"], signal.SIGTERM)
