@@ -28,16 +28,19 @@ def node_resource_name(node: str) -> str:
     return "node_" + re.sub(r"[^A-Za-z0-9]", "_", node)
 
 
-def standalone_worker_conf(node: str, discovery_script: str) -> dict[str, str]:
-    """Worker properties offering one unit of ``node``'s resource (found by ``discovery_script``)."""
+def standalone_worker_conf(node: str, discovery_script: str, amount: int = 1) -> dict[str, str]:
+    """Worker properties offering ``amount`` units of ``node``'s resource (found by ``discovery_script``).
+
+    One unit per executor that may run there at once (one per target slot, plus one per Connect server).
+    """
     resource = node_resource_name(node)
-    return {f"spark.worker.resource.{resource}.amount": "1",
+    return {f"spark.worker.resource.{resource}.amount": str(amount),
             f"spark.worker.resource.{resource}.discoveryScript": discovery_script}
 
 
-def standalone_discovery_script(node: str) -> str:
-    """A resource discovery script for the worker of ``node``: prints the resource with one address."""
-    payload = json.dumps({"name": node_resource_name(node), "addresses": ["0"]})
+def standalone_discovery_script(node: str, amount: int = 1) -> str:
+    """A resource discovery script for the worker of ``node``: prints the resource with ``amount`` addresses."""
+    payload = json.dumps({"name": node_resource_name(node), "addresses": [str(i) for i in range(amount)]})
     return f"#!/bin/sh\n# Spark worker resource discovery: this worker is node {node}.\necho '{payload}'\n"
 
 

@@ -23,9 +23,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from airflow_provider_speculative.core.placement import standalone_discovery_script, standalone_worker_conf
+from airflow_provider_speculative.core.placement import (
+    standalone_discovery_script,
+    standalone_pin_conf,
+    standalone_worker_conf,
+)
 
 MASTER_CLASS = "org.apache.spark.deploy.master.Master"
+CONNECT_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
 # Ports this project may use on the test machine: masters/workers 7100-7199, web UIs 8100-8199.
 RPC_PORTS = range(7100, 7200)
@@ -56,9 +61,23 @@ def worker_command(launcher: str, master_url: str, host: str, port: int, webui_p
             "--cores", str(cores), "--memory", memory, "--work-dir", work_dir, "--properties-file", properties_file]
 
 
-def worker_properties(node: str, discovery_script: str) -> str:
-    """The worker's properties file: one unit of ``node``'s resource, found by ``discovery_script``."""
-    return "".join(f"{key} {value}\n" for key, value in standalone_worker_conf(node, discovery_script).items())
+def connect_server_command(submit: str, master_url: str, node: str, host: str, port: int,
+                           driver_host: str) -> list[str]:
+    """Command line of a Spark Connect server whose executors are pinned to ``node`` (one server per worker).
+
+    The server is the driver of one long-running application; ``driver_host`` is the address its
+    executors connect back to.
+    """
+    conf = {"spark.connect.grpc.binding.address": host, "spark.connect.grpc.binding.port": str(port),
+            "spark.driver.host": driver_host, "spark.driver.bindAddress": host, **standalone_pin_conf(node)}
+    return [submit, "--class", CONNECT_CLASS, "--master", master_url, "--name", f"connect-{node}",
+            *[arg for key, value in conf.items() for arg in ("--conf", f"{key}={value}")], "spark-internal"]
+
+
+def worker_properties(node: str, discovery_script: str, amount: int = 1) -> str:
+    """The worker's properties file: ``amount`` units of ``node``'s resource, found by ``discovery_script``."""
+    conf = standalone_worker_conf(node, discovery_script, amount)
+    return "".join(f"{key} {value}\n" for key, value in conf.items())
 
 
 def process_env(host: str) -> dict[str, str]:
