@@ -316,8 +316,10 @@ class StageController:
         env = {**(self.plan["targets"][target.name].get("env") or {}), **self.target_env.get(target.name, {}),
                **self.extra_env}
         try:
+            # YARN and Kubernetes submissions are kept off the nodes blocked now (backends/spark_submit.py).
             backend.launch(LaunchSpec(action.subtask, action.attempt, target.name, target.node_label,
-                                      action.speculative, command, env))
+                                      action.speculative, command, env,
+                                      blocked_nodes=tuple(sorted(self.scheduler.blocklist.active(now)))))
         except Exception as exc:
             # Recorded for restarts and the read model; the scheduler hears it at the next check.
             atomic_write_json(self.layout.status(action.subtask, action.attempt),
