@@ -140,11 +140,10 @@ class StageController:
         stimuli: list[Any] = [NodeBlocked(node, until) for node, until in self._shared_blocks().items()]
         notices, names = changes.pending(self.layout.dir)
         failed_launches = {(f.subtask, f.attempt) for f in self._launch_failures}
-        observed = self._observe(now, notices, failed_launches)
         known = self.scheduler.attempts
-        # Attempts that appeared or changed state change the live set the next tick rotates over.
-        self._live_stale = any(known.get(a.subtask, {}).get(a.number) is None
-                               or known[a.subtask][a.number].state != a.state for a in observed)
+        # A rotating re-read usually finds nothing new: only what differs is fed and counts as a change.
+        observed = [a for a in self._observe(now, notices, failed_launches)
+                    if _differs(known.get(a.subtask, {}).get(a.number), a)]
         stimuli += [AttemptObserved(a) for a in observed]
         stimuli += self._launch_failures
         changed = bool(observed or self._launch_failures)
@@ -425,6 +424,16 @@ class StageController:
         admitted = self.result.admitted if isinstance(self.result, CompleteStage) else {}
         return {"status": "success", "plan_path": str(self.layout.plan),
                 "admitted": {str(k): v for k, v in admitted.items()}, "summary": summary}
+
+
+def _differs(known: Attempt | None, observed: Attempt) -> bool:
+    """Whether an observation tells the scheduler anything new (progress alone does not)."""
+    if known is None:
+        return True
+    return (known.state, known.node, known.deploying_at, known.end_at, known.exit_code, known.cause, known.app_id,
+            known.ready_at, known.failure) != (observed.state, observed.node, observed.deploying_at, observed.end_at,
+                                               observed.exit_code, observed.cause, observed.app_id, observed.ready_at,
+                                               observed.failure)
 
 
 def _attempt_seconds(attempt: Attempt, now: float) -> float:
