@@ -6,7 +6,13 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from airflow_provider_speculative.core.config import OPTIONS, SECTION, SpeculativeConfig, unknown_options
+from airflow_provider_speculative.core.config import (
+    OPTIONS,
+    SECTION,
+    SpeculativeConfig,
+    store_root_path,
+    unknown_options,
+)
 from airflow_provider_speculative.store.layout import default_store_root
 
 log = logging.getLogger(__name__)
@@ -49,8 +55,10 @@ def airflow_config() -> SpeculativeConfig:
 
 
 def store_root(config: SpeculativeConfig) -> Path:
-    """Absolute store root for ``config``."""
-    return Path(config.store_path).expanduser().resolve() if config.store_path else default_store_root()
+    """Absolute store root for ``config`` (``store_path`` may be a local path or a ``file://`` URL)."""
+    if not config.store_path:
+        return default_store_root()
+    return Path(store_root_path(config.store_path, "store_path")).expanduser().resolve()
 
 
 def metadata_db_identity() -> dict[str, str] | None:

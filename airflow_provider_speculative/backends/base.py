@@ -30,6 +30,9 @@ class LaunchSpec:
     speculative: bool
     command: list[str]
     env: dict[str, str]
+    # Nodes blocked when the attempt is launched: backends that can keep a submission off nodes
+    # (YARN, Kubernetes; see core/placement.py) do so; the others rely on target choice.
+    blocked_nodes: tuple[str, ...] = ()
 
 
 class Backend(Protocol):

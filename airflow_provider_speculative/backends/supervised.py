@@ -105,8 +105,8 @@ class SupervisedBackend:
             return out
         if state in ("FINISHED", "FAILED", "CANCELED"):
             out.state = AttemptState(state)
-            if state == "FAILED" and status.get("failure_kind") == "partition":
-                out.failure = read_json(os.path.join(base, "failure.json"))
+            if state == "FAILED" and status.get("failure_kind") in ("partition", "node_lost"):
+                out.failure = read_json(os.path.join(base, "failure.json")) or {"kind": status["failure_kind"]}
             return out
         alive = self.attempt_alive(launch, heartbeat, now)
         if launch and not alive:
@@ -167,7 +167,9 @@ class SupervisedBackend:
             changes.notify(self.layout.dir, subtask, attempt)
         launch = read_json(self.layout.status(subtask, attempt)) or {}
         if launch.get("host") not in (None, HOST):
-            return  # a pgid of another host means nothing here: its supervisor acts on cancel.json
+            # Another host's process group id means nothing (or another process) here: the remote
+            # supervisor sees cancel.json and stops the attempt itself.
+            return
         if launch.get("state") not in ("FINISHED", "FAILED", "CANCELED") and self._alive(launch):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(launch["pgid"], signal.SIGTERM)

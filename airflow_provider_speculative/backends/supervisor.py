@@ -27,6 +27,7 @@ KILL_GRACE = 5.0
 # Exit codes of runtime/context.py for a store that is full or not writable: then failure.json may
 # not have been written, and the exit code is the only record of the cause.
 STORE_EXIT_CAUSES = {4: "store is full", 5: "store is not writable"}
+EXIT_NODE_LOST = 6
 
 
 def _daemonize(status_path: str) -> None:
@@ -116,7 +117,8 @@ def main(argv: list[str] | None = None) -> int:
         if not failure and code in STORE_EXIT_CAUSES:
             cause = (f"{STORE_EXIT_CAUSES[code]}: the attempt could not write its output under "
                      f"{os.path.dirname(args.status)} (exit code {code})")
-        status.update(state="FAILED", cause=cause, failure_kind=failure.get("kind"))
+        kind = failure.get("kind") or ("node_lost" if code == EXIT_NODE_LOST else None)
+        status.update(state="FAILED", cause=cause, failure_kind=kind)
     _record(args.status, status)
     return code
 

@@ -40,7 +40,7 @@ from airflow_provider_speculative.core.scheduler import (
     StageScheduler,
     Tick,
 )
-from airflow_provider_speculative.core.states import Attempt, AttemptState, current_attempt
+from airflow_provider_speculative.core.states import TERMINAL, Attempt, AttemptState, current_attempt
 from airflow_provider_speculative.sinks.base import Sink, StagingScope
 from airflow_provider_speculative.store import changes
 from airflow_provider_speculative.store.files import atomic_write_json, create_exclusive_json, read_json
@@ -87,6 +87,8 @@ class StageController:
         self.reaping: set[tuple[int, int]] = set()
         self._launch_failures: list[LaunchFailed] = []
         self._full_cursor = self._probe_cursor = 0
+        self._live: list[tuple[int, int]] | None = None
+        self._live_stale = True
         self._summary: dict[str, Any] | None = None
         self._summary_at = float("-inf")
         # Rebuilt only when an attempt's sink staging must go: the sink's module may not import everywhere.
@@ -138,7 +140,10 @@ class StageController:
         stimuli: list[Any] = [NodeBlocked(node, until) for node, until in self._shared_blocks().items()]
         notices, names = changes.pending(self.layout.dir)
         failed_launches = {(f.subtask, f.attempt) for f in self._launch_failures}
-        observed = self._observe(now, notices, failed_launches)
+        known = self.scheduler.attempts
+        # A rotating re-read usually finds nothing new: only what differs is fed and counts as a change.
+        observed = [a for a in self._observe(now, notices, failed_launches)
+                    if _differs(known.get(a.subtask, {}).get(a.number), a)]
         stimuli += [AttemptObserved(a) for a in observed]
         stimuli += self._launch_failures
         changed = bool(observed or self._launch_failures)
@@ -146,6 +151,7 @@ class StageController:
         changes.acknowledge(names)
         actions = self._carry_out_all(self.scheduler.handle(*stimuli, Tick(now)), now)
         actions += self._carry_out_all(self._step_recoveries(), now)
+        self._live_stale = self._live_stale or bool(actions) or changed
         self._reap(now)
         self._persist_blocks()
         if changed or actions or now - self._summary_at >= SUMMARY_REFRESH:
@@ -157,36 +163,40 @@ class StageController:
     def _observe(self, now: float, notices: set[tuple[int, int]], skip: set[tuple[int, int]]) -> list[Attempt]:
         """Poll the live attempts that can have changed: O(changes), not O(live attempts), per tick.
 
-        Polled in full: attempts with a change notice, attempts not started yet, attempts whose cheap
-        probe says their process is gone, and a rotating share of the rest so that every live attempt is
-        re-read within ``FULL_POLL_PERIOD`` whatever notices were lost. Probed (a signal-0, no file
-        read): a rotating share so that each live attempt is probed within ``PROBE_PERIOD``.
+        Polled in full: attempts with a change notice, attempts whose cheap probe says their process is
+        gone, and a rotating share of the rest so that every live attempt is re-read within
+        ``FULL_POLL_PERIOD`` whatever notices were lost (a launch lost between claim and start is found
+        so too). Probed (a signal 0, no file read): a rotating share so that each live attempt is probed
+        within ``PROBE_PERIOD``.
         """
-        live = self.scheduler.live_attempts()
+        if self._live is None or self._live_stale:
+            # Rebuilt only after a tick that changed something: a quiet tick never walks every attempt.
+            self._live = [(a.subtask, a.number) for a in self.scheduler.live_attempts()]
+            self._live_stale = False
+        live = self._live
         if not live:
             return []
-        interval = max(self.config.check_interval, 0.001)
-        full_share = max(1, math.ceil(len(live) * interval / FULL_POLL_PERIOD))
-        probe_share = max(1, math.ceil(len(live) * interval / PROBE_PERIOD))
         n = len(live)
+        interval = max(self.config.check_interval, 0.001)
+        full_share = min(n, max(1, math.ceil(n * interval / FULL_POLL_PERIOD)))
+        probe_share = min(n, max(1, math.ceil(n * interval / PROBE_PERIOD)))
         # Two independent rotations over the live attempts: full polls and probes.
-        full_keys = {(live[(self._full_cursor + i) % n].subtask, live[(self._full_cursor + i) % n].number)
-                     for i in range(min(full_share, n))}
-        probe_keys = {(live[(self._probe_cursor + i) % n].subtask, live[(self._probe_cursor + i) % n].number)
-                      for i in range(min(probe_share, n))}
+        full_keys = {live[(self._full_cursor + i) % n] for i in range(full_share)}
+        probe_keys = {live[(self._probe_cursor + i) % n] for i in range(probe_share)}
         self._full_cursor = (self._full_cursor + full_share) % n
         self._probe_cursor = (self._probe_cursor + probe_share) % n
+        attempts = self.scheduler.attempts
         observed = []
-        for attempt in live:
-            key = (attempt.subtask, attempt.number)
-            if key in skip:
+        for key in sorted(notices | full_keys | probe_keys):
+            attempt = attempts.get(key[0], {}).get(key[1])
+            if attempt is None or attempt.state in TERMINAL or key in skip:
                 continue
             backend = self._backend(attempt.target)
             full = key in notices or key in full_keys or attempt.state == AttemptState.CREATED
-            if not full and key in probe_keys and not backend.probe(attempt.subtask, attempt.number, now):
+            if not full and not backend.probe(key[0], key[1], now):
                 full = True
             if full:
-                observed.append(backend.poll(attempt.subtask, attempt.number, now))
+                observed.append(backend.poll(key[0], key[1], now))
         return observed
 
     def _backend(self, target: str) -> Backend:
@@ -305,8 +315,10 @@ class StageController:
         env = {**(self.plan["targets"][target.name].get("env") or {}), **self.target_env.get(target.name, {}),
                **self.extra_env}
         try:
+            # YARN and Kubernetes submissions are kept off the nodes blocked now (backends/spark_submit.py).
             backend.launch(LaunchSpec(action.subtask, action.attempt, target.name, target.node_label,
-                                      action.speculative, command, env))
+                                      action.speculative, command, env,
+                                      blocked_nodes=tuple(sorted(self.scheduler.blocklist.active(now)))))
         except Exception as exc:
             # Recorded for restarts and the read model; the scheduler hears it at the next check.
             atomic_write_json(self.layout.status(action.subtask, action.attempt),
@@ -412,6 +424,16 @@ class StageController:
         admitted = self.result.admitted if isinstance(self.result, CompleteStage) else {}
         return {"status": "success", "plan_path": str(self.layout.plan),
                 "admitted": {str(k): v for k, v in admitted.items()}, "summary": summary}
+
+
+def _differs(known: Attempt | None, observed: Attempt) -> bool:
+    """Whether an observation tells the scheduler anything new (progress alone does not)."""
+    if known is None:
+        return True
+    return (known.state, known.node, known.deploying_at, known.end_at, known.exit_code, known.cause, known.app_id,
+            known.ready_at, known.failure) != (observed.state, observed.node, observed.deploying_at, observed.end_at,
+                                               observed.exit_code, observed.cause, observed.app_id, observed.ready_at,
+                                               observed.failure)
 
 
 def _attempt_seconds(attempt: Attempt, now: float) -> float:

@@ -17,11 +17,11 @@ from airflow_provider_speculative.store.layout import StageLayout
 from airflow_provider_speculative.store.results import admitted_results, read_committed, write_committed
 
 
-def local_spark_submit() -> list[str]:
-    """``spark-submit`` for local attempts: the one next to this interpreter if not on PATH."""
+def local_spark_submit(master: str = "local[1]") -> list[str]:
+    """``spark-submit`` for ``master`` (client mode): the one next to this interpreter if not on PATH."""
     local = Path(sys.executable).parent / "spark-submit"
     return [str(local) if local.exists() else (shutil.which("spark-submit") or "spark-submit"),
-            "--master", "local[1]", "--conf", "spark.ui.enabled=false"]
+            "--master", master, "--conf", "spark.ui.enabled=false"]
 
 
 def list_parquet(path: str) -> list[tuple[str, int]]:
@@ -30,15 +30,23 @@ def list_parquet(path: str) -> list[tuple[str, int]]:
 
 
 def plan_local_stage(graph: PipelineGraph, stage: str, root: Path, dag_id: str, run_id: str,
-                     config: SpeculativeConfig) -> dict[str, Any]:
-    """Plan one stage for local attempts (sources listed from disk, upstreams from their commits)."""
+                     config: SpeculativeConfig, master: str = "local[1]") -> dict[str, Any]:
+    """Plan one stage for spark-submit attempts on ``master`` (sources listed from disk, upstreams committed).
+
+    Each target's ``conf`` is added to its command line, so targets on a cluster master can pin their
+    executors to a node (see docs/clusters.md).
+    """
     spec = graph.stages[stage]
     sources = {name: list_parquet(src.path) for name, src in spec.inputs.items() if isinstance(src, SourceSpec)}
     upstream = {u: read_committed(StageLayout(root, dag_id, run_id, u)) for u in graph.upstreams(stage)}
-    conf = [arg for key, value in spec.spark_conf.items() for arg in ("--conf", f"{key}={value}")]
-    command = [*local_spark_submit(), *conf, spec.application]
-    targets = {t.name: {"kind": "spark_submit", "conn_id": t.conn_id, "node": t.node_label, "command": command,
-                        "env": {}, "spark_conf": {}} for t in config.targets}
+
+    def command(target_conf: dict[str, str]) -> list[str]:
+        conf = {**target_conf, **spec.spark_conf}
+        return [*local_spark_submit(master), *[a for k, v in conf.items() for a in ("--conf", f"{k}={v}")],
+                spec.application]
+
+    targets = {t.name: {"kind": "spark_submit", "conn_id": t.conn_id, "node": t.node_label,
+                        "command": command(t.conf), "env": {}, "spark_conf": {}} for t in config.targets}
     return plan_stage(graph, stage, config, source_files=sources, upstream_committed=upstream, sink=None,
                       speculation_blocker=None,
                       context={"dag_id": dag_id, "run_id": run_id, "store_root": str(root), "logical_date": None,

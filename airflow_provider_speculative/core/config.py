@@ -218,6 +218,33 @@ def _faults(name: str, value: Any, where: str) -> FaultInjection:
                           barrier=_bool(f"{name}.barrier", raw.get("barrier", False), where))
 
 
+# Store roots other helpers may add later (hdfs://, s3://) need an object-store layer first: see docs/store.md.
+STORE_SCHEMES = ("file",)
+
+
+def store_root_path(value: str, where: str = "configuration") -> str:
+    """The local path of a store root given as a path or a ``file://`` URL; other schemes are refused.
+
+    ``file:///shared/store`` and ``/shared/store`` mean the same; a host part other than empty or
+    ``localhost`` is refused too (the path must be mounted on every machine that runs attempts).
+    """
+    from urllib.parse import unquote, urlparse
+
+    if "://" not in value:
+        return value
+    url = urlparse(value)
+    if url.scheme.lower() not in STORE_SCHEMES:
+        raise _bad("store_path", value, where,
+                   f"store scheme {url.scheme!r} is not supported (supported: a local path or file://; "
+                   "a shared POSIX mount such as NFS works as file://)")
+    if url.netloc not in ("", "localhost"):
+        raise _bad("store_path", value, where,
+                   f"file:// URL with host {url.netloc!r}: use file:///path on a filesystem mounted on every host")
+    if not url.path.startswith("/"):
+        raise _bad("store_path", value, where, "file:// URL needs an absolute path (file:///path)")
+    return unquote(url.path)
+
+
 
 
 # -- the option table: each [speculative] option is declared here, once -----------------------------
@@ -282,6 +309,12 @@ def _choice(name: str, value: Any, where: str, choices: tuple[str, ...]) -> str:
     return str(value)
 
 
+def _store_path(name: str, value: Any, where: str) -> str:
+    text = _text(name, value, where)
+    store_root_path(text, where)  # fail when the DAG is parsed, not when an attempt starts
+    return text
+
+
 def _text(name: str, value: Any, where: str) -> str:
     if value is not None and not isinstance(value, str | os.PathLike):
         raise _bad(name, value, where, "expected a string")
@@ -313,7 +346,11 @@ OPTIONS: tuple[Option, ...] = (
     Option("failover_strategy", lambda n, v, w: _choice(n, v, w, ("region", "all")), "region",
            "What reruns when an input partition is lost: 'region' (only the affected region) or 'all'.",
            annotation="str"),
-    Option("store_path", _text, "", "Root of the result store; empty means $AIRFLOW_HOME/speculative-store.",
+    _duration_option("executor_loss_timeout", 60.0,
+                     "On a cluster master: an attempt whose executors are all gone (or never came) for this long "
+                     "fails as 'node lost' and its node is blocked (0: never)."),
+    Option("store_path", _store_path, "",
+           "Root of the result store: a local path or file:// URL; empty means $AIRFLOW_HOME/speculative-store.",
            readme_default="`$AIRFLOW_HOME/speculative-store`", annotation="str"),
     Option("spark_history_url", _text, "",
            "Spark history server URL for the UI's links to admitted attempts; empty: no link.",

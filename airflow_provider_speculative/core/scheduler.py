@@ -447,7 +447,7 @@ class StageScheduler:
         for attempt in sorted(newly_finished, key=lambda a: (a.end_at or now, a.number)):
             actions += self._on_finished(attempt)
         for attempt in newly_failed:
-            actions += self._on_failed(attempt)
+            actions += self._on_failed(attempt, now)
         return actions
 
     def _on_finished(self, attempt: Attempt) -> list[Action]:
@@ -481,7 +481,7 @@ class StageScheduler:
                                          keep=winner)
         return actions
 
-    def _on_failed(self, attempt: Attempt) -> list[Action]:
+    def _on_failed(self, attempt: Attempt, now: float) -> list[Action]:
         subtask = attempt.subtask
         if self.failed:
             return []  # one FailStage per stage run, however many attempts fail after it
@@ -489,6 +489,12 @@ class StageScheduler:
             return self._fail(f"{self.stage_failures()} failed attempts in this stage run "
                               f"(max_failures_per_stage = {self.config.max_failures_per_stage})")
         actions: list[Action] = []
+        lost_node = attempt.lost_node
+        if lost_node and self.config.block_slow_node_duration > 0 and self.blocklist.block(
+                lost_node, now + self.config.block_slow_node_duration):
+            # FLIP-224: a node that lost the attempt's executors gets no new attempts for a while.
+            actions.append(BlockNode(lost_node, self.blocklist.until[lost_node],
+                                     f"subtask {subtask} attempt {attempt.number} lost its executors"))
         if attempt.lost_partition is not None and attempt.lost_partition[0] in self.upstreams:
             actions += self._backtrack(attempt)
         if subtask in self.admitted or subtask in self.reused:

@@ -105,6 +105,14 @@ class Attempt:
         return None
 
     @property
+    def lost_node(self) -> str | None:
+        """The node whose executors were all lost while this attempt ran (runtime watchdog), if that failed it."""
+        f = self.failure or {}
+        if f.get("kind") == "node_lost":
+            return str(f.get("node") or self.node or "") or None
+        return None
+
+    @property
     def live(self) -> bool:
         """True while the attempt holds a slot on its target."""
         return self.state in LIVE

@@ -40,6 +40,15 @@ EXIT_PARTITION = 3  # an input partition is missing or corrupt: the controller r
 # not be written (backends/supervisor.py STORE_EXIT_CAUSES).
 EXIT_STORE_FULL = 4
 EXIT_STORE_NOT_WRITABLE = 5
+EXIT_NODE_LOST = 6  # every executor of the attempt is gone (its worker died): the controller blocks the node
+
+
+class NodeLostError(RuntimeError):
+    """The attempt's executors were lost (or never came) for longer than ``executor_loss_timeout``."""
+
+    def __init__(self, message: str, node: str) -> None:
+        super().__init__(message)
+        self.node = node
 
 
 class StageContext:
@@ -53,7 +62,8 @@ class StageContext:
         self.target = target
         self.parallelism: int = plan["parallelism"]
         self.layout = StageLayout(Path(plan["store_root"]), plan["dag_id"], plan["run_id"], plan["stage"])
-        self.node = current_node()
+        self._node_label = current_node()
+        self.node = self._node_label
         self.config = SpeculativeConfig.from_json(plan["config"])
         self._spec = plan["subtasks"][subtask]
         self._spark: SparkSession | None = None
@@ -62,6 +72,10 @@ class StageContext:
         self._session_info: dict[str, Any] = {}
         # Spark Connect progress, per operation (the server reports it with every result batch).
         self._remote_progress: dict[str, tuple[int, int, int]] = {}
+        # Hosts that ran this attempt's executors (cluster masters), in the order they appeared.
+        self._executor_hosts: list[str] = []
+        self._executors_missing_since: float | None = None
+        self._node_lost: NodeLostError | None = None
         self._heartbeat = Heartbeat(self.layout.heartbeat(subtask, attempt), self._progress)
 
     # -- construction ------------------------------------------------------------------------
@@ -128,6 +142,9 @@ class StageContext:
                  tb: TracebackType | None) -> None:
         if exc is None and not self._written:
             exc = RuntimeError(f"stage {self.stage!r} application returned without calling ctx.write()")
+        if exc is not None and self._node_lost is not None:
+            # The job failed because the watchdog cancelled it: the cause is the lost node.
+            exc = self._node_lost
         if exc is not None:
             code = _exit_code(exc)
             if code == EXIT_STORE_FULL:
@@ -155,6 +172,8 @@ class StageContext:
                   "at": time.time()}
         if isinstance(exc, PartitionError):
             record.update(kind="partition", stage=exc.stage, subtask=exc.subtask, attempt=exc.attempt)
+        elif isinstance(exc, NodeLostError):
+            record.update(kind="node_lost", node=exc.node)
         atomic_write_json(self.layout.attempt_dir(self.subtask, self.attempt) / "failure.json", record)
 
     def _on_remote_progress(self, stages: Any = None, inflight_tasks: int = 0, operation_id: str | None = None,
@@ -181,7 +200,38 @@ class StageContext:
                     done += info.numCompletedTasks
                     total += info.numTasks
             progress.update(tasks_done=done, tasks_total=total)
+            progress.update(self._executor_progress())
         return progress
+
+    def _executor_progress(self) -> dict[str, Any]:
+        """Where this attempt's executors run (its node), and the watchdog for executors lost with their node."""
+        assert self._spark is not None
+        sc = self._spark.sparkContext
+        if sc.master.startswith("local"):
+            return {}  # the driver is the only executor: the node is the target's label
+        hosts = executor_hosts(sc)
+        for host in hosts:
+            if host not in self._executor_hosts:
+                self._executor_hosts.append(host)
+        self.node = node_of(self._executor_hosts, self._node_label)
+        out: dict[str, Any] = {"nodes": list(self._executor_hosts), "node": self.node, "executors": len(hosts)}
+        now = time.time()
+        if hosts:
+            self._executors_missing_since = None
+            return out
+        if self._executors_missing_since is None:
+            self._executors_missing_since = now
+        timeout = self.config.executor_loss_timeout
+        if timeout > 0 and now - self._executors_missing_since >= timeout and self._node_lost is None:
+            what = (f"every executor of the attempt was lost (last on {', '.join(self._executor_hosts)})"
+                    if self._executor_hosts else "no executor was granted to the attempt")
+            self._node_lost = NodeLostError(
+                f"node lost: {what} for {timeout:g}s (executor_loss_timeout); node {self.node}", self.node)
+            print(f"[speculative] {self._node_lost}", file=sys.stderr)
+        if self._node_lost is not None:
+            # Unblock the main thread: its job fails, __exit__ records the lost node as the cause.
+            sc.cancelAllJobs()
+        return out
 
     # -- inputs -----------------------------------------------------------------------------
 
@@ -305,7 +355,12 @@ class StageContext:
         # A node `factor` times slower would have taken factor times the elapsed time so far.
         extra = (fault.factor - 1.0) * (time.time() - launched) + fault.delay
         print(f"[speculative] fault injection: slowing attempt by {extra:.1f}s", file=sys.stderr)
-        time.sleep(max(0.0, extra))
+        # The injected delay stands for work on the node: losing the node during it loses the attempt.
+        deadline = time.time() + max(0.0, extra)
+        while time.time() < deadline:
+            if self._node_lost is not None:
+                raise self._node_lost
+            time.sleep(min(0.5, max(0.0, deadline - time.time())))
 
 
     def _wait_at_barrier(self, timeout: float = 900.0) -> None:
@@ -322,7 +377,26 @@ _FULL_MESSAGES = ("No space left on device", "Disk quota exceeded")
 _DENIED_MESSAGES = ("Permission denied", "Read-only file system", "Mkdirs failed to create")
 
 
+def executor_hosts(sc: Any) -> list[str]:
+    """Hosts of the application's live executors, driver excluded (sorted, distinct)."""
+    hosts: set[str] = set()
+    # statusStore lists executors with their ids, so the driver can be told apart even on a shared host.
+    executors = sc._jsc.sc().statusStore().executorList(True).iterator()
+    while executors.hasNext():
+        executor = executors.next()
+        if executor.id() != "driver":
+            hosts.add(executor.hostPort().rsplit(":", 1)[0])
+    return sorted(hosts)
+
+
+def node_of(hosts: list[str], label: str) -> str:
+    """The attempt's node: the one host that ran its executors, else the target's node label."""
+    return hosts[0] if len(hosts) == 1 else label
+
+
 def _exit_code(exc: BaseException) -> int:
+    if isinstance(exc, NodeLostError):
+        return EXIT_NODE_LOST
     if isinstance(exc, PartitionError):
         return EXIT_PARTITION
     if isinstance(exc, StoreFullError):

@@ -1,0 +1,105 @@
+"""docker/docker-compose.yml runs the same topology and command lines as the loopback test harness.
+
+No Docker engine is needed: the compose file is parsed and compared with the functions that build the
+harness's commands (tests/integration/standalone_cluster.py) and the provider's placement builders.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from airflow_provider_speculative.core.config import SpeculativeConfig, store_root_path
+from airflow_provider_speculative.core.placement import standalone_discovery_script, standalone_pin_conf
+from tests.integration.standalone_cluster import (
+    connect_server_command,
+    master_command,
+    worker_command,
+    worker_properties,
+)
+
+DOCKER = Path(__file__).resolve().parents[2] / "docker"
+SPARK_CLASS = "/opt/spark/bin/spark-class"
+SPARK_SUBMIT = "/opt/spark/bin/spark-submit"
+MASTER_URL = "spark://spark-master:7077"
+WORKERS = {"spark-worker-a": "spark-connect-a", "spark-worker-b": "spark-connect-b"}
+AIRFLOW = {"airflow-api-server": ["api-server"], "airflow-scheduler": ["scheduler"],
+           "airflow-dag-processor": ["dag-processor"], "airflow-triggerer": ["triggerer"]}
+STORE = "/opt/speculative/store"
+CONF_DIR = "/opt/speculative/spark"
+# Per worker: one executor for its spark-submit target and one for its Connect server.
+NODE_UNITS = 2
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict:
+    return yaml.safe_load((DOCKER / "docker-compose.yml").read_text())
+
+
+def test_services_are_the_documented_topology(compose: dict) -> None:
+    assert set(compose["services"]) == {"postgres", "airflow-init", *AIRFLOW, "spark-master", *WORKERS,
+                                        *WORKERS.values()}
+    for name, command in AIRFLOW.items():
+        assert compose["services"][name]["command"] == command
+        assert compose["services"][name]["image"] == "airflow-speculative:latest"
+
+
+def test_spark_commands_are_the_harness_commands(compose: dict) -> None:
+    services = compose["services"]
+    assert services["spark-master"]["command"] == master_command(SPARK_CLASS, "spark-master", 7077, 8081)
+    for worker, connect in WORKERS.items():
+        assert services[worker]["hostname"] == worker
+        assert services[worker]["command"] == worker_command(
+            SPARK_CLASS, MASTER_URL, worker, 7078, 8082, "/opt/spark-work", f"{CONF_DIR}/worker-{worker}.conf",
+            cores=2, memory="2g")
+        assert services[connect]["command"] == connect_server_command(
+            SPARK_SUBMIT, MASTER_URL, worker, connect, 15002, connect)
+        # Spark services run the JVM directly, not through Airflow's entrypoint.
+        assert services[worker]["entrypoint"] == ["/usr/bin/dumb-init", "--"]
+
+
+def test_worker_node_resources_match_the_builders() -> None:
+    for worker in WORKERS:
+        script = f"{CONF_DIR}/discover-{worker}.sh"
+        assert (DOCKER / "spark" / f"worker-{worker}.conf").read_text() == worker_properties(worker, script, NODE_UNITS)
+        discover = DOCKER / "spark" / f"discover-{worker}.sh"
+        assert discover.read_text() == standalone_discovery_script(worker, NODE_UNITS)
+        assert discover.stat().st_mode & 0o111, f"{discover} must be executable"
+
+
+def test_targets_are_one_per_worker_pinned_to_it(compose: dict) -> None:
+    env = compose["services"]["airflow-triggerer"]["environment"]
+    config = SpeculativeConfig().with_overrides({"targets": env["AIRFLOW__SPECULATIVE__TARGETS"]}, "compose")
+    assert [t.node_label for t in config.targets] == list(WORKERS)
+    for target in config.targets:
+        pin = standalone_pin_conf(target.node_label)
+        assert {k: target.conf[k] for k in pin} == pin and target.conn_id == "spark_cluster"
+        # Drivers run in the triggerer (client mode); executors must reach them by its hostname.
+        assert target.conf["spark.driver.host"] == compose["services"]["airflow-triggerer"]["hostname"]
+    conn = json.loads(env["AIRFLOW_CONN_SPARK_CLUSTER"])
+    assert conn["host"] == MASTER_URL and conn["extra"]["deploy-mode"] == "client"
+    for name, connect in zip(("A", "B"), WORKERS.values(), strict=True):
+        assert json.loads(env[f"AIRFLOW_CONN_SPARK_CONNECT_{name}"])["host"] == f"sc://{connect}"
+
+
+def test_store_is_one_shared_volume_at_the_same_path_everywhere(compose: dict) -> None:
+    assert "speculative-store" in compose["volumes"]
+    env = compose["services"]["airflow-scheduler"]["environment"]
+    assert store_root_path(env["AIRFLOW__SPECULATIVE__STORE_PATH"]) == STORE
+    # Whoever plans, drives, runs or shows attempts reads and writes the same store.
+    for name in [*AIRFLOW, *WORKERS, *WORKERS.values()]:
+        assert f"speculative-store:{STORE}" in compose["services"][name]["volumes"], name
+
+
+def test_published_ports_are_loopback_only(compose: dict) -> None:
+    published = {name: s.get("ports", []) for name, s in compose["services"].items() if s.get("ports")}
+    assert published == {"airflow-api-server": ["127.0.0.1:8080:8080"], "spark-master": ["127.0.0.1:8081:8081"]}
+
+
+def test_image_has_java_and_the_provider() -> None:
+    dockerfile = (DOCKER / "Dockerfile").read_text()
+    assert dockerfile.startswith("#") and "FROM apache/airflow:3.3." in dockerfile and "-python3.11" in dockerfile
+    assert "openjdk-17" in dockerfile and "pip install" in dockerfile and "/opt/provider" in dockerfile
