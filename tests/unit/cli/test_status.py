@@ -277,8 +277,11 @@ def test_table_shows_the_parallelism_decision_and_skew_warnings() -> None:
     decision = decide_parallelism(total_bytes=3 * 2**30, per_subtask=2**30, minimum=1, maximum=16,
                                   bounds={"files": 2}, files=2)
     warning = "input 'rows': subpartition 17 holds 61% of the bytes; not split (stage does not declare splittable_skew)"
-    report["stages"][0].update(parallelism_line=describe_decision(decision), plan_warnings=[warning])
+    split = "input 'rows': subpartition 5 holds 55% of the bytes; split across 2 consumers by producer range"
+    report["stages"][0].update(parallelism_line=describe_decision(decision), plan_warnings=[warning],
+                               skew_splits=[split])
     lines = format_table(report, now=NOW, tz=CET).splitlines()
     assert lines[2] == ("  parallelism: auto: 3.0 GiB / 1.0 GiB per subtask -> 3, within [1, 16], 2 source files: "
                         "2 (bounded by files)")
     assert lines[3] == "  warning: " + warning
+    assert lines[4] == "  skew: " + split
