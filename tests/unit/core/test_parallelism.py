@@ -247,6 +247,7 @@ def test_plan_warns_about_unsplit_skew_and_splits_when_declared() -> None:
                                  "(stage does not declare splittable_skew)"]
     split = _plan(_agg_graph(splittable=True), "agg", upstream=upstream)
     assert split["warnings"] == [] and split["exchange_skew"][0]["split"] >= 2
+    assert split["fingerprint"] != plain["fingerprint"]  # producer ranges are part of the subtasks' inputs
     hot = [s["inputs"]["rows"] for s in split["subtasks"] if s["inputs"]["rows"]["subpartitions"] == [5, 6]]
     assert [h["producers"] for h in hot] == [[0, 2], [2, 4]]
     loads = [s["input_bytes"] for s in split["subtasks"]]
