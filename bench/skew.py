@@ -12,7 +12,11 @@ so 4 consumers run in two waves, as on a cluster whose slots are all busy; with 
 cores, balancing cannot shorten a CPU-bound stage (the cores, not the slowest task, are the limit).
 The variants alternate (A B B A ...) and the medians over ``--repeat`` runs of each are compared.
 
-Usage: PYTHONPATH=. .venv/bin/python bench/skew.py [--rows 2000000] [--slots 2] [--repeat 2] [--json out.json]
+The consumers hash every row ``--rounds`` times (SHA-256), so their time follows the rows they read
+rather than Spark's start-up (~40 s per attempt on this loaded 2-core machine, whatever the input).
+
+Usage: PYTHONPATH=. .venv/bin/python bench/skew.py [--rows 1000000] [--rounds 30] [--slots 2] [--repeat 2]
+       [--json out.json]
 """
 
 from __future__ import annotations
@@ -47,7 +51,8 @@ def slowest_attempt(controller: Any) -> float:
 def main() -> None:
     """Run the skewed pipeline once and print both variants side by side."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rows", type=int, default=2_000_000, help="rows per producer file")
+    parser.add_argument("--rows", type=int, default=1_000_000, help="rows per producer file")
+    parser.add_argument("--rounds", type=int, default=30, help="SHA-256 rounds per row read (consumer CPU work)")
     parser.add_argument("--slots", type=int, default=2, help="attempt slots (one local target)")
     parser.add_argument("--repeat", type=int, default=2, help="runs of each variant, alternating")
     parser.add_argument("--json", type=Path, help="also write the numbers here")
@@ -59,7 +64,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="skew-bench-") as tmp:
         tmp_path = Path(tmp)
         source = write_skewed_parquet(tmp_path / "src", rows=args.rows)
-        graph = skew_graph(source)
+        graph = skew_graph(source, rounds=args.rounds)
         root, dag = tmp_path / "store", "skew"
         run_stage(plan_local_stage(graph, "scan", root, dag, "bench", config))
         for i, name in enumerate(order):
@@ -76,7 +81,8 @@ def main() -> None:
     summary = {name: {key: statistics.median(r[key] for r in rs)
                       for key in ("max_over_median", "makespan_s", "slowest_attempt_s")}
                for name, rs in runs.items()}
-    print(f"rows per file {args.rows}, 4 producers, 16 subpartitions, 4 consumers, {args.slots} slots, "
+    print(f"rows per file {args.rows}, {args.rounds} SHA-256 rounds per row, 4 producers, 16 subpartitions, "
+          f"4 consumers, {args.slots} slots, "
           f"{args.repeat} runs per variant (order {' '.join(order)})")
     for name, rs in runs.items():
         print(f"{name:12s} input bytes {rs[0]['input_bytes']}  max/median {summary[name]['max_over_median']:.2f}  "
@@ -88,8 +94,8 @@ def main() -> None:
               "slowest_attempt": count["slowest_attempt_s"] / balanced["slowest_attempt_s"]}
     print("equal_count / equal_bytes: " + ", ".join(f"{k} {v:.2f}x" for k, v in ratios.items()))
     if args.json:
-        args.json.write_text(json.dumps({"rows": args.rows, "slots": args.slots, "runs": runs, "summary": summary,
-                                         "ratios": ratios}, indent=2))
+        args.json.write_text(json.dumps({"rows": args.rows, "rounds": args.rounds, "slots": args.slots, "runs": runs,
+                                         "summary": summary, "ratios": ratios}, indent=2))
 
 
 if __name__ == "__main__":

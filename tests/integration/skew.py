@@ -34,16 +34,22 @@ def write_skewed_parquet(directory: Path, files: int = 4, rows: int = 20_000, ho
     return directory
 
 
-def skew_graph(source: Path, producers: int = 4) -> PipelineGraph:
-    """scan (passthrough) -> agg_bytes / agg_count (partial sums, splittable) ; agg_bytes -> merge."""
+def skew_graph(source: Path, producers: int = 4, rounds: int = 0) -> PipelineGraph:
+    """scan (passthrough) -> agg_bytes / agg_count (partial sums, splittable) ; agg_bytes -> merge.
+
+    ``rounds``: SHA-256 rounds per row in the partial sums (CPU work per row read, for the bench).
+    """
+    args = (str(rounds),) if rounds else ()
     aggregate = {"rows": ExchangeSpec("scan", "all_to_all", ("k",))}
     graph = PipelineGraph("skew", {
         "scan": StageSpec("scan", str(APPS / "passthrough.py"), producers, {"rows": SourceSpec(str(source))},
                           max_parallelism=MAX_PARALLELISM, spark_conf=SHUFFLE),
         "agg_bytes": StageSpec("agg_bytes", str(APPS / "partial_sum.py"), CONSUMERS, dict(aggregate),
-                               max_parallelism=MAX_PARALLELISM, spark_conf=SHUFFLE, splittable_skew=True),
+                               max_parallelism=MAX_PARALLELISM, spark_conf=SHUFFLE, splittable_skew=True,
+                               application_args=args),
         "agg_count": StageSpec("agg_count", str(APPS / "partial_sum.py"), CONSUMERS, dict(aggregate),
-                               max_parallelism=MAX_PARALLELISM, spark_conf=SHUFFLE, splittable_skew=True),
+                               max_parallelism=MAX_PARALLELISM, spark_conf=SHUFFLE, splittable_skew=True,
+                               application_args=args),
         "merge": StageSpec("merge", str(APPS / "merge_sum.py"), 1,
                            {"partials": ExchangeSpec("agg_bytes", "all_to_all", ("k",))}, spark_conf=SHUFFLE),
     })

@@ -12,4 +12,13 @@ from airflow_provider_speculative.runtime import StageContext
 
 with StageContext.from_argv() as ctx:
     rows = ctx.read("rows")
-    ctx.write(rows.groupBy("k").agg(F.sum("v").alias("sum_v"), F.count(F.lit(1)).alias("cnt")))
+    # bench/skew.py passes a number of SHA-256 rounds per row: CPU work proportional to the rows read,
+    # so a consumer's time follows its input rather than Spark's start-up. 0 (the test): none.
+    rounds = int(ctx.application_args[0]) if ctx.application_args else 0
+    digest = F.col("v").cast("string")
+    for _ in range(rounds):
+        digest = F.sha2(digest, 256)
+    aggregates = [F.sum("v").alias("sum_v"), F.count(F.lit(1)).alias("cnt")]
+    if rounds:
+        aggregates.append(F.max(digest).alias("work"))
+    ctx.write(rows.groupBy("k").agg(*aggregates))
