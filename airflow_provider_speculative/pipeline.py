@@ -75,7 +75,7 @@ class Pipeline:
         name: str,
         *,
         application: str,
-        parallelism: int,
+        parallelism: int | str,
         inputs: dict[str, SourceSpec | ExchangeSpec | Stage] | None = None,
         sink: Sink | None = None,
         max_parallelism: int | None = None,
@@ -83,9 +83,15 @@ class Pipeline:
         config: dict[str, Any] | None = None,
         application_args: list[str] | tuple[str, ...] = (),
         spark_conf: dict[str, str] | None = None,
+        min_parallelism: int | None = None,
+        splittable_skew: bool = False,
         **operator_kwargs: Any,
     ) -> Stage:
-        """Declare a stage; ``operator_kwargs`` go to its SparkStageOperator (retries, pool, ...)."""
+        """Declare a stage; ``operator_kwargs`` go to its SparkStageOperator (retries, pool, ...).
+
+        ``parallelism="auto"`` decides the subtask count at plan time from the bytes the stage reads
+        (``data_volume_per_subtask``), within [``min_parallelism``, ``max_parallelism``].
+        """
         if self.compiled:
             raise PipelineError(f"pipeline {self.name!r} is already compiled; declare stages inside it")
         if name in self.stages:
@@ -113,7 +119,8 @@ class Pipeline:
                          max_parallelism=max_parallelism,
                          deterministic=deterministic, config=dict(config or {}),
                          application_args=tuple(application_args),
-                         spark_conf={**self.spark_conf, **{str(k): str(v) for k, v in (spark_conf or {}).items()}})
+                         spark_conf={**self.spark_conf, **{str(k): str(v) for k, v in (spark_conf or {}).items()}},
+                         min_parallelism=min_parallelism, splittable_skew=splittable_skew)
         handle = Stage(self, spec, sink, operator_kwargs)
         self.stages[name] = handle
         return handle

@@ -83,6 +83,9 @@ def format_table(report: dict[str, Any], now: float | None = None, tz: tzinfo | 
             + (f", blocked nodes: {blocked}" if blocked else "")
             + (f", results expired (removed by gc at {format_time(stage['expired']['at'], now, tz)})"
                if stage.get("expired") else ""))
+        lines.append(f"  parallelism: {stage.get('parallelism_line') or 'fixed'}")
+        lines += [f"  warning: {w}" for w in stage.get("plan_warnings") or []]
+        lines += [f"  skew: {note}" for note in stage.get("skew_splits") or []]
         for sub in stage["subtasks"]:
             if not sub["attempts"]:
                 rows.append((stage["stage"], str(sub["subtask"]), "-", "REUSED" if sub["reused"] else "-",

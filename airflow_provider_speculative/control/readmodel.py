@@ -19,6 +19,7 @@ from typing import Any
 from airflow_provider_speculative.backends.base import Backend, attempt_observer
 from airflow_provider_speculative.backends.supervised import SupervisedBackend
 from airflow_provider_speculative.control.lifecycle import read_expired
+from airflow_provider_speculative.core.parallelism import describe_decision, skew_message
 from airflow_provider_speculative.core.states import Attempt, current_attempt
 from airflow_provider_speculative.exceptions import NotFoundError, StoreError
 from airflow_provider_speculative.store.files import read_json, read_jsonl
@@ -132,6 +133,12 @@ def stage_report(layout: StageLayout, plan: dict[str, Any], *, liveness: str = "
         })
     return {
         "stage": plan["stage"], "parallelism": plan["parallelism"], "upstreams": plan.get("upstreams", []),
+        "parallelism_decision": plan.get("parallelism_decision"),
+        "parallelism_line": describe_decision(plan.get("parallelism_decision")),
+        "plan_warnings": list(plan.get("warnings") or []),
+        # Skew the plan split (splittable_skew); skew it could not split is among the warnings.
+        "skew_splits": [f"input {e['input']!r}: {skew_message(e)}" for e in plan.get("exchange_skew") or []
+                        if e.get("split", 1) > 1],
         "consumers": plan.get("consumers", []), "committed": committed is not None,
         # Set once gc removed the committed data (FLIP-1 life cycle): a consumer rerun finds it missing.
         "expired": read_expired(layout),

@@ -12,6 +12,7 @@ from airflow_provider_speculative.control.controller import StageController, wip
 from airflow_provider_speculative.core.config import SpeculativeConfig
 from airflow_provider_speculative.core.graph import PipelineGraph, SourceSpec
 from airflow_provider_speculative.core.plan import plan_stage
+from airflow_provider_speculative.store import journal
 from airflow_provider_speculative.store.files import atomic_write_json
 from airflow_provider_speculative.store.layout import StageLayout
 from airflow_provider_speculative.store.results import admitted_results, read_committed, write_committed
@@ -59,6 +60,10 @@ def run_stage(plan: dict[str, Any], timeout: float = 1800.0, fresh: bool = False
     if fresh:
         wipe_stage_attempts(layout)
     atomic_write_json(layout.plan, plan)
+    journal.record(layout.journal, "plan_decided", parallelism=plan["parallelism"],
+                   decision=plan.get("parallelism_decision"))
+    for warning in plan.get("warnings") or []:
+        journal.record(layout.journal, "plan_warning", message=warning)
     controller = StageController(plan)
     deadline = time.monotonic() + timeout
     while not controller.done:

@@ -108,6 +108,26 @@ def _duration(name: str, value: Any, where: str) -> float:
     return seconds
 
 
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b?|b)?\s*$", re.IGNORECASE)
+
+
+def _size(name: str, value: Any, where: str) -> int:
+    """Bytes from an integer or a size such as '64MB', '128 MiB', '1 GiB' (KB/MB/GB are 1024-based too)."""
+    if isinstance(value, bool):
+        raise _bad(name, value, where, "expected a size such as 134217728, '128MB' or '1 GiB'")
+    if isinstance(value, int | float):
+        number = float(value)
+    else:
+        match = _SIZE.match(str(value))
+        if not match:
+            raise _bad(name, value, where, "expected a size such as 134217728, '128MB' or '1 GiB'")
+        unit = (match.group(2) or "b").lower()[0]
+        number = float(match.group(1)) * 1024 ** "bkmgt".index(unit)
+    if not math.isfinite(number) or number < 1:
+        raise _bad(name, value, where, "must be at least 1 byte")
+    return int(number)
+
+
 def _bool(name: str, value: Any, where: str) -> bool:
     if isinstance(value, bool):
         return value
@@ -343,6 +363,11 @@ OPTIONS: tuple[Option, ...] = (
     _duration_option("retention", 86400.0,
                      "How long intermediate results stay after the run succeeded and their consumers committed.",
                      readme_default="`86400` s (1 day)"),
+    Option("data_volume_per_subtask", _size, 128 * 1024 ** 2,
+           "Bytes one subtask should read when a stage has parallelism='auto' (e.g. '64MB', '1 GiB').",
+           "string", "134217728", "`134217728` (128 MiB)", annotation="int"),
+    _bool_option("balanced_exchange_ranges", True,
+                 "Give all_to_all consumers subpartition ranges of about equal bytes (false: equal counts)."),
     Option("failover_strategy", lambda n, v, w: _choice(n, v, w, ("region", "all")), "region",
            "What reruns when an input partition is lost: 'region' (only the affected region) or 'all'.",
            annotation="str"),

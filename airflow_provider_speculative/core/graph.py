@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from airflow_provider_speculative.core.config import SpeculativeConfig
+from airflow_provider_speculative.core.parallelism import AUTO
 from airflow_provider_speculative.exceptions import ConfigError, PipelineError
 
 Distribution = Literal["all_to_all", "pointwise"]
@@ -53,13 +54,24 @@ class StageSpec:
 
     name: str
     application: str
-    parallelism: int
+    # An int, or "auto": decided when the stage is planned from the bytes it reads (core/parallelism.py).
+    parallelism: int | str
     inputs: dict[str, SourceSpec | ExchangeSpec] = field(default_factory=dict)
     max_parallelism: int = 32
     deterministic: bool = True
     config: dict[str, Any] = field(default_factory=dict)
     application_args: tuple[str, ...] = ()
     spark_conf: dict[str, str] = field(default_factory=dict)
+    # Lower bound of an "auto" parallelism (None: 1); max_parallelism is its upper bound.
+    min_parallelism: int | None = None
+    # The stage merges partial results per key (e.g. an aggregation with a merge step downstream), so
+    # one skewed subpartition of an all_to_all input may be split across consumers by producer range.
+    splittable_skew: bool = False
+
+    @property
+    def auto(self) -> bool:
+        """True if the parallelism is decided at plan time."""
+        return self.parallelism == AUTO
 
 
 @dataclass
@@ -74,9 +86,24 @@ class PipelineGraph:
         """Raise :class:`PipelineError` for unknown inputs, bad parallelism, bad exchanges or cycles."""
         for stage in self.stages.values():
             where = f"pipeline {self.name!r}, stage {stage.name!r}"
-            _check_count(where, "parallelism", stage.parallelism, 1)
-            _check_count(where, "max_parallelism", stage.max_parallelism, 1)
-            if stage.max_parallelism < stage.parallelism:
+            if stage.auto:
+                _check_count(where, "max_parallelism", stage.max_parallelism, 1)
+                self._validate_auto(where, stage)
+            else:
+                if isinstance(stage.parallelism, str):
+                    raise PipelineError(f"{where}: parallelism must be an integer or 'auto', got {stage.parallelism!r}")
+                _check_count(where, "parallelism", stage.parallelism, 1)
+                _check_count(where, "max_parallelism", stage.max_parallelism, 1)
+                if stage.min_parallelism is not None:
+                    raise PipelineError(f"{where}: min_parallelism applies only to parallelism='auto' "
+                                        f"(parallelism is {stage.parallelism!r})")
+            if not isinstance(stage.splittable_skew, bool):
+                raise PipelineError(f"{where}: splittable_skew must be True or False, got {stage.splittable_skew!r}")
+            if stage.splittable_skew and sum(1 for s in stage.inputs.values() if isinstance(s, ExchangeSpec)
+                                             and s.distribution == "all_to_all") != 1:
+                # Splitting one side of a join would need the other side replicated (not supported).
+                raise PipelineError(f"{where}: splittable_skew needs exactly one all_to_all input")
+            if not stage.auto and stage.max_parallelism < stage.parallelism:
                 raise PipelineError(
                     f"{where}: max_parallelism ({stage.max_parallelism!r}) must be >= "
                     f"parallelism ({stage.parallelism})")
@@ -101,6 +128,24 @@ class PipelineGraph:
         self._check_keys()
         self.topological_order()
 
+    def _validate_auto(self, where: str, stage: StageSpec) -> None:
+        minimum = 1 if stage.min_parallelism is None else stage.min_parallelism
+        _check_count(where, "min_parallelism", minimum, 1)
+        if stage.max_parallelism < minimum:
+            raise PipelineError(f"{where}: max_parallelism ({stage.max_parallelism}) must be >= min_parallelism "
+                                f"({minimum}) with parallelism='auto'")
+        for name, spec in stage.inputs.items():
+            if isinstance(spec, ExchangeSpec) and spec.distribution == "all_to_all" and not stage.splittable_skew \
+                    and spec.upstream in self.stages and minimum > self.stages[spec.upstream].max_parallelism:
+                raise PipelineError(
+                    f"{where}: min_parallelism {minimum} exceeds the {self.stages[spec.upstream].max_parallelism} "
+                    f"subpartitions of all_to_all input {name!r} ({spec.upstream!r}'s max_parallelism)")
+        try:
+            SpeculativeConfig().with_overrides(self.config, f"pipeline {self.name!r}").with_overrides(
+                stage.config, where)
+        except ConfigError as exc:
+            raise PipelineError(f"{where}: parallelism='auto': {exc}") from None
+
     def _validate_exchange(self, where: str, input_name: str, spec: ExchangeSpec, stage: StageSpec) -> None:
         if spec.upstream not in self.stages:
             known = ", ".join(sorted(self.stages)) or "none"
@@ -119,16 +164,32 @@ class PipelineGraph:
                 raise PipelineError(f"{where}: all_to_all input {input_name!r} needs a key: a column name or a "
                                     f"list of column names, none empty; got {key!r}")
             producer = self.stages[spec.upstream]
-            if stage.parallelism > producer.max_parallelism:
+            if not stage.auto and stage.parallelism > producer.max_parallelism:
                 # The producer hash-partitions into max_parallelism subpartitions: a consumer reads at least one.
                 raise PipelineError(
                     f"{where}: all_to_all input {input_name!r} has {stage.parallelism} consumers but its producer "
                     f"{spec.upstream!r} writes only max_parallelism={producer.max_parallelism} subpartitions; "
                     f"raise {spec.upstream!r}'s max_parallelism or lower {stage.name!r}'s parallelism")
-        if spec.distribution == "pointwise" and self.stages[spec.upstream].parallelism != stage.parallelism:
+        if spec.distribution == "pointwise":
+            self._validate_pointwise(where, input_name, self.stages[spec.upstream], stage)
+
+    def _validate_pointwise(self, where: str, input_name: str, producer: StageSpec, stage: StageSpec) -> None:
+        # A pointwise consumer of an auto stage inherits the producer's decided parallelism at plan time.
+        if stage.auto:
+            most = producer.max_parallelism if producer.auto else producer.parallelism
+            if isinstance(most, int) and most > stage.max_parallelism:
+                raise PipelineError(
+                    f"{where}: pointwise input {input_name!r} inherits {producer.name!r}'s parallelism (up to "
+                    f"{most}) but max_parallelism is {stage.max_parallelism}; raise max_parallelism")
+            return
+        if producer.auto:
+            raise PipelineError(
+                f"{where}: pointwise input {input_name!r} reads {producer.name!r}, whose parallelism is 'auto'; "
+                f"declare parallelism='auto' on {stage.name!r} to inherit the decided parallelism")
+        if producer.parallelism != stage.parallelism:
             raise PipelineError(
                 f"{where}: pointwise input {input_name!r} needs equal parallelism "
-                f"({spec.upstream}={self.stages[spec.upstream].parallelism}, {stage.name}={stage.parallelism})")
+                f"({producer.name}={producer.parallelism}, {stage.name}={stage.parallelism})")
 
     def _check_keys(self) -> None:
         # A producer writes its output partitioned once, so all its all_to_all consumers share a key.

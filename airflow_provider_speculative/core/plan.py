@@ -8,13 +8,8 @@ from itertools import accumulate
 from typing import Any
 
 from airflow_provider_speculative.core.config import SpeculativeConfig
-from airflow_provider_speculative.core.graph import (
-    ExchangeSpec,
-    PipelineGraph,
-    SourceSpec,
-    split_files,
-    subpartition_range,
-)
+from airflow_provider_speculative.core.graph import ExchangeSpec, PipelineGraph, SourceSpec, split_files
+from airflow_provider_speculative.core.parallelism import decide_parallelism, exchange_ranges, skew_message
 from airflow_provider_speculative.exceptions import PlanError
 
 # 2: exchanges by producer and subpartition range; shared input descriptions under plan["inputs"].
@@ -44,7 +39,11 @@ def plan_stage(
     however many files the producers wrote.
     """
     stage = graph.stages[stage_name]
-    n = stage.parallelism
+    producers = {spec.upstream: _producer_parallelism(graph, stage_name, input_name, spec.upstream,
+                                                      upstream_committed[spec.upstream])
+                 for input_name, spec in stage.inputs.items() if isinstance(spec, ExchangeSpec)}
+    decision = decide_stage_parallelism(graph, stage_name, config, source_files, upstream_committed, producers)
+    n = decision["chosen"]
     subtasks: list[dict[str, Any]] = [{"inputs": {}, "input_bytes": 0} for _ in range(n)]
     inputs: dict[str, dict[str, Any]] = {}
     for input_name, spec in stage.inputs.items():
@@ -59,8 +58,11 @@ def plan_stage(
                 subtasks[i]["inputs"][input_name] = {"files": [{"path": p, "size": s} for p, s in split]}
                 subtasks[i]["input_bytes"] += sum(s for _, s in split)
         else:
-            inputs[input_name] = _plan_exchange(graph, stage_name, input_name, spec, n,
-                                                upstream_committed[spec.upstream], subtasks)
+            inputs[input_name] = _exchange_entry(graph, spec, upstream_committed[spec.upstream],
+                                                 producers[spec.upstream])
+            if spec.distribution == "pointwise":
+                _plan_pointwise(graph, stage_name, input_name, n, upstream_committed[spec.upstream], subtasks)
+    skew = _plan_all_to_all(graph, stage_name, config, n, upstream_committed, producers, subtasks)
     key = graph.output_key(stage_name)
     plan = {
         "version": PLAN_VERSION,
@@ -71,7 +73,10 @@ def plan_stage(
         "deterministic": stage.deterministic,
         "application_args": list(stage.application_args),
         "upstreams": graph.upstreams(stage_name),
-        "upstream_info": {name: {"parallelism": graph.stages[name].parallelism,
+        "parallelism_decision": decision,
+        "exchange_skew": skew,
+        "warnings": [f"input {e['input']!r}: {skew_message(e)}" for e in skew if e["split"] == 1],
+        "upstream_info": {name: {"parallelism": producers[name],
                                  "max_parallelism": graph.stages[name].max_parallelism,
                                  "deterministic": graph.stages[name].deterministic}
                           for name in graph.upstreams(stage_name)},
@@ -87,38 +92,123 @@ def plan_stage(
     return plan
 
 
-def _plan_exchange(graph: PipelineGraph, stage_name: str, input_name: str, spec: ExchangeSpec, n: int,
-                   committed: dict[str, Any], subtasks: list[dict[str, Any]]) -> dict[str, Any]:
-    """The input's shared description; each subtask gets its producer range and subpartition range."""
-    producer = graph.stages[spec.upstream]
-    parts = committed["subtasks"]
-    if len(parts) != producer.parallelism:
+def _producer_parallelism(graph: PipelineGraph, stage_name: str, input_name: str, upstream: str,
+                          committed: dict[str, Any]) -> int:
+    """How many subtasks the producer committed: its declared parallelism, or the one decided for 'auto'."""
+    producer = graph.stages[upstream]
+    count = len(committed["subtasks"])
+    expected = committed.get("parallelism", count) if producer.auto else producer.parallelism
+    if count != expected or count < 1:
         raise PlanError(f"pipeline {graph.name!r}, stage {stage_name!r}, input {input_name!r}: upstream "
-                        f"{spec.upstream!r} committed {len(parts)} of {producer.parallelism} subtasks")
-    schema = next((p.get("schema") for p in parts.values() if p.get("schema")), None)
-    if spec.distribution == "pointwise":
-        for i in range(n):
-            subtasks[i]["inputs"][input_name] = {"producers": [i, i + 1], "subpartitions": None}
-            part = parts[str(i)]
-            subtasks[i]["input_bytes"] += int(part["bytes"]) if part.get("bytes") is not None else sum(
-                int(f["size"]) for f in part.get("files") or [])
-    else:
-        # Bytes per subpartition over all producers, then one prefix sum: O(producers x subpartitions + n).
-        per_sp = [0] * producer.max_parallelism
-        for part in parts.values():
-            for sp, size in subpartition_bytes(part).items():
-                per_sp[sp] += size
-        prefix = list(accumulate(per_sp, initial=0))
-        for i in range(n):
-            sp_range = subpartition_range(i, n, producer.max_parallelism)
-            subtasks[i]["inputs"][input_name] = {"producers": [0, producer.parallelism],
-                                                 "subpartitions": [sp_range.start, sp_range.stop]}
-            subtasks[i]["input_bytes"] += prefix[sp_range.stop] - prefix[sp_range.start]
+                        f"{upstream!r} committed {count} of {expected} subtasks")
+    return count
+
+
+def _producer_bytes(part: dict[str, Any]) -> int:
+    if part.get("bytes") is not None:
+        return int(part["bytes"])
+    return sum(int(f["size"]) for f in part.get("files") or [])
+
+
+def decide_stage_parallelism(graph: PipelineGraph, stage_name: str, config: SpeculativeConfig,
+                             source_files: dict[str, list[tuple[str, int]]], upstream_committed: dict[str, Any],
+                             producers: dict[str, int]) -> dict[str, Any]:
+    """The stage's parallelism and why: declared, inherited through a pointwise input, or from bytes."""
+    stage = graph.stages[stage_name]
+    where = f"pipeline {graph.name!r}, stage {stage_name!r}"
+    if not stage.auto:
+        return {"mode": "fixed", "chosen": stage.parallelism}
+    minimum = stage.min_parallelism or 1
+    pointwise = {spec.upstream: producers[spec.upstream] for spec in stage.inputs.values()
+                 if isinstance(spec, ExchangeSpec) and spec.distribution == "pointwise"}
+    if pointwise:
+        counts = set(pointwise.values())
+        if len(counts) > 1:
+            raise PlanError(f"{where}: pointwise inputs committed different parallelism {pointwise}; "
+                            "a pointwise stage needs one")
+        chosen = counts.pop()
+        if chosen > stage.max_parallelism:
+            raise PlanError(f"{where}: inherits parallelism {chosen} through a pointwise input but "
+                            f"max_parallelism is {stage.max_parallelism}")
+        return {"mode": "auto", "inherited_from": sorted(pointwise), "min": minimum, "max": stage.max_parallelism,
+                "chosen": chosen, "bounded_by": "pointwise input"}
+    total, bounds, files = 0, {}, None
+    for input_name, spec in stage.inputs.items():
+        if isinstance(spec, SourceSpec):
+            listed = source_files[input_name]
+            total += sum(size for _, size in listed)
+            files = len(listed) if files is None else min(files, len(listed))
+            bounds["files"] = files
+        else:
+            committed = upstream_committed[spec.upstream]
+            total += sum(_producer_bytes(part) for part in committed["subtasks"].values())
+            subpartitions = graph.stages[spec.upstream].max_parallelism
+            bounds[f"subpartitions of {spec.upstream}"] = (
+                subpartitions * producers[spec.upstream] if stage.splittable_skew else subpartitions)
+    return decide_parallelism(total_bytes=total, per_subtask=config.data_volume_per_subtask, minimum=minimum,
+                              maximum=stage.max_parallelism, bounds=bounds, files=files)
+
+
+def _exchange_entry(graph: PipelineGraph, spec: ExchangeSpec, committed: dict[str, Any],
+                    producer_parallelism: int) -> dict[str, Any]:
+    """The input's shared description (the same for every consumer subtask)."""
+    producer = graph.stages[spec.upstream]
+    schema = next((p.get("schema") for p in committed["subtasks"].values() if p.get("schema")), None)
     return {"kind": "exchange", "upstream": spec.upstream, "distribution": spec.distribution, "mode": spec.mode,
-            "producer_parallelism": producer.parallelism, "max_parallelism": producer.max_parallelism,
+            "producer_parallelism": producer_parallelism, "max_parallelism": producer.max_parallelism,
             # The plan that produced the committed result: it changes when the producer was replanned (its
             # sources changed), and so must this consumer's fingerprint then, or its old result is reused.
             "upstream_fingerprint": committed.get("fingerprint"), "schema": schema}
+
+
+def _plan_pointwise(graph: PipelineGraph, stage_name: str, input_name: str, n: int, committed: dict[str, Any],
+                    subtasks: list[dict[str, Any]]) -> None:
+    parts = committed["subtasks"]
+    if len(parts) != n:
+        raise PlanError(f"pipeline {graph.name!r}, stage {stage_name!r}, input {input_name!r}: pointwise input "
+                        f"has {len(parts)} producer subtasks for {n} consumers")
+    for i in range(n):
+        subtasks[i]["inputs"][input_name] = {"producers": [i, i + 1], "subpartitions": None}
+        subtasks[i]["input_bytes"] += _producer_bytes(parts[str(i)])
+
+
+def _plan_all_to_all(graph: PipelineGraph, stage_name: str, config: SpeculativeConfig, n: int,
+                     upstream_committed: dict[str, Any], producers: dict[str, int],
+                     subtasks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Give every consumer its producer and subpartition range of each all_to_all input; return the skew.
+
+    Inputs with the same number of subpartitions share ranges (a join reads the same keys from both
+    sides), balanced on their summed bytes. Cost O(producers x subpartitions + consumers log subpartitions).
+    """
+    stage = graph.stages[stage_name]
+    groups: dict[int, list[tuple[str, ExchangeSpec]]] = {}
+    for input_name, spec in stage.inputs.items():
+        if isinstance(spec, ExchangeSpec) and spec.distribution == "all_to_all":
+            groups.setdefault(graph.stages[spec.upstream].max_parallelism, []).append((input_name, spec))
+    skew: list[dict[str, Any]] = []
+    for m, members in groups.items():
+        matrices = {}
+        for input_name, spec in members:
+            rows = [[0] * m for _ in range(producers[spec.upstream])]
+            for p, part in upstream_committed[spec.upstream]["subtasks"].items():
+                for sp, size in subpartition_bytes(part).items():
+                    rows[int(p)][sp] += size
+            matrices[input_name] = rows
+        combined = [row for rows in matrices.values() for row in rows]
+        ranges = exchange_ranges(combined, n, balanced=config.balanced_exchange_ranges,
+                                 splittable_skew=stage.splittable_skew and len(members) == 1)
+        for input_name, _spec in members:
+            rows = matrices[input_name]
+            prefix = list(accumulate((sum(col) for col in zip(*rows, strict=True)), initial=0))
+            for i, ((lo, hi), (start, stop)) in enumerate(ranges.reads):
+                full = (lo, hi) == (0, len(combined))
+                lo, hi = (0, len(rows)) if full else (lo, hi)
+                subtasks[i]["inputs"][input_name] = {"producers": [lo, hi], "subpartitions": [start, stop]}
+                subtasks[i]["input_bytes"] += (prefix[stop] - prefix[start] if full else
+                                               sum(rows[p][sp] for p in range(lo, hi) for sp in range(start, stop)))
+        names = ", ".join(name for name, _ in members)
+        skew += [{"input": names, **entry} for entry in ranges.skew]
+    return skew
 
 
 def subpartition_bytes(part: dict[str, Any]) -> dict[int, int]:

@@ -89,7 +89,9 @@ class SparkStageOperator(BaseOperator):
         spec = self.graph.stages[self.stage]
         where = f"pipeline {self.graph.name!r}, stage {self.stage!r}"
         application = _application_path(spec.application, where)
-        source_files = {name: _list_files(src, f"{where}, input {name!r}", spec.parallelism)
+        # An auto stage is bounded by its files when planned, so any non-empty source will do.
+        min_files = 1 if spec.auto else spec.parallelism
+        source_files = {name: _list_files(src, f"{where}, input {name!r}", min_files)
                         for name, src in spec.inputs.items() if isinstance(src, SourceSpec)}
         sink = self._rendered_sink() if self.sink else None
         if sink is not None:
@@ -125,6 +127,10 @@ class SparkStageOperator(BaseOperator):
                 observer.invalidate(subtask, attempt, f"committed output no longer valid: {reason}")
                 journal(layout, "invalidate", subtask=subtask, attempt=attempt, reason=reason)
         atomic_write_json(layout.plan, plan)
+        journal(layout, "plan_decided", parallelism=plan["parallelism"], decision=plan["parallelism_decision"])
+        for warning in plan["warnings"]:
+            self.log.warning("stage %s: %s", self.stage, warning)
+            journal(layout, "plan_warning", message=warning)
         self.log.info("stage %s: %d subtasks, speculation %s, plan %s", self.stage, plan["parallelism"],
                       "blocked: " + plan["speculation_blocker"] if plan["speculation_blocker"] else
                       ("enabled" if config.enabled else "disabled"), layout.plan)

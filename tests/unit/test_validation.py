@@ -61,6 +61,13 @@ def two_stages(key: Any = "id", consumers: int = 2, producer_max: int | None = N
     p.graph()
 
 
+def auto_pointwise_into_fixed() -> None:
+    p = Pipeline("p")
+    a = p.stage("a", application=APP, parallelism="auto", inputs={"rows": parquet_source("/data/rows")})
+    p.stage("b", application=APP, parallelism=2, inputs={"same": pointwise(a)})
+    p.graph()
+
+
 def plan(tmp: Path, *, inputs: dict[str, Any] | None = None, parallelism: int = 2, application: str = APP,
          sink: Any = None, config: dict[str, Any] | None = None) -> None:
     """Run the real operator's execute (planning) for one stage on real files."""
@@ -133,6 +140,18 @@ CASES = [
     Case("parallelism-zero", lambda t: stage(parallelism=0), PipelineError, r"stage 's': parallelism must be"),
     Case("max-parallelism-below", lambda t: stage(parallelism=4, max_parallelism=2), PipelineError,
          r"stage 's': max_parallelism \(2\) must be >= parallelism \(4\)"),
+    Case("parallelism-string", lambda t: stage(parallelism="many"), PipelineError,
+         r"stage 's': parallelism must be an integer or 'auto', got 'many'"),
+    Case("auto-min-above-max", lambda t: stage(parallelism="auto", min_parallelism=40), PipelineError,
+         r"stage 's': max_parallelism \(32\) must be >= min_parallelism \(40\) with parallelism='auto'"),
+    Case("auto-bad-volume", lambda t: stage(parallelism="auto", config={"data_volume_per_subtask": "lots"}),
+         PipelineError, r"stage 's': parallelism='auto': \[speculative\] data_volume_per_subtask = 'lots'"),
+    Case("min-without-auto", lambda t: stage(min_parallelism=2), PipelineError,
+         r"stage 's': min_parallelism applies only to parallelism='auto'"),
+    Case("auto-pointwise-fixed", lambda t: auto_pointwise_into_fixed(), PipelineError,
+         r"stage 'b': pointwise input 'same' reads 'a', whose parallelism is 'auto'; declare parallelism='auto'"),
+    Case("splittable-skew-no-exchange", lambda t: stage(splittable_skew=True), PipelineError,
+         r"stage 's': splittable_skew needs exactly one all_to_all input"),
     Case("application-empty", lambda t: stage(application=""), PipelineError,
          r"pipeline 'p', stage 's': application is required"),
     Case("application-none", lambda t: stage(application=None), PipelineError,

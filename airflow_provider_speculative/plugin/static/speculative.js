@@ -135,6 +135,9 @@
         card("attempts", "attempts (speculative)", `${d.attempts_total} (${d.speculative_attempts})`),
         card("peak", "peak slow subtasks", d.peakSlowExecutionVertices)),
     );
+    frag.append(h("p", {class: "sub", id: "parallelism-decision"}, "parallelism: " + (d.parallelism_line || "fixed")));
+    (d.plan_warnings || []).forEach(w => frag.append(h("p", {class: "message plan-warning"}, w)));
+    (d.skew_splits || []).forEach(n => frag.append(h("p", {class: "sub skew-split"}, "skew: " + n)));
     if (d.speculation_blocker) {
       frag.append(h("p", {class: "message"}, "Speculation is off for this stage: " + d.speculation_blocker));
     }

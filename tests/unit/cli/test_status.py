@@ -87,7 +87,8 @@ def test_table_has_readable_times_block_expiry_and_durations() -> None:
     assert "1795" not in text and "1767" not in text  # no epoch seconds anywhere
     assert "(times in local time, UTC+01:00)" in text.splitlines()[0]
     assert "blocked nodes: local-b until 14:05 (in 5m 00s)" in text
-    rows = [line.split() for line in text.splitlines()[3:]]
+    assert text.splitlines()[2] == "  parallelism: fixed"
+    rows = [line.split() for line in text.splitlines()[4:]]
     assert rows[0][:9] == ["scan", "0", "0", "FINISHED", "local-a", "local-a", "13:58:55", "13:59:55", "1m"]
     assert rows[1][6:9] == ["13:59:30", "-", "30s+"]  # still running: duration so far
 
@@ -267,3 +268,20 @@ def test_heartbeat_mode_shows_a_local_attempt_without_process_as_running(tmp_pat
     assert state(liveness="heartbeat") == ("RUNNING", None)
     late = now + HEARTBEAT_STALE_AFTER + 1
     assert state(liveness="heartbeat", now=late) == ("FAILED", "presumed lost: no heartbeat for 30 s")
+
+
+def test_table_shows_the_parallelism_decision_and_skew_warnings() -> None:
+    from airflow_provider_speculative.core.parallelism import decide_parallelism, describe_decision
+
+    report = _report()
+    decision = decide_parallelism(total_bytes=3 * 2**30, per_subtask=2**30, minimum=1, maximum=16,
+                                  bounds={"files": 2}, files=2)
+    warning = "input 'rows': subpartition 17 holds 61% of the bytes; not split (stage does not declare splittable_skew)"
+    split = "input 'rows': subpartition 5 holds 55% of the bytes; split across 2 consumers by producer range"
+    report["stages"][0].update(parallelism_line=describe_decision(decision), plan_warnings=[warning],
+                               skew_splits=[split])
+    lines = format_table(report, now=NOW, tz=CET).splitlines()
+    assert lines[2] == ("  parallelism: auto: 3.0 GiB / 1.0 GiB per subtask -> 3, within [1, 16], 2 source files: "
+                        "2 (bounded by files)")
+    assert lines[3] == "  warning: " + warning
+    assert lines[4] == "  skew: " + split

@@ -14,7 +14,7 @@ from airflow.exceptions import TaskDeferred
 
 from airflow_provider_speculative import Pipeline, parquet_source
 from airflow_provider_speculative.exceptions import PlanError, StageFailedError, TargetError
-from airflow_provider_speculative.store.files import atomic_write_json, read_json
+from airflow_provider_speculative.store.files import atomic_write_json, read_json, read_jsonl
 from airflow_provider_speculative.store.layout import StageLayout
 from airflow_provider_speculative.store.manifest import build_manifest, write_manifest
 
@@ -68,6 +68,28 @@ def test_execute_writes_the_plan_and_defers_once(env: Path) -> None:
     assert {t["kind"] for t in plan["targets"].values()} == {"spark_submit"}
     assert all(t["command"][-1] == str(env / "app.py") for t in plan["targets"].values())
     assert deferred.method_name == "execute_complete"
+
+
+def test_auto_parallelism_is_decided_at_plan_time_and_journaled(env: Path) -> None:
+    # Three tiny files at 1 byte per subtask: bytes ask for many subtasks, the files bound it to 3.
+    pq.write_table(pa.table({"k": [2], "v": [20]}), env / "src" / "part-2.parquet")
+    with Pipeline("p", config={"data_volume_per_subtask": 1}) as pipeline:
+        stage = pipeline.stage("scan", application=str(env / "app.py"), parallelism="auto", min_parallelism=1,
+                               max_parallelism=8, inputs={"src": parquet_source(str(env / "src"))})
+    plan = read_json(_execute(stage.task).trigger.plan_path)
+    decision = plan["parallelism_decision"]
+    assert plan["parallelism"] == len(plan["subtasks"]) == decision["chosen"] == 3
+    assert (decision["mode"], decision["files"], decision["bounded_by"], decision["per_subtask"]) == \
+        ("auto", 3, "files", 1)
+    journal = read_jsonl(StageLayout(env / "store", "d", "r1", "scan").journal)
+    assert [e["decision"]["chosen"] for e in journal if e["event"] == "plan_decided"] == [3]
+    # The read model behind `airflow speculative status` and the stage view carries it as one line.
+    from airflow_provider_speculative.control.readmodel import stage_report
+
+    report = stage_report(StageLayout(env / "store", "d", "r1", "scan"), plan)
+    assert report["parallelism_line"].startswith("auto: ") and report["parallelism_line"].endswith(
+        ": 3 (bounded by files)")
+    assert report["plan_warnings"] == []
 
 
 def test_a_replanned_equal_stage_keeps_its_admissions_and_invalidates_broken_ones(env: Path) -> None:
