@@ -86,9 +86,8 @@ def targets_config(count: int, slots: int) -> list[dict[str, Any]]:
             for name in target_names(count)]
 
 
-def scenario_env(scenario: str, run_dir: Path, data: Path, count: int, slots: int) -> dict[str, str]:
-    """Environment of one scenario's ``airflow`` commands; nothing AIRFLOW*/SPECULATIVE* is inherited."""
-    spec = SCENARIOS[scenario]
+def example_env(run_dir: Path, data: Path) -> dict[str, str]:
+    """A fresh Airflow home, store and output for the example DAG; nothing AIRFLOW*/SPECULATIVE* inherited."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "SPECULATIVE_"))}
     env.update({
         "AIRFLOW_HOME": str(run_dir / "airflow"),
@@ -98,6 +97,15 @@ def scenario_env(scenario: str, run_dir: Path, data: Path, count: int, slots: in
         "SPECULATIVE_EXAMPLE_DATA": str(data),
         "SPECULATIVE_EXAMPLE_OUTPUT": str(run_dir / "output"),
         "AIRFLOW__SPECULATIVE__STORE_PATH": str(run_dir / "store"),
+    })
+    return env
+
+
+def scenario_env(scenario: str, run_dir: Path, data: Path, count: int, slots: int) -> dict[str, str]:
+    """Environment of one scenario's ``airflow`` commands; nothing AIRFLOW*/SPECULATIVE* is inherited."""
+    spec = SCENARIOS[scenario]
+    env = example_env(run_dir, data)
+    env.update({
         "AIRFLOW__SPECULATIVE__TARGETS": json.dumps(targets_config(count, slots)),
         "AIRFLOW__SPECULATIVE__ENABLED": "true" if spec["speculation"] else "false",
     })

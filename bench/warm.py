@@ -57,16 +57,9 @@ SUBMIT_CONF = {"spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "fal
 
 def base_env(run_dir: Path, data: Path) -> dict[str, str]:
     """What b and c share: a fresh Airflow home, store and output; speculation off."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "SPECULATIVE_"))}
+    env = shared.example_env(run_dir, data)
     env.update({
         "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
-        "AIRFLOW_HOME": str(run_dir / "airflow"),
-        "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
-        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-        "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": "local[1]"}),
-        "SPECULATIVE_EXAMPLE_DATA": str(data),
-        "SPECULATIVE_EXAMPLE_OUTPUT": str(run_dir / "output"),
-        "AIRFLOW__SPECULATIVE__STORE_PATH": str(run_dir / "store"),
         "AIRFLOW__SPECULATIVE__ENABLED": "false",
         "AIRFLOW__SPECULATIVE__CHECK_INTERVAL": "500ms",
     })
