@@ -28,10 +28,15 @@ def _conf() -> Any:
 
 
 def spark_history_url() -> str:
-    """``[speculative] spark_history_url`` (validated), or "" when none is configured."""
-    from airflow_provider_speculative.settings import airflow_config
+    """``[speculative] spark_history_url`` (validated), or "" when none is configured.
 
-    return airflow_config().spark_history_url.strip()
+    Only this option is read and parsed: a link is computed inside the api-server for every task page,
+    and an invalid value of some other option must not make the button disappear.
+    """
+    from airflow_provider_speculative.core.config import parse_option
+
+    raw = _conf().get("speculative", "spark_history_url", fallback="") or ""
+    return str(parse_option("spark_history_url", raw, "airflow configuration")).strip()
 
 
 def base_path() -> str:
