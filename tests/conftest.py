@@ -34,6 +34,9 @@ TEST_ENV = {
     "AIRFLOW__METRICS__STATSD_PORT": str(STATSD_PORT),
     "SPECULATIVE_EXAMPLE_DATA": str(DATA),
     "SPECULATIVE_EXAMPLE_OUTPUT": str(SESSION_DIR / "output"),
+    # As in a real deployment, workers and the api-server share [speculative]: operator extra links
+    # are computed by the worker when the task ends (Airflow 3 stores them in XCom).
+    "AIRFLOW__SPECULATIVE__SPARK_HISTORY_URL": "http://spark-history.invalid:18080",
 }
 os.environ.update(TEST_ENV)
 

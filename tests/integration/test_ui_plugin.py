@@ -39,7 +39,7 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"
 ARTIFACTS = REPO / "test-artifacts"
 STORE = Path(TEST_ENV["AIRFLOW__SPECULATIVE__STORE_PATH"])
 USERS = {"tester": ("viewer", "tester-pass"), "outsider": ("", "outsider-pass")}  # outsider: no role, no DAG access
-HISTORY = "http://spark-history.invalid:18080"
+HISTORY = TEST_ENV["AIRFLOW__SPECULATIVE__SPARK_HISTORY_URL"]  # the session sets it, as a deployment would
 STARTUP_TIMEOUT = 300  # the api-server imports all of Airflow; slow on a loaded 2-CPU machine
 PAGE_TIMEOUT_MS = 180_000
 
