@@ -32,6 +32,7 @@ from airflow_provider_speculative.control.readmodel import (
 )
 from airflow_provider_speculative.exceptions import NotFoundError
 from airflow_provider_speculative.store.layout import StageLayout
+from tests.integration.spark_helpers import wait_for
 
 CET = timezone(timedelta(hours=1))
 NOW = datetime(2026, 1, 2, 14, 0, 0, tzinfo=CET).timestamp()
@@ -159,16 +160,6 @@ def _finish(layout: StageLayout, subtask: int, number: int, at: float) -> None:
     _write(layout.admitted(subtask), {"attempt": number})
 
 
-def wait_for(predicate: Any, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-
-
 class Frames(io.StringIO):
     """A thread-safe output that the test can read while watch() writes to it."""
 
@@ -205,11 +196,12 @@ def test_watch_follows_a_live_run_until_every_stage_committed(tmp_path: Path) ->
              "a frame with both scan subtasks running")
 
     _running(scan, 1, 1, time.time(), speculative=True)
-    wait_for(lambda: row(out, "scan")[:5] == ["scan", "running", "0/2", "3", "1"], 10, "the speculative attempt")
+    wait_for(lambda: row(out, "scan")[:5] == ["scan", "running", "0/2", "3", "1"], 10, "the speculative attempt",
+             interval=0.02)
     _finish(scan, 1, 1, time.time())
     _finish(scan, 0, 0, time.time())
     _write(scan.committed, {"subtasks": {}})
-    wait_for(lambda: row(out, "scan")[:3] == ["scan", "committed", "2/2"], 10, "scan committed")
+    wait_for(lambda: row(out, "scan")[:3] == ["scan", "committed", "2/2"], 10, "scan committed", interval=0.02)
     assert row(out, "aggregate")[:3] == ["aggregate", "not", "planned"]
     assert thread.is_alive(), "the run is not over while a consumer has not planned"
 
