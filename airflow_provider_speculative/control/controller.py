@@ -102,6 +102,7 @@ class StageController:
         # (subtask, attempt) -> (target, slot index, token) of the slots this stage holds.
         self.held: dict[tuple[int, int], tuple[str, int, str]] = {}
         self._reclaim_at = float("-inf")
+        self._lost_seen: set[str] = set()
         self.reaping: set[tuple[int, int]] = set()
         self._launch_failures: list[LaunchFailed] = []
         self._full_cursor = self._probe_cursor = 0
@@ -141,8 +142,7 @@ class StageController:
         # Slots this stage held before a restart: O(slots) per target, read once.
         for name, store in self.slot_stores.items():
             for index, holder in store.holders().items():
-                if (holder.get("dag_id"), holder.get("run_id"), holder.get("stage")) == (
-                        self.plan["dag_id"], self.plan["run_id"], self.plan["stage"]):
+                if self._own_holder(holder):
                     self.held[(int(holder["subtask"]), int(holder["attempt"]))] = (name, index, str(holder["token"]))
         if attempts:
             self.journal("restored", attempts=len(attempts), admitted=admitted)
@@ -163,6 +163,12 @@ class StageController:
         # Blocks other stages of the run added, then what changed, then decide.
         stimuli: list[Any] = [NodeBlocked(node, until) for node, until in self._shared_blocks().items()]
         notices, names = changes.pending(self.layout.dir)
+        targets = self._observe_targets(now)
+        if set(targets.lost_nodes) - self._lost_seen:
+            # Executors' hosts are in heartbeats without change notices: re-read every live attempt once
+            # per new lost node, so the scheduler knows which of them ran there.
+            notices = notices | {(a.subtask, a.number) for a in self.scheduler.live_attempts()}
+        self._lost_seen = set(targets.lost_nodes)
         failed_launches = {(f.subtask, f.attempt) for f in self._launch_failures}
         known = self.scheduler.attempts
         # A rotating re-read usually finds nothing new: only what differs is fed and counts as a change.
@@ -170,7 +176,7 @@ class StageController:
                     if _differs(known.get(a.subtask, {}).get(a.number), a)]
         stimuli += [AttemptObserved(a) for a in observed]
         stimuli += self._launch_failures
-        stimuli.append(self._observe_targets(now))
+        stimuli.append(targets)
         changed = bool(observed or self._launch_failures)
         self._launch_failures = []
         changes.acknowledge(names)
@@ -193,7 +199,8 @@ class StageController:
         if starved and self.scheduler.slot_status(now) and now - self._reclaim_at >= RECLAIM_PERIOD:
             self._reclaim_at = now
             for name in starved:
-                for index, holder, why in self.slot_stores[name].reclaim_gone(now):
+                # This stage's own slots are released by _release_slots once it sees the attempt end.
+                for index, holder, why in self.slot_stores[name].reclaim_gone(now, skip=self._own_holder):
                     self.journal("slot_reclaimed", target=name, slot=index, why=why,
                                  holder={k: holder.get(k) for k in ("dag_id", "run_id", "stage", "subtask", "attempt")})
                     self.views[name] = replace(self.views[name], held=self.views[name].held - 1)
@@ -201,6 +208,10 @@ class StageController:
         return TargetsObserved(free={name: v.free for name, v in self.views.items()},
                                capacity={name: v.capacity for name, v in self.views.items()},
                                lost_targets=lost_targets, lost_nodes=dict(self.watcher.lost_nodes))
+
+    def _own_holder(self, holder: dict[str, Any]) -> bool:
+        return (holder.get("dag_id"), holder.get("run_id"), holder.get("stage")) == (
+            self.plan["dag_id"], self.plan["run_id"], self.plan["stage"])
 
     def _release_slots(self) -> None:
         """Give back the slots of this stage's attempts that are terminal: O(held), held <= slots."""

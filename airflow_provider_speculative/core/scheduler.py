@@ -261,6 +261,7 @@ class StageScheduler:
     # Attempts that failed or were cancelled because their target or node was lost: not their fault.
     target_lost: set[tuple[int, int]] = field(default_factory=set)
     waiting_for_slot_since: float | None = None
+    _new_loss: bool = False
     # How the stage is named in a FailStage reason (pipeline and stage, set by the controller).
     label: str = "this stage"
 
@@ -395,19 +396,23 @@ class StageScheduler:
                 self._pending_backtrack.append(last)
 
     def _targets_observed(self, seen: TargetsObserved) -> list[Action]:
-        """Record what the targets offer; cancel live attempts on a target or node that was just lost."""
+        """Record what the targets offer; a new loss is acted on at the Tick, after this call's observations."""
         self.free_slots = dict(seen.free)
         self.capacity = dict(seen.capacity)
-        new_targets = {t: why for t, why in seen.lost_targets.items() if t not in self.lost_targets}
-        new_nodes = {n: why for n, why in seen.lost_nodes.items() if n not in self.lost_nodes}
+        if any(t not in self.lost_targets for t in seen.lost_targets) or any(
+                n not in self.lost_nodes for n in seen.lost_nodes):
+            self._new_loss = True
         self.lost_targets, self.lost_nodes = dict(seen.lost_targets), dict(seen.lost_nodes)
-        if not (new_targets or new_nodes) or self.failed or self.completed:
-            return []
-        # Only when a loss is new: O(live attempts) once per loss, not per tick.
+        return []
+
+    def _cancel_lost(self, attempts: Iterable[Attempt]) -> list[Action]:
+        """Cancel live attempts whose target or node is lost: rerun elsewhere, not counted as failures."""
         actions: list[Action] = []
-        for attempt in self.live_attempts():
-            why = self._lost_cause(attempt, new_targets, new_nodes)
-            if why and attempt.state != AttemptState.CANCELING:
+        for attempt in attempts:
+            if not attempt.live or attempt.state == AttemptState.CANCELING:
+                continue
+            why = self._lost_cause(attempt, self.lost_targets, self.lost_nodes)
+            if why:
                 self.target_lost.add((attempt.subtask, attempt.number))
                 self._dirty.add(attempt.subtask)
                 actions += self._cancel_live([attempt], why)
@@ -483,6 +488,12 @@ class StageScheduler:
         actions += self._apply(updates or [], now)
         if self.failed:
             return actions
+        if self._new_loss:
+            # O(live attempts) once per new loss; otherwise only the attempts observed now are checked.
+            self._new_loss = False
+            actions += self._cancel_lost(self.live_attempts())
+        elif self.lost_targets or self.lost_nodes:
+            actions += self._cancel_lost([self.attempts[u.subtask][u.number] for u in updates])
         self.blocklist.expire(now)
         if self._check_stragglers:
             self._check_stragglers = False
@@ -677,7 +688,9 @@ class StageScheduler:
                 reason = "initial attempt"
                 if self.attempts[subtask]:
                     last = self.attempts[subtask][max(self.attempts[subtask])]
-                    reason = "rerun after lost input" if last.lost_partition else "restart after failure"
+                    reason = ("rerun after lost input" if last.lost_partition
+                              else "rerun after its target or node was lost"
+                              if (subtask, last.number) in self.target_lost else "restart after failure")
                 wanted.append((subtask, False, reason))
         for subtask in sorted(self.slow_subtasks):
             live = [a for a in self.attempts[subtask].values() if a.possible_to_finish]
@@ -687,9 +700,11 @@ class StageScheduler:
         if not wanted:
             return []
         if self._slot_wait_expired(now):
+            since = self.waiting_for_slot_since if self.waiting_for_slot_since is not None else now
+            why = "; ".join(f"{name}: {reason}" for name, reason in sorted(self.lost_targets.items()))
             return self._fail(f"{self.label}: no live slot on targets {', '.join(t.name for t in self.targets)} "
-                              f"for {now - (self.waiting_for_slot_since or now):.0f}s "
-                              f"(slot_wait_timeout = {self.config.slot_wait_timeout:g}s)")
+                              f"for {now - since:.0f}s (slot_wait_timeout = {self.config.slot_wait_timeout:g}s)"
+                              + (f"; {why}" if why else ""))
         load = {t.name: 0 for t in self.targets}
         if self.free_slots is None:
             for attempt in self.all_attempts():

@@ -16,6 +16,7 @@ import contextlib
 import os
 import re
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -96,10 +97,13 @@ class TargetSlots:
         tomb.unlink(missing_ok=True)
         return False
 
-    def reclaim_gone(self, now: float) -> list[tuple[int, dict[str, Any], str]]:
-        """Free the slots whose holders are provably gone; return (index, holder, why) of each."""
+    def reclaim_gone(self, now: float, skip: Callable[[dict[str, Any]], bool] = lambda holder: False,
+                     ) -> list[tuple[int, dict[str, Any], str]]:
+        """Free the slots whose holders are provably gone (except ``skip``-ped ones); return (index, holder, why)."""
         freed = []
         for index, holder in self.holders().items():
+            if skip(holder):
+                continue
             why = _gone(self.root, holder, now)
             if why and self._remove_if(self.path(index), str(holder.get("token"))):
                 freed.append((index, holder, why))
