@@ -158,6 +158,7 @@ class StageController:
         if self.result is not None:
             # Decided, but a cancelled loser may still be dying: keep reaping it, or `done` never turns true.
             self._reap(self.clock())
+            self._release_slots()
             return []
         now = self.clock()
         # Blocks other stages of the run added, then what changed, then decide.
@@ -214,11 +215,15 @@ class StageController:
             self.plan["dag_id"], self.plan["run_id"], self.plan["stage"])
 
     def _release_slots(self) -> None:
-        """Give back the slots of this stage's attempts that are terminal: O(held), held <= slots."""
+        """Give back the slots of this stage's attempts that are over: O(held), held <= slots.
+
+        Over: terminal and not being reaped; once the stage is decided, every attempt no longer reaped
+        (the scheduler stops observing then, so a reaped loser stays CANCELING in its state).
+        """
         attempts = self.scheduler.attempts
         for key, (target, index, token) in list(self.held.items()):
             attempt = attempts.get(key[0], {}).get(key[1])
-            if attempt is None or (attempt.state in TERMINAL and key not in self.reaping):
+            if key not in self.reaping and (attempt is None or attempt.state in TERMINAL or self.result is not None):
                 del self.held[key]
                 self.slot_stores[target].release(index, token)
 
@@ -450,7 +455,11 @@ class StageController:
         while self.reaping and self.clock() < deadline:
             self._reap(self.clock())
             time.sleep(0.2)
-        self._release_slots()
+        for key in [k for k in self.held if k not in self.reaping]:
+            target, index, token = self.held[key]
+            if not self._backend(target).poll(*key).live:
+                del self.held[key]
+                self.slot_stores[target].release(index, token)
         self.journal("killed_all", reason=reason, left=sorted(self.reaping))
 
     # -- records ----------------------------------------------------------------------------

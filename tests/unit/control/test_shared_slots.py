@@ -7,6 +7,7 @@ from typing import Any
 
 from airflow_provider_speculative.control.controller import StageController
 from airflow_provider_speculative.core.config import SpeculativeConfig
+from airflow_provider_speculative.core.states import AttemptState
 from airflow_provider_speculative.store.files import atomic_write_json, read_jsonl
 from airflow_provider_speculative.store.layout import StageLayout
 from airflow_provider_speculative.store.slots import TargetSlots
@@ -70,4 +71,26 @@ def test_a_restarted_controller_keeps_and_later_releases_its_slots(tmp_path):
     backend.finish(0, 0)
     clock.now += 1
     again.step()
+    assert TargetSlots(tmp_path, "host").count() == 0
+
+
+def test_a_failed_stage_gives_back_the_slots_of_its_cancelled_attempts(tmp_path):
+    clock = Clock()
+    controller, backend = stage(tmp_path, "scan", clock, parallelism=2, max_failures_per_stage=0)
+    controller.step()
+    assert TargetSlots(tmp_path, "host").count() == 2
+    backend.set(0, 0, AttemptState.FAILED)
+    clock.now += 1
+    controller.step()
+    assert controller.result is not None and (1, 0) in backend.cancelled
+    clock.now += 1
+    controller.step()
+    assert controller.done and TargetSlots(tmp_path, "host").count() == 0
+
+
+def test_kill_all_gives_back_the_slots(tmp_path):
+    clock = Clock()
+    controller, _ = stage(tmp_path, "scan", clock, parallelism=2)
+    controller.step()
+    controller.kill_all("test")
     assert TargetSlots(tmp_path, "host").count() == 0
