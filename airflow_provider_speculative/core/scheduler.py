@@ -304,12 +304,12 @@ class StageScheduler:
         return current_attempt(list(self.attempts[subtask].values()))
 
     def failures(self, subtask: int) -> int:
-        """Failed attempts of ``subtask`` so far, not counting lost inputs (not the subtask's fault)."""
+        """Failed attempts of ``subtask`` so far, not counting lost inputs or lost targets (not its fault)."""
         return sum(a.state == AttemptState.FAILED and a.lost_partition is None
                    and (a.subtask, a.number) not in self.target_lost for a in self.attempts[subtask].values())
 
     def stage_failures(self) -> int:
-        """Failed attempts of the whole stage run, whatever the cause (kept as a count: O(1))."""
+        """Failed attempts of the whole stage run, except on a lost target or node (kept as a count: O(1))."""
         return self._failed_count
 
     def effective_speculative_executions(self) -> int:
