@@ -92,8 +92,8 @@ class StageController:
             reused=frozenset(plan.get("reused") or []),
             input_readers=input_readers(plan),
             upstreams={name: (info["parallelism"], info["deterministic"])
-                       for name, info in (plan.get("upstream_info") or {}).items()})
-        self.scheduler.label = f"pipeline {plan['dag_id']}, stage {plan['stage']}"
+                       for name, info in (plan.get("upstream_info") or {}).items()},
+            label=f"pipeline {plan['dag_id']}, stage {plan['stage']}")
         # FLIP-159: slots belong to the target and are claimed in the store by every stage using it.
         self.slot_stores = {t.name: TargetSlots(self.layout.root, t.name) for t in self.config.targets}
         self.watcher = watcher if watcher is not None else TargetWatcher(

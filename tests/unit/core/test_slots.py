@@ -174,8 +174,9 @@ def test_an_attempt_seen_on_a_lost_node_after_the_loss_is_cancelled_too():
 
 
 def test_no_live_slot_waits_with_a_status_then_fails_naming_the_stage_and_targets():
-    s = sched(1, "a", "b", slot_wait_timeout=60.0)
-    s.label = "pipeline p, stage scan"
+    targets = (Target(name="a", slots=4), Target(name="b", slots=4))
+    s = StageScheduler(parallelism=1, config=SpeculativeConfig(targets=targets, slot_wait_timeout=60.0),
+                       label="pipeline p, stage scan")
     dead = offer({"a": 0, "b": 0}, {"a": 0, "b": 0}, lost_targets={"a": "down", "b": "down"})
     assert s.handle(dead, Tick(0.0)) == []
     assert s.slot_status(30.0).startswith("waiting for a live slot on targets a, b for 30s")
