@@ -113,8 +113,12 @@ class TargetWatcher:
     def _view(self, target: Target, now: float) -> TargetView:
         held = self.slots[target.name].count()
         max_age = self.config.check_interval
-        if target.auto_slots and target.master_ui:
-            status = self.cache.get(("master", target.master_ui), max_age, lambda: self.fetch_master(target.master_ui))
+        master_ui = target.master_ui or (self.plan_targets.get(target.name) or {}).get("master_ui")
+        if target.auto_slots and not master_ui:
+            return TargetView(target.name, live=False, capacity=0, held=held, checked_at=now,
+                              reason="slots 'auto' without a master web UI URL (target or connection 'master_ui')")
+        if target.auto_slots and master_ui:
+            status = self.cache.get(("master", master_ui), max_age, lambda: self.fetch_master(master_ui))
             if isinstance(status, str):
                 return TargetView(target.name, live=False, capacity=0, held=held, reason=status, checked_at=now)
             workers = parse_workers(status)

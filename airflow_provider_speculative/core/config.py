@@ -201,6 +201,8 @@ def _targets(name: str, value: Any, where: str) -> tuple[Target, ...]:
         slots = 1 if auto else _int(f"{name}[{item['name']}].slots", item.get("slots", 2), where, 1)
         conf = {str(k): str(v) for k, v in (item.get("conf") or {}).items()}
         master_ui = _master_ui(f"{name}[{item['name']}].master_ui", item.get("master_ui"), where, auto)
+        if master_ui and not auto:
+            raise _bad(f"{name}[{item['name']}].master_ui", master_ui, where, "only used with 'slots': 'auto'")
         if auto and "spark.cores.max" not in conf:
             # Without it a standalone application takes every free core, and slots would mean nothing.
             conf["spark.cores.max"] = conf.get("spark.executor.cores", "1")
@@ -213,13 +215,11 @@ def _targets(name: str, value: Any, where: str) -> tuple[Target, ...]:
 
 
 def _master_ui(name: str, value: Any, where: str, auto: bool) -> str | None:
-    """A standalone master's web UI URL (its ``/json`` lists workers); required by ``"slots": "auto"``."""
+    """A standalone master's web UI URL (its ``/json`` lists workers), validated without I/O."""
     from urllib.parse import urlparse
 
     if value in (None, ""):
-        if auto:
-            raise _bad(name, value, where, "'slots': 'auto' needs the standalone master's web UI URL "
-                                           "(e.g. 'http://master:8080') to read alive workers and free cores")
+        # May come from the connection's extra instead: checked when the stage is planned.
         return None
     url = urlparse(str(value))
     if url.scheme not in ("http", "https") or not url.netloc:
