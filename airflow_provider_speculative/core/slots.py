@@ -15,7 +15,7 @@ lowering the offer per target before it reaches the scheduler.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 # A holder whose attempt never wrote claim.json nor status.json for this long was never launched
@@ -138,25 +138,3 @@ def holder_gone(holder: Mapping[str, Any], status: Mapping[str, Any] | None, cla
         return "attempt never launched"
     return None
 
-
-@dataclass
-class SlotWait:
-    """How long a stage has been waiting for a live slot (no target has any capacity), for its status."""
-
-    since: float | None = None
-    targets: tuple[str, ...] = field(default_factory=tuple)
-
-    def update(self, waiting: bool, targets: Iterable[str], now: float) -> None:
-        """Start or stop the wait clock."""
-        if not waiting:
-            self.since = None
-        elif self.since is None:
-            self.since = now
-        self.targets = tuple(targets)
-
-    def status(self, now: float) -> str | None:
-        """The stage's status line while it waits, else None."""
-        if self.since is None:
-            return None
-        return (f"waiting for a live slot on targets {', '.join(self.targets)} "
-                f"for {now - self.since:.0f}s")
