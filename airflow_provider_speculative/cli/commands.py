@@ -67,6 +67,24 @@ def _utc_offset(now: float, tz: tzinfo | None) -> str:
     return f"UTC{offset[:3]}:{offset[3:]}" if offset else "UTC"
 
 
+def slot_lines(stage: dict[str, Any]) -> list[str]:
+    """Live slots per target at the controller's last check, lost nodes, and the stage's wait, one per line."""
+    lines = []
+    for name, view in sorted((stage.get("slots") or {}).items()):
+        state = "live" if view.get("live") else f"LOST ({view.get('reason') or 'not live'})"
+        nodes = f", workers {', '.join(view['nodes'])}" if view.get("nodes") else ""
+        lines.append(f"{name} {state}: {view.get('free', 0)} free of {view.get('capacity', 0)} "
+                     f"(held by any stage: {view.get('held', 0)}){nodes}")
+    for node, why in sorted((stage.get("lost_nodes") or {}).items()):
+        lines.append(f"node {node} lost: {why}")
+    if stage.get("target_lost_attempts"):
+        lines.append(f"{stage['target_lost_attempts']} attempt(s) rerun after their target or node was lost "
+                     "(not counted as failures)")
+    if stage.get("slot_status"):
+        lines.append(str(stage["slot_status"]))
+    return lines
+
+
 def format_table(report: dict[str, Any], now: float | None = None, tz: tzinfo | None = None) -> str:
     """Render a run report as a plain-text table (one row per attempt), times in local time."""
     now = time.time() if now is None else now
@@ -84,6 +102,7 @@ def format_table(report: dict[str, Any], now: float | None = None, tz: tzinfo | 
             + (f", results expired (removed by gc at {format_time(stage['expired']['at'], now, tz)})"
                if stage.get("expired") else ""))
         lines.append(f"  parallelism: {stage.get('parallelism_line') or 'fixed'}")
+        lines += [f"  slots: {line}" for line in slot_lines(stage)]
         lines += [f"  warning: {w}" for w in stage.get("plan_warnings") or []]
         lines += [f"  skew: {note}" for note in stage.get("skew_splits") or []]
         for sub in stage["subtasks"]:

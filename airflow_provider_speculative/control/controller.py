@@ -11,10 +11,12 @@ import math
 import shutil
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from airflow_provider_speculative.backends.base import Backend, LaunchSpec, attempt_observer, plan_backends
+from airflow_provider_speculative.control.liveness import TargetWatcher
 from airflow_provider_speculative.control.recovery import PartitionRecovery, attempt_command
 from airflow_provider_speculative.core.config import SpeculativeConfig
 from airflow_provider_speculative.core.failover import input_readers
@@ -37,9 +39,12 @@ from airflow_provider_speculative.core.scheduler import (
     RecoverPartition,
     RecoveryFailed,
     Restored,
+    SlotLost,
     StageScheduler,
+    TargetsObserved,
     Tick,
 )
+from airflow_provider_speculative.core.slots import TargetView
 from airflow_provider_speculative.core.states import TERMINAL, Attempt, AttemptState, current_attempt
 from airflow_provider_speculative.sinks.base import Sink, StagingScope
 from airflow_provider_speculative.store import changes
@@ -47,12 +52,15 @@ from airflow_provider_speculative.store.files import atomic_write_json, create_e
 from airflow_provider_speculative.store.journal import Journal
 from airflow_provider_speculative.store.layout import StageLayout
 from airflow_provider_speculative.store.results import remove_attempt_output
+from airflow_provider_speculative.store.slots import TargetSlots, holder_record
 
 # Every live attempt's files are re-read at least this often, notices or not (lost notices, launch
 # timeouts); its process is probed (a signal 0 on this host) at least this often.
 FULL_POLL_PERIOD = 300.0
 PROBE_PERIOD = 5.0
 SUMMARY_REFRESH = 10.0
+# A stage that wants a slot and finds none free looks for holders that are provably gone this often.
+RECLAIM_PERIOD = 10.0
 
 
 class StageController:
@@ -61,7 +69,8 @@ class StageController:
     def __init__(self, plan: dict[str, Any], clock: Callable[[], float] = time.time,
                  extra_env: dict[str, str] | None = None,
                  target_env: dict[str, dict[str, str]] | None = None,
-                 backends: dict[str, Backend] | None = None, observer: Backend | None = None) -> None:
+                 backends: dict[str, Backend] | None = None, observer: Backend | None = None,
+                 watcher: TargetWatcher | None = None) -> None:
         self.plan = plan
         # Secrets for the attempts (a sink's DSN, a Connect server's URL with its token): passed at
         # launch, never written to the store.
@@ -83,7 +92,17 @@ class StageController:
             reused=frozenset(plan.get("reused") or []),
             input_readers=input_readers(plan),
             upstreams={name: (info["parallelism"], info["deterministic"])
-                       for name, info in (plan.get("upstream_info") or {}).items()})
+                       for name, info in (plan.get("upstream_info") or {}).items()},
+            label=f"pipeline {plan['dag_id']}, stage {plan['stage']}")
+        # FLIP-159: slots belong to the target and are claimed in the store by every stage using it.
+        self.slot_stores = {t.name: TargetSlots(self.layout.root, t.name) for t in self.config.targets}
+        self.watcher = watcher if watcher is not None else TargetWatcher(
+            self.config, plan.get("targets") or {}, self.target_env, self.slot_stores)
+        self.views: dict[str, TargetView] = {}
+        # (subtask, attempt) -> (target, slot index, token) of the slots this stage holds.
+        self.held: dict[tuple[int, int], tuple[str, int, str]] = {}
+        self._reclaim_at = float("-inf")
+        self._lost_seen: set[str] = set()
         self.reaping: set[tuple[int, int]] = set()
         self._launch_failures: list[LaunchFailed] = []
         self._full_cursor = self._probe_cursor = 0
@@ -120,6 +139,11 @@ class StageController:
             if marker is not None:
                 admitted[subtask] = marker["attempt"]
         self.scheduler.handle(Restored(tuple(attempts), admitted, self._shared_blocks()))
+        # Slots this stage held before a restart: O(slots) per target, read once.
+        for name, store in self.slot_stores.items():
+            for index, holder in store.holders().items():
+                if self._own_holder(holder):
+                    self.held[(int(holder["subtask"]), int(holder["attempt"]))] = (name, index, str(holder["token"]))
         if attempts:
             self.journal("restored", attempts=len(attempts), admitted=admitted)
 
@@ -134,11 +158,18 @@ class StageController:
         if self.result is not None:
             # Decided, but a cancelled loser may still be dying: keep reaping it, or `done` never turns true.
             self._reap(self.clock())
+            self._release_slots()
             return []
         now = self.clock()
         # Blocks other stages of the run added, then what changed, then decide.
         stimuli: list[Any] = [NodeBlocked(node, until) for node, until in self._shared_blocks().items()]
         notices, names = changes.pending(self.layout.dir)
+        targets = self._observe_targets(now)
+        if set(targets.lost_nodes) - self._lost_seen:
+            # Executors' hosts are in heartbeats without change notices: re-read every live attempt once
+            # per new lost node, so the scheduler knows which of them ran there.
+            notices = notices | {(a.subtask, a.number) for a in self.scheduler.live_attempts()}
+        self._lost_seen = set(targets.lost_nodes)
         failed_launches = {(f.subtask, f.attempt) for f in self._launch_failures}
         known = self.scheduler.attempts
         # A rotating re-read usually finds nothing new: only what differs is fed and counts as a change.
@@ -146,6 +177,7 @@ class StageController:
                     if _differs(known.get(a.subtask, {}).get(a.number), a)]
         stimuli += [AttemptObserved(a) for a in observed]
         stimuli += self._launch_failures
+        stimuli.append(targets)
         changed = bool(observed or self._launch_failures)
         self._launch_failures = []
         changes.acknowledge(names)
@@ -153,12 +185,47 @@ class StageController:
         actions += self._carry_out_all(self._step_recoveries(), now)
         self._live_stale = self._live_stale or bool(actions) or changed
         self._reap(now)
+        self._release_slots()
         self._persist_blocks()
         if changed or actions or now - self._summary_at >= SUMMARY_REFRESH:
             # summary.json is O(subtasks): rewritten when something changed, else every SUMMARY_REFRESH.
             self._summary = None
             self._write_summary(now)
         return actions
+
+    def _observe_targets(self, now: float) -> TargetsObserved:
+        """What the targets offer now; reclaims slots of gone holders when this stage waits for one."""
+        self.views = self.watcher.observe(now)
+        starved = [name for name, v in self.views.items() if v.capacity > 0 and v.free == 0]
+        if starved and self.scheduler.slot_status(now) and now - self._reclaim_at >= RECLAIM_PERIOD:
+            self._reclaim_at = now
+            for name in starved:
+                # This stage's own slots are released by _release_slots once it sees the attempt end.
+                for index, holder, why in self.slot_stores[name].reclaim_gone(now, skip=self._own_holder):
+                    self.journal("slot_reclaimed", target=name, slot=index, why=why,
+                                 holder={k: holder.get(k) for k in ("dag_id", "run_id", "stage", "subtask", "attempt")})
+                    self.views[name] = replace(self.views[name], held=self.views[name].held - 1)
+        lost_targets = {name: v.reason or "not live" for name, v in self.views.items() if not v.live}
+        return TargetsObserved(free={name: v.free for name, v in self.views.items()},
+                               capacity={name: v.capacity for name, v in self.views.items()},
+                               lost_targets=lost_targets, lost_nodes=dict(self.watcher.lost_nodes))
+
+    def _own_holder(self, holder: dict[str, Any]) -> bool:
+        return (holder.get("dag_id"), holder.get("run_id"), holder.get("stage")) == (
+            self.plan["dag_id"], self.plan["run_id"], self.plan["stage"])
+
+    def _release_slots(self) -> None:
+        """Give back the slots of this stage's attempts that are over: O(held), held <= slots.
+
+        Over: terminal and not being reaped; once the stage is decided, every attempt no longer reaped
+        (the scheduler stops observing then, so a reaped loser stays CANCELING in its state).
+        """
+        attempts = self.scheduler.attempts
+        for key, (target, index, token) in list(self.held.items()):
+            attempt = attempts.get(key[0], {}).get(key[1])
+            if key not in self.reaping and (attempt is None or attempt.state in TERMINAL or self.result is not None):
+                del self.held[key]
+                self.slot_stores[target].release(index, token)
 
     def _observe(self, now: float, notices: set[tuple[int, int]], skip: set[tuple[int, int]]) -> list[Attempt]:
         """Poll the live attempts that can have changed: O(changes), not O(live attempts), per tick.
@@ -305,11 +372,21 @@ class StageController:
     def _launch(self, action: Launch, now: float) -> list[Action]:
         target = next(t for t in self.config.targets if t.name == action.target)
         backend = self._backend(target.name)
+        view = self.views.get(target.name)
+        slot = self.slot_stores[target.name].claim(view.capacity if view else target.slots,
+                                                   holder_record(self.layout, action.subtask, action.attempt, now))
+        if slot is None:
+            # Another stage or run took the slot since the observation: like ClaimLost, nothing started.
+            self.journal("slot_lost", subtask=action.subtask, attempt=action.attempt, target=target.name)
+            return self.scheduler.handle(SlotLost(action.subtask, action.attempt, target.name))
+        self.held[(action.subtask, action.attempt)] = (target.name, *slot)
         record = {"target": target.name, "node": target.node_label, "speculative": action.speculative,
-                  "created_at": now, "reason": action.reason, "kind": backend.kind}
+                  "created_at": now, "reason": action.reason, "kind": backend.kind, "slot": slot[0]}
         if not backend.claim(action.subtask, action.attempt, record):
-            # Another controller instance owns this number: adopt what it launched.
+            # Another controller instance owns this number: adopt what it launched (it holds its own slot).
             self.journal("claim_lost", subtask=action.subtask, attempt=action.attempt)
+            self.slot_stores[target.name].release(slot[0], slot[1])
+            del self.held[(action.subtask, action.attempt)]
             return self.scheduler.handle(ClaimLost(self.observer.poll(action.subtask, action.attempt, now)))
         command = attempt_command(self.plan, self.layout, action.subtask, action.attempt, target.name)
         env = {**(self.plan["targets"][target.name].get("env") or {}), **self.target_env.get(target.name, {}),
@@ -329,7 +406,7 @@ class StageController:
             self._launch_failures.append(LaunchFailed(action.subtask, action.attempt, str(exc), self.clock()))
             return []
         self.journal("launch", subtask=action.subtask, attempt=action.attempt, target=target.name,
-                     speculative=action.speculative, reason=action.reason)
+                     speculative=action.speculative, reason=action.reason, slot=slot[0])
         return []
 
     def _admit(self, action: Admit) -> list[Action]:
@@ -378,6 +455,11 @@ class StageController:
         while self.reaping and self.clock() < deadline:
             self._reap(self.clock())
             time.sleep(0.2)
+        for key in [k for k in self.held if k not in self.reaping]:
+            target, index, token = self.held[key]
+            if not self._backend(target).poll(*key).live:
+                del self.held[key]
+                self.slot_stores[target].release(index, token)
         self.journal("killed_all", reason=reason, left=sorted(self.reaping))
 
     # -- records ----------------------------------------------------------------------------
@@ -407,6 +489,10 @@ class StageController:
             "attempt_seconds": round(sum(_attempt_seconds(a, now) for a in sched.all_attempts()), 3),
             "current": {str(s): (c.number if (c := current_attempt(list(sched.attempts[s].values()))) else None)
                         for s in range(self.plan["parallelism"])},
+            "slots": {name: view.to_json() for name, view in sorted(self.views.items())},
+            "slot_status": sched.slot_status(now),
+            "lost_nodes": dict(sorted(sched.lost_nodes.items())),
+            "target_lost_attempts": len(sched.target_lost),
             "updated_at": now,
         }
 

@@ -146,6 +146,10 @@ def stage_report(layout: StageLayout, plan: dict[str, Any], *, liveness: str = "
         "numSlowExecutionVertices": summary.get("numSlowExecutionVertices", 0),
         "numEffectiveSpeculativeExecutions": summary.get("numEffectiveSpeculativeExecutions", 0),
         "blocked_nodes": summary.get("blocked_nodes", {}), "baseline_seconds": summary.get("baseline_seconds"),
+        # FLIP-159: what each target offered at the controller's last check, and why the stage waits.
+        "slots": summary.get("slots") or {}, "slot_status": summary.get("slot_status"),
+        "lost_nodes": summary.get("lost_nodes") or {},
+        "target_lost_attempts": summary.get("target_lost_attempts", 0),
         "subtasks": subtasks, "journal_events": len(read_jsonl(layout.journal)),
         "failed": _stage_failed(layout, committed is not None),
     }

@@ -17,13 +17,20 @@ SECTION = "speculative"
 
 @dataclass(frozen=True)
 class Target:
-    """Where attempts are submitted: a ``spark`` connection, extra conf, a slot count and a node label."""
+    """Where attempts are submitted: a ``spark`` connection, extra conf, a slot count and a node label.
+
+    ``slots`` is shared by every stage and run using the target (claimed in the store). With
+    ``auto_slots`` (``"slots": "auto"``) it is re-read from the standalone master at ``master_ui``
+    every check interval instead (reactive mode); ``slots`` is then unused.
+    """
 
     name: str
     conn_id: str = "spark_default"
     slots: int = 2
     node: str | None = None
     conf: dict[str, str] = field(default_factory=dict)
+    auto_slots: bool = False
+    master_ui: str | None = None
 
     @property
     def node_label(self) -> str:
@@ -186,17 +193,38 @@ def _targets(name: str, value: Any, where: str) -> tuple[Target, ...]:
             continue
         if not isinstance(item, dict) or not item.get("name"):
             raise _bad(name, item, where, "each target needs at least a 'name'")
-        unknown = set(item) - {"name", "conn_id", "slots", "node", "conf"}
+        unknown = set(item) - {"name", "conn_id", "slots", "node", "conf", "auto_slots", "master_ui"}
         if unknown:
             raise _bad(name, item, where, f"unknown target keys {sorted(unknown)}")
-        slots = _int(f"{name}[{item['name']}].slots", item.get("slots", 2), where, 1)
+        auto = item.get("slots") == "auto" or _bool(f"{name}[{item['name']}].auto_slots",
+                                                     item.get("auto_slots", False), where)
+        slots = 1 if auto else _int(f"{name}[{item['name']}].slots", item.get("slots", 2), where, 1)
         conf = {str(k): str(v) for k, v in (item.get("conf") or {}).items()}
+        master_ui = _master_ui(f"{name}[{item['name']}].master_ui", item.get("master_ui"), where, auto)
+        if master_ui and not auto:
+            raise _bad(f"{name}[{item['name']}].master_ui", master_ui, where, "only used with 'slots': 'auto'")
+        if auto and "spark.cores.max" not in conf:
+            # Without it a standalone application takes every free core, and slots would mean nothing.
+            conf["spark.cores.max"] = conf.get("spark.executor.cores", "1")
         targets.append(Target(name=str(item["name"]), conn_id=str(item.get("conn_id", "spark_default")),
-                              slots=slots, node=item.get("node"), conf=conf))
+                              slots=slots, node=item.get("node"), conf=conf, auto_slots=auto, master_ui=master_ui))
     names = [t.name for t in targets]
     if len(set(names)) != len(names):
         raise _bad(name, names, where, "target names must be unique")
     return tuple(targets)
+
+
+def _master_ui(name: str, value: Any, where: str, auto: bool) -> str | None:
+    """A standalone master's web UI URL (its ``/json`` lists workers), validated without I/O."""
+    from urllib.parse import urlparse
+
+    if value in (None, ""):
+        # May come from the connection's extra instead: checked when the stage is planned.
+        return None
+    url = urlparse(str(value))
+    if url.scheme not in ("http", "https") or not url.netloc:
+        raise _bad(name, value, where, "expected an http(s) URL of the master's web UI, e.g. 'http://master:8080'")
+    return str(value).rstrip("/")
 
 
 def _fault_spec(name: str, raw: Any, where: str) -> FaultSpec:
@@ -371,6 +399,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("failover_strategy", lambda n, v, w: _choice(n, v, w, ("region", "all")), "region",
            "What reruns when an input partition is lost: 'region' (only the affected region) or 'all'.",
            annotation="str"),
+    _duration_option("slot_wait_timeout", 600.0,
+                     "How long a stage waits for a live slot (every target lost or without capacity) before it "
+                     "fails (> 0).", positive=True),
     _duration_option("executor_loss_timeout", 60.0,
                      "On a cluster master: an attempt whose executors are all gone (or never came) for this long "
                      "fails as 'node lost' and its node is blocked (0: never)."),
@@ -380,7 +411,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("spark_history_url", _text, "",
            "Spark history server URL for the UI's links to admitted attempts; empty: no link.",
            readme_default="empty", annotation="str"),
-    Option("targets", _targets, DEFAULT_TARGETS, "JSON list of targets: name, conn_id, slots, node, conf.",
+    Option("targets", _targets, DEFAULT_TARGETS,
+           "JSON list of targets: name, conn_id, slots (a number, or 'auto' with master_ui), node, conf.",
            default_string=json.dumps([asdict(t) for t in DEFAULT_TARGETS]), readme_default="two local targets",
            annotation="tuple[Target, ...]"),
     Option("fault_injection", _faults, FaultInjection(),

@@ -91,6 +91,32 @@ class RecoveryFailed:
 
 
 @dataclass(frozen=True)
+class TargetsObserved:
+    """What the targets offer now (FLIP-159): free slots per target after every holder's claim, and losses.
+
+    ``free``: slots this stage may claim now per target (a target absent or at 0 gets no launch).
+    ``capacity``: each target's live capacity; when every target's is 0 the stage waits for a live slot.
+    ``lost_targets`` / ``lost_nodes``: target or node -> why it is gone (a server stopped answering, a
+    worker left the master's alive list); live attempts there are cancelled and rerun elsewhere, and
+    their failures do not count against the failure limits.
+    """
+
+    free: Mapping[str, int]
+    capacity: Mapping[str, int]
+    lost_targets: Mapping[str, str] = field(default_factory=dict)
+    lost_nodes: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SlotLost:
+    """Claiming a slot of ``target`` for a Launch lost the race to another holder: the attempt never started."""
+
+    subtask: int
+    attempt: int
+    target: str
+
+
+@dataclass(frozen=True)
 class Tick:
     """Time passed: apply the observations handled so far and decide (admit, speculate, place...)."""
 
@@ -98,7 +124,7 @@ class Tick:
 
 
 Stimulus = (Restored | AttemptObserved | NodeBlocked | ClaimLost | LaunchFailed | AdmissionLost | InputRestored
-            | RecoveryFailed | Tick)
+            | RecoveryFailed | TargetsObserved | SlotLost | Tick)
 
 # -- actions: what to do ------------------------------------------------------------------------
 
@@ -227,6 +253,17 @@ class StageScheduler:
     _check_stragglers: bool = True
     _admit_version: int = 0
     _baseline_version: int = -1
+    # FLIP-159: the last TargetsObserved (None: never observed, fixed per-stage slots as before).
+    free_slots: dict[str, int] | None = None
+    capacity: dict[str, int] = field(default_factory=dict)
+    lost_targets: dict[str, str] = field(default_factory=dict)
+    lost_nodes: dict[str, str] = field(default_factory=dict)
+    # Attempts that failed or were cancelled because their target or node was lost: not their fault.
+    target_lost: set[tuple[int, int]] = field(default_factory=set)
+    waiting_for_slot_since: float | None = None
+    _new_loss: bool = False
+    # How the stage is named in a FailStage reason (pipeline and stage, set by the controller).
+    label: str = "this stage"
 
     def __post_init__(self) -> None:
         for subtask in range(self.parallelism):
@@ -267,12 +304,12 @@ class StageScheduler:
         return current_attempt(list(self.attempts[subtask].values()))
 
     def failures(self, subtask: int) -> int:
-        """Failed attempts of ``subtask`` so far, not counting lost inputs (not the subtask's fault)."""
+        """Failed attempts of ``subtask`` so far, not counting lost inputs or lost targets (not its fault)."""
         return sum(a.state == AttemptState.FAILED and a.lost_partition is None
-                   for a in self.attempts[subtask].values())
+                   and (a.subtask, a.number) not in self.target_lost for a in self.attempts[subtask].values())
 
     def stage_failures(self) -> int:
-        """Failed attempts of the whole stage run, whatever the cause (kept as a count: O(1))."""
+        """Failed attempts of the whole stage run, except on a lost target or node (kept as a count: O(1))."""
         return self._failed_count
 
     def effective_speculative_executions(self) -> int:
@@ -321,6 +358,10 @@ class StageScheduler:
                 actions += self._input_restored(stimulus.stage, stimulus.subtask)
             elif isinstance(stimulus, RecoveryFailed):
                 actions += self._recovery_failed(stimulus.stage, stimulus.subtask, stimulus.reason)
+            elif isinstance(stimulus, TargetsObserved):
+                actions += self._targets_observed(stimulus)
+            elif isinstance(stimulus, SlotLost):
+                self._slot_lost(stimulus)
             else:
                 raise TypeError(f"StageScheduler.handle: unknown stimulus {stimulus!r}")
         if observed:
@@ -353,6 +394,47 @@ class StageScheduler:
             if last.state == AttemptState.FAILED and last.lost_partition and not any(
                     a.possible_to_finish for a in per.values()):
                 self._pending_backtrack.append(last)
+
+    def _targets_observed(self, seen: TargetsObserved) -> list[Action]:
+        """Record what the targets offer; a new loss is acted on at the Tick, after this call's observations."""
+        self.free_slots = dict(seen.free)
+        self.capacity = dict(seen.capacity)
+        if any(t not in self.lost_targets for t in seen.lost_targets) or any(
+                n not in self.lost_nodes for n in seen.lost_nodes):
+            self._new_loss = True
+        self.lost_targets, self.lost_nodes = dict(seen.lost_targets), dict(seen.lost_nodes)
+        return []
+
+    def _cancel_lost(self, attempts: Iterable[Attempt]) -> list[Action]:
+        """Cancel live attempts whose target or node is lost: rerun elsewhere, not counted as failures."""
+        actions: list[Action] = []
+        for attempt in attempts:
+            if not attempt.live or attempt.state == AttemptState.CANCELING:
+                continue
+            why = self._lost_cause(attempt, self.lost_targets, self.lost_nodes)
+            if why:
+                self.target_lost.add((attempt.subtask, attempt.number))
+                self._dirty.add(attempt.subtask)
+                actions += self._cancel_live([attempt], why)
+        return actions
+
+    @staticmethod
+    def _lost_cause(attempt: Attempt, targets: Mapping[str, str], nodes: Mapping[str, str]) -> str | None:
+        if attempt.target in targets:
+            return f"target {attempt.target} lost: {targets[attempt.target]}"
+        if attempt.node and attempt.node in nodes:
+            return f"node {attempt.node} of target {attempt.target} lost: {nodes[attempt.node]}"
+        return None
+
+    def _slot_lost(self, lost: SlotLost) -> None:
+        """The slot went to another holder between observation and claim: forget the attempt, retry later."""
+        known = self.attempts.get(lost.subtask, {}).get(lost.attempt)
+        if known is None or known.state != AttemptState.CREATED:
+            raise ValueError(f"SlotLost for attempt {lost.subtask}/{lost.attempt} that is not a fresh launch")
+        del self.attempts[lost.subtask][lost.attempt]
+        if self.free_slots is not None:
+            self.free_slots[lost.target] = 0
+        self._wanting.add(lost.subtask)
 
     def _admission_lost(self, lost: AdmissionLost) -> list[Action]:
         self.admitted[lost.subtask] = lost.winner
@@ -406,6 +488,12 @@ class StageScheduler:
         actions += self._apply(updates or [], now)
         if self.failed:
             return actions
+        if self._new_loss:
+            # O(live attempts) once per new loss; otherwise only the attempts observed now are checked.
+            self._new_loss = False
+            actions += self._cancel_lost(self.live_attempts())
+        elif self.lost_targets or self.lost_nodes:
+            actions += self._cancel_lost([self.attempts[u.subtask][u.number] for u in updates])
         self.blocklist.expire(now)
         if self._check_stragglers:
             self._check_stragglers = False
@@ -441,7 +529,13 @@ class StageScheduler:
             if update.state == AttemptState.FINISHED and previous != AttemptState.FINISHED:
                 newly_finished.append(update)
             elif update.state == AttemptState.FAILED and previous != AttemptState.FAILED:
-                self._failed_count += 1
+                why = self._lost_cause(update, self.lost_targets, self.lost_nodes)
+                if why or (update.subtask, update.number) in self.target_lost:
+                    # Its target or node is gone: the loss is not the attempt's fault (FLIP-159).
+                    self.target_lost.add((update.subtask, update.number))
+                    update.cause = f"{why or 'target lost'}; attempt: {update.cause or 'no cause reported'}"
+                else:
+                    self._failed_count += 1
                 newly_failed.append(update)
         # First finisher wins: when several finished between two polls, the earliest end wins.
         for attempt in sorted(newly_finished, key=lambda a: (a.end_at or now, a.number)):
@@ -594,18 +688,28 @@ class StageScheduler:
                 reason = "initial attempt"
                 if self.attempts[subtask]:
                     last = self.attempts[subtask][max(self.attempts[subtask])]
-                    reason = "rerun after lost input" if last.lost_partition else "restart after failure"
+                    reason = ("rerun after lost input" if last.lost_partition
+                              else "rerun after its target or node was lost"
+                              if (subtask, last.number) in self.target_lost else "restart after failure")
                 wanted.append((subtask, False, reason))
         for subtask in sorted(self.slow_subtasks):
             live = [a for a in self.attempts[subtask].values() if a.possible_to_finish]
             if live and len(live) < self.config.max_concurrent_executions:
                 wanted.append((subtask, True, "speculative copy of a slow attempt"))
+        self._update_slot_wait(bool(wanted), now)
         if not wanted:
             return []
+        if self._slot_wait_expired(now):
+            since = self.waiting_for_slot_since if self.waiting_for_slot_since is not None else now
+            why = "; ".join(f"{name}: {reason}" for name, reason in sorted(self.lost_targets.items()))
+            return self._fail(f"{self.label}: no live slot on targets {', '.join(t.name for t in self.targets)} "
+                              f"for {now - since:.0f}s (slot_wait_timeout = {self.config.slot_wait_timeout:g}s)"
+                              + (f"; {why}" if why else ""))
         load = {t.name: 0 for t in self.targets}
-        for attempt in self.all_attempts():
-            if attempt.live and attempt.target in load:
-                load[attempt.target] += 1
+        if self.free_slots is None:
+            for attempt in self.all_attempts():
+                if attempt.live and attempt.target in load:
+                    load[attempt.target] += 1
         actions: list[Action] = []
         for subtask, speculative, reason in wanted:
             avoid = {a.target for a in self.attempts[subtask].values() if a.live} if speculative else set()
@@ -614,6 +718,8 @@ class StageScheduler:
                 if not speculative:
                     self._wanting.add(subtask)  # no free slot now: try again next tick
                 continue
+            if self.free_slots is not None:
+                self.free_slots[target.name] -= 1
             number = max(self.attempts[subtask], default=-1) + 1
             self.attempts[subtask][number] = Attempt(
                 subtask=subtask, number=number, target=target.name, speculative=speculative,
@@ -622,7 +728,32 @@ class StageScheduler:
             actions.append(Launch(subtask, number, target.name, speculative, reason))
         return actions
 
+    def _update_slot_wait(self, wanted: bool, now: float) -> None:
+        """Start the wait clock when attempts are wanted and no target has a live slot at all."""
+        no_live_slot = self.free_slots is not None and not any(self.capacity.get(t.name, 0) > 0 for t in self.targets)
+        if wanted and no_live_slot:
+            if self.waiting_for_slot_since is None:
+                self.waiting_for_slot_since = now
+        else:
+            self.waiting_for_slot_since = None
+
+    def _slot_wait_expired(self, now: float) -> bool:
+        since = self.waiting_for_slot_since
+        return since is not None and now - since >= self.config.slot_wait_timeout
+
+    def slot_status(self, now: float) -> str | None:
+        """While the stage waits for slots: which, and for how long; else None."""
+        names = ", ".join(t.name for t in self.targets)
+        if self.waiting_for_slot_since is not None:
+            return (f"waiting for a live slot on targets {names} for {now - self.waiting_for_slot_since:.0f}s "
+                    f"(fails after slot_wait_timeout = {self.config.slot_wait_timeout:g}s)")
+        if self._wanting and self.free_slots is not None and not any(self.free_slots.values()):
+            return f"waiting for a free slot on targets {names} (held by running attempts)"
+        return None
+
     def _pick_target(self, load: dict[str, int], now: float, avoid: set[str], allow_blocked: bool) -> Target | None:
+        if self.free_slots is not None:
+            return self._pick_free_target(now, avoid, allow_blocked)
         free = [t for t in self.targets if load[t.name] < t.slots and t.name not in avoid]
         unblocked = [t for t in free if not self.blocklist.is_blocked(t.node_label, now)]
         if not unblocked and allow_blocked and all(self.blocklist.is_blocked(t.node_label, now) for t in self.targets):
@@ -631,6 +762,18 @@ class StageScheduler:
         if not unblocked:
             return None
         return min(unblocked, key=lambda t: (load[t.name] / t.slots, self.targets.index(t)))
+
+    def _pick_free_target(self, now: float, avoid: set[str], allow_blocked: bool) -> Target | None:
+        """Slots shared through the store: the unblocked target with the most free slots (then config order)."""
+        assert self.free_slots is not None
+        free = [t for t in self.targets if self.free_slots.get(t.name, 0) > 0 and t.name not in avoid
+                and t.name not in self.lost_targets]
+        unblocked = [t for t in free if not self.blocklist.is_blocked(t.node_label, now)]
+        if not unblocked and allow_blocked and all(self.blocklist.is_blocked(t.node_label, now) for t in self.targets):
+            unblocked = free
+        if not unblocked:
+            return None
+        return min(unblocked, key=lambda t: (-self.free_slots.get(t.name, 0), self.targets.index(t)))
 
 
 def _cause_class(cause: str | None) -> str:

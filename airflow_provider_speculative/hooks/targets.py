@@ -51,7 +51,28 @@ def resolve_targets(config: SpeculativeConfig, *, application: str, spark_conf: 
             command = [sys.executable, application]
         out[target.name] = {"kind": kind, "conn_id": target.conn_id, "node": target.node_label,
                             "command": command, "env": {}, "spark_conf": conf if kind == "spark_connect" else {}}
+        if target.auto_slots:
+            out[target.name]["master_ui"] = _master_ui(target, conn, kind, where)
     return out
+
+
+def _master_ui(target: Target, conn: Any, kind: str, where: str) -> str:
+    """The standalone master's web UI a reactive target reads: the target's ``master_ui`` or the connection's."""
+    extra = conn.extra_dejson if hasattr(conn, "extra_dejson") else {}
+    url = target.master_ui or str(extra.get("master_ui") or "")
+    if kind != "spark_submit" or not str(conn.host or "").startswith("spark://"):
+        raise TargetError(f"{where}: target {target.name!r} has slots 'auto', which reads a Spark standalone "
+                          f"master's workers, but connection {target.conn_id!r} is {conn.conn_type!r} with host "
+                          f"{conn.host!r} (expected a 'spark' connection to spark://…)")
+    if not url:
+        raise TargetError(f"{where}: target {target.name!r} has slots 'auto' but no master web UI URL: set "
+                          f"'master_ui' on the target or in connection {target.conn_id!r}'s extra "
+                          "(e.g. {\"master_ui\": \"http://master:8080\"})")
+    parsed = urlparse(url)
+    if parsed.scheme not in ("http", "https") or not parsed.netloc:
+        raise TargetError(f"{where}: target {target.name!r}: master_ui {url!r} of connection {target.conn_id!r} "
+                          "is not an http(s) URL")
+    return url.rstrip("/")
 
 
 def _spark_submit_command(target: Target, conf: dict[str, str], application: str, app_name: str) -> list[str]:

@@ -58,9 +58,15 @@ class StageControllerTrigger(BaseTrigger):
         target_env = await connect_env(plan)
         controller = await asyncio.to_thread(StageController, plan, extra_env=env, target_env=target_env)
         metrics = StageMetrics.for_plan(controller.plan)
+        waiting: str | None = None
         while True:
             await asyncio.to_thread(controller.step)
-            metrics.emit(controller.summary())
+            summary = controller.summary()
+            metrics.emit(summary)
+            if bool(summary.get("slot_status")) != bool(waiting):
+                # Logged when the stage starts or stops waiting for slots (not every check).
+                waiting = summary.get("slot_status")
+                self.log.info("stage %s: %s", controller.plan["stage"], waiting or "slots available again")
             if controller.done and time.time() - self.deferred_at >= MIN_SECONDS_BEFORE_EVENT:
                 break
             await asyncio.sleep(controller.config.check_interval)

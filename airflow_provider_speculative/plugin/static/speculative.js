@@ -149,6 +149,7 @@
         + (d.expired.reason ? ` (${d.expired.reason})` : "") + "; a consumer rerun would have to recompute them."));
     }
     frag.append(h("h2", null, "Attempts over time"), legend(), timeline(d));
+    frag.append(h("h2", null, "Slots"), slotTable(d));
     frag.append(h("h2", null, "Blocked nodes"), blockedTable(d));
     frag.append(h("h2", null, "Attempts"), attemptTable(d));
     frag.append(h("h2", null, "Controller events"), eventsTable(d.events, false));
@@ -217,6 +218,29 @@
       box.append(h("div", {class: "subtask-row", "data-subtask": sub.subtask}, label, track));
     }
     return box;
+  }
+
+  // FLIP-159: what each target offered at the controller's last check; a waiting stage says why.
+  function slotTable(d) {
+    const frag = document.createDocumentFragment();
+    if (d.slot_status) frag.append(h("p", {class: "message", id: "slot-status"}, d.slot_status));
+    const names = Object.keys(d.slots || {}).sort();
+    if (!names.length) {
+      frag.append(h("p", {class: "empty", id: "slots"}, "No slot observation yet."));
+      return frag;
+    }
+    frag.append(h("table", {id: "slots"},
+      h("tr", null, h("th", null, "target"), h("th", null, "live"), h("th", null, "free"),
+        h("th", null, "capacity"), h("th", null, "held (all stages)"), h("th", null, "workers / reason")),
+      ...names.map(n => {
+        const v = d.slots[n];
+        return h("tr", {class: v.live ? "" : "lost"}, h("td", null, n), h("td", null, v.live ? "yes" : "LOST"),
+          h("td", null, String(v.free)), h("td", null, String(v.capacity)), h("td", null, String(v.held)),
+          h("td", null, v.live ? (v.nodes || []).join(", ") : (v.reason || "")));
+      })));
+    Object.keys(d.lost_nodes || {}).sort().forEach(n => frag.append(
+      h("p", {class: "sub lost-node"}, `node ${n} lost: ${d.lost_nodes[n]}`)));
+    return frag;
   }
 
   function blockedTable(d) {

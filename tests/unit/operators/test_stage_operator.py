@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -155,3 +156,21 @@ def test_missing_application_fails_at_plan_time(env: Path) -> None:
     (env / "app.py").unlink()
     with pytest.raises(PlanError, match=r"pipeline 'p', stage 'scan': application .*app.py' does not exist"):
         _operator(env).execute(_context())
+
+
+def test_reactive_target_needs_a_standalone_master_and_its_web_ui_at_plan_time(
+        env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # spark_default is local[1]: slots 'auto' reads a standalone master's workers, so it is refused.
+    op = _operator(env, targets=[{"name": "c", "slots": "auto", "master_ui": "http://m:8080"}])
+    with pytest.raises(TargetError, match=r"pipeline 'p', stage 'scan': target 'c' has slots 'auto'.*spark://"):
+        op.execute(_context())
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_CLUSTER", '{"conn_type": "spark", "host": "spark://m:7077"}')
+    op = _operator(env, targets=[{"name": "c", "conn_id": "spark_cluster", "slots": "auto"}])
+    with pytest.raises(TargetError, match=r"target 'c' has slots 'auto' but no master web UI URL"):
+        op.execute(_context())
+    # From the connection's extra: recorded in the plan for the controller.
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_CLUSTER", '{"conn_type": "spark", "host": "spark://m:7077", '
+                                                     '"extra": {"master_ui": "http://m:8080/"}}')
+    deferred = _execute(_operator(env, targets=[{"name": "c", "conn_id": "spark_cluster", "slots": "auto"}]))
+    plan = json.loads(Path(deferred.trigger.plan_path).read_text())
+    assert plan["targets"]["c"]["master_ui"] == "http://m:8080"

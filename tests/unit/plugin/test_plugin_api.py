@@ -251,3 +251,19 @@ def test_stage_view_carries_the_gc_expiry_marker(store: Path):
     run = client.get("/api/run", params={"dag_id": DAG, "run_id": RUN}).json()
     assert run["stages"][0]["expired"] is not None and run["stages"][1]["expired"] is None
     assert "Results expired" in client.get("/static/speculative.js").text
+
+
+def test_stage_view_shows_live_slots_per_target_and_a_wait(store: Path):
+    aggregate = StageLayout(store, DAG, RUN, "aggregate")
+    _write(aggregate.summary, {"speculation": "on", "blocked_nodes": {},
+                               "slots": {"cluster": {"live": True, "capacity": 2, "held": 2, "free": 0, "reason": "",
+                                                     "nodes": ["h1", "h2"], "checked_at": T0}},
+                               "slot_status": "waiting for a free slot on targets cluster (held by running attempts)",
+                               "lost_nodes": {"h3": "worker left the master's alive list (state DEAD)"}})
+    client = _app(store, authorized=True)
+    body = client.get("/api/stage", params={"dag_id": DAG, "run_id": RUN, "task_id": "aggregate"}).json()
+    assert body["slots"]["cluster"]["free"] == 0 and body["slots"]["cluster"]["nodes"] == ["h1", "h2"]
+    assert body["slot_status"].startswith("waiting for a free slot") and list(body["lost_nodes"]) == ["h3"]
+    # The stage page renders them (a Slots table and the waiting message).
+    script = client.get("/static/speculative.js").text
+    assert 'id: "slots"' in script and 'id: "slot-status"' in script
