@@ -168,4 +168,6 @@ class HybridInputWatcher:
                 producer.launched.add(int(line["subtask"]))
             if event in _ADMISSION_EVENTS and line.get("subtask") is not None:
                 touched.add(int(line["subtask"]))
+            elif event == "rerun_invalidated":
+                touched.update(int(s) for s in line.get("subtasks") or ())
         return touched, replanned, len(lines)
