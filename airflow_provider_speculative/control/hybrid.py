@@ -19,14 +19,10 @@ from airflow_provider_speculative.core.scheduler import InputFailed, InputsAdmit
 from airflow_provider_speculative.exceptions import StoreError
 from airflow_provider_speculative.store.files import read_json
 from airflow_provider_speculative.store.layout import StageLayout
+from airflow_provider_speculative.store.task_state import task_state_path
 
 # Journal events of a producer that can change which of its attempts is admitted.
 _ADMISSION_EVENTS = frozenset({"admit", "admit_lost", "invalidate", "recovered", "discard"})
-
-
-def task_state_path(layout: StageLayout) -> Path:
-    """Where a stage's operator records its task's state (planning, deferred, failed, committed)."""
-    return layout.dir / "task.json"
 
 
 @dataclass
@@ -124,7 +120,8 @@ class HybridInputWatcher:
             if current is not None and known != current:
                 producer.admitted[subtask] = current
                 delta[subtask] = current
-        if not producer.committed:
+        if events or self._first:
+            # Re-checked on any producer change: a rerun withdraws a commit (rerun_invalidated).
             committed = read_json(producer.layout.committed) if os.path.exists(producer.layout.committed) else None
             producer.committed = bool(committed and committed.get("fingerprint") == producer.fingerprint)
         waiting = max(0, producer.parallelism - len(producer.launched | set(producer.admitted)))

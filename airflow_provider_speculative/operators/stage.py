@@ -34,7 +34,8 @@ from airflow_provider_speculative.store.results import (
     remove_attempt_output,
     write_committed,
 )
-from airflow_provider_speculative.triggers.controller import StageControllerTrigger, record_task_state
+from airflow_provider_speculative.store.task_state import record_task_state
+from airflow_provider_speculative.triggers.controller import StageControllerTrigger
 from airflow_provider_speculative.triggers.hybrid import HybridInputsTrigger
 
 # A hybrid consumer waits for its producers' plans in a trigger for this long at a time, then

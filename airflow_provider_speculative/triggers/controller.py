@@ -12,8 +12,8 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 from airflow_provider_speculative.control.controller import StageController
 from airflow_provider_speculative.hooks.targets import connect_env
 from airflow_provider_speculative.metrics import StageMetrics
-from airflow_provider_speculative.store.files import atomic_write_json, read_json
-from airflow_provider_speculative.store.layout import StageLayout
+from airflow_provider_speculative.store.files import read_json
+from airflow_provider_speculative.store.task_state import record_task_state
 
 # A trigger that fires within ~5 s of defer() can get the resumed task failed by the scheduler
 # (stale executor event), so the single event is never sent earlier than this after deferral.
@@ -74,12 +74,3 @@ class StageControllerTrigger(BaseTrigger):
         await asyncio.to_thread(controller.kill_all, "task killed by user")
         await asyncio.to_thread(record_task_state, controller.layout, "failed", reason="task killed by user")
 
-
-def record_task_state(layout: StageLayout, state: str, *, try_number: int | None = None,
-                      clear_number: int | None = None, reason: str | None = None) -> None:
-    """Record the stage task's state (``task.json``) for hybrid consumers: planning, deferred, failed, committed."""
-    previous = read_json(layout.dir / "task.json") or {}
-    atomic_write_json(layout.dir / "task.json", {
-        "state": state, "at": time.time(), "reason": reason,
-        "try_number": try_number if try_number is not None else previous.get("try_number"),
-        "clear_number": clear_number if clear_number is not None else previous.get("clear_number", 0)})

@@ -15,7 +15,7 @@ from airflow_provider_speculative.store import journal
 from airflow_provider_speculative.store.files import atomic_write_json, read_json, read_jsonl
 from airflow_provider_speculative.store.layout import StageLayout
 from airflow_provider_speculative.store.manifest import build_manifest, write_manifest
-from airflow_provider_speculative.triggers.controller import record_task_state
+from airflow_provider_speculative.store.task_state import record_task_state
 from tests.unit.control.test_controller import Clock, FakeBackend
 
 S = AttemptState

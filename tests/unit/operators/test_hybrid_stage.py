@@ -14,7 +14,7 @@ from airflow_provider_speculative import Pipeline, all_to_all, parquet_source, p
 from airflow_provider_speculative.exceptions import StageFailedError
 from airflow_provider_speculative.store.files import read_json
 from airflow_provider_speculative.store.layout import StageLayout
-from airflow_provider_speculative.triggers.controller import record_task_state
+from airflow_provider_speculative.store.task_state import record_task_state
 from airflow_provider_speculative.triggers.hybrid import HybridInputsTrigger
 from tests.unit.operators.test_stage_operator import env  # noqa: F401  (fixture)
 
