@@ -86,6 +86,7 @@ def format_table(report: dict[str, Any], now: float | None = None, tz: tzinfo | 
         lines.append(f"  parallelism: {stage.get('parallelism_line') or 'fixed'}")
         lines += [f"  warning: {w}" for w in stage.get("plan_warnings") or []]
         lines += [f"  skew: {note}" for note in stage.get("skew_splits") or []]
+        lines += [f"  inputs: {note}" for note in stage.get("input_waits") or []]
         for sub in stage["subtasks"]:
             if not sub["attempts"]:
                 rows.append((stage["stage"], str(sub["subtask"]), "-", "REUSED" if sub["reused"] else "-",

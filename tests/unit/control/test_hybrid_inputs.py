@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from airflow_provider_speculative.control.controller import StageController
+from airflow_provider_speculative.control.readmodel import stage_report
 from airflow_provider_speculative.core.config import SpeculativeConfig
 from airflow_provider_speculative.core.states import AttemptState
 from airflow_provider_speculative.runtime.context import StageContext
@@ -74,6 +75,13 @@ def test_consumers_launch_as_producers_are_admitted_and_a_withdrawal_restarts_on
     ctrl.step()
     assert backend.launched == []
     assert ctrl.summary()["input_waits"]["0"] == "waiting for input 'rows': producer partitions 0/1 admitted (scan)"
+    # What `airflow speculative status` and the stage view show.
+    report = stage_report(ctrl.layout, ctrl.plan)
+    assert report["input_waits"] == [
+        "hybrid input from scan: producer partitions 0/3 admitted",
+        "3 subtasks waiting for producer partitions; subtask 0: waiting for input 'rows': producer partitions 0/1 "
+        "admitted (scan)"]
+    assert report["subtasks"][2]["waiting_for"].endswith("producer partitions 0/1 admitted (scan)")
     producer.finish(1, 0)
     producer.finish(0, 0, admit=False)  # finished but lost the race: never read
     producer.finish(0, 1)
