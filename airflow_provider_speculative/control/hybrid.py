@@ -39,6 +39,7 @@ class _Producer:
     committed: bool = False
     last_change: float = 0.0
     reported_waiting: int = -1
+    reported_committed: bool = False
 
 
 class HybridInputWatcher:
@@ -125,8 +126,9 @@ class HybridInputWatcher:
             committed = read_json(producer.layout.committed) if os.path.exists(producer.layout.committed) else None
             producer.committed = bool(committed and committed.get("fingerprint") == producer.fingerprint)
         waiting = max(0, producer.parallelism - len(producer.launched | set(producer.admitted)))
-        if delta or self._first or waiting != producer.reported_waiting or producer.committed:
-            producer.reported_waiting = waiting
+        if delta or self._first or waiting != producer.reported_waiting \
+                or producer.committed != producer.reported_committed:
+            producer.reported_waiting, producer.reported_committed = waiting, producer.committed
             stimuli.append(InputsAdmitted(stage, delta, committed=producer.committed,
                                           waiting=0 if producer.committed else waiting))
         if not producer.committed and now - producer.last_change > self.timeout:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import time
 from pathlib import Path
@@ -99,8 +100,9 @@ class SparkStageOperator(BaseOperator):
             return self._plan_and_defer(context, config)
         except Exception as exc:
             # Hybrid consumers of this stage read this to fail at once instead of waiting (core/hybrid.py).
-            record_task_state(layout, "failed", try_number=context["ti"].try_number,
-                              clear_number=_clear_number(context), reason=f"{type(exc).__name__}: {exc}")
+            with contextlib.suppress(StoreError):  # a full store must not hide the stage's own error
+                record_task_state(layout, "failed", try_number=context["ti"].try_number,
+                                  clear_number=_clear_number(context), reason=f"{type(exc).__name__}: {exc}")
             raise
 
     def resume_after_inputs(self, context: Any, event: dict[str, Any]) -> Any:

@@ -92,3 +92,14 @@ def test_the_producer_task_records_its_state(env: Path) -> None:  # noqa: F811
     _defer(tasks["scan"])
     state = read_json(StageLayout(env / "store", "d", "r1", "scan").dir / "task.json")
     assert state["state"] == "deferred" and state["try_number"] == 1 and state["clear_number"] == 0
+
+
+def test_resuming_reschedules_while_waiting_and_fails_naming_the_input(env: Path) -> None:  # noqa: F811
+    from airflow.sdk.exceptions import AirflowRescheduleException
+
+    task = _pipeline(env)["enrich"]
+    with pytest.raises(AirflowRescheduleException):
+        task.resume_after_inputs(_context(), {"status": "waiting"})
+    reason = "pipeline 'p', stage 'enrich', input 'rows': hybrid producer stage 'scan' failed (try 1): x"
+    with pytest.raises(StageFailedError, match="input 'rows'"):
+        task.resume_after_inputs(_context(), {"status": "failed", "reason": reason})
