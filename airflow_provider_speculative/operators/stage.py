@@ -154,16 +154,40 @@ class SparkStageOperator(BaseOperator):
         if {k: marker.get(k) for k in key} != key:
             marker = {**key, "since": time.time()}
             atomic_write_json(layout.dir / "hybrid_wait.json", marker)
-        if time.time() - float(marker["since"]) > config.hybrid_input_timeout:
+        # A producer that has not planned yet may itself wait for its own upstreams (blocking or not):
+        # fail when one of them failed, and time out only when nothing upstream changed for that long.
+        upstream_stages = self._ancestors({w["stage"] for w in watch.values()})
+        for stage in sorted(upstream_stages):
+            _, failure = producer_plan_usable(None, read_json(self._layout(config, dag_id, run_id, stage).dir
+                                                               / "task.json"), None, clear_number)
+            if failure:
+                names = ", ".join(f"{n!r} ({w['stage']})" for n, w in watch.items())
+                raise StageFailedError(f"{where}, input {names}: upstream stage {stage!r} of the hybrid producer "
+                                       f"{failure}")
+        last_change = max([float(marker["since"]), *(_last_change(self._layout(config, dag_id, run_id, stage))
+                                                     for stage in upstream_stages)])
+        if time.time() - last_change > config.hybrid_input_timeout:
             missing = ", ".join(f"{n!r} ({w['stage']})" for n, w in watch.items())
-            raise StageFailedError(f"{where}, input {missing}: no usable plan of the hybrid producer stage after "
-                                   f"{config.hybrid_input_timeout:g}s (hybrid_input_timeout); did it start?")
+            raise StageFailedError(f"{where}, input {missing}: no usable plan of the hybrid producer stage, and "
+                                   f"nothing upstream of it changed for {config.hybrid_input_timeout:g}s "
+                                   "(hybrid_input_timeout); did it start?")
         self.log.info("stage %s: waiting for the plans of hybrid producers %s", self.stage,
                       ", ".join(w["stage"] for w in watch.values()))
         self.defer(trigger=HybridInputsTrigger(where=where, inputs=watch, clear_number=clear_number,
                                                deferred_at=time.time(), window=HYBRID_WAIT_WINDOW),
                    method_name="resume_after_inputs")
         return None
+
+    def _ancestors(self, stages: set[str]) -> set[str]:
+        """``stages`` and every stage upstream of them, transitively."""
+        seen: set[str] = set()
+        pending = list(stages)
+        while pending:
+            stage = pending.pop()
+            if stage not in seen:
+                seen.add(stage)
+                pending += self.graph.upstreams(stage)
+        return seen
 
     def _plan_and_defer(self, context: Any, config: SpeculativeConfig) -> Any:
         """Plan (once every hybrid producer has a plan), write plan.json, defer to the stage controller."""
@@ -367,6 +391,15 @@ def asset_event_extra(plan: dict[str, Any], record: dict[str, Any], summary: dic
 def journal(layout: StageLayout, event: str, **fields: Any) -> None:
     """Record a planning or finalize step next to the controller's decisions."""
     journals.record(layout.journal, event, **fields)
+
+
+def _last_change(layout: StageLayout) -> float:
+    """When anything of a stage run last changed in the store (its journal, summary or task state)."""
+    times = [0.0]
+    for path in (layout.journal, layout.summary, layout.dir / "task.json"):
+        with contextlib.suppress(OSError):
+            times.append(path.stat().st_mtime)
+    return max(times)
 
 
 def _clear_number(context: Any) -> int:

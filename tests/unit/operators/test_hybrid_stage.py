@@ -103,3 +103,13 @@ def test_resuming_reschedules_while_waiting_and_fails_naming_the_input(env: Path
     reason = "pipeline 'p', stage 'enrich', input 'rows': hybrid producer stage 'scan' failed (try 1): x"
     with pytest.raises(StageFailedError, match="input 'rows'"):
         task.resume_after_inputs(_context(), {"status": "failed", "reason": reason})
+
+
+def test_a_failure_upstream_of_the_hybrid_producer_fails_the_consumer(env: Path) -> None:  # noqa: F811
+    tasks = _pipeline(env)
+    # agg's producer enrich has not planned (it waits for scan); scan failed: agg must not wait for ever.
+    record_task_state(StageLayout(env / "store", "d", "r1", "scan"), "failed", try_number=1, clear_number=0,
+                      reason="boom")
+    with pytest.raises(StageFailedError, match=r"stage 'agg', input 'rows' \(enrich\): upstream stage 'scan' of "
+                                               r"the hybrid producer failed \(try 1\): boom"):
+        tasks["agg"].execute(_context())
