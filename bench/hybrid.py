@@ -150,7 +150,13 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--factor", type=float, default=4.0, help="slow node factor (fault injection)")
     parser.add_argument("--slots", type=int, default=2, help="attempt slots per Connect server")
+    parser.add_argument("--scenarios", default=",".join(SCENARIOS), help="comma-separated subset, in this order")
+    parser.add_argument("--keep", action="store_true", help="keep every run's store (attempt logs, timestamps)")
     args = parser.parse_args()
+    scenarios = [s for s in args.scenarios.split(",") if s]
+    unknown = sorted(set(scenarios) - set(SCENARIOS))
+    if unknown:
+        parser.error(f"unknown scenarios {unknown}; choose from {', '.join(SCENARIOS)}")
     if not (DATA / ".done").exists():
         print(f"no TPC-H data at {DATA}: run `make data`", file=sys.stderr)
         return 2
@@ -163,14 +169,15 @@ def main() -> int:
     try:
         with shared.LoadSampler(str(out_dir)) as load:
             for round_ in range(args.repeat):
-                for name in SCENARIOS:
+                for name in scenarios:
                     root = out_dir / "store"
                     result = run_scenario(name, root, servers, args.slots, args.factor)
                     result["round"] = round_
                     results.append(result)
                     print(f"round {round_} {name:14s} makespan {result['makespan']:7.2f}s  spans {result['spans']}",
                           flush=True)
-                    shutil.rmtree(root / "bench_hybrid" / result["run_id"], ignore_errors=True)
+                    if not args.keep:
+                        shutil.rmtree(root / "bench_hybrid" / result["run_id"], ignore_errors=True)
         machine = load.summary()
     finally:
         cluster.stop()
@@ -181,15 +188,15 @@ def main() -> int:
                                            for r in reference] != [(r["l_returnflag"], r["l_linestatus"],
                                                                     r["count_order"]) for r in expected]:
         wrong.append("reference Q1")
-    median = {name: statistics.median(r["makespan"] for r in results if r["scenario"] == name) for name in SCENARIOS}
-    ratios = {"fast": round(median["hybrid-fast"] / median["blocking-fast"], 3),
-              "slow": round(median["hybrid-slow"] / median["blocking-slow"], 3)}
+    median = {name: statistics.median(r["makespan"] for r in results if r["scenario"] == name) for name in scenarios}
+    ratios = {c: round(median[f"hybrid-{c}"] / median[f"blocking-{c}"], 3)
+              for c in ("fast", "slow") if f"hybrid-{c}" in median and f"blocking-{c}" in median}
     summary = {"median_makespan": median, "hybrid_over_blocking": ratios, "goal_slow": GOAL,
                "factor": args.factor, "slots": args.slots, "repeat": args.repeat, "machine": machine,
                "outputs_equal": not wrong, "runs": [{k: v for k, v in r.items() if k != "output"} for r in results]}
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     print(f"\nmedian makespan (s): {json.dumps(median)}")
-    print(f"hybrid / blocking: no slow node {ratios['fast']}, slow node x{args.factor:g} {ratios['slow']} "
+    print(f"hybrid / blocking: no slow node {ratios.get('fast')}, slow node x{args.factor:g} {ratios.get('slow')} "
           f"(goal <= {GOAL})")
     print(f"machine: contended={machine.get('contended')} foreign cores mean {machine.get('foreign_cores_mean')} "
           f"peak {machine.get('foreign_cores_peak')}, max load1 {machine.get('max_load1')}")

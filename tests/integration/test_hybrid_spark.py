@@ -3,7 +3,9 @@
 Both stages' controllers run at the same time, as their Airflow tasks do under a real scheduler (the
 consumer's trigger rule is "always"); ``dag.test()`` runs one task at a time, so it cannot show two
 stages overlapping. (a) a pointwise hybrid chain whose producer subtask 0 is slowed by fault injection
-finishes its other chains first, asserted from the attempts' timestamps in the store; (b) a producer
+finishes its other chains first, asserted from the attempts' timestamps in the store, and an
+``all_to_all`` hybrid consumer of the chain starts at half its producers admitted and reads the rest
+incrementally (``ctx.read_incremental``); (b) a producer
 partition invalidated while a consumer that read it is still running restarts exactly that consumer,
 and only once the partition is re-produced.
 """
@@ -71,19 +73,24 @@ def _config(servers: dict[str, str], **overrides) -> SpeculativeConfig:
     return SpeculativeConfig().with_overrides({"check_interval": "300ms", "targets": targets, **overrides}, "test")
 
 
-def _graph(source: Path, scan_config: dict, copy_config: dict | None = None) -> PipelineGraph:
-    graph = PipelineGraph("hybrid_chain", {
+def _graph(source: Path, scan_config: dict, copy_config: dict | None = None, total: bool = False) -> PipelineGraph:
+    stages = {
         "scan": StageSpec("scan", str(APP), N, {"rows": SourceSpec(str(source))}, config=scan_config),
         "copy": StageSpec("copy", str(APP), N, {"rows": ExchangeSpec("scan", "pointwise", mode="hybrid")},
                           config=copy_config or {}),
-    })
+    }
+    if total:
+        stages["total"] = StageSpec("total", str(APP.parent / "incremental_count.py"), 1,
+                                    {"rows": ExchangeSpec("copy", "all_to_all", ("k",), mode="hybrid")},
+                                    config={"hybrid_min_admitted_share": 0.5})
+    graph = PipelineGraph("hybrid_chain", stages)
     graph.validate()
     return graph
 
 
 def _plans(graph: PipelineGraph, root: Path, run_id: str, servers: dict[str, str]) -> list[dict]:
     plans = []
-    for stage in ("scan", "copy"):  # the consumer plans on the producer's written plan, not its commit
+    for stage in graph.topological_order():  # the consumer plans on the producer's written plan, not its commit
         stage_config = SpeculativeConfig().with_overrides(graph.stages[stage].config, stage)
         config = _config(servers, **{k: getattr(stage_config, k) for k in graph.stages[stage].config})
         plan = plan_connect_stage(graph, stage, root, "hybrid", run_id, config)
@@ -105,8 +112,10 @@ def _admitted(layout: StageLayout, subtask: int) -> dict:
 def test_a_slow_producer_delays_only_its_own_chain(tmp_path: Path, source: Path, servers: dict[str, str]) -> None:
     root = tmp_path / "store"
     slow = {"fault_injection": {"attempts": [{"subtask": 0, "attempt": 0, "delay": 15}]}}
-    run_stages(_plans(_graph(source, slow), root, "r1", servers), target_env=_env(servers), timeout=600)
+    run_stages(_plans(_graph(source, slow, total=True), root, "r1", servers), target_env=_env(servers),
+               timeout=600)
     scan, copy = StageLayout(root, "hybrid", "r1", "scan"), StageLayout(root, "hybrid", "r1", "copy")
+    total = StageLayout(root, "hybrid", "r1", "total")
     slow_producer_end = _admitted(scan, 0)["end_at"]
     for i in range(1, N):
         # Chains 1..3 were read, copied and admitted while producer 0 still ran.
@@ -114,8 +123,15 @@ def test_a_slow_producer_delays_only_its_own_chain(tmp_path: Path, source: Path,
         assert _admitted(copy, i)["launched_at"] >= _admitted(scan, i)["end_at"], i  # read admitted output only
     assert _admitted(copy, 0)["launched_at"] >= slow_producer_end
     # The copy equals the source, row for row.
-    copied = pa.concat_tables(pq.read_table(p) for p in sorted(copy.dir.glob("subtask=*/attempt=*/data/*.parquet")))
+    copied = pa.concat_tables(pq.read_table(p) for p in sorted(copy.dir.glob("subtask=*/attempt=*/data/**/*.parquet")))
     assert sorted(copied.column("k").to_pylist()) == list(range(N * 10))
+    # The all_to_all consumer started once half its producers were admitted, before the slow chain ended,
+    # read every producer's admitted attempt, in more than one piece, and counted every row once.
+    assert _admitted(total, 0)["launched_at"] < _admitted(copy, 0)["end_at"]
+    assert read_json(total.heartbeat(0, 0))["reads"] == {"copy": {str(i): 0 for i in range(N)}}
+    files = sorted(total.dir.glob("subtask=0/attempt=*/data/*.parquet"))
+    (row,) = pa.concat_tables(pq.read_table(p) for p in files).to_pylist()
+    assert (row["n"], row["s"]) == (N * 10, sum(range(N * 10))) and row["pieces"] >= 2
 
 
 def test_an_invalidated_partition_restarts_only_the_consumer_that_read_it(
