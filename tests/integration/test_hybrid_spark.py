@@ -7,11 +7,13 @@ finishes its other chains first, asserted from the attempts' timestamps in the s
 ``all_to_all`` hybrid consumer of the chain starts at half its producers admitted and reads the rest
 incrementally (``ctx.read_incremental``); (b) a producer
 partition invalidated while a consumer that read it is still running restarts exactly that consumer,
-and only once the partition is re-produced.
+and only once the partition is re-produced; (c) the same chain as an Airflow DAG under ``dag.test()``
+(trigger rule ``always``, the consumer waiting for its producer's plan in a trigger) succeeds.
 """
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 from pathlib import Path
@@ -28,7 +30,8 @@ from airflow_provider_speculative.core.graph import ExchangeSpec, PipelineGraph,
 from airflow_provider_speculative.hooks.targets import REMOTE_ENV
 from airflow_provider_speculative.store.files import read_json, read_jsonl
 from airflow_provider_speculative.store.layout import StageLayout
-from tests.integration.spark_helpers import wait_for
+from tests.conftest import TEST_ENV
+from tests.integration.spark_helpers import HERE, load_dag, wait_for
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(900)]
 
@@ -53,6 +56,10 @@ def servers(tmp_path_factory):
     cluster = LocalCluster(tmp_path_factory.mktemp("hybrid-cluster"))
     started, _ = cluster.start(servers=2, base_port=_free_pair(), ui_base_port=_free_pair(), cores=1)
     try:
+        # Also as Airflow connections, for the dag.test() case.
+        for i, s in enumerate(started):
+            os.environ[f"AIRFLOW_CONN_SPARK_CONNECT_HYBRID_{i}"] = (
+                f'{{"conn_type": "spark_connect", "host": "127.0.0.1", "port": {s.port}}}')
         yield {f"connect-{i}": f"sc://127.0.0.1:{s.port}/" for i, s in enumerate(started)}
     finally:
         cluster.stop()
@@ -169,3 +176,21 @@ def test_an_invalidated_partition_restarts_only_the_consumer_that_read_it(
     assert [(e["subtask"], e["attempt"]) for e in cancels] == [(1, 0)]
     assert "scan[1] attempt 0" in cancels[0]["reason"]
     assert read_json(copy.heartbeat(1, 1))["reads"] == {"scan": {"1": 1}}
+
+
+def test_dag_test_runs_a_hybrid_chain(airflow_db, source: Path, servers: dict[str, str],
+                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    import pendulum
+
+    monkeypatch.setenv("SPECULATIVE_HYBRID_SOURCE", str(source))
+    dag = load_dag("hybrid_chain", HERE / "dags")
+    assert dag.get_task("copy").trigger_rule == "always"
+    run = dag.test(logical_date=pendulum.datetime(2026, 3, 1, tz="UTC"))
+    assert run.state == "success"
+    store = Path(TEST_ENV["AIRFLOW__SPECULATIVE__STORE_PATH"])
+    copy = StageLayout(store, "hybrid_chain", run.run_id, "copy")
+    assert read_json(copy.committed)["parallelism"] == 2
+    assert read_json(copy.dir / "task.json")["state"] == "committed"
+    # Each copy subtask read its producer's admitted attempt.
+    assert [read_json(copy.heartbeat(i, 0))["reads"] for i in range(2)] == [{"scan": {"0": 0}}, {"scan": {"1": 0}}]
+
