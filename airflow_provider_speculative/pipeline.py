@@ -147,6 +147,11 @@ class Pipeline:
             kwargs = dict(handle.operator_kwargs)
             if self.dag is not None:
                 kwargs.setdefault("dag", self.dag)
+            if graph.hybrid_only(name):
+                # FLIP-235: the consumer's task starts while its producers still run (the edge stays for
+                # the graph view and ordering); its controller waits for admitted partitions and fails,
+                # naming the input, if a producer fails. "always" is the only rule not gated on upstreams.
+                kwargs.setdefault("trigger_rule", "always")
             handle.task = SparkStageOperator(task_id=name, graph=graph, stage=name, sink=handle.sink, **kwargs)
             tasks[name] = handle.task
             for upstream in graph.upstreams(name):

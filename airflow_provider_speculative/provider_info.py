@@ -23,6 +23,7 @@ def get_provider_info() -> dict[str, Any]:
                        "python-modules": ["airflow_provider_speculative.operators.stage"]}],
         "triggers": [{"integration-name": "Speculative",
                       "python-modules": ["airflow_provider_speculative.triggers.controller",
+                                         "airflow_provider_speculative.triggers.hybrid",
                                          "airflow_provider_speculative.triggers.stage_output"]}],
         "sensors": [{"integration-name": "Speculative",
                      "python-modules": ["airflow_provider_speculative.sensors.stage_output"]}],

@@ -92,7 +92,7 @@ class SupervisedBackend:
                       end_at=status.get("end_at"), exit_code=status.get("exit_code"), cause=status.get("cause"),
                       input_bytes=heartbeat.get("input_bytes"), app_id=heartbeat.get("app_id"),
                       launched_at=status.get("launched_at"), ready_at=heartbeat.get("session_ready_at"),
-                      progress={k: heartbeat[k] for k in ("tasks_done", "tasks_total", "bytes_read", "at")
+                      progress={k: heartbeat[k] for k in ("tasks_done", "tasks_total", "bytes_read", "at", "reads")
                                 if k in heartbeat})
         if len(_SEEN) > 100_000:
             _SEEN.clear()
@@ -121,7 +121,7 @@ class SupervisedBackend:
             out.state = AttemptState.FAILED if now - created > LAUNCH_LOST_AFTER else AttemptState.CREATED
             if out.state == AttemptState.FAILED:
                 out.cause, out.end_at = "launch lost: claimed but never started", now
-        elif heartbeat.get("phase") in ("RUNNING", "BARRIER"):
+        elif heartbeat.get("phase") in ("RUNNING", "BARRIER", "WAITING_FOR_INPUT"):
             out.state = AttemptState.RUNNING
         else:
             out.state = AttemptState.DEPLOYING

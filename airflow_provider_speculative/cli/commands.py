@@ -105,6 +105,7 @@ def format_table(report: dict[str, Any], now: float | None = None, tz: tzinfo | 
         lines += [f"  slots: {line}" for line in slot_lines(stage)]
         lines += [f"  warning: {w}" for w in stage.get("plan_warnings") or []]
         lines += [f"  skew: {note}" for note in stage.get("skew_splits") or []]
+        lines += [f"  inputs: {note}" for note in stage.get("input_waits") or []]
         for sub in stage["subtasks"]:
             if not sub["attempts"]:
                 rows.append((stage["stage"], str(sub["subtask"]), "-", "REUSED" if sub["reused"] else "-",
@@ -381,6 +382,9 @@ def format_rerun(result: dict[str, Any]) -> str:
              "  downstream (consumers of the named subtasks, transitively):",
              *(parts(result["downstream"]) or ["    (none: --no-downstream)" if result["no_downstream"]
                                                else "    (none)"])]
+    if result.get("in_flight"):
+        lines += ["  running consumers of hybrid exchanges that read a rerun partition (they restart with it):",
+                  *parts(result["in_flight"])]
     if not result["dry_run"]:
         cleared = result["cleared_tasks"]
         lines.append(f"Cleared tasks: {', '.join(cleared) or '(none found)'}")
@@ -407,6 +411,7 @@ def rerun(args: Any) -> None:
         "dag_id": args.dag_id, "run_id": args.run_id, "region": affected,
         "requested": {stage: sorted(subs) for stage, subs in region.requested.items()},
         "downstream": {stage: sorted(subs) for stage, subs in region.downstream().items()},
+        "in_flight": {stage: sorted(subs) for stage, subs in region.in_flight.items()},
         "no_downstream": no_downstream, "dry_run": bool(args.dry_run)}
     if not args.dry_run:
         result["invalidated"] = invalidate_region(root, args.dag_id, args.run_id, region,

@@ -16,10 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from airflow_provider_speculative.backends.base import Backend, LaunchSpec, attempt_observer, plan_backends
+from airflow_provider_speculative.control.hybrid import HybridInputWatcher
 from airflow_provider_speculative.control.liveness import TargetWatcher
 from airflow_provider_speculative.control.recovery import PartitionRecovery, attempt_command
 from airflow_provider_speculative.core.config import SpeculativeConfig
 from airflow_provider_speculative.core.failover import input_readers
+from airflow_provider_speculative.core.hybrid import hybrid_edges
 from airflow_provider_speculative.core.scheduler import (
     Action,
     AdmissionLost,
@@ -32,6 +34,7 @@ from airflow_provider_speculative.core.scheduler import (
     Discard,
     FailStage,
     InputRestored,
+    InputWithdrawn,
     Invalidate,
     Launch,
     LaunchFailed,
@@ -93,7 +96,8 @@ class StageController:
             input_readers=input_readers(plan),
             upstreams={name: (info["parallelism"], info["deterministic"])
                        for name, info in (plan.get("upstream_info") or {}).items()},
-            label=f"pipeline {plan['dag_id']}, stage {plan['stage']}")
+            label=f"pipeline {plan['dag_id']}, stage {plan['stage']}",
+            hybrid=hybrid_edges(plan))
         # FLIP-159: slots belong to the target and are claimed in the store by every stage using it.
         self.slot_stores = {t.name: TargetSlots(self.layout.root, t.name) for t in self.config.targets}
         self.watcher = watcher if watcher is not None else TargetWatcher(
@@ -103,6 +107,9 @@ class StageController:
         self.held: dict[tuple[int, int], tuple[str, int, str]] = {}
         self._reclaim_at = float("-inf")
         self._lost_seen: set[str] = set()
+        # Hybrid inputs (FLIP-235): the producers' admissions, read from their store as they happen.
+        self.hybrid = (HybridInputWatcher(plan, self.scheduler.hybrid, self.config.hybrid_input_timeout, clock())
+                       if self.scheduler.hybrid else None)
         self.reaping: set[tuple[int, int]] = set()
         self._launch_failures: list[LaunchFailed] = []
         self._full_cursor = self._probe_cursor = 0
@@ -176,6 +183,10 @@ class StageController:
         observed = [a for a in self._observe(now, notices, failed_launches)
                     if _differs(known.get(a.subtask, {}).get(a.number), a)]
         stimuli += [AttemptObserved(a) for a in observed]
+        if self.hybrid is not None:
+            inputs = self.hybrid.poll(now)
+            stimuli += inputs
+            stimuli += self._reader_heartbeats(inputs, {(a.subtask, a.number) for a in observed}, now)
         stimuli += self._launch_failures
         stimuli.append(targets)
         changed = bool(observed or self._launch_failures)
@@ -265,6 +276,20 @@ class StageController:
             if full:
                 observed.append(backend.poll(key[0], key[1], now))
         return observed
+
+    def _reader_heartbeats(self, inputs: list[Any], seen: set[tuple[int, int]], now: float) -> list[AttemptObserved]:
+        """Fresh polls of the live attempts that may have read a withdrawn partition (what they read decides)."""
+        out: list[AttemptObserved] = []
+        for stimulus in inputs:
+            if not isinstance(stimulus, InputWithdrawn):
+                continue
+            for reader in sorted(self.scheduler.input_readers.get((stimulus.stage, stimulus.subtask), frozenset())):
+                for attempt in list(self.scheduler.attempts.get(reader, {}).values()):
+                    key = (attempt.subtask, attempt.number)
+                    if attempt.state not in TERMINAL and key not in seen:
+                        seen.add(key)
+                        out.append(AttemptObserved(self._backend(attempt.target).poll(*key, now)))
+        return out
 
     def _backend(self, target: str) -> Backend:
         return self.backends.get(target) or self.observer
@@ -494,7 +519,21 @@ class StageController:
             "lost_nodes": dict(sorted(sched.lost_nodes.items())),
             "target_lost_attempts": len(sched.target_lost),
             "updated_at": now,
+            **self._hybrid_summary(),
         }
+
+    def _hybrid_summary(self) -> dict[str, Any]:
+        """Hybrid inputs: admitted producer partitions per producer, and what waiting subtasks wait for."""
+        if self.hybrid is None:
+            return {}
+        sched = self.scheduler
+        waiting = sorted(sched.input_blocked)
+        return {"hybrid_inputs": {stage: {"admitted": len(p.admitted), "parallelism": p.parallelism,
+                                          "committed": p.committed}
+                                  for stage, p in self.hybrid.producers.items()},
+                "waiting_for_inputs": len(waiting),
+                # The first few in words; the count says how many in all (summary stays small).
+                "input_waits": {str(s): sched.input_wait(s) for s in waiting[:20]}}
 
     def _write_summary(self, now: float) -> None:
         self._summary_at = now

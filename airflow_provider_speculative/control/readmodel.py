@@ -121,6 +121,8 @@ def stage_report(layout: StageLayout, plan: dict[str, Any], *, liveness: str = "
             "admitted": marker["attempt"] if marker else None,
             "current": current.number if current else None,
             "reused": subtask in (plan.get("reused") or []),
+            # Hybrid inputs: what a subtask without an attempt yet waits for (the first few, from the summary).
+            "waiting_for": (summary.get("input_waits") or {}).get(str(subtask)),
             "attempts": [{
                 "attempt": a.number, "state": a.state.value, "target": a.target, "node": a.node,
                 "speculative": a.speculative, "start": a.deploying_at, "end": a.end_at, "exit_code": a.exit_code,
@@ -151,8 +153,23 @@ def stage_report(layout: StageLayout, plan: dict[str, Any], *, liveness: str = "
         "lost_nodes": summary.get("lost_nodes") or {},
         "target_lost_attempts": summary.get("target_lost_attempts", 0),
         "subtasks": subtasks, "journal_events": len(read_jsonl(layout.journal)),
+        "hybrid_inputs": summary.get("hybrid_inputs") or {}, "input_waits": input_wait_lines(summary),
         "failed": _stage_failed(layout, committed is not None),
     }
+
+
+def input_wait_lines(summary: dict[str, Any]) -> list[str]:
+    """Hybrid inputs in words: admitted producer partitions per producer, and what waiting subtasks wait for."""
+    lines = [f"hybrid input from {stage}: producer partitions {info.get('admitted')}/{info.get('parallelism')} "
+             f"admitted" + (" (committed)" if info.get("committed") else "")
+             for stage, info in sorted((summary.get("hybrid_inputs") or {}).items())]
+    waiting = int(summary.get("waiting_for_inputs") or 0)
+    examples = summary.get("input_waits") or {}
+    if waiting:
+        first = min(examples, key=int) if examples else None
+        lines.append(f"{waiting} subtask{'s' if waiting > 1 else ''} waiting for producer partitions"
+                     + (f"; subtask {first}: {examples[first]}" if first is not None else ""))
+    return lines
 
 
 def _stage_failed(layout: StageLayout, committed: bool) -> bool:

@@ -53,7 +53,28 @@ def plan_rerun(root: Path, dag_id: str, run_id: str, stage: str, subtasks: list[
     if bad:
         raise ValueError(f"stage {stage!r} has subtasks 0..{parallelism - 1}; no subtask {bad}")
     strategy = plans[stage]["config"].get("failover_strategy", "region")
-    return rerun_region(graph, stage, set(subtasks) if subtasks else None, strategy, downstream=downstream)
+    return rerun_region(graph, stage, set(subtasks) if subtasks else None, strategy, downstream=downstream,
+                        in_flight=in_flight_reads(root, dag_id, run_id, graph))
+
+
+def in_flight_reads(root: Path, dag_id: str, run_id: str, graph: PipelineGraph) -> dict[str, dict[int, Any]]:
+    """Consumers of hybrid edges: what each live attempt recorded reading (its heartbeat), by stage and subtask.
+
+    Reads only the stages fed by a hybrid edge, and of them only attempts that are not finished.
+    """
+    out: dict[str, dict[int, Any]] = {}
+    hybrid = {c for name in graph.stages for c, _, spec in graph.consumers(name) if spec.mode == "hybrid"}
+    for stage in sorted(hybrid):
+        layout = StageLayout(Path(root), dag_id, run_id, stage)
+        observer = attempt_observer(layout)
+        for subtask in range(graph.stages[stage].parallelism):
+            for number in layout.attempt_numbers(subtask):
+                attempt = observer.poll(subtask, number)
+                if attempt.live and attempt.progress.get("reads"):
+                    merged = out.setdefault(stage, {}).setdefault(subtask, {})
+                    for producer, reads in attempt.progress["reads"].items():
+                        merged.setdefault(producer, {}).update(reads)
+    return out
 
 
 def stage_task_ids(stages: list[str], task_ids: list[str]) -> dict[str, str]:

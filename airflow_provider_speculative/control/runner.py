@@ -10,12 +10,15 @@ from typing import Any
 
 from airflow_provider_speculative.control.controller import StageController, wipe_stage_attempts
 from airflow_provider_speculative.core.config import SpeculativeConfig
-from airflow_provider_speculative.core.graph import PipelineGraph, SourceSpec
+from airflow_provider_speculative.core.graph import ExchangeSpec, PipelineGraph, SourceSpec
+from airflow_provider_speculative.core.hybrid import producer_record
 from airflow_provider_speculative.core.plan import plan_stage
+from airflow_provider_speculative.exceptions import StoreError
 from airflow_provider_speculative.store import journal
-from airflow_provider_speculative.store.files import atomic_write_json
+from airflow_provider_speculative.store.files import atomic_write_json, read_json
 from airflow_provider_speculative.store.layout import StageLayout
 from airflow_provider_speculative.store.results import admitted_results, read_committed, write_committed
+from airflow_provider_speculative.store.task_state import record_task_state
 
 
 def local_spark_submit(master: str = "local[1]") -> list[str]:
@@ -39,7 +42,7 @@ def plan_local_stage(graph: PipelineGraph, stage: str, root: Path, dag_id: str, 
     """
     spec = graph.stages[stage]
     sources = {name: list_parquet(src.path) for name, src in spec.inputs.items() if isinstance(src, SourceSpec)}
-    upstream = {u: read_committed(StageLayout(root, dag_id, run_id, u)) for u in graph.upstreams(stage)}
+    upstream = upstream_records(graph, stage, root, dag_id, run_id)
 
     def command(target_conf: dict[str, str]) -> list[str]:
         conf = {**target_conf, **spec.spark_conf}
@@ -52,6 +55,86 @@ def plan_local_stage(graph: PipelineGraph, stage: str, root: Path, dag_id: str, 
                       speculation_blocker=None,
                       context={"dag_id": dag_id, "run_id": run_id, "store_root": str(root), "logical_date": None,
                                "application": spec.application, "targets": targets})
+
+
+def upstream_records(graph: PipelineGraph, stage: str, root: Path, dag_id: str, run_id: str) -> dict[str, Any]:
+    """What planning ``stage`` reads of its producers: the commit, or for a hybrid input the producer's plan."""
+    hybrid = {spec.upstream for spec in graph.stages[stage].inputs.values()
+              if isinstance(spec, ExchangeSpec) and spec.mode == "hybrid"}
+    out: dict[str, Any] = {}
+    for upstream in graph.upstreams(stage):
+        layout = StageLayout(root, dag_id, run_id, upstream)
+        if upstream in hybrid:
+            plan = read_json(layout.plan)
+            if plan is None:
+                raise StoreError(f"stage {stage!r}: hybrid producer {upstream!r} has no plan at {layout.plan} yet")
+            out[upstream] = producer_record(plan)
+        else:
+            out[upstream] = read_committed(layout)
+    return out
+
+
+def plan_connect_stage(graph: PipelineGraph, stage: str, root: Path, dag_id: str, run_id: str,
+                       config: SpeculativeConfig) -> dict[str, Any]:
+    """Plan one stage for Spark Connect targets (``config.targets``; their servers' URLs go to :func:`run_stages`)."""
+    spec = graph.stages[stage]
+    sources = {name: list_parquet(src.path) for name, src in spec.inputs.items() if isinstance(src, SourceSpec)}
+    targets = {t.name: {"kind": "spark_connect", "conn_id": t.conn_id, "node": t.node_label,
+                        "command": [sys.executable, spec.application], "env": {},
+                        "spark_conf": {**t.conf, **spec.spark_conf}} for t in config.targets}
+    return plan_stage(graph, stage, config, source_files=sources,
+                      upstream_committed=upstream_records(graph, stage, root, dag_id, run_id), sink=None,
+                      speculation_blocker=None,
+                      context={"dag_id": dag_id, "run_id": run_id, "store_root": str(root), "logical_date": None,
+                               "application": spec.application, "targets": targets})
+
+
+def write_plan(plan: dict[str, Any]) -> StageLayout:
+    """Write a stage's plan and journal it, as the operator does (hybrid consumers may plan on it then)."""
+    layout = StageLayout(Path(plan["store_root"]), plan["dag_id"], plan["run_id"], plan["stage"])
+    atomic_write_json(layout.plan, plan)
+    journal.record(layout.journal, "plan_decided", parallelism=plan["parallelism"],
+                   decision=plan.get("parallelism_decision"))
+    record_task_state(layout, "deferred")
+    return layout
+
+
+def run_stages(plans: list[dict[str, Any]], target_env: dict[str, dict[str, str]] | None = None,
+               timeout: float = 1800.0) -> dict[str, StageController]:
+    """Step the controllers of several written plans together (as concurrent Airflow tasks would); commit each.
+
+    This is how stages joined by hybrid exchanges run at the same time without Airflow: the consumer's
+    controller follows its producers' admissions in the store. Raises if a stage fails.
+    """
+    controllers = {plan["stage"]: StageController(plan, target_env=target_env) for plan in plans}
+    deadline = time.monotonic() + timeout
+    pending = dict(controllers)
+    while pending:
+        if time.monotonic() > deadline:
+            for controller in pending.values():
+                controller.kill_all("standalone run timed out")
+            raise TimeoutError(f"stages {sorted(pending)} did not finish within {timeout}s")
+        for name, controller in list(pending.items()):
+            controller.step()
+            if controller.done:
+                del pending[name]
+                _commit(controller)
+        time.sleep(min(c.config.check_interval for c in controllers.values()))
+    return controllers
+
+
+def _commit(controller: StageController) -> None:
+    """Finalize a decided stage as the operator would (without a sink): committed.json, or raise naming the cause."""
+    payload = controller.event_payload()
+    layout = controller.layout
+    if payload["status"] != "success":
+        record_task_state(layout, "failed", reason=payload["reason"])
+        raise RuntimeError(f"stage {controller.plan['stage']!r} failed: {payload['reason']}")
+    record = admitted_results(layout, {int(k): v for k, v in payload["admitted"].items()})
+    record.update(fingerprint=controller.plan["fingerprint"], committed_at=time.time())
+    write_committed(layout, record)
+    journal.record(layout.journal, "finalize_done", sink=None)
+    record_task_state(layout, "committed")
 
 
 def run_stage(plan: dict[str, Any], timeout: float = 1800.0, fresh: bool = False) -> StageController:

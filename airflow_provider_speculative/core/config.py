@@ -402,6 +402,13 @@ OPTIONS: tuple[Option, ...] = (
     _duration_option("slot_wait_timeout", 600.0,
                      "How long a stage waits for a live slot (every target lost or without capacity) before it "
                      "fails (> 0).", positive=True),
+    _float_option("hybrid_min_admitted_share", 0.5,
+                  "A consumer of an all_to_all hybrid exchange starts once this share of its producers is "
+                  "admitted, and reads the rest as they are admitted (0 < s <= 1).",
+                  lambda s: 0 < s <= 1, "must be in (0, 1]"),
+    _duration_option("hybrid_input_timeout", 3600.0,
+                     "How long a consumer of a hybrid exchange waits for its producer stage's plan, and an "
+                     "attempt's read for its producers' admissions, before failing (> 0).", positive=True),
     _duration_option("executor_loss_timeout", 60.0,
                      "On a cluster master: an attempt whose executors are all gone (or never came) for this long "
                      "fails as 'node lost' and its node is blocked (0: never)."),

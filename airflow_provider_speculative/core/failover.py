@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from airflow_provider_speculative.core.graph import PipelineGraph
+from airflow_provider_speculative.core.hybrid import read_attempt
 
 
 class InputReaders:
@@ -53,6 +55,8 @@ class Region:
 
     subtasks: dict[str, set[int]] = field(default_factory=dict)
     requested: dict[str, set[int]] = field(default_factory=dict)
+    # Consumers of hybrid edges still running that read a rerun partition: they restart with it.
+    in_flight: dict[str, set[int]] = field(default_factory=dict)
 
     def add(self, stage: str, subtasks: set[int]) -> bool:
         """Add subtasks; return True if anything was new."""
@@ -67,7 +71,8 @@ class Region:
 
 
 def rerun_region(graph: PipelineGraph, stage: str, subtasks: set[int] | None, strategy: str = "region",
-                 downstream: bool = True) -> Region:
+                 downstream: bool = True,
+                 in_flight: Mapping[str, Mapping[int, Mapping[str, Any] | None]] | None = None) -> Region:
     """The region an explicit rerun of ``stage`` (all or some subtasks) affects.
 
     With ``downstream`` (the default) every consumer of a rerun subtask reruns too, transitively: an
@@ -76,6 +81,12 @@ def rerun_region(graph: PipelineGraph, stage: str, subtasks: set[int] | None, st
     recomputed from the new output. Without it, only the named subtasks rerun, except that readers of a
     non-deterministic stage are always included (their results would no longer match the new output).
     ``all`` reruns every subtask of every affected stage.
+
+    ``in_flight`` maps a consumer stage to its running subtasks and what their live attempts recorded
+    reading (``{producer stage: {producer subtask: attempt}}``). Across a ``hybrid`` edge, a running
+    consumer that read a rerun partition restarts with it whatever ``downstream`` says, and one that
+    has not read it keeps running (it reads whatever is admitted when it gets there); a finished
+    consumer follows the blocking rule above.
     """
     region = Region()
     first = set(range(graph.stages[stage].parallelism)) if subtasks is None or strategy == "all" else set(subtasks)
@@ -83,6 +94,15 @@ def rerun_region(graph: PipelineGraph, stage: str, subtasks: set[int] | None, st
     region.requested = {stage: set(first)}
     for name in graph.topological_order():
         rerun = region.subtasks.get(name)
+        if rerun and in_flight:
+            for consumer, _, spec in graph.consumers(name):
+                if spec.mode != "hybrid":
+                    continue
+                readers = {sub for sub, reads in (in_flight.get(consumer) or {}).items()
+                           if any(read_attempt(reads, name, p) is not None for p in rerun)}
+                if readers:
+                    region.add(consumer, readers)
+                    region.in_flight.setdefault(consumer, set()).update(readers)
         if not rerun or (not downstream and graph.stages[name].deterministic):
             continue
         for consumer, _, spec in graph.consumers(name):

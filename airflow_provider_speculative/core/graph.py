@@ -210,6 +210,11 @@ class PipelineGraph:
         """Return the stages ``stage`` reads from, in input order."""
         return [spec.upstream for spec in self.stages[stage].inputs.values() if isinstance(spec, ExchangeSpec)]
 
+    def hybrid_only(self, stage: str) -> bool:
+        """True if ``stage`` reads at least one exchange and every exchange it reads is hybrid (FLIP-235)."""
+        modes = [spec.mode for spec in self.stages[stage].inputs.values() if isinstance(spec, ExchangeSpec)]
+        return bool(modes) and all(mode == "hybrid" for mode in modes)
+
     def output_key(self, producer: str) -> tuple[str, ...]:
         """Return the hash key the producer partitions its output by (empty: not hash-partitioned)."""
         for _, _, spec in self.consumers(producer):

@@ -195,8 +195,10 @@ def _plan_all_to_all(graph: PipelineGraph, stage_name: str, config: SpeculativeC
                     rows[int(p)][sp] += size
             matrices[input_name] = rows
         combined = [row for rows in matrices.values() for row in rows]
-        ranges = exchange_ranges(combined, n, balanced=config.balanced_exchange_ranges,
-                                 splittable_skew=stage.splittable_skew and len(members) == 1)
+        # A hybrid producer has not written its bytes yet when this stage is planned: equal-count ranges.
+        hybrid = any(upstream_committed[spec.upstream].get("hybrid") for _, spec in members)
+        ranges = exchange_ranges(combined, n, balanced=config.balanced_exchange_ranges and not hybrid,
+                                 splittable_skew=stage.splittable_skew and len(members) == 1 and not hybrid)
         for input_name, _spec in members:
             rows = matrices[input_name]
             prefix = list(accumulate((sum(col) for col in zip(*rows, strict=True)), initial=0))

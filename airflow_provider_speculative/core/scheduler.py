@@ -18,6 +18,13 @@ from airflow_provider_speculative.core.blocklist import Blocklist
 from airflow_provider_speculative.core.config import SpeculativeConfig, Target
 from airflow_provider_speculative.core.detector import Baseline, compute_baseline, find_slow
 from airflow_provider_speculative.core.failover import InputReaders
+from airflow_provider_speculative.core.hybrid import (
+    HybridEdge,
+    consumer_slots,
+    launchable,
+    restarts_on_withdrawal,
+    waiting_for,
+)
 from airflow_provider_speculative.core.states import LIVE, TERMINAL, Attempt, AttemptState, current_attempt
 
 # -- stimuli: what happened ---------------------------------------------------------------------
@@ -117,6 +124,38 @@ class SlotLost:
 
 
 @dataclass(frozen=True)
+class InputsAdmitted:
+    """Hybrid input: producer ``stage`` admitted these subtasks (subtask -> attempt) since the last report.
+
+    ``committed``: the producer stage committed (every partition is final); ``waiting``: producer
+    subtasks with neither a live nor an admitted attempt (they would want a slot).
+    """
+
+    stage: str
+    admitted: dict[int, int]
+    committed: bool = False
+    waiting: int = 0
+
+
+@dataclass(frozen=True)
+class InputWithdrawn:
+    """Hybrid input: producer ``stage`` withdrew the admitted ``attempt`` of ``subtask`` (lost or invalidated)."""
+
+    stage: str
+    subtask: int
+    attempt: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class InputFailed:
+    """Hybrid input: the producer stage failed, was replanned or never planned; ``reason`` names it all."""
+
+    stage: str
+    reason: str
+
+
+@dataclass(frozen=True)
 class Tick:
     """Time passed: apply the observations handled so far and decide (admit, speculate, place...)."""
 
@@ -124,7 +163,7 @@ class Tick:
 
 
 Stimulus = (Restored | AttemptObserved | NodeBlocked | ClaimLost | LaunchFailed | AdmissionLost | InputRestored
-            | RecoveryFailed | TargetsObserved | SlotLost | Tick)
+            | RecoveryFailed | TargetsObserved | SlotLost | InputsAdmitted | InputWithdrawn | InputFailed | Tick)
 
 # -- actions: what to do ------------------------------------------------------------------------
 
@@ -231,6 +270,8 @@ class StageScheduler:
     input_readers: Mapping[tuple[str, int], frozenset[int]] | InputReaders = field(default_factory=dict)
     # Producer stage -> (parallelism, deterministic), for the failover region.
     upstreams: dict[str, tuple[int, bool]] = field(default_factory=dict)
+    # Hybrid inputs (FLIP-235) by input name; empty for a stage whose exchanges are all blocking.
+    hybrid: dict[str, HybridEdge] = field(default_factory=dict)
 
     attempts: dict[int, dict[int, Attempt]] = field(default_factory=dict)
     admitted: dict[int, int] = field(default_factory=dict)
@@ -243,6 +284,14 @@ class StageScheduler:
     # Subtask -> lost input partitions it waits for before it may run again.
     waiting: dict[int, set[tuple[str, int]]] = field(default_factory=dict)
     recovering: set[tuple[str, int]] = field(default_factory=set)
+    # Hybrid inputs: producer stage -> its admitted subtasks (subtask -> attempt), whether it committed,
+    # and how many of its subtasks still wait for a slot (FLIP-235's resource fallback).
+    input_admitted: dict[str, dict[int, int]] = field(default_factory=dict)
+    input_committed: dict[str, bool] = field(default_factory=dict)
+    producers_waiting: dict[str, int] = field(default_factory=dict)
+    # Subtasks that want an attempt but whose hybrid inputs are not admitted yet.
+    input_blocked: set[int] = field(default_factory=set)
+    _withdrawn: list[InputWithdrawn] = field(default_factory=list)
     _unadmitted_finished: list[Attempt] = field(default_factory=list)
     _pending_backtrack: list[Attempt] = field(default_factory=list)
     _failed_count: int = 0
@@ -316,6 +365,12 @@ class StageScheduler:
         """numEffectiveSpeculativeExecutions: admitted attempts that were speculative copies."""
         return sum(self.attempts[s][n].speculative for s, n in self.admitted.items() if n in self.attempts[s])
 
+    def input_wait(self, subtask: int) -> str | None:
+        """What ``subtask`` waits for on its hybrid inputs, in words ("producer partitions 3/8 admitted")."""
+        if not self.hybrid or subtask not in self.input_blocked:
+            return None
+        return waiting_for(self.hybrid, subtask, self.input_admitted, self.input_committed)
+
     def done_subtasks(self) -> set[int]:
         """Subtasks with an admitted or reused result."""
         return set(self.admitted) | set(self.reused)
@@ -362,6 +417,18 @@ class StageScheduler:
                 actions += self._targets_observed(stimulus)
             elif isinstance(stimulus, SlotLost):
                 self._slot_lost(stimulus)
+            elif isinstance(stimulus, InputsAdmitted):
+                self._inputs_admitted(stimulus)
+            elif isinstance(stimulus, InputWithdrawn):
+                # Applied at the Tick, after the observations of the same call: the readers' latest
+                # heartbeats (what they read) decide who restarts.
+                known = self.input_admitted.get(stimulus.stage, {})
+                if known.get(stimulus.subtask) == stimulus.attempt:
+                    del known[stimulus.subtask]
+                self._withdrawn.append(stimulus)
+            elif isinstance(stimulus, InputFailed):
+                if not (self.failed or self.completed):
+                    actions += self._fail(stimulus.reason)
             else:
                 raise TypeError(f"StageScheduler.handle: unknown stimulus {stimulus!r}")
         if observed:
@@ -436,6 +503,43 @@ class StageScheduler:
             self.free_slots[lost.target] = 0
         self._wanting.add(lost.subtask)
 
+    def _inputs_admitted(self, report: InputsAdmitted) -> None:
+        """Producer partitions became available: consumers waiting on them are placed again."""
+        self.input_admitted.setdefault(report.stage, {}).update(report.admitted)
+        self.input_committed[report.stage] = report.committed
+        self.producers_waiting[report.stage] = report.waiting
+        edges = [e for e in self.hybrid.values() if e.upstream == report.stage]
+        if report.committed or any(e.distribution == "all_to_all" for e in edges):
+            woken = set(self.input_blocked)
+        else:
+            woken = {p for p in report.admitted if p in self.input_blocked}
+        self.input_blocked -= woken
+        self._dirty |= woken
+
+    def _apply_withdrawn(self) -> list[Action]:
+        """FLIP-1 with consumers in flight: restart exactly the live attempts that read a withdrawn partition."""
+        actions: list[Action] = []
+        pending, self._withdrawn = self._withdrawn, []
+        for lost in pending:
+            live = {(a.subtask, a.number): a.progress.get("reads") for a in self.live_attempts()
+                    if a.state != AttemptState.CANCELING}
+            for subtask, number in restarts_on_withdrawal(live, lost.stage, lost.subtask, lost.attempt):
+                attempt = self.attempts[subtask][number]
+                attempt.state = AttemptState.CANCELING
+                self._dirty.add(subtask)
+                actions.append(Cancel(subtask, number, f"it read {lost.stage}[{lost.subtask}] attempt {lost.attempt}, "
+                                                       f"which was withdrawn: {lost.reason}"))
+            if not self.upstreams.get(lost.stage, (0, True))[1]:
+                # A non-deterministic producer's new attempt may differ: finished readers rerun too.
+                for reader in sorted(self.input_readers.get((lost.stage, lost.subtask), frozenset())):
+                    if reader in self.admitted:
+                        number = self.admitted.pop(reader)
+                        self._admit_version += 1
+                        self._dirty.add(reader)
+                        actions.append(Invalidate(reader, number, f"input {lost.stage}[{lost.subtask}] was withdrawn "
+                                                                  "and its stage is not deterministic"))
+        return actions
+
     def _admission_lost(self, lost: AdmissionLost) -> list[Action]:
         self.admitted[lost.subtask] = lost.winner
         self._admit_version += 1
@@ -486,6 +590,8 @@ class StageScheduler:
         while self._pending_backtrack:
             actions += self._backtrack(self._pending_backtrack.pop(0))
         actions += self._apply(updates or [], now)
+        if self._withdrawn:
+            actions += self._apply_withdrawn()
         if self.failed:
             return actions
         if self._new_loss:
@@ -589,7 +695,9 @@ class StageScheduler:
             # FLIP-224: a node that lost the attempt's executors gets no new attempts for a while.
             actions.append(BlockNode(lost_node, self.blocklist.until[lost_node],
                                      f"subtask {subtask} attempt {attempt.number} lost its executors"))
-        if attempt.lost_partition is not None and attempt.lost_partition[0] in self.upstreams:
+        if attempt.lost_partition is not None and attempt.lost_partition[0] in self.upstreams and (
+                self.input_committed.get(attempt.lost_partition[0], True)):
+            # A hybrid producer that has not committed is still its own controller's to repair.
             actions += self._backtrack(attempt)
         if subtask in self.admitted or subtask in self.reused:
             return actions
@@ -685,6 +793,11 @@ class StageScheduler:
             if subtask in self.admitted or subtask in self.reused or self.waiting.get(subtask):
                 continue
             if not any(a.possible_to_finish for a in self.attempts[subtask].values()):
+                if self.hybrid and not launchable(self.hybrid, subtask, self.input_admitted,
+                                                  self.config.hybrid_min_admitted_share, self.input_committed):
+                    self.input_blocked.add(subtask)  # woken by InputsAdmitted, not polled every tick
+                    continue
+                self.input_blocked.discard(subtask)
                 reason = "initial attempt"
                 if self.attempts[subtask]:
                     last = self.attempts[subtask][max(self.attempts[subtask])]
@@ -711,7 +824,16 @@ class StageScheduler:
                 if attempt.live and attempt.target in load:
                     load[attempt.target] += 1
         actions: list[Action] = []
+        # FLIP-235's fallback: while producers of a hybrid input still wait for a slot, keep that many free.
+        # With slots shared through the store the producers draw from the same free count.
+        free_total = (sum(max(0, n) for n in self.free_slots.values()) if self.free_slots is not None
+                      else sum(max(0, t.slots - load[t.name]) for t in self.targets))
+        budget = consumer_slots(free_total, sum(self.producers_waiting.values())) if self.hybrid else None
         for subtask, speculative, reason in wanted:
+            if budget is not None and budget <= 0:
+                if not speculative:
+                    self._wanting.add(subtask)
+                continue
             avoid = {a.target for a in self.attempts[subtask].values() if a.live} if speculative else set()
             target = self._pick_target(load, now, avoid, allow_blocked=not speculative)
             if target is None:
@@ -725,6 +847,8 @@ class StageScheduler:
                 subtask=subtask, number=number, target=target.name, speculative=speculative,
                 state=AttemptState.CREATED, created_at=now, input_bytes=self.input_bytes.get(subtask))
             load[target.name] += 1
+            if budget is not None:
+                budget -= 1
             actions.append(Launch(subtask, number, target.name, speculative, reason))
         return actions
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import time
 from pathlib import Path
@@ -13,7 +14,8 @@ from airflow.sdk import BaseOperator
 from airflow_provider_speculative.backends.base import attempt_observer
 from airflow_provider_speculative.control.controller import StageController, wipe_stage_attempts
 from airflow_provider_speculative.core.config import SpeculativeConfig
-from airflow_provider_speculative.core.graph import PipelineGraph, SourceSpec
+from airflow_provider_speculative.core.graph import ExchangeSpec, PipelineGraph, SourceSpec
+from airflow_provider_speculative.core.hybrid import producer_plan_usable, producer_record
 from airflow_provider_speculative.core.plan import plan_stage
 from airflow_provider_speculative.core.readiness import partition_key
 from airflow_provider_speculative.exceptions import PlanError, StageFailedError, StoreError
@@ -33,7 +35,14 @@ from airflow_provider_speculative.store.results import (
     remove_attempt_output,
     write_committed,
 )
+from airflow_provider_speculative.store.task_state import record_task_state
 from airflow_provider_speculative.triggers.controller import StageControllerTrigger
+from airflow_provider_speculative.triggers.hybrid import HybridInputsTrigger
+
+# A hybrid consumer waits for its producers' plans in a trigger for this long at a time, then
+# reschedules: under dag.test() (one task at a time) a consumer picked before its producer must give
+# way, and a real scheduler only pays one short worker run per window.
+HYBRID_WAIT_WINDOW = 20.0
 
 
 class SparkStageOperator(BaseOperator):
@@ -82,8 +91,106 @@ class SparkStageOperator(BaseOperator):
         return None
 
     def execute(self, context: Any) -> Any:
-        """Resolve the plan, write plan.json, and defer to the stage controller."""
+        """Resolve the plan, write plan.json, and defer to the stage controller (recording the task's state)."""
         config = self._config()
+        layout = self._layout(config, context["dag"].dag_id, context["run_id"])
+        record_task_state(layout, "planning", try_number=context["ti"].try_number,
+                          clear_number=_clear_number(context))
+        try:
+            return self._plan_and_defer(context, config)
+        except Exception as exc:
+            # Hybrid consumers of this stage read this to fail at once instead of waiting (core/hybrid.py).
+            with contextlib.suppress(StoreError):  # a full store must not hide the stage's own error
+                record_task_state(layout, "failed", try_number=context["ti"].try_number,
+                                  clear_number=_clear_number(context), reason=f"{type(exc).__name__}: {exc}")
+            raise
+
+    def resume_after_inputs(self, context: Any, event: dict[str, Any]) -> Any:
+        """The hybrid producers' plans are there (plan now), or not yet (reschedule), or one failed."""
+        status = (event or {}).get("status")
+        if status == "failed":
+            layout = self._layout(self._config(), context["dag"].dag_id, context["run_id"])
+            record_task_state(layout, "failed", try_number=context["ti"].try_number,
+                              clear_number=_clear_number(context), reason=event.get("reason"))
+            raise StageFailedError(event.get("reason") or f"pipeline {self.graph.name!r}, stage {self.stage!r}: "
+                                                          "a hybrid producer failed")
+        if status == "waiting":
+            from airflow.sdk.exceptions import AirflowRescheduleException
+            from airflow.sdk.timezone import utcnow
+
+            raise AirflowRescheduleException(utcnow())
+        return self.execute(context)
+
+    def _hybrid_inputs(self, config: SpeculativeConfig, context: Any) -> dict[str, dict[str, Any]] | None:
+        """Producer records of the hybrid inputs (plan-shaped), or None after deferring to wait for their plans.
+
+        Raises :class:`StageFailedError` naming pipeline, stage and input when a producer failed or the
+        wait exceeded ``hybrid_input_timeout``.
+        """
+        spec = self.graph.stages[self.stage]
+        dag_id, run_id = context["dag"].dag_id, context["run_id"]
+        clear_number = _clear_number(context)
+        where = f"pipeline {self.graph.name!r}, stage {self.stage!r}"
+        records: dict[str, dict[str, Any]] = {}
+        watch: dict[str, dict[str, Any]] = {}
+        for name, entry in spec.inputs.items():
+            if not isinstance(entry, ExchangeSpec) or entry.mode != "hybrid":
+                continue
+            producer = self._layout(config, dag_id, run_id, entry.upstream)
+            plan = read_json(producer.plan)
+            usable, failure = producer_plan_usable(plan, read_json(producer.dir / "task.json"),
+                                                   read_json(producer.committed), clear_number)
+            if failure:
+                raise StageFailedError(f"{where}, input {name!r}: hybrid producer stage {entry.upstream!r} {failure}")
+            if usable and plan is not None:
+                records[entry.upstream] = producer_record(plan)
+            else:
+                watch[name] = {"stage": entry.upstream, "dir": str(producer.dir)}
+        if not watch:
+            return records
+        layout = self._layout(config, dag_id, run_id)
+        marker = read_json(layout.dir / "hybrid_wait.json") or {}
+        key = {"clear_number": clear_number, "try_number": context["ti"].try_number}
+        if {k: marker.get(k) for k in key} != key:
+            marker = {**key, "since": time.time()}
+            atomic_write_json(layout.dir / "hybrid_wait.json", marker)
+        # A producer that has not planned yet may itself wait for its own upstreams (blocking or not):
+        # fail when one of them failed, and time out only when nothing upstream changed for that long.
+        upstream_stages = self._ancestors({w["stage"] for w in watch.values()})
+        for stage in sorted(upstream_stages):
+            _, failure = producer_plan_usable(None, read_json(self._layout(config, dag_id, run_id, stage).dir
+                                                               / "task.json"), None, clear_number)
+            if failure:
+                names = ", ".join(f"{n!r} ({w['stage']})" for n, w in watch.items())
+                raise StageFailedError(f"{where}, input {names}: upstream stage {stage!r} of the hybrid producer "
+                                       f"{failure}")
+        last_change = max([float(marker["since"]), *(_last_change(self._layout(config, dag_id, run_id, stage))
+                                                     for stage in upstream_stages)])
+        if time.time() - last_change > config.hybrid_input_timeout:
+            missing = ", ".join(f"{n!r} ({w['stage']})" for n, w in watch.items())
+            raise StageFailedError(f"{where}, input {missing}: no usable plan of the hybrid producer stage, and "
+                                   f"nothing upstream of it changed for {config.hybrid_input_timeout:g}s "
+                                   "(hybrid_input_timeout); did it start?")
+        self.log.info("stage %s: waiting for the plans of hybrid producers %s", self.stage,
+                      ", ".join(w["stage"] for w in watch.values()))
+        self.defer(trigger=HybridInputsTrigger(where=where, inputs=watch, clear_number=clear_number,
+                                               deferred_at=time.time(), window=HYBRID_WAIT_WINDOW),
+                   method_name="resume_after_inputs")
+        return None
+
+    def _ancestors(self, stages: set[str]) -> set[str]:
+        """``stages`` and every stage upstream of them, transitively."""
+        seen: set[str] = set()
+        pending = list(stages)
+        while pending:
+            stage = pending.pop()
+            if stage not in seen:
+                seen.add(stage)
+                pending += self.graph.upstreams(stage)
+        return seen
+
+    def _plan_and_defer(self, context: Any, config: SpeculativeConfig) -> Any:
+        """Plan (once every hybrid producer has a plan), write plan.json, defer to the stage controller."""
         dag_id, run_id = context["dag"].dag_id, context["run_id"]
         layout = self._layout(config, dag_id, run_id)
         spec = self.graph.stages[self.stage]
@@ -101,7 +208,11 @@ class SparkStageOperator(BaseOperator):
                 store_root=layout.root,
                 source_paths=tuple(_source_root(src) for src in spec.inputs.values() if isinstance(src, SourceSpec))))
         self._claim_store(layout.root)
-        upstream = {name: read_committed(self._layout(config, dag_id, run_id, name))
+        hybrid = self._hybrid_inputs(config, context)
+        if hybrid is None:
+            return None  # deferred until the hybrid producers have plans
+        # A hybrid producer is planned on its plan (always, so a retry plans the same ranges), others on commits.
+        upstream = {name: hybrid[name] if name in hybrid else read_committed(self._layout(config, dag_id, run_id, name))
                     for name in self.graph.upstreams(self.stage)}
         logical_date = context.get("logical_date")
         plan = plan_stage(
@@ -111,6 +222,7 @@ class SparkStageOperator(BaseOperator):
             context={"dag_id": dag_id, "run_id": run_id, "store_root": str(layout.root),
                      "logical_date": logical_date.isoformat() if logical_date else None,
                      "application": application, "try_number": context["ti"].try_number,
+                     "clear_number": _clear_number(context),
                      "targets": resolve_targets(config, application=application, spark_conf=spec.spark_conf,
                                                 app_name=f"{dag_id}.{self.stage}", where=where)})
         previous = read_json(layout.plan)
@@ -134,6 +246,8 @@ class SparkStageOperator(BaseOperator):
         self.log.info("stage %s: %d subtasks, speculation %s, plan %s", self.stage, plan["parallelism"],
                       "blocked: " + plan["speculation_blocker"] if plan["speculation_blocker"] else
                       ("enabled" if config.enabled else "disabled"), layout.plan)
+        record_task_state(layout, "deferred", try_number=context["ti"].try_number,
+                          clear_number=_clear_number(context))
         self.defer(trigger=StageControllerTrigger(plan_path=str(layout.plan), deferred_at=time.time()),
                    method_name="execute_complete")
 
@@ -166,7 +280,10 @@ class SparkStageOperator(BaseOperator):
         summary = event.get("summary", {})
         if event["status"] != "success":
             self._cleanup_sink_staging(plan, layout, None)
-            raise StageFailedError(_failure_message(self.graph.name, self.stage, event))
+            message = _failure_message(self.graph.name, self.stage, event)
+            record_task_state(layout, "failed", try_number=context["ti"].try_number,
+                              clear_number=_clear_number(context), reason=message.splitlines()[0])
+            raise StageFailedError(message)
         admitted = {int(k): v for k, v in event["admitted"].items()}
         record = admitted_results(layout, admitted)
         sink_result = None
@@ -186,6 +303,8 @@ class SparkStageOperator(BaseOperator):
                       summary=summary)
         write_committed(layout, record)
         journal(layout, "finalize_done", sink=sink_result)
+        record_task_state(layout, "committed", try_number=context["ti"].try_number,
+                          clear_number=_clear_number(context))
         self._publish_asset_event(context, plan, record, summary, sink_result)
         removed = self._remove_losers(layout, plan["parallelism"], admitted)
         losers = tuple((s, n) for s in range(plan["parallelism"]) for n in layout.attempt_numbers(s)
@@ -272,6 +391,21 @@ def asset_event_extra(plan: dict[str, Any], record: dict[str, Any], summary: dic
 def journal(layout: StageLayout, event: str, **fields: Any) -> None:
     """Record a planning or finalize step next to the controller's decisions."""
     journals.record(layout.journal, event, **fields)
+
+
+def _last_change(layout: StageLayout) -> float:
+    """When anything of a stage run last changed in the store (its journal, summary or task state)."""
+    times = [0.0]
+    for path in (layout.journal, layout.summary, layout.dir / "task.json"):
+        with contextlib.suppress(OSError):
+            times.append(path.stat().st_mtime)
+    return max(times)
+
+
+def _clear_number(context: Any) -> int:
+    """How often the DAG run's tasks were cleared (Airflow 3 counts it); 0 when unknown."""
+    dag_run = context.get("dag_run") if hasattr(context, "get") else None
+    return int(getattr(dag_run, "clear_number", 0) or 0)
 
 
 def _event_plan(event: Any, pipeline: str, stage: str) -> dict[str, Any]:

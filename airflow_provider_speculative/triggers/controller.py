@@ -13,6 +13,7 @@ from airflow_provider_speculative.control.controller import StageController
 from airflow_provider_speculative.hooks.targets import connect_env
 from airflow_provider_speculative.metrics import StageMetrics
 from airflow_provider_speculative.store.files import read_json
+from airflow_provider_speculative.store.task_state import record_task_state
 
 # A trigger that fires within ~5 s of defer() can get the resumed task failed by the scheduler
 # (stale executor event), so the single event is never sent earlier than this after deferral.
@@ -77,3 +78,5 @@ class StageControllerTrigger(BaseTrigger):
         plan = await asyncio.to_thread(self._plan)
         controller = await asyncio.to_thread(StageController, plan)
         await asyncio.to_thread(controller.kill_all, "task killed by user")
+        await asyncio.to_thread(record_task_state, controller.layout, "failed", reason="task killed by user")
+

@@ -138,6 +138,8 @@
     frag.append(h("p", {class: "sub", id: "parallelism-decision"}, "parallelism: " + (d.parallelism_line || "fixed")));
     (d.plan_warnings || []).forEach(w => frag.append(h("p", {class: "message plan-warning"}, w)));
     (d.skew_splits || []).forEach(n => frag.append(h("p", {class: "sub skew-split"}, "skew: " + n)));
+    // Hybrid inputs (FLIP-235): e.g. "3 subtasks waiting for producer partitions; subtask 2: ... 3/8 admitted".
+    (d.input_waits || []).forEach(n => frag.append(h("p", {class: "sub input-wait"}, n)));
     if (d.speculation_blocker) {
       frag.append(h("p", {class: "message"}, "Speculation is off for this stage: " + d.speculation_blocker));
     }

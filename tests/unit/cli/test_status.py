@@ -128,6 +128,15 @@ def test_rerun_output_names_both_parts_of_the_region() -> None:
         "Cleared tasks: aggregate, scan"]
 
 
+def test_rerun_dry_run_lists_running_hybrid_consumers_that_restart() -> None:
+    text = format_rerun({"dag_id": DAG, "run_id": RUN, "dry_run": True, "no_downstream": True,
+                         "region": {"scan": [1], "copy": [1]}, "requested": {"scan": [1]},
+                         "downstream": {"copy": [1]}, "in_flight": {"copy": [1]}})
+    assert text.splitlines()[-2:] == [
+        "  running consumers of hybrid exchanges that read a rerun partition (they restart with it):",
+        "    stage copy: subtasks 1"]
+
+
 # -- the store behind --watch and the UI ---------------------------------------------------------
 
 

@@ -1,0 +1,172 @@
+"""Watch the producer stages of hybrid inputs (FLIP-235) and turn what changed into scheduler stimuli.
+
+No Airflow import. The producer's journal is the change notice: it is append-only, every admission,
+invalidation, recovery, launch, replanning and failure of the producer is a line in it, so a poll
+reads only the lines since the last one (O(changes)) and then the few ``admitted.json`` markers
+they name (the markers are the truth; the journal only says where to look). The producer task's
+own state (``task.json``, written by its operator) says when it failed or was cleared.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from airflow_provider_speculative.core.hybrid import HybridEdge
+from airflow_provider_speculative.core.scheduler import InputFailed, InputsAdmitted, InputWithdrawn
+from airflow_provider_speculative.exceptions import StoreError
+from airflow_provider_speculative.store.files import read_json
+from airflow_provider_speculative.store.layout import StageLayout
+from airflow_provider_speculative.store.task_state import task_state_path
+
+# Journal events of a producer that can change which of its attempts is admitted.
+_ADMISSION_EVENTS = frozenset({"admit", "admit_lost", "invalidate", "recovered", "discard"})
+
+
+@dataclass
+class _Producer:
+    """What the consumer knows of one producer stage."""
+
+    layout: StageLayout
+    parallelism: int
+    fingerprint: str | None
+    inputs: list[str]
+    offset: int = 0
+    admitted: dict[int, int] = field(default_factory=dict)
+    launched: set[int] = field(default_factory=set)
+    committed: bool = False
+    last_change: float = 0.0
+    reported_waiting: int = -1
+    reported_committed: bool = False
+
+
+class HybridInputWatcher:
+    """Poll the producers of one consumer stage's hybrid inputs and return scheduler stimuli for what changed."""
+
+    def __init__(self, plan: dict[str, Any], edges: dict[str, HybridEdge], timeout: float, now: float) -> None:
+        self.where = f"pipeline {plan.get('pipeline')!r}, stage {plan['stage']!r}"
+        self.timeout = timeout
+        self.producers: dict[str, _Producer] = {}
+        self.failed = False
+        root = Path(plan["store_root"])
+        for name, edge in edges.items():
+            entry = plan["inputs"][name]
+            known = self.producers.get(edge.upstream)
+            if known is not None:
+                known.inputs.append(name)
+                continue
+            self.producers[edge.upstream] = _Producer(
+                StageLayout(root, plan["dag_id"], plan["run_id"], edge.upstream), edge.producer_parallelism,
+                entry.get("upstream_fingerprint"), [name], last_change=now)
+        self._first = True
+
+    def poll(self, now: float) -> list[Any]:
+        """Stimuli for what changed at the producers since the last poll (everything, the first time)."""
+        if self.failed:
+            return []
+        stimuli: list[Any] = []
+        for stage, producer in self.producers.items():
+            try:
+                stimuli += self._poll_one(stage, producer, now)
+            except StoreError as exc:
+                stimuli.append(self._failure(stage, producer, f"its store records are unreadable: {exc}"))
+            if stimuli and isinstance(stimuli[-1], InputFailed):
+                self.failed = True
+                return [stimuli[-1]]
+        self._first = False
+        return stimuli
+
+    def _failure(self, stage: str, producer: _Producer, why: str) -> InputFailed:
+        inputs = ", ".join(repr(i) for i in producer.inputs)
+        return InputFailed(stage, f"{self.where}, input {inputs}: hybrid producer stage {stage!r} {why}")
+
+    def _poll_one(self, stage: str, producer: _Producer, now: float) -> list[Any]:
+        touched, replanned, events = self._read_journal(producer)
+        if self._first:
+            touched = set(range(producer.parallelism))
+        if events:
+            producer.last_change = now
+        try:
+            # The producer's controller rewrites its summary at least every few seconds while it runs.
+            producer.last_change = max(producer.last_change, os.stat(producer.layout.summary).st_mtime)
+        except OSError:
+            pass
+        task = read_json(task_state_path(producer.layout)) or {}
+        if task.get("state") == "failed":
+            return [self._failure(stage, producer, f"failed (try {task.get('try_number')}): "
+                                                   f"{task.get('reason') or 'see its task log'}")]
+        if replanned or self._first:
+            plan = read_json(producer.layout.plan)
+            if plan is None:
+                return [self._failure(stage, producer, f"has no plan at {producer.layout.plan}")]
+            if producer.fingerprint is not None and plan.get("fingerprint") != producer.fingerprint:
+                return [self._failure(stage, producer, (
+                    f"was replanned (plan {plan.get('fingerprint')}, this stage was planned on "
+                    f"{producer.fingerprint}); clear this stage too so it reads the new output"))]
+        stimuli: list[Any] = []
+        delta: dict[int, int] = {}
+        for subtask in sorted(touched):
+            if not 0 <= subtask < producer.parallelism:
+                continue
+            marker = read_json(producer.layout.admitted(subtask))
+            current = int(marker["attempt"]) if marker is not None else None
+            known = producer.admitted.get(subtask)
+            if known is not None and known != current:
+                del producer.admitted[subtask]
+                stimuli.append(InputWithdrawn(stage, subtask, known,
+                                              "its admission was withdrawn" if current is None
+                                              else f"attempt {current} replaced it"))
+            if current is not None and known != current:
+                producer.admitted[subtask] = current
+                delta[subtask] = current
+        if events or self._first:
+            # Re-checked on any producer change: a rerun withdraws a commit (rerun_invalidated).
+            committed = read_json(producer.layout.committed) if os.path.exists(producer.layout.committed) else None
+            producer.committed = bool(committed and committed.get("fingerprint") == producer.fingerprint)
+        waiting = max(0, producer.parallelism - len(producer.launched | set(producer.admitted)))
+        if delta or self._first or waiting != producer.reported_waiting \
+                or producer.committed != producer.reported_committed:
+            producer.reported_waiting, producer.reported_committed = waiting, producer.committed
+            stimuli.append(InputsAdmitted(stage, delta, committed=producer.committed,
+                                          waiting=0 if producer.committed else waiting))
+        if not producer.committed and now - producer.last_change > self.timeout:
+            return [self._failure(stage, producer, f"changed nothing for {now - producer.last_change:.0f}s "
+                                                   "(hybrid_input_timeout); is its task still running?")]
+        return stimuli
+
+    @staticmethod
+    def _read_journal(producer: _Producer) -> tuple[set[int], bool, int]:
+        """New complete journal lines since the last poll: subtasks touched, replanned?, line count."""
+        import json
+
+        path = producer.layout.journal
+        try:
+            with open(path, "rb") as handle:
+                handle.seek(producer.offset)
+                chunk = handle.read()
+        except FileNotFoundError:
+            return set(), False, 0
+        end = chunk.rfind(b"\n")
+        if end < 0:
+            return set(), False, 0
+        producer.offset += end + 1
+        touched: set[int] = set()
+        replanned = False
+        lines = chunk[:end].split(b"\n")
+        for raw in lines:
+            try:
+                line = json.loads(raw)
+            except ValueError:
+                continue
+            event = line.get("event")
+            if event == "plan_decided":
+                replanned = True
+            elif event == "launch" and line.get("subtask") is not None:
+                producer.launched.add(int(line["subtask"]))
+            if event in _ADMISSION_EVENTS and line.get("subtask") is not None:
+                touched.add(int(line["subtask"]))
+            elif event == "rerun_invalidated":
+                touched.update(int(s) for s in line.get("subtasks") or ())
+        return touched, replanned, len(lines)

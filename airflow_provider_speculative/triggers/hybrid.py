@@ -1,0 +1,64 @@
+"""HybridInputsTrigger: wait (without a worker) for the plans of a hybrid consumer's producer stages."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from airflow.triggers.base import BaseTrigger, TriggerEvent
+
+from airflow_provider_speculative.core.hybrid import producer_plan_usable
+from airflow_provider_speculative.store.files import read_json
+
+# As for the controller trigger: an event within ~5 s of defer() can get the resumed task failed.
+MIN_SECONDS_BEFORE_EVENT = 6.0
+POLL_SECONDS = 1.0
+
+
+class HybridInputsTrigger(BaseTrigger):
+    """Fire ``ready`` once every producer has a usable plan, ``failed`` if one failed, ``waiting`` after ``window``."""
+
+    def __init__(self, where: str, inputs: dict[str, dict[str, Any]], clear_number: int, deferred_at: float,
+                 window: float) -> None:
+        super().__init__()
+        self.where = where
+        self.inputs = inputs  # input name -> {"stage": producer stage, "dir": its stage directory}
+        self.clear_number = clear_number
+        self.deferred_at = deferred_at
+        self.window = window
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        """Everything is in the kwargs; the state is in the store."""
+        return (f"{type(self).__module__}.{type(self).__qualname__}",
+                {"where": self.where, "inputs": self.inputs, "clear_number": self.clear_number,
+                 "deferred_at": self.deferred_at, "window": self.window})
+
+    def check(self) -> dict[str, Any] | None:
+        """One look at the producers' stage directories: an event payload, or None to keep waiting."""
+        waiting = []
+        for name, entry in self.inputs.items():
+            stage_dir = Path(entry["dir"])
+            usable, failure = producer_plan_usable(
+                read_json(stage_dir / "plan.json"), read_json(stage_dir / "task.json"),
+                read_json(stage_dir / "committed.json"), self.clear_number)
+            if failure:
+                return {"status": "failed",
+                        "reason": f"{self.where}, input {name!r}: hybrid producer stage {entry['stage']!r} {failure}"}
+            if not usable:
+                waiting.append(name)
+        return None if waiting else {"status": "ready"}
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        """Poll the store every second; fire when ready, failed, or the window is over (the task reschedules)."""
+        while True:
+            payload = await asyncio.to_thread(self.check)
+            elapsed = time.time() - self.deferred_at
+            if payload is None and elapsed >= self.window:
+                payload = {"status": "waiting"}
+            if payload is not None and elapsed >= MIN_SECONDS_BEFORE_EVENT:
+                break
+            await asyncio.sleep(POLL_SECONDS)
+        yield TriggerEvent(payload)

@@ -1,0 +1,163 @@
+"""Hybrid inputs end to end below Spark: the consumer's controller follows the producer's store, and an
+attempt reads only admitted producer attempts (a producer's loser never feeds anyone)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from airflow_provider_speculative.control.controller import StageController
+from airflow_provider_speculative.control.readmodel import stage_report
+from airflow_provider_speculative.core.config import SpeculativeConfig
+from airflow_provider_speculative.core.states import AttemptState
+from airflow_provider_speculative.runtime.context import StageContext
+from airflow_provider_speculative.store import journal
+from airflow_provider_speculative.store.files import atomic_write_json, read_json, read_jsonl
+from airflow_provider_speculative.store.layout import StageLayout
+from airflow_provider_speculative.store.manifest import build_manifest, write_manifest
+from airflow_provider_speculative.store.task_state import record_task_state
+from tests.unit.control.test_controller import Clock, FakeBackend
+
+S = AttemptState
+
+
+def consumer_plan(root: Path, parallelism: int = 3, distribution: str = "pointwise") -> dict[str, Any]:
+    targets = [{"name": "local-a", "slots": 4}]
+    cfg = SpeculativeConfig().with_overrides({"targets": targets, "hybrid_input_timeout": 30}, "test")
+    ranges = [[i, i + 1] for i in range(parallelism)] if distribution == "pointwise" else [[0, parallelism]] * 2
+    return {"store_root": str(root), "dag_id": "d", "run_id": "r", "stage": "enrich", "pipeline": "p",
+            "parallelism": len(ranges), "config": cfg.to_json(),
+            "inputs": {"rows": {"kind": "exchange", "upstream": "scan", "distribution": distribution,
+                                "mode": "hybrid", "producer_parallelism": parallelism, "max_parallelism": 8,
+                                "upstream_fingerprint": "fp", "schema": None}},
+            "upstream_info": {"scan": {"parallelism": parallelism, "deterministic": True}},
+            "subtasks": [{"inputs": {"rows": {"producers": r, "subpartitions": None}}, "input_bytes": 0}
+                         for r in ranges],
+            "output": {"key": [], "max_parallelism": 8, "sink": None},
+            "targets": {"local-a": {"kind": "fake", "command": ["app.py"], "env": {}}}}
+
+
+class Producer:
+    """The producer stage's store records, written as its operator and controller write them."""
+
+    def __init__(self, root: Path) -> None:
+        self.layout = StageLayout(root, "d", "r", "scan")
+        atomic_write_json(self.layout.plan, {"stage": "scan", "parallelism": 3, "fingerprint": "fp"})
+        journal.record(self.layout.journal, "plan_decided", parallelism=3)
+
+    def finish(self, subtask: int, attempt: int, admit: bool = True) -> None:
+        data = self.layout.data(subtask, attempt)
+        data.mkdir(parents=True, exist_ok=True)
+        (data / "part-0.parquet").write_bytes(f"rows of {subtask}/{attempt}".encode())
+        write_manifest(self.layout.manifest(subtask, attempt), build_manifest(data, schema=None))
+        if admit:
+            atomic_write_json(self.layout.admitted(subtask), {"attempt": attempt})
+            journal.record(self.layout.journal, "admit", subtask=subtask, attempt=attempt)
+
+    def withdraw(self, subtask: int, attempt: int) -> None:
+        self.layout.admitted(subtask).unlink()
+        journal.record(self.layout.journal, "invalidate", subtask=subtask, attempt=attempt, reason="lost")
+
+
+def controller(root: Path, clock: Clock, **kw: Any) -> tuple[StageController, FakeBackend]:
+    plan = consumer_plan(root, **kw)
+    layout = StageLayout(root, "d", "r", "enrich")
+    atomic_write_json(layout.plan, plan)
+    backend = FakeBackend(layout, clock)
+    return StageController(plan, clock=clock, backends={"local-a": backend}, observer=backend), backend
+
+
+def test_consumers_launch_as_producers_are_admitted_and_a_withdrawal_restarts_only_its_reader(tmp_path: Path) -> None:
+    root, clock = tmp_path / "store", Clock()
+    producer = Producer(root)
+    ctrl, backend = controller(root, clock)
+    ctrl.step()
+    assert backend.launched == []
+    assert ctrl.summary()["input_waits"]["0"] == "waiting for input 'rows': producer partitions 0/1 admitted (scan)"
+    # What `airflow speculative status` and the stage view show.
+    report = stage_report(ctrl.layout, ctrl.plan)
+    assert report["input_waits"] == [
+        "hybrid input from scan: producer partitions 0/3 admitted",
+        "3 subtasks waiting for producer partitions; subtask 0: waiting for input 'rows': producer partitions 0/1 "
+        "admitted (scan)"]
+    assert report["subtasks"][2]["waiting_for"].endswith("producer partitions 0/1 admitted (scan)")
+    producer.finish(1, 0)
+    producer.finish(0, 0, admit=False)  # finished but lost the race: never read
+    producer.finish(0, 1)
+    clock.now += 1
+    ctrl.step()
+    assert sorted((s.subtask, s.attempt) for s in backend.launched) == [(0, 0), (1, 0)]
+    assert ctrl.summary()["hybrid_inputs"] == {"scan": {"admitted": 2, "parallelism": 3, "committed": False}}
+    # Both consumers recorded what they read; consumer 0 read producer 0's admitted attempt 1.
+    for sub, read in ((0, {"0": 1}), (1, {"1": 0})):
+        backend.attempts[(sub, 0)] = replace(backend.attempts[(sub, 0)], progress={"reads": {"scan": read}})
+    producer.withdraw(0, 1)
+    clock.now += 1
+    ctrl.step()
+    assert backend.cancelled == [(0, 0)]
+    cancels = [e for e in read_jsonl(ctrl.layout.journal) if e["event"] == "cancel"]
+    assert "scan[0] attempt 1" in cancels[0]["reason"]
+    producer.finish(0, 2)
+    clock.now += 1
+    ctrl.step()
+    assert (0, 1) in {(s.subtask, s.attempt) for s in backend.launched}
+
+
+def test_a_failed_producer_fails_the_consumer_naming_pipeline_stage_and_input(tmp_path: Path) -> None:
+    root, clock = tmp_path / "store", Clock()
+    producer = Producer(root)
+    ctrl, _ = controller(root, clock)
+    ctrl.step()
+    record_task_state(producer.layout, "failed", try_number=1, clear_number=0, reason="StageFailedError: boom")
+    clock.now += 1
+    ctrl.step()
+    assert ctrl.result is not None and ctrl.done
+    assert ctrl.result.reason == ("pipeline 'p', stage 'enrich', input 'rows': hybrid producer stage 'scan' failed "
+                                  "(try 1): StageFailedError: boom")
+
+
+def test_a_replanned_producer_fails_the_consumer_instead_of_mixing_outputs(tmp_path: Path) -> None:
+    root, clock = tmp_path / "store", Clock()
+    producer = Producer(root)
+    ctrl, _ = controller(root, clock)
+    ctrl.step()
+    atomic_write_json(producer.layout.plan, {"stage": "scan", "parallelism": 3, "fingerprint": "other"})
+    journal.record(producer.layout.journal, "plan_decided", parallelism=3)
+    clock.now += 1
+    ctrl.step()
+    assert "was replanned" in ctrl.result.reason and "input 'rows'" in ctrl.result.reason
+
+
+def test_an_attempt_reads_only_admitted_producer_attempts(tmp_path: Path) -> None:
+    root = tmp_path / "store"
+    producer = Producer(root)
+    plan = consumer_plan(root, distribution="all_to_all")
+    producer.finish(0, 0, admit=False)  # the loser finished first on disk, but was not admitted
+    producer.finish(0, 1)
+    producer.finish(1, 0)
+    producer.finish(2, 0)
+    ctx = StageContext(plan, 0, 0, "local-a")
+    files = ctx.exchange_files("rows")
+    assert [Path(f).parent.parent.name for f in files] == ["attempt=1", "attempt=0", "attempt=0"]
+    assert "subtask=0/attempt=0" not in " ".join(files)
+    assert read_json(ctx.layout.heartbeat(0, 0))["reads"] == {"scan": {"0": 1, "1": 0, "2": 0}}
+
+
+def test_read_incremental_yields_each_admitted_producer_once(tmp_path: Path) -> None:
+    root = tmp_path / "store"
+    producer = Producer(root)
+    plan = consumer_plan(root, distribution="all_to_all")
+    producer.finish(2, 0)
+    ctx = StageContext(plan, 1, 0, "local-a")
+    batches: list[list[int]] = []
+    seen: set[int] = set()
+    while len(seen) < 3:
+        batch = ctx._wait_admitted("rows", range(3), seen)
+        batches.append(sorted(batch))
+        seen |= set(batch)
+        for p in (0, 1):
+            if p not in seen and not producer.layout.admitted(p).exists():
+                producer.finish(p, 0)
+                break
+    assert batches[0] == [2] and sorted(p for b in batches for p in b) == [0, 1, 2]
