@@ -107,3 +107,24 @@ def rows_read(paths: list[Path]) -> int:
         for f in path.rglob("*.parquet"):
             total += sum(pq.read_table(f, columns=["cnt"])["cnt"].to_pylist())
     return total
+
+
+def merged_sums(paths: list[Path]) -> dict[int, tuple[Any, ...]]:
+    """k -> (sum_v, cnt[, work]) with a split key's partial rows added up (``work``: the largest digest).
+
+    Reads partial-sum outputs (several rows per key allowed) or one plain query's output alike, so the
+    pipeline's result and the plain run's compare exactly.
+    """
+    out: dict[int, list[Any]] = {}
+    for path in paths:
+        for f in sorted(path.rglob("*.parquet")):
+            for row in pq.read_table(f).to_pylist():
+                have = out.get(row["k"])
+                if have is None:
+                    out[row["k"]] = [row["sum_v"], row["cnt"], row.get("work")]
+                else:
+                    have[0] += row["sum_v"]
+                    have[1] += row["cnt"]
+                    if row.get("work") is not None:
+                        have[2] = max(have[2] or "", row["work"])
+    return {k: tuple(v if v[2] is not None else v[:2]) for k, v in out.items()}
