@@ -61,6 +61,7 @@ from tests.integration.q3 import duckdb_q3, q3_difference, read_q3_output  # noq
 
 DATE = "2026-01-01"
 GOAL_C_OVER_A = 2.0
+GOAL_C_OVER_A_SF1 = 1.3
 GOAL_STARTUP = 2.0
 SHUFFLE = {"spark.sql.shuffle.partitions": "4"}
 SUBMIT_CONF = {"spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false"}
@@ -281,8 +282,8 @@ def report(results: list[dict[str, Any]]) -> str:
         for ratio in ("b/a", "c/a"):
             values = [r[ratio] for r in runs if ratio in r]
             if values:
-                met = "met" if statistics.median(values) <= GOAL_C_OVER_A else "NOT met"
-                goal = f" (goal at SF 0.1 <= {GOAL_C_OVER_A:g}: {met})" if ratio == "c/a" else ""
+                goal = (f" (goals: <= {GOAL_C_OVER_A:g} at SF 0.1, <= {GOAL_C_OVER_A_SF1:g} at SF 1)"
+                        if ratio == "c/a" else "")
                 lines.append(f"{ratio}: {values}, median {statistics.median(values):.2f}{goal}")
         for s in ("b", "c"):
             for r in runs:
@@ -295,6 +296,10 @@ def report(results: list[dict[str, Any]]) -> str:
                     f" + resume {m['resume']:.1f}s + commit {m['commit']:.1f}s + exit {m['exit']:.1f}s; attempt "
                     f"start-up median {m['startup_median']}s, max {m['startup_max']}s"
                     + (f" (goal on a warm target <= {GOAL_STARTUP:g}s)" if s == "c" else ""))
+                control = m["handover"] + m["deferral"] + m["resume"] + m["commit"]
+                plain = f"; stages alone / a = {m['stage_spans'] / r['a']['wall']:.2f}" if "a" in r else ""
+                lines.append(f"   the dags-test process (start + exit) {m['airflow_start'] + m['exit']:.1f}s, stage "
+                             f"hand-over/deferral/resume/commit {control:.1f}s, stages {m['stage_spans']:.1f}s{plain}")
                 for stage, st in m["stages"].items():
                     lines.append(f"   {stage:14} before {st['before']:5.1f}s  deferral {st['deferral']:4.1f}s  span "
                                  f"{st['span']:5.1f}s (tail {st['tail']}s)  {st['attempts']:2} attempts: start-up "
