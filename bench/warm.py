@@ -4,7 +4,7 @@ Side by side, in one go (issue 12, item 7), for each of two pipelines (``--pipel
 
   q1  the example TPC-H Q1 (dags/tpch_q1.py: scan 8 subtasks -> aggregate 2, one all_to_all exchange)
   q3  the join example TPC-H Q3 (dags/tpch_q3.py: three scan stages, two joins, a top-10 stage; 21
-      subtasks, four all_to_all exchanges)
+      subtasks, five all_to_all exchange edges)
 
 and for each of the scenarios:
 
