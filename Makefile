@@ -22,7 +22,7 @@ DEMO_ENV := AIRFLOW_HOME=$(DEMO)/airflow \
 	AIRFLOW__SPECULATIVE__BASELINE_LOWER_BOUND=5s \
 	AIRFLOW__SPECULATIVE__FAULT_INJECTION='{"targets": {"local-b": {"factor": 4}}}'
 
-.PHONY: demo test unit install java-check data lint bench clean browser ui
+.PHONY: demo test unit install java-check data data-q3 lint bench clean browser ui
 
 $(VENV)/.installed: setup.cfg pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found (Python 3.11 is required)"; exit 1; }
@@ -36,12 +36,17 @@ install: $(VENV)/.installed
 java-check:
 	@java -version 2>&1 | grep -Eq 'version "(1[7-9]|2[0-9])' || { echo "error: Java 17+ is required for Spark (java -version)"; exit 1; }
 
-$(DATA_DIR)/lineitem/.done: | $(VENV)/.installed
-	rm -rf $(DATA_DIR)/lineitem
-	$(VENV)/bin/tpchgen-cli parquet -s $(SCALE) --tables lineitem --parts $(PARTS) --output-dir $(DATA_DIR)
+# One table of tpchgen-cli as PARTS Parquet files under $(DATA_DIR)/<table>/ (deterministic per table).
+$(DATA_DIR)/%/.done: | $(VENV)/.installed
+	rm -rf $(DATA_DIR)/$*
+	$(VENV)/bin/tpchgen-cli parquet -s $(SCALE) --tables $* --parts $(PARTS) --output-dir $(DATA_DIR)
 	touch $@
 
 data: $(DATA_DIR)/lineitem/.done
+
+# The join example (dags/tpch_q3.py) and bench/warm.py also read customer and orders;
+# e.g. `make data-q3 DATA_DIR=.data/tpch-sf1 SCALE=1` for the scale factor 1 benchmark.
+data-q3: $(DATA_DIR)/lineitem/.done $(DATA_DIR)/customer/.done $(DATA_DIR)/orders/.done
 
 # The demo's attempts run on a local pool of two Spark Connect servers (local-a, local-b) that
 # scripts/demo.sh starts and stops; `make demo DEMO_TARGETS=spark-submit` uses one spark-submit per attempt.

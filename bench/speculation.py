@@ -12,7 +12,11 @@ change. Makespan is read from the store: earliest attempt DEPLOYING to latest at
 both stages. Each scenario's committed output must equal scenario a's (and an independent pyarrow
 computation of Q1), otherwise the numbers are meaningless and the run fails.
 
-    .venv/bin/python bench/speculation.py [--repeat N] [--scenarios a,b,c]
+    .venv/bin/python bench/speculation.py [--repeat N] [--scenarios a,b,c] [--connect]
+
+With ``--connect`` the targets are Spark Connect servers instead of one spark-submit per attempt: a
+pool of one warm ``local[1]`` server per target (control/localcluster.py, started before the first
+scenario and not timed), the same names, slots, nodes and fault injection.
 
 Results go to bench/results/<timestamp>/ (results.json, one directory per scenario run).
 See bench/README.md for the configuration and measured numbers.
@@ -80,10 +84,19 @@ def target_names(count: int) -> list[str]:
     return [f"local-{chr(ord('a') + i)}" for i in range(count)]
 
 
-def targets_config(count: int, slots: int) -> list[dict[str, Any]]:
-    """The targets JSON (identical for every scenario)."""
+def targets_config(count: int, slots: int, connect: bool = False) -> list[dict[str, Any]]:
+    """The targets JSON (identical for every scenario); ``connect``: the pool's servers, one per target."""
+    if connect:
+        # SPARK_CONF tunes per-attempt driver JVMs; a Connect server's JVM is the pool's own.
+        return [{"name": name, "conn_id": connect_conn_id(name), "slots": slots, "node": name}
+                for name in target_names(count)]
     return [{"name": name, "conn_id": "spark_default", "slots": slots, "node": name, "conf": dict(SPARK_CONF)}
             for name in target_names(count)]
+
+
+def connect_conn_id(target: str) -> str:
+    """The Airflow connection of the pool server behind ``target`` (local-b -> spark_connect_local_b)."""
+    return "spark_connect_" + target.replace("-", "_")
 
 
 def example_env(run_dir: Path, data: Path) -> dict[str, str]:
@@ -101,12 +114,17 @@ def example_env(run_dir: Path, data: Path) -> dict[str, str]:
     return env
 
 
-def scenario_env(scenario: str, run_dir: Path, data: Path, count: int, slots: int) -> dict[str, str]:
-    """Environment of one scenario's ``airflow`` commands; nothing AIRFLOW*/SPECULATIVE* is inherited."""
+def scenario_env(scenario: str, run_dir: Path, data: Path, count: int, slots: int,
+                 connect_env: dict[str, str] | None = None) -> dict[str, str]:
+    """Environment of one scenario's ``airflow`` commands; nothing AIRFLOW*/SPECULATIVE* is inherited.
+
+    ``connect_env``: the Connect pool's ``AIRFLOW_CONN_*`` definitions (targets are then its servers).
+    """
     spec = SCENARIOS[scenario]
     env = example_env(run_dir, data)
+    env.update(connect_env or {})
     env.update({
-        "AIRFLOW__SPECULATIVE__TARGETS": json.dumps(targets_config(count, slots)),
+        "AIRFLOW__SPECULATIVE__TARGETS": json.dumps(targets_config(count, slots, bool(connect_env))),
         "AIRFLOW__SPECULATIVE__ENABLED": "true" if spec["speculation"] else "false",
     })
     for name, value in SPECULATIVE_OPTIONS.items():
@@ -439,7 +457,7 @@ def airflow_bin() -> str:
 def run_scenario(scenario: str, run_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
     """Fresh AIRFLOW_HOME + store, ``airflow db migrate``, then the timed ``airflow dags test``."""
     run_dir.mkdir(parents=True)
-    env = scenario_env(scenario, run_dir, args.data, args.targets, args.slots)
+    env = scenario_env(scenario, run_dir, args.data, args.targets, args.slots, args.connect_env)
     (run_dir / "env.json").write_text(json.dumps(
         {k: v for k, v in env.items() if k.startswith(("AIRFLOW", "SPECULATIVE_"))}, indent=1, sort_keys=True))
     migrate = subprocess.run([airflow_bin(), "db", "migrate"], env=env, cwd=REPO, capture_output=True, text=True)
@@ -568,6 +586,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--date", default="2026-01-01", help="logical date of the DAG run")
     parser.add_argument("--results", type=Path, default=HERE / "results", help="results root (default bench/results)")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds before a dags test is killed")
+    parser.add_argument("--connect", action="store_true",
+                        help="Spark Connect targets: one warm local[1] server per target (started first, not timed)")
+    parser.add_argument("--base-port", type=int, default=15140, help="first gRPC port of the --connect pool")
+    parser.add_argument("--ui-base-port", type=int, default=4140, help="first Spark UI port of the --connect pool")
     parser.add_argument("--no-reference", action="store_true",
                         help="skip the independent pyarrow computation of Q1 (outputs are still compared with a)")
     args = parser.parse_args(argv)
@@ -593,7 +615,27 @@ def main(argv: list[str] | None = None) -> int:
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     out = args.out = (args.results / stamp).resolve()
     out.mkdir(parents=True)
-    config = {"targets": targets_config(args.targets, args.slots), "slow_target": SLOW_TARGET,
+    args.connect_env = {}
+    pool = None
+    if args.connect:
+        from airflow_provider_speculative.control.localcluster import LocalCluster, connection_definitions
+
+        pool = LocalCluster(out / "local-cluster")
+        started = time.time()
+        servers, _ = pool.start(servers=args.targets, base_port=args.base_port, ui_base_port=args.ui_base_port,
+                                cores=1)
+        print(f"Connect pool: {len(servers)} servers ready in {time.time() - started:.1f}s (not timed)", flush=True)
+        args.connect_env = connection_definitions(servers)
+    try:
+        return _run(args, out, stamp)
+    finally:
+        if pool is not None:
+            pool.stop()
+
+
+def _run(args: argparse.Namespace, out: Path, stamp: str) -> int:
+    """The scenarios, the report and results.json (main() owns the optional Connect pool)."""
+    config = {"targets": targets_config(args.targets, args.slots, args.connect), "slow_target": SLOW_TARGET,
               "slow_factor": SLOW_FACTOR,
               "speculative_options": SPECULATIVE_OPTIONS, "scenarios": SCENARIOS, "data": str(args.data),
               "parts": len(list(args.data.glob("*.parquet"))), "date": args.date,

@@ -25,8 +25,10 @@ def local_cluster(args: Any) -> None:
             for info in already:
                 print(f"{info.name}: already running (pid {info.pid}, port {info.port})")
             for info in started:
+                warm = info.extra.get("warm_up")
                 print(f"{info.name}: started (pid {info.pid}, port {info.port}, UI {info.ui_port}, "
-                      f"app {info.app_id}, log {info.log})")
+                      f"app {info.app_id}, log {info.log}, warm-up "
+                      f"{f'{warm}s' if isinstance(warm, int | float) else warm})")
             servers = sorted(already + started, key=lambda s: s.name)
             print("\n# Airflow connections for the servers:")
             for name, value in connection_definitions(servers).items():

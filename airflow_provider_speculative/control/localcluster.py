@@ -36,6 +36,23 @@ DEFAULT_CORES = 2
 START_TIMEOUT = 180.0
 _UI_STARTED = re.compile(r"Successfully started service 'SparkUI' on port (\d+)")
 
+# Server-side safety net (static confs, set at server start). With reattachable execution a query
+# whose client vanished (a killed attempt, a lost triggerer) keeps running until its response stream
+# ends (senderMaxStreamDuration, default 2m), then until it counts as detached (detachedTimeout, 5m),
+# checked every maintenanceInterval (30s): ~7 minutes of cluster time measured here. With these values
+# it is abandoned and interrupted within ~45 s. The provider interrupts a cancelled attempt's
+# operations itself; this bounds what is left when it cannot. A client reattaches every 20 s instead
+# of every 2 minutes (one cheap RPC). docs/clusters.md asks users to set the same on their servers.
+SAFETY_NET_CONF = {
+    "spark.connect.execute.reattachable.senderMaxStreamDuration": "20s",
+    "spark.connect.execute.manager.detachedTimeout": "20s",
+    "spark.connect.execute.manager.maintenanceInterval": "5s",
+}
+
+
+# Seconds a new server's warm-up query (control/warmup.py) may take before it is given up.
+WARM_UP_TIMEOUT = 180.0
+
 
 class LocalClusterError(SpeculativeError):
     """The local Connect pool cannot be started or stopped (port taken, Java missing, server died)."""
@@ -131,13 +148,13 @@ def port_owner(port: int) -> str | None:
 
 
 def server_command(info: ServerInfo, conf: dict[str, str] | None = None) -> list[str]:
-    """The spark-submit command line of one server (loopback only, fixed gRPC and UI ports)."""
+    """The spark-submit command line of one server (loopback only, fixed gRPC and UI ports, the safety net)."""
     cmd = [spark_submit(), "--class", CONNECT_CLASS, "--master", info.master, "--name", f"speculative-{info.name}",
            "--conf", f"spark.connect.grpc.binding.port={info.port}",
            "--conf", "spark.connect.grpc.binding.address=127.0.0.1",
            "--conf", f"spark.ui.port={info.ui_port}",
            "--conf", "spark.driver.host=127.0.0.1", "--conf", "spark.driver.bindAddress=127.0.0.1"]
-    for key, value in (conf or {}).items():
+    for key, value in {**SAFETY_NET_CONF, **(conf or {})}.items():
         cmd += ["--conf", f"{key}={value}"]
     return [*cmd, "spark-internal"]
 
@@ -183,8 +200,12 @@ class LocalCluster:
 
     def start(self, servers: int = 2, base_port: int = DEFAULT_BASE_PORT, ui_base_port: int = DEFAULT_UI_BASE_PORT,
               cores: int = DEFAULT_CORES, conf: dict[str, str] | None = None,
-              timeout: float = START_TIMEOUT) -> tuple[list[ServerInfo], list[ServerInfo]]:
-        """Start the servers not already running; wait until each accepts clients. Returns (started, running)."""
+              timeout: float = START_TIMEOUT, warm_up: bool = True) -> tuple[list[ServerInfo], list[ServerInfo]]:
+        """Start the servers not already running; wait until each accepts clients. Returns (started, running).
+
+        With ``warm_up`` each new server then runs one small query (control/warmup.py), so the
+        first attempts do not pay the driver's warm-up; the outcome is in ``extra["warm_up"]``.
+        """
         self.dir.mkdir(parents=True, exist_ok=True)
         check_java()
         started: list[ServerInfo] = []
@@ -211,7 +232,29 @@ class LocalCluster:
         except LocalClusterError:
             self.stop_servers(started)
             raise
+        if warm_up:
+            self._warm_up(started)
         return started, already
+
+    def _warm_up(self, servers: list[ServerInfo]) -> None:
+        # All servers at once (one client process each); a failed warm-up is reported, never fatal:
+        # the server accepted clients, and an attempt would show the same error in its own log.
+        began = time.time()
+        clients = {info.name: subprocess.Popen(
+            [sys.executable, "-m", "airflow_provider_speculative.control.warmup", f"{info.url}/"],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+            for info in servers}
+        for info in servers:
+            proc = clients[info.name]
+            try:
+                _, err = proc.communicate(timeout=max(1.0, WARM_UP_TIMEOUT - (time.time() - began)))
+                info.extra["warm_up"] = (round(time.time() - began, 2) if proc.returncode == 0 else
+                                         f"failed ({proc.returncode}): {err.decode(errors='replace')[-300:]}")
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.communicate()
+                info.extra["warm_up"] = f"did not finish within {WARM_UP_TIMEOUT:.0f}s"
+            self._write(info)
 
     def _launch(self, info: ServerInfo, conf: dict[str, str] | None) -> ServerInfo:
         # The servers' Python workers (UDFs) must be this venv's Python; never bind a non-loopback address.

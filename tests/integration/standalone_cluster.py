@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from airflow_provider_speculative.control.localcluster import SAFETY_NET_CONF
 from airflow_provider_speculative.core.placement import (
     standalone_discovery_script,
     standalone_pin_conf,
@@ -69,7 +70,8 @@ def connect_server_command(submit: str, master_url: str, node: str, host: str, p
     executors connect back to.
     """
     conf = {"spark.connect.grpc.binding.address": host, "spark.connect.grpc.binding.port": str(port),
-            "spark.driver.host": driver_host, "spark.driver.bindAddress": host, **standalone_pin_conf(node)}
+            "spark.driver.host": driver_host, "spark.driver.bindAddress": host, **standalone_pin_conf(node),
+            **SAFETY_NET_CONF}
     return [submit, "--class", CONNECT_CLASS, "--master", master_url, "--name", f"connect-{node}",
             *[arg for key, value in conf.items() for arg in ("--conf", f"{key}={value}")], "spark-internal"]
 

@@ -3,13 +3,16 @@
 (a) the example's Q1 pipeline commits the same rows on Connect targets as on spark-submit targets;
 (b) a losing attempt whose query runs on the server is really stopped there (checked through the
 server's own REST API), its client is gone and its output removed; (c) the status read model gives
-every attempt its application id and start-up time on both kinds of target.
+every attempt its application id and start-up time on both kinds of target; (d) the join example
+(TPC-H Q3, six stages, two joins over all_to_all exchanges) commits exactly DuckDB's answer.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import urllib.request
 from pathlib import Path
 
@@ -22,6 +25,7 @@ from airflow_provider_speculative.store.files import read_json
 from airflow_provider_speculative.store.layout import StageLayout
 from tests.conftest import TEST_ENV
 from tests.integration.q1 import assert_q1_equal, duckdb_q1, read_q1_output
+from tests.integration.q3 import duckdb_q3, q3_difference, read_q3_output
 from tests.integration.spark_helpers import HERE, group_processes, load_dag, wait_for
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(900)]
@@ -124,3 +128,31 @@ def test_losing_attempt_is_stopped_on_the_server(airflow_db, tpch_data, connect_
     assert group_processes(read_json(layout.status(0, 0))["pgid"]) == []
     assert not layout.data(0, 0).exists() and not layout.manifest(0, 0).exists()
     assert layout.manifest(0, 1).exists()
+
+
+@pytest.fixture(scope="module")
+def tiny_tpch(tmp_path_factory) -> Path:
+    """customer, orders and lineitem at scale factor 0.01 (2 Parquet parts each), from tpchgen-cli."""
+    root = tmp_path_factory.mktemp("tpch-sf0.01")
+    subprocess.run([str(Path(sys.executable).parent / "tpchgen-cli"), "parquet", "-s", "0.01", "--tables",
+                    "customer,orders,lineitem", "--parts", "2", "--output-dir", str(root)],
+                   check=True, capture_output=True)
+    return root
+
+
+def test_q3_join_pipeline_on_connect(airflow_db, tiny_tpch, connect_pool, monkeypatch):
+    monkeypatch.setenv("SPECULATIVE_TEST_TPCH", str(tiny_tpch))  # read when the DAG folder is parsed
+    run = load_dag("connect_q3", HERE / "dags").test(logical_date=pendulum.datetime(2026, 5, 3, tz="UTC"))
+    assert run.state == "success"
+
+    got = read_q3_output(OUTPUT / "connect_q3" / "2026-05-03")
+    want = duckdb_q3(tiny_tpch)
+    assert len(want) == 10
+    assert q3_difference(got, want) is None, q3_difference(got, want)  # exact decimals, dates and keys
+
+    # Both sides of each join read the same subpartition ranges (a key meets its partners in one subtask).
+    for stage, sides in (("join_orders", ("customer", "orders")), ("join_lineitem", ("orders", "lineitem"))):
+        plan = read_json(StageLayout(STORE, "connect_q3", run.run_id, stage).plan)
+        for subtask in plan["subtasks"]:
+            left, right = (subtask["inputs"][side]["subpartitions"] for side in sides)
+            assert left == right, (stage, subtask["inputs"])
