@@ -92,6 +92,8 @@ class SupervisedBackend:
                       end_at=status.get("end_at"), exit_code=status.get("exit_code"), cause=status.get("cause"),
                       input_bytes=heartbeat.get("input_bytes"), app_id=heartbeat.get("app_id"),
                       launched_at=status.get("launched_at"), ready_at=heartbeat.get("session_ready_at"),
+                      input_wait=float(heartbeat.get("input_wait") or 0.0),
+                      waiting_since=heartbeat.get("waiting_since"),
                       progress={k: heartbeat[k] for k in ("tasks_done", "tasks_total", "bytes_read", "at", "reads")
                                 if k in heartbeat})
         if len(_SEEN) > 100_000:

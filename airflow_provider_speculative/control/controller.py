@@ -556,9 +556,9 @@ def _differs(known: Attempt | None, observed: Attempt) -> bool:
     if known is None:
         return True
     return (known.state, known.node, known.deploying_at, known.end_at, known.exit_code, known.cause, known.app_id,
-            known.ready_at, known.failure) != (observed.state, observed.node, observed.deploying_at, observed.end_at,
-                                               observed.exit_code, observed.cause, observed.app_id, observed.ready_at,
-                                               observed.failure)
+            known.ready_at, known.failure, known.input_wait, known.waiting_since) != (
+        observed.state, observed.node, observed.deploying_at, observed.end_at, observed.exit_code, observed.cause,
+        observed.app_id, observed.ready_at, observed.failure, observed.input_wait, observed.waiting_since)
 
 
 def _attempt_seconds(attempt: Attempt, now: float) -> float:

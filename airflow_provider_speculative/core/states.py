@@ -88,6 +88,11 @@ class Attempt:
     # Launch requested, and the attempt's Spark session ready: startup_seconds is the difference.
     launched_at: float | None = None
     ready_at: float | None = None
+    # Hybrid inputs: seconds spent waiting for producer partitions (finished waits), and the start of
+    # the wait going on now. Waiting is not work: execution time leaves it out (no speculative copy
+    # of an attempt that only waits for its producers, and no inflated baseline).
+    input_wait: float = 0.0
+    waiting_since: float | None = None
 
     @property
     def startup_seconds(self) -> float | None:
@@ -123,14 +128,17 @@ class Attempt:
         return self.state in POSSIBLE_TO_FINISH
 
     def execution_time(self, now: float) -> float:
-        """Seconds since DEPLOYING, up to the end or now; 0 for attempts not yet deploying."""
+        """Seconds since DEPLOYING, up to the end or now, less time waiting for hybrid input; 0 before DEPLOYING."""
         if self.deploying_at is None:
             return 0.0
         if self.state == AttemptState.FINISHED and self.end_at is not None:
-            return max(0.0, self.end_at - self.deploying_at)
-        if self.state in EXECUTING:
-            return max(0.0, now - self.deploying_at)
-        return 0.0
+            end = self.end_at
+        elif self.state in EXECUTING:
+            end = now
+        else:
+            return 0.0
+        waited = self.input_wait + (max(0.0, end - self.waiting_since) if self.waiting_since is not None else 0.0)
+        return max(0.0, end - self.deploying_at - waited)
 
 
 def current_attempt(attempts: list[Attempt]) -> Attempt | None:

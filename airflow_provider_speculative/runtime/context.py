@@ -317,6 +317,7 @@ class StageContext:
                     f"{self.config.hybrid_input_timeout:g}s (hybrid_input_timeout)")
             if self._heartbeat.phase != "WAITING_FOR_INPUT":
                 self._heartbeat.set_phase("WAITING_FOR_INPUT")
+                self._notify()  # the controller stops this attempt's execution clock while it waits
             time.sleep(delay)
             delay = min(1.0, delay * 2)
 
@@ -340,6 +341,7 @@ class StageContext:
             chosen.update(self._wait_admitted(name, producers, set(chosen)))
         if self._heartbeat.phase == "WAITING_FOR_INPUT":
             self._heartbeat.set_phase("RUNNING")
+            self._notify()
         return self._files_of(name, chosen)
 
     def read_incremental(self, name: str) -> Iterator[DataFrame]:
@@ -363,6 +365,7 @@ class StageContext:
             done |= set(batch)
             if self._heartbeat.phase == "WAITING_FOR_INPUT":
                 self._heartbeat.set_phase("RUNNING")
+                self._notify()
             paths = self._files_of(name, batch)
             if paths:
                 schema = self._exchange_schema(name, batch)

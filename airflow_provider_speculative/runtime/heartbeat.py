@@ -29,6 +29,9 @@ class Heartbeat:
         self.interval = interval
         self.started_at = time.time()
         self.phase = "RUNNING"
+        # Time spent in WAITING_FOR_INPUT (hybrid inputs): finished waits, and the start of the current one.
+        self.input_wait = 0.0
+        self.waiting_since: float | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="speculative-heartbeat", daemon=True)
 
@@ -39,7 +42,13 @@ class Heartbeat:
         return self
 
     def set_phase(self, phase: str) -> None:
-        """Change the phase every later beat reports, and beat now."""
+        """Change the phase every later beat reports (accounting for time waiting for input), and beat now."""
+        now = time.time()
+        if phase == "WAITING_FOR_INPUT" and self.waiting_since is None:
+            self.waiting_since = now
+        elif phase != "WAITING_FOR_INPUT" and self.waiting_since is not None:
+            self.input_wait += max(0.0, now - self.waiting_since)
+            self.waiting_since = None
         self.phase = phase
         self.beat(phase)
 
@@ -51,7 +60,9 @@ class Heartbeat:
             extra = {"progress_error": str(exc)}
         try:
             atomic_write_json(self.path, {"node": current_node(), "pid": os.getpid(), "phase": phase,
-                                          "started_at": self.started_at, "at": time.time(), **extra})
+                                          "started_at": self.started_at, "at": time.time(),
+                                          "input_wait": round(self.input_wait, 3), "waiting_since": self.waiting_since,
+                                          **extra})
         except StoreError as exc:
             # A full store must fail the attempt through its write, not kill the heartbeat thread.
             print(f"[speculative] heartbeat not written: {exc}", file=sys.stderr)

@@ -101,3 +101,10 @@ def test_factory_picks_the_backend_by_kind(tmp_path: Path) -> None:
         kind_for_conn_type("postgres", target="a", conn_id="pg")
     with pytest.raises(TargetError, match="unknown backend kind 'yarnish'"):
         create_backend("yarnish", layout)
+
+
+def test_poll_reports_time_waiting_for_hybrid_input(tmp_path: Path) -> None:
+    layout = StageLayout(tmp_path, "dag", "run", "stage")
+    _write(layout, status=_me(), heartbeat={"phase": "WAITING_FOR_INPUT", "input_wait": 4.5, "waiting_since": NOW - 2})
+    attempt = SupervisedBackend(layout).poll(0, 0, NOW)
+    assert (attempt.state, attempt.input_wait, attempt.waiting_since) == (S.RUNNING, 4.5, NOW - 2)

@@ -177,3 +177,25 @@ def test_normalisation_ignores_later_finishers_without_bytes() -> None:
     done = [finished(i, deploy=0, end=8) for i in range(3)] + [finished(3, deploy=0, end=50)]
     result = baseline(4, done, multiplier=2.0, input_bytes={0: 64, 1: 64, 2: 64})
     assert result.per_byte == 0.25
+
+
+def test_time_waiting_for_hybrid_input_is_not_execution_time():
+    # Deployed at 0, waited 0-40 s for producers (finished wait 30 s + a wait since 90 s): not slow work.
+    waiting = Attempt(subtask=0, number=0, target="t", state=AttemptState.RUNNING, deploying_at=0.0,
+                      input_wait=30.0, waiting_since=90.0)
+    assert waiting.execution_time(100.0) == pytest.approx(60.0)
+    done = Attempt(subtask=1, number=0, target="t", state=AttemptState.FINISHED, deploying_at=0.0, end_at=50.0,
+                   input_wait=35.0)
+    assert done.execution_time(100.0) == pytest.approx(15.0)
+
+
+def test_an_attempt_waiting_for_its_producers_is_not_called_slow():
+    done = [finished(i, deploy=0.0, end=10.0) for i in range(3)]
+    base = baseline(4, done, ratio=0.75)
+    assert base is not None and base.threshold(None) == pytest.approx(15.0)
+    # 100 s since deploying, but 95 s of it waiting for hybrid input (still waiting since 10 s).
+    waiter = Attempt(subtask=3, number=0, target="t", state=AttemptState.RUNNING, deploying_at=0.0,
+                     waiting_since=10.0, input_wait=5.0)
+    assert find_slow([waiter], base, now=100.0) == []
+    worker = running(3, deploy=0.0)
+    assert find_slow([worker], base, now=100.0) == [worker]
