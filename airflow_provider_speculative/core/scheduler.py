@@ -888,7 +888,11 @@ class StageScheduler:
         return min(unblocked, key=lambda t: (load[t.name] / t.slots, self.targets.index(t)))
 
     def _pick_free_target(self, now: float, avoid: set[str], allow_blocked: bool) -> Target | None:
-        """Slots shared through the store: the unblocked target with the most free slots (then config order)."""
+        """Slots shared through the store: the unblocked target with the largest free share (then config order).
+
+        The share (free / capacity), not the free count, so targets of different sizes fill evenly, as the
+        per-stage rule did (load / slots).
+        """
         assert self.free_slots is not None
         free = [t for t in self.targets if self.free_slots.get(t.name, 0) > 0 and t.name not in avoid
                 and t.name not in self.lost_targets]
@@ -897,7 +901,10 @@ class StageScheduler:
             unblocked = free
         if not unblocked:
             return None
-        return min(unblocked, key=lambda t: (-self.free_slots.get(t.name, 0), self.targets.index(t)))
+        free_slots = self.free_slots
+        return min(unblocked, key=lambda t: (-free_slots.get(t.name, 0) / max(1, self.capacity.get(t.name, t.slots),
+                                                                            free_slots.get(t.name, 0)),
+                                             self.targets.index(t)))
 
 
 def _cause_class(cause: str | None) -> str:

@@ -25,7 +25,9 @@ SHUFFLE = {"spark.sql.shuffle.partitions": "4"}
 RACE = {
     "enabled": True,
     "max_concurrent_executions": 2,
-    "check_interval": "200ms",
+    # Both attempts of a subtask must end between two checks for the discard path to run: a 200 ms
+    # interval made that depend on JVM exit times under load; 3 s leaves room for them.
+    "check_interval": "3s",
     "targets": [{"name": "local-a", "slots": PARALLELISM, "conf": {"spark.ui.enabled": "false"}},
                 {"name": "local-b", "slots": PARALLELISM, "conf": {"spark.ui.enabled": "false"}}],
     "fault_injection": {"force_speculation": list(range(PARALLELISM)), "barrier": True},
