@@ -120,6 +120,13 @@ def test_launches_never_exceed_the_free_slots_the_store_reports():
     assert "waiting for a free slot" in s.slot_status(1.0)
 
 
+def test_placement_fills_targets_by_free_share_not_free_count():
+    # a: 2 slots, b: 1 slot, all free. By share: a (2/2), then b (1/1 beats a's 1/2), then a (1/2 beats 0/1),
+    # as the per-stage rule did by load / slots; by free count b would wait until a was down to 1.
+    s = sched(3, "a", "b")
+    assert launches(s.handle(offer({"a": 2, "b": 1}), Tick(0.0))) == [(0, "a"), (1, "b"), (2, "a")]
+
+
 def test_a_target_appearing_mid_stage_gets_attempts_at_the_next_tick():
     s = sched(3, "a", "b")
     assert launches(s.handle(offer({"a": 1, "b": 0}, {"a": 1, "b": 0}, lost_targets={"b": "down"}), Tick(0.0))) == [
