@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import socket
 import statistics
 import sys
 import time
@@ -41,7 +40,7 @@ sys.path.insert(0, str(REPO))
 
 import speculation as shared  # noqa: E402  (LoadSampler, reference Q1)
 
-from airflow_provider_speculative.control.localcluster import LocalCluster, port_owner  # noqa: E402
+from airflow_provider_speculative.control.localcluster import LocalCluster, free_base_port  # noqa: E402
 from airflow_provider_speculative.control.runner import plan_connect_stage, run_stages, write_plan  # noqa: E402
 from airflow_provider_speculative.core.config import SpeculativeConfig  # noqa: E402
 from airflow_provider_speculative.core.graph import (  # noqa: E402
@@ -134,17 +133,6 @@ def output(root: Path, run_id: str) -> list[dict[str, Any]]:
                   key=lambda r: (r["l_returnflag"], r["l_linestatus"]))
 
 
-def free_pair() -> int:
-    """A port p with p and p + 1 free (other engineers run Spark here too)."""
-    for _ in range(50):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
-        if port < 65000 and port_owner(port) is None and port_owner(port + 1) is None:
-            return port
-    raise RuntimeError("no two consecutive free ports")
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeat", type=int, default=1)
@@ -163,7 +151,7 @@ def main() -> int:
     out_dir = RESULTS / f"hybrid-{time.strftime('%Y%m%dT%H%M%S')}"
     out_dir.mkdir(parents=True)
     cluster = LocalCluster(out_dir / "cluster")
-    started, _ = cluster.start(servers=2, base_port=free_pair(), ui_base_port=free_pair(), cores=1)
+    started, _ = cluster.start(servers=2, base_port=free_base_port(), ui_base_port=free_base_port(), cores=1)
     servers = {f"connect-{i}": f"sc://127.0.0.1:{s.port}/" for i, s in enumerate(started)}
     results: list[dict[str, Any]] = []
     try:

@@ -147,6 +147,17 @@ def port_owner(port: int) -> str | None:
     return "another process (owner unknown)"
 
 
+def free_base_port(count: int = 2, attempts: int = 50) -> int:
+    """A port p with p .. p + count - 1 all free on 127.0.0.1, for a pool of ``count`` servers (tests, benchmarks)."""
+    for _ in range(attempts):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        if port + count <= 65000 and all(port_owner(port + i) is None for i in range(count)):
+            return port
+    raise RuntimeError(f"no {count} consecutive free ports on 127.0.0.1")
+
+
 def server_command(info: ServerInfo, conf: dict[str, str] | None = None) -> list[str]:
     """The spark-submit command line of one server (loopback only, fixed gRPC and UI ports, the safety net)."""
     cmd = [spark_submit(), "--class", CONNECT_CLASS, "--master", info.master, "--name", f"speculative-{info.name}",

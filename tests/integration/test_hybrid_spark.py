@@ -14,7 +14,6 @@ and only once the partition is re-produced; (c) the same chain as an Airflow DAG
 from __future__ import annotations
 
 import os
-import socket
 import threading
 from pathlib import Path
 
@@ -22,7 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from airflow_provider_speculative.control.localcluster import LocalCluster, port_owner
+from airflow_provider_speculative.control.localcluster import LocalCluster, free_base_port
 from airflow_provider_speculative.control.rerun import invalidate_region, plan_rerun
 from airflow_provider_speculative.control.runner import plan_connect_stage, run_stages, write_plan
 from airflow_provider_speculative.core.config import SpeculativeConfig
@@ -39,22 +38,11 @@ APP = Path(__file__).resolve().parent / "apps" / "passthrough.py"
 N = 4
 
 
-def _free_pair() -> int:
-    """A port p with p and p + 1 free on 127.0.0.1 (other engineers run Spark on this machine too)."""
-    for _ in range(50):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
-        if port < 65000 and port_owner(port) is None and port_owner(port + 1) is None:
-            return port
-    raise RuntimeError("no two consecutive free ports")
-
-
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory):
     """Two Connect servers of one core each: {target name: server URL}."""
     cluster = LocalCluster(tmp_path_factory.mktemp("hybrid-cluster"))
-    started, _ = cluster.start(servers=2, base_port=_free_pair(), ui_base_port=_free_pair(), cores=1)
+    started, _ = cluster.start(servers=2, base_port=free_base_port(), ui_base_port=free_base_port(), cores=1)
     try:
         # Also as Airflow connections, for the dag.test() case.
         for i, s in enumerate(started):

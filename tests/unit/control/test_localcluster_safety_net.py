@@ -25,3 +25,14 @@ def test_callers_conf_overrides_the_safety_net() -> None:
     assert _confs(cmd)["spark.connect.execute.manager.detachedTimeout"] == "5m"
     assert cmd.count("--conf") == len(set(_confs(cmd)))  # each option once
     assert cmd[-1] == "spark-internal"
+
+
+def test_free_base_port_gives_consecutive_free_ports() -> None:
+    import socket
+
+    from airflow_provider_speculative.control.localcluster import free_base_port
+
+    base = free_base_port(3)
+    for port in range(base, base + 3):
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", port))  # raises if taken
