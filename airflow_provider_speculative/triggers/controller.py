@@ -14,10 +14,8 @@ from airflow_provider_speculative.hooks.targets import connect_env
 from airflow_provider_speculative.metrics import StageMetrics
 from airflow_provider_speculative.store.files import read_json
 from airflow_provider_speculative.store.task_state import record_task_state
+from airflow_provider_speculative.triggers.timing import min_seconds_before_event
 
-# A trigger that fires within ~5 s of defer() can get the resumed task failed by the scheduler
-# (stale executor event), so the single event is never sent earlier than this after deferral.
-MIN_SECONDS_BEFORE_EVENT = 6.0
 
 
 class StageControllerTrigger(BaseTrigger):
@@ -59,6 +57,7 @@ class StageControllerTrigger(BaseTrigger):
         target_env = await connect_env(plan)
         controller = await asyncio.to_thread(StageController, plan, extra_env=env, target_env=target_env)
         metrics = StageMetrics.for_plan(controller.plan)
+        guard = min_seconds_before_event()
         waiting: str | None = None
         while True:
             await asyncio.to_thread(controller.step)
@@ -68,7 +67,7 @@ class StageControllerTrigger(BaseTrigger):
                 # Logged when the stage starts or stops waiting for slots (not every check).
                 waiting = summary.get("slot_status")
                 self.log.info("stage %s: %s", controller.plan["stage"], waiting or "slots available again")
-            if controller.done and time.time() - self.deferred_at >= MIN_SECONDS_BEFORE_EVENT:
+            if controller.done and time.time() - self.deferred_at >= guard:
                 break
             await asyncio.sleep(controller.config.check_interval)
         yield TriggerEvent(controller.event_payload())

@@ -12,9 +12,8 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_provider_speculative.core.hybrid import producer_plan_usable
 from airflow_provider_speculative.store.files import read_json
+from airflow_provider_speculative.triggers.timing import min_seconds_before_event
 
-# As for the controller trigger: an event within ~5 s of defer() can get the resumed task failed.
-MIN_SECONDS_BEFORE_EVENT = 6.0
 POLL_SECONDS = 1.0
 
 
@@ -53,12 +52,13 @@ class HybridInputsTrigger(BaseTrigger):
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         """Poll the store every second; fire when ready, failed, or the window is over (the task reschedules)."""
+        guard = min_seconds_before_event()
         while True:
             payload = await asyncio.to_thread(self.check)
             elapsed = time.time() - self.deferred_at
             if payload is None and elapsed >= self.window:
                 payload = {"status": "waiting"}
-            if payload is not None and elapsed >= MIN_SECONDS_BEFORE_EVENT:
+            if payload is not None and elapsed >= guard:
                 break
             await asyncio.sleep(POLL_SECONDS)
         yield TriggerEvent(payload)

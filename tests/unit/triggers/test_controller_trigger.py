@@ -58,7 +58,7 @@ def test_run_steps_until_decided_and_fires_exactly_once(tmp_path: Path, monkeypa
     atomic_write_json(plan_path, {"dag_id": "d", "stage": "scan", "output": {"sink": None},
                                   "targets": {"local-a": {"kind": "spark_submit"}}})
     monkeypatch.setattr(trigger_module, "StageController", StubController)
-    monkeypatch.setattr(trigger_module, "MIN_SECONDS_BEFORE_EVENT", 0.0)
+    monkeypatch.setattr(trigger_module, "min_seconds_before_event", lambda: 0.0)
     emitted: list[dict[str, Any]] = []
     monkeypatch.setattr(trigger_module.StageMetrics, "emit", lambda self, summary, **kw: emitted.append(summary))
     StubController.instances.clear()

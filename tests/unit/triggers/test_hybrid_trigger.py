@@ -26,7 +26,7 @@ def _first_event(trigger: HybridInputsTrigger) -> dict:
 
 @pytest.fixture
 def fast(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(hybrid, "MIN_SECONDS_BEFORE_EVENT", 0.0)
+    monkeypatch.setattr(hybrid, "min_seconds_before_event", lambda: 0.0)
     monkeypatch.setattr(hybrid, "POLL_SECONDS", 0.01)
 
 

@@ -1,0 +1,28 @@
+"""When a trigger may fire: the guard against Airflow's stale-executor-event race after a deferral."""
+
+from __future__ import annotations
+
+# Under a real executor, a trigger that fires within ~5 s of defer() can get the resumed task failed:
+# the scheduler may process the executor's stale "success" of the deferring run after the trigger
+# event and call it a state mismatch (apache/airflow#23824, #66374, #71580, #72716; the last two are
+# open on 3.3). So the event of a trigger is never sent earlier than this after deferral.
+MIN_SECONDS_BEFORE_EVENT = 6.0
+
+
+def runs_in_line() -> bool:
+    """True when the trigger runs inside the task's own process under ``dag.test()``.
+
+    Then there is no executor and no stale event, so the guard only costs time: ``dag.test()`` sets
+    the Task SDK's supervisor comms to its in-process kind, a triggerer sets its own.
+    """
+    try:
+        from airflow.sdk.execution_time import task_runner
+        from airflow.sdk.execution_time.supervisor import InProcessSupervisorComms
+    except ImportError:  # an Airflow without these internals: keep the guard
+        return False
+    return isinstance(getattr(task_runner, "SUPERVISOR_COMMS", None), InProcessSupervisorComms)
+
+
+def min_seconds_before_event() -> float:
+    """The guard in seconds: :data:`MIN_SECONDS_BEFORE_EVENT` in a triggerer, 0 in line under ``dag.test()``."""
+    return 0.0 if runs_in_line() else MIN_SECONDS_BEFORE_EVENT
