@@ -437,19 +437,24 @@ class StageContext:
         data_dir = self.layout.data(self.subtask, self.attempt)
         output = self.plan["output"]
         key = output.get("key") or []
-        schema_json = df.schema.jsonValue()
+        # An exchange's schema is read back from the files Spark wrote (their footers carry it): asking the
+        # server for df.schema first is one more analysis of the whole plan, ~0.5 s per attempt on Connect.
+        schema_json = df.schema.jsonValue() if output.get("sink") else None
         sink_info: dict[str, Any] | None = None
         try:
             if output.get("sink"):
                 sink_info = self._sink_writer(output["sink"], data_dir).write(df)
             elif key:
-                missing = [k for k in key if k not in df.columns]
-                if missing:
-                    raise ValueError(f"stage {self.stage!r} output lacks exchange key columns {missing} "
-                                     f"(columns: {df.columns})")
                 sp = F.pmod(F.xxhash64(*[F.col(k) for k in key]), F.lit(int(output["max_parallelism"])))
                 partitioned = df.withColumn(SUBPARTITION_COLUMN, sp).repartition(SUBPARTITION_COLUMN)
-                partitioned.write.partitionBy(SUBPARTITION_COLUMN).parquet(str(data_dir))
+                try:
+                    partitioned.write.partitionBy(SUBPARTITION_COLUMN).parquet(str(data_dir))
+                except Exception as exc:
+                    missing = [k for k in key if k not in df.columns]
+                    if missing:
+                        raise ValueError(f"stage {self.stage!r} output lacks exchange key columns {missing} "
+                                         f"(columns: {df.columns})") from exc
+                    raise
             else:
                 df.coalesce(1).write.parquet(str(data_dir))
         except Exception as exc:
@@ -462,7 +467,10 @@ class StageContext:
         manifest = build_manifest(data_dir, stage=self.stage, subtask=self.subtask, attempt=self.attempt,
                                   node=self.node, schema=schema_json, input_bytes=self.input_bytes,
                                   written_at=time.time(), sink=sink_info)
-        manifest["records"] = _count_records(data_dir, manifest["files"])
+        manifest["records"], written_schema = _read_footers(data_dir, manifest["files"])
+        if manifest["schema"] is None:
+            # No file (an empty output) has no footer: only then ask the server.
+            manifest["schema"] = written_schema if written_schema is not None else df.schema.jsonValue()
         if sink_info and sink_info.get("records") is not None and not manifest["files"]:
             manifest["records"] = sink_info["records"]
         self._written = True
@@ -564,12 +572,22 @@ def store_write_error(path: Path, exc: BaseException) -> StoreError | None:
     return None
 
 
-def _count_records(data_dir: Path, files: list[dict[str, Any]]) -> int:
+# Where Spark keeps the DataFrame schema (StructType JSON) in the key-value metadata of a Parquet file it wrote.
+SPARK_SCHEMA_KEY = b"org.apache.spark.sql.parquet.row.metadata"
+
+
+def _read_footers(data_dir: Path, files: list[dict[str, Any]]) -> tuple[int, dict[str, Any] | None]:
+    """Count each Parquet file's records (into its entry) and return the total and the Spark schema of the first."""
+    import json
+
     import pyarrow.parquet as pq
 
     total = 0
+    schema: dict[str, Any] | None = None
     for entry in files:
-        rows = pq.ParquetFile(Path(data_dir) / entry["path"]).metadata.num_rows
-        entry["records"] = rows
-        total += rows
-    return total
+        metadata = pq.ParquetFile(Path(data_dir) / entry["path"]).metadata
+        entry["records"] = metadata.num_rows
+        total += metadata.num_rows
+        if schema is None and SPARK_SCHEMA_KEY in (metadata.metadata or {}):
+            schema = json.loads(metadata.metadata[SPARK_SCHEMA_KEY])
+    return total, schema

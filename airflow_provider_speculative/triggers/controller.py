@@ -17,7 +17,6 @@ from airflow_provider_speculative.store.task_state import record_task_state
 from airflow_provider_speculative.triggers.timing import min_seconds_before_event
 
 
-
 class StageControllerTrigger(BaseTrigger):
     """Launch, watch, speculate and cancel the attempts of one stage run; fire once when it is decided."""
 

@@ -33,6 +33,7 @@ pytestmark = [pytest.mark.spark, pytest.mark.timeout(900)]
 BASE_PORT, UI_BASE_PORT = 15110, 4110
 STORE = Path(TEST_ENV["AIRFLOW__SPECULATIVE__STORE_PATH"])
 OUTPUT = Path(TEST_ENV["SPECULATIVE_EXAMPLE_OUTPUT"])
+REPO_APPS = HERE.parents[1] / "dags" / "apps"
 
 
 @pytest.fixture(scope="module")
@@ -140,7 +141,7 @@ def tiny_tpch(tmp_path_factory) -> Path:
     return root
 
 
-def test_q3_join_pipeline_on_connect(airflow_db, tiny_tpch, connect_pool, monkeypatch):
+def test_q3_join_pipeline_on_connect(airflow_db, tiny_tpch, connect_pool, monkeypatch, tmp_path):
     monkeypatch.setenv("SPECULATIVE_TEST_TPCH", str(tiny_tpch))  # read when the DAG folder is parsed
     run = load_dag("connect_q3", HERE / "dags").test(logical_date=pendulum.datetime(2026, 5, 3, tz="UTC"))
     assert run.state == "success"
@@ -156,3 +157,38 @@ def test_q3_join_pipeline_on_connect(airflow_db, tiny_tpch, connect_pool, monkey
         for subtask in plan["subtasks"]:
             left, right = (subtask["inputs"][side]["subpartitions"] for side in sides)
             assert left == right, (stage, subtask["inputs"])
+
+    # Each exchange manifest carries the schema read back from the written files' footers (no extra
+    # analysis round trip before the write): it must name exactly the columns in the files.
+    import pyarrow.parquet as pq
+
+    for stage in ("scan_customer", "scan_orders", "scan_lineitem", "join_orders", "join_lineitem"):
+        layout = StageLayout(STORE, "connect_q3", run.run_id, stage)
+        for subtask, part in read_json(layout.committed)["subtasks"].items():
+            manifest = read_json(layout.manifest(int(subtask), part["attempt"]))
+            names = [f["name"] for f in manifest["schema"]["fields"]]
+            for entry in manifest["files"]:
+                assert pq.read_schema(layout.data(int(subtask), part["attempt"]) / entry["path"]).names == names
+
+
+    _an_output_without_its_exchange_key_fails_naming_the_columns(run.run_id, connect_pool, tmp_path)
+
+
+def _an_output_without_its_exchange_key_fails_naming_the_columns(run_id: str, connect_pool: dict, tmp_path: Path):
+    """The key check runs only when the write fails (no schema round trip first), and still names the columns."""
+    plan = read_json(StageLayout(STORE, "connect_q3", run_id, "scan_customer").plan)
+    plan.update(run_id="missing-key", output={**plan["output"], "key": ["no_such_column"]})
+    plan_path = tmp_path / "plan.json"
+    plan_path.write_text(json.dumps(plan))
+    url = next(iter(connect_pool))
+    session = "7e1d3a52-1c7b-4f4e-9d51-0c0e2a1d9b11"
+    env = {**os.environ, "SPECULATIVE_SPARK_REMOTE": f"{url};user_id=test;session_id={session}"}
+    result = subprocess.run([sys.executable, str(REPO_APPS / "q3_scan_customer.py"), "--plan", str(plan_path),
+                             "--subtask", "0", "--attempt", "0", "--target", "connect-a"],
+                            env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode != 0
+    failure = read_json(StageLayout(STORE, "connect_q3", "missing-key", "scan_customer").attempt_dir(0, 0)
+                        / "failure.json")
+    assert "lacks exchange key columns ['no_such_column']" in failure["error"]
+    assert "c_custkey" in failure["error"]  # the columns it has
+    assert not (StageLayout(STORE, "connect_q3", "missing-key", "scan_customer").manifest(0, 0)).exists()
