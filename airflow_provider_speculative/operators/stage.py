@@ -12,6 +12,7 @@ from urllib.parse import urlsplit
 from airflow.sdk import BaseOperator
 
 from airflow_provider_speculative.backends.base import attempt_observer
+from airflow_provider_speculative.control.commit import admitted_of, commit_admitted, commit_summary, remove_losers
 from airflow_provider_speculative.control.controller import StageController, wipe_stage_attempts
 from airflow_provider_speculative.core.config import SpeculativeConfig
 from airflow_provider_speculative.core.graph import ExchangeSpec, PipelineGraph, SourceSpec
@@ -29,11 +30,8 @@ from airflow_provider_speculative.store.files import atomic_write_json, read_jso
 from airflow_provider_speculative.store.identity import claim_store
 from airflow_provider_speculative.store.layout import StageLayout
 from airflow_provider_speculative.store.results import (
-    admitted_results,
     broken_admissions,
     read_committed,
-    remove_attempt_output,
-    write_committed,
 )
 from airflow_provider_speculative.store.task_state import record_task_state
 from airflow_provider_speculative.triggers.controller import StageControllerTrigger
@@ -56,7 +54,8 @@ class SparkStageOperator(BaseOperator):
     ui_color = "#f4a460"
 
     def __init__(self, *, graph: PipelineGraph, stage: str, sink: Sink | None = None,
-                 force_rerun: bool = False, asset_partitioned: bool = False, **kwargs: Any) -> None:
+                 force_rerun: bool = False, asset_partitioned: bool = False, commit_in_triggerer: bool = True,
+                 **kwargs: Any) -> None:
         self.sink_asset = sink_asset(sink)
         if self.sink_asset is not None:
             outlets = kwargs.get("outlets") or []
@@ -69,6 +68,7 @@ class SparkStageOperator(BaseOperator):
         self.sink_args = sink.describe() if sink is not None else None
         self.force_rerun = force_rerun
         self.asset_partitioned = asset_partitioned
+        self.commit_in_triggerer = commit_in_triggerer
 
     # -- planning (worker) ------------------------------------------------------------------
 
@@ -248,7 +248,11 @@ class SparkStageOperator(BaseOperator):
                       ("enabled" if config.enabled else "disabled"), layout.plan)
         record_task_state(layout, "deferred", try_number=context["ti"].try_number,
                           clear_number=_clear_number(context))
-        self.defer(trigger=StageControllerTrigger(plan_path=str(layout.plan), deferred_at=time.time()),
+        # A stage without a sink or outlets needs nothing of the worker to commit: the trigger commits it and
+        # ends the task from the triggerer (control/commit.py); the others resume here in execute_complete.
+        commit = ({"try_number": context["ti"].try_number, "clear_number": _clear_number(context)}
+                  if self.commit_in_triggerer and self.sink is None and not self.outlets else None)
+        self.defer(trigger=StageControllerTrigger(plan_path=str(layout.plan), deferred_at=time.time(), commit=commit),
                    method_name="execute_complete")
 
     def _claim_store(self, root: Path) -> None:
@@ -284,11 +288,8 @@ class SparkStageOperator(BaseOperator):
             record_task_state(layout, "failed", try_number=context["ti"].try_number,
                               clear_number=_clear_number(context), reason=message.splitlines()[0])
             raise StageFailedError(message)
-        admitted = {int(k): v for k, v in event["admitted"].items()}
-        record = admitted_results(layout, admitted)
-        sink_result = None
-        journal(layout, "finalize_started", admitted=event["admitted"], try_number=context["ti"].try_number)
-        if plan["output"].get("sink"):
+
+        def finalize_sink(admitted: dict[int, int], record: dict[str, Any]) -> dict[str, Any] | None:
             sink = Sink.from_json(plan["output"]["sink"])
             ctx = FinalizationContext(
                 parallelism=plan["parallelism"], dag_id=plan["dag_id"], run_id=plan["run_id"], stage=plan["stage"],
@@ -298,25 +299,21 @@ class SparkStageOperator(BaseOperator):
                                            records=record["subtasks"][str(s)]["records"],
                                            sink_info=record["subtasks"][str(s)]["sink"])
                           for s, a in admitted.items()})
-            sink_result = sink.finalize_global(ctx)
-        record.update(fingerprint=plan["fingerprint"], committed_at=time.time(), sink=sink_result,
-                      summary=summary)
-        write_committed(layout, record)
-        journal(layout, "finalize_done", sink=sink_result)
-        record_task_state(layout, "committed", try_number=context["ti"].try_number,
-                          clear_number=_clear_number(context))
+            return sink.finalize_global(ctx)
+
+        record, sink_result = commit_admitted(
+            plan, layout, event, try_number=context["ti"].try_number, clear_number=_clear_number(context),
+            finalize_sink=finalize_sink if plan["output"].get("sink") else None)
         self._publish_asset_event(context, plan, record, summary, sink_result)
-        removed = self._remove_losers(layout, plan["parallelism"], admitted)
-        losers = tuple((s, n) for s in range(plan["parallelism"]) for n in layout.attempt_numbers(s)
-                       if admitted.get(s) != n)
+        removed, losers = remove_losers(layout, plan["parallelism"], admitted_of(event))
         if losers:
             self._cleanup_sink_staging(plan, layout, losers)
         StageMetrics.for_plan(plan).emit(summary, only_changed=False)
         self.log.info("stage %s committed %d subtasks (removed %d losing outputs); speculation %s; "
                       "numSlowExecutionVertices=%s numEffectiveSpeculativeExecutions=%s",
-                      self.stage, len(admitted), removed, summary.get("speculation"),
+                      self.stage, len(event["admitted"]), removed, summary.get("speculation"),
                       summary.get("numSlowExecutionVertices"), summary.get("numEffectiveSpeculativeExecutions"))
-        return {"stage": self.stage, "committed": str(layout.committed), "sink": sink_result, **summary}
+        return commit_summary(self.stage, layout, sink_result, summary)
 
     def _publish_asset_event(self, context: Any, plan: dict[str, Any], record: dict[str, Any],
                              summary: dict[str, Any], sink_result: dict[str, Any] | None) -> None:
@@ -347,16 +344,6 @@ class SparkStageOperator(BaseOperator):
         if removed:
             journal(layout, "sink_staging_removed", objects=removed,
                     scope="stage run" if attempts is None else "losers")
-
-    @staticmethod
-    def _remove_losers(layout: StageLayout, parallelism: int, admitted: dict[int, int]) -> int:
-        removed = 0
-        for subtask in range(parallelism):
-            for number in layout.attempt_numbers(subtask):
-                if admitted.get(subtask) != number:
-                    removed += remove_attempt_output(layout, subtask, number)
-        return removed
-
 
 
 def sink_asset(sink: Sink | None) -> Any:

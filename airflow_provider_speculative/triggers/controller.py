@@ -7,28 +7,32 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from airflow.triggers.base import BaseTrigger, TriggerEvent
+from airflow.triggers.base import BaseTrigger, TaskSuccessEvent, TriggerEvent
 
+from airflow_provider_speculative.control.commit import admitted_of, commit_admitted, commit_summary, remove_losers
 from airflow_provider_speculative.control.controller import StageController
 from airflow_provider_speculative.hooks.targets import connect_env
 from airflow_provider_speculative.metrics import StageMetrics
 from airflow_provider_speculative.store.files import read_json
 from airflow_provider_speculative.store.task_state import record_task_state
-from airflow_provider_speculative.triggers.timing import min_seconds_before_event
+from airflow_provider_speculative.triggers.timing import min_seconds_before_event, runs_in_line
 
 
 class StageControllerTrigger(BaseTrigger):
     """Launch, watch, speculate and cancel the attempts of one stage run; fire once when it is decided."""
 
-    def __init__(self, plan_path: str, deferred_at: float) -> None:
+    def __init__(self, plan_path: str, deferred_at: float, commit: dict[str, int] | None = None) -> None:
         super().__init__()
         self.plan_path = plan_path
         self.deferred_at = deferred_at
+        # Set (try and clear number of the task) when this trigger may commit a successful stage itself and
+        # end the task from the triggerer: a stage without a sink and without asset outlets (control/commit.py).
+        self.commit = commit
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
-        """Only the plan path and deferral time: everything else is rebuilt from the store."""
+        """Only the plan path, deferral time and commit right: everything else is rebuilt from the store."""
         return (f"{type(self).__module__}.{type(self).__qualname__}",
-                {"plan_path": self.plan_path, "deferred_at": self.deferred_at})
+                {"plan_path": self.plan_path, "deferred_at": self.deferred_at, "commit": self.commit})
 
     def _plan(self) -> dict[str, Any]:
         plan = read_json(self.plan_path)
@@ -56,6 +60,7 @@ class StageControllerTrigger(BaseTrigger):
         target_env = await connect_env(plan)
         controller = await asyncio.to_thread(StageController, plan, extra_env=env, target_env=target_env)
         metrics = StageMetrics.for_plan(controller.plan)
+        in_line = runs_in_line()
         guard = min_seconds_before_event()
         waiting: str | None = None
         while True:
@@ -66,10 +71,37 @@ class StageControllerTrigger(BaseTrigger):
                 # Logged when the stage starts or stops waiting for slots (not every check).
                 waiting = summary.get("slot_status")
                 self.log.info("stage %s: %s", controller.plan["stage"], waiting or "slots available again")
-            if controller.done and time.time() - self.deferred_at >= guard:
+            if controller.done and (self._ends_here(controller, in_line) or time.time() - self.deferred_at >= guard):
                 break
             await asyncio.sleep(controller.config.check_interval)
-        yield TriggerEvent(controller.event_payload())
+        payload = controller.event_payload()
+        if self._ends_here(controller, in_line):
+            result = await asyncio.to_thread(self._commit, controller, payload)
+            yield TaskSuccessEvent(xcoms={"return_value": result})
+            return
+        yield TriggerEvent(payload)
+
+    def _ends_here(self, controller: StageController, in_line: bool) -> bool:
+        """Commit here and end the task from the triggerer (no worker run, no scheduler round trip)?
+
+        Only for a decided success of a stage the operator allowed it for, and never in line under
+        dag.test(), which resumes the task on its own anyway. The 6 s guard is not needed then: the
+        stale executor event of the deferring run ("success") matches the task's final state.
+        """
+        return self.commit is not None and not in_line and controller.event_payload().get("status") == "success"
+
+    def _commit(self, controller: StageController, payload: dict[str, Any]) -> dict[str, Any]:
+        plan, layout = controller.plan, controller.layout
+        _, _ = commit_admitted(plan, layout, payload, try_number=self.commit["try_number"],
+                               clear_number=self.commit["clear_number"], by="triggerer")
+        removed, _ = remove_losers(layout, plan["parallelism"], admitted_of(payload))
+        summary = payload.get("summary", {})
+        StageMetrics.for_plan(plan).emit(summary, only_changed=False)
+        self.log.info("stage %s committed %d subtasks in the triggerer (removed %d losing outputs); "
+                      "numSlowExecutionVertices=%s numEffectiveSpeculativeExecutions=%s", plan["stage"],
+                      len(payload["admitted"]), removed, summary.get("numSlowExecutionVertices"),
+                      summary.get("numEffectiveSpeculativeExecutions"))
+        return commit_summary(plan["stage"], layout, None, summary)
 
     async def on_kill(self) -> None:
         """The user marked the task failed or cleared it: stop every Spark driver of this stage."""

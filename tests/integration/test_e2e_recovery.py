@@ -396,6 +396,9 @@ def check_kill_component(dep: Deployment, component: str, ds: str) -> None:
     assert final["state"] == "success", f"run {run_id} is {final['state']}"
     assert_one_attempt_per_subtask(dep, BARRIER_DAG, run_id)
     assert_output(dep, BARRIER_DAG, ds, run_id)
+    # The (restarted) triggerer committed the scan once and ended its task; no worker resumed it.
+    assert [e.get("by") for e in events(scan, "finalize_done")] == ["triggerer"]
+    assert cluster.task_instances(BARRIER_DAG, run_id)["scan"]["try_number"] == 1
     for subtask in range(STAGES["scan"]):
         status = read(scan.status(subtask, 0))
         assert status["end_at"] > killed_at, f"scan attempt {subtask}/0 ended before the {component} was killed"

@@ -159,6 +159,17 @@ def run_and_check(dep: AirflowCluster, lineitem: Path, tmp_path: Path) -> None:
             assert attempts == [(0, "FINISHED", True, False)], f"stage {name} subtask {sub['subtask']}: {attempts}"
             assert sub["admitted"] == 0
 
+    # scan (no sink, no outlets) was committed by its trigger, which ended the task in the triggerer with
+    # the summary as XCom; aggregate (a sink) resumed on a worker for finalize.
+    run_dir = next(p for p in (dep.store / DAG_ID).iterdir() if p.is_dir())
+    committed_by = {stage: [e.get("by") for e in map(json.loads, (run_dir / stage / "journal.jsonl").open())
+                            if e["event"] == "finalize_done"] for stage in ("scan", "aggregate")}
+    assert committed_by == {"scan": ["triggerer"], "aggregate": ["worker"]}, committed_by
+    scan_xcom = dep.api("GET", f"/dags/{DAG_ID}/dagRuns/{quote(run_id, safe='')}/taskInstances/scan/"
+                               "xcomEntries/return_value?deserialize=true")
+    scan_value = scan_xcom["value"] if isinstance(scan_xcom["value"], dict) else json.loads(scan_xcom["value"])
+    assert (scan_value["stage"], scan_value["committed"]) == ("scan", str(run_dir / "scan" / "committed.json"))
+
     # The sensor fired in the triggerer and the report read the committed rows (Q1: 4 groups).
     report_run = dep.wait_runs_finished(REPORT_DAG_ID, [report_run_id], 180)[report_run_id]
     assert report_run["state"] == "success", f"{REPORT_DAG_ID} run {report_run_id} is {report_run['state']}"

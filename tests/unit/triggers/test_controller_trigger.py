@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from airflow.triggers.base import TaskSuccessEvent
 
-from airflow_provider_speculative.store.files import atomic_write_json
+from airflow_provider_speculative.store.files import atomic_write_json, read_json
+from airflow_provider_speculative.store.journal import read as read_jsonl
+from airflow_provider_speculative.store.layout import StageLayout
+from airflow_provider_speculative.store.manifest import build_manifest, write_manifest
 from airflow_provider_speculative.triggers import controller as trigger_module
 from airflow_provider_speculative.triggers.controller import StageControllerTrigger
 
@@ -20,7 +25,9 @@ def test_serialize_round_trip_rebuilds_an_equal_trigger() -> None:
     module, _, name = classpath.rpartition(".")
     rebuilt = getattr(importlib.import_module(module), name)(**kwargs)
     assert rebuilt.serialize() == (classpath, kwargs)
-    assert kwargs == {"plan_path": "/store/d/r/scan/plan.json", "deferred_at": 123.5}
+    assert kwargs == {"plan_path": "/store/d/r/scan/plan.json", "deferred_at": 123.5, "commit": None}
+    committing = StageControllerTrigger(plan_path="p", deferred_at=1.0, commit={"try_number": 2, "clear_number": 1})
+    assert committing.serialize()[1]["commit"] == {"try_number": 2, "clear_number": 1}
 
 
 class StubController:
@@ -77,3 +84,70 @@ def test_a_missing_plan_fails_the_trigger_naming_it(tmp_path: Path) -> None:
     trigger = StageControllerTrigger(plan_path=str(tmp_path / "gone.json"), deferred_at=0.0)
     with pytest.raises(FileNotFoundError, match=r"gone\.json"):
         asyncio.run(_events(trigger))
+
+
+class DecidedController:
+    """A controller whose stage is decided at once: subtask 0 admitted attempt 1 (attempt 0 lost)."""
+
+    def __init__(self, plan: dict[str, Any], *, extra_env: dict[str, str], target_env: dict[str, Any]) -> None:
+        self.plan = plan
+        self.layout = StageLayout(Path(plan["store_root"]), plan["dag_id"], plan["run_id"], plan["stage"])
+        self.config = type("Config", (), {"check_interval": 0.0})()
+        self.done = True
+
+    def step(self) -> list[Any]:
+        return []
+
+    def summary(self) -> dict[str, Any]:
+        return {"numSlowExecutionVertices": 1, "numEffectiveSpeculativeExecutions": 1}
+
+    def event_payload(self) -> dict[str, Any]:
+        return {"status": "success", "plan_path": str(self.layout.plan), "admitted": {"0": 1},
+                "summary": self.summary()}
+
+
+def _decided_stage(tmp_path: Path) -> tuple[StageLayout, Path]:
+    layout = StageLayout(tmp_path / "store", "d", "r", "scan")
+    plan = {"dag_id": "d", "run_id": "r", "stage": "scan", "store_root": str(tmp_path / "store"), "parallelism": 1,
+            "fingerprint": "f1", "output": {"sink": None}, "targets": {"local-a": {"kind": "spark_submit"}}}
+    atomic_write_json(layout.plan, plan)
+    for attempt in (0, 1):
+        data = layout.data(0, attempt)
+        data.mkdir(parents=True)
+        (data / "part-0.parquet").write_bytes(b"rows of attempt %d" % attempt)
+        write_manifest(layout.manifest(0, attempt), build_manifest(data, schema=None, records=1))
+    return layout, layout.plan
+
+
+def test_a_committing_trigger_commits_and_ends_the_task_in_the_triggerer(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    layout, plan_path = _decided_stage(tmp_path)
+    monkeypatch.setattr(trigger_module, "StageController", DecidedController)
+    monkeypatch.setattr(trigger_module, "runs_in_line", lambda: False)
+    monkeypatch.setattr(trigger_module, "min_seconds_before_event", lambda: 3600.0)  # not waited for: ends here
+
+    trigger = StageControllerTrigger(plan_path=str(plan_path), deferred_at=time.time(),
+                                     commit={"try_number": 2, "clear_number": 1})
+    (event,) = asyncio.run(_events(trigger))
+
+    assert isinstance(event, TaskSuccessEvent)
+    assert event.xcoms["return_value"]["committed"] == str(layout.committed)
+    committed = read_json(layout.committed)
+    assert committed["fingerprint"] == "f1" and committed["subtasks"]["0"]["attempt"] == 1
+    assert read_json(layout.dir / "task.json")["state"] == "committed"
+    assert read_json(layout.dir / "task.json")["try_number"] == 2
+    assert not layout.manifest(0, 0).exists() and layout.manifest(0, 1).exists()  # the loser's output is gone
+    assert [e["by"] for e in read_jsonl(layout.journal) if e["event"] == "finalize_done"] == ["triggerer"]
+
+
+def test_without_the_commit_right_or_in_line_the_worker_commits(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    layout, plan_path = _decided_stage(tmp_path)
+    monkeypatch.setattr(trigger_module, "StageController", DecidedController)
+    monkeypatch.setattr(trigger_module, "min_seconds_before_event", lambda: 0.0)
+    for in_line, commit in ((False, None), (True, {"try_number": 1, "clear_number": 0})):
+        monkeypatch.setattr(trigger_module, "runs_in_line", lambda in_line=in_line: in_line)
+        (event,) = asyncio.run(_events(StageControllerTrigger(plan_path=str(plan_path), deferred_at=0.0,
+                                                              commit=commit)))
+        assert not isinstance(event, TaskSuccessEvent) and event.payload["status"] == "success"
+    assert not layout.committed.exists() and layout.manifest(0, 0).exists()
