@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 import psutil
 
 from airflow_provider_speculative.backends.base import LaunchSpec
+from airflow_provider_speculative.backends.identity import same_process
 from airflow_provider_speculative.core.states import Attempt, AttemptState
 from airflow_provider_speculative.store import changes
 from airflow_provider_speculative.store.files import atomic_write_json, create_exclusive_json, read_json
@@ -218,14 +219,14 @@ class SupervisedBackend:
             return False
         except PermissionError:
             pass
-        key = (int(pid), launch.get("create_time"))
+        key = (int(pid), launch.get("start_ticks"), launch.get("create_time"))
         checked = _VERIFIED.get(key)
         now_mono = time.monotonic()
         if checked is not None and now_mono - checked < PID_REVERIFY:
             return True
         try:
             proc = psutil.Process(pid)
-            if launch.get("create_time") and abs(proc.create_time() - launch["create_time"]) > 1:
+            if not same_process(int(pid), launch, proc.create_time()):
                 return False  # the pid was reused by another process
             alive = proc.status() != psutil.STATUS_ZOMBIE
         except psutil.NoSuchProcess:

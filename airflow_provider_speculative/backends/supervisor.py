@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 
+from airflow_provider_speculative.backends.identity import start_ticks
 from airflow_provider_speculative.store import changes
 from airflow_provider_speculative.store.files import atomic_write_json, read_json
 
@@ -84,7 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     launched = os.environ.get("SPECULATIVE_LAUNCHED_AT")
     status = {"state": "DEPLOYING", "pid": os.getpid(), "pgid": os.getpgid(0), "deploying_at": now,
               "launched_at": float(launched) if launched else now, "alive_at": now, "host": socket.gethostname(),
-              "create_time": _create_time(), "node": os.environ.get("SPECULATIVE_NODE")}
+              "create_time": _create_time(), "start_ticks": start_ticks(os.getpid()),
+              "node": os.environ.get("SPECULATIVE_NODE")}
     _record(args.status, status)
     if args.daemonize:
         os.write(_READY_FD[0], b"1")

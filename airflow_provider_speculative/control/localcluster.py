@@ -27,6 +27,7 @@ from typing import Any
 
 import psutil
 
+from airflow_provider_speculative.backends.identity import same_process, start_ticks
 from airflow_provider_speculative.exceptions import SpeculativeError
 
 CONNECT_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
@@ -67,6 +68,7 @@ class ServerInfo:
     ui_port: int
     pid: int = 0
     create_time: float = 0.0
+    start_ticks: int | None = None
     log: str = ""
     master: str = "local[2]"
     started_at: float = 0.0
@@ -200,7 +202,8 @@ class LocalCluster:
             return None
         try:
             proc = psutil.Process(info.pid)
-            if abs(proc.create_time() - info.create_time) > 1 or proc.status() == psutil.STATUS_ZOMBIE:
+            recorded = {"start_ticks": info.start_ticks, "create_time": info.create_time}
+            if not same_process(info.pid, recorded, proc.create_time()) or proc.status() == psutil.STATUS_ZOMBIE:
                 return None
             cmdline = " ".join(proc.cmdline())
         except psutil.Error:
@@ -275,6 +278,7 @@ class LocalCluster:
                                     stderr=subprocess.STDOUT, env=env, start_new_session=True, close_fds=True)
         info.pid = proc.pid
         info.create_time = psutil.Process(proc.pid).create_time()
+        info.start_ticks = start_ticks(proc.pid)
         info.started_at = time.time()
         self._write(info)
         return info

@@ -12,6 +12,7 @@ import pytest
 
 from airflow_provider_speculative.backends import supervised
 from airflow_provider_speculative.backends.base import create_backend, kind_for_conn_type
+from airflow_provider_speculative.backends.identity import start_ticks
 from airflow_provider_speculative.backends.supervised import LAUNCH_LOST_AFTER, REMOTE_ALIVE_TIMEOUT, SupervisedBackend
 from airflow_provider_speculative.core.states import AttemptState
 from airflow_provider_speculative.exceptions import TargetError
@@ -53,6 +54,9 @@ CASES = [
     ("process gone after cancel", {**_me(), "pid": DEAD_PID}, None, True, False, NOW, S.CANCELED),
     ("process gone without cancel", {**_me(), "pid": DEAD_PID}, None, False, False, NOW, S.FAILED),
     ("pid reused by another process", {**_me(), "create_time": 1.0}, None, False, False, NOW, S.FAILED),
+    ("pid reused (start ticks differ)", {**_me(), "start_ticks": -1}, None, False, False, NOW, S.FAILED),
+    ("wall clock stepped since launch", {**_me(), "create_time": 1.0, "start_ticks": start_ticks(os.getpid())},
+     {"phase": "RUNNING"}, False, False, NOW, S.RUNNING),
     ("recorded FINISHED", {**_me(), "state": "FINISHED", "end_at": NOW}, None, False, False, NOW, S.FINISHED),
     ("recorded FAILED", {**_me(), "state": "FAILED", "end_at": NOW}, None, False, False, NOW, S.FAILED),
     ("invalidated wins over FINISHED", {**_me(), "state": "FINISHED"}, None, False, True, NOW, S.CANCELED),
