@@ -319,6 +319,11 @@ class StageController:
         """True once the stage completed or failed and no cancelled attempt is still alive."""
         return self.result is not None and not self.reaping and not self.recoveries
 
+    @property
+    def succeeded(self) -> bool:
+        """True once the stage is decided as a success (every subtask admitted), whatever is still reaped."""
+        return isinstance(self.result, CompleteStage)
+
     def _step_recoveries(self) -> list[Action]:
         actions: list[Action] = []
         for key, recovery in list(self.recoveries.items()):

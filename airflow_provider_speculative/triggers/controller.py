@@ -88,12 +88,12 @@ class StageControllerTrigger(BaseTrigger):
         dag.test(), which resumes the task on its own anyway. The 6 s guard is not needed then: the
         stale executor event of the deferring run ("success") matches the task's final state.
         """
-        return self.commit is not None and not in_line and controller.event_payload().get("status") == "success"
+        return self.commit is not None and not in_line and controller.succeeded
 
     def _commit(self, controller: StageController, payload: dict[str, Any]) -> dict[str, Any]:
         plan, layout = controller.plan, controller.layout
-        _, _ = commit_admitted(plan, layout, payload, try_number=self.commit["try_number"],
-                               clear_number=self.commit["clear_number"], by="triggerer")
+        commit_admitted(plan, layout, payload, try_number=self.commit["try_number"],
+                        clear_number=self.commit["clear_number"], by="triggerer")
         removed, _ = remove_losers(layout, plan["parallelism"], admitted_of(payload))
         summary = payload.get("summary", {})
         StageMetrics.for_plan(plan).emit(summary, only_changed=False)

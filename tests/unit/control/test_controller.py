@@ -137,7 +137,7 @@ def test_launch_failures_past_the_limit_fail_the_stage_once(tmp_path: Path) -> N
     h.backend.fail_launch.update({(0, 0), (0, 1), (0, 2)})
     for _ in range(6):
         h.step()
-    assert h.controller.result is not None and h.controller.done
+    assert h.controller.result is not None and h.controller.done and not h.controller.succeeded
     payload = h.controller.event_payload()
     assert payload["status"] == "failed" and "subtask 0 failed 2 times" in payload["reason"]
     assert len(h.events("stage_failed")) == 1
@@ -182,6 +182,7 @@ def test_losers_are_reaped_before_the_stage_is_done(tmp_path: Path) -> None:
     h.step()
     assert (0, 0) in h.backend.cancelled and h.controller.scheduler.admitted == {0: 1}
     assert not h.controller.done  # admitted, but the loser is still alive: the stage waits for it
+    assert h.controller.succeeded  # decided as a success all the same
     h.backend.survives_cancel.clear()
     h.backend.set(0, 0, S.CANCELED)  # the driver finally died
     h.step()

@@ -93,7 +93,7 @@ class DecidedController:
         self.plan = plan
         self.layout = StageLayout(Path(plan["store_root"]), plan["dag_id"], plan["run_id"], plan["stage"])
         self.config = type("Config", (), {"check_interval": 0.0})()
-        self.done = True
+        self.done = self.succeeded = True
 
     def step(self) -> list[Any]:
         return []
@@ -151,3 +151,27 @@ def test_without_the_commit_right_or_in_line_the_worker_commits(tmp_path: Path,
                                                               commit=commit)))
         assert not isinstance(event, TaskSuccessEvent) and event.payload["status"] == "success"
     assert not layout.committed.exists() and layout.manifest(0, 0).exists()
+
+
+class FailedController(DecidedController):
+    """A stage decided as failed: its failure must reach the worker, never a trigger-side commit."""
+
+    def __init__(self, plan: dict[str, Any], *, extra_env: dict[str, str], target_env: dict[str, Any]) -> None:
+        super().__init__(plan, extra_env=extra_env, target_env=target_env)
+        self.succeeded = False
+
+    def event_payload(self) -> dict[str, Any]:
+        return {"status": "failed", "plan_path": str(self.layout.plan), "reason": "too many failures",
+                "summary": self.summary()}
+
+
+def test_a_failed_stage_resumes_the_worker_even_with_the_commit_right(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    layout, plan_path = _decided_stage(tmp_path)
+    monkeypatch.setattr(trigger_module, "StageController", FailedController)
+    monkeypatch.setattr(trigger_module, "runs_in_line", lambda: False)
+    monkeypatch.setattr(trigger_module, "min_seconds_before_event", lambda: 0.0)
+    (event,) = asyncio.run(_events(StageControllerTrigger(plan_path=str(plan_path), deferred_at=0.0,
+                                                          commit={"try_number": 1, "clear_number": 0})))
+    assert not isinstance(event, TaskSuccessEvent) and event.payload["status"] == "failed"
+    assert not layout.committed.exists()
