@@ -321,7 +321,7 @@ class StageController:
 
     @property
     def succeeded(self) -> bool:
-        """True once the stage is decided as a success (every subtask admitted), whatever is still reaped."""
+        """True once the stage completed as a success (every subtask admitted, CompleteStage decided)."""
         return isinstance(self.result, CompleteStage)
 
     def _step_recoveries(self) -> list[Action]:
