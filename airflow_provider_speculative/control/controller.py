@@ -64,6 +64,25 @@ PROBE_PERIOD = 5.0
 SUMMARY_REFRESH = 10.0
 # A stage that wants a slot and finds none free looks for holders that are provably gone this often.
 RECLAIM_PERIOD = 10.0
+# A change notice (an attempt started, became ready or ended) wakes the controller before its
+# check_interval, so a freed slot is refilled and a decided stage is seen within a fraction of a second.
+# Early steps stay within this share of one core: the next one waits at least the last step's CPU
+# time divided by WAKE_DUTY (and at least WAKE_FLOOR), so a 10,000-attempt stage is not stepped in a loop.
+WAKE_DUTY = 0.1
+WAKE_FLOOR = 0.05
+# How often a waiting controller looks for a notice (one directory entry read).
+NOTICE_POLL = 0.1
+
+
+def wait_for_next_step(controllers: list[StageController]) -> None:
+    """Block until a step is due: the soonest check_interval of ``controllers``, or sooner on a change notice."""
+    if not controllers:
+        return
+    interval = min(c.config.check_interval for c in controllers)
+    started = time.monotonic()
+    time.sleep(min(c.wake_after() for c in controllers))
+    while (left := interval - (time.monotonic() - started)) > 0 and not any(c.changed() for c in controllers):
+        time.sleep(min(NOTICE_POLL, left))
 
 
 class StageController:
@@ -113,6 +132,8 @@ class StageController:
         self.reaping: set[tuple[int, int]] = set()
         self._launch_failures: list[LaunchFailed] = []
         self._full_cursor = self._probe_cursor = 0
+        self._rotated_at: float | None = None
+        self._step_cpu = 0.0
         self._live: list[tuple[int, int]] | None = None
         self._live_stale = True
         self._summary: dict[str, Any] | None = None
@@ -162,6 +183,21 @@ class StageController:
 
     def step(self) -> list[Action]:
         """One check: poll non-terminal attempts, run the core, carry out its actions."""
+        started = time.thread_time()
+        try:
+            return self._step()
+        finally:
+            self._step_cpu = time.thread_time() - started
+
+    def wake_after(self) -> float:
+        """Seconds after a step before a change notice may wake the next one (the tick's CPU budget)."""
+        return min(self.config.check_interval, max(WAKE_FLOOR, self._step_cpu / WAKE_DUTY))
+
+    def changed(self) -> bool:
+        """True if an attempt left a change notice since the last step: worth stepping before check_interval."""
+        return changes.any_pending(self.layout.dir)
+
+    def _step(self) -> list[Action]:
         if self.result is not None:
             # Decided, but a cancelled loser may still be dying: keep reaping it, or `done` never turns true.
             self._reap(self.clock())
@@ -255,7 +291,12 @@ class StageController:
         if not live:
             return []
         n = len(live)
+        # The rotations' shares follow the time since the last one, not the number of ticks: early
+        # wake-ups on change notices must not multiply the polls of a large stage.
         interval = max(self.config.check_interval, 0.001)
+        if self._rotated_at is not None:
+            interval = min(interval, max(now - self._rotated_at, 0.001))
+        self._rotated_at = now
         full_share = min(n, max(1, math.ceil(n * interval / FULL_POLL_PERIOD)))
         probe_share = min(n, max(1, math.ceil(n * interval / PROBE_PERIOD)))
         # Two independent rotations over the live attempts: full polls and probes.

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from airflow_provider_speculative.control.controller import StageController, wipe_stage_attempts
+from airflow_provider_speculative.control.controller import StageController, wait_for_next_step, wipe_stage_attempts
 from airflow_provider_speculative.core.config import SpeculativeConfig
 from airflow_provider_speculative.core.graph import ExchangeSpec, PipelineGraph, SourceSpec
 from airflow_provider_speculative.core.hybrid import producer_record
@@ -119,7 +119,7 @@ def run_stages(plans: list[dict[str, Any]], target_env: dict[str, dict[str, str]
             if controller.done:
                 del pending[name]
                 _commit(controller)
-        time.sleep(min(c.config.check_interval for c in controllers.values()))
+        wait_for_next_step(list(pending.values()))
     return controllers
 
 
@@ -154,7 +154,7 @@ def run_stage(plan: dict[str, Any], timeout: float = 1800.0, fresh: bool = False
             controller.kill_all("standalone run timed out")
             raise TimeoutError(f"stage {plan['stage']!r} did not finish within {timeout}s")
         controller.step()
-        time.sleep(controller.config.check_interval)  # the controller's own cadence, as in the trigger
+        wait_for_next_step([controller])  # the controller's own cadence, as in the trigger
     payload = controller.event_payload()
     if payload["status"] != "success":
         raise RuntimeError(f"stage {plan['stage']!r} failed: {payload['reason']}")

@@ -43,6 +43,15 @@ def pending(stage_dir: str | Path) -> tuple[set[tuple[int, int]], list[str]]:
     return keys, names
 
 
+def any_pending(stage_dir: str | Path) -> bool:
+    """True if at least one notice is waiting (reads one directory entry, not the whole listing)."""
+    try:
+        with os.scandir(os.path.join(stage_dir, DIRNAME)) as entries:
+            return next(entries, None) is not None
+    except FileNotFoundError:
+        return False
+
+
 def acknowledge(names: list[str]) -> None:
     """Remove notices whose attempts were polled after the notices were listed."""
     for name in names:

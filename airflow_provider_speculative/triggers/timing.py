@@ -1,6 +1,13 @@
-"""When a trigger may fire: the guard against Airflow's stale-executor-event race after a deferral."""
+"""When a trigger may fire (the guard against Airflow's stale-event race after a deferral) and when it steps next."""
 
 from __future__ import annotations
+
+import asyncio
+import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from airflow_provider_speculative.control.controller import StageController
 
 # Under a real executor, a trigger that fires within ~5 s of defer() can get the resumed task failed:
 # the scheduler may process the executor's stale "success" of the deferring run after the trigger
@@ -26,3 +33,16 @@ def runs_in_line() -> bool:
 def min_seconds_before_event() -> float:
     """The guard in seconds: :data:`MIN_SECONDS_BEFORE_EVENT` in a triggerer, 0 in line under ``dag.test()``."""
     return 0.0 if runs_in_line() else MIN_SECONDS_BEFORE_EVENT
+
+
+async def wait_for_next_step(controller: StageController) -> None:
+    """The trigger's :meth:`StageController.wait`: check_interval, or sooner on a change notice (off the loop)."""
+    from airflow_provider_speculative.control.controller import NOTICE_POLL
+
+    interval = controller.config.check_interval
+    started = time.monotonic()
+    await asyncio.sleep(controller.wake_after())
+    while (left := interval - (time.monotonic() - started)) > 0:
+        if await asyncio.to_thread(controller.changed):
+            return
+        await asyncio.sleep(min(NOTICE_POLL, left))

@@ -10,7 +10,8 @@ from typing import Any, ClassVar
 import pytest
 
 from airflow_provider_speculative.backends.base import LaunchSpec
-from airflow_provider_speculative.control.controller import StageController
+from airflow_provider_speculative.control import controller as controller_module
+from airflow_provider_speculative.control.controller import StageController, wait_for_next_step
 from airflow_provider_speculative.core.config import SpeculativeConfig
 from airflow_provider_speculative.core.states import Attempt, AttemptState
 from airflow_provider_speculative.store import changes
@@ -221,3 +222,43 @@ def test_a_lost_notice_is_caught_by_the_rotating_full_poll(tmp_path: Path) -> No
     for _ in range(4):  # no notice was written: within a full rotation the failure is seen
         h.step()
     assert h.controller.scheduler.attempts[1][0].state == S.FAILED
+
+
+def test_early_wake_ups_do_not_multiply_the_rotating_polls(tmp_path: Path) -> None:
+    targets = [{"name": "local-a", "slots": 600}, {"name": "local-b", "slots": 600}]
+    h = harness(tmp_path, parallelism=1200, check_interval=1.0, targets=targets)
+    h.step()
+    h.step()
+    assert len(h.controller.scheduler.live_attempts()) == 1200
+    reads: list[tuple[int, int]] = []
+    poll, probe = h.backend.poll, h.backend.probe
+    h.backend.poll = lambda s, a, now=None: reads.append((s, a)) or poll(s, a, now)  # type: ignore[method-assign]
+    h.backend.probe = lambda s, a, now: reads.append((s, a)) or probe(s, a, now)  # type: ignore[method-assign]
+    h.step(1.0)
+    one_interval = len(reads)  # 1200 x 1 s / 300 s full polls + 1200 x 1 s / 5 s probes
+    reads.clear()
+    for _ in range(10):  # the same second as ten steps woken early by change notices
+        h.step(0.1)
+    assert one_interval >= 240 and len(reads) <= one_interval * 1.1 + 10
+
+
+def test_a_change_notice_wakes_the_wait_before_the_check_interval(tmp_path: Path) -> None:
+    h = harness(tmp_path, parallelism=1, check_interval=3600.0)
+    h.step()  # launches attempt 0, whose launch leaves a notice
+    h.step()  # acknowledges it
+    assert not h.controller.changed()
+    h.backend.finish(0, 0)  # the attempt ends and leaves a notice
+    assert h.controller.changed()
+    wait_for_next_step([h.controller])  # returns now, not after an hour
+    h.step()
+    assert h.controller.done and h.controller.succeeded
+
+
+def test_the_wake_up_after_a_step_follows_its_cpu_time(tmp_path: Path) -> None:
+    h = harness(tmp_path, parallelism=1, check_interval=1.0)
+    h.controller._step_cpu = 0.001
+    assert h.controller.wake_after() == controller_module.WAKE_FLOOR
+    h.controller._step_cpu = 0.03  # a large stage's tick: the next one no sooner than 10x its CPU time
+    assert h.controller.wake_after() == pytest.approx(0.3)
+    h.controller._step_cpu = 5.0
+    assert h.controller.wake_after() == 1.0  # never later than check_interval

@@ -45,6 +45,12 @@ class StubController:
         self.steps += 1
         return []
 
+    def wake_after(self) -> float:
+        return 0.0
+
+    def changed(self) -> bool:
+        return False
+
     @property
     def done(self) -> bool:
         return self.steps >= 3
