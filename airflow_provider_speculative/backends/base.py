@@ -80,28 +80,39 @@ def kind_for_conn_type(conn_type: str | None, *, target: str, conn_id: str) -> s
     return kind
 
 
-def create_backend(kind: str, layout: StageLayout, env: dict[str, str] | None = None) -> Backend:
+def create_backend(kind: str, layout: StageLayout, env: dict[str, str] | None = None, *,
+                   fork_server: bool = False) -> Backend:
     """The backend implementation for ``kind`` (as recorded in plan.json) over one stage run's store.
 
     ``env`` is the target's launch environment resolved by the trigger (e.g. a Connect server's URL with
     its token): a backend that must reach its target outside an attempt (a Connect cancel) keeps it in memory.
+    ``fork_server``: start attempts through the per-host fork server (``backends/forkserver.py``).
     """
+    backend: Any
     if kind == "spark_submit":
         from airflow_provider_speculative.backends.spark_submit import SparkSubmitBackend
 
-        return SparkSubmitBackend(layout)
-    if kind == "spark_connect":
+        backend = SparkSubmitBackend(layout)
+    elif kind == "spark_connect":
         from airflow_provider_speculative.backends.spark_connect import SparkConnectBackend
 
-        return SparkConnectBackend(layout, env=env)
-    raise TargetError(f"unknown backend kind {kind!r} in the plan of stage {layout.stage!r}; "
+        backend = SparkConnectBackend(layout, env=env)
+    else:
+        raise TargetError(f"unknown backend kind {kind!r} in the plan of stage {layout.stage!r}; "
                       "known: spark_submit, spark_connect")
+    backend.fork_server = fork_server
+    return backend
 
 
 def plan_backends(plan: dict[str, Any], layout: StageLayout,
                   target_env: dict[str, dict[str, str]] | None = None) -> dict[str, Backend]:
     """One backend per target of a plan (targets of the same kind share nothing but the store)."""
-    return {name: create_backend(spec["kind"], layout, (target_env or {}).get(name))
+    fork_server = bool(plan.get("config", {}).get("fork_server", False))
+    if fork_server and any(spec["kind"] in ("spark_submit", "spark_connect") for spec in plan["targets"].values()):
+        from airflow_provider_speculative.backends import forkserver
+
+        forkserver.prestart()  # it imports while the controller restores and plans its first launches
+    return {name: create_backend(spec["kind"], layout, (target_env or {}).get(name), fork_server=fork_server)
             for name, spec in plan["targets"].items()}
 
 

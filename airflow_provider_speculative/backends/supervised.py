@@ -48,6 +48,9 @@ class SupervisedBackend:
     def __init__(self, layout: StageLayout, kill_grace: float = 5.0) -> None:
         self.layout = layout
         self.kill_grace = kill_grace
+        # Start supervisors through the per-host fork server (backends/forkserver.py): set from the
+        # plan's fork_server option by create_backend.
+        self.fork_server = False
         self._dirs: dict[tuple[int, int], str] = {}
 
     def claim(self, subtask: int, attempt: int, record: dict[str, Any]) -> bool:
@@ -59,16 +62,33 @@ class SupervisedBackend:
         status = self.layout.status(spec.subtask, spec.attempt)
         log = self.layout.log(spec.subtask, spec.attempt)
         env = self.launch_env(spec)
-        cmd = [sys.executable, "-m", "airflow_provider_speculative.backends.supervisor",
-               "--status", str(status), "--log", str(log),
-               "--manifest", str(self.layout.manifest(spec.subtask, spec.attempt)), "--daemonize",
-               "--", *spec.command]
-        with open(log, "ab") as out:
-            code = subprocess.call(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                   start_new_session=True, env=env, close_fds=True, timeout=60)
+        args = ["--status", str(status), "--log", str(log),
+                "--manifest", str(self.layout.manifest(spec.subtask, spec.attempt)), "--daemonize",
+                "--", *spec.command]
+        code = self._launch_forked(spec, args, env, str(log)) if self.fork_server else None
+        if code is None:
+            with open(log, "ab") as out:
+                code = subprocess.call([sys.executable, "-m", "airflow_provider_speculative.backends.supervisor",
+                                        *args], stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                       start_new_session=True, env=env, close_fds=True, timeout=60)
         if code != 0 or read_json(status) is None:
             raise RuntimeError(f"could not start attempt {spec.attempt} of subtask {spec.subtask}: "
                                f"supervisor exited {code}; see {log}")
+
+    def _launch_forked(self, spec: LaunchSpec, args: list[str], env: dict[str, str], log: str) -> int | None:
+        """The supervisor's exit code through the fork server; None if it was not reached (start it directly)."""
+        from airflow_provider_speculative.backends import forkserver
+
+        try:
+            return forkserver.launch(args, env, log)
+        except forkserver.LaunchUnknown as exc:
+            base = self.layout.attempt_dir(spec.subtask, spec.attempt)
+            if read_json(base / "status.json") is not None:
+                return 0  # the supervisor recorded itself before the server died: it runs
+            # A supervisor forked just before the server died may still come up: the cancel stops it
+            # within a second of its start, and the attempt is reported failed (never started twice).
+            atomic_write_json(base / "cancel.json", {"reason": f"launch lost: {exc}", "at": time.time()})
+            raise RuntimeError(f"could not start attempt {spec.attempt} of subtask {spec.subtask}: {exc}") from None
 
     def launch_env(self, spec: LaunchSpec) -> dict[str, str]:
         """The attempt's environment: the launcher's, the plan's, and what the runtime needs to know."""

@@ -2,7 +2,8 @@
 
 Started with ``start_new_session=True`` so it and everything spark-submit starts (the driver JVM
 and its Python process) share one process group that ``killpg`` stops as a whole. It imports
-neither Airflow nor Spark, so it starts in milliseconds.
+neither Airflow nor Spark, so it starts in milliseconds. Forked from the fork server instead
+(``backends/forkserver.py``), it forks a Python application from that warm image.
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ import socket
 import subprocess
 import sys
 import time
+from typing import Any
 
+from airflow_provider_speculative.backends import forkserver
 from airflow_provider_speculative.backends.identity import start_ticks
 from airflow_provider_speculative.store import changes
 from airflow_provider_speculative.store.files import atomic_write_json, read_json
@@ -69,8 +72,12 @@ def _record(status_path: str, status: dict[str, object], *, notify: bool = True)
         changes.notify(os.path.dirname(subtask_dir), subtask, attempt)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the command after ``--``, keeping ``--status`` up to date; return its exit code."""
+def main(argv: list[str] | None = None, warm: bool = False) -> int:
+    """Run the command after ``--``, keeping ``--status`` up to date; return its exit code.
+
+    ``warm``: this supervisor was forked from the fork server (backends/forkserver.py), so a Python
+    application of this interpreter is forked from the same, already imported, image.
+    """
     parser = argparse.ArgumentParser()
     parser.add_argument("--status", required=True)
     parser.add_argument("--log", required=True)
@@ -100,7 +107,11 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, on_term)
     with open(args.log, "ab") as log:
         try:
-            child = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+            child: Any
+            if warm and forkserver.runs_warm(cmd):
+                child = forkserver.ForkedScript(cmd[1:], log.fileno())
+            else:
+                child = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
         except OSError as exc:
             status.update(state="FAILED", end_at=time.time(), exit_code=127, cause=f"cannot start {cmd[0]}: {exc}")
             _record(args.status, status)
@@ -125,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     return code
 
 
-def _wait(child: subprocess.Popen[bytes], status_path: str, status: dict[str, object],
+def _wait(child: Any, status_path: str, status: dict[str, object],
           cancelled: dict[str, int | None]) -> int:
     cancel_path = os.path.join(os.path.dirname(status_path), "cancel.json")
     term_sent_at: float | None = None

@@ -375,6 +375,9 @@ OPTIONS: tuple[Option, ...] = (
     _duration_option("block_slow_node_duration", 60.0,
                      "Seconds a slow node stays blocked for new attempts (>= 0)."),
     _duration_option("check_interval", 1.0, "Seconds between controller checks (> 0).", positive=True),
+    _bool_option("fork_server", True,
+                 "Start attempts from a per-host fork server that has pyspark's Connect client imported "
+                 "(false: a fresh interpreter per attempt)."),
     _duration_option("baseline_lower_bound", 60.0, "Lower bound of the slow-task baseline in seconds (>= 0)."),
     _float_option("baseline_ratio", 0.75,
                   "Fraction of subtasks that must finish before a baseline exists (0 < r <= 1).",
