@@ -55,7 +55,7 @@ from typing import Any
 
 # What a Spark Connect stage application imports, loaded once in the server (a missing one is skipped).
 WARM_MODULES = ("pandas", "pyarrow", "pyarrow.parquet", "grpc", "pyspark.sql.connect.session",
-                "pyspark.sql.functions", "airflow_provider_speculative.runtime",
+                "pyspark.sql.functions", "setproctitle", "airflow_provider_speculative.runtime",
                 "airflow_provider_speculative.backends.supervisor")
 IDLE_TIMEOUT = 600.0
 # How long a launcher waits for a server it has just started (its imports) before starting directly.
@@ -325,6 +325,8 @@ def _serve_one(server: socket.socket, conn: socket.socket, lock: int) -> None:
 
 def _become_supervisor(argv: list[str], env: dict[str, str], cwd: str, log: str) -> int:
     """In the forked child: take the launch's environment, directory and output, then run the supervisor."""
+    # Before the environment changes: setproctitle finds its space behind argv and the original environ.
+    retitle([sys.executable, "-m", "airflow_provider_speculative.backends.supervisor", *argv])
     os.chdir(cwd)
     os.environ.clear()
     os.environ.update(env)
@@ -388,8 +390,17 @@ class ForkedScript:
             delay = min(delay * 2, 0.05)
 
 
+def retitle(cmd: list[str]) -> None:
+    """Show ``cmd`` as this forked process's command line (``ps``, and whoever looks for an attempt by it)."""
+    with contextlib.suppress(Exception):
+        import setproctitle
+
+        setproctitle.setproctitle(" ".join(cmd))
+
+
 def run_script(argv: list[str]) -> int:
     """Run ``argv[0]`` as ``__main__`` like ``python argv[0] argv[1:]``, then end as the interpreter would."""
+    retitle([sys.executable, *argv])
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     sys.argv = list(argv)

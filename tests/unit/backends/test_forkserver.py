@@ -153,6 +153,10 @@ def test_cancel_stops_a_warm_attempt_and_its_group(runtime: Path, tmp_path: Path
     number = attempts.launch("sleep")
     _until(attempts.pid_file(number).exists, "the application to start")
     app_pid = int(attempts.pid_file(number).read_text())
+    # Both forked processes show the command lines they would have had (what ps and leak checks look for).
+    supervisor = psutil.Process(attempts.status(number)["pid"])
+    assert str(attempts.layout.status(0, number)) in " ".join(supervisor.cmdline())
+    assert f"{attempts.app} --x {number}" in " ".join(psutil.Process(app_pid).cmdline())
     attempts.backend.cancel(0, number, "test")
     status = attempts.ended(number)
     assert status["state"] == "CANCELED"
