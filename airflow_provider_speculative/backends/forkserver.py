@@ -50,6 +50,7 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -304,23 +305,32 @@ def _serve_one(server: socket.socket, conn: socket.socket, lock: int) -> None:
             conn.sendall(ACCEPTED)
         except OSError:
             return  # the launcher is gone: it starts nothing, so neither does the server
-        sys.stdout.flush()
-        sys.stderr.flush()
-        pid = os.fork()
-        if pid == 0:
-            code = 1
-            try:
-                server.close()
-                conn.close()
-                os.close(lock)  # or every daemonized supervisor would hold the server's lock
-                code = _become_supervisor(argv, env, cwd, log)
-            except BaseException:
-                traceback.print_exc()
-            finally:
-                os._exit(code)
-        _, status = os.waitpid(pid, 0)
+
+        def child() -> int:
+            server.close()
+            conn.close()
+            os.close(lock)  # or every daemonized supervisor would hold the server's lock
+            return _become_supervisor(argv, env, cwd, log)
+
+        _, status = os.waitpid(fork_run(child), 0)
         with contextlib.suppress(OSError):
             conn.sendall(json.dumps({"code": os.waitstatus_to_exitcode(status)}).encode())
+
+
+def fork_run(child: Callable[[], int]) -> int:
+    """Fork; the child runs ``child`` and exits with its code (1 on an exception, printed). The child's pid."""
+    sys.stdout.flush()  # or the child would write what this process buffered a second time
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            code = child()
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            os._exit(code)
+    return pid
 
 
 def _become_supervisor(argv: list[str], env: dict[str, str], cwd: str, log: str) -> int:
@@ -359,18 +369,12 @@ class ForkedScript:
     """The stage application forked from the warm supervisor: what :class:`subprocess.Popen` is otherwise."""
 
     def __init__(self, argv: list[str], log_fd: int) -> None:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        pid = os.fork()
-        if pid == 0:
-            code = 1
-            try:
-                os.dup2(log_fd, 1)
-                os.dup2(log_fd, 2)
-                code = run_script(argv)
-            finally:
-                os._exit(code)
-        self.pid = pid
+        def child() -> int:
+            os.dup2(log_fd, 1)
+            os.dup2(log_fd, 2)
+            return run_script(argv)
+
+        self.pid = fork_run(child)
         self.returncode: int | None = None
 
     def wait(self, timeout: float | None = None) -> int:

@@ -6,6 +6,7 @@ own server), and every server it started is killed at the end.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -16,7 +17,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psutil
@@ -224,27 +225,38 @@ def test_a_runtime_directory_others_can_enter_is_not_used(runtime: Path, tmp_pat
     assert status["state"] == "FINISHED" and "image: cold" in attempts.log(0) and not _server_pids(runtime)
 
 
-def test_a_server_that_dies_with_the_request_leaves_the_attempt_cancelled(runtime: Path, tmp_path: Path) -> None:
+@contextlib.contextmanager
+def _dying_server(behaviour: Callable[[socket.socket], None]) -> Iterator[None]:
+    """A fake server on this interpreter's socket path: takes one connection, does ``behaviour``, dies."""
     path = forkserver.socket_path()
     assert path is not None
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(str(path))
     listener.listen(1)
 
-    def read_then_die() -> None:  # a server killed after it accepted the request: no answer
+    def serve_once() -> None:
         conn, _ = listener.accept()
+        with conn:
+            behaviour(conn)
+
+    thread = threading.Thread(target=serve_once)
+    thread.start()
+    try:
+        yield
+    finally:
+        thread.join(timeout=60)
+        listener.close()
+
+
+def test_a_server_that_dies_with_the_request_leaves_the_attempt_cancelled(runtime: Path, tmp_path: Path) -> None:
+    def read_then_die(conn: socket.socket) -> None:  # a server killed after it accepted the request
         while conn.recv(65536):
             pass
         conn.sendall(forkserver.ACCEPTED)
-        conn.close()
 
-    thread = threading.Thread(target=read_then_die)
-    thread.start()
     attempts = Attempts(tmp_path)
-    with pytest.raises(RuntimeError, match="closed the connection without an answer"):
+    with _dying_server(read_then_die), pytest.raises(RuntimeError, match="closed the connection without an answer"):
         attempts.launch()
-    thread.join(timeout=60)
-    listener.close()
     # Never started a second time by the launcher; a supervisor that still came up would find the cancel.
     assert attempts.status(0) == {}
     assert json.loads((attempts.layout.attempt_dir(0, 0) / "cancel.json").read_text())["reason"].startswith(
@@ -252,22 +264,9 @@ def test_a_server_that_dies_with_the_request_leaves_the_attempt_cancelled(runtim
 
 
 def test_a_request_the_server_never_acknowledged_is_started_directly(runtime: Path, tmp_path: Path) -> None:
-    path = forkserver.socket_path()
-    assert path is not None
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(str(path))
-    listener.listen(1)
-
-    def die_unread() -> None:  # a server killed with the request still queued
-        conn, _ = listener.accept()
-        conn.close()
-
-    thread = threading.Thread(target=die_unread)
-    thread.start()
     attempts = Attempts(tmp_path)
-    status = attempts.ended(attempts.launch())
-    thread.join(timeout=60)
-    listener.close()
+    with _dying_server(lambda conn: None):  # a server killed with the request still queued
+        status = attempts.ended(attempts.launch())
     assert status["state"] == "FINISHED" and "image: cold" in attempts.log(0)
 
 
