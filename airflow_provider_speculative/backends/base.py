@@ -99,7 +99,7 @@ def create_backend(kind: str, layout: StageLayout, env: dict[str, str] | None = 
         backend = SparkConnectBackend(layout, env=env)
     else:
         raise TargetError(f"unknown backend kind {kind!r} in the plan of stage {layout.stage!r}; "
-                      "known: spark_submit, spark_connect")
+                          "known: spark_submit, spark_connect")
     backend.fork_server = fork_server
     return backend
 
@@ -108,7 +108,7 @@ def plan_backends(plan: dict[str, Any], layout: StageLayout,
                   target_env: dict[str, dict[str, str]] | None = None) -> dict[str, Backend]:
     """One backend per target of a plan (targets of the same kind share nothing but the store)."""
     fork_server = bool(plan.get("config", {}).get("fork_server", False))
-    if fork_server and any(spec["kind"] in ("spark_submit", "spark_connect") for spec in plan["targets"].values()):
+    if fork_server and plan["targets"]:
         from airflow_provider_speculative.backends import forkserver
 
         forkserver.prestart()  # it imports while the controller restores and plans its first launches
