@@ -108,10 +108,6 @@ def plan_backends(plan: dict[str, Any], layout: StageLayout,
                   target_env: dict[str, dict[str, str]] | None = None) -> dict[str, Backend]:
     """One backend per target of a plan (targets of the same kind share nothing but the store)."""
     fork_server = bool(plan.get("config", {}).get("fork_server", False))
-    if fork_server and plan["targets"]:
-        from airflow_provider_speculative.backends import forkserver
-
-        forkserver.prestart()  # it imports while the controller restores and plans its first launches
     return {name: create_backend(spec["kind"], layout, (target_env or {}).get(name), fork_server=fork_server)
             for name, spec in plan["targets"].items()}
 

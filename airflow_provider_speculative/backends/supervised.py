@@ -83,7 +83,7 @@ class SupervisedBackend:
             return forkserver.launch(args, env, log)
         except forkserver.LaunchUnknown as exc:
             base = self.layout.attempt_dir(spec.subtask, spec.attempt)
-            if read_json(base / "status.json") is not None:
+            if read_json(self.layout.status(spec.subtask, spec.attempt)) is not None:
                 return 0  # the supervisor recorded itself before the server died: it runs
             # A supervisor forked just before the server died may still come up: the cancel stops it
             # within a second of its start, and the attempt is reported failed (never started twice).

@@ -15,6 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from airflow_provider_speculative.backends import forkserver
 from airflow_provider_speculative.backends.base import Backend, LaunchSpec, attempt_observer, plan_backends
 from airflow_provider_speculative.control.hybrid import HybridInputWatcher
 from airflow_provider_speculative.control.liveness import TargetWatcher
@@ -134,6 +135,7 @@ class StageController:
         self._full_cursor = self._probe_cursor = 0
         self._rotated_at: float | None = None
         self._step_cpu = 0.0
+        self._prestarted = False
         self._live: list[tuple[int, int]] | None = None
         self._live_stale = True
         self._summary: dict[str, Any] | None = None
@@ -198,6 +200,12 @@ class StageController:
         return changes.any_pending(self.layout.dir)
 
     def _step(self) -> list[Action]:
+        if not self._prestarted and self.result is None:
+            self._prestarted = True
+            # Only a controller that will launch starts the fork server (not one built to kill_all on a
+            # worker): it imports while this first step restores and places the first attempts.
+            if any(getattr(b, "fork_server", False) for b in self.backends.values()):
+                forkserver.prestart()
         if self.result is not None:
             # Decided, but a cancelled loser may still be dying: keep reaping it, or `done` never turns true.
             self._reap(self.clock())

@@ -15,7 +15,7 @@ from airflow_provider_speculative.hooks.targets import connect_env
 from airflow_provider_speculative.metrics import StageMetrics
 from airflow_provider_speculative.store.files import read_json
 from airflow_provider_speculative.store.task_state import record_task_state
-from airflow_provider_speculative.triggers.timing import min_seconds_before_event, runs_in_line, wait_for_next_step
+from airflow_provider_speculative.triggers.timing import await_next_step, min_seconds_before_event, runs_in_line
 
 
 class StageControllerTrigger(BaseTrigger):
@@ -73,7 +73,7 @@ class StageControllerTrigger(BaseTrigger):
                 self.log.info("stage %s: %s", controller.plan["stage"], waiting or "slots available again")
             if controller.done and (self._ends_here(controller, in_line) or time.time() - self.deferred_at >= guard):
                 break
-            await wait_for_next_step(controller)
+            await await_next_step(controller)
         payload = controller.event_payload()
         if self._ends_here(controller, in_line):
             result = await asyncio.to_thread(self._commit, controller, payload)

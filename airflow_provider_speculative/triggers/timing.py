@@ -35,8 +35,12 @@ def min_seconds_before_event() -> float:
     return 0.0 if runs_in_line() else MIN_SECONDS_BEFORE_EVENT
 
 
-async def wait_for_next_step(controller: StageController) -> None:
-    """The trigger's :meth:`StageController.wait`: check_interval, or sooner on a change notice (off the loop)."""
+async def await_next_step(controller: StageController) -> None:
+    """control.controller.wait_for_next_step for one controller, without blocking the triggerer's loop.
+
+    Not that function run in a thread: a triggerer's small thread pool would be held by every waiting
+    stage. Only the notice check (one directory read) goes to a thread.
+    """
     from airflow_provider_speculative.control.controller import NOTICE_POLL
 
     interval = controller.config.check_interval

@@ -96,6 +96,11 @@ def test_q1_on_connect_equals_spark_submit(airflow_db, tpch_data, connect_pool):
     assert [a["app_id"] for a in cli_attempts] == [a["app_id"] for a in _attempts(
         run_report(STORE, "connect_q1", connect_run.run_id))]
     assert all(a["startup_seconds"] for a in cli_attempts)
+    # Both kinds of session write through the raw local filesystem (runtime/session.py SESSION_DEFAULTS):
+    # no Hadoop .crc beside any file of either run's exchange and sink outputs.
+    for dag_id, run in (("connect_q1", connect_run), ("small_q1", submit_run)):
+        for root in (StageLayout(STORE, dag_id, run.run_id, "scan").run_dir, OUTPUT / dag_id):
+            assert list(root.rglob("*.parquet")) and not list(root.rglob("*.crc")), (dag_id, root)
 
 
 def test_losing_attempt_is_stopped_on_the_server(airflow_db, tpch_data, connect_pool):

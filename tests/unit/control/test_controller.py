@@ -262,3 +262,19 @@ def test_the_wake_up_after_a_step_follows_its_cpu_time(tmp_path: Path) -> None:
     assert h.controller.wake_after() == pytest.approx(0.3)
     h.controller._step_cpu = 5.0
     assert h.controller.wake_after() == 1.0  # never later than check_interval
+
+
+def test_only_a_controller_that_steps_with_fork_server_backends_starts_the_fork_server(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    started: list[bool] = []
+    monkeypatch.setattr(controller_module.forkserver, "prestart", lambda: started.append(True))
+    h = harness(tmp_path, parallelism=1)
+    h.step()
+    assert started == []  # backends that do not launch through it (this fake) never start it
+    h = harness(tmp_path / "second", parallelism=1)
+    h.backend.fork_server = True  # type: ignore[attr-defined]
+    h.controller.kill_all("built only to stop attempts, as the operator does on a worker")
+    assert started == []
+    h.step()
+    h.step()
+    assert started == [True]  # once, at the first step

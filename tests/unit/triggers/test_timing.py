@@ -1,10 +1,16 @@
-"""The stale-event guard is kept under a triggerer and dropped only when the trigger runs in line (dag.test)."""
+"""When a trigger may fire (the stale-event guard, dropped only in line under dag.test) and when it steps next."""
 
 from __future__ import annotations
 
+import asyncio
+
 from airflow.sdk.execution_time.supervisor import InProcessSupervisorComms, set_supervisor_comms
 
-from airflow_provider_speculative.triggers.timing import MIN_SECONDS_BEFORE_EVENT, min_seconds_before_event
+from airflow_provider_speculative.triggers.timing import (
+    MIN_SECONDS_BEFORE_EVENT,
+    await_next_step,
+    min_seconds_before_event,
+)
 
 
 class TriggererComms:
@@ -22,3 +28,24 @@ def test_under_a_triggerer_or_outside_any_task_the_guard_is_kept() -> None:
         assert min_seconds_before_event() == MIN_SECONDS_BEFORE_EVENT
     assert min_seconds_before_event() == MIN_SECONDS_BEFORE_EVENT
     assert MIN_SECONDS_BEFORE_EVENT >= 5.0  # the race window seen in apache/airflow#66374
+
+
+class NoticeAfter:
+    """A controller whose change notice appears at the ``n``-th look; its check_interval is an hour."""
+
+    def __init__(self, n: int) -> None:
+        self.config = type("Config", (), {"check_interval": 3600.0})()
+        self.looks, self.n = 0, n
+
+    def wake_after(self) -> float:
+        return 0.0
+
+    def changed(self) -> bool:
+        self.looks += 1
+        return self.looks >= self.n
+
+
+def test_a_change_notice_ends_the_triggers_wait_before_the_check_interval() -> None:
+    controller = NoticeAfter(3)
+    asyncio.run(await_next_step(controller))  # type: ignore[arg-type]  # returns at the notice, not in an hour
+    assert controller.looks == 3
