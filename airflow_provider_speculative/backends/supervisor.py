@@ -119,6 +119,9 @@ def main(argv: list[str] | None = None, warm: bool = False) -> int:
         status["child_pid"] = child.pid
         _record(args.status, status)
         code = _wait(child, args.status, status, cancelled)
+    hold = os.environ.get("SPECULATIVE_HOLD_END")
+    if hold and code == 0 and cancelled["signal"] is None and read_json(args.manifest) is not None:
+        _hold_end(hold, args.status, status, cancelled)
     status.update(end_at=time.time(), exit_code=code)
     if cancelled["signal"] is not None:
         status.update(state="CANCELED", cause=f"cancelled (signal {cancelled['signal']})")
@@ -159,6 +162,22 @@ def _wait(child: Any, status_path: str, status: dict[str, object],
                 _signal_children(signal.SIGTERM)
             elif time.time() - term_sent_at > KILL_GRACE:
                 _signal_children(signal.SIGKILL)
+
+
+def _hold_end(release: str, status_path: str, status: dict[str, object], cancelled: dict[str, int | None],
+              timeout: float = 900.0) -> None:
+    """Fault injection (``hold_end``): keep a successful end unrecorded until ``release`` exists."""
+    status["held_at"] = time.time()
+    # Not a change the controller acts on: the attempt still looks alive to it, as it should.
+    _record(status_path, status, notify=False)
+    cancel_path = os.path.join(os.path.dirname(status_path), "cancel.json")
+    deadline = time.time() + timeout
+    while not os.path.exists(release) and time.time() < deadline:
+        if cancelled["signal"] is not None or os.path.exists(cancel_path):
+            cancelled["signal"] = cancelled["signal"] or signal.SIGTERM
+            return
+        # 5 ms: the two attempts of a race record their ends within milliseconds of each other.
+        time.sleep(0.005)
 
 
 def _signal_children(signum: int) -> None:

@@ -470,6 +470,8 @@ class StageController:
         command = attempt_command(self.plan, self.layout, action.subtask, action.attempt, target.name)
         env = {**(self.plan["targets"][target.name].get("env") or {}), **self.target_env.get(target.name, {}),
                **self.extra_env}
+        if self.config.fault_injection.hold_end:
+            env["SPECULATIVE_HOLD_END"] = str(self.layout.barrier_release(action.subtask))
         try:
             # YARN and Kubernetes submissions are kept off the nodes blocked now (backends/spark_submit.py).
             backend.launch(LaunchSpec(action.subtask, action.attempt, target.name, target.node_label,

@@ -71,6 +71,9 @@ class FaultInjection:
     force_speculation: frozenset[int] = frozenset()
     # Attempts hold their manifest until <stage dir>/barrier.release.<subtask> exists: finishes land together.
     barrier: bool = False
+    # Supervisors of attempts that succeeded hold their FINISHED record until that same release file
+    # exists: the controller, which wakes on each record, sees two attempts end together.
+    hold_end: bool = False
 
     def for_attempt(self, target: str, subtask: int, attempt: int) -> FaultSpec:
         """Return the fault applied to one attempt; a per-attempt rule wins over a target rule."""
@@ -85,6 +88,7 @@ class FaultInjection:
             ],
             "force_speculation": sorted(self.force_speculation),
             "barrier": self.barrier,
+            "hold_end": self.hold_end,
         }
 
 
@@ -246,9 +250,10 @@ def _faults(name: str, value: Any, where: str) -> FaultInjection:
     raw = _json(name, value, where)
     if not raw:
         return FaultInjection()
-    if not isinstance(raw, dict) or set(raw) - {"targets", "attempts", "force_speculation", "barrier"}:
+    if not isinstance(raw, dict) or set(raw) - {"targets", "attempts", "force_speculation", "barrier",
+                                                 "hold_end"}:
         raise _bad(name, value, where, "expected {targets: {...}, attempts: [...], force_speculation: [...], "
-                                       "barrier: bool}")
+                                       "barrier: bool, hold_end: bool}")
     targets = {str(t): _fault_spec(f"{name}.targets.{t}", spec, where)
                for t, spec in (raw.get("targets") or {}).items()}
     attempts = {}
@@ -263,7 +268,8 @@ def _faults(name: str, value: Any, where: str) -> FaultInjection:
         raise _bad(f"{name}.force_speculation", forced, where, "expected a list of subtask indexes")
     return FaultInjection(targets=targets, attempts=attempts,
                           force_speculation=frozenset(_int(f"{name}.force_speculation", i, where, 0) for i in forced),
-                          barrier=_bool(f"{name}.barrier", raw.get("barrier", False), where))
+                          barrier=_bool(f"{name}.barrier", raw.get("barrier", False), where),
+                          hold_end=_bool(f"{name}.hold_end", raw.get("hold_end", False), where))
 
 
 # Store roots other helpers may add later (hdfs://, s3://) need an object-store layer first: see docs/store.md.
@@ -427,7 +433,7 @@ OPTIONS: tuple[Option, ...] = (
            annotation="tuple[Target, ...]"),
     Option("fault_injection", _faults, FaultInjection(),
            "JSON: {targets: {name: {factor, delay, fail}}, attempts: [{subtask, attempt, ...}], "
-           "force_speculation: [subtask, ...], barrier: bool}. Tests and demos only; off when empty.",
+           "force_speculation: [subtask, ...], barrier: bool, hold_end: bool}. Tests and demos only; off when empty.",
            default_string="", readme_default="off", annotation="FaultInjection"),
 )
 OPTION_BY_NAME: dict[str, Option] = {o.name: o for o in OPTIONS}

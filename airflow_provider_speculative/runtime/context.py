@@ -506,7 +506,7 @@ class StageContext:
 
 
     def _wait_at_barrier(self, timeout: float = 900.0) -> None:
-        release = self.layout.dir / f"barrier.release.{self.subtask}"
+        release = self.layout.barrier_release(self.subtask)
         self._heartbeat.set_phase("BARRIER")
         deadline = time.time() + timeout
         while not release.exists():

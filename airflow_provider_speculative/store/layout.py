@@ -77,6 +77,10 @@ class StageLayout:
         """Directory of one subtask."""
         return self.dir / f"subtask={subtask}"
 
+    def barrier_release(self, subtask: int) -> Path:
+        """The fault-injection barrier release of a subtask: its attempts wait until it exists."""
+        return self.dir / f"barrier.release.{subtask}"
+
     def admitted(self, subtask: int) -> Path:
         """Marker naming the admitted attempt, created exclusively so only one attempt wins."""
         return self.subtask_dir(subtask) / "admitted.json"

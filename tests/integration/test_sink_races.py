@@ -1,4 +1,4 @@
-"""Race tests: two attempts of every subtask finish within milliseconds; exactly one is committed, per sink."""
+"""Race tests: two attempts of every subtask end within milliseconds; exactly one is committed, per sink."""
 
 from __future__ import annotations
 
@@ -61,15 +61,15 @@ def checksum(rows: list[tuple]) -> str:
 
 
 def release_pairs_at_barrier(dag_id: str, stop: threading.Event) -> None:
-    """Release a subtask's barrier once both its attempts wait there: their manifests land together."""
+    """Release a subtask's held ends (fault injection hold_end) once both its attempts succeeded."""
     released: set[int] = set()
     while not stop.wait(0.02):
         for subtask_dir in STORE.glob(f"{dag_id}/*/write/subtask=*"):
             subtask = int(subtask_dir.name.split("=")[1])
             if subtask in released:
                 continue
-            phases = [(read_json(b) or {}).get("phase") for b in subtask_dir.glob("attempt=*/heartbeat.json")]
-            if phases.count("BARRIER") >= 2:
+            held = [(read_json(s) or {}).get("held_at") for s in subtask_dir.glob("attempt=*/status.json")]
+            if sum(h is not None for h in held) >= 2:
                 (subtask_dir.parent / f"barrier.release.{subtask}").touch()
                 released.add(subtask)
 
@@ -98,7 +98,7 @@ def assert_race_commits(stage: dict) -> None:
     """Both attempts of most subtasks finished; the loser was discarded or cancelled, never committed."""
     both_finished = sum(sorted(a["state"] for a in s["attempts"]) == ["FINISHED", "FINISHED"]
                         for s in stage["subtasks"])
-    assert both_finished >= 1, "the barrier should make attempts finish together"
+    assert both_finished >= 1, "hold_end should make attempts finish together"
 
 
 def test_parquet_sink_commits_exactly_one_attempt_per_subtask(airflow_db, race_env):

@@ -129,7 +129,8 @@ def test_json_round_trip() -> None:
         enabled=True, max_concurrent_executions=3, block_slow_node_duration=5.0,
         targets=(Target("a", slots=1, node="n1", conf={"k": "v"}), Target("b", conn_id="spark_b")),
         fault_injection=FaultInjection(targets={"a": FaultSpec(factor=3.0)},
-                                       attempts={(2, 0): FaultSpec(delay=4.0, fail=True)}))
+                                       attempts={(2, 0): FaultSpec(delay=4.0, fail=True)},
+                                       barrier=True, hold_end=True))
     assert SpeculativeConfig.from_json(cfg.to_json()) == cfg
 
 
