@@ -28,9 +28,9 @@ from urllib.parse import urlparse
 
 from airflow_provider_speculative.core.config import SpeculativeConfig, Target
 from airflow_provider_speculative.core.slots import TargetView, cores_per_attempt, parse_workers, standalone_view
+from airflow_provider_speculative.runtime.session import REMOTE_ENV
 from airflow_provider_speculative.store.slots import TargetSlots
 
-REMOTE_ENV = "SPECULATIVE_SPARK_REMOTE"
 CONNECT_TIMEOUT = 0.5
 MASTER_TIMEOUT = 1.0
 

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from airflow_provider_speculative.control.commit import admitted_of, commit_admitted, remove_losers
 from airflow_provider_speculative.control.controller import StageController, wait_for_next_step, wipe_stage_attempts
 from airflow_provider_speculative.core.config import SpeculativeConfig
 from airflow_provider_speculative.core.graph import ExchangeSpec, PipelineGraph, SourceSpec
@@ -17,7 +18,7 @@ from airflow_provider_speculative.exceptions import StoreError
 from airflow_provider_speculative.store import journal
 from airflow_provider_speculative.store.files import atomic_write_json, read_json
 from airflow_provider_speculative.store.layout import StageLayout
-from airflow_provider_speculative.store.results import admitted_results, read_committed, write_committed
+from airflow_provider_speculative.store.results import read_committed
 from airflow_provider_speculative.store.task_state import record_task_state
 
 
@@ -124,17 +125,14 @@ def run_stages(plans: list[dict[str, Any]], target_env: dict[str, dict[str, str]
 
 
 def _commit(controller: StageController) -> None:
-    """Finalize a decided stage as the operator would (without a sink): committed.json, or raise naming the cause."""
+    """Finalize a decided stage as the operator would (without a sink); raise naming the cause if it failed."""
     payload = controller.event_payload()
     layout = controller.layout
     if payload["status"] != "success":
         record_task_state(layout, "failed", reason=payload["reason"])
         raise RuntimeError(f"stage {controller.plan['stage']!r} failed: {payload['reason']}")
-    record = admitted_results(layout, {int(k): v for k, v in payload["admitted"].items()})
-    record.update(fingerprint=controller.plan["fingerprint"], committed_at=time.time())
-    write_committed(layout, record)
-    journal.record(layout.journal, "finalize_done", sink=None)
-    record_task_state(layout, "committed")
+    commit_admitted(controller.plan, layout, payload, try_number=None, clear_number=None, by="runner")
+    remove_losers(layout, controller.plan["parallelism"], admitted_of(payload))
 
 
 def run_stage(plan: dict[str, Any], timeout: float = 1800.0, fresh: bool = False) -> StageController:
@@ -155,8 +153,5 @@ def run_stage(plan: dict[str, Any], timeout: float = 1800.0, fresh: bool = False
             raise TimeoutError(f"stage {plan['stage']!r} did not finish within {timeout}s")
         controller.step()
         wait_for_next_step([controller])  # the controller's own cadence, as in the trigger
-    payload = controller.event_payload()
-    if payload["status"] != "success":
-        raise RuntimeError(f"stage {plan['stage']!r} failed: {payload['reason']}")
-    write_committed(layout, admitted_results(layout, {int(k): v for k, v in payload["admitted"].items()}))
+    _commit(controller)
     return controller

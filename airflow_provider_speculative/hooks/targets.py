@@ -17,9 +17,7 @@ from urllib.parse import quote, urlparse
 from airflow_provider_speculative.backends.base import kind_for_conn_type
 from airflow_provider_speculative.core.config import SpeculativeConfig, Target
 from airflow_provider_speculative.exceptions import TargetError
-
-# The runtime reads the Connect server's base URL (without session id) from this variable.
-REMOTE_ENV = "SPECULATIVE_SPARK_REMOTE"
+from airflow_provider_speculative.runtime.session import REMOTE_ENV
 
 
 def _connection(target: Target, where: str) -> Any:
