@@ -37,8 +37,18 @@ TEST_ENV = {
     # As in a real deployment, workers and the api-server share [speculative]: operator extra links
     # are computed by the worker when the task ends (Airflow 3 stores them in XCom).
     "AIRFLOW__SPECULATIVE__SPARK_HISTORY_URL": "http://spark-history.invalid:18080",
+    # The fork servers the tests start (backends/forkserver.py) are the session's: stopped at its end.
+    "XDG_RUNTIME_DIR": str(SESSION_DIR / "run"),
 }
+(SESSION_DIR / "run").mkdir()
 os.environ.update(TEST_ENV)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Stop the session's fork servers, which would otherwise idle on for ten minutes."""
+    from airflow_provider_speculative.backends import forkserver
+
+    forkserver.stop_servers()
 
 
 @pytest.fixture(scope="session")

@@ -65,11 +65,16 @@ LAUNCH_TIMEOUT = 60.0
 MAX_REQUEST = 16 * 1024 * 1024
 ACCEPTED = b"A"
 _PACKAGE = Path(__file__).resolve().parent.parent
+_MODULE = "airflow_provider_speculative.backends.forkserver"  # not __name__: the server runs it as __main__
 _state: dict[str, Any] = {"key": None, "started": {}}
 
 
 class LaunchUnknown(RuntimeError):
     """The request reached the fork server but no answer came back: the supervisor may or may not run."""
+
+
+class _Stopped(Exception):
+    """Raised by the server's SIGTERM handler while it waits for a connection."""
 
 
 def runtime_dir() -> Path:
@@ -190,6 +195,64 @@ def serving(timeout: float = 0.0) -> bool:
     return False
 
 
+def servers() -> list[dict[str, Any]]:
+    """This user's fork servers on this host that run, and this interpreter's even if it does not."""
+    directory = runtime_dir()
+    current = socket_path()
+    rows = []
+    for lock_path in sorted(directory.glob("fork-*.sock.lock")) if _private_dir() is not None else []:
+        sock = Path(str(lock_path)[: -len(".lock")])
+        pid = _running_pid(lock_path)
+        if pid is None and sock != current:
+            continue  # an older installation's (its lock and log files stay: see serve())
+        rows.append({"socket": str(sock), "pid": pid, "running": pid is not None,
+                     "serving": sock.exists(), "current": sock == current, "log": f"{sock}.log"})
+    return rows
+
+
+def _running_pid(lock_path: Path) -> int | None:
+    """The pid recorded in ``lock_path`` if that process is still the fork server of its socket."""
+    try:
+        text = lock_path.read_text().strip()
+    except OSError:
+        return None
+    # Not probed with flock: a probe's own lock, however short, could make a starting server give up.
+    pid = int(text) if text.isdigit() else None
+    return pid if pid is not None and _is_server(pid, str(lock_path)[: -len(".lock")]) else None
+
+
+def stop_servers(timeout: float = 30.0) -> list[dict[str, Any]]:
+    """Stop this user's running fork servers (SIGTERM: each finishes the launch it serves); what was stopped.
+
+    Attempts they started are not touched: a supervisor is in a session of its own once detached.
+    """
+    stopping = []
+    for row in servers():
+        pid = row["pid"]
+        if pid is None:
+            continue
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+        stopping.append(row)
+    deadline = time.monotonic() + timeout
+    for row in stopping:
+        lock_path = Path(f"{row['socket']}.lock")
+        while _running_pid(lock_path) is not None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        row["stopped"] = _running_pid(lock_path) is None
+    return stopping
+
+
+def _is_server(pid: int, sock: str) -> bool:
+    """Whether ``pid`` is the fork server of ``sock`` (the lock file's pid could be stale or reused)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            args = handle.read().split(b"\0")
+    except OSError:
+        return False
+    return _MODULE.encode() in args and sock.encode() in args
+
+
 def _connect(path: Path) -> socket.socket | None:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(LAUNCH_TIMEOUT)
@@ -217,7 +280,7 @@ def _start_server(path: Path) -> float:
     # numpy's OpenBLAS would start a worker thread per core at import: a Connect client needs none.
     env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
     with open(f"{path}.log", "ab") as out:
-        subprocess.Popen([sys.executable, "-m", __name__, "--socket", str(path)], cwd=str(path.parent), env=env,
+        subprocess.Popen([sys.executable, "-m", _MODULE, "--socket", str(path)], cwd=str(path.parent), env=env,
                          stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
                          close_fds=True)
     return now
@@ -228,11 +291,17 @@ def _start_server(path: Path) -> float:
 
 def serve(path: Path, idle_timeout: float = IDLE_TIMEOUT) -> int:
     """Import the warm modules, then fork supervisors on request until idle; the process's exit code."""
+    # The lock file is never removed: a server that unlinked it on exit could race one just opening it,
+    # and two servers of one key would then both serve.
     lock = os.open(f"{path}.lock", os.O_CREAT | os.O_RDWR, 0o600)
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         return 0  # another server of this key runs
+    # The pid, for `airflow speculative fork-server status|stop`; trusted only while the lock is held.
+    os.ftruncate(lock, 0)
+    os.pwrite(lock, f"{os.getpid()}\n".encode(), 0)
+    signal.signal(signal.SIGTERM, _on_term)
     for name in WARM_MODULES:
         try:
             importlib.import_module(name)
@@ -258,13 +327,16 @@ def serve(path: Path, idle_timeout: float = IDLE_TIMEOUT) -> int:
           file=sys.stderr, flush=True)
     server.settimeout(idle_timeout)
     try:
-        while True:
+        while not _state.get("stop"):
             try:
+                _state["accepting"] = True
                 conn, _ = server.accept()
-            except TimeoutError:
+            except (TimeoutError, _Stopped):
                 break
+            finally:
+                _state["accepting"] = False
             _serve_one(server, conn, lock)
-        # Idle: unpublish first (new launchers start directly), then serve what was already queued.
+        # Idle or stopped: unpublish first (new launchers start directly), then serve what was queued.
         with contextlib.suppress(OSError):
             if os.stat(path).st_ino == inode:
                 os.unlink(path)
@@ -278,6 +350,14 @@ def serve(path: Path, idle_timeout: float = IDLE_TIMEOUT) -> int:
     finally:
         server.close()
     return 0
+
+
+def _on_term(_signum: int, _frame: object) -> None:
+    # A request being served is finished first; a wait for the next one ends at once. A connection
+    # accepted just before this is dropped unacknowledged, and its launcher starts the attempt itself.
+    _state["stop"] = True
+    if _state.get("accepting"):
+        raise _Stopped
 
 
 def _native_threads() -> list[str]:
@@ -307,6 +387,7 @@ def _serve_one(server: socket.socket, conn: socket.socket, lock: int) -> None:
             return  # the launcher is gone: it starts nothing, so neither does the server
 
         def child() -> int:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the supervisor installs its own
             server.close()
             conn.close()
             os.close(lock)  # or every daemonized supervisor would hold the server's lock

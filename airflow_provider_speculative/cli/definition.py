@@ -74,6 +74,12 @@ def get_cli_commands() -> list[Any]:
                               help="pid files and logs (default $AIRFLOW_HOME/speculative-local-cluster)"),
                           output),
                 ),
+                ActionCommand(
+                    name="fork-server",
+                    help="List or stop this user's fork servers on this host (warm attempt starts)",
+                    func=lazy_load_command("airflow_provider_speculative.cli.local_cluster.fork_server"),
+                    args=(Arg(("action",), help="status or stop", choices=("status", "stop")), output),
+                ),
             ],
         )
     ]

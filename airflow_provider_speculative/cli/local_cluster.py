@@ -1,4 +1,4 @@
-"""``airflow speculative local-cluster start|stop|status``: a local pool of Spark Connect servers."""
+"""``airflow speculative local-cluster|fork-server``: a local pool of Spark Connect servers; fork servers."""
 
 from __future__ import annotations
 
@@ -52,4 +52,25 @@ def local_cluster(args: Any) -> None:
                       f"UI {row['ui_port']}  pid {row['pid']}  app {row['app_id'] or '-'}  conn {row['conn_id']}")
     except LocalClusterError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        sys.exit(1)
+
+
+def fork_server(args: Any) -> None:
+    """CLI entry: list or stop this user's fork servers on this host (see backends/forkserver.py)."""
+    from airflow_provider_speculative.backends import forkserver
+
+    rows = forkserver.stop_servers() if args.action == "stop" else forkserver.servers()
+    if args.output == "json":
+        print(json.dumps(rows, indent=2))
+        return
+    if not rows:
+        print(f"no fork server running under {forkserver.runtime_dir()}")
+    for row in rows:
+        if args.action == "stop":
+            state = "stopped" if row["stopped"] else "STILL RUNNING (it finishes the launch it serves)"
+        else:
+            state = (("serving" if row["serving"] else "draining") if row["running"] else "not running")
+        this = "  (this interpreter's)" if row["current"] else ""
+        print(f"{row['socket']}: {state}  pid {row['pid'] or '-'}  log {row['log']}{this}")
+    if args.action == "stop" and not all(row["stopped"] for row in rows):
         sys.exit(1)

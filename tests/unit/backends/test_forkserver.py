@@ -215,6 +215,38 @@ def test_a_second_server_of_the_same_key_steps_aside(runtime: Path) -> None:
     assert second.returncode == 0 and forkserver.serving() and len(_server_pids(runtime)) == 1
 
 
+def test_stop_ends_the_server_but_not_the_attempts_it_started(runtime: Path, tmp_path: Path) -> None:
+    _warm_server(runtime)
+    (row,) = forkserver.servers()
+    assert row["running"] and row["serving"] and row["current"] and row["pid"] in _server_pids(runtime)
+    attempts = Attempts(tmp_path)
+    number = attempts.launch("sleep")
+    _until(attempts.pid_file(number).exists, "the warm attempt to run")
+    (stopped,) = forkserver.stop_servers()
+    assert stopped["stopped"] and not _server_pids(runtime)
+    assert not Path(row["socket"]).exists(), "a stopped server unpublishes its socket"
+    (after,) = forkserver.servers()
+    assert not after["running"] and after["pid"] is None
+    # Its attempts run on: a supervisor is detached into a session of its own.
+    assert attempts.status(number).get("end_at") is None and psutil.pid_exists(attempts.status(number)["pid"])
+    attempts.backend.cancel(0, number, "test over")
+    assert attempts.ended(number)["state"] == "CANCELED"
+
+
+def test_stop_never_signals_a_pid_that_is_not_the_server(runtime: Path) -> None:
+    path = forkserver.socket_path()
+    assert path is not None
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        Path(f"{path}.lock").write_text(f"{bystander.pid}\n")  # a stale record whose pid was reused
+        assert forkserver.servers()[0]["pid"] is None
+        assert forkserver.stop_servers() == []
+        assert bystander.poll() is None
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
 def test_a_runtime_directory_others_can_enter_is_not_used(runtime: Path, tmp_path: Path) -> None:
     directory = forkserver.runtime_dir()
     directory.mkdir(mode=0o755)
@@ -278,3 +310,18 @@ def test_only_this_interpreter_running_a_script_is_forked_warm(tmp_path: Path) -
     assert not forkserver.runs_warm([sys.executable, "-m", "module"])
     assert not forkserver.runs_warm([sys.executable, str(tmp_path / "missing.py")])
     assert not forkserver.runs_warm(["spark-submit", "--master", "local[1]", str(script)])
+
+
+def test_the_cli_lists_and_stops_the_servers(runtime: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from argparse import Namespace
+
+    from airflow_provider_speculative.cli.local_cluster import fork_server
+
+    _warm_server(runtime)
+    fork_server(Namespace(action="status", output="json"))
+    (row,) = json.loads(capsys.readouterr().out)
+    assert row["running"] and row["current"]
+    fork_server(Namespace(action="stop", output="table"))
+    assert f"{row['socket']}: stopped  pid {row['pid']}" in capsys.readouterr().out
+    fork_server(Namespace(action="stop", output="table"))
+    assert "no fork server running under" in capsys.readouterr().out
