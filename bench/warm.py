@@ -125,9 +125,9 @@ def timed(cmd: list[str], run_dir: Path, log_name: str, env: dict[str, str]) -> 
     return {"wall": round(wall, 2), "started": started, "load": sampler.summary()}
 
 
-def connect_targets() -> list[dict[str, Any]]:
-    """c's and d's targets: the pool's two Connect servers, two slots each."""
-    return [{"name": n, "conn_id": f"spark_connect_{n.replace('local-', 'bench_')}", "slots": 2}
+def connect_targets(slots: int) -> list[dict[str, Any]]:
+    """c's and d's targets: the pool's two Connect servers, ``slots`` each."""
+    return [{"name": n, "conn_id": f"spark_connect_{n.replace('local-', 'bench_')}", "slots": slots}
             for n in ("local-a", "local-b")]
 
 
@@ -269,6 +269,8 @@ def main() -> int:
     parser.add_argument("--ui-base-port", type=int, default=4120)
     parser.add_argument("--server-cores", type=int, default=1,
                         help="Spark task threads of each of c's two Connect servers (local[N])")
+    parser.add_argument("--slots", type=int, default=2,
+                        help="slots (concurrent attempts) of each of c's and d's two Connect targets")
     args = parser.parse_args()
     scenarios = args.scenarios.split(",")
     benches = [BENCHES[name] for name in args.pipelines.split(",")]
@@ -296,7 +298,7 @@ def main() -> int:
                         row["a"] = run_plain(bench, run_dir, tpch)
                     elif scenario == "d":
                         row["d"] = run_scheduled(bench, run_dir, tpch, {
-                            **conns, "AIRFLOW__SPECULATIVE__TARGETS": json.dumps(connect_targets())})
+                            **conns, "AIRFLOW__SPECULATIVE__TARGETS": json.dumps(connect_targets(args.slots))})
                     else:
                         env = base_env(run_dir, tpch)
                         if scenario == "b":
@@ -304,7 +306,7 @@ def main() -> int:
                                        for n in ("local-a", "local-b")]
                         else:
                             env.update(conns)
-                            targets = connect_targets()
+                            targets = connect_targets(args.slots)
                         env["AIRFLOW__SPECULATIVE__TARGETS"] = json.dumps(targets)
                         row[scenario] = run_pipeline(bench, run_dir, env)
                     got = bench.output(run_dir)
