@@ -11,11 +11,13 @@ triggerer's or the worker's) publishes the same result.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from typing import Any
 
 from airflow_provider_speculative.store import journal as journals
+from airflow_provider_speculative.store.files import atomic_write_json
 from airflow_provider_speculative.store.layout import StageLayout
 from airflow_provider_speculative.store.results import admitted_results, remove_attempt_output, write_committed
 from airflow_provider_speculative.store.task_state import record_task_state
@@ -64,3 +66,12 @@ def commit_summary(stage: str, layout: StageLayout, sink_result: dict[str, Any] 
                    summary: dict[str, Any]) -> dict[str, Any]:
     """What the stage task returns (its XCom): where the commit is, the sink's result, the controller summary."""
     return {"stage": stage, "committed": str(layout.committed), "sink": sink_result, **summary}
+
+
+def hold_after_commit(layout: StageLayout, timeout: float = 900.0) -> None:
+    """Fault injection ``hold_commit``: record the hold, then wait (bounded) until a test releases it."""
+    held, release = layout.commit_hold()
+    atomic_write_json(held, {"pid": os.getpid(), "at": time.time()})
+    deadline = time.monotonic() + timeout
+    while not release.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)

@@ -74,6 +74,9 @@ class FaultInjection:
     # Supervisors of attempts that succeeded hold their FINISHED record until that same release file
     # exists: the controller, which wakes on each record, sees two attempts end together.
     hold_end: bool = False
+    # A trigger that committed a stage holds its TaskSuccessEvent until <stage dir>/commit.release exists
+    # (it writes commit.held first): a test can kill the triggerer between the commit and the event.
+    hold_commit: bool = False
 
     def for_attempt(self, target: str, subtask: int, attempt: int) -> FaultSpec:
         """Return the fault applied to one attempt; a per-attempt rule wins over a target rule."""
@@ -89,6 +92,7 @@ class FaultInjection:
             "force_speculation": sorted(self.force_speculation),
             "barrier": self.barrier,
             "hold_end": self.hold_end,
+            "hold_commit": self.hold_commit,
         }
 
 
@@ -251,9 +255,9 @@ def _faults(name: str, value: Any, where: str) -> FaultInjection:
     if not raw:
         return FaultInjection()
     if not isinstance(raw, dict) or set(raw) - {"targets", "attempts", "force_speculation", "barrier",
-                                                 "hold_end"}:
+                                                 "hold_end", "hold_commit"}:
         raise _bad(name, value, where, "expected {targets: {...}, attempts: [...], force_speculation: [...], "
-                                       "barrier: bool, hold_end: bool}")
+                                       "barrier: bool, hold_end: bool, hold_commit: bool}")
     targets = {str(t): _fault_spec(f"{name}.targets.{t}", spec, where)
                for t, spec in (raw.get("targets") or {}).items()}
     attempts = {}
@@ -269,7 +273,8 @@ def _faults(name: str, value: Any, where: str) -> FaultInjection:
     return FaultInjection(targets=targets, attempts=attempts,
                           force_speculation=frozenset(_int(f"{name}.force_speculation", i, where, 0) for i in forced),
                           barrier=_bool(f"{name}.barrier", raw.get("barrier", False), where),
-                          hold_end=_bool(f"{name}.hold_end", raw.get("hold_end", False), where))
+                          hold_end=_bool(f"{name}.hold_end", raw.get("hold_end", False), where),
+                          hold_commit=_bool(f"{name}.hold_commit", raw.get("hold_commit", False), where))
 
 
 # Store roots other helpers may add later (hdfs://, s3://) need an object-store layer first: see docs/store.md.
@@ -433,7 +438,8 @@ OPTIONS: tuple[Option, ...] = (
            annotation="tuple[Target, ...]"),
     Option("fault_injection", _faults, FaultInjection(),
            "JSON: {targets: {name: {factor, delay, fail}}, attempts: [{subtask, attempt, ...}], "
-           "force_speculation: [subtask, ...], barrier: bool, hold_end: bool}. Tests and demos only; off when empty.",
+           "force_speculation: [subtask, ...], barrier: bool, hold_end: bool, hold_commit: bool}. "
+           "Tests and demos only; off when empty.",
            default_string="", readme_default="off", annotation="FaultInjection"),
 )
 OPTION_BY_NAME: dict[str, Option] = {o.name: o for o in OPTIONS}

@@ -81,6 +81,10 @@ class StageLayout:
         """The fault-injection barrier release of a subtask: its attempts wait until it exists."""
         return self.dir / f"barrier.release.{subtask}"
 
+    def commit_hold(self) -> tuple[Path, Path]:
+        """Fault injection hold_commit: (written when the hold starts, the release a test writes)."""
+        return self.dir / "commit.held", self.dir / "commit.release"
+
     def admitted(self, subtask: int) -> Path:
         """Marker naming the admitted attempt, created exclusively so only one attempt wins."""
         return self.subtask_dir(subtask) / "admitted.json"

@@ -9,7 +9,13 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TaskSuccessEvent, TriggerEvent
 
-from airflow_provider_speculative.control.commit import admitted_of, commit_admitted, commit_summary, remove_losers
+from airflow_provider_speculative.control.commit import (
+    admitted_of,
+    commit_admitted,
+    commit_summary,
+    hold_after_commit,
+    remove_losers,
+)
 from airflow_provider_speculative.control.controller import StageController
 from airflow_provider_speculative.hooks.targets import connect_env
 from airflow_provider_speculative.metrics import StageMetrics
@@ -77,6 +83,8 @@ class StageControllerTrigger(BaseTrigger):
         payload = controller.event_payload()
         if self._ends_here(controller, in_line):
             result = await asyncio.to_thread(self._commit, controller, payload)
+            if controller.config.fault_injection.hold_commit:
+                await asyncio.to_thread(hold_after_commit, controller.layout)
             yield TaskSuccessEvent(xcoms={"return_value": result})
             return
         yield TriggerEvent(payload)

@@ -12,6 +12,8 @@ the test needs, without sleeping: the tests only poll the store and the REST API
   replaces each date's output (new directory, new commit, the new Q1, nothing appended or left over).
 - kill -9 of the triggerer or of the scheduler (each with every process of its group) while scan attempts run:
   after a restart the run succeeds, with one attempt per subtask and DuckDB's Q1.
+- kill -9 of the triggerer after a trigger committed its stage and before its event ended the task: the
+  restarted triggerer commits the same attempts again and ends the task (try 1), nothing is relaunched.
 - kill -9 of the LocalExecutor task process of a stage task that resumed to finalize: the task is retried,
   reuses the admitted attempts and the run completes.
 - marking a deferred stage task failed through the REST API kills every Spark driver of the stage.
@@ -54,6 +56,7 @@ HERE = Path(__file__).resolve().parent
 E2E_DAGS = HERE / "e2e_dags"
 DAG = "e2e_q1"
 BARRIER_DAG = "e2e_q1_barrier"
+COMMIT_DAG = "e2e_q1_commit"
 STAGES = {"scan": 2, "aggregate": 1}  # stage -> parallelism, as in e2e_dags/e2e_q1.py
 PARTS = 2  # lineitem parts the pipeline reads (one per scan subtask)
 RUN_TIMEOUT = 1200  # a run on this shared 2-CPU machine takes 1-3 min; be patient
@@ -112,7 +115,7 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
         cluster.migrate()
         cluster.start_all()
         cluster.wait_healthy()
-        for dag_id in (DAG, BARRIER_DAG):
+        for dag_id in (DAG, BARRIER_DAG, COMMIT_DAG):
             cluster.wait_dag(dag_id)
             cluster.cli("dags", "unpause", dag_id)
         DURATIONS["cluster start"] = time.monotonic() - started
@@ -403,6 +406,56 @@ def check_kill_component(dep: Deployment, component: str, ds: str) -> None:
         status = read(scan.status(subtask, 0))
         assert status["end_at"] > killed_at, f"scan attempt {subtask}/0 ended before the {component} was killed"
     # Nothing of the run is left running.
+    assert not processes_mentioning(str(scan.run_dir)), describe(processes_mentioning(str(scan.run_dir)))
+
+
+COMMIT_DS = "2026-03-03"
+
+
+@pytest.mark.timeout(1800)
+def test_kill_9_triggerer_between_its_commit_and_its_event(deployment: Deployment):
+    with diagnosed(deployment, "kill -9 triggerer after commit"):
+        check_kill_triggerer_after_commit(deployment)
+
+
+def check_kill_triggerer_after_commit(dep: Deployment) -> None:
+    """The scan's trigger wrote committed.json; its TaskSuccessEvent never left the dead triggerer. The restarted
+    triggerer must commit the same attempts again (idempotent) and end the task, whose try stays 1."""
+    cluster = dep.cluster
+    run_id = cluster.trigger(COMMIT_DAG, f"{COMMIT_DS}T00:00:00+00:00")
+    scan = layout(dep, COMMIT_DAG, run_id, "scan")
+    held, release = scan.commit_hold()
+
+    def holding(after: float) -> dict[str, Any] | None:
+        cluster.check_alive()
+        record = read(held)
+        return record if record and record["at"] > after else None
+
+    wait_until(lambda: holding(0.0), RUN_TIMEOUT, "the scan trigger to commit and hold its event", interval=0.5)
+    first = read(scan.committed)
+    assert first is not None and {k: v["attempt"] for k, v in first["subtasks"].items()} == {"0": 0, "1": 0}
+    assert cluster.task_instances(COMMIT_DAG, run_id)["scan"]["state"] == "deferred"
+
+    killed_at, since = time.time(), datetime.now(UTC)
+    victims = cluster.kill("triggerer")
+    print("\nkill -9 triggerer (process group), after its commit:\n" + "\n".join(victims))
+    assert victims, "no triggerer process was killed"
+    cluster.start("triggerer")
+    cluster.wait_component_restarted("triggerer", since)
+    # The restarted triggerer's trigger found the stage decided and committed it again before its event.
+    wait_until(lambda: holding(killed_at), RUN_TIMEOUT, "the restarted trigger to commit again", interval=0.5)
+    again = read(scan.committed)
+    assert again["subtasks"] == first["subtasks"] and again["fingerprint"] == first["fingerprint"]
+    assert again["committed_at"] > killed_at
+    release.write_text("go")
+
+    final = cluster.wait_runs_finished(COMMIT_DAG, [run_id], RUN_TIMEOUT)[run_id]
+    assert final["state"] == "success", f"run {run_id} is {final['state']}"
+    assert [e.get("by") for e in events(scan, "finalize_done")] == ["triggerer", "triggerer"]
+    assert cluster.task_instances(COMMIT_DAG, run_id)["scan"]["try_number"] == 1
+    # Nothing was launched again: one attempt per subtask, each launched once; the output is exactly Q1.
+    assert_one_attempt_per_subtask(dep, COMMIT_DAG, run_id)
+    assert_output(dep, COMMIT_DAG, COMMIT_DS, run_id)
     assert not processes_mentioning(str(scan.run_dir)), describe(processes_mentioning(str(scan.run_dir)))
 
 

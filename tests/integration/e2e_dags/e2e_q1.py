@@ -12,7 +12,10 @@ Every stage task retries once, 5 s after a failure. In ``e2e_q1`` both stages fi
 :func:`hold_before_finalize` first: a test can ask it (through control files) to stop a task after its
 stage controller decided the stage, just before finalize, so that the worker process executing the task
 can be killed at a known point. In ``e2e_q1_barrier`` the scan is committed by its trigger in the
-triggerer (the default), so killing the triggerer mid-stage tests that path's restart.
+triggerer (the default), so killing the triggerer mid-stage tests that path's restart. ``e2e_q1_commit``
+(fault injection ``hold_commit``) holds that trigger after it wrote ``committed.json`` and before its
+event ends the task (``<stage dir>/commit.held``, until ``commit.release`` exists): the triggerer can be
+killed between the two.
 Paths come from ``SPECULATIVE_EXAMPLE_DATA``, ``SPECULATIVE_EXAMPLE_OUTPUT`` and ``SPECULATIVE_E2E_CONTROL``.
 """
 
@@ -88,3 +91,4 @@ def q1_dag(dag_id: str, *, schedule: str | None, scan_config: dict[str, Any] | N
 
 e2e_q1 = q1_dag("e2e_q1", schedule="@daily", scan_commit_in_triggerer=False)
 e2e_q1_barrier = q1_dag("e2e_q1_barrier", schedule=None, scan_config={"fault_injection": {"barrier": True}})
+e2e_q1_commit = q1_dag("e2e_q1_commit", schedule=None, scan_config={"fault_injection": {"hold_commit": True}})

@@ -130,7 +130,7 @@ def test_json_round_trip() -> None:
         targets=(Target("a", slots=1, node="n1", conf={"k": "v"}), Target("b", conn_id="spark_b")),
         fault_injection=FaultInjection(targets={"a": FaultSpec(factor=3.0)},
                                        attempts={(2, 0): FaultSpec(delay=4.0, fail=True)},
-                                       barrier=True, hold_end=True))
+                                       barrier=True, hold_end=True, hold_commit=True))
     assert SpeculativeConfig.from_json(cfg.to_json()) == cfg
 
 

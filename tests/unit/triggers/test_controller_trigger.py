@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from airflow.triggers.base import TaskSuccessEvent
 
+from airflow_provider_speculative.core.config import SpeculativeConfig
 from airflow_provider_speculative.store.files import atomic_write_json, read_json
 from airflow_provider_speculative.store.journal import read as read_jsonl
 from airflow_provider_speculative.store.layout import StageLayout
@@ -38,7 +39,7 @@ class StubController:
     def __init__(self, plan: dict[str, Any], *, extra_env: dict[str, str], target_env: dict[str, Any]) -> None:
         self.plan, self.extra_env, self.target_env = plan, extra_env, target_env
         self.steps = 0
-        self.config = type("Config", (), {"check_interval": 0.0})()
+        self.config = SpeculativeConfig(check_interval=0.0)
         StubController.instances.append(self)
 
     def step(self) -> list[Any]:
@@ -98,7 +99,7 @@ class DecidedController:
     def __init__(self, plan: dict[str, Any], *, extra_env: dict[str, str], target_env: dict[str, Any]) -> None:
         self.plan = plan
         self.layout = StageLayout(Path(plan["store_root"]), plan["dag_id"], plan["run_id"], plan["stage"])
-        self.config = type("Config", (), {"check_interval": 0.0})()
+        self.config = SpeculativeConfig(check_interval=0.0)
         self.done = self.succeeded = True
 
     def step(self) -> list[Any]:
@@ -181,3 +182,36 @@ def test_a_failed_stage_resumes_the_worker_even_with_the_commit_right(tmp_path: 
                                                           commit={"try_number": 1, "clear_number": 0})))
     assert not isinstance(event, TaskSuccessEvent) and event.payload["status"] == "failed"
     assert not layout.committed.exists()
+
+
+class HoldingController(DecidedController):
+    """A decided controller whose stage has fault injection ``hold_commit``."""
+
+    def __init__(self, plan: dict[str, Any], *, extra_env: dict[str, str], target_env: dict[str, Any]) -> None:
+        super().__init__(plan, extra_env=extra_env, target_env=target_env)
+        self.config = SpeculativeConfig().with_overrides({"fault_injection": {"hold_commit": True}}, "test")
+
+
+def test_hold_commit_holds_the_event_after_the_commit_until_released(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    layout, plan_path = _decided_stage(tmp_path)
+    monkeypatch.setattr(trigger_module, "StageController", HoldingController)
+    monkeypatch.setattr(trigger_module, "runs_in_line", lambda: False)
+    trigger = StageControllerTrigger(plan_path=str(plan_path), deferred_at=time.time(),
+                                     commit={"try_number": 1, "clear_number": 0})
+    events: list[Any] = []
+    runner = threading.Thread(target=lambda: events.extend(asyncio.run(_events(trigger))), daemon=True)
+    runner.start()
+    held, release = layout.commit_hold()
+    deadline = time.monotonic() + 30
+    while not held.exists():
+        assert time.monotonic() < deadline, "the trigger never held after its commit"
+        time.sleep(0.02)
+    # Committed, and the task not ended yet: where a test kills the triggerer.
+    assert read_json(layout.committed)["subtasks"]["0"]["attempt"] == 1
+    assert read_json(held)["pid"] > 0 and runner.is_alive() and not events
+    release.touch()
+    runner.join(timeout=30)
+    assert [type(e) for e in events] == [TaskSuccessEvent]
