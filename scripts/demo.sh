@@ -16,9 +16,22 @@ CONNECT_UI_PORT=${DEMO_CONNECT_UI_PORT:-4130}
 AIRFLOW="$VENV/bin/airflow"
 mkdir -p "$DEMO"
 
+# The demo's fork server (warm attempt starts, README "Warm attempt start") is its own: it runs in a
+# private directory and is stopped on exit instead of idling on for ten minutes.
+export XDG_RUNTIME_DIR
+XDG_RUNTIME_DIR=$(mktemp -d /tmp/spec-demo.XXXXXX)
+cleanup() {
+    if [ "$DEMO_TARGETS" = connect ]; then
+        # Stop exactly the servers started here (pid files), whatever happened.
+        "$AIRFLOW" speculative local-cluster stop --directory "$DEMO/local-cluster" || true
+    fi
+    "$VENV/bin/python" -c 'from airflow_provider_speculative.backends import forkserver; forkserver.stop_servers()' \
+        || true
+    rm -rf "$XDG_RUNTIME_DIR"
+}
+trap cleanup EXIT
+
 if [ "$DEMO_TARGETS" = connect ]; then
-    # Stop exactly the servers started here (pid files), whatever happens below.
-    trap '"$AIRFLOW" speculative local-cluster stop --directory "$DEMO/local-cluster" || true' EXIT
     "$AIRFLOW" speculative local-cluster start --servers 2 --base-port "$CONNECT_PORT" \
         --ui-base-port "$CONNECT_UI_PORT" --directory "$DEMO/local-cluster" > "$DEMO/local-cluster.out"
     grep -v '^export ' "$DEMO/local-cluster.out" | grep -v '^#' | grep -v '^$' || true
