@@ -197,10 +197,12 @@ def serving(timeout: float = 0.0) -> bool:
 
 def servers() -> list[dict[str, Any]]:
     """This user's fork servers on this host that run, and this interpreter's even if it does not."""
-    directory = runtime_dir()
+    directory = _private_dir()
+    if directory is None:
+        return []
     current = socket_path()
     rows = []
-    for lock_path in sorted(directory.glob("fork-*.sock.lock")) if _private_dir() is not None else []:
+    for lock_path in sorted(directory.glob("fork-*.sock.lock")):
         sock = Path(str(lock_path)[: -len(".lock")])
         pid = _running_pid(lock_path)
         if pid is None and sock != current:

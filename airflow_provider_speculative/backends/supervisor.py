@@ -20,7 +20,7 @@ from typing import Any
 from airflow_provider_speculative.backends import forkserver
 from airflow_provider_speculative.backends.identity import start_ticks
 from airflow_provider_speculative.store import changes
-from airflow_provider_speculative.store.files import atomic_write_json, read_json
+from airflow_provider_speculative.store.files import atomic_write_json, read_json, wait_for_file
 
 _READY_FD: list[int] = []
 # How often the supervisor refreshes alive_at and looks for a cancel request written by a controller
@@ -32,6 +32,8 @@ KILL_GRACE = 5.0
 # not have been written, and the exit code is the only record of the cause.
 STORE_EXIT_CAUSES = {4: "store is full", 5: "store is not writable"}
 EXIT_NODE_LOST = 6
+# Fault injection hold_end: the release file whose existence lets a successful end be recorded.
+HOLD_END_ENV = "SPECULATIVE_HOLD_END"
 
 
 def _daemonize(status_path: str) -> None:
@@ -119,7 +121,7 @@ def main(argv: list[str] | None = None, warm: bool = False) -> int:
         status["child_pid"] = child.pid
         _record(args.status, status)
         code = _wait(child, args.status, status, cancelled)
-    hold = os.environ.get("SPECULATIVE_HOLD_END")
+    hold = os.environ.get(HOLD_END_ENV)
     if hold and code == 0 and cancelled["signal"] is None and read_json(args.manifest) is not None:
         _hold_end(hold, args.status, status, cancelled)
     status.update(end_at=time.time(), exit_code=code)
@@ -171,13 +173,15 @@ def _hold_end(release: str, status_path: str, status: dict[str, object], cancell
     # Not a change the controller acts on: the attempt still looks alive to it, as it should.
     _record(status_path, status, notify=False)
     cancel_path = os.path.join(os.path.dirname(status_path), "cancel.json")
-    deadline = time.time() + timeout
-    while not os.path.exists(release) and time.time() < deadline:
-        if cancelled["signal"] is not None or os.path.exists(cancel_path):
-            cancelled["signal"] = cancelled["signal"] or signal.SIGTERM
-            return
-        # 5 ms: the two attempts of a race record their ends within milliseconds of each other.
-        time.sleep(0.005)
+
+    def cancel_requested() -> bool:
+        return cancelled["signal"] is not None or os.path.exists(cancel_path)
+
+    # 5 ms: the two attempts of a race record their ends within milliseconds of each other. After the
+    # timeout the end is recorded anyway.
+    wait_for_file(release, timeout, 0.005, stop=cancel_requested)
+    if cancel_requested():
+        cancelled["signal"] = cancelled["signal"] or signal.SIGTERM
 
 
 def _signal_children(signum: int) -> None:

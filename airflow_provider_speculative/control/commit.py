@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from airflow_provider_speculative.store import journal as journals
-from airflow_provider_speculative.store.files import atomic_write_json
+from airflow_provider_speculative.store.files import atomic_write_json, wait_for_file
 from airflow_provider_speculative.store.layout import StageLayout
 from airflow_provider_speculative.store.results import admitted_results, remove_attempt_output, write_committed
 from airflow_provider_speculative.store.task_state import record_task_state
@@ -72,6 +72,4 @@ def hold_after_commit(layout: StageLayout, timeout: float = 900.0) -> None:
     """Fault injection ``hold_commit``: record the hold, then wait (bounded) until a test releases it."""
     held, release = layout.commit_hold()
     atomic_write_json(held, {"pid": os.getpid(), "at": time.time()})
-    deadline = time.monotonic() + timeout
-    while not release.exists() and time.monotonic() < deadline:
-        time.sleep(0.1)
+    wait_for_file(release, timeout, 0.1)

@@ -17,6 +17,7 @@ from typing import Any
 
 from airflow_provider_speculative.backends import forkserver
 from airflow_provider_speculative.backends.base import Backend, LaunchSpec, attempt_observer, plan_backends
+from airflow_provider_speculative.backends.supervisor import HOLD_END_ENV
 from airflow_provider_speculative.control.hybrid import HybridInputWatcher
 from airflow_provider_speculative.control.liveness import TargetWatcher
 from airflow_provider_speculative.control.recovery import PartitionRecovery, attempt_command
@@ -471,7 +472,7 @@ class StageController:
         env = {**(self.plan["targets"][target.name].get("env") or {}), **self.target_env.get(target.name, {}),
                **self.extra_env}
         if self.config.fault_injection.hold_end:
-            env["SPECULATIVE_HOLD_END"] = str(self.layout.barrier_release(action.subtask))
+            env[HOLD_END_ENV] = str(self.layout.barrier_release(action.subtask))
         try:
             # YARN and Kubernetes submissions are kept off the nodes blocked now (backends/spark_submit.py).
             backend.launch(LaunchSpec(action.subtask, action.attempt, target.name, target.node_label,

@@ -21,7 +21,7 @@ from airflow_provider_speculative.exceptions import StoreError, StoreFullError, 
 from airflow_provider_speculative.runtime.heartbeat import Heartbeat, current_node
 from airflow_provider_speculative.runtime.session import attempt_tag, open_session
 from airflow_provider_speculative.store import changes
-from airflow_provider_speculative.store.files import atomic_write_json, read_json
+from airflow_provider_speculative.store.files import atomic_write_json, read_json, wait_for_file
 from airflow_provider_speculative.store.layout import StageLayout
 from airflow_provider_speculative.store.manifest import (
     SUBPARTITION_COLUMN,
@@ -508,11 +508,8 @@ class StageContext:
     def _wait_at_barrier(self, timeout: float = 900.0) -> None:
         release = self.layout.barrier_release(self.subtask)
         self._heartbeat.set_phase("BARRIER")
-        deadline = time.time() + timeout
-        while not release.exists():
-            if time.time() > deadline:
-                raise TimeoutError(f"fault injection barrier {release} was not released within {timeout}s")
-            time.sleep(0.005)
+        if not wait_for_file(release, timeout, 0.005):
+            raise TimeoutError(f"fault injection barrier {release} was not released within {timeout}s")
 
 
 _FULL_MESSAGES = ("No space left on device", "Disk quota exceeded")

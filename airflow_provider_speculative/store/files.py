@@ -8,6 +8,8 @@ import hashlib
 import json
 import os
 import tempfile
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -116,3 +118,14 @@ def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
         while block := handle.read(chunk):
             digest.update(block)
     return digest.hexdigest()
+
+
+def wait_for_file(path: str | Path, timeout: float, interval: float,
+                  stop: Callable[[], bool] | None = None) -> bool:
+    """Poll until ``path`` exists (True), ``stop()`` is true or ``timeout`` passes (False): fault-injection holds."""
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(path):
+        if time.monotonic() >= deadline or (stop is not None and stop()):
+            return False
+        time.sleep(interval)
+    return True

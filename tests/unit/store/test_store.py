@@ -14,6 +14,7 @@ from airflow_provider_speculative.store.files import (
     create_exclusive_json,
     read_json,
     read_jsonl,
+    wait_for_file,
 )
 from airflow_provider_speculative.store.layout import StageLayout, safe_component
 from airflow_provider_speculative.store.manifest import PartitionError, build_manifest, verify_files
@@ -193,3 +194,13 @@ def test_attempt_numbers_lists_claimed_attempts(tmp_path: Path) -> None:
     for name in ("attempt=2", "attempt=0", "attempt=10", "attempt=x", "admitted.json"):
         (layout.subtask_dir(0) / name).mkdir(parents=True)
     assert layout.attempt_numbers(0) == [0, 2, 10]
+
+
+def test_wait_for_file_ends_on_the_file_on_stop_or_at_the_timeout(tmp_path: Path) -> None:
+    release = tmp_path / "release"
+    assert not wait_for_file(release, timeout=0.05, interval=0.01)
+    asked = []
+    assert not wait_for_file(release, timeout=60, interval=0.01, stop=lambda: asked.append(1) or len(asked) > 2)
+    assert len(asked) == 3
+    release.touch()
+    assert wait_for_file(release, timeout=0, interval=0.01)
