@@ -4,12 +4,12 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-__all__ = ["ParquetSink", "Pipeline", "StageOutputSensor", "all_to_all", "get_provider_info", "parquet_source",
-           "pointwise"]
+__all__ = ["ParquetSink", "Pipeline", "StageOutputSensor", "all_to_all", "broadcast", "get_provider_info",
+           "parquet_source", "pointwise"]
 
 
 def __getattr__(name: str):  # lazy: the Spark-side runtime imports this package without Airflow
-    if name in ("Pipeline", "all_to_all", "pointwise", "parquet_source"):
+    if name in ("Pipeline", "all_to_all", "broadcast", "pointwise", "parquet_source"):
         from airflow_provider_speculative import pipeline
 
         return getattr(pipeline, name)

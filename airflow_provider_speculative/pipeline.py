@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any
 
@@ -51,6 +52,20 @@ def all_to_all(upstream: Stage | str, key: str | list[str] | tuple[str, ...], mo
 def pointwise(upstream: Stage | str, mode: str = "blocking") -> ExchangeSpec:
     """Subtask i reads upstream subtask i's output (equal parallelism)."""
     return ExchangeSpec(upstream=_upstream_name(upstream), distribution="pointwise", mode=mode)  # type: ignore[arg-type]
+
+
+def broadcast(input: Stage | str | SourceSpec) -> ExchangeSpec | SourceSpec:
+    """Every subtask reads all of ``input``: an upstream stage's whole output, or every file of a source.
+
+    For a small side of a join next to a hash-partitioned input (a dimension table). Its size is checked
+    against ``broadcast_max_bytes`` when the consumer is planned.
+    """
+    if isinstance(input, SourceSpec):
+        return dataclasses.replace(input, broadcast=True)
+    if isinstance(input, ExchangeSpec):
+        raise PipelineError(f"broadcast() takes a stage or a source, not {input.distribution}({input.upstream!r}); "
+                            f"write broadcast({input.upstream!r})")
+    return ExchangeSpec(upstream=_upstream_name(input), distribution="broadcast")
 
 
 class Pipeline:
@@ -110,13 +125,14 @@ class Pipeline:
                 f"pipeline {self.name!r}, stage {name!r}: sink must be a Sink, got {type(sink).__name__}")
         if sink is not None:
             sink.validate(f"pipeline {self.name!r}, stage {name!r}, sink {type(sink).__name__}")
+        declared = max_parallelism is not None
         if max_parallelism is None:
             default = parallelism if isinstance(parallelism, int) and not isinstance(parallelism, bool) else 1
             max_parallelism = max(self.default_max_parallelism, default)
         if isinstance(application, os.PathLike):
             application = os.fspath(application)
         spec = StageSpec(name=name, application=application, parallelism=parallelism, inputs=resolved,
-                         max_parallelism=max_parallelism,
+                         max_parallelism=max_parallelism, max_parallelism_declared=declared,
                          deterministic=deterministic, config=dict(config or {}),
                          application_args=tuple(application_args),
                          spark_conf={**self.spark_conf, **{str(k): str(v) for k, v in (spark_conf or {}).items()}},
@@ -128,6 +144,7 @@ class Pipeline:
     def graph(self) -> PipelineGraph:
         """The validated stage graph."""
         graph = PipelineGraph(name=self.name, stages={n: s.spec for n, s in self.stages.items()}, config=self.config)
+        graph.align_copartitioned()
         graph.validate()
         for name, handle in self.stages.items():
             if handle.sink is not None and graph.consumers(name):

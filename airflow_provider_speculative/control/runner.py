@@ -10,8 +10,9 @@ from typing import Any
 
 from airflow_provider_speculative.control.commit import admitted_of, commit_admitted, remove_losers
 from airflow_provider_speculative.control.controller import StageController, wait_for_next_step, wipe_stage_attempts
+from airflow_provider_speculative.control.sources import list_sources
 from airflow_provider_speculative.core.config import SpeculativeConfig
-from airflow_provider_speculative.core.graph import ExchangeSpec, PipelineGraph, SourceSpec
+from airflow_provider_speculative.core.graph import ExchangeSpec, PipelineGraph
 from airflow_provider_speculative.core.hybrid import producer_record
 from airflow_provider_speculative.core.plan import plan_stage
 from airflow_provider_speculative.exceptions import StoreError
@@ -29,11 +30,6 @@ def local_spark_submit(master: str = "local[1]") -> list[str]:
             "--master", master, "--conf", "spark.ui.enabled=false"]
 
 
-def list_parquet(path: str) -> list[tuple[str, int]]:
-    """(path, size) of the Parquet files under a directory."""
-    return sorted((str(p), p.stat().st_size) for p in Path(path).glob("*.parquet"))
-
-
 def plan_local_stage(graph: PipelineGraph, stage: str, root: Path, dag_id: str, run_id: str,
                      config: SpeculativeConfig, master: str = "local[1]") -> dict[str, Any]:
     """Plan one stage for spark-submit attempts on ``master`` (sources listed from disk, upstreams committed).
@@ -42,7 +38,7 @@ def plan_local_stage(graph: PipelineGraph, stage: str, root: Path, dag_id: str, 
     executors to a node (see docs/clusters.md).
     """
     spec = graph.stages[stage]
-    sources = {name: list_parquet(src.path) for name, src in spec.inputs.items() if isinstance(src, SourceSpec)}
+    sources = list_sources(spec, f"pipeline {graph.name!r}, stage {stage!r}")
     upstream = upstream_records(graph, stage, root, dag_id, run_id)
 
     def command(target_conf: dict[str, str]) -> list[str]:
@@ -79,7 +75,7 @@ def plan_connect_stage(graph: PipelineGraph, stage: str, root: Path, dag_id: str
                        config: SpeculativeConfig) -> dict[str, Any]:
     """Plan one stage for Spark Connect targets (``config.targets``; their servers' URLs go to :func:`run_stages`)."""
     spec = graph.stages[stage]
-    sources = {name: list_parquet(src.path) for name, src in spec.inputs.items() if isinstance(src, SourceSpec)}
+    sources = list_sources(spec, f"pipeline {graph.name!r}, stage {stage!r}")
     targets = {t.name: {"kind": "spark_connect", "conn_id": t.conn_id, "node": t.node_label,
                         "command": [sys.executable, spec.application], "env": {},
                         "spark_conf": {**t.conf, **spec.spark_conf}} for t in config.targets}

@@ -408,6 +408,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("data_volume_per_subtask", _size, 128 * 1024 ** 2,
            "Bytes one subtask should read when a stage has parallelism='auto' (e.g. '64MB', '1 GiB').",
            "string", "134217728", "`134217728` (128 MiB)", annotation="int"),
+    Option("broadcast_max_bytes", _size, 256 * 1024 ** 2,
+           "Largest input a broadcast(...) input may have when its consumer is planned: every consumer subtask "
+           "reads all of it (e.g. '64MB', '1 GiB').",
+           "string", "268435456", "`268435456` (256 MiB)", annotation="int"),
     _bool_option("balanced_exchange_ranges", True,
                  "Give all_to_all consumers subpartition ranges of about equal bytes (false: equal counts)."),
     Option("failover_strategy", lambda n, v, w: _choice(n, v, w, ("region", "all")), "region",

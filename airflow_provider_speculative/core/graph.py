@@ -11,7 +11,7 @@ from airflow_provider_speculative.core.config import SpeculativeConfig
 from airflow_provider_speculative.core.parallelism import AUTO
 from airflow_provider_speculative.exceptions import ConfigError, PipelineError
 
-Distribution = Literal["all_to_all", "pointwise"]
+Distribution = Literal["all_to_all", "pointwise", "broadcast"]
 Mode = Literal["blocking", "hybrid"]
 
 # Flink's upper bound for max parallelism (key groups); more subtasks than this is a typo, not a plan.
@@ -26,16 +26,18 @@ class SourceSpec:
     format: str = "parquet"
     # Sources only read, so concurrent attempts never interfere with them.
     supports_concurrent_attempts: bool = True
+    # Every subtask reads all files (a small dimension table beside a partitioned input), not a split.
+    broadcast: bool = False
 
     def to_json(self) -> dict[str, Any]:
         """Serialise for plan.json."""
         return {"kind": "source", "path": self.path, "format": self.format,
-                "supports_concurrent_attempts": self.supports_concurrent_attempts}
+                "supports_concurrent_attempts": self.supports_concurrent_attempts, "broadcast": self.broadcast}
 
 
 @dataclass(frozen=True)
 class ExchangeSpec:
-    """An edge from an upstream stage: ``all_to_all`` on a key or ``pointwise``; blocking or hybrid."""
+    """An edge from an upstream stage: ``all_to_all`` on a key, ``pointwise`` or ``broadcast``; blocking or hybrid."""
 
     upstream: str
     distribution: Distribution = "all_to_all"
@@ -58,6 +60,9 @@ class StageSpec:
     parallelism: int | str
     inputs: dict[str, SourceSpec | ExchangeSpec] = field(default_factory=dict)
     max_parallelism: int = 32
+    # False when the pipeline chose max_parallelism (its default): it may then be aligned with the other
+    # producers of a join (align_copartitioned); a declared value is never changed, only checked.
+    max_parallelism_declared: bool = True
     deterministic: bool = True
     config: dict[str, Any] = field(default_factory=dict)
     application_args: tuple[str, ...] = ()
@@ -117,6 +122,7 @@ class PipelineGraph:
             for input_name, spec in stage.inputs.items():
                 if isinstance(spec, ExchangeSpec):
                     self._validate_exchange(where, input_name, spec, stage)
+            self._check_input_layout(where, stage)
             try:
                 SpeculativeConfig().with_overrides(stage.config, where)
             except ConfigError as exc:
@@ -153,7 +159,7 @@ class PipelineGraph:
                 f"{where}: input {input_name!r} reads unknown stage {spec.upstream!r} (stages: {known})")
         if spec.upstream == stage.name:
             raise PipelineError(f"{where}: input {input_name!r} reads its own stage (cycle)")
-        if spec.distribution not in ("all_to_all", "pointwise"):
+        if spec.distribution not in ("all_to_all", "pointwise", "broadcast"):
             raise PipelineError(f"{where}: input {input_name!r} has unknown distribution {spec.distribution!r}")
         if spec.mode not in ("blocking", "hybrid"):
             raise PipelineError(f"{where}: input {input_name!r} has unknown mode {spec.mode!r}")
@@ -172,6 +178,96 @@ class PipelineGraph:
                     f"raise {spec.upstream!r}'s max_parallelism or lower {stage.name!r}'s parallelism")
         if spec.distribution == "pointwise":
             self._validate_pointwise(where, input_name, self.stages[spec.upstream], stage)
+        if spec.distribution == "broadcast" and spec.mode != "blocking":
+            # A broadcast input is read whole by every subtask: there is no partition to start on early.
+            raise PipelineError(f"{where}: broadcast input {input_name!r} must be blocking, got mode {spec.mode!r}")
+
+    def _check_input_layout(self, where: str, stage: StageSpec) -> None:
+        """The co-partitioning contract: rows that must meet in one subtask are routed to the same subtask.
+
+        A stage's inputs are hash-partitioned (``all_to_all``), split (a source split by file, or
+        ``pointwise``) or broadcast (read whole by every subtask). Hash-partitioned inputs must agree on
+        subpartition count and key arity (their keys are compared position by position); a split input
+        next to a hash-partitioned one, or two split inputs, would each give a subtask unrelated rows, so
+        they are refused with a hint to declare the small side ``broadcast(...)``.
+        """
+        partitioned = [(n, s) for n, s in stage.inputs.items()
+                       if isinstance(s, ExchangeSpec) and s.distribution == "all_to_all"]
+        split = [(n, s) for n, s in stage.inputs.items()
+                 if (isinstance(s, SourceSpec) and not s.broadcast)
+                 or (isinstance(s, ExchangeSpec) and s.distribution == "pointwise")]
+        broadcast = [n for n, s in stage.inputs.items() if (isinstance(s, SourceSpec) and s.broadcast)
+                     or (isinstance(s, ExchangeSpec) and s.distribution == "broadcast")]
+        if partitioned and split:
+            (name, spec), (other, other_spec) = split[0], partitioned[0]
+            raise PipelineError(
+                f"{where}: input {name!r} is {_split_kind(spec)} while input {other!r} is hash-partitioned on "
+                f"{list(other_spec.key)}, so each subtask would see only its own part of {name!r} and rows would "
+                f"miss their partners. Declare it broadcast({_broadcast_hint(spec)}) to give every subtask all of "
+                f"it, or hash-partition it too: all_to_all(<its stage>, key=...)")
+        if len(split) > 1:
+            (name, spec), (other, other_spec) = split[0], split[1]
+            raise PipelineError(
+                f"{where}: inputs {name!r} ({_split_kind(spec)}) and {other!r} ({_split_kind(other_spec)}) are "
+                f"split independently, so a subtask would see unrelated parts of each. Declare the smaller one "
+                f"broadcast(...), or partition both with all_to_all on the join key (a union of two sources: one "
+                f"glob over both, or one stage each)")
+        if broadcast and not partitioned and not split and (stage.auto or stage.parallelism != 1):
+            raise PipelineError(
+                f"{where}: every input ({', '.join(repr(n) for n in broadcast)}) is broadcast, so each of its "
+                f"subtasks would read and write the same rows; use parallelism=1")
+        if len(partitioned) < 2:
+            return
+        first, first_spec = partitioned[0]
+        first_producer = self.stages.get(first_spec.upstream)
+        for name, spec in partitioned[1:]:
+            if len(spec.key) != len(first_spec.key):
+                raise PipelineError(
+                    f"{where}: all_to_all inputs {first!r} (key {list(first_spec.key)}) and {name!r} (key "
+                    f"{list(spec.key)}) have keys of different length; co-partitioned inputs are matched key "
+                    f"column by key column, in order")
+            producer = self.stages.get(spec.upstream)
+            if first_producer is not None and producer is not None \
+                    and producer.max_parallelism != first_producer.max_parallelism:
+                raise PipelineError(
+                    f"{where}: all_to_all inputs {first!r} and {name!r} are not co-partitioned: their producers "
+                    f"write {first_producer.max_parallelism} ({first_spec.upstream!r}) and "
+                    f"{producer.max_parallelism} ({spec.upstream!r}) hash subpartitions, so equal keys would land "
+                    f"in different subtasks. Give both producers the same max_parallelism, or leave it unset on "
+                    f"both (the pipeline then aligns it)")
+
+    def align_copartitioned(self) -> None:
+        """Give producers read together by one stage the same max_parallelism where the pipeline chose it.
+
+        Producers joined by any stage form a group (transitively); a group with one declared value takes
+        it, one with none takes the largest default. Conflicting declared values are left for
+        :meth:`validate` to refuse, naming the stage and both inputs.
+        """
+        parent = {name: name for name in self.stages}
+
+        def find(name: str) -> str:
+            while parent[name] != name:
+                parent[name] = parent[parent[name]]
+                name = parent[name]
+            return name
+
+        for stage in self.stages.values():
+            upstreams = [s.upstream for s in stage.inputs.values() if isinstance(s, ExchangeSpec)
+                         and s.distribution == "all_to_all" and s.upstream in self.stages]
+            for other in upstreams[1:]:
+                parent[find(other)] = find(upstreams[0])
+        groups: dict[str, list[StageSpec]] = {}
+        for name, spec in self.stages.items():
+            groups.setdefault(find(name), []).append(spec)
+        for members in groups.values():
+            if len(members) < 2:
+                continue
+            declared = {m.max_parallelism for m in members if m.max_parallelism_declared}
+            if len(declared) > 1:
+                continue
+            value = declared.pop() if declared else max(m.max_parallelism for m in members)
+            for member in members:
+                member.max_parallelism = value
 
     def _validate_pointwise(self, where: str, input_name: str, producer: StageSpec, stage: StageSpec) -> None:
         # A pointwise consumer of an auto stage inherits the producer's decided parallelism at plan time.
@@ -242,6 +338,19 @@ class PipelineGraph:
         for name in self.stages:
             visit(name, [])
         return order
+
+
+def _split_kind(spec: SourceSpec | ExchangeSpec) -> str:
+    """How an input is divided among subtasks, for messages."""
+    if isinstance(spec, SourceSpec):
+        return f"a source split by file across subtasks ({spec.path})"
+    return f"pointwise from {spec.upstream!r} (subtask i reads producer i)"
+
+
+def _broadcast_hint(spec: SourceSpec | ExchangeSpec) -> str:
+    if isinstance(spec, SourceSpec):
+        return f"parquet_source({spec.path!r})"
+    return repr(spec.upstream)
 
 
 def _check_count(where: str, name: str, value: Any, minimum: int) -> None:

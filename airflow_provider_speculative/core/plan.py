@@ -8,11 +8,14 @@ from itertools import accumulate
 from typing import Any
 
 from airflow_provider_speculative.core.config import SpeculativeConfig
+from airflow_provider_speculative.core.copartition import HASH_SCHEME, check_key_types, check_partitioning
 from airflow_provider_speculative.core.graph import ExchangeSpec, PipelineGraph, SourceSpec, split_files
 from airflow_provider_speculative.core.parallelism import decide_parallelism, exchange_ranges, skew_message
 from airflow_provider_speculative.exceptions import PlanError
 
 # 2: exchanges by producer and subpartition range; shared input descriptions under plan["inputs"].
+# Broadcast sources (files listed once under plan["inputs"]) and exchanges are additions readers of
+# version 2 ignore only if the stage has none, so the version stays.
 PLAN_VERSION = 2
 
 
@@ -44,16 +47,30 @@ def plan_stage(
                  for input_name, spec in stage.inputs.items() if isinstance(spec, ExchangeSpec)}
     decision = decide_stage_parallelism(graph, stage_name, config, source_files, upstream_committed, producers)
     n = decision["chosen"]
+    where = f"pipeline {graph.name!r}, stage {stage_name!r}"
+    check_copartitioned(graph, stage_name, upstream_committed)
     subtasks: list[dict[str, Any]] = [{"inputs": {}, "input_bytes": 0} for _ in range(n)]
     inputs: dict[str, dict[str, Any]] = {}
+    warnings: list[str] = []
     for input_name, spec in stage.inputs.items():
         if isinstance(spec, SourceSpec):
             files = source_files[input_name]
             if not files:
-                raise PlanError(f"pipeline {graph.name!r}, stage {stage_name!r}, input {input_name!r}: "
-                                f"no files under {spec.path}")
+                raise PlanError(f"{where}, input {input_name!r}: no files under {spec.path}")
             inputs[input_name] = {"kind": "source", "format": spec.format, "path": spec.path,
                                   "schema_file": files[0][0]}
+            if spec.broadcast:
+                total = sum(s for _, s in files)
+                _check_broadcast_size(where, input_name, total, config)
+                # Listed once, not once per subtask: a plan stays O(subtasks + files).
+                inputs[input_name].update(broadcast=True, files=[{"path": p, "size": s} for p, s in files])
+                for sub in subtasks:
+                    sub["inputs"][input_name] = {"broadcast": True}
+                    sub["input_bytes"] += total
+                continue
+            if len(files) < n:
+                warnings.append(f"input {input_name!r}: {len(files)} files for {n} subtasks; subtasks "
+                                f"{len(files)}..{n - 1} read no file of it (each subtask reads whole files)")
             for i, split in enumerate(split_files(files, n)):
                 subtasks[i]["inputs"][input_name] = {"files": [{"path": p, "size": s} for p, s in split]}
                 subtasks[i]["input_bytes"] += sum(s for _, s in split)
@@ -62,6 +79,13 @@ def plan_stage(
                                                  producers[spec.upstream])
             if spec.distribution == "pointwise":
                 _plan_pointwise(graph, stage_name, input_name, n, upstream_committed[spec.upstream], subtasks)
+            elif spec.distribution == "broadcast":
+                parts = upstream_committed[spec.upstream]["subtasks"]
+                total = sum(_producer_bytes(part) for part in parts.values())
+                _check_broadcast_size(where, input_name, total, config)
+                for sub in subtasks:
+                    sub["inputs"][input_name] = {"producers": [0, producers[spec.upstream]], "subpartitions": None}
+                    sub["input_bytes"] += total
     skew = _plan_all_to_all(graph, stage_name, config, n, upstream_committed, producers, subtasks)
     key = graph.output_key(stage_name)
     plan = {
@@ -75,13 +99,14 @@ def plan_stage(
         "upstreams": graph.upstreams(stage_name),
         "parallelism_decision": decision,
         "exchange_skew": skew,
-        "warnings": [f"input {e['input']!r}: {skew_message(e)}" for e in skew if e["split"] == 1],
+        "warnings": [*warnings, *(f"input {e['input']!r}: {skew_message(e)}" for e in skew if e["split"] == 1)],
         "upstream_info": {name: {"parallelism": producers[name],
                                  "max_parallelism": graph.stages[name].max_parallelism,
                                  "deterministic": graph.stages[name].deterministic}
                           for name in graph.upstreams(stage_name)},
         "consumers": sorted({c for c, _, _ in graph.consumers(stage_name)}),
-        "output": {"key": list(key), "max_parallelism": stage.max_parallelism, "sink": sink},
+        "output": {"key": list(key), "max_parallelism": stage.max_parallelism, "sink": sink,
+                   **({"hash": HASH_SCHEME} if key else {})},
         "inputs": inputs,
         "subtasks": subtasks,
         "config": config.to_json(),
@@ -90,6 +115,40 @@ def plan_stage(
     }
     plan["fingerprint"] = fingerprint(plan)
     return plan
+
+
+def _check_broadcast_size(where: str, input_name: str, total: int, config: SpeculativeConfig) -> None:
+    if total > config.broadcast_max_bytes:
+        raise PlanError(f"{where}, input {input_name!r}: broadcast input is {total} bytes, above broadcast_max_bytes "
+                        f"({config.broadcast_max_bytes}); every subtask would read all of it. Hash-partition it with "
+                        f"all_to_all(..., key=...) instead, or raise broadcast_max_bytes")
+
+
+def check_copartitioned(graph: PipelineGraph, stage_name: str, upstream_committed: dict[str, Any]) -> None:
+    """Refuse all_to_all inputs whose committed results cannot meet key by key (core/copartition.py).
+
+    Hybrid producers have no committed schema yet when the consumer is planned; they are checked from
+    what is committed (nothing), and their attempts hash with the same scheme.
+    """
+    stage = graph.stages[stage_name]
+    where = f"pipeline {graph.name!r}, stage {stage_name!r}"
+    partitioned = {name: spec for name, spec in stage.inputs.items()
+                   if isinstance(spec, ExchangeSpec) and spec.distribution == "all_to_all"}
+    if not partitioned:
+        return
+    counts = {graph.stages[spec.upstream].max_parallelism for spec in partitioned.values()}
+    if len(counts) > 1:
+        described = ", ".join(f"{name!r} ({graph.stages[spec.upstream].max_parallelism})"
+                              for name, spec in partitioned.items())
+        raise PlanError(f"{where}: all_to_all inputs are not co-partitioned (subpartitions: {described})")
+    parts = {name: list((upstream_committed[spec.upstream].get("subtasks") or {}).values())
+             for name, spec in partitioned.items()}
+    check_key_types(where, {name: (spec.key, [p.get("schema") for p in parts[name]])
+                            for name, spec in partitioned.items()})
+    check_partitioning(where, {name: (graph.stages[spec.upstream].max_parallelism,
+                                      [p.get("partitioning") for p in parts[name]])
+                               for name, spec in partitioned.items()
+                               if not upstream_committed[spec.upstream].get("hybrid")})
 
 
 def _producer_parallelism(graph: PipelineGraph, stage_name: str, input_name: str, upstream: str,
@@ -134,6 +193,9 @@ def decide_stage_parallelism(graph: PipelineGraph, stage_name: str, config: Spec
                 "chosen": chosen, "bounded_by": "pointwise input"}
     total, bounds, files = 0, {}, None
     for input_name, spec in stage.inputs.items():
+        if (isinstance(spec, SourceSpec) and spec.broadcast) or \
+                (isinstance(spec, ExchangeSpec) and spec.distribution == "broadcast"):
+            continue  # read whole by every subtask: it neither divides nor bounds the work
         if isinstance(spec, SourceSpec):
             listed = source_files[input_name]
             total += sum(size for _, size in listed)

@@ -3,23 +3,22 @@
 from __future__ import annotations
 
 import contextlib
-import glob
 import time
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 from airflow.sdk import BaseOperator
 
 from airflow_provider_speculative.backends.base import attempt_observer
 from airflow_provider_speculative.control.commit import admitted_of, commit_admitted, commit_summary, remove_losers
 from airflow_provider_speculative.control.controller import StageController, wipe_stage_attempts
+from airflow_provider_speculative.control.sources import application_path, list_sources, source_root
 from airflow_provider_speculative.core.config import SpeculativeConfig
 from airflow_provider_speculative.core.graph import ExchangeSpec, PipelineGraph, SourceSpec
 from airflow_provider_speculative.core.hybrid import producer_plan_usable, producer_record
 from airflow_provider_speculative.core.plan import plan_stage
 from airflow_provider_speculative.core.readiness import partition_key
-from airflow_provider_speculative.exceptions import PlanError, StageFailedError, StoreError
+from airflow_provider_speculative.exceptions import StageFailedError, StoreError
 from airflow_provider_speculative.hooks.targets import resolve_targets
 from airflow_provider_speculative.links import SparkHistoryLink, StageViewLink
 from airflow_provider_speculative.metrics import StageMetrics
@@ -195,18 +194,15 @@ class SparkStageOperator(BaseOperator):
         layout = self._layout(config, dag_id, run_id)
         spec = self.graph.stages[self.stage]
         where = f"pipeline {self.graph.name!r}, stage {self.stage!r}"
-        application = _application_path(spec.application, where)
-        # An auto stage is bounded by its files when planned, so any non-empty source will do.
-        min_files = 1 if spec.auto else spec.parallelism
-        source_files = {name: _list_files(src, f"{where}, input {name!r}", min_files)
-                        for name, src in spec.inputs.items() if isinstance(src, SourceSpec)}
+        application = application_path(spec.application, where)
+        source_files = list_sources(spec, where)
         sink = self._rendered_sink() if self.sink else None
         if sink is not None:
             # Before any compute: a sink that would overwrite the store, a source or another stage's output.
             sink.validate_plan(PlanContext(
                 dag_id=dag_id, run_id=run_id, stage=self.stage, where=f"{where}, sink {type(sink).__name__}",
                 store_root=layout.root,
-                source_paths=tuple(_source_root(src) for src in spec.inputs.values() if isinstance(src, SourceSpec))))
+                source_paths=tuple(source_root(src) for src in spec.inputs.values() if isinstance(src, SourceSpec))))
         self._claim_store(layout.root)
         hybrid = self._hybrid_inputs(config, context)
         if hybrid is None:
@@ -420,70 +416,3 @@ def _failure_message(pipeline: str, stage: str, event: dict[str, Any]) -> str:
     if total > len(causes):
         lines.append(f"  ... and {total - len(causes)} more failed attempts (see journal.jsonl)")
     return "\n".join(lines)
-
-
-def _application_path(application: str, where: str) -> str:
-    """An application URL (any ``scheme://``) as given; a local path made absolute and checked to exist."""
-    if urlsplit(application).scheme and "://" in application:
-        return application
-    path = Path(application).resolve()
-    if not path.is_file():
-        raise PlanError(f"{where}: application {application!r} does not exist (resolved to {path})")
-    return str(path)
-
-
-def _source_root(source: SourceSpec) -> Path:
-    """The fixed directory part of a source path (a glob's directory before its first wildcard)."""
-    fixed: list[str] = []
-    for part in Path(source.path).parts:
-        if any(c in part for c in "*?["):
-            break
-        fixed.append(part)
-    return Path(*fixed) if fixed else Path(source.path)
-
-
-PARQUET_MAGIC = b"PAR1"
-
-
-def _parquet_problem(path: Path, size: int) -> str | None:
-    """Why ``path`` is not a Parquet file (magic bytes at both ends); None if it looks like one."""
-    if size < 2 * len(PARQUET_MAGIC) + 4:
-        return "empty" if size == 0 else f"only {size} bytes"
-    try:
-        with open(path, "rb") as handle:
-            head = handle.read(len(PARQUET_MAGIC))
-            handle.seek(-len(PARQUET_MAGIC), 2)
-            tail = handle.read(len(PARQUET_MAGIC))
-    except OSError as exc:
-        return f"unreadable ({exc.strerror or exc})"
-    if head != PARQUET_MAGIC or tail != PARQUET_MAGIC:
-        return "no Parquet magic bytes (PAR1) at its start and end"
-    return None
-
-
-def _list_files(source: SourceSpec, where: str, parallelism: int) -> list[tuple[str, int]]:
-    """List a source's data files (a directory, a file or a glob) with their sizes; check they are Parquet."""
-    path = source.path
-    if any(ch in path for ch in "*?["):
-        candidates = [Path(p) for p in glob.glob(path, recursive=True)]
-    elif Path(path).is_dir():
-        candidates = list(Path(path).rglob(f"*.{source.format}"))
-    elif Path(path).exists():
-        candidates = [Path(path)]
-    else:
-        raise PlanError(f"{where}: source {path!r} does not exist")
-    files = [(str(p.resolve()), p.stat().st_size) for p in candidates
-             if p.is_file() and not p.name.startswith((".", "_"))]
-    if not files:
-        raise PlanError(f"{where}: source {path!r} has no {source.format} files")
-    bad = [(f, problem) for f, size in files if (problem := _parquet_problem(Path(f), size))]
-    if bad:
-        first, problem = bad[0]
-        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
-        raise PlanError(f"{where}: source {path!r}: {first} is not a Parquet file: {problem}{more}")
-    if len(files) < parallelism:
-        # Splits are by file: the extra subtasks would be launched with no input at all.
-        raise PlanError(f"{where}: source {path!r} has {len(files)} {source.format} files but the stage has "
-                        f"parallelism {parallelism}; each subtask reads whole files, so lower parallelism to "
-                        f"at most {len(files)}")
-    return sorted(files)

@@ -252,7 +252,8 @@ class StageContext:
         return self._read_exchange(name, shared, inputs[name])
 
     def _read_source(self, name: str, shared: dict[str, Any], mine: dict[str, Any]) -> DataFrame:
-        paths = [f["path"] for f in mine["files"]]
+        # A broadcast source lists its files once, for every subtask.
+        paths = [f["path"] for f in (shared["files"] if mine.get("broadcast") else mine["files"])]
         for path in paths:
             if not os.path.exists(path):
                 raise FileNotFoundError(f"stage {self.stage!r} input {name!r}: source file {path} is missing")
@@ -445,7 +446,9 @@ class StageContext:
             if output.get("sink"):
                 sink_info = self._sink_writer(output["sink"], data_dir).write(df)
             elif key:
-                sp = F.pmod(F.xxhash64(*[F.col(k) for k in key]), F.lit(int(output["max_parallelism"])))
+                # Hashed as strings (core/copartition.py): an int and a bigint of one value meet in one subpartition.
+                sp = F.pmod(F.xxhash64(*[F.col(k).cast("string") for k in key]),
+                            F.lit(int(output["max_parallelism"])))
                 partitioned = df.withColumn(SUBPARTITION_COLUMN, sp).repartition(SUBPARTITION_COLUMN)
                 try:
                     partitioned.write.partitionBy(SUBPARTITION_COLUMN).parquet(str(data_dir))
@@ -467,6 +470,9 @@ class StageContext:
         manifest = build_manifest(data_dir, stage=self.stage, subtask=self.subtask, attempt=self.attempt,
                                   node=self.node, schema=schema_json, input_bytes=self.input_bytes,
                                   written_at=time.time(), sink=sink_info)
+        if key and not output.get("sink"):
+            manifest["partitioning"] = {"key": list(key), "max_parallelism": int(output["max_parallelism"]),
+                                        "hash": output.get("hash") or "legacy"}
         manifest["records"], written_schema = _read_footers(data_dir, manifest["files"])
         if manifest["schema"] is None:
             # No file (an empty output) has no footer: only then ask the server.

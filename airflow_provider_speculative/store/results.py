@@ -24,7 +24,8 @@ def admitted_results(layout: StageLayout, admitted: dict[int, int]) -> dict[str,
         subtasks[str(subtask)] = {"attempt": attempt, "data": str(layout.data(subtask, attempt)),
                                   "files": manifest["files"], "schema": manifest.get("schema"),
                                   "records": manifest.get("records"), "bytes": manifest.get("bytes"),
-                                  "sink": manifest.get("sink") or {}}
+                                  "sink": manifest.get("sink") or {},
+                                  "partitioning": manifest.get("partitioning")}
     return {"stage": layout.stage, "parallelism": len(subtasks), "subtasks": subtasks}
 
 

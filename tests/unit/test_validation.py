@@ -18,8 +18,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from airflow_provider_speculative.core.graph import ExchangeSpec
 from airflow_provider_speculative.exceptions import PipelineError, PlanError, TargetError
-from airflow_provider_speculative.pipeline import Pipeline, all_to_all, parquet_source, pointwise
+from airflow_provider_speculative.pipeline import Pipeline, all_to_all, broadcast, parquet_source, pointwise
 from airflow_provider_speculative.sinks import ParquetSink, PostgresSink
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "validation.md"
@@ -59,6 +60,43 @@ def two_stages(key: Any = "id", consumers: int = 2, producer_max: int | None = N
                 max_parallelism=producer_max)
     p.stage("b", application=APP, parallelism=consumers, inputs={"partials": all_to_all(a, key=key)})
     p.graph()
+
+
+def join(left: Any, right: Any, *, left_max: int | None = None, right_max: int | None = None,
+         parallelism: int = 2) -> None:
+    """A stage joining input 'l' and input 'r'; a Stage argument is keyed on 'id' through all_to_all."""
+    p = Pipeline("p")
+    a = p.stage("a", application=APP, parallelism=2, inputs={"rows": parquet_source("/data/a")},
+                max_parallelism=left_max)
+    b = p.stage("b", application=APP, parallelism=2, inputs={"rows": parquet_source("/data/b")},
+                max_parallelism=right_max)
+    pick = {"a": all_to_all(a, key="id"), "b": all_to_all(b, key="id"), "a2": all_to_all(a, key=["id", "x"]),
+            "pa": pointwise(a), "bb": broadcast(b)}
+    p.stage("j", application=APP, parallelism=parallelism,
+            inputs={"l": pick.get(left, left), "r": pick.get(right, right)})
+    p.graph()
+
+
+def join_plan(tmp: Path, left_type: str, right_type: str) -> None:
+    """Plan (the real operator) a join whose two producers committed key 'id' with these Spark types."""
+    from airflow_provider_speculative.operators.stage import SparkStageOperator
+    from airflow_provider_speculative.store.files import atomic_write_json
+    from airflow_provider_speculative.store.layout import StageLayout
+
+    p = Pipeline("p")
+    a = p.stage("a", application=APP, parallelism=1, inputs={"rows": parquet_source("/data/a")})
+    b = p.stage("b", application=APP, parallelism=1, inputs={"rows": parquet_source("/data/b")})
+    p.stage("j", application=APP, parallelism=2, inputs={"l": all_to_all(a, key="id"), "r": all_to_all(b, key="k")})
+    run_id = f"run_{tmp.name}"
+    for stage, column, spark_type in (("a", "id", left_type), ("b", "k", right_type)):
+        schema = {"type": "struct", "fields": [{"name": column, "type": spark_type, "nullable": True, "metadata": {}}]}
+        atomic_write_json(StageLayout(store_root(), "validation_dag", run_id, stage).committed, {
+            "stage": stage, "parallelism": 1, "fingerprint": stage, "subtasks": {"0": {
+                "attempt": 0, "bytes": 1, "schema": schema, "subpartition_bytes": {"0": 1},
+                "partitioning": {"key": [column], "max_parallelism": 32, "hash": "xxhash64-of-string-v1"}}}})
+    operator = SparkStageOperator(task_id="j", graph=p.graph(), stage="j")
+    operator.execute({"dag": SimpleNamespace(dag_id="validation_dag"), "run_id": run_id,
+                      "ti": SimpleNamespace(try_number=1), "logical_date": None, "dag_run": None})
 
 
 def auto_pointwise_into_fixed() -> None:
@@ -162,6 +200,24 @@ CASES = [
          r"stage 's', input 'rows': source path is empty"),
     Case("source-relative", lambda t: stage({"rows": parquet_source("data/rows")}), PipelineError,
          r"stage 's', input 'rows': source path 'data/rows' is relative"),
+    Case("join-split-source-beside-partitioned", lambda t: join(parquet_source("/data/dim"), "b"), PipelineError,
+         r"pipeline 'p', stage 'j': input 'l' is a source split by file across subtasks \(/data/dim\) while input "
+         r"'r' is hash-partitioned on \['id'\], .* Declare it broadcast\(parquet_source\('/data/dim'\)\)"),
+    Case("join-pointwise-beside-partitioned", lambda t: join("pa", "b"), PipelineError,
+         r"stage 'j': input 'l' is pointwise from 'a' .* while input 'r' is hash-partitioned"),
+    Case("join-two-split-inputs", lambda t: join(parquet_source("/data/x"), parquet_source("/data/y")), PipelineError,
+         r"stage 'j': inputs 'l' \(a source split .*\) and 'r' \(.*\) are split independently"),
+    Case("join-max-parallelism-differs", lambda t: join("a", "b", left_max=32, right_max=8), PipelineError,
+         r"stage 'j': all_to_all inputs 'l' and 'r' are not co-partitioned: their producers write 32 \('a'\) "
+         r"and 8 \('b'\) hash subpartitions"),
+    Case("join-key-arity-differs", lambda t: join("a2", "b"), PipelineError,
+         r"stage 'j': all_to_all inputs 'l' \(key \['id', 'x'\]\) and 'r' \(key \['id'\]\) have keys of "
+         r"different length"),
+    Case("broadcast-only-parallel", lambda t: join("bb", broadcast(parquet_source("/data/y"))), PipelineError,
+         r"stage 'j': every input \('l', 'r'\) is broadcast, so each of its subtasks would read and write the "
+         r"same rows; use parallelism=1"),
+    Case("broadcast-hybrid", lambda t: join("b", ExchangeSpec("a", "broadcast", mode="hybrid")), PipelineError,
+         r"stage 'j': broadcast input 'r' must be blocking, got mode 'hybrid'"),
     Case("key-none", lambda t: two_stages(key=None), PipelineError,
          r"pipeline 'p', stage 'b': all_to_all input 'partials' needs a key: .* got None"),
     Case("key-empty", lambda t: two_stages(key=""), PipelineError,
@@ -202,8 +258,12 @@ CASES = [
          PlanError, r"stage 's', input 'rows': source '.*/e' has no parquet files"),
     Case("source-not-parquet", not_parquet, PlanError,
          r"stage 's', input 'rows': source '.*rows': .*part-9.parquet is not a Parquet file: no Parquet magic"),
-    Case("parallelism-above-files", lambda t: plan(t, parallelism=3), PlanError,
-         r"stage 's', input 'rows': source '.*rows' has 2 parquet files but the stage has parallelism 3"),
+    Case("join-key-types-differ", lambda t: join_plan(t, "string", "long"), PlanError,
+         r"pipeline 'p', stage 'j': key column 1 differs in type between inputs: 'l'.id is string, 'r'.k is long"),
+    Case("join-key-floating", lambda t: join_plan(t, "double", "double"), PlanError,
+         r"pipeline 'p', stage 'j', input 'l': key column 'id' is double; floating-point keys are refused"),
+    Case("join-key-decimal-scales", lambda t: join_plan(t, "decimal(12,2)", "decimal(12,3)"), PlanError,
+         r"stage 'j': key column 1 differs in type between inputs: 'l'.id is decimal\(12,2\), 'r'.k is decimal"),
     Case("sink-inside-store", lambda t: plan(t, sink=ParquetSink(str(store_root() / "validation_dag" / "out"))),
          PlanError, r"stage 's', sink ParquetSink: path '.*' overlaps the result store"),
     Case("sink-is-store-root", lambda t: plan(t, sink=ParquetSink(str(store_root()))), PlanError,

@@ -184,7 +184,7 @@ CONTEXT = {"dag_id": "d", "run_id": "r", "logical_date": None, "store_root": "/s
 
 def _committed(stage: str, matrix: list[list[int]]) -> dict[str, Any]:
     return {"stage": stage, "parallelism": len(matrix), "fingerprint": "f" + stage, "subtasks": {
-        str(p): {"attempt": 0, "bytes": sum(row), "schema": {"fields": []},
+        str(p): {"attempt": 0, "bytes": sum(row), "schema": {"fields": [{"name": "k", "type": "long"}]},
                  "subpartition_bytes": {str(sp): b for sp, b in enumerate(row) if b}}
         for p, row in enumerate(matrix)}}
 

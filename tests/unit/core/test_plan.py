@@ -13,6 +13,7 @@ from airflow_provider_speculative.core.plan import plan_stage
 from airflow_provider_speculative.exceptions import PlanError
 
 MAX_P = 4  # producer max_parallelism: 4 subpartitions
+SCHEMA = {"type": "struct", "fields": [{"name": "user", "type": "long", "nullable": True, "metadata": {}}]}
 
 
 def build_graph() -> PipelineGraph:
@@ -21,8 +22,9 @@ def build_graph() -> PipelineGraph:
         StageSpec("agg", "apps/agg.py", 2,
                   {"events": ExchangeSpec("clean", "all_to_all", key=("user",))}, max_parallelism=MAX_P),
         StageSpec("enrich", "apps/enrich.py", 2, {"events": ExchangeSpec("clean", "all_to_all", key=("user",)),
-                                                   "totals": ExchangeSpec("agg", "pointwise")},
+                                                   "totals": ExchangeSpec("agg", "broadcast")},
                   max_parallelism=MAX_P),
+        StageSpec("post", "apps/post.py", 2, {"totals": ExchangeSpec("agg", "pointwise")}, max_parallelism=MAX_P),
     ]
     graph = PipelineGraph(name="p", stages={s.name: s for s in stages})
     graph.validate()
@@ -33,7 +35,7 @@ def committed(stage: str, parallelism: int) -> dict[str, Any]:
     """A committed.json record: producer i wrote one file per subpartition, size 100*i + sp + 1."""
     return {"stage": stage, "parallelism": parallelism, "subtasks": {
         str(i): {"attempt": i + 1, "data": f"/store/{stage}/subtask={i}/attempt={i + 1}/data",
-                 "schema": {"fields": ["user"]},
+                 "schema": SCHEMA,
                  "files": [{"path": f"_sp={sp}/part-{i}.parquet", "size": 100 * i + sp + 1, "subpartition": sp}
                            for sp in range(MAX_P)]}
         for i in range(parallelism)}}
@@ -77,7 +79,7 @@ def test_all_to_all_consumer_reads_exactly_its_subpartition_range() -> None:
     assert [s["input_bytes"] for s in subtasks] == [(1 + 2) + (101 + 102), (3 + 4) + (103 + 104)]
     shared = result["inputs"]["events"]
     assert shared["upstream"] == "clean" and shared["distribution"] == "all_to_all"
-    assert shared["schema"] == {"fields": ["user"]} and shared["producer_parallelism"] == 2
+    assert shared["schema"] == SCHEMA and shared["producer_parallelism"] == 2
     # No file is listed in the plan: attempts resolve them from the producers' commits.
     assert "_sp=" not in json.dumps(result)
 
@@ -91,15 +93,47 @@ def test_all_to_all_bytes_come_from_a_compact_commit_too() -> None:
 
 
 def test_pointwise_subtask_reads_only_its_producer() -> None:
-    result = plan("enrich")
+    result = plan("post")
     subtasks = result["subtasks"]
     assert result["inputs"]["totals"]["distribution"] == "pointwise"
     for i in range(2):
         assert subtasks[i]["inputs"]["totals"] == {"producers": [i, i + 1], "subpartitions": None}
-    # input_bytes adds both inputs: the all_to_all range of 'clean' and all of agg's subtask i.
-    agg_bytes = [sum(100 * i + sp + 1 for sp in range(MAX_P)) for i in range(2)]
+    assert [s["input_bytes"] for s in subtasks] == [sum(100 * i + sp + 1 for sp in range(MAX_P)) for i in range(2)]
+
+
+def test_broadcast_exchange_gives_every_subtask_every_producer_whole() -> None:
+    result = plan("enrich")
+    subtasks = result["subtasks"]
+    assert result["inputs"]["totals"]["distribution"] == "broadcast"
+    assert [s["inputs"]["totals"] for s in subtasks] == [{"producers": [0, 2], "subpartitions": None}] * 2
+    # input_bytes adds both inputs: the all_to_all range of 'clean' and all of agg.
+    agg_bytes = sum(100 * i + sp + 1 for sp in range(MAX_P) for i in range(2))
     clean_bytes = [(1 + 2) + (101 + 102), (3 + 4) + (103 + 104)]
-    assert [s["input_bytes"] for s in subtasks] == [a + c for a, c in zip(agg_bytes, clean_bytes, strict=True)]
+    assert [s["input_bytes"] for s in subtasks] == [agg_bytes + c for c in clean_bytes]
+
+
+def test_broadcast_above_the_size_limit_is_refused_naming_the_input() -> None:
+    graph = build_graph()
+    config = SpeculativeConfig().with_overrides({"broadcast_max_bytes": 100}, "t")
+    with pytest.raises(PlanError, match=r"pipeline 'p', stage 'enrich', input 'totals': broadcast input is 420 "
+                                        r"bytes, above broadcast_max_bytes \(100\)"):
+        plan_stage(graph, "enrich", config, source_files={}, sink=None, speculation_blocker=None,
+                   upstream_committed={"clean": committed("clean", 2), "agg": committed("agg", 2)},
+                   context={"dag_id": "d", "run_id": "r", "store_root": "/store", "targets": {}})
+
+
+def test_broadcast_source_lists_its_files_once_for_every_subtask() -> None:
+    graph = PipelineGraph("p", {"j": StageSpec("j", "/a.py", 3, {
+        "facts": ExchangeSpec("clean", "all_to_all", key=("user",)),
+        "dim": SourceSpec("/data/dim", broadcast=True)}, max_parallelism=MAX_P),
+        "clean": StageSpec("clean", "/c.py", 2, {"raw": SourceSpec("/data/raw")}, max_parallelism=MAX_P)})
+    graph.validate()
+    result = plan_stage(graph, "j", SpeculativeConfig(), source_files={"dim": RAW}, sink=None,
+                        speculation_blocker=None, upstream_committed={"clean": committed("clean", 2)},
+                        context={"dag_id": "d", "run_id": "r", "store_root": "/store", "targets": {}})
+    assert [f["path"] for f in result["inputs"]["dim"]["files"]] == [p for p, _ in RAW]
+    assert all(s["inputs"]["dim"] == {"broadcast": True} for s in result["subtasks"])
+    assert json.dumps(result).count("/data/raw/b.parquet") == 1
 
 
 def test_incomplete_upstream_commit_is_rejected() -> None:

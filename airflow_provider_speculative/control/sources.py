@@ -1,0 +1,82 @@
+"""What planning reads of the world: source files (listed and checked to be Parquet) and the application.
+
+One place for the operator, the standalone runner, tests and benchmarks, so every path that plans a
+stage applies the same checks (each message names pipeline, stage and input).
+"""
+
+from __future__ import annotations
+
+import glob
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from airflow_provider_speculative.core.graph import SourceSpec, StageSpec
+from airflow_provider_speculative.exceptions import PlanError
+
+
+def list_sources(spec: StageSpec, where: str) -> dict[str, list[tuple[str, int]]]:
+    """(path, size) of every source input's files, by input name; raise :class:`PlanError` naming the input."""
+    return {name: list_source_files(src, f"{where}, input {name!r}")
+            for name, src in spec.inputs.items() if isinstance(src, SourceSpec)}
+
+
+def application_path(application: str, where: str) -> str:
+    """An application URL (any ``scheme://``) as given; a local path made absolute and checked to exist."""
+    if urlsplit(application).scheme and "://" in application:
+        return application
+    path = Path(application).resolve()
+    if not path.is_file():
+        raise PlanError(f"{where}: application {application!r} does not exist (resolved to {path})")
+    return str(path)
+
+
+def source_root(source: SourceSpec) -> Path:
+    """The fixed directory part of a source path (a glob's directory before its first wildcard)."""
+    fixed: list[str] = []
+    for part in Path(source.path).parts:
+        if any(c in part for c in "*?["):
+            break
+        fixed.append(part)
+    return Path(*fixed) if fixed else Path(source.path)
+
+
+PARQUET_MAGIC = b"PAR1"
+
+
+def parquet_problem(path: Path, size: int) -> str | None:
+    """Why ``path`` is not a Parquet file (magic bytes at both ends); None if it looks like one."""
+    if size < 2 * len(PARQUET_MAGIC) + 4:
+        return "empty" if size == 0 else f"only {size} bytes"
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(len(PARQUET_MAGIC))
+            handle.seek(-len(PARQUET_MAGIC), 2)
+            tail = handle.read(len(PARQUET_MAGIC))
+    except OSError as exc:
+        return f"unreadable ({exc.strerror or exc})"
+    if head != PARQUET_MAGIC or tail != PARQUET_MAGIC:
+        return "no Parquet magic bytes (PAR1) at its start and end"
+    return None
+
+
+def list_source_files(source: SourceSpec, where: str) -> list[tuple[str, int]]:
+    """List a source's data files (a directory, a file or a glob) with their sizes; check they are Parquet."""
+    path = source.path
+    if any(ch in path for ch in "*?["):
+        candidates = [Path(p) for p in glob.glob(path, recursive=True)]
+    elif Path(path).is_dir():
+        candidates = list(Path(path).rglob(f"*.{source.format}"))
+    elif Path(path).exists():
+        candidates = [Path(path)]
+    else:
+        raise PlanError(f"{where}: source {path!r} does not exist")
+    files = [(str(p.resolve()), p.stat().st_size) for p in candidates
+             if p.is_file() and not p.name.startswith((".", "_"))]
+    if not files:
+        raise PlanError(f"{where}: source {path!r} has no {source.format} files")
+    bad = [(f, problem) for f, size in files if (problem := parquet_problem(Path(f), size))]
+    if bad:
+        first, problem = bad[0]
+        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+        raise PlanError(f"{where}: source {path!r}: {first} is not a Parquet file: {problem}{more}")
+    return sorted(files)

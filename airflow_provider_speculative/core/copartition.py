@@ -1,0 +1,121 @@
+"""The co-partitioning contract checked when a consumer is planned: key types and how producers hashed.
+
+Producers hash every key column as its string form (``cast(k as string)``) before ``xxhash64``, so an
+``int`` 5, a ``bigint`` 5 and a ``decimal(12,0)`` 5 land in the same subpartition (Spark's own
+``xxhash64`` hashes an int and a long of equal value differently). What the cast cannot make equal is
+refused here, from the schema each producer recorded in its manifest: key columns of different
+families at the same position, decimals of different scales, and floating-point keys (``-0.0`` and
+``0.0`` are equal in a Spark join but print differently).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from airflow_provider_speculative.exceptions import PlanError
+
+# Recorded in every hash-partitioned manifest (``partitioning.hash``) and in the plan's output, so a
+# result hashed another way is never read as if it were co-partitioned with this one.
+HASH_SCHEME = "xxhash64-of-string-v1"
+
+_INTEGRAL = {"byte", "short", "integer", "long"}
+_STRING = {"string"}
+_FLOATING = {"float", "double"}
+
+
+def key_family(spark_type: Any) -> str | None:
+    """The family a key column's Spark type hashes as (None: the null type, compatible with any)."""
+    if isinstance(spark_type, dict):
+        # Nested types: the same after integer widths are unified (their string form is then equal).
+        text = json.dumps(spark_type, sort_keys=True)
+        for name in ("byte", "short", "integer"):
+            text = text.replace(f'"{name}"', '"long"')
+        return f"{spark_type.get('type', 'complex')}:{text}"
+    name = str(spark_type)
+    if name in ("void", "null"):
+        return None
+    if name in _INTEGRAL:
+        return "integer"
+    if name in _STRING or name.startswith(("varchar(", "char(")):
+        return "string"
+    if name.startswith("decimal"):
+        scale = name.rstrip(")").split(",")[-1].strip() if "," in name else "0"
+        # decimal(p,0) prints like an integer: it hashes with them.
+        return "integer" if scale == "0" else f"decimal(scale {scale})"
+    if name in _FLOATING:
+        return "floating"
+    return name
+
+
+def key_types(schema: Mapping[str, Any] | None, key: Sequence[str]) -> list[Any] | None:
+    """The Spark types of ``key``'s columns in a StructType JSON, None for a column the schema lacks."""
+    if not schema:
+        return None
+    by_name = {f["name"]: f.get("type") for f in schema.get("fields") or [] if isinstance(f, dict) and "name" in f}
+    return [by_name.get(k) for k in key]
+
+
+def _type_name(spark_type: Any) -> str:
+    return spark_type.get("type", "complex") if isinstance(spark_type, dict) else str(spark_type)
+
+
+def check_key_types(where: str, inputs: Mapping[str, tuple[Sequence[str], Sequence[Mapping[str, Any] | None]]]) -> None:
+    """Refuse hash-partitioned inputs whose key columns cannot hash alike.
+
+    ``inputs`` maps input name -> (its key columns, the schemas its producer subtasks committed). Every
+    schema of every input is compared position by position; a missing schema (an empty or hybrid
+    producer) is skipped. Cost O(inputs x producer subtasks x key columns).
+    """
+    seen: dict[int, tuple[str, str, str, str]] = {}  # position -> (family, input, column, type)
+    for name, (key, schemas) in inputs.items():
+        for schema in schemas:
+            types = key_types(schema, key)
+            if types is None:
+                continue
+            for position, (column, spark_type) in enumerate(zip(key, types, strict=True)):
+                if spark_type is None:
+                    columns = [f.get("name") for f in schema.get("fields") or [] if isinstance(f, dict)]
+                    raise PlanError(f"{where}, input {name!r}: key column {column!r} is not in the producer's "
+                                    f"output (columns: {columns})")
+                family = key_family(spark_type)
+                if family == "floating":
+                    raise PlanError(
+                        f"{where}, input {name!r}: key column {column!r} is {_type_name(spark_type)}; floating-point "
+                        f"keys are refused (-0.0 and 0.0, or a float and a double of one value, are equal to Spark "
+                        f"but hash apart). Cast it to a decimal or an integer in the producer")
+                if family is None:
+                    continue
+                if position not in seen:
+                    seen[position] = (family, name, column, _type_name(spark_type))
+                    continue
+                first_family, first_input, first_column, first_type = seen[position]
+                if family != first_family:
+                    raise PlanError(
+                        f"{where}: key column {position + 1} differs in type between inputs: {first_input!r}."
+                        f"{first_column} is {first_type}, {name!r}.{column} is {_type_name(spark_type)}; equal "
+                        f"values would not meet in one subtask. Cast one side in its producer (integer widths "
+                        f"mix freely; decimals need the same scale)")
+
+
+def check_partitioning(where: str, inputs: Mapping[str, tuple[int, Sequence[Mapping[str, Any] | None]]]) -> None:
+    """Refuse producer results not hashed the way the plan expects.
+
+    ``inputs`` maps input name -> (the subpartition count expected, the ``partitioning`` records its
+    producer subtasks committed). A result committed before the records existed (None) is accepted
+    alone but not next to a current one.
+    """
+    schemes: dict[str, str] = {}
+    for name, (expected, records) in inputs.items():
+        for record in records:
+            scheme = (record or {}).get("hash") or "legacy"
+            count = (record or {}).get("max_parallelism")
+            if count is not None and int(count) != expected:
+                raise PlanError(f"{where}, input {name!r}: its producer committed {count} hash subpartitions, the "
+                                f"plan expects {expected}; rerun the producer")
+            schemes.setdefault(scheme, name)
+    if len(schemes) > 1:
+        described = ", ".join(f"{scheme} ({name!r})" for scheme, name in schemes.items())
+        raise PlanError(f"{where}: inputs were hash-partitioned by different schemes: {described}; rerun the "
+                        f"producers with this provider version")

@@ -1,0 +1,82 @@
+"""The co-partitioning contract: key families, key-type and partitioning checks, default alignment."""
+
+from __future__ import annotations
+
+import pytest
+
+from airflow_provider_speculative.core.copartition import (
+    HASH_SCHEME,
+    check_key_types,
+    check_partitioning,
+    key_family,
+)
+from airflow_provider_speculative.exceptions import PlanError
+from airflow_provider_speculative.pipeline import Pipeline, all_to_all, parquet_source
+
+
+def schema(**columns: object) -> dict:
+    return {"type": "struct", "fields": [{"name": n, "type": t, "nullable": True, "metadata": {}}
+                                         for n, t in columns.items()]}
+
+
+@pytest.mark.parametrize(("spark_type", "family"), [
+    ("byte", "integer"), ("short", "integer"), ("integer", "integer"), ("long", "integer"),
+    ("decimal(12,0)", "integer"), ("decimal(12,2)", "decimal(scale 2)"), ("decimal(38,2)", "decimal(scale 2)"),
+    ("string", "string"), ("varchar(10)", "string"), ("char(3)", "string"), ("void", None),
+    ("date", "date"), ("timestamp", "timestamp"), ("timestamp_ntz", "timestamp_ntz"), ("double", "floating"),
+])
+def test_key_family_unifies_what_hashes_alike_as_a_string(spark_type: str, family: str | None) -> None:
+    assert key_family(spark_type) == family
+
+
+def test_nested_key_types_unify_integer_widths() -> None:
+    ints = {"type": "array", "elementType": "integer", "containsNull": True}
+    longs = {"type": "array", "elementType": "long", "containsNull": True}
+    assert key_family(ints) == key_family(longs)
+
+
+def test_integer_widths_mix_and_nulls_match_anything() -> None:
+    check_key_types("w", {"l": (["id"], [schema(id="integer")]), "r": (["k"], [schema(k="long"), schema(k="void")])})
+
+
+def test_every_producer_subtask_schema_is_compared() -> None:
+    with pytest.raises(PlanError, match=r"w: key column 1 differs in type between inputs: 'l'.id is integer, "
+                                        r"'l'.id is string"):
+        check_key_types("w", {"l": (["id"], [schema(id="integer"), schema(id="string")])})
+
+
+def test_second_key_column_is_compared_by_position() -> None:
+    with pytest.raises(PlanError, match=r"key column 2 differs in type between inputs: 'l'.d is date, 'r'.e is string"):
+        check_key_types("w", {"l": (["id", "d"], [schema(id="long", d="date")]),
+                              "r": (["k", "e"], [schema(k="integer", e="string")])})
+
+
+def test_missing_key_column_is_named() -> None:
+    with pytest.raises(PlanError, match=r"w, input 'l': key column 'id' is not in the producer's output"):
+        check_key_types("w", {"l": (["id"], [schema(other="long")])})
+
+
+def test_partitioning_of_another_count_or_scheme_is_refused() -> None:
+    current = {"key": ["id"], "max_parallelism": 8, "hash": HASH_SCHEME}
+    check_partitioning("w", {"l": (8, [current, current]), "r": (8, [current])})
+    with pytest.raises(PlanError, match=r"w, input 'l': its producer committed 8 hash subpartitions, the plan "
+                                        r"expects 16"):
+        check_partitioning("w", {"l": (16, [current])})
+    with pytest.raises(PlanError, match=r"hash-partitioned by different schemes: xxhash64-of-string-v1 \('l'\), "
+                                        r"legacy \('r'\)"):
+        check_partitioning("w", {"l": (8, [current]), "r": (8, [None])})
+
+
+def test_pipeline_aligns_default_max_parallelism_of_joined_producers() -> None:
+    p = Pipeline("p")
+    a = p.stage("a", application="/a.py", parallelism=40, inputs={"x": parquet_source("/x")})
+    b = p.stage("b", application="/b.py", parallelism=2, inputs={"y": parquet_source("/y")})
+    c = p.stage("c", application="/c.py", parallelism=2, inputs={"z": parquet_source("/z")}, max_parallelism=64)
+    j = p.stage("j", application="/j.py", parallelism=4, inputs={"l": all_to_all(a, key="id"),
+                                                                  "r": all_to_all(b, key="id")})
+    p.stage("k", application="/k.py", parallelism=4, inputs={"l": all_to_all(j, key="id"),
+                                                              "r": all_to_all(c, key="id")})
+    graph = p.graph()
+    # a and b: no declared value, the larger default (40); j joins c, which declares 64.
+    assert graph.stages["a"].max_parallelism == graph.stages["b"].max_parallelism == 40
+    assert graph.stages["j"].max_parallelism == graph.stages["c"].max_parallelism == 64
