@@ -5,7 +5,8 @@ in their parent's cgroup) to ``share`` of one CPU with the cgroup cpu controller
 ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us``, or v2 ``cpu.max``. Where no cgroup is writable it falls
 back to a SIGSTOP/SIGCONT duty cycle over the tree (coarser: the tree runs ``share`` of each 100 ms
 period at full speed, so a tree busy on k cores gets k x ``share`` CPU). Leaving the context moves
-the processes back and removes the group, also after an exception. Nothing here sleeps inside an attempt: the node is slow because it gets less CPU.
+the processes back and removes the group, also after an exception. Nothing here sleeps inside an
+attempt: the node is slow because it gets less CPU.
 """
 
 from __future__ import annotations
