@@ -1,0 +1,51 @@
+"""Integration fixtures shared across test files: one pool of Spark Connect servers per session."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+
+from airflow_provider_speculative.control.localcluster import (
+    LocalCluster,
+    connection_definitions,
+    free_base_port,
+    port_owner,
+)
+from tests.integration.connect_runner import ConnectPool
+
+# Not used by any other test or benchmark (test_connect_spark 15110/4110, bench 15120-15140/4120-4140,
+# demo 15130/4130, the CLI's default 15002/4050).
+SHARED_BASE_PORT, SHARED_UI_BASE_PORT = 15150, 4150
+SERVERS = 2
+
+
+def _ports() -> tuple[int, int]:
+    # Another session on this machine (engineers share it) may hold the fixed range: then any free one.
+    if all(port_owner(SHARED_BASE_PORT + i) is None and port_owner(SHARED_UI_BASE_PORT + i) is None
+           for i in range(SERVERS)):
+        return SHARED_BASE_PORT, SHARED_UI_BASE_PORT
+    return free_base_port(SERVERS), free_base_port(SERVERS)
+
+
+@pytest.fixture(scope="session")
+def shared_connect_pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ConnectPool]:
+    """Two Connect servers of one core each for the whole session (a server costs ~15 s to start).
+
+    Also defined as Airflow connections ``spark_connect_shared_a`` and ``spark_connect_shared_b`` for
+    tests that run a DAG. Stopped, and checked gone, when the session ends.
+    """
+    cluster = LocalCluster(tmp_path_factory.mktemp("shared-connect-pool"))
+    base_port, ui_base_port = _ports()
+    started, _ = cluster.start(servers=SERVERS, base_port=base_port, ui_base_port=ui_base_port, cores=1)
+    env = {name.replace("LOCAL", "SHARED"): value for name, value in connection_definitions(started).items()}
+    os.environ.update(env)
+    try:
+        yield ConnectPool(tuple(started))
+    finally:
+        for name in env:
+            os.environ.pop(name, None)
+        cluster.stop()
+        left = [s.name for s in started if cluster.process(s) is not None]
+        assert not left, f"Connect servers still running after the session: {left}"
