@@ -563,6 +563,10 @@ class StageController:
             "numEffectiveSpeculativeExecutions": sched.effective_speculative_executions(),
             "baseline_seconds": baseline.seconds if baseline else None,
             "baseline_seconds_per_byte": baseline.per_byte if baseline else None,
+            # Where the baseline came from (run: N·R finished; early: fewer) and its lower bound's origin.
+            "baseline_source": baseline.source if baseline else None,
+            "baseline_floor_seconds": baseline.floor if baseline else None,
+            "baseline_floor_source": baseline.floor_source if baseline else None,
             "blocked_nodes": sched.blocklist.active(now),
             "admitted": {str(k): v for k, v in sorted(sched.admitted.items())},
             "reused": sorted(sched.reused),

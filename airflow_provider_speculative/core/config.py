@@ -352,6 +352,13 @@ def _duration_option(name: str, default: float, doc: str, *, positive: bool = Fa
                   readme_default or f"`{default:g}` s", annotation="float")
 
 
+def _auto_duration(name: str, value: Any, where: str) -> float | None:
+    """None for 'auto' (derived from what the stage measures), else a duration in seconds."""
+    if value is None or (isinstance(value, str) and value.strip().lower() == "auto"):
+        return None
+    return _duration(name, value, where)
+
+
 def _float_option(name: str, default: float, doc: str, check: Callable[[float], bool], why: str) -> Option:
     def parse(n: str, v: Any, w: str) -> float:
         number = _float(n, v, w)
@@ -374,6 +381,20 @@ def _store_path(name: str, value: Any, where: str) -> str:
     return text
 
 
+def _history_url(name: str, value: Any, where: str) -> str:
+    """An absolute http(s) URL with a host, or "" (no link): the UI renders it as an ``href``."""
+    from airflow_provider_speculative.core.urls import http_url_problem
+
+    text = _text(name, value, where).strip()
+    if not text:
+        return ""
+    problem = http_url_problem(text)
+    if problem:
+        raise _bad(name, value, where, f"{problem}; expected an absolute http(s) URL such as "
+                                       "'http://spark-history:18080'")
+    return text
+
+
 def _text(name: str, value: Any, where: str) -> str:
     if value is not None and not isinstance(value, str | os.PathLike):
         raise _bad(name, value, where, "expected a string")
@@ -389,7 +410,9 @@ OPTIONS: tuple[Option, ...] = (
     _bool_option("fork_server", True,
                  "Start attempts from a per-host fork server that has pyspark's Connect client imported "
                  "(false: a fresh interpreter per attempt)."),
-    _duration_option("baseline_lower_bound", 60.0, "Lower bound of the slow-task baseline in seconds (>= 0)."),
+    Option("baseline_lower_bound", _auto_duration, None,
+           "Lower bound of the slow-task baseline: 'auto' (twice the median start-up time of the stage's finished "
+           "attempts, at least 1 s) or seconds (>= 0).", "string", "auto", "`auto`", annotation="float | None"),
     _float_option("baseline_ratio", 0.75,
                   "Fraction of subtasks that must finish before a baseline exists (0 < r <= 1).",
                   lambda r: 0 < r <= 1, "must be in (0, 1]"),
@@ -433,7 +456,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("store_path", _store_path, "",
            "Root of the result store: a local path or file:// URL; empty means $AIRFLOW_HOME/speculative-store.",
            readme_default="`$AIRFLOW_HOME/speculative-store`", annotation="str"),
-    Option("spark_history_url", _text, "",
+    Option("spark_history_url", _history_url, "",
            "Spark history server URL for the UI's links to admitted attempts; empty: no link.",
            readme_default="empty", annotation="str"),
     Option("targets", _targets, DEFAULT_TARGETS,

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 
 from airflow_provider_speculative.core.blocklist import Blocklist
 from airflow_provider_speculative.core.config import SpeculativeConfig, Target
-from airflow_provider_speculative.core.detector import Baseline, compute_baseline, find_slow
+from airflow_provider_speculative.core.detector import Baseline, compute_baseline, judge_slow
 from airflow_provider_speculative.core.failover import InputReaders
 from airflow_provider_speculative.core.hybrid import (
     HybridEdge,
@@ -278,6 +278,8 @@ class StageScheduler:
     blocklist: Blocklist = field(default_factory=Blocklist)
     baseline: Baseline | None = None
     slow_subtasks: frozenset[int] = frozenset()
+    # Subtask -> why it was last judged slow (which rule, what it measured): shown with its copy.
+    slow_reasons: dict[int, str] = field(default_factory=dict)
     peak_slow: int = 0
     failed: FailStage | None = None
     completed: bool = False
@@ -766,7 +768,11 @@ class StageScheduler:
             return []
         candidates = [a for a in self.all_attempts()
                       if a.subtask not in self.admitted and a.subtask not in self.reused]
-        slow = find_slow(candidates, self.baseline, now, self.input_bytes)
+        judged = judge_slow(candidates, self.baseline, now, self.input_bytes)
+        slow = [a for a, _ in judged]
+        for attempt, why in judged:
+            # Why the latest copy of each subtask was asked for (status, UI and journal show it).
+            self.slow_reasons[attempt.subtask] = why
         self.slow_subtasks = frozenset(a.subtask for a in slow) | frozenset(
             a.subtask for a in candidates if a.subtask in forced and a.possible_to_finish)
         self.peak_slow = max(self.peak_slow, len(self.slow_subtasks))
@@ -808,7 +814,8 @@ class StageScheduler:
         for subtask in sorted(self.slow_subtasks):
             live = [a for a in self.attempts[subtask].values() if a.possible_to_finish]
             if live and len(live) < self.config.max_concurrent_executions:
-                wanted.append((subtask, True, "speculative copy of a slow attempt"))
+                why = self.slow_reasons.get(subtask)
+                wanted.append((subtask, True, "speculative copy of a slow attempt" + (f": {why}" if why else "")))
         self._update_slot_wait(bool(wanted), now)
         if not wanted:
             return []

@@ -41,13 +41,16 @@ def test_throttle_limits_the_whole_tree_and_restores_it(method: str) -> None:
                 assert sorted(held.pids()) == sorted(pids)
             throttled = _cpu_rate(pids, 1.5)
         group = held.group
-        free = _cpu_rate(pids, 0.5)
         # A cgroup gives the two spinning processes 0.2 CPU together; the duty cycle runs each of them
-        # 20 % of the wall time (0.4 CPU for two). Released, they run at full speed again.
+        # 20 % of the wall time (0.4 CPU for two).
         assert throttled < (0.3 if held.group is not None else 0.55), throttled
-        assert free > 0.8, free
+        # Released: back in their own cgroup, the group gone, none left stopped. (Their CPU rate is not
+        # asserted: on a loaded machine an unthrottled spinner may get little CPU too.)
         if group is not None:
             assert not group.exists()
+            for pid in pids:
+                assert group.name not in open(f"/proc/{pid}/cgroup").read()
+        assert all(psutil.Process(p).status() != psutil.STATUS_STOPPED for p in pids)
     finally:
         for pid in slownode.tree(child.pid):
             psutil.Process(pid).kill()

@@ -36,11 +36,15 @@ def override(name: str, value) -> SpeculativeConfig:
     return SpeculativeConfig().with_overrides({name: value}, "stage 'x'")
 
 
-def test_defaults_follow_flip168() -> None:
+def test_defaults_follow_flip168_except_a_derived_lower_bound() -> None:
     cfg = SpeculativeConfig()
+    # baseline_lower_bound None is 'auto': derived from the stage's start-up times (core/detector.py).
     assert (cfg.enabled, cfg.max_concurrent_executions, cfg.block_slow_node_duration, cfg.check_interval,
             cfg.baseline_lower_bound, cfg.baseline_ratio, cfg.baseline_multiplier) == (
-        False, 2, 60.0, 1.0, 60.0, 0.75, 1.5)
+        False, 2, 60.0, 1.0, None, 0.75, 1.5)
+    assert parse_option("baseline_lower_bound", "auto", "t") is None
+    assert parse_option("baseline_lower_bound", " Auto ", "t") is None
+    assert SpeculativeConfig.from_json(cfg.to_json()).baseline_lower_bound is None
     assert [(t.name, t.slots) for t in cfg.targets] == [("local-a", 2), ("local-b", 2)]
 
 

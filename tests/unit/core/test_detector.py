@@ -20,10 +20,10 @@ def running(subtask: int, *, deploy: float, state: AttemptState = AttemptState.R
 
 
 def baseline(parallelism: int, done: list[Attempt], *, ratio: float = 0.75, multiplier: float = 1.5,
-             lower_bound: float = 0.0, input_bytes: dict[int, int] | None = None,
-             normalize: bool = True) -> Baseline | None:
+             lower_bound: float | None = 0.0, input_bytes: dict[int, int] | None = None,
+             normalize: bool = True, early: bool = False) -> Baseline | None:
     return compute_baseline(parallelism, done, ratio=ratio, multiplier=multiplier, lower_bound=lower_bound,
-                            input_bytes=input_bytes, normalize_by_input_bytes=normalize)
+                            input_bytes=input_bytes, normalize_by_input_bytes=normalize, early=early)
 
 
 @pytest.mark.parametrize(
@@ -199,3 +199,64 @@ def test_an_attempt_waiting_for_its_producers_is_not_called_slow():
     assert find_slow([waiter], base, now=100.0) == []
     worker = running(3, deploy=0.0)
     assert find_slow([worker], base, now=100.0) == [worker]
+
+
+def started(attempt: Attempt, startup: float) -> Attempt:
+    attempt.launched_at = attempt.deploying_at
+    attempt.ready_at = (attempt.deploying_at or 0.0) + startup
+    return attempt
+
+
+def test_early_baseline_from_the_first_finisher_with_a_stricter_multiplier() -> None:
+    # A one-wave stage of 2: N·R = 2 can never finish while the straggler holds its slot.
+    done = [finished(0, deploy=0, end=10)]
+    assert baseline(2, done) is None
+    early = baseline(2, done, early=True)
+    assert early is not None and early.source == "early" and early.finished == 1
+    assert early.seconds == pytest.approx(20.0)  # 10 s x EARLY_MULTIPLIER (2), not x 1.5
+    assert find_slow([running(1, deploy=0)], early, now=19.9) == []
+    assert [a.subtask for a in find_slow([running(1, deploy=0)], early, now=20.0)] == [1]
+    # Once N·R finished, FLIP-168's rule takes over.
+    full = baseline(2, [*done, finished(1, deploy=0, end=12)], early=True)
+    assert full is not None and full.source == "run" and full.seconds == pytest.approx(16.5)
+
+
+def test_no_early_baseline_for_a_single_subtask() -> None:
+    assert baseline(1, [], early=True) is None
+
+
+def test_auto_lower_bound_is_twice_the_median_startup_at_least_one_second() -> None:
+    done = [started(finished(i, deploy=0, end=3), startup) for i, startup in enumerate((1.0, 2.0, 4.0))]
+    result = baseline(4, done, lower_bound=None)
+    assert result is not None and result.floor_source == "startup" and result.startup == pytest.approx(2.0)
+    assert result.floor == pytest.approx(4.0) and result.seconds == pytest.approx(4.5)  # max(3 x 1.5, 2 x 2)
+    quick = [started(finished(i, deploy=0, end=0.4), 0.1) for i in range(3)]
+    assert baseline(4, quick, lower_bound=None).floor == pytest.approx(1.0)
+    # A configured bound wins and says so.
+    configured = baseline(4, done, lower_bound=60.0)
+    assert configured.floor_source == "configured" and configured.seconds == 60.0
+
+
+def test_progress_projection_calls_an_attempt_slow_before_its_time_reaches_the_threshold() -> None:
+    done = [started(finished(i, deploy=0, end=10), 1.0) for i in range(3)]
+    result = baseline(4, done, lower_bound=None)  # threshold 15 s, expected 10 s, a copy ~11 s
+    slow = running(3, deploy=0, nbytes=1000)
+    slow.progress = {"bytes_read": 200, "input_bytes": 1000}
+    # 20 % read in 6 s projects 30 s: 24 s left, more than the ~11 s a copy needs.
+    assert find_slow([slow], result, now=6.0) == [slow]
+    # Half read in 6 s projects 12 s: below the threshold, not slow.
+    slow.progress = {"bytes_read": 500, "input_bytes": 1000}
+    assert find_slow([slow], result, now=6.0) == []
+    # Too little progress to project from, or not yet past the floor (2 s): not slow.
+    slow.progress = {"bytes_read": 50, "input_bytes": 1000}
+    assert find_slow([slow], result, now=6.0) == []
+    slow.progress = {"bytes_read": 100, "input_bytes": 1000}
+    assert find_slow([slow], result, now=1.5) == []
+
+
+def test_projection_does_not_copy_when_the_copy_would_end_later() -> None:
+    done = [started(finished(i, deploy=0, end=10), 8.0) for i in range(3)]
+    result = baseline(4, done, lower_bound=0.0)  # a copy needs 8 s start-up + 10 s of work
+    nearly = running(3, deploy=0, nbytes=1000)
+    nearly.progress = {"bytes_read": 600, "input_bytes": 1000}  # 14 s elapsed projects 23.3 s: 9.3 s left
+    assert find_slow([nearly], result, now=14.0) == []
