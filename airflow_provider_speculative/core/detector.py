@@ -25,7 +25,6 @@ from statistics import median
 
 from airflow_provider_speculative.core.states import Attempt, AttemptState
 
-
 # The smallest derived lower bound: below it scheduling noise of the controller (its ~0.1-1 s steps)
 # dominates any difference between attempts.
 MIN_FLOOR = 1.0
