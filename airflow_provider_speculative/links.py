@@ -8,6 +8,7 @@ shows is read from what the stage persisted in the store (the plugin's pages do 
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode, urlsplit
 
@@ -17,6 +18,7 @@ if TYPE_CHECKING:
     from airflow.sdk.types import TaskInstanceKey
 
 URL_PREFIX = "/speculative"
+log = logging.getLogger(__name__)
 
 
 def _conf() -> Any:
@@ -28,15 +30,23 @@ def _conf() -> Any:
 
 
 def spark_history_url() -> str:
-    """``[speculative] spark_history_url`` (validated), or "" when none is configured.
+    """``[speculative] spark_history_url`` (validated), or "" when none (or no valid one) is configured.
 
     Only this option is read and parsed: a link is computed inside the api-server for every task page,
     and an invalid value of some other option must not make the button disappear.
     """
     from airflow_provider_speculative.core.config import parse_option
+    from airflow_provider_speculative.core.urls import safe_http_url
+    from airflow_provider_speculative.exceptions import ConfigError
 
     raw = _conf().get("speculative", "spark_history_url", fallback="") or ""
-    return str(parse_option("spark_history_url", raw, "airflow configuration")).strip()
+    try:
+        value = str(parse_option("spark_history_url", raw, "airflow configuration")).strip()
+    except ConfigError as exc:
+        # Workers refuse to plan with it; here a bad value only means no link, not a broken task page.
+        log.warning("no Spark history links: %s", exc)
+        return ""
+    return safe_http_url(value) or ""
 
 
 def base_path() -> str:

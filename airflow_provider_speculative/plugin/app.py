@@ -18,6 +18,7 @@ from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse, Resp
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from airflow_provider_speculative.core.urls import safe_http_url
 from airflow_provider_speculative.exceptions import NotFoundError
 from airflow_provider_speculative.links import spark_history_url
 from airflow_provider_speculative.plugin.model import (
@@ -33,6 +34,13 @@ log = logging.getLogger(__name__)
 STATIC = Path(__file__).resolve().parent / "static"
 REFRESH_SECONDS = 2
 _NO_STORE = {"Cache-Control": "no-store"}
+# Pages and API alike: no inline script or style, no plugins, no <base> rewriting, framed only by the
+# Airflow UI itself. Data the pages show comes from DAG authors' strings, so the browser is the last guard.
+CONTENT_SECURITY_POLICY = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+                           "connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'self'; "
+                           "frame-ancestors 'self'")
+SECURITY_HEADERS = {"Content-Security-Policy": CONTENT_SECURITY_POLICY, "X-Content-Type-Options": "nosniff",
+                    "Referrer-Policy": "same-origin"}
 
 
 def create_app(store: Path | None = None) -> FastAPI:
@@ -48,6 +56,13 @@ def create_app(store: Path | None = None) -> FastAPI:
     app.state.access = {"run": read_run, "task_instance": read_task}
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     app.add_exception_handler(StarletteHTTPException, _login_redirect)
+
+    @app.middleware("http")
+    async def security_headers(request: Request, call_next: Any) -> Response:
+        """Send the security headers with every response: pages, static files, JSON and errors."""
+        response = await call_next(request)
+        response.headers.update(SECURITY_HEADERS)
+        return response
 
     @app.get("/api/run", dependencies=[Depends(read_run)])
     def api_run(request: Request, dag_id: str, run_id: str) -> dict[str, Any]:
@@ -83,8 +98,9 @@ def create_app(store: Path | None = None) -> FastAPI:
             raise HTTPException(404, "no Spark history server configured: set [speculative] spark_history_url")
         view = stage_view(_store(request), dag_id, run_id, _stage_or_404(request, dag_id, run_id, task_id),
                           spark_history_url=history)
-        links = [(s["subtask"], a["attempt"], a["spark_history"]) for s in view["subtasks"]
-                 for a in s["attempts"] if a["admitted"] and a["spark_history"]]
+        # The view builds only http(s) links; checked again here because this page redirects to them.
+        links = [(s["subtask"], a["attempt"], url) for s in view["subtasks"] for a in s["attempts"]
+                 if a["admitted"] and (url := safe_http_url(a["spark_history"]))]
         if len(links) == 1:
             return RedirectResponse(links[0][2])
         items = "".join(f'<li><a href="{html.escape(url)}">subtask {s}, attempt {n}</a></li>'

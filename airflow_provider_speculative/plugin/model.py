@@ -6,8 +6,10 @@ import re
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from airflow_provider_speculative.control.readmodel import run_report
+from airflow_provider_speculative.core.urls import safe_http_url
 from airflow_provider_speculative.store.files import read_json, read_jsonl
 from airflow_provider_speculative.store.layout import StageLayout
 
@@ -68,8 +70,11 @@ def _enrich(root: Path, dag_id: str, run_id: str, stage: dict[str, Any], history
     plan = read_json(layout.plan) or {}
     summary = read_json(layout.summary) or {}
     journal = read_jsonl(layout.journal)
-    # The stage's own validated config (pipeline and stage overrides applied) wins over the global one.
-    stage_history = str((plan.get("config") or {}).get("spark_history_url") or history)
+    # The stage's own config (pipeline and stage overrides applied) wins over the global one. It was
+    # validated when the DAG was parsed, but the plan is a file: one written before that check, or by
+    # hand, must not turn into a javascript: link, so an unsafe value means no link at all.
+    own = (plan.get("config") or {}).get("spark_history_url")
+    stage_history = (safe_http_url(own) or "") if own else history
     starts, ends, restarts = [], [], []
     for sub in stage["subtasks"]:
         for a in sub["attempts"]:
@@ -119,7 +124,10 @@ def _history_link(layout: StageLayout, subtask: int, attempt: dict[str, Any], hi
         return None
     app_id = attempt.get("app_id") or _app_id(layout, subtask, attempt["attempt"])
     # Without the application id a link could only be the server's front page: better none.
-    return f"{history.rstrip('/')}/history/{app_id}/" if app_id else None
+    if not app_id:
+        return None
+    # The id comes from a file the attempt wrote: quoted, it stays one path segment of the history server.
+    return safe_http_url(f"{history.rstrip('/')}/history/{quote(str(app_id), safe='')}/")
 
 
 def _app_id(layout: StageLayout, subtask: int, number: int) -> str | None:
@@ -144,7 +152,8 @@ def _live_spark_ui(layout: StageLayout, subtask: int, attempt: dict[str, Any]) -
     if not port:
         return None
     host = _DRIVER_HOST.search(head)
-    return f"http://{host.group(1) if host else attempt['node'] or 'localhost'}:{port.group(1)}/"
+    # The host comes from a log any attempt's code can write to: only a well-formed http URL is shown.
+    return safe_http_url(f"http://{host.group(1) if host else attempt['node'] or 'localhost'}:{port.group(1)}/")
 
 
 def is_done(view: dict[str, Any], run_state: str | None) -> bool:

@@ -8,15 +8,33 @@
   const TASK_ID = params.get("task_id") || "";
   const NOT_FOUND_RETRY_MS = 5000;
 
-  /* h("div", {class: "x"}, "text", child...) -> element; text is never parsed as HTML. */
+  /* An absolute http(s) URL, else null: a link's scheme survives any escaping (a script or data URL), so
+     every href is checked here whatever the server sent. Relative links resolve against this page. */
+  function safeUrl(value) {
+    if (typeof value !== "string" || !value) return null;
+    try {
+      const url = new URL(value, window.location.href);
+      return url.protocol === "http:" || url.protocol === "https:" ? url.href : null;
+    } catch (err) {
+      return null;
+    }
+  }
+  const URL_ATTRS = new Set(["href", "src", "xlink:href", "action", "formaction"]);
+
+  /* h("div", {class: "x"}, "text", child...) -> element; text is never parsed as HTML, event-handler
+     attributes are refused and a URL attribute that is not http(s) is dropped. */
   function h(tag, attrs, ...children) {
     const svg = ["svg", "g", "rect", "text", "path", "line", "title", "a", "tspan", "defs", "marker"].includes(tag)
       && (attrs && attrs.svg);
     const el = svg ? document.createElementNS("http://www.w3.org/2000/svg", tag) : document.createElement(tag);
     for (const [key, value] of Object.entries(attrs || {})) {
       if (key === "svg" || value === null || value === undefined || value === false) continue;
+      if (/^on/i.test(key)) continue;  // never an inline handler: the CSP would block it anyway
       if (key === "style" && typeof value === "object") Object.assign(el.style, value);
-      else el.setAttribute(key, value === true ? "" : String(value));
+      else if (URL_ATTRS.has(key.toLowerCase())) {
+        const url = safeUrl(String(value));
+        if (url) el.setAttribute(key, url);
+      } else el.setAttribute(key, value === true ? "" : String(value));
     }
     for (const child of children.flat()) {
       if (child === null || child === undefined || child === false) continue;
@@ -257,9 +275,11 @@
     const rows = [];
     for (const sub of d.subtasks) {
       for (const a of sub.attempts) {
-        const links = [a.spark_ui ? h("a", {href: a.spark_ui, target: "_blank", rel: "noopener"}, "Spark UI") : null,
-                       a.spark_history ? h("a", {href: a.spark_history, target: "_blank", rel: "noopener"},
-                                           "history") : null].filter(Boolean);
+        // A URL that is not http(s) gets no link at all (not an inert <a>): nothing to click.
+        const ui = safeUrl(a.spark_ui), history = safeUrl(a.spark_history);
+        const links = [ui ? h("a", {href: ui, target: "_blank", rel: "noopener noreferrer"}, "Spark UI") : null,
+                       history ? h("a", {href: history, target: "_blank", rel: "noopener noreferrer"},
+                                   "history") : null].filter(Boolean);
         rows.push(h("tr", {class: "attempt-row", "data-subtask": sub.subtask, "data-attempt": a.attempt},
           h("td", null, sub.subtask), h("td", null, a.attempt),
           h("td", null, h("span", {class: "state " + a.state}, a.state)),
