@@ -26,7 +26,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 from airflow_provider_speculative import Pipeline, all_to_all, broadcast, parquet_source, pointwise
@@ -245,6 +245,9 @@ def run_and_compare(pool: ConnectPool, shape: Shape, data: dict[str, tuple[pa.Ta
     paths = write_tables(data, directory / "data")
     name, run_id = "differential", f"run-{next(_runs)}"
     refused = shape.refused_at()
+    # --hypothesis-show-statistics then says what the examples covered.
+    event(f"{len(shape.joins)} join(s): " + ", ".join(f"{j.left_input}+{j.dim_input}" for j in shape.joins))
+    event("refused at parse" if refused else "ran")
     try:
         graph = build(shape, paths, name).graph()
     except PipelineError as exc:
