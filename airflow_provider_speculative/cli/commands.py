@@ -335,7 +335,12 @@ def gc(args: Any) -> None:
     from airflow_provider_speculative.core.config import parse_option
     from airflow_provider_speculative.exceptions import SpeculativeError
     from airflow_provider_speculative.settings import airflow_config, metadata_db_identity, store_root
-    from airflow_provider_speculative.store.identity import claim_store, mismatch, read_store_identity
+    from airflow_provider_speculative.store.identity import (
+        StoreNotOwnedError,
+        claim_store,
+        mismatch,
+        read_store_identity,
+    )
 
     try:
         retention = None if args.retention is None else parse_option("retention", args.retention, "--retention")
@@ -343,8 +348,13 @@ def gc(args: Any) -> None:
         older_than = None if older is None else parse_option("retention", older, "--older-than")
         root = store_root(airflow_config())
         identity = metadata_db_identity()
-        if getattr(args, "claim", False) and identity is not None:
-            claim_store(root, identity)
+        if getattr(args, "claim", False):
+            if identity is None:
+                _fail("gc --claim needs this Airflow's metadata database ([database] sql_alchemy_conn)")
+            try:
+                claim_store(root, identity)
+            except StoreNotOwnedError as exc:
+                _fail(f"gc --claim refused, nothing written or deleted: {exc}")
         problem = mismatch(read_store_identity(root), identity) if root.is_dir() else None
     except SpeculativeError as exc:
         _fail(str(exc))

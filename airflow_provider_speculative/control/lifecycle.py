@@ -45,6 +45,7 @@ from airflow_provider_speculative.exceptions import StoreError
 from airflow_provider_speculative.sinks.base import Sink, StagingObject, StagingScope
 from airflow_provider_speculative.store import journal
 from airflow_provider_speculative.store.files import atomic_write_json, read_json
+from airflow_provider_speculative.store.identity import provider_plan
 from airflow_provider_speculative.store.layout import StageLayout, safe_component
 
 LOSER = "loser"
@@ -111,19 +112,18 @@ class _Stage:
 
 
 def store_dag_ids(root: str | Path) -> dict[str, str]:
-    """Map each DAG directory name in the store to the DAG id its plans record (the name if none does)."""
+    """Map each DAG directory of the store holding a provider run to the DAG id its plans record."""
     out: dict[str, str] = {}
     root = Path(root)
     if not root.is_dir():
         return out
-    for dag_dir in sorted(p for p in root.iterdir() if p.is_dir()):
-        out[dag_dir.name] = dag_dir.name
-        for plan_path in dag_dir.glob("*/*/plan.json"):
-            with contextlib.suppress(StoreError):
-                plan = read_json(plan_path)
-                if plan and plan.get("dag_id"):
-                    out[dag_dir.name] = str(plan["dag_id"])
-                    break
+    for dag_dir in _dirs(root):
+        # Only directories holding the provider's own runs: a foreign one is no DAG to ask the DB about.
+        for run_dir in _dirs(dag_dir):
+            plan = provider_plan(run_dir)
+            if plan is not None:
+                out[dag_dir.name] = str(plan["dag_id"])
+                break
     return out
 
 
@@ -163,12 +163,17 @@ def plan_gc(root: str | Path, *, now: float, run_states: dict[tuple[str, str], s
     for dag_dir in _dirs(root):
         if dag_id is not None and dag_dir.name != safe_component(dag_id):
             continue
+        if dag_dir.name == "_targets":
+            continue  # slot claims of targets, shared by every run: not a DAG
+        runs = _provider_runs(dag_dir, kept)
+        if not runs:
+            continue
         dag_gone = dag_dir.name in gone_dags
         if dags is not None and dag_dir.name not in dags and not dag_gone and older_than is None:
             kept.append(f"DAG {dag_dir.name}: unknown to this metadata database and its deletion is not recorded "
                         "there; nothing of it is removed (--older-than removes its old runs)")
             continue
-        for run_dir in _dirs(dag_dir):
+        for run_dir in runs:
             stages = _read_stages(root, dag_dir.name, run_dir, now)
             if known is not None and (dag_dir.name, run_dir.name) not in known:
                 why = _deleted_because(dag_dir.name, run_dir, deleted, dag_gone, older_than, now)
@@ -193,6 +198,25 @@ def plan_gc(root: str | Path, *, now: float, run_states: dict[tuple[str, str], s
                                                                   else f"DAG run {state}"))
             items += _stale_temp(run_dir, now, stage_dir=None, recursive=False)
     return items
+
+
+def _provider_runs(dag_dir: Path, kept: list[str]) -> list[Path]:
+    """The run directories of ``dag_dir`` that hold the provider's own plan for exactly that run.
+
+    Anything else under the store root (a user's directory, a file, a run directory without a plan
+    naming it) is never looked into, let alone removed: it is reported in ``kept`` instead.
+    """
+    runs, skipped = [], []
+    for entry in sorted(dag_dir.iterdir()):
+        if entry.is_dir() and not entry.is_symlink() and provider_plan(entry) is not None:
+            runs.append(entry)
+        else:
+            skipped.append(entry.name + ("/" if entry.is_dir() else ""))
+    if skipped:
+        shown = ", ".join(skipped[:5]) + (", ..." if len(skipped) > 5 else "")
+        kept.append(f"skipped {dag_dir.name}/: {len(skipped)} entries hold no plan.json of this provider naming "
+                    f"them ({shown}); gc never removes what it did not write")
+    return runs
 
 
 def _deleted_because(dag_dir: str, run_dir: Path, deleted: set[tuple[str, str]], dag_gone: bool,

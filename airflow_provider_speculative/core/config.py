@@ -377,7 +377,22 @@ def _choice(name: str, value: Any, where: str, choices: tuple[str, ...]) -> str:
 
 def _store_path(name: str, value: Any, where: str) -> str:
     text = _text(name, value, where)
-    store_root_path(text, where)  # fail when the DAG is parsed, not when an attempt starts
+    if not text:
+        return text  # the default, $AIRFLOW_HOME/speculative-store
+    # Fail when the DAG is parsed, not when an attempt starts; no I/O: only the path's text is judged.
+    local = os.path.expanduser(store_root_path(text, where))
+    if "\0" in local:
+        raise _bad(name, value, where, "contains a NUL byte")
+    if not os.path.isabs(local):
+        raise _bad(name, value, where, "must be an absolute path or file:// URL (a relative one would be resolved "
+                                       "against each process's own working directory)")
+    normal = os.path.normpath(local)
+    home = os.path.normpath(os.path.expanduser(os.environ.get("AIRFLOW_HOME") or "~/airflow"))
+    if normal == "/" or normal == home:
+        # gc removes DAG-run directories under the root: never the filesystem's or Airflow's own.
+        which = "/" if normal == "/" else "AIRFLOW_HOME"
+        raise _bad(name, value, where, f"must be a directory of its own, not {which} "
+                                       f"(the default is {os.path.join(home, 'speculative-store')})")
     return text
 
 

@@ -18,7 +18,7 @@ from airflow_provider_speculative.core.graph import ExchangeSpec, PipelineGraph,
 from airflow_provider_speculative.core.hybrid import producer_plan_usable, producer_record
 from airflow_provider_speculative.core.plan import plan_stage
 from airflow_provider_speculative.core.readiness import partition_key
-from airflow_provider_speculative.exceptions import StageFailedError, StoreError
+from airflow_provider_speculative.exceptions import PlanError, StageFailedError, StoreError
 from airflow_provider_speculative.hooks.targets import resolve_targets
 from airflow_provider_speculative.links import SparkHistoryLink, StageViewLink
 from airflow_provider_speculative.metrics import StageMetrics
@@ -26,7 +26,7 @@ from airflow_provider_speculative.settings import airflow_config, metadata_db_id
 from airflow_provider_speculative.sinks.base import AttemptResult, FinalizationContext, PlanContext, Sink, StagingScope
 from airflow_provider_speculative.store import journal as journals
 from airflow_provider_speculative.store.files import atomic_write_json, read_json
-from airflow_provider_speculative.store.identity import claim_store
+from airflow_provider_speculative.store.identity import StoreNotOwnedError, claim_store, own_store
 from airflow_provider_speculative.store.layout import StageLayout
 from airflow_provider_speculative.store.results import (
     broken_admissions,
@@ -93,6 +93,8 @@ class SparkStageOperator(BaseOperator):
         """Resolve the plan, write plan.json, and defer to the stage controller (recording the task's state)."""
         config = self._config()
         layout = self._layout(config, context["dag"].dag_id, context["run_id"])
+        # Before the first write into the store: a foreign directory gets nothing of ours.
+        self._claim_store(layout.root, f"pipeline {self.graph.name!r}, stage {self.stage!r}")
         record_task_state(layout, "planning", try_number=context["ti"].try_number,
                           clear_number=_clear_number(context))
         try:
@@ -203,7 +205,6 @@ class SparkStageOperator(BaseOperator):
                 dag_id=dag_id, run_id=run_id, stage=self.stage, where=f"{where}, sink {type(sink).__name__}",
                 store_root=layout.root,
                 source_paths=tuple(source_root(src) for src in spec.inputs.values() if isinstance(src, SourceSpec))))
-        self._claim_store(layout.root)
         hybrid = self._hybrid_inputs(config, context)
         if hybrid is None:
             return None  # deferred until the hybrid producers have plans
@@ -251,15 +252,19 @@ class SparkStageOperator(BaseOperator):
         self.defer(trigger=StageControllerTrigger(plan_path=str(layout.plan), deferred_at=time.time(), commit=commit),
                    method_name="execute_complete")
 
-    def _claim_store(self, root: Path) -> None:
-        """Record which metadata database the store belongs to (gc refuses to trust any other)."""
+    def _claim_store(self, root: Path, where: str) -> None:
+        """Own the store root (refuse a foreign directory) and record which metadata database it belongs to."""
         identity = metadata_db_identity()
-        if identity is None:
-            return
         try:
-            record = claim_store(root, identity)
+            # Without a database here (an Airflow 3 task) only the ownership marker is written.
+            record = claim_store(root, identity) if identity is not None else own_store(root)
+        except StoreNotOwnedError as exc:
+            # Writing here would make gc treat whatever else lives there as deleted DAG runs.
+            raise PlanError(f"{where}: {exc}") from None
         except StoreError as exc:
             self.log.warning("could not record the store's metadata database: %s", exc)
+            return
+        if identity is None:
             return
         recorded = (record or {}).get("metadata_db") or {}
         if recorded.get("id") != identity["id"]:

@@ -8,6 +8,11 @@ The identity is a hash of the SQLAlchemy URL without its password (dialect, user
 database name): stable across restarts and password rotations, different for another server or
 database. A database reset at the same URL keeps the identity; gc is safe there too because it
 deletes a run only on positive evidence (the audit log records its deletion) or ``--older-than``.
+
+``store.json`` is also the provider's ownership marker: a store root is the provider's only if the
+provider created it, or found it empty, or found nothing in it but its own run files. A shared,
+non-empty directory (``dags/``, ``logs/``, someone's project) is refused when a stage is planned and by
+``gc --claim``, so gc can never come to treat foreign directories as deleted DAG runs.
 """
 
 from __future__ import annotations
@@ -17,9 +22,121 @@ import time
 from pathlib import Path
 from typing import Any
 
-from airflow_provider_speculative.store.files import create_exclusive_json, read_json
+from airflow_provider_speculative.exceptions import StoreError
+from airflow_provider_speculative.store.files import atomic_write_json, create_exclusive_json, read_json
+from airflow_provider_speculative.store.layout import safe_component
 
 STORE_FILE = "store.json"
+PROVIDER = "airflow-provider-speculative"
+# Top-level entries of a store that are the provider's without being DAG directories.
+_OWN_TOP_LEVEL = frozenset({STORE_FILE, "_targets"})
+_SHOWN_ENTRIES = 5
+
+
+class StoreNotOwnedError(StoreError):
+    """The store root holds data that is not the provider's: nothing may be written or deleted there."""
+
+
+def provider_plan(run_dir: Path) -> dict[str, Any] | None:
+    """A plan in ``run_dir`` the provider wrote for exactly this DAG run directory; None if there is none.
+
+    A stage directory's ``plan.json`` counts when it is a JSON object whose ``dag_id``, ``run_id`` and
+    ``stage`` map (as the layout maps them) to the run's and the stage's directory names.
+    """
+    try:
+        stage_dirs = sorted(p for p in run_dir.iterdir() if p.is_dir() and not p.is_symlink())
+    except OSError:
+        return None
+    for stage_dir in stage_dirs:
+        try:
+            plan = read_json(stage_dir / "plan.json")
+        except StoreError:
+            continue
+        if not isinstance(plan, dict):
+            continue
+        names = (plan.get("dag_id"), plan.get("run_id"), plan.get("stage"))
+        if not all(isinstance(n, str) and n for n in names):
+            continue
+        dag_id, run_id, stage = names
+        if (safe_component(dag_id), safe_component(run_id), safe_component(stage)) == (
+                run_dir.parent.name, run_dir.name, stage_dir.name):
+            return plan
+    return None
+
+
+def _task_states_only(run_dir: Path) -> bool:
+    """True if every stage directory of ``run_dir`` holds the provider's task record (a stage that failed to plan)."""
+    try:
+        stage_dirs = list(run_dir.iterdir())
+    except OSError:
+        return False
+    for stage_dir in stage_dirs:
+        try:
+            record = read_json(stage_dir / "task.json") if stage_dir.is_dir() else None
+        except StoreError:
+            return False
+        if not isinstance(record, dict) or not {"state", "at"} <= set(record):
+            return False
+    return bool(stage_dirs)
+
+
+def _own_dag_dir(dag_dir: Path) -> bool:
+    """True if every entry of ``dag_dir`` is a provider run directory (for adopting a store without marker)."""
+    try:
+        runs = list(dag_dir.iterdir())
+    except OSError:
+        return False
+    return bool(runs) and all(r.is_dir() and not r.is_symlink() and (provider_plan(r) is not None
+                                                                     or _task_states_only(r)) for r in runs)
+
+
+def foreign_entries(root: str | Path) -> list[str]:
+    """Names of the entries of ``root`` that are not provably the provider's (sorted; [] if none or no root)."""
+    root = Path(root)
+    try:
+        entries = sorted(root.iterdir())
+    except FileNotFoundError:
+        return []
+    except OSError as exc:
+        raise StoreError(f"cannot list store root {root}: {exc}") from None
+    foreign = []
+    for entry in entries:
+        if entry.name in _OWN_TOP_LEVEL or (entry.name.startswith(f".{STORE_FILE}.") and entry.name.endswith(".tmp")):
+            continue
+        if entry.is_dir() and not entry.is_symlink() and _own_dag_dir(entry):
+            continue
+        foreign.append(entry.name + ("/" if entry.is_dir() else ""))
+    return foreign
+
+
+def own_store(root: str | Path) -> dict[str, Any]:
+    """Make sure ``root`` is the provider's store and return its ``store.json`` record.
+
+    Creates the root and the marker when the root is missing or empty, or holds only the provider's
+    own run files (a store from before the marker existed). Raises :class:`StoreNotOwnedError`
+    naming what is there otherwise.
+    """
+    root = Path(root)
+    path = root / STORE_FILE
+    record = read_json(path)
+    if isinstance(record, dict):
+        return record
+    if root.exists() and not root.is_dir():
+        raise StoreNotOwnedError(f"store root {str(root)!r} is not a directory")
+    foreign = foreign_entries(root)
+    if foreign:
+        shown = ", ".join(repr(n) for n in foreign[:_SHOWN_ENTRIES])
+        shown += ", ..." if len(foreign) > _SHOWN_ENTRIES else ""
+        raise StoreNotOwnedError(
+            f"store root {str(root)!r} is not the provider's: it has no {STORE_FILE} and holds {len(foreign)} "
+            f"entries that are not provider run files ({shown}); set [speculative] store_path to a new or empty "
+            "directory (the provider creates it)")
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise StoreError(f"cannot create store root {root}: {exc}") from None
+    create_exclusive_json(path, {"provider": PROVIDER, "created_at": time.time()})
+    return read_json(path) or {}
 
 
 def db_identity(url: str) -> dict[str, str]:
@@ -38,11 +155,16 @@ def read_store_identity(root: str | Path) -> dict[str, Any] | None:
 
 
 def claim_store(root: str | Path, identity: dict[str, str]) -> dict[str, Any]:
-    """Record ``identity`` as the store's database unless one is recorded already; return the record."""
-    path = Path(root) / STORE_FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
-    create_exclusive_json(path, {"metadata_db": identity, "created_at": time.time()})
-    return read_json(path)
+    """Own the store (see :func:`own_store`) and record ``identity`` as its database unless one is recorded.
+
+    Returns the record; a database recorded already is kept, whichever it is.
+    """
+    record = own_store(root)
+    if not record.get("metadata_db"):
+        # Written by a process that did not know the database (an Airflow 3 task): add it now.
+        record = {**record, "provider": PROVIDER, "metadata_db": identity}
+        atomic_write_json(Path(root) / STORE_FILE, record)
+    return record
 
 
 def mismatch(record: dict[str, Any] | None, identity: dict[str, str] | None) -> str | None:
@@ -53,6 +175,9 @@ def mismatch(record: dict[str, Any] | None, identity: dict[str, str] | None) -> 
         return (f"the store has no {STORE_FILE} naming its metadata database (written when a stage is planned, "
                 "or by `airflow speculative gc --claim`)")
     recorded = (record.get("metadata_db") or {})
+    if not recorded:
+        return (f"the store's {STORE_FILE} names no metadata database (written when a stage is planned where "
+                "the database is configured, or by `airflow speculative gc --claim`)")
     if recorded.get("id") != identity["id"]:
         return (f"the store belongs to metadata database {recorded.get('url')!r} (id {recorded.get('id')}), "
                 f"but this Airflow uses {identity['url']!r} (id {identity['id']})")

@@ -7,6 +7,7 @@ target case itself); CLI cases run the real command functions.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from airflow_provider_speculative.core.graph import ExchangeSpec
 from airflow_provider_speculative.exceptions import PipelineError, PlanError, TargetError
 from airflow_provider_speculative.pipeline import Pipeline, all_to_all, broadcast, parquet_source, pointwise
 from airflow_provider_speculative.sinks import ParquetSink, PostgresSink
+from airflow_provider_speculative.store.identity import own_store
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "validation.md"
 APP = str(Path(__file__).resolve().parents[1] / "integration" / "apps" / "passthrough.py")
@@ -88,6 +90,7 @@ def join_plan(tmp: Path, left_type: str, right_type: str) -> None:
     b = p.stage("b", application=APP, parallelism=1, inputs={"rows": parquet_source("/data/b")})
     p.stage("j", application=APP, parallelism=2, inputs={"l": all_to_all(a, key="id"), "r": all_to_all(b, key="k")})
     run_id = f"run_{tmp.name}"
+    own_store(store_root())  # as the producers' planning would have: their commits are written by hand below
     for stage, column, spark_type in (("a", "id", left_type), ("b", "k", right_type)):
         schema = {"type": "struct", "fields": [{"name": column, "type": spark_type, "nullable": True, "metadata": {}}]}
         atomic_write_json(StageLayout(store_root(), "validation_dag", run_id, stage).committed, {
@@ -163,6 +166,15 @@ def cli(command: str, tmp: Path, monkeypatch: pytest.MonkeyPatch, corrupt: bool)
     monkeypatch.setattr(settings, "airflow_config", SpeculativeConfig)
     args = SimpleNamespace(dag_id="dag", run_id="run", stage="s", output="table", subtask=None, dry_run=True)
     getattr(commands, command)(args)
+
+
+def foreign_store(tmp: Path) -> None:
+    """Plan with store_path pointing at a shared directory someone else uses."""
+    shared = tmp / "shared"
+    (shared / "dags" / "team_a").mkdir(parents=True)
+    (shared / "dags" / "team_a" / "x.py").write_text("print('dag')")
+    (shared / "projects").mkdir()
+    plan(tmp, config={"store_path": str(shared)})
 
 
 def unknown_target(tmp: Path) -> None:
@@ -249,6 +261,17 @@ CASES = [
          r"stage 's', sink PostgresSink: table '' is not \[schema.\]table: it is empty"),
     Case("postgres-table-bad-identifier", lambda t: stage(sink=PostgresSink("public.my table")), PipelineError,
          r"sink PostgresSink: table 'public.my table' is not \[schema.\]table: 'my table' is not an unquoted"),
+    Case("store-path-relative", lambda t: stage(config={"store_path": "banana"}), PipelineError,
+         r"\[speculative\] store_path = 'banana' \(pipeline 'p'\): must be an absolute path"),
+    Case("store-path-root", lambda t: stage(config={"store_path": "file:///"}), PipelineError,
+         r"\[speculative\] store_path = 'file:///' \(pipeline 'p'\): must be a directory of its own, not /"),
+    Case("store-path-airflow-home", lambda t: stage(config={"store_path": os.environ["AIRFLOW_HOME"] + "/"}),
+         PipelineError, r"store_path = '.*' \(pipeline 'p'\): must be a directory of its own, not AIRFLOW_HOME"),
+    Case("history-url-script", lambda t: stage(config={"spark_history_url": "javascript:alert(1)//x"}),
+         PipelineError, r"\[speculative\] spark_history_url = 'javascript:alert\(1\)//x' \(pipeline 'p'\): "
+                        r"scheme javascript: is not http: or https:"),
+    Case("history-url-no-host", lambda t: stage(config={"spark_history_url": "banana"}), PipelineError,
+         r"spark_history_url = 'banana' \(pipeline 'p'\): scheme \(none\) is not http: or https:"),
     # -- plan time: the operator's execute, before any attempt ---------------------------------------
     Case("application-missing", lambda t: plan(t, application=str(t / "nope.py")), PlanError,
          r"pipeline 'p', stage 's': application '.*nope.py' does not exist"),
@@ -274,6 +297,9 @@ CASES = [
          r"stage 's', sink ParquetSink: will not replace '.*reports': it holds 1 entries .* no ParquetSink manifest"),
     Case("sink-other-dags-output", other_dags_output, PlanError,
          r"sink ParquetSink: will not replace '.*out': it was committed by DAG 'other_dag', stage 's'"),
+    Case("store-root-foreign", foreign_store, PlanError,
+         r"pipeline 'p', stage 's': store root '.*shared' is not the provider's: it has no store.json and holds 2 "
+         r"entries that are not provider run files \('dags/', 'projects/'\)"),
     Case("target-unknown-connection", unknown_target, TargetError,
          r"pipeline 'p', stage 's': target 'gpu' uses connection 'no_such_connection', which cannot be found"),
 ]
