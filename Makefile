@@ -22,7 +22,7 @@ DEMO_ENV := AIRFLOW_HOME=$(DEMO)/airflow \
 	AIRFLOW__SPECULATIVE__BASELINE_LOWER_BOUND=5s \
 	AIRFLOW__SPECULATIVE__FAULT_INJECTION='{"targets": {"local-b": {"factor": 4}}}'
 
-.PHONY: demo test unit install java-check data data-q3 lint bench clean browser ui
+.PHONY: demo test unit install java-check data data-q3 data-tpch lint bench clean browser ui
 
 $(VENV)/.installed: setup.cfg pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found (Python 3.11 is required)"; exit 1; }
@@ -47,6 +47,11 @@ data: $(DATA_DIR)/lineitem/.done
 # The join example (dags/tpch_q3.py) and bench/warm.py also read customer and orders;
 # e.g. `make data-q3 DATA_DIR=.data/tpch-sf1 SCALE=1` for the scale factor 1 benchmark.
 data-q3: $(DATA_DIR)/lineitem/.done $(DATA_DIR)/customer/.done $(DATA_DIR)/orders/.done
+
+# The other join examples: dags/tpch_q10.py, tpch_q18.py and tpch_q9.py also read nation, part,
+# supplier and partsupp (nation has 25 rows: tpchgen-cli writes it as one part whatever PARTS is).
+data-tpch: data-q3 $(DATA_DIR)/nation/.done $(DATA_DIR)/part/.done $(DATA_DIR)/supplier/.done \
+	$(DATA_DIR)/partsupp/.done
 
 # The demo's attempts run on a local pool of two Spark Connect servers (local-a, local-b) that
 # scripts/demo.sh starts and stops; `make demo DEMO_TARGETS=spark-submit` uses one spark-submit per attempt.
