@@ -1,0 +1,84 @@
+"""Speculation on a real slow node with default settings: a Connect server throttled by the kernel.
+
+One server of the shared pool has its process tree limited to 1/8 of a CPU (cgroup cpu quota, or a
+SIGSTOP duty cycle where cgroups are not writable: tests/slownode.py); nothing is injected into any
+attempt. TPC-H Q1's scan stage runs with ``enabled=true`` and every other option at its default. The
+test asserts on the stage's events, not on time: a speculative copy of an attempt on the throttled
+server is launched on the fast one, says why, and is the attempt committed; the result equals DuckDB's.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from airflow_provider_speculative.control.readmodel import run_report
+from airflow_provider_speculative.pipeline import Pipeline, all_to_all, parquet_source
+from airflow_provider_speculative.store.files import read_json, read_jsonl
+from airflow_provider_speculative.store.layout import StageLayout
+from tests import slownode
+from tests.integration.connect_runner import ConnectPool, committed_table, run_pipeline
+from tests.integration.q1 import assert_q1_equal, duckdb_q1
+
+pytestmark = [pytest.mark.spark, pytest.mark.timeout(600)]
+
+APPS = Path(__file__).resolve().parents[2] / "dags" / "apps"
+SHARE = 1 / 8
+
+
+def _q1_graph(data: Path):
+    pipeline = Pipeline("slow_node_q1", config={"enabled": True}, spark_conf={"spark.sql.shuffle.partitions": "4"})
+    scan = pipeline.stage("scan", application=str(APPS / "q1_scan.py"), parallelism=8,
+                          inputs={"lineitem": parquet_source(str(data))})
+    pipeline.stage("aggregate", application=str(APPS / "q1_final.py"), parallelism=1,
+                   inputs={"partials": all_to_all(scan, key=["l_returnflag", "l_linestatus"])})
+    return pipeline.graph()  # the stage graph only: no Airflow tasks, the runner plays their part
+
+
+@pytest.mark.skipif(slownode.unavailable_reason() is not None, reason=str(slownode.unavailable_reason()))
+def test_copy_on_the_fast_server_beats_a_throttled_server_with_default_settings(
+        shared_connect_pool: ConnectPool, tpch_data: Path, tmp_path: Path) -> None:
+    fast, slow = shared_connect_pool.servers
+    server = shared_connect_pool_process(slow)
+    with slownode.throttle(server.pid, SHARE):
+        run_pipeline(shared_connect_pool, _q1_graph(tpch_data), tmp_path, "run1", timeout=400)
+
+    report = run_report(tmp_path, "slow_node_q1", "run1")
+    scan = next(s for s in report["stages"] if s["stage"] == "scan")
+    copies = [a for sub in scan["subtasks"] for a in sub["attempts"] if a["speculative"]]
+    winners = [a for a in copies if a["admitted"]]
+    assert copies, f"no speculative copy launched; attempts: {scan['subtasks']}"
+    assert all(a["target"] == fast.name for a in copies)
+    assert winners, f"no copy won: {copies}"
+    # Every copy beat an original on the throttled server, which was cancelled or discarded.
+    for copy in winners:
+        sub = next(s for s in scan["subtasks"] if copy in s["attempts"])
+        originals = [a for a in sub["attempts"] if not a["speculative"]]
+        assert [a["target"] for a in originals] == [slow.name]
+        assert all(not a["admitted"] for a in originals)
+
+    layout = StageLayout(tmp_path, "slow_node_q1", "run1", "scan")
+    journal = read_jsonl(layout.journal)
+    launches = [e for e in journal if e.get("event") == "launch" and e.get("speculative")]
+    assert launches and all("speculative copy of a slow attempt: " in (e.get("reason") or "") for e in launches)
+    summary = read_json(layout.summary)
+    # The defaults decided it: the derived floor, from this run's attempts (no fixed 60 s bound).
+    assert summary["baseline_floor_source"] == "startup"
+    assert summary["baseline_source"] in ("early", "run")
+    assert summary["numEffectiveSpeculativeExecutions"] >= 1
+
+    result = committed_table(tmp_path, "slow_node_q1", "run1", "aggregate").to_pylist()
+    actual = {(r["l_returnflag"], r["l_linestatus"]): {k: float(v) for k, v in r.items()
+                                                       if k not in ("l_returnflag", "l_linestatus")}
+              for r in result}
+    assert_q1_equal(actual, duckdb_q1(tpch_data))
+
+
+def shared_connect_pool_process(info):
+    """The live server process of a pool member (its tree is what the kernel throttles)."""
+    from airflow_provider_speculative.control.localcluster import LocalCluster
+
+    proc = LocalCluster.process(info)
+    assert proc is not None, f"server {info.name} is not running"
+    return proc
