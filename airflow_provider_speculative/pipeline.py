@@ -13,7 +13,9 @@ from airflow_provider_speculative.core.graph import (
     SourceSpec,
     StageSpec,
 )
+from airflow_provider_speculative.core.paths import source_root_problem
 from airflow_provider_speculative.sinks.base import Sink
+from airflow_provider_speculative.sinks.parquet import clashing_sink_paths
 
 
 class Stage:
@@ -151,6 +153,14 @@ class Pipeline:
                 consumers = ", ".join(sorted({c for c, _, _ in graph.consumers(name)}))
                 raise PipelineError(f"pipeline {self.name!r}, stage {name!r}: a stage with a sink is final and "
                                     f"cannot be read by other stages (read by: {consumers})")
+            for input_name, src in handle.spec.inputs.items():
+                problem = source_root_problem(src.path) if isinstance(src, SourceSpec) else None
+                if problem:
+                    raise PipelineError(f"pipeline {self.name!r}, stage {name!r}, input {input_name!r}: {problem}")
+        clash = clashing_sink_paths({n: h.sink for n, h in self.stages.items() if h.sink is not None})
+        if clash:
+            # Found now rather than at the second commit, after all the compute.
+            raise PipelineError(f"pipeline {self.name!r}: {clash}")
         return graph
 
     def compile(self) -> dict[str, Any]:

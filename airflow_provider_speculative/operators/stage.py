@@ -9,7 +9,7 @@ from typing import Any
 
 from airflow.sdk import BaseOperator
 
-from airflow_provider_speculative.backends.base import attempt_observer
+from airflow_provider_speculative.backends.registry import attempt_observer
 from airflow_provider_speculative.control.commit import admitted_of, commit_admitted, commit_summary, remove_losers
 from airflow_provider_speculative.control.controller import StageController, wipe_stage_attempts
 from airflow_provider_speculative.control.sources import application_path, list_sources, source_root
@@ -204,7 +204,8 @@ class SparkStageOperator(BaseOperator):
             sink.validate_plan(PlanContext(
                 dag_id=dag_id, run_id=run_id, stage=self.stage, where=f"{where}, sink {type(sink).__name__}",
                 store_root=layout.root,
-                source_paths=tuple(source_root(src) for src in spec.inputs.values() if isinstance(src, SourceSpec))))
+                source_paths=tuple(source_root(src) for src in spec.inputs.values() if isinstance(src, SourceSpec)),
+                declared=self.sink.describe() if self.sink is not None else None))
         hybrid = self._hybrid_inputs(config, context)
         if hybrid is None:
             return None  # deferred until the hybrid producers have plans

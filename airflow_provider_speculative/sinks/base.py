@@ -70,6 +70,9 @@ class PlanContext:
     store_root: Path
     # Absolute local paths of the stage's sources (a glob's fixed directory part).
     source_paths: tuple[Path, ...] = ()
+    # The sink's arguments as declared, before rendering (``describe()``): what a template produced is
+    # told apart from what the author wrote. None: not known.
+    declared: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)

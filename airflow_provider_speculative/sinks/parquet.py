@@ -74,11 +74,15 @@ class ParquetSink(Sink, SupportsConcurrentExecutionAttempts):
         if not isinstance(path, str | os.PathLike) or not os.fspath(path).strip():
             raise PipelineError(f"{where}: path is empty ({path!r}); give an absolute directory path")
         text = os.fspath(path)
+        if "\0" in text:
+            raise PipelineError(f"{where}: path {text!r} contains a NUL byte")
         if text.lstrip().startswith("{{"):
             return  # e.g. "{{ var.value.out }}/q1": only the rendered value can be judged
         if not posixpath.isabs(text):
             raise PipelineError(f"{where}: path {text!r} is relative; it would be resolved against the worker's "
                                 "current directory. Give an absolute path")
+        if any(part in (".", "..") for part in text.split("/")):
+            raise PipelineError(f"{where}: path {text!r} has a '.' or '..' part; give the directory itself")
 
     def validate_plan(self, context: PlanContext) -> None:
         """Refuse a path inside (or above) the store, equal to, above or inside a source, or owned by another stage."""
@@ -86,6 +90,9 @@ class ParquetSink(Sink, SupportsConcurrentExecutionAttempts):
             self.validate(context.where)
         except PipelineError as exc:
             raise PlanError(str(exc)) from None
+        problem = _rendered_problem(os.fspath(self.path), (context.declared or {}).get("path"))
+        if problem:
+            raise PlanError(f"{context.where}: path {os.fspath(self.path)!r} {problem}")
         final = Path(os.path.abspath(os.fspath(self.path)))
         resolved = final.resolve()
         store = context.store_root.resolve()
@@ -173,6 +180,26 @@ class _ParquetWriter(SinkWriter):
         return {}
 
 
+def clashing_sink_paths(sinks: dict[str, Sink]) -> str | None:
+    """Which two stages' ParquetSinks name the same path, or one inside the other; None if none do.
+
+    Compared as written (templates included): two stages with "/out/{{ ds }}" collide in every run.
+    """
+    paths = {name: posixpath.normpath(os.fspath(sink.path)) for name, sink in sorted(sinks.items())
+             if isinstance(sink, ParquetSink) and isinstance(sink.path, str | os.PathLike) and os.fspath(sink.path)}
+    names = list(paths)
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            pa, pb = paths[a], paths[b]
+            if pa == pb:
+                return f"stages {a!r} and {b!r} both sink to {pa!r}; each commit would replace the other's output"
+            if "{" not in pa + pb and (pb.startswith(pa.rstrip("/") + "/") or pa.startswith(pb.rstrip("/") + "/")):
+                outer, inner = (a, b) if pb.startswith(pa.rstrip("/") + "/") else (b, a)
+                return (f"stage {inner!r} sinks to {paths[inner]!r}, inside the sink path {paths[outer]!r} of "
+                        f"stage {outer!r}; committing {outer!r} would move the output of {inner!r} away")
+    return None
+
+
 def _run_key(dag_id: str, run_id: str, stage: str, final: Path) -> str:
     """Short key naming one stage run's staging next to ``final`` (so clean-up finds only its own)."""
     return hashlib.sha1(f"{dag_id}\0{run_id}\0{stage}\0{final}".encode()).hexdigest()[:12]
@@ -182,10 +209,47 @@ def _overlaps(a: Path, b: Path) -> bool:
     return a == b or a.is_relative_to(b) or b.is_relative_to(a)
 
 
+def _rendered_problem(rendered: str, declared: Any) -> str | None:
+    """Why a rendered path cannot be trusted to name the intended directory; None if it can.
+
+    A template that renders empty leaves an empty part ("/out/q1/" from "/out/q1/{{ params.day }}"), and the
+    sink would commit to the parent, which later dated runs then land inside; '.' and '..' parts name some
+    other directory than the one written. Doubled or trailing slashes the author wrote are kept as written.
+    """
+    if "\0" in rendered:
+        return "contains a NUL byte"
+    parts = rendered.split("/")
+    if any(part in (".", "..") for part in parts):
+        return "has a '.' or '..' part once rendered"
+    template = os.fspath(declared) if isinstance(declared, str | os.PathLike) else rendered
+    if rendered != "/" and rendered.endswith("/") and not template.endswith("/"):
+        return f"ends with '/' once rendered from {template!r}: a template rendered empty"
+    if rendered.count("//") > template.count("//"):
+        return f"has an empty part once rendered from {template!r}: a template rendered empty"
+    return None
+
+
+def _committed_output_above(final: Path) -> str | None:
+    """Why ``final`` lies inside another ParquetSink's committed output; None if no ancestor is one."""
+    for parent in final.parents:
+        try:
+            manifest = read_json(parent / MANIFEST)
+        except StoreError:
+            continue  # an unreadable file named _SUCCESS is no manifest of ours
+        if isinstance(manifest, dict) and manifest.get("sink") == "ParquetSink" and "files" in manifest:
+            return (f"it lies inside {str(parent)!r}, the committed output of DAG {manifest.get('dag_id')!r}, "
+                    f"stage {manifest.get('stage')!r}; its readers would see these files and its next commit "
+                    "would move them away")
+    return None
+
+
 def _foreign(final: Path, dag_id: str, stage: str) -> str | None:
     """Why ``final`` may not be replaced by this sink of ``dag_id``/``stage``; None if it is empty or ours."""
     if final.is_symlink():
         return "it is a symbolic link"
+    nested = _committed_output_above(final)
+    if nested:
+        return nested
     if not final.exists():
         return None
     if not final.is_dir():
@@ -206,6 +270,11 @@ def _foreign(final: Path, dag_id: str, stage: str) -> str | None:
     if (manifest.get("dag_id"), manifest.get("stage")) != (dag_id, stage):
         return (f"it was committed by DAG {manifest.get('dag_id')!r}, stage {manifest.get('stage')!r}; "
                 "two stages may not share a sink path")
+    # Our own output, but something else was put inside it since: replacing it would move that away too.
+    alien = sorted(name for name in entries if not _OWN_FILE.match(name) or (final / name).is_dir())
+    if alien:
+        return (f"besides this stage's committed files it holds {len(alien)} entries it did not write "
+                f"(e.g. {alien[0]!r}); the sink never moves what it did not write")
     return None
 
 

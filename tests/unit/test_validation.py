@@ -110,14 +110,19 @@ def auto_pointwise_into_fixed() -> None:
 
 
 def plan(tmp: Path, *, inputs: dict[str, Any] | None = None, parallelism: int = 2, application: str = APP,
-         sink: Any = None, config: dict[str, Any] | None = None) -> None:
-    """Run the real operator's execute (planning) for one stage on real files."""
+         sink: Any = None, config: dict[str, Any] | None = None, rendered: dict[str, Any] | None = None) -> None:
+    """Run the real operator's execute (planning) for one stage on real files.
+
+    ``rendered`` stands in for Airflow's rendering of the sink's templated arguments.
+    """
     from airflow_provider_speculative.operators.stage import SparkStageOperator
 
     p = Pipeline("p", config=config)
     p.stage("s", application=application, parallelism=parallelism,
             inputs=inputs if inputs is not None else {"rows": parquet_source(str(parquet_dir(tmp)))}, sink=sink)
     operator = SparkStageOperator(task_id="s", graph=p.graph(), stage="s", sink=sink)
+    if rendered is not None:
+        operator.sink_args = rendered
     operator.execute({"dag": SimpleNamespace(dag_id="validation_dag"), "run_id": f"run_{tmp.name}",
                       "ti": SimpleNamespace(try_number=1), "logical_date": None, "dag_run": None})
 
@@ -150,6 +155,26 @@ def other_dags_output(tmp: Path) -> None:
     atomic_write_json(out / "_SUCCESS", {"dag_id": "other_dag", "stage": "s", "files": []})
     (out / "part-00000-000.parquet").write_bytes(b"PAR1")
     plan(tmp, sink=ParquetSink(str(out)))
+
+
+def committed_output(path: Path, dag_id: str = "other_dag", stage: str = "agg", extra: str | None = None) -> Path:
+    """A directory ParquetSink committed (its manifest), optionally with something put inside it since."""
+    from airflow_provider_speculative.store.files import atomic_write_json
+
+    path.mkdir(parents=True)
+    atomic_write_json(path / "_SUCCESS", {"sink": "ParquetSink", "dag_id": dag_id, "stage": stage, "files": []})
+    (path / "part-00000-000.parquet").write_bytes(b"PAR1")
+    if extra:
+        (path / extra).mkdir()
+    return path
+
+
+def two_sinks(a: str, b: str) -> None:
+    p = Pipeline("p")
+    for name, path in (("a", a), ("b", b)):
+        p.stage(name, application=APP, parallelism=1, inputs={"rows": parquet_source("/data/rows")},
+                sink=ParquetSink(path))
+    p.graph()
 
 
 def cli(command: str, tmp: Path, monkeypatch: pytest.MonkeyPatch, corrupt: bool) -> None:
@@ -255,6 +280,17 @@ CASES = [
          r"stage 's', sink ParquetSink: path is empty \(None\)"),
     Case("sink-path-relative", lambda t: stage(sink=ParquetSink("..")), PipelineError,
          r"stage 's', sink ParquetSink: path '..' is relative"),
+    Case("sink-same-path-two-stages", lambda t: two_sinks("/out/q1", "/out/q1/"), PipelineError,
+         r"pipeline 'p': stages 'a' and 'b' both sink to '/out/q1'; each commit would replace the other's output"),
+    Case("sink-path-nested-two-stages", lambda t: two_sinks("/out/q1", "/out/q1/day=2"), PipelineError,
+         r"pipeline 'p': stage 'b' sinks to '/out/q1/day=2', inside the sink path '/out/q1' of stage 'a'"),
+    Case("sink-path-dot-part", lambda t: stage(sink=ParquetSink("/out/../etc")), PipelineError,
+         r"stage 's', sink ParquetSink: path '/out/../etc' has a '.' or '..' part"),
+    Case("source-filesystem-root", lambda t: stage({"rows": parquet_source("/**/*.parquet")}), PipelineError,
+         r"pipeline 'p', stage 's', input 'rows': source path '/\*\*/\*.parquet' is rooted at '/': planning would "
+         r"list the whole filesystem"),
+    Case("source-system-directory", lambda t: stage({"rows": parquet_source("/proc/self")}), PipelineError,
+         r"stage 's', input 'rows': source path '/proc/self' lies in the system directory /proc"),
     Case("postgres-table-three-parts", lambda t: stage(sink=PostgresSink("db.schema.table")), PipelineError,
          r"stage 's', sink PostgresSink: table 'db.schema.table' is not \[schema.\]table: at most 1 dot allowed"),
     Case("postgres-table-empty", lambda t: stage(sink=PostgresSink("")), PipelineError,
@@ -297,6 +333,18 @@ CASES = [
          r"stage 's', sink ParquetSink: will not replace '.*reports': it holds 1 entries .* no ParquetSink manifest"),
     Case("sink-other-dags-output", other_dags_output, PlanError,
          r"sink ParquetSink: will not replace '.*out': it was committed by DAG 'other_dag', stage 's'"),
+    Case("sink-template-renders-empty",
+         lambda t: plan(t, sink=ParquetSink(f"{t}/out/q1/{{{{ params.day }}}}"), rendered={"path": f"{t}/out/q1/"}),
+         PlanError, r"stage 's', sink ParquetSink: path '.*/out/q1/' ends with '/' once rendered from "
+                    r"'.*/out/q1/\{\{ params.day \}\}': a template rendered empty"),
+    Case("sink-inside-committed-output",
+         lambda t: plan(t, sink=ParquetSink(str(committed_output(t / "out" / "q1") / "day=2"))), PlanError,
+         r"stage 's', sink ParquetSink: will not replace '.*/q1/day=2': it lies inside '.*/q1', the committed "
+         r"output of DAG 'other_dag', stage 'agg'"),
+    Case("sink-output-holds-foreign-entries",
+         lambda t: plan(t, sink=ParquetSink(str(committed_output(t / "q1", "validation_dag", "s", "day=2")))),
+         PlanError, r"will not replace '.*/q1': besides this stage's committed files it holds 1 entries it did not "
+                    r"write \(e.g. 'day=2'\)"),
     Case("store-root-foreign", foreign_store, PlanError,
          r"pipeline 'p', stage 's': store root '.*shared' is not the provider's: it has no store.json and holds 2 "
          r"entries that are not provider run files \('dags/', 'projects/'\)"),
