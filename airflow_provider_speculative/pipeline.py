@@ -127,6 +127,14 @@ class Pipeline:
                 f"pipeline {self.name!r}, stage {name!r}: sink must be a Sink, got {type(sink).__name__}")
         if sink is not None:
             sink.validate(f"pipeline {self.name!r}, stage {name!r}, sink {type(sink).__name__}")
+        if not isinstance(deterministic, bool):
+            # "no" would be truthy: consumers of a non-deterministic stage would silently not rerun with it.
+            raise PipelineError(f"pipeline {self.name!r}, stage {name!r}: deterministic must be True or False, "
+                                f"got {deterministic!r}")
+        if not isinstance(application_args, list | tuple):
+            raise PipelineError(f"pipeline {self.name!r}, stage {name!r}: application_args must be a list of "
+                                f"strings, got {application_args!r}; pass e.g. "
+                                f"{application_args.split() if isinstance(application_args, str) else ['--x', '1']}")
         declared = max_parallelism is not None
         if max_parallelism is None:
             default = parallelism if isinstance(parallelism, int) and not isinstance(parallelism, bool) else 1

@@ -103,26 +103,47 @@ _UNIT = {"ms": 0.001, "s": 1, "sec": 1, "secs": 1, "second": 1, "seconds": 1, "m
 
 
 def _bad(name: str, value: Any, where: str, why: str) -> ConfigError:
-    return ConfigError(f"[{SECTION}] {name} = {value!r} ({where}): {why}")
+    try:
+        shown = repr(value)
+    except ValueError:  # an int beyond Python's digit limit for str()
+        shown = f"<an integer of {value.bit_length()} bits>"
+    if len(shown) > 60:  # a 400-digit number is cut, not printed whole
+        shown = f"{shown[:24]}...{shown[-8:]} ({len(shown)} characters)"
+    return ConfigError(f"[{SECTION}] {name} = {shown} ({where}): {why}")
+
+
+# A hundred years: longer means "never" to every caller, and larger values overflow date arithmetic
+# (datetime, plan.json's JSON, the controller's deadlines) far from where they were given.
+MAX_DURATION = 100 * 365 * 86400.0
 
 
 def _duration(name: str, value: Any, where: str) -> float:
     if isinstance(value, bool):
         raise _bad(name, value, where, "expected a duration such as 60, '60s' or '1 min'")
-    if isinstance(value, int | float):
-        seconds = float(value)
-        if not math.isfinite(seconds):
-            raise _bad(name, value, where, "must be a finite number of seconds")
-    else:
-        match = _DURATION.match(str(value))
-        if not match:
-            raise _bad(name, value, where, "expected a duration such as 60, '60s' or '1 min'")
-        seconds = float(match.group(1)) * _UNIT[match.group(2) or "s"]
+    try:
+        if isinstance(value, int | float):
+            seconds = float(value)
+            if math.isnan(seconds):
+                raise _bad(name, value, where, "must be a finite number of seconds")
+        else:
+            match = _DURATION.match(str(value))
+            if not match:
+                raise _bad(name, value, where, "expected a duration such as 60, '60s' or '1 min'")
+            # 400 digits parse to inf rather than failing: caught by the bound below.
+            seconds = float(match.group(1)) * _UNIT[match.group(2) or "s"]
+    except OverflowError:  # float() of an int beyond the float range
+        raise _bad(name, value, where, f"must be a finite number of seconds, at most {MAX_DURATION:.0f} "
+                                               "(100 years)") from None
     if seconds < 0:
         raise _bad(name, value, where, "must not be negative")
+    if not seconds <= MAX_DURATION:
+        raise _bad(name, value, where, f"must be a finite number of seconds, at most {MAX_DURATION:.0f} "
+                                               "(100 years)")
     return seconds
 
 
+
+MAX_SIZE = 1024 ** 6  # 1 EiB: beyond any dataset, and far below where float and int disagree
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b?|b)?\s*$", re.IGNORECASE)
 
 
@@ -130,16 +151,21 @@ def _size(name: str, value: Any, where: str) -> int:
     """Bytes from an integer or a size such as '64MB', '128 MiB', '1 GiB' (KB/MB/GB are 1024-based too)."""
     if isinstance(value, bool):
         raise _bad(name, value, where, "expected a size such as 134217728, '128MB' or '1 GiB'")
-    if isinstance(value, int | float):
-        number = float(value)
-    else:
-        match = _SIZE.match(str(value))
-        if not match:
-            raise _bad(name, value, where, "expected a size such as 134217728, '128MB' or '1 GiB'")
-        unit = (match.group(2) or "b").lower()[0]
-        number = float(match.group(1)) * 1024 ** "bkmgt".index(unit)
-    if not math.isfinite(number) or number < 1:
+    try:
+        if isinstance(value, int | float):
+            number = float(value)
+        else:
+            match = _SIZE.match(str(value))
+            if not match:
+                raise _bad(name, value, where, "expected a size such as 134217728, '128MB' or '1 GiB'")
+            unit = (match.group(2) or "b").lower()[0]
+            number = float(match.group(1)) * 1024 ** "bkmgt".index(unit)
+    except OverflowError:
+        number = math.inf
+    if math.isnan(number) or number < 1:
         raise _bad(name, value, where, "must be at least 1 byte")
+    if number > MAX_SIZE:
+        raise _bad(name, value, where, f"must be at most {MAX_SIZE} bytes (1 EiB)")
     return int(number)
 
 
@@ -171,6 +197,8 @@ def _float(name: str, value: Any, where: str) -> float:
         if isinstance(value, bool):
             raise ValueError
         number = float(value)
+    except OverflowError:  # an int such as 10**400: beyond the float range
+        raise _bad(name, value, where, "expected a finite number") from None
     except (TypeError, ValueError):
         raise _bad(name, value, where, "expected a number") from None
     if not math.isfinite(number):
@@ -341,11 +369,13 @@ def _int_option(name: str, default: int, doc: str, minimum: int) -> Option:
 
 
 def _duration_option(name: str, default: float, doc: str, *, positive: bool = False,
-                     readme_default: str | None = None) -> Option:
+                     readme_default: str | None = None, minimum: float | None = None) -> Option:
     def parse(n: str, v: Any, w: str) -> float:
         seconds = _duration(n, v, w)
         if positive and seconds <= 0:
             raise _bad(n, v, w, "must be > 0")
+        if minimum is not None and seconds < minimum:
+            raise _bad(n, v, w, f"must be at least {minimum:g} s")
         return seconds
 
     return Option(name, parse, default, doc, "string", f"{default:g}",
@@ -421,7 +451,9 @@ OPTIONS: tuple[Option, ...] = (
     _int_option("max_concurrent_executions", 2, "Live attempts per subtask, original included (>= 1).", 1),
     _duration_option("block_slow_node_duration", 60.0,
                      "Seconds a slow node stays blocked for new attempts (>= 0)."),
-    _duration_option("check_interval", 1.0, "Seconds between controller checks (> 0).", positive=True),
+    # Below 10 ms a controller only spins in the triggerer every stage of the deployment shares.
+    _duration_option("check_interval", 1.0, "Seconds between controller checks (>= 0.01).", positive=True,
+                     minimum=0.01),
     _bool_option("fork_server", True,
                  "Start attempts from a per-host fork server that has pyspark's Connect client imported "
                  "(false: a fresh interpreter per attempt)."),

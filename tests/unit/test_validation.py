@@ -272,6 +272,21 @@ CASES = [
          r"\[speculative\] baseline_multiplier = 'inf' \(pipeline 'p'\): expected a finite number"),
     Case("option-bool-as-number", lambda t: stage(config={"max_concurrent_executions": True}), PipelineError,
          r"max_concurrent_executions = True \(pipeline 'p'\): expected an integer"),
+    Case("option-duration-overflow", lambda t: stage(config={"retention": "9" * 400}), PipelineError,
+         r"\[speculative\] retention = '9+\.\.\.9+' \(402 characters\) \(pipeline 'p'\): must be a finite number "
+         r"of seconds, at most 3153600000 \(100 years\)"),
+    Case("option-float-overflow", lambda t: stage(config={"baseline_ratio": 10**400}), PipelineError,
+         r"\[speculative\] baseline_ratio = 10+\.\.\.0+ \(401 characters\) \(pipeline 'p'\): expected a finite "
+         r"number"),
+    Case("option-size-overflow", lambda t: stage(config={"data_volume_per_subtask": "9" * 400 + "GB"}),
+         PipelineError, r"data_volume_per_subtask = .* \(pipeline 'p'\): must be at most 1152921504606846976 bytes"),
+    Case("option-check-interval-tiny", lambda t: stage(config={"check_interval": 1e-9}), PipelineError,
+         r"\[speculative\] check_interval = 1e-09 \(pipeline 'p'\): must be at least 0.01 s"),
+    Case("deterministic-not-bool", lambda t: stage(deterministic="no"), PipelineError,
+         r"pipeline 'p', stage 's': deterministic must be True or False, got 'no'"),
+    Case("application-args-string", lambda t: stage(application_args="--date 2026"), PipelineError,
+         r"pipeline 'p', stage 's': application_args must be a list of strings, got '--date 2026'; pass e.g. "
+         r"\['--date', '2026'\]"),
     Case("option-unknown", lambda t: stage(config={"enable": True}), PipelineError,
          r"\[speculative\] unknown option 'enable' \(pipeline 'p'\); known options: enabled, "),
     Case("sink-path-empty", lambda t: stage(sink=ParquetSink("")), PipelineError,
