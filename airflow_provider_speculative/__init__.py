@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from airflow_provider_speculative.version import __version__
 
-__all__ = ["ParquetSink", "Pipeline", "StageOutputSensor", "all_to_all", "broadcast", "get_provider_info",
-           "parquet_source", "pointwise"]
+__all__ = ["ParquetSink", "Pipeline", "StageOutputSensor", "__version__", "all_to_all", "broadcast",
+           "get_provider_info", "parquet_source", "pointwise"]
 
 
 def __getattr__(name: str):  # lazy: the Spark-side runtime imports this package without Airflow

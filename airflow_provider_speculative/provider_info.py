@@ -9,7 +9,7 @@ from airflow_provider_speculative.core.config import OPTIONS, SECTION
 
 def get_provider_info() -> dict[str, Any]:
     """Describe the provider: operators, sensors, triggers, the ``[speculative]`` config section and CLI commands."""
-    from airflow_provider_speculative import __version__
+    from airflow_provider_speculative.version import __version__
 
     return {
         "package-name": "airflow-provider-speculative",

@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from airflow_provider_speculative.backends.base import attempt_observer
+from airflow_provider_speculative.backends.registry import attempt_observer
 from airflow_provider_speculative.control.runner import plan_local_stage, run_stage
 from airflow_provider_speculative.core.config import SpeculativeConfig
 from airflow_provider_speculative.core.graph import ExchangeSpec, PipelineGraph, SourceSpec, StageSpec

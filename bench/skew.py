@@ -48,7 +48,7 @@ sys.path.insert(0, str(HERE))
 
 from speculation import LoadSampler  # noqa: E402  (bench/speculation.py: the contention sampler)
 
-from airflow_provider_speculative.backends.base import attempt_observer  # noqa: E402
+from airflow_provider_speculative.backends.registry import attempt_observer  # noqa: E402
 from airflow_provider_speculative.control.runner import local_spark_submit, plan_local_stage, run_stage  # noqa: E402
 from airflow_provider_speculative.core.config import SpeculativeConfig  # noqa: E402
 from tests.integration.skew import (  # noqa: E402

@@ -5,7 +5,8 @@ client with pandas, pyarrow and grpc (~0.6 s of CPU on this machine), paid again
 the same cores as the Spark work. The fork server is one process per host, user and interpreter that
 has imported them once. A launch asks it, over a Unix socket, to fork the attempt's supervisor
 (``backends/supervisor.py``); that supervisor then forks the stage application from the same warm image
-(:func:`run_script`) instead of starting an interpreter.
+(``backends/warmstart.py``) instead of starting an interpreter. Imports run one way: this server
+imports the supervisor, which imports warmstart.
 
 What stays as without it:
 
@@ -41,7 +42,6 @@ import importlib.util
 import json
 import os
 import random
-import runpy
 import signal
 import socket
 import stat
@@ -49,10 +49,10 @@ import subprocess
 import sys
 import threading
 import time
-import traceback
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from airflow_provider_speculative.backends.warmstart import fork_run, retitle
 
 # What a Spark Connect stage application imports, loaded once in the server (a missing one is skipped).
 WARM_MODULES = ("pandas", "pyarrow", "pyarrow.parquet", "grpc", "pyspark.sql.connect.session",
@@ -400,22 +400,6 @@ def _serve_one(server: socket.socket, conn: socket.socket, lock: int) -> None:
             conn.sendall(json.dumps({"code": os.waitstatus_to_exitcode(status)}).encode())
 
 
-def fork_run(child: Callable[[], int]) -> int:
-    """Fork; the child runs ``child`` and exits with its code (1 on an exception, printed). The child's pid."""
-    sys.stdout.flush()  # or the child would write what this process buffered a second time
-    sys.stderr.flush()
-    pid = os.fork()
-    if pid == 0:
-        code = 1
-        try:
-            code = child()
-        except BaseException:
-            traceback.print_exc()
-        finally:
-            os._exit(code)
-    return pid
-
-
 def _become_supervisor(argv: list[str], env: dict[str, str], cwd: str, log: str) -> int:
     """In the forked child: take the launch's environment, directory and output, then run the supervisor."""
     # Before the environment changes: setproctitle finds its space behind argv and the original environ.
@@ -434,92 +418,6 @@ def _become_supervisor(argv: list[str], env: dict[str, str], cwd: str, log: str)
     from airflow_provider_speculative.backends import supervisor
 
     return supervisor.main(argv, warm=True)
-
-
-# -- in the supervisor: the application, forked warm ---------------------------------------------------
-
-
-def runs_warm(cmd: list[str]) -> bool:
-    """True if ``cmd`` is ``<this interpreter> <script.py> args…``: what can be forked from a warm image."""
-    if len(cmd) < 2 or not cmd[1].endswith(".py") or not os.path.isfile(cmd[1]):
-        return False
-    with contextlib.suppress(OSError):
-        return os.path.samefile(cmd[0], sys.executable)
-    return False
-
-
-class ForkedScript:
-    """The stage application forked from the warm supervisor: what :class:`subprocess.Popen` is otherwise."""
-
-    def __init__(self, argv: list[str], log_fd: int) -> None:
-        def child() -> int:
-            os.dup2(log_fd, 1)
-            os.dup2(log_fd, 2)
-            return run_script(argv)
-
-        self.pid = fork_run(child)
-        self.returncode: int | None = None
-
-    def wait(self, timeout: float | None = None) -> int:
-        """The exit code as Popen gives it (negative for a signal); TimeoutExpired after ``timeout``."""
-        if self.returncode is not None:
-            return self.returncode
-        deadline = None if timeout is None else time.monotonic() + timeout
-        delay = 0.001
-        while True:
-            pid, status = os.waitpid(self.pid, os.WNOHANG)
-            if pid:
-                self.returncode = os.waitstatus_to_exitcode(status)
-                return self.returncode
-            if deadline is not None and time.monotonic() >= deadline:
-                raise subprocess.TimeoutExpired(str(self.pid), timeout or 0.0)
-            time.sleep(delay if deadline is None else max(0.0, min(delay, deadline - time.monotonic())))
-            delay = min(delay * 2, 0.05)
-
-
-def retitle(cmd: list[str]) -> None:
-    """Show ``cmd`` as this forked process's command line (``ps``, and whoever looks for an attempt by it)."""
-    with contextlib.suppress(Exception):
-        import setproctitle
-
-        setproctitle.setproctitle(" ".join(cmd))
-
-
-def run_script(argv: list[str]) -> int:
-    """Run ``argv[0]`` as ``__main__`` like ``python argv[0] argv[1:]``, then end as the interpreter would."""
-    retitle([sys.executable, *argv])
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    sys.argv = list(argv)
-    sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))
-    code = 0
-    try:
-        runpy.run_path(argv[0], run_name="__main__")
-    except SystemExit as exc:
-        code = _exit_code(exc.code)
-    except BaseException:
-        traceback.print_exc()
-        code = 1
-    # What interpreter shutdown does before exiting: join non-daemon threads, run atexit handlers.
-    with contextlib.suppress(Exception):
-        threading._shutdown()  # type: ignore[attr-defined]
-    with contextlib.suppress(Exception):
-        import atexit
-
-        atexit._run_exitfuncs()
-    with contextlib.suppress(Exception):
-        sys.stdout.flush()
-        sys.stderr.flush()
-    return code
-
-
-def _exit_code(value: Any) -> int:
-    if value is None:
-        return 0
-    if isinstance(value, int):
-        return value & 0xFF
-    print(value, file=sys.stderr)
-    return 1
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -31,7 +31,7 @@ from urllib.parse import quote, unquote
 
 from airflow_provider_speculative.backends.base import LaunchSpec
 from airflow_provider_speculative.backends.supervised import SupervisedBackend
-from airflow_provider_speculative.runtime.session import REMOTE_ENV
+from airflow_provider_speculative.core.contract import REMOTE_ENV
 from airflow_provider_speculative.store import journal
 from airflow_provider_speculative.store.files import atomic_write_json, read_json
 from airflow_provider_speculative.store.layout import StageLayout

@@ -21,6 +21,7 @@ import psutil
 
 from airflow_provider_speculative.backends.base import LaunchSpec
 from airflow_provider_speculative.backends.identity import same_process
+from airflow_provider_speculative.core.contract import LAUNCHED_AT_ENV
 from airflow_provider_speculative.core.states import Attempt, AttemptState
 from airflow_provider_speculative.store import changes
 from airflow_provider_speculative.store.files import atomic_write_json, create_exclusive_json, read_json
@@ -45,13 +46,19 @@ class SupervisedBackend:
 
     kind: ClassVar[str] = "supervised"
 
-    def __init__(self, layout: StageLayout, kill_grace: float = 5.0) -> None:
+    def __init__(self, layout: StageLayout, kill_grace: float = 5.0, env: dict[str, str] | None = None) -> None:
+        # ``env``: the target's launch environment; only a backend that reaches its target outside an
+        # attempt (a Connect cancel) keeps it.
         self.layout = layout
         self.kill_grace = kill_grace
         # Start supervisors through the per-host fork server (backends/forkserver.py): set from the
         # plan's fork_server option by create_backend.
         self.fork_server = False
         self._dirs: dict[tuple[int, int], str] = {}
+
+    def cleanup_pending(self, subtask: int, attempt: int) -> bool:
+        """False: a supervised attempt leaves nothing to stop once its process group is gone."""
+        return False
 
     def claim(self, subtask: int, attempt: int, record: dict[str, Any]) -> bool:
         """Atomically claim an attempt number; False if someone (a restarted controller) has it."""
@@ -94,7 +101,7 @@ class SupervisedBackend:
         """The attempt's environment: the launcher's, the plan's, and what the runtime needs to know."""
         # The driver's Python must be the one with pyspark and this package: the launcher's own.
         return {"PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable, **os.environ,
-                **spec.env, "SPECULATIVE_NODE": spec.node, "SPECULATIVE_LAUNCHED_AT": str(time.time())}
+                **spec.env, "SPECULATIVE_NODE": spec.node, LAUNCHED_AT_ENV: str(time.time())}
 
     def poll(self, subtask: int, attempt: int, now: float | None = None) -> Attempt:
         """Read one attempt's state from the store, checking that a live one's process still exists."""

@@ -17,8 +17,9 @@ import sys
 import time
 from typing import Any
 
-from airflow_provider_speculative.backends import forkserver
+from airflow_provider_speculative.backends import warmstart
 from airflow_provider_speculative.backends.identity import start_ticks
+from airflow_provider_speculative.core.contract import EXIT_NODE_LOST, HOLD_END_ENV, LAUNCHED_AT_ENV, STORE_EXIT_CAUSES
 from airflow_provider_speculative.store import changes
 from airflow_provider_speculative.store.files import atomic_write_json, read_json, wait_for_file
 
@@ -28,12 +29,6 @@ _READY_FD: list[int] = []
 CHECK_INTERVAL = 1.0
 ALIVE_INTERVAL = 5.0
 KILL_GRACE = 5.0
-# Exit codes of runtime/context.py for a store that is full or not writable: then failure.json may
-# not have been written, and the exit code is the only record of the cause.
-STORE_EXIT_CAUSES = {4: "store is full", 5: "store is not writable"}
-EXIT_NODE_LOST = 6
-# Fault injection hold_end: the release file whose existence lets a successful end be recorded.
-HOLD_END_ENV = "SPECULATIVE_HOLD_END"
 
 
 def _daemonize(status_path: str) -> None:
@@ -91,7 +86,7 @@ def main(argv: list[str] | None = None, warm: bool = False) -> int:
     if args.daemonize:
         _daemonize(args.status)
     now = time.time()
-    launched = os.environ.get("SPECULATIVE_LAUNCHED_AT")
+    launched = os.environ.get(LAUNCHED_AT_ENV)
     status = {"state": "DEPLOYING", "pid": os.getpid(), "pgid": os.getpgid(0), "deploying_at": now,
               "launched_at": float(launched) if launched else now, "alive_at": now, "host": socket.gethostname(),
               "create_time": _create_time(), "start_ticks": start_ticks(os.getpid()),
@@ -110,8 +105,8 @@ def main(argv: list[str] | None = None, warm: bool = False) -> int:
     with open(args.log, "ab") as log:
         try:
             child: Any
-            if warm and forkserver.runs_warm(cmd):
-                child = forkserver.ForkedScript(cmd[1:], log.fileno())
+            if warm and warmstart.runs_warm(cmd):
+                child = warmstart.ForkedScript(cmd[1:], log.fileno())
             else:
                 child = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
         except OSError as exc:

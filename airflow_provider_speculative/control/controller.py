@@ -16,12 +16,13 @@ from pathlib import Path
 from typing import Any
 
 from airflow_provider_speculative.backends import forkserver
-from airflow_provider_speculative.backends.base import Backend, LaunchSpec, attempt_observer, plan_backends
-from airflow_provider_speculative.backends.supervisor import HOLD_END_ENV
+from airflow_provider_speculative.backends.base import Backend, LaunchSpec
+from airflow_provider_speculative.backends.registry import attempt_observer, plan_backends
 from airflow_provider_speculative.control.hybrid import HybridInputWatcher
 from airflow_provider_speculative.control.liveness import TargetWatcher
 from airflow_provider_speculative.control.recovery import PartitionRecovery, attempt_command
 from airflow_provider_speculative.core.config import SpeculativeConfig
+from airflow_provider_speculative.core.contract import HOLD_END_ENV
 from airflow_provider_speculative.core.failover import input_readers
 from airflow_provider_speculative.core.hybrid import hybrid_edges
 from airflow_provider_speculative.core.scheduler import (
@@ -162,8 +163,7 @@ class StageController:
                     if cancelled and attempt.live:
                         attempt.state = AttemptState.CANCELING
                         self.reaping.add((subtask, number))
-                    elif cancelled and getattr(self._backend(attempt.target), "cleanup_pending",
-                                               lambda *_: False)(subtask, number):
+                    elif cancelled and self._backend(attempt.target).cleanup_pending(subtask, number):
                         # The client is gone but its target still has work to stop (a Connect session).
                         self.reaping.add((subtask, number))
             marker = read_json(self.layout.admitted(subtask))
@@ -205,7 +205,7 @@ class StageController:
             self._prestarted = True
             # Only a controller that will launch starts the fork server (not one built to kill_all on a
             # worker): it imports while this first step restores and places the first attempts.
-            if any(getattr(b, "fork_server", False) for b in self.backends.values()):
+            if any(b.fork_server for b in self.backends.values()):
                 forkserver.prestart()
         if self.result is not None:
             # Decided, but a cancelled loser may still be dying: keep reaping it, or `done` never turns true.

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from airflow_provider_speculative.backends.base import attempt_observer
+from airflow_provider_speculative.backends.registry import attempt_observer
 from airflow_provider_speculative.core.config import SpeculativeConfig
 from airflow_provider_speculative.core.states import Attempt, AttemptState
 from airflow_provider_speculative.exceptions import StoreError

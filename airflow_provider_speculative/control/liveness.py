@@ -27,8 +27,8 @@ from typing import Any
 from urllib.parse import urlparse
 
 from airflow_provider_speculative.core.config import SpeculativeConfig, Target
+from airflow_provider_speculative.core.contract import REMOTE_ENV
 from airflow_provider_speculative.core.slots import TargetView, cores_per_attempt, parse_workers, standalone_view
-from airflow_provider_speculative.runtime.session import REMOTE_ENV
 from airflow_provider_speculative.store.slots import TargetSlots
 
 CONNECT_TIMEOUT = 0.5

@@ -16,7 +16,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from airflow_provider_speculative.backends.base import Backend, attempt_observer
+from airflow_provider_speculative.backends.base import Backend
+from airflow_provider_speculative.backends.registry import attempt_observer
 from airflow_provider_speculative.backends.supervised import SupervisedBackend
 from airflow_provider_speculative.control.lifecycle import read_expired
 from airflow_provider_speculative.core.parallelism import describe_decision, skew_message

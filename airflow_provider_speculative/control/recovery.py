@@ -7,7 +7,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from airflow_provider_speculative.backends.base import LaunchSpec, attempt_observer, plan_backends
+from airflow_provider_speculative.backends.base import LaunchSpec
+from airflow_provider_speculative.backends.registry import attempt_observer, plan_backends
 from airflow_provider_speculative.core.config import SpeculativeConfig, Target
 from airflow_provider_speculative.core.states import AttemptState
 from airflow_provider_speculative.exceptions import PartitionError

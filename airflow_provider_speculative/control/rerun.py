@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from airflow_provider_speculative.backends.base import attempt_observer
+from airflow_provider_speculative.backends.registry import attempt_observer
 from airflow_provider_speculative.control.readmodel import read_plan
 from airflow_provider_speculative.core.failover import Region, rerun_region
 from airflow_provider_speculative.core.graph import ExchangeSpec, PipelineGraph, SourceSpec, StageSpec

@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlparse
 
-from airflow_provider_speculative.backends.base import kind_for_conn_type
+from airflow_provider_speculative.backends.registry import kind_for_conn_type
 from airflow_provider_speculative.core.config import SpeculativeConfig, Target
+from airflow_provider_speculative.core.contract import REMOTE_ENV
 from airflow_provider_speculative.exceptions import TargetError
-from airflow_provider_speculative.runtime.session import REMOTE_ENV
 
 
 def _connection(target: Target, where: str) -> Any:

@@ -9,7 +9,7 @@ from typing import Any
 
 from airflow.sdk import BaseOperator
 
-from airflow_provider_speculative.backends.base import attempt_observer
+from airflow_provider_speculative.backends.registry import attempt_observer
 from airflow_provider_speculative.control.commit import admitted_of, commit_admitted, commit_summary, remove_losers
 from airflow_provider_speculative.control.controller import StageController, wipe_stage_attempts
 from airflow_provider_speculative.control.sources import application_path, list_sources, source_root

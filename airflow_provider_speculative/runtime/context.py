@@ -16,6 +16,14 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_speculative.core.config import FaultSpec, SpeculativeConfig
+from airflow_provider_speculative.core.contract import (
+    EXIT_FAILED,
+    EXIT_NODE_LOST,
+    EXIT_PARTITION,
+    EXIT_STORE_FULL,
+    EXIT_STORE_NOT_WRITABLE,
+    LAUNCHED_AT_ENV,
+)
 from airflow_provider_speculative.core.failover import files_in_range
 from airflow_provider_speculative.exceptions import StoreError, StoreFullError, StoreNotWritableError
 from airflow_provider_speculative.runtime.heartbeat import Heartbeat, current_node
@@ -35,13 +43,6 @@ from airflow_provider_speculative.store.results import committed_files
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-EXIT_FAILED = 1
-EXIT_PARTITION = 3  # an input partition is missing or corrupt: the controller reruns its producer
-# The store is full / not writable; the supervisor names the cause from these when failure.json could
-# not be written (backends/supervisor.py STORE_EXIT_CAUSES).
-EXIT_STORE_FULL = 4
-EXIT_STORE_NOT_WRITABLE = 5
-EXIT_NODE_LOST = 6  # every executor of the attempt is gone (its worker died): the controller blocks the node
 
 
 class NodeLostError(RuntimeError):
@@ -499,7 +500,7 @@ class StageContext:
             return
         if fault.fail:
             raise RuntimeError(f"injected failure (fault_injection) for subtask {self.subtask} attempt {self.attempt}")
-        launched = float(os.environ.get("SPECULATIVE_LAUNCHED_AT") or self._heartbeat.started_at)
+        launched = float(os.environ.get(LAUNCHED_AT_ENV) or self._heartbeat.started_at)
         # A node `factor` times slower would have taken factor times the elapsed time so far.
         extra = (fault.factor - 1.0) * (time.time() - launched) + fault.delay
         print(f"[speculative] fault injection: slowing attempt by {extra:.1f}s", file=sys.stderr)

@@ -14,10 +14,11 @@ import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from airflow_provider_speculative.core.contract import REMOTE_ENV
+
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-REMOTE_ENV = "SPECULATIVE_SPARK_REMOTE"
 # Session settings every attempt gets unless the stage's spark_conf sets them (measured on one warm
 # local[1] Connect server, bench/README.md):
 # - Spark lists more than 32 explicitly named paths with a distributed job (0.3-0.4 s per read); an

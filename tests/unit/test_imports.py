@@ -44,3 +44,47 @@ def test_core_and_runtime_load_no_airflow(package: str) -> None:
     assert not {m for m in loaded if m == "airflow" or m.startswith("airflow.")}, f"{package}/ imports Airflow"
     assert not {m for m in loaded if m.startswith("airflow_provider_speculative.plugin")}
     assert "fastapi" not in loaded
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """Module -> package modules it imports (at module level or inside functions: a lazy import is still an edge)."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2] / "airflow_provider_speculative"
+    modules = {}
+    for path in root.rglob("*.py"):
+        name = ".".join(path.relative_to(root.parent).with_suffix("").parts).removesuffix(".__init__")
+        modules[name] = path
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    for name, path in modules.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module in modules:
+                # "from package import module" imports the module; "from module import name" the module.
+                for alias in node.names:
+                    graph[name].add(f"{node.module}.{alias.name}" if f"{node.module}.{alias.name}" in modules
+                                    else node.module)
+            elif isinstance(node, ast.Import):
+                graph[name] |= {alias.name for alias in node.names if alias.name in modules}
+    return {name: {t for t in targets if t in modules and t != name} for name, targets in graph.items()}
+
+
+def test_no_import_circle_in_the_package() -> None:
+    graph = _import_graph()
+    assert graph["airflow_provider_speculative.backends.base"] == {
+        "airflow_provider_speculative.core.states", "airflow_provider_speculative.store.layout"}
+    # Depth-first search for a back edge; the path of the first one found names the circle.
+    state: dict[str, int] = {}
+
+    def visit(module: str, path: list[str]) -> None:
+        state[module] = 1
+        for target in sorted(graph[module]):
+            if state.get(target) == 1:
+                raise AssertionError("import circle: " + " -> ".join([*path[path.index(target):], target]))
+            if target not in state:
+                visit(target, [*path, target])
+        state[module] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [module])

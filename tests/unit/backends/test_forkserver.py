@@ -23,7 +23,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from airflow_provider_speculative.backends import forkserver
+from airflow_provider_speculative.backends import forkserver, warmstart
 from airflow_provider_speculative.backends.base import LaunchSpec
 from airflow_provider_speculative.backends.supervised import SupervisedBackend
 from airflow_provider_speculative.core.states import AttemptState
@@ -305,11 +305,11 @@ def test_a_request_the_server_never_acknowledged_is_started_directly(runtime: Pa
 def test_only_this_interpreter_running_a_script_is_forked_warm(tmp_path: Path) -> None:
     script = tmp_path / "app.py"
     script.write_text("")
-    assert forkserver.runs_warm([sys.executable, str(script), "--plan", "p"])
-    assert not forkserver.runs_warm(["/bin/sh", str(script)])
-    assert not forkserver.runs_warm([sys.executable, "-m", "module"])
-    assert not forkserver.runs_warm([sys.executable, str(tmp_path / "missing.py")])
-    assert not forkserver.runs_warm(["spark-submit", "--master", "local[1]", str(script)])
+    assert warmstart.runs_warm([sys.executable, str(script), "--plan", "p"])
+    assert not warmstart.runs_warm(["/bin/sh", str(script)])
+    assert not warmstart.runs_warm([sys.executable, "-m", "module"])
+    assert not warmstart.runs_warm([sys.executable, str(tmp_path / "missing.py")])
+    assert not warmstart.runs_warm(["spark-submit", "--master", "local[1]", str(script)])
 
 
 def test_the_cli_lists_and_stops_the_servers(runtime: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -11,8 +11,8 @@ import psutil
 import pytest
 
 from airflow_provider_speculative.backends import supervised
-from airflow_provider_speculative.backends.base import create_backend, kind_for_conn_type
 from airflow_provider_speculative.backends.identity import start_ticks
+from airflow_provider_speculative.backends.registry import create_backend, kind_for_conn_type
 from airflow_provider_speculative.backends.supervised import LAUNCH_LOST_AFTER, REMOTE_ALIVE_TIMEOUT, SupervisedBackend
 from airflow_provider_speculative.core.states import AttemptState
 from airflow_provider_speculative.exceptions import TargetError

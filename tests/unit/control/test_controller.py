@@ -36,6 +36,10 @@ class FakeBackend:
 
     kind: ClassVar[str] = "fake"
     kill_grace = 0.0
+    fork_server = False
+
+    def cleanup_pending(self, subtask: int, attempt: int) -> bool:
+        return False
 
     def __init__(self, layout: StageLayout, clock: Clock) -> None:
         self.layout, self.clock = layout, clock

@@ -12,7 +12,7 @@ from typing import Any
 import psutil
 import pytest
 
-from airflow_provider_speculative.backends.base import attempt_observer
+from airflow_provider_speculative.backends.registry import attempt_observer
 from airflow_provider_speculative.control import lifecycle as gc_module
 from airflow_provider_speculative.control.lifecycle import (
     DELETED_RUN,

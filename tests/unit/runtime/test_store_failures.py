@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_speculative.backends.base import attempt_observer
+from airflow_provider_speculative.backends.registry import attempt_observer
 from airflow_provider_speculative.core.states import AttemptState
 from airflow_provider_speculative.exceptions import StoreError
 from airflow_provider_speculative.store.files import create_exclusive_json, read_json
