@@ -25,7 +25,7 @@ from airflow_provider_speculative.core.config import SpeculativeConfig
 from airflow_provider_speculative.core.contract import HOLD_END_ENV
 from airflow_provider_speculative.core.failover import input_readers
 from airflow_provider_speculative.core.hybrid import hybrid_edges
-from airflow_provider_speculative.core.scheduler import (
+from airflow_provider_speculative.core.messages import (
     Action,
     AdmissionLost,
     Admit,
@@ -46,10 +46,10 @@ from airflow_provider_speculative.core.scheduler import (
     RecoveryFailed,
     Restored,
     SlotLost,
-    StageScheduler,
     TargetsObserved,
     Tick,
 )
+from airflow_provider_speculative.core.scheduler import StageScheduler
 from airflow_provider_speculative.core.slots import TargetView
 from airflow_provider_speculative.core.states import TERMINAL, Attempt, AttemptState, current_attempt
 from airflow_provider_speculative.sinks.base import Sink, StagingScope

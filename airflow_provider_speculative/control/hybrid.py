@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from airflow_provider_speculative.core.hybrid import HybridEdge
-from airflow_provider_speculative.core.scheduler import InputFailed, InputsAdmitted, InputWithdrawn
+from airflow_provider_speculative.core.messages import InputFailed, InputsAdmitted, InputWithdrawn
 from airflow_provider_speculative.exceptions import StoreError
 from airflow_provider_speculative.store.files import read_json
 from airflow_provider_speculative.store.layout import StageLayout

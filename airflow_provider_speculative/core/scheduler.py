@@ -9,6 +9,7 @@ Stimuli are named for what happened (past tense), actions for what to do (impera
 
 from __future__ import annotations
 
+import functools
 import re
 from collections import Counter
 from collections.abc import Iterable, Mapping
@@ -25,234 +26,45 @@ from airflow_provider_speculative.core.hybrid import (
     restarts_on_withdrawal,
     waiting_for,
 )
+from airflow_provider_speculative.core.messages import (
+    Action,
+    AdmissionLost,
+    Admit,
+    AttemptObserved,
+    BlockNode,
+    Cancel,
+    ClaimLost,
+    CompleteStage,
+    Discard,
+    FailStage,
+    InputFailed,
+    InputRestored,
+    InputsAdmitted,
+    InputWithdrawn,
+    Invalidate,
+    Launch,
+    LaunchFailed,
+    NodeBlocked,
+    RecoverPartition,
+    RecoveryFailed,
+    Restored,
+    SlotLost,
+    Stimulus,
+    TargetsObserved,
+    Tick,
+)
 from airflow_provider_speculative.core.states import LIVE, TERMINAL, Attempt, AttemptState, current_attempt
 
-# -- stimuli: what happened ---------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Restored:
-    """The controller restarted and read these attempts, admissions and node blocks from the store."""
-
-    attempts: tuple[Attempt, ...]
-    admitted: dict[int, int]
-    blocked: dict[str, float]
-
-
-@dataclass(frozen=True)
-class AttemptObserved:
-    """A poll saw this attempt (the scheduler keeps a copy; the caller's object is never changed)."""
-
-    attempt: Attempt
-
-
-@dataclass(frozen=True)
-class NodeBlocked:
-    """Another stage of the run blocked ``node`` until ``until`` (read from the run's blocklist)."""
-
-    node: str
-    until: float
-
-
-@dataclass(frozen=True)
-class ClaimLost:
-    """Launching failed to claim the number: another controller owns it; ``observed`` is its attempt."""
-
-    observed: Attempt
-
-
-@dataclass(frozen=True)
-class LaunchFailed:
-    """Starting attempt ``attempt`` of ``subtask`` failed at ``at`` (the backend raised ``cause``)."""
-
-    subtask: int
-    attempt: int
-    cause: str
-    at: float
-
-
-@dataclass(frozen=True)
-class AdmissionLost:
-    """Admitting ``attempt`` lost the exclusive marker to ``winner`` (a concurrent controller)."""
-
-    subtask: int
-    attempt: int
-    winner: int
-
-
-@dataclass(frozen=True)
-class InputRestored:
-    """A lost upstream partition ``stage[subtask]`` was re-produced and re-committed."""
-
-    stage: str
-    subtask: int
-
-
-@dataclass(frozen=True)
-class RecoveryFailed:
-    """Re-producing ``stage[subtask]`` failed beyond its limit."""
-
-    stage: str
-    subtask: int
-    reason: str
-
-
-@dataclass(frozen=True)
-class TargetsObserved:
-    """What the targets offer now (FLIP-159): free slots per target after every holder's claim, and losses.
-
-    ``free``: slots this stage may claim now per target (a target absent or at 0 gets no launch).
-    ``capacity``: each target's live capacity; when every target's is 0 the stage waits for a live slot.
-    ``lost_targets`` / ``lost_nodes``: target or node -> why it is gone (a server stopped answering, a
-    worker left the master's alive list); live attempts there are cancelled and rerun elsewhere, and
-    their failures do not count against the failure limits.
-    """
-
-    free: Mapping[str, int]
-    capacity: Mapping[str, int]
-    lost_targets: Mapping[str, str] = field(default_factory=dict)
-    lost_nodes: Mapping[str, str] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class SlotLost:
-    """Claiming a slot of ``target`` for a Launch lost the race to another holder: the attempt never started."""
-
-    subtask: int
-    attempt: int
-    target: str
-
-
-@dataclass(frozen=True)
-class InputsAdmitted:
-    """Hybrid input: producer ``stage`` admitted these subtasks (subtask -> attempt) since the last report.
-
-    ``committed``: the producer stage committed (every partition is final); ``waiting``: producer
-    subtasks with neither a live nor an admitted attempt (they would want a slot).
-    """
-
-    stage: str
-    admitted: dict[int, int]
-    committed: bool = False
-    waiting: int = 0
-
-
-@dataclass(frozen=True)
-class InputWithdrawn:
-    """Hybrid input: producer ``stage`` withdrew the admitted ``attempt`` of ``subtask`` (lost or invalidated)."""
-
-    stage: str
-    subtask: int
-    attempt: int
-    reason: str
-
-
-@dataclass(frozen=True)
-class InputFailed:
-    """Hybrid input: the producer stage failed, was replanned or never planned; ``reason`` names it all."""
-
-    stage: str
-    reason: str
-
-
-@dataclass(frozen=True)
-class Tick:
-    """Time passed: apply the observations handled so far and decide (admit, speculate, place...)."""
-
-    now: float
-
-
-Stimulus = (Restored | AttemptObserved | NodeBlocked | ClaimLost | LaunchFailed | AdmissionLost | InputRestored
-            | RecoveryFailed | TargetsObserved | SlotLost | InputsAdmitted | InputWithdrawn | InputFailed | Tick)
-
-# -- actions: what to do ------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Launch:
-    """Start attempt ``attempt`` of ``subtask`` on ``target``."""
-
-    subtask: int
-    attempt: int
-    target: str
-    speculative: bool
-    reason: str
-
-
-@dataclass(frozen=True)
-class Cancel:
-    """Stop a live attempt (its driver must really stop) and discard its output."""
-
-    subtask: int
-    attempt: int
-    reason: str
-
-
-@dataclass(frozen=True)
-class Admit:
-    """Make this finished attempt the subtask's result; it is the only one that will be committed."""
-
-    subtask: int
-    attempt: int
-
-
-@dataclass(frozen=True)
-class Discard:
-    """A finished attempt that lost the race: remove its output."""
-
-    subtask: int
-    attempt: int
-    reason: str
-
-
-@dataclass(frozen=True)
-class BlockNode:
-    """Stop placing new attempts on ``node`` until ``until`` (running attempts continue)."""
-
-    node: str
-    until: float
-    reason: str
-
-
-@dataclass(frozen=True)
-class RecoverPartition:
-    """FLIP-1 backtracking: re-produce ``subtask`` of upstream ``stage`` as a new attempt and re-commit it."""
-
-    stage: str
-    subtask: int
-    reason: str
-    lost_attempt: int | None = None
-
-
-@dataclass(frozen=True)
-class Invalidate:
-    """Withdraw an admitted attempt (its input was re-produced by a non-deterministic stage): rerun it."""
-
-    subtask: int
-    attempt: int
-    reason: str
-
-
-@dataclass(frozen=True)
-class FailStage:
-    """The stage cannot finish: ``reason``, failure counts by cause and the first causes in full (bounded)."""
-
-    reason: str
-    causes: tuple[str, ...]
-    failed_attempts: int = 0
-    counts_by_cause: tuple[tuple[str, int], ...] = ()
-
-
-@dataclass(frozen=True)
-class CompleteStage:
-    """Every subtask has an admitted attempt and no loser is still running: report the stage done."""
-
-    admitted: dict[int, int]
-
-
-Action = Launch | Cancel | Admit | Discard | BlockNode | RecoverPartition | Invalidate | FailStage | CompleteStage
 # A failure storm reports this many causes in full, the rest as counts (the journal stays small).
 MAX_CAUSES = 20
+
+
+@dataclass
+class _Batch:
+    """What one :meth:`StageScheduler.handle` call collects: actions, and observations awaiting their Tick."""
+
+    actions: list[Action] = field(default_factory=list)
+    observed: list[Attempt] = field(default_factory=list)
 
 
 @dataclass
@@ -384,58 +196,89 @@ class StageScheduler:
 
         Observations are applied at the next :class:`Tick` of the same call (which must come), so the
         first finisher among several seen in one poll is chosen by end time, not by list order.
+        Each stimulus type has one handler (:meth:`_on`, dispatched on the type).
         """
-        actions: list[Action] = []
-        observed: list[Attempt] = []
+        batch = _Batch()
         for stimulus in stimuli:
-            if isinstance(stimulus, AttemptObserved):
-                observed.append(replace(stimulus.attempt, progress=dict(stimulus.attempt.progress)))
-            elif isinstance(stimulus, Tick):
-                actions += self._step(stimulus.now, observed)
-                observed = []
-            elif isinstance(stimulus, Restored):
-                self._restore(stimulus)
-            elif isinstance(stimulus, NodeBlocked):
-                self.blocklist.block(stimulus.node, stimulus.until)
-            elif isinstance(stimulus, ClaimLost):
-                adopted = replace(stimulus.observed)
-                self.attempts.setdefault(adopted.subtask, {})[adopted.number] = adopted
-                self._dirty.add(adopted.subtask)
-                self._check_stragglers = True
-            elif isinstance(stimulus, LaunchFailed):
-                known = self.attempts.get(stimulus.subtask, {}).get(stimulus.attempt)
-                if known is None:
-                    raise ValueError(f"LaunchFailed for unknown attempt {stimulus.subtask}/{stimulus.attempt}")
-                # Applied with the next Tick, like any observation: the failure rules run there.
-                observed.append(replace(known, state=AttemptState.FAILED, end_at=stimulus.at,
-                                        cause=f"launch failed: {stimulus.cause}"))
-            elif isinstance(stimulus, AdmissionLost):
-                actions += self._admission_lost(stimulus)
-            elif isinstance(stimulus, InputRestored):
-                actions += self._input_restored(stimulus.stage, stimulus.subtask)
-            elif isinstance(stimulus, RecoveryFailed):
-                actions += self._recovery_failed(stimulus.stage, stimulus.subtask, stimulus.reason)
-            elif isinstance(stimulus, TargetsObserved):
-                actions += self._targets_observed(stimulus)
-            elif isinstance(stimulus, SlotLost):
-                self._slot_lost(stimulus)
-            elif isinstance(stimulus, InputsAdmitted):
-                self._inputs_admitted(stimulus)
-            elif isinstance(stimulus, InputWithdrawn):
-                # Applied at the Tick, after the observations of the same call: the readers' latest
-                # heartbeats (what they read) decide who restarts.
-                known = self.input_admitted.get(stimulus.stage, {})
-                if known.get(stimulus.subtask) == stimulus.attempt:
-                    del known[stimulus.subtask]
-                self._withdrawn.append(stimulus)
-            elif isinstance(stimulus, InputFailed):
-                if not (self.failed or self.completed):
-                    actions += self._fail(stimulus.reason)
-            else:
-                raise TypeError(f"StageScheduler.handle: unknown stimulus {stimulus!r}")
-        if observed:
+            self._on(stimulus, batch)
+        if batch.observed:
             raise ValueError("StageScheduler.handle: AttemptObserved needs a Tick after it in the same call")
-        return actions
+        return batch.actions
+
+    @functools.singledispatchmethod
+    def _on(self, stimulus: object, batch: _Batch) -> None:
+        raise TypeError(f"StageScheduler.handle: unknown stimulus {stimulus!r}")
+
+    @_on.register
+    def _on_observed(self, stimulus: AttemptObserved, batch: _Batch) -> None:
+        batch.observed.append(replace(stimulus.attempt, progress=dict(stimulus.attempt.progress)))
+
+    @_on.register
+    def _on_tick(self, stimulus: Tick, batch: _Batch) -> None:
+        batch.actions += self._step(stimulus.now, batch.observed)
+        batch.observed = []
+
+    @_on.register
+    def _on_restored(self, stimulus: Restored, batch: _Batch) -> None:
+        self._restore(stimulus)
+
+    @_on.register
+    def _on_node_blocked(self, stimulus: NodeBlocked, batch: _Batch) -> None:
+        self.blocklist.block(stimulus.node, stimulus.until)
+
+    @_on.register
+    def _on_claim_lost(self, stimulus: ClaimLost, batch: _Batch) -> None:
+        adopted = replace(stimulus.observed)
+        self.attempts.setdefault(adopted.subtask, {})[adopted.number] = adopted
+        self._dirty.add(adopted.subtask)
+        self._check_stragglers = True
+
+    @_on.register
+    def _on_launch_failed(self, stimulus: LaunchFailed, batch: _Batch) -> None:
+        known = self.attempts.get(stimulus.subtask, {}).get(stimulus.attempt)
+        if known is None:
+            raise ValueError(f"LaunchFailed for unknown attempt {stimulus.subtask}/{stimulus.attempt}")
+        # Applied with the next Tick, like any observation: the failure rules run there.
+        batch.observed.append(replace(known, state=AttemptState.FAILED, end_at=stimulus.at,
+                                      cause=f"launch failed: {stimulus.cause}"))
+
+    @_on.register
+    def _on_admission_lost(self, stimulus: AdmissionLost, batch: _Batch) -> None:
+        batch.actions += self._admission_lost(stimulus)
+
+    @_on.register
+    def _on_input_restored(self, stimulus: InputRestored, batch: _Batch) -> None:
+        batch.actions += self._input_restored(stimulus.stage, stimulus.subtask)
+
+    @_on.register
+    def _on_recovery_failed(self, stimulus: RecoveryFailed, batch: _Batch) -> None:
+        batch.actions += self._recovery_failed(stimulus.stage, stimulus.subtask, stimulus.reason)
+
+    @_on.register
+    def _on_targets_observed(self, stimulus: TargetsObserved, batch: _Batch) -> None:
+        batch.actions += self._targets_observed(stimulus)
+
+    @_on.register
+    def _on_slot_lost(self, stimulus: SlotLost, batch: _Batch) -> None:
+        self._slot_lost(stimulus)
+
+    @_on.register
+    def _on_inputs_admitted(self, stimulus: InputsAdmitted, batch: _Batch) -> None:
+        self._inputs_admitted(stimulus)
+
+    @_on.register
+    def _on_input_withdrawn(self, stimulus: InputWithdrawn, batch: _Batch) -> None:
+        # Applied at the Tick, after the observations of the same call: the readers' latest
+        # heartbeats (what they read) decide who restarts.
+        known = self.input_admitted.get(stimulus.stage, {})
+        if known.get(stimulus.subtask) == stimulus.attempt:
+            del known[stimulus.subtask]
+        self._withdrawn.append(stimulus)
+
+    @_on.register
+    def _on_input_failed(self, stimulus: InputFailed, batch: _Batch) -> None:
+        if not (self.failed or self.completed):
+            batch.actions += self._fail(stimulus.reason)
 
     # -- stimuli ----------------------------------------------------------------------------
 
