@@ -7,7 +7,8 @@ from pyspark.sql import functions as F
 from airflow_provider_speculative.runtime import StageContext
 
 with StageContext.from_argv() as ctx:
+    # Read first: column expressions need the session (on Spark Connect, F.col before it fails).
+    orders = ctx.read("orders")
     date = F.col("o_orderdate")
-    orders = ctx.read("orders").where((date >= F.lit("1993-10-01").cast("date"))
-                                      & (date < F.lit("1994-01-01").cast("date")))
+    orders = orders.where((date >= F.lit("1993-10-01").cast("date")) & (date < F.lit("1994-01-01").cast("date")))
     ctx.write(orders.select("o_orderkey", "o_custkey"))
