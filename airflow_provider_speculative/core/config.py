@@ -235,6 +235,9 @@ def _targets(name: str, value: Any, where: str) -> tuple[Target, ...]:
         auto = item.get("slots") == "auto" or _bool(f"{name}[{item['name']}].auto_slots",
                                                      item.get("auto_slots", False), where)
         slots = 1 if auto else _int(f"{name}[{item['name']}].slots", item.get("slots", 2), where, 1)
+        if not isinstance(item.get("conf") or {}, dict):
+            raise _bad(f"{name}[{item['name']}].conf", item.get("conf"), where,
+                       "expected an object of Spark settings, e.g. {\"spark.executor.cores\": \"2\"}")
         conf = {str(k): str(v) for k, v in (item.get("conf") or {}).items()}
         master_ui = _master_ui(f"{name}[{item['name']}].master_ui", item.get("master_ui"), where, auto)
         if master_ui and not auto:
@@ -286,6 +289,11 @@ def _faults(name: str, value: Any, where: str) -> FaultInjection:
                                                  "hold_end", "hold_commit"}:
         raise _bad(name, value, where, "expected {targets: {...}, attempts: [...], force_speculation: [...], "
                                        "barrier: bool, hold_end: bool, hold_commit: bool}")
+    if not isinstance(raw.get("targets") or {}, dict):
+        raise _bad(f"{name}.targets", raw.get("targets"), where,
+                   "expected an object {target name: {factor, delay, fail}}")
+    if not isinstance(raw.get("attempts") or [], list | tuple):
+        raise _bad(f"{name}.attempts", raw.get("attempts"), where, "expected a list of {subtask, attempt, ...}")
     targets = {str(t): _fault_spec(f"{name}.targets.{t}", spec, where)
                for t, spec in (raw.get("targets") or {}).items()}
     attempts = {}

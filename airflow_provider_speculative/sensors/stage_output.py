@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import os
 import time
 from collections.abc import Sequence
 from datetime import timedelta
@@ -13,8 +15,12 @@ from airflow.sdk.exceptions import AirflowException, AirflowSensorTimeout, Airfl
 
 from airflow_provider_speculative.control.stage_output import OutputObservation
 from airflow_provider_speculative.core.readiness import parse_instant
+from airflow_provider_speculative.exceptions import PipelineError
 from airflow_provider_speculative.settings import airflow_config, store_root
 from airflow_provider_speculative.triggers.stage_output import StageOutputTrigger
+
+# As check_interval's minimum: below it a deferred sensor only spins in the shared triggerer.
+MIN_POKE_INTERVAL = 0.01
 
 # The trigger reports the timeout itself (naming what is missing); Airflow's deferral timeout is only a
 # backstop for a triggerer that is down, so it is set this much later.
@@ -41,6 +47,21 @@ class StageOutputSensor(BaseSensorOperator):
                  deferrable: bool = True, poke_interval: float = 30.0, **kwargs: Any) -> None:
         if not deferrable:
             kwargs.setdefault("mode", "reschedule")
+        where = f"StageOutputSensor {kwargs.get('task_id')!r}"
+        seconds = poke_interval.total_seconds() if isinstance(poke_interval, timedelta) else poke_interval
+        if isinstance(seconds, bool) or not isinstance(seconds, int | float) \
+                or not MIN_POKE_INTERVAL <= seconds < math.inf:
+            # 0 would spin in the triggerer every deferred sensor and stage controller shares.
+            raise PipelineError(f"{where}: poke_interval must be a number of seconds >= {MIN_POKE_INTERVAL:g}, "
+                                f"got {poke_interval!r}")
+        if not isinstance(stage, str) or not stage:
+            raise PipelineError(f"{where}: stage must be the name of a stage, got {stage!r}")
+        if store_path is not None and not isinstance(store_path, str | os.PathLike):
+            raise PipelineError(f"{where}: store_path must be a path, got {store_path!r}")
+        if store_path and "{{" not in os.fspath(store_path) \
+                and not os.path.isabs(os.path.expanduser(os.fspath(store_path))):
+            raise PipelineError(f"{where}: store_path {os.fspath(store_path)!r} is relative; it would be resolved "
+                                "against the triggerer's working directory. Give an absolute path")
         super().__init__(poke_interval=poke_interval, **kwargs)
         if logical_date is not None and run_id is not None:
             raise ValueError(f"{self.task_id}: give logical_date or run_id, not both")
@@ -48,8 +69,8 @@ class StageOutputSensor(BaseSensorOperator):
         self.external_dag_id = external_dag_id
         self.logical_date = logical_date
         self.run_id = run_id
-        self.subtasks = [int(s) for s in subtasks] if subtasks is not None else None
-        self.subpartitions = [int(s) for s in subpartitions] if subpartitions is not None else None
+        self.subtasks = _indexes(where, "subtasks", subtasks)
+        self.subpartitions = _indexes(where, "subpartitions", subpartitions)
         self.store_path = store_path
         self.deferrable = deferrable
         self._last: OutputObservation | None = None
@@ -114,3 +135,15 @@ class StageOutputSensor(BaseSensorOperator):
             # BaseSensorOperator.resume_execution turns this into a skip when soft_fail is set.
             raise AirflowSensorTimeout(self._timeout_message(event.get("message")))
         raise AirflowException(f"{self.task_id}: watching the store failed: {event.get('message') or event!r}")
+
+
+def _indexes(where: str, name: str, values: Any) -> list[int] | None:
+    """``values`` as a list of non-negative indexes, or a PipelineError naming the sensor and the argument."""
+    if values is None:
+        return None
+    if isinstance(values, str | bytes) or not isinstance(values, Sequence | set | frozenset):
+        raise PipelineError(f"{where}: {name} must be a list of indexes, got {values!r}")
+    bad = [v for v in values if isinstance(v, bool) or not isinstance(v, int) or v < 0]
+    if bad:
+        raise PipelineError(f"{where}: {name} must be a list of indexes >= 0, got {bad[0]!r} in {list(values)!r}")
+    return [int(v) for v in values]

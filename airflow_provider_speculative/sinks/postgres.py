@@ -355,6 +355,10 @@ def _name_problem(value: Any, parts: int) -> str | None:
     for piece in pieces:
         if not _IDENTIFIER.match(piece):
             return f"{piece!r} is not an unquoted identifier (letters, digits, _ and $, at most 63, not a digit first)"
+        if piece != piece.lower():
+            # The sink quotes names; unquoted SQL folds to lower case, so "Sales" and sales are two tables.
+            return (f"{piece!r} has upper-case letters: the sink writes it quoted, so SELECT ... FROM {piece} "
+                    f"(folded to {piece.lower()!r}) would not find it; write {piece.lower()!r}")
     return None
 
 

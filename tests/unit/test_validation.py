@@ -177,6 +177,12 @@ def two_sinks(a: str, b: str) -> None:
     p.graph()
 
 
+def sensor(**kwargs: Any) -> None:
+    from airflow_provider_speculative.sensors.stage_output import StageOutputSensor
+
+    StageOutputSensor(**{"task_id": "wait", "external_dag_id": "up", "stage": "aggregate", **kwargs})
+
+
 def cli(command: str, tmp: Path, monkeypatch: pytest.MonkeyPatch, corrupt: bool) -> None:
     from airflow_provider_speculative import settings
     from airflow_provider_speculative.cli import commands
@@ -287,6 +293,20 @@ CASES = [
     Case("application-args-string", lambda t: stage(application_args="--date 2026"), PipelineError,
          r"pipeline 'p', stage 's': application_args must be a list of strings, got '--date 2026'; pass e.g. "
          r"\['--date', '2026'\]"),
+    Case("target-conf-not-object", lambda t: stage(config={"targets": [{"name": "a", "conf": ["x"]}]}),
+         PipelineError, r"\[speculative\] targets\[a\].conf = \['x'\] \(pipeline 'p'\): expected an object of Spark "
+                        r"settings"),
+    Case("fault-injection-targets-list", lambda t: stage(config={"fault_injection": {"targets": ["a"]}}),
+         PipelineError, r"\[speculative\] fault_injection.targets = \['a'\] \(pipeline 'p'\): expected an object"),
+    Case("sensor-poke-interval-zero", lambda t: sensor(poke_interval=0), PipelineError,
+         r"StageOutputSensor 'wait': poke_interval must be a number of seconds >= 0.01, got 0"),
+    Case("sensor-subtasks-not-indexes", lambda t: sensor(subtasks=["a"]), PipelineError,
+         r"StageOutputSensor 'wait': subtasks must be a list of indexes >= 0, got 'a' in \['a'\]"),
+    Case("sensor-store-path-relative", lambda t: sensor(store_path="store"), PipelineError,
+         r"StageOutputSensor 'wait': store_path 'store' is relative"),
+    Case("postgres-table-upper-case", lambda t: stage(sink=PostgresSink("public.Sales")), PipelineError,
+         r"sink PostgresSink: table 'public.Sales' is not \[schema.\]table: 'Sales' has upper-case letters: the sink "
+         r"writes it quoted"),
     Case("option-unknown", lambda t: stage(config={"enable": True}), PipelineError,
          r"\[speculative\] unknown option 'enable' \(pipeline 'p'\); known options: enabled, "),
     Case("sink-path-empty", lambda t: stage(sink=ParquetSink("")), PipelineError,
