@@ -28,14 +28,14 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run"
 SCRIPT_TEXT = "<img src=x onerror=alert(2)><script>alert(3)</script>"
 
 
-@pytest.fixture
-def plugin_url(tmp_path: Path) -> Iterator[str]:
+@pytest.fixture(scope="module")
+def plugin_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The plugin app on a hostile store, served on a socket that listens before the server thread starts."""
     import uvicorn
 
     from airflow_provider_speculative.plugin.app import create_app
 
-    root = hostile_store(tmp_path, history=EVIL, app_id=SCRIPT_TEXT)
+    root = hostile_store(tmp_path_factory.mktemp("hostile-store"), history=EVIL, app_id=SCRIPT_TEXT)
     layout = StageLayout(root, DAG, RUN, "scan")
     # Strings DAG authors and attempts control, shown as text: a node name and a failure cause.
     claim = json.loads(layout.claim(0, 0).read_text())
@@ -58,9 +58,9 @@ def plugin_url(tmp_path: Path) -> Iterator[str]:
         sock.close()
 
 
-@pytest.fixture
-def page(tmp_path: Path) -> Iterator[Any]:
-    """A headless Chromium page (Debian's chromium driven by Playwright) that records every dialog."""
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    """Headless Chromium (Debian's chromium driven by Playwright), started once for the module."""
     if not CHROMIUM.exists():
         pytest.fail(f"{CHROMIUM} is missing: `make browser` (apt-get install -y chromium chromium-driver)")
     from playwright.sync_api import sync_playwright
@@ -68,13 +68,26 @@ def page(tmp_path: Path) -> Iterator[Any]:
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
         try:
-            page = browser.new_page()
-            page.set_default_timeout(20_000)
-            page.dialogs = []  # type: ignore[attr-defined]
-            page.on("dialog", lambda d: (page.dialogs.append(d.message), d.dismiss()))
-            yield page
+            yield browser
         finally:
             browser.close()
+
+
+@pytest.fixture
+def page(browser: Any) -> Iterator[Any]:
+    """A fresh page that records every dialog and console message."""
+    context = browser.new_context()
+    try:
+        page = context.new_page()
+        page.set_default_timeout(20_000)
+        page.dialogs = []  # type: ignore[attr-defined]
+        page.on("dialog", lambda d: (page.dialogs.append(d.message), d.dismiss()))
+        # The page must work under its own policy: a violation would mean the CSP breaks the view.
+        page.console = []  # type: ignore[attr-defined]
+        page.on("console", lambda m: page.console.append(m.text))
+        yield page
+    finally:
+        context.close()
 
 
 def _links(page: Any) -> list[str]:
@@ -83,6 +96,7 @@ def _links(page: Any) -> list[str]:
 
 def _assert_harmless(page: Any) -> None:
     assert page.dialogs == [], page.dialogs
+    assert not [m for m in page.console if "Content Security Policy" in m], page.console
     hrefs = _links(page)
     assert hrefs and all(h.startswith(("http://", "https://", "run?", "stage?")) for h in hrefs), hrefs
     assert page.locator("a[href^='javascript' i], a[href^='data' i]").count() == 0
