@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, tzinfo
 from typing import IO, Any, NoReturn
 
+from airflow_provider_speculative.core.units import format_bytes
+
 # -- pure formatting (unit-tested) ----------------------------------------------------------------
 
 
@@ -291,17 +293,6 @@ def _db_facts(dag_ids: list[str]) -> DbFacts:
     return facts
 
 
-def _size(n: int) -> str:
-    if n < 1024:
-        return f"{n} B"
-    value = float(n)
-    for unit in ("KiB", "MiB", "GiB", "TiB"):
-        value /= 1024
-        if value < 1024 or unit == "TiB":
-            break
-    return f"{value:.1f} {unit}"
-
-
 def format_gc_table(root: str, items: list[Any], dry_run: bool, summary: dict[str, Any] | None) -> str:
     """Render gc's plan (or what it removed) as a plain-text table, one row per path."""
     header = ("reason", "bytes", "path", "why")
@@ -313,10 +304,10 @@ def format_gc_table(root: str, items: list[Any], dry_run: bool, summary: dict[st
         lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     total = sum(i.bytes for i in items)
     if dry_run:
-        lines.append(f"dry run: would remove {len(items)} paths, {_size(total)} ({total} bytes)")
+        lines.append(f"dry run: would remove {len(items)} paths, {format_bytes(total)} ({total} bytes)")
     else:
         assert summary is not None
-        lines.append(f"removed {summary['removed']} paths, {_size(summary['bytes'])} ({summary['bytes']} bytes)")
+        lines.append(f"removed {summary['removed']} paths, {format_bytes(summary['bytes'])} ({summary['bytes']} bytes)")
         lines += [f"error: {e['path']}: {e['error']}" for e in summary["errors"]]
     return "\n".join(lines)
 

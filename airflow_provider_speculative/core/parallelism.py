@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import Any
 
+from airflow_provider_speculative.core.units import format_bytes
+
 AUTO = "auto"
 
 
@@ -152,14 +154,6 @@ def skew_message(entry: dict[str, Any]) -> str:
     return f"{head}; not split ({entry['reason']})"
 
 
-def _size(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n} B"  # pragma: no cover
-
-
 def describe_decision(decision: dict[str, Any] | None) -> str:
     """One line on how a stage's parallelism was decided (status and stage view)."""
     if not decision or decision.get("mode") != AUTO:
@@ -169,5 +163,5 @@ def describe_decision(decision: dict[str, Any] | None) -> str:
         sources = ", ".join(decision["inherited_from"])
         return f"auto: {decision['chosen']}, inherited through pointwise input from {sources}"
     files = f", {decision['files']} source files" if decision.get("files") is not None else ""
-    return (f"auto: {_size(decision['bytes'])} / {_size(decision['per_subtask'])} per subtask -> "
+    return (f"auto: {format_bytes(decision['bytes'])} / {format_bytes(decision['per_subtask'])} per subtask -> "
             f"{decision['wanted']}, {bounds}{files}: {decision['chosen']} (bounded by {decision['bounded_by']})")
