@@ -14,19 +14,13 @@ from urllib.parse import urlencode, urlsplit
 
 from airflow.sdk import BaseOperatorLink
 
+from airflow_provider_speculative.settings import airflow_conf
+
 if TYPE_CHECKING:
     from airflow.sdk.types import TaskInstanceKey
 
 URL_PREFIX = "/speculative"
 log = logging.getLogger(__name__)
-
-
-def _conf() -> Any:
-    try:
-        from airflow.sdk.configuration import conf
-    except ImportError:  # pragma: no cover - older layouts
-        from airflow.configuration import conf
-    return conf
 
 
 def spark_history_url() -> str:
@@ -39,7 +33,7 @@ def spark_history_url() -> str:
     from airflow_provider_speculative.core.urls import safe_http_url
     from airflow_provider_speculative.exceptions import ConfigError
 
-    raw = _conf().get("speculative", "spark_history_url", fallback="") or ""
+    raw = airflow_conf().get("speculative", "spark_history_url", fallback="") or ""
     try:
         value = str(parse_option("spark_history_url", raw, "airflow configuration")).strip()
     except ConfigError as exc:
@@ -51,13 +45,13 @@ def spark_history_url() -> str:
 
 def base_path() -> str:
     """Path the plugin app is served under: ``[api] base_url``'s path + ``/speculative``."""
-    base = _conf().get("api", "base_url", fallback="") or ""
+    base = airflow_conf().get("api", "base_url", fallback="") or ""
     return urlsplit(base).path.rstrip("/") + URL_PREFIX
 
 
 def plugin_url(route: str, **params: str) -> str:
     """URL of a plugin page; absolute when ``[api] base_url`` names a host, else a path on the api-server."""
-    base = (_conf().get("api", "base_url", fallback="") or "").rstrip("/")
+    base = (airflow_conf().get("api", "base_url", fallback="") or "").rstrip("/")
     if not urlsplit(base).netloc:
         base = urlsplit(base).path.rstrip("/")
     return f"{base}{URL_PREFIX}{route}?{urlencode(params)}"

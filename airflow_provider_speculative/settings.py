@@ -18,7 +18,8 @@ from airflow_provider_speculative.store.layout import default_store_root
 log = logging.getLogger(__name__)
 
 
-def _conf() -> Any:
+def airflow_conf() -> Any:
+    """Airflow's configuration object (the Task SDK's where it exists)."""
     try:
         from airflow.sdk.configuration import conf
     except ImportError:  # pragma: no cover - older layouts
@@ -48,7 +49,7 @@ def warn_unknown_options(conf: Any) -> list[str]:
 
 def airflow_config() -> SpeculativeConfig:
     """The section's values as Airflow sees them (airflow.cfg, AIRFLOW__SPECULATIVE__* env, defaults)."""
-    conf = _conf()
+    conf = airflow_conf()
     warn_unknown_options(conf)
     values = {o.name: conf.get(SECTION, o.name) for o in OPTIONS if conf.has_option(SECTION, o.name)}
     return SpeculativeConfig().with_overrides(values, "airflow configuration")
@@ -66,7 +67,7 @@ def metadata_db_identity() -> dict[str, str] | None:
     from airflow_provider_speculative.store.identity import db_identity
 
     try:
-        url = _conf().get("database", "sql_alchemy_conn")
+        url = airflow_conf().get("database", "sql_alchemy_conn")
     except Exception:  # a worker without database settings: the store is claimed elsewhere
         return None
     try:
