@@ -73,14 +73,17 @@ def create_exclusive_json(path: str | Path, obj: Any) -> bool:
 
 
 def read_json(path: str | Path, default: Any = None) -> Any:
-    """Read JSON from ``path``; return ``default`` if it does not exist."""
+    """Read JSON from ``path``; return ``default`` if it does not exist, else raise StoreError naming it."""
     try:
         with open(path) as handle:
             return json.load(handle)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # a file where a directory should be: not there either
         return default
-    except json.JSONDecodeError as exc:
-        raise StoreError(f"corrupt JSON in {path}: {exc}") from exc
+    except ValueError as exc:  # JSON errors, undecodable bytes, a NUL byte in the path
+        raise StoreError(f"corrupt JSON in {path}: {exc}" if isinstance(exc, json.JSONDecodeError | UnicodeError)
+                         else f"cannot read {path!r}: {exc}") from exc
+    except OSError as exc:  # a directory, no permission, a name too long: one error naming the path
+        raise StoreError(f"cannot read {path}: {exc.strerror or exc}") from exc
 
 
 def append_jsonl(path: str | Path, record: dict[str, Any]) -> None:
@@ -106,8 +109,10 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
             for line in handle:
                 with contextlib.suppress(json.JSONDecodeError):
                     records.append(json.loads(line))
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         return []
+    except (OSError, ValueError) as exc:
+        raise StoreError(f"cannot read {path!r}: {exc}") from exc
     return records
 
 
