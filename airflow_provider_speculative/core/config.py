@@ -7,7 +7,7 @@ import math
 import os
 import re
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, fields, make_dataclass, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from airflow_provider_speculative.exceptions import ConfigError
@@ -546,33 +546,54 @@ def default_strings() -> dict[str, str]:
     return {o.name: o.show_default() for o in OPTIONS}
 
 
-def _with_overrides(self: Any, overrides: dict[str, Any] | None, where: str) -> Any:
-    """Return a copy with ``overrides`` applied; ``where`` names the source in error messages."""
-    if not overrides:
-        return self
-    parsed = {name: parse_option(name, value, where) for name, value in overrides.items()}
-    return replace(self, **parsed)
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """All options of the ``[speculative]`` section, after parsing and validation.
 
+    Fields are declared here for readers and type checkers; names and defaults must equal :data:`OPTIONS`
+    (which holds each option's parser and documentation), and a unit test keeps them equal.
+    """
 
-def _to_json(self: Any) -> dict[str, Any]:
-    """Serialise to plain JSON types (for plan.json and trigger kwargs)."""
-    out = {f.name: getattr(self, f.name) for f in fields(self)}
-    out["targets"] = [asdict(t) for t in self.targets]
-    out["fault_injection"] = self.fault_injection.to_json()
-    return out
+    enabled: bool = False
+    max_concurrent_executions: int = 2
+    block_slow_node_duration: float = 60.0
+    check_interval: float = 1.0
+    fork_server: bool = True
+    baseline_lower_bound: float | None = None  # None: 'auto', derived from start-up times (core/detector.py)
+    baseline_ratio: float = 0.75
+    baseline_multiplier: float = 1.5
+    normalize_by_input_bytes: bool = True
+    max_failures_per_subtask: int = 3
+    max_failures_per_stage: int = 10
+    retention: float = 86400.0
+    data_volume_per_subtask: int = 128 * 1024 ** 2
+    broadcast_max_bytes: int = 256 * 1024 ** 2
+    balanced_exchange_ranges: bool = True
+    failover_strategy: str = "region"
+    slot_wait_timeout: float = 600.0
+    hybrid_min_admitted_share: float = 0.5
+    hybrid_input_timeout: float = 3600.0
+    executor_loss_timeout: float = 60.0
+    store_path: str = ""
+    spark_history_url: str = ""
+    targets: tuple[Target, ...] = DEFAULT_TARGETS
+    fault_injection: FaultInjection = field(default_factory=FaultInjection)
 
+    def with_overrides(self, overrides: dict[str, Any] | None, where: str) -> SpeculativeConfig:
+        """Return a copy with ``overrides`` applied; ``where`` names the source in error messages."""
+        if not overrides:
+            return self
+        parsed = {name: parse_option(name, value, where) for name, value in overrides.items()}
+        return replace(self, **parsed)
 
-def _from_json(cls: type, data: dict[str, Any]) -> Any:
-    """Inverse of ``to_json``."""
-    return cls().with_overrides(data, "plan")
+    def to_json(self) -> dict[str, Any]:
+        """Serialise to plain JSON types (for plan.json and trigger kwargs)."""
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["targets"] = [asdict(t) for t in self.targets]
+        out["fault_injection"] = self.fault_injection.to_json()
+        return out
 
-
-# Fields, types and defaults come from OPTIONS; a mutable default is copied per instance.
-SpeculativeConfig = make_dataclass(
-    "SpeculativeConfig",
-    [(o.name, o.annotation, field(default_factory=lambda o=o: o.default)) for o in OPTIONS],
-    frozen=True,
-    namespace={"__doc__": "All options of the ``[speculative]`` section, after parsing and validation.",
-               "with_overrides": _with_overrides, "to_json": _to_json, "from_json": classmethod(_from_json),
-               "__module__": __name__},
-)
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> SpeculativeConfig:
+        """Inverse of ``to_json``."""
+        return cls().with_overrides(data, "plan")

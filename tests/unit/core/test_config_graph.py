@@ -403,3 +403,15 @@ def test_misspelled_options_in_airflow_config_are_warned_with_the_known_ones(
     assert cfg.enabled is False  # the misspelling is not applied, but named
     text = "\n".join(warnings)
     assert "unknown option(s) enable" in text and "known options: enabled, max_concurrent_executions" in text
+
+
+def test_declared_config_fields_are_the_option_table() -> None:
+    from dataclasses import fields
+
+    from airflow_provider_speculative.core.config import OPTIONS
+
+    declared = {f.name: f for f in fields(SpeculativeConfig)}
+    assert list(declared) == [o.name for o in OPTIONS]
+    config = SpeculativeConfig()
+    for option in OPTIONS:
+        assert getattr(config, option.name) == option.default, option.name
