@@ -82,6 +82,7 @@ unit: install
 
 lint: install
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 
 bench: install java-check data
 	$(PY) bench/speculation.py

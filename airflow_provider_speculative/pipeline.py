@@ -114,14 +114,14 @@ class Pipeline:
         if name in self.stages:
             raise PipelineError(f"pipeline {self.name!r}: duplicate stage name {name!r}")
         resolved: dict[str, SourceSpec | ExchangeSpec] = {}
-        for input_name, spec in (inputs or {}).items():
-            if isinstance(spec, Stage):
+        for input_name, given in (inputs or {}).items():
+            if isinstance(given, Stage):
                 raise PipelineError(f"pipeline {self.name!r}, stage {name!r}: input {input_name!r} is a stage; "
                                     "wrap it in all_to_all(stage, key=...) or pointwise(stage)")
-            if not isinstance(spec, SourceSpec | ExchangeSpec):
+            if not isinstance(given, SourceSpec | ExchangeSpec):
                 raise PipelineError(f"pipeline {self.name!r}, stage {name!r}: input {input_name!r} must be a "
-                                    f"source, all_to_all(...) or pointwise(...), got {type(spec).__name__}")
-            resolved[input_name] = spec
+                                    f"source, all_to_all(...) or pointwise(...), got {type(given).__name__}")
+            resolved[input_name] = given
         if sink is not None and not isinstance(sink, Sink):
             raise PipelineError(
                 f"pipeline {self.name!r}, stage {name!r}: sink must be a Sink, got {type(sink).__name__}")

@@ -35,7 +35,7 @@ HOST = socket.gethostname()
 # A pid verified against its create time is trusted, between signal-0 probes, for this long: reading
 # /proc through psutil costs ~100 us, and a supervisor's pid cannot be reused while it still runs.
 PID_REVERIFY = 30.0
-_VERIFIED: dict[tuple[int, Any], float] = {}
+_VERIFIED: dict[tuple[int, Any, Any], float] = {}
 # The last status read per attempt directory, shared by every backend instance of the process (a
 # controller's observer and its per-target backends): what probe() checks between full polls.
 _SEEN: dict[str, dict[str, Any]] = {}

@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None, warm: bool = False) -> int:
     if args.daemonize:
         os.write(_READY_FD[0], b"1")
         os.close(_READY_FD[0])
-    cancelled = {"signal": None}
+    cancelled: dict[str, int | None] = {"signal": None}
 
     def on_term(signum: int, _frame: object) -> None:
         cancelled["signal"] = signum

@@ -287,9 +287,9 @@ def _db_facts(dag_ids: list[str]) -> DbFacts:
         facts.known_dags = set(session.scalars(select(DagModel.dag_id).where(DagModel.dag_id.in_(dag_ids))))
         logged = session.execute(select(Log.event, Log.dag_id, Log.run_id).where(
             Log.dag_id.in_(dag_ids), Log.event.in_(("delete_dag_run", "delete_dag")))).all()
-    facts.deleted_runs = {(d, r) for event, d, r in logged if event == "delete_dag_run" and r}
+    facts.deleted_runs = {(str(d), r) for event, d, r in logged if event == "delete_dag_run" and r}
     # A DAG deleted and later re-added is known again: its runs then need their own deletion record.
-    facts.deleted_dags = {d for event, d, _ in logged if event == "delete_dag"} - facts.known_dags
+    facts.deleted_dags = {str(d) for event, d, _ in logged if event == "delete_dag"} - facts.known_dags
     return facts
 
 

@@ -313,7 +313,7 @@ def execute_gc(items: Iterable[GcItem], *, now: float | None = None) -> dict[str
         elif item.reason == DELETED_RUN:
             # The DAG's directory goes too once its last run is gone.
             with contextlib.suppress(OSError):
-                item.path.parent.rmdir()
+                Path(item.path).parent.rmdir()
     for stage_dir, removed in done.items():
         if not stage_dir.is_dir():
             continue
@@ -333,6 +333,7 @@ def _remove_sink_staging(items: list[GcItem], summary: dict[str, Any]) -> set[st
         assert item.scope is not None and item.sink is not None
         scopes.setdefault((item.scope.dag_id, item.scope.run_id, item.scope.stage), item)
     for item in scopes.values():
+        assert item.scope is not None and item.sink is not None
         try:
             removed.update(Sink.from_json(item.sink).cleanup_staging(item.scope))
         except Exception as exc:

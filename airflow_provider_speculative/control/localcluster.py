@@ -21,6 +21,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -115,15 +116,15 @@ def spark_submit() -> str:
 
 def check_java(env: dict[str, str] | None = None) -> str:
     """The java binary Spark will use, or a :class:`LocalClusterError` saying how to provide one."""
-    env = os.environ if env is None else env
-    java_home = env.get("JAVA_HOME")
+    environ: Mapping[str, str] = os.environ if env is None else env
+    java_home = environ.get("JAVA_HOME")
     if java_home:
         java = Path(java_home) / "bin" / "java"
         if not os.access(java, os.X_OK):
             raise LocalClusterError(f"JAVA_HOME={java_home} has no executable bin/java: point JAVA_HOME "
                                     "at a Java 17+ installation or unset it to use java from PATH")
         return str(java)
-    found = shutil.which("java", path=env.get("PATH"))
+    found = shutil.which("java", path=environ.get("PATH"))
     if not found:
         raise LocalClusterError("Java not found: java is not on PATH and JAVA_HOME is not set; "
                                 "Spark needs Java 17+ (e.g. apt-get install openjdk-17-jre-headless)")

@@ -48,7 +48,7 @@ def plan_rerun(root: Path, dag_id: str, run_id: str, stage: str, subtasks: list[
     graph, plans = graph_from_plans(root, dag_id, run_id)
     if stage not in graph.stages:
         raise NotFoundError(f"stage {stage!r} not found in dag {dag_id!r} run {run_id!r} (stages: {', '.join(plans)})")
-    parallelism = graph.stages[stage].parallelism
+    parallelism = int(plans[stage]["parallelism"])
     bad = [s for s in subtasks or [] if not 0 <= s < parallelism]
     if bad:
         raise ValueError(f"stage {stage!r} has subtasks 0..{parallelism - 1}; no subtask {bad}")
@@ -67,7 +67,7 @@ def in_flight_reads(root: Path, dag_id: str, run_id: str, graph: PipelineGraph) 
     for stage in sorted(hybrid):
         layout = StageLayout(Path(root), dag_id, run_id, stage)
         observer = attempt_observer(layout)
-        for subtask in range(graph.stages[stage].parallelism):
+        for subtask in range(plans_parallelism(graph, stage)):
             for number in layout.attempt_numbers(subtask):
                 attempt = observer.poll(subtask, number)
                 if attempt.live and attempt.progress.get("reads"):
@@ -105,3 +105,11 @@ def invalidate_region(root: Path, dag_id: str, run_id: str, region: Region, reas
         layout.committed.unlink(missing_ok=True)
         journal.record(layout.journal, "rerun_invalidated", subtasks=sorted(subtasks), reason=reason)
     return done
+
+
+def plans_parallelism(graph: PipelineGraph, stage: str) -> int:
+    """A planned stage's subtask count (graph_from_plans records the decided one)."""
+    parallelism = graph.stages[stage].parallelism
+    if not isinstance(parallelism, int):
+        raise ValueError(f"stage {stage!r}: parallelism {parallelism!r} is not decided")
+    return parallelism

@@ -70,7 +70,7 @@ class StageOutputLocator:
         if self.run_id is not None:
             return [(self.run_id, StageLayout(self.root, self.dag_id, self.run_id, self.stage))]
         dag_dir = self.root / safe_component(self.dag_id)
-        found = []
+        found: list[tuple[str, StageLayout]] = []
         if not dag_dir.is_dir():
             return found
         for run_dir in sorted(dag_dir.iterdir()):

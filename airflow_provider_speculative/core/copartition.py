@@ -72,7 +72,7 @@ def check_key_types(where: str, inputs: Mapping[str, tuple[Sequence[str], Sequen
     for name, (key, schemas) in inputs.items():
         for schema in schemas:
             types = key_types(schema, key)
-            if types is None:
+            if types is None or schema is None:
                 continue
             for position, (column, spark_type) in enumerate(zip(key, types, strict=True)):
                 if spark_type is None:

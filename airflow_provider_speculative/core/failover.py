@@ -89,7 +89,7 @@ def rerun_region(graph: PipelineGraph, stage: str, subtasks: set[int] | None, st
     consumer follows the blocking rule above.
     """
     region = Region()
-    first = set(range(graph.stages[stage].parallelism)) if subtasks is None or strategy == "all" else set(subtasks)
+    first = set(range(_decided(graph, stage))) if subtasks is None or strategy == "all" else set(subtasks)
     region.add(stage, first)
     region.requested = {stage: set(first)}
     for name in graph.topological_order():
@@ -106,9 +106,17 @@ def rerun_region(graph: PipelineGraph, stage: str, subtasks: set[int] | None, st
         if not rerun or (not downstream and graph.stages[name].deterministic):
             continue
         for consumer, _, spec in graph.consumers(name):
-            parallelism = graph.stages[consumer].parallelism
+            parallelism = _decided(graph, consumer)
             if spec.distribution == "pointwise" and strategy != "all":
                 region.add(consumer, {s for s in rerun if s < parallelism})
             else:
                 region.add(consumer, set(range(parallelism)))
     return region
+
+
+def _decided(graph: PipelineGraph, stage: str) -> int:
+    """A stage's subtask count; the graph must be the run's (built from its plans: 'auto' decided)."""
+    parallelism = graph.stages[stage].parallelism
+    if not isinstance(parallelism, int):
+        raise ValueError(f"stage {stage!r}: parallelism {parallelism!r} is not decided; use the run's planned graph")
+    return parallelism

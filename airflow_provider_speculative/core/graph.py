@@ -108,7 +108,7 @@ class PipelineGraph:
                                              and s.distribution == "all_to_all") != 1:
                 # Splitting one side of a join would need the other side replicated (not supported).
                 raise PipelineError(f"{where}: splittable_skew needs exactly one all_to_all input")
-            if not stage.auto and stage.max_parallelism < stage.parallelism:
+            if isinstance(stage.parallelism, int) and stage.max_parallelism < stage.parallelism:
                 raise PipelineError(
                     f"{where}: max_parallelism ({stage.max_parallelism!r}) must be >= "
                     f"parallelism ({stage.parallelism})")
@@ -170,7 +170,7 @@ class PipelineGraph:
                 raise PipelineError(f"{where}: all_to_all input {input_name!r} needs a key: a column name or a "
                                     f"list of column names, none empty; got {key!r}")
             producer = self.stages[spec.upstream]
-            if not stage.auto and stage.parallelism > producer.max_parallelism:
+            if isinstance(stage.parallelism, int) and stage.parallelism > producer.max_parallelism:
                 # The producer hash-partitions into max_parallelism subpartitions: a consumer reads at least one.
                 raise PipelineError(
                     f"{where}: all_to_all input {input_name!r} has {stage.parallelism} consumers but its producer "
@@ -199,12 +199,12 @@ class PipelineGraph:
         broadcast = [n for n, s in stage.inputs.items() if (isinstance(s, SourceSpec) and s.broadcast)
                      or (isinstance(s, ExchangeSpec) and s.distribution == "broadcast")]
         if partitioned and split:
-            (name, spec), (other, other_spec) = split[0], partitioned[0]
+            (name, split_spec), (other, hashed) = split[0], partitioned[0]
             raise PipelineError(
-                f"{where}: input {name!r} is {_split_kind(spec)} while input {other!r} is hash-partitioned on "
-                f"{list(other_spec.key)}, so each subtask would see only its own part of {name!r} and rows would "
-                f"miss their partners. Declare it broadcast({_broadcast_hint(spec)}) to give every subtask all of "
-                f"it, or hash-partition it too: all_to_all(<its stage>, key=...)")
+                f"{where}: input {name!r} is {_split_kind(split_spec)} while input {other!r} is hash-partitioned on "
+                f"{list(hashed.key)}, so each subtask would see only its own part of {name!r} and rows would "
+                f"miss their partners. Declare it broadcast({_broadcast_hint(split_spec)}) to give every subtask "
+                f"all of it, or hash-partition it too: all_to_all(<its stage>, key=...)")
         if len(split) > 1:
             (name, spec), (other, other_spec) = split[0], split[1]
             raise PipelineError(

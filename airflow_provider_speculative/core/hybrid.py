@@ -39,7 +39,7 @@ def hybrid_edges(plan: Mapping[str, Any]) -> dict[str, HybridEdge]:
             continue
         ranges = tuple(tuple(s["inputs"][name]["producers"]) for s in plan["subtasks"])
         edges[name] = HybridEdge(name, entry["upstream"], entry["distribution"],
-                                 int(entry["producer_parallelism"]), ranges)  # type: ignore[arg-type]
+                                 int(entry["producer_parallelism"]), ranges)
     return edges
 
 

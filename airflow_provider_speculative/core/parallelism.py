@@ -126,7 +126,7 @@ def _split_skew(per_producer: list[list[int]], per_sp: list[int], n: int,
     if len(units) > n or sum(caps) < n:
         return None
     alloc = [1] * len(units)
-    heap = [(-sizes[i], i) for i in range(len(units)) if caps[i] > 1]
+    heap: list[tuple[float, int]] = [(-sizes[i], i) for i in range(len(units)) if caps[i] > 1]
     heapq.heapify(heap)
     for _ in range(n - len(units)):
         _, i = heapq.heappop(heap)

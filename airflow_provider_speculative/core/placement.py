@@ -67,7 +67,7 @@ def kubernetes_pod_template(blocked: Iterable[str], base: dict[str, Any] | None 
     separate term would not exclude anything); ``base`` is not modified.
     """
     nodes = sorted(set(blocked))
-    template = copy.deepcopy(base) if base else {"apiVersion": "v1", "kind": "Pod"}
+    template: dict[str, Any] = copy.deepcopy(base) if base else {"apiVersion": "v1", "kind": "Pod"}
     if not nodes:
         return template
     expression = {"key": label_key, "operator": "NotIn", "values": nodes}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Any
 
 
 class AttemptState(StrEnum):
@@ -80,9 +81,9 @@ class Attempt:
     exit_code: int | None = None
     cause: str | None = None
     input_bytes: int | None = None
-    progress: dict = field(default_factory=dict)
+    progress: dict[str, Any] = field(default_factory=dict)
     # For a failure caused by an input partition: {"kind": "partition", "stage": producer, "subtask": p}.
-    failure: dict | None = None
+    failure: dict[str, Any] | None = None
     # The Spark application the attempt's work ran in (its own driver, or the Connect server's).
     app_id: str | None = None
     # Launch requested, and the attempt's Spark session ready: startup_seconds is the difference.

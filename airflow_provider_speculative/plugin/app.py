@@ -55,7 +55,7 @@ def create_app(store: Path | None = None) -> FastAPI:
     # Exposed so tests can replace exactly these dependencies (FastAPI overrides are keyed by callable).
     app.state.access = {"run": read_run, "task_instance": read_task}
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
-    app.add_exception_handler(StarletteHTTPException, _login_redirect)
+    app.add_exception_handler(StarletteHTTPException, _login_redirect)  # type: ignore[arg-type]
 
     @app.middleware("http")
     async def security_headers(request: Request, call_next: Any) -> Response:

@@ -126,7 +126,7 @@ class StageContext:
                                   attempt_tag(self.plan["dag_id"], self.stage, self.subtask, self.attempt))
             self._spark, self._remote = opened.spark, opened.remote
             if opened.remote:
-                self._spark.registerProgressHandler(self._on_remote_progress)
+                self._spark.registerProgressHandler(self._on_remote_progress)  # type: ignore[arg-type]
             self._session_info = {"app_id": opened.app_id, "session_ready_at": time.time(),
                                   "remote": opened.remote}
             self._heartbeat.beat(self._heartbeat.phase)
@@ -214,7 +214,7 @@ class StageContext:
         """Where this attempt's executors run (its node), and the watchdog for executors lost with their node."""
         assert self._spark is not None
         sc = self._spark.sparkContext
-        if sc.master.startswith("local"):
+        if (sc.master or "").startswith("local"):
             return {}  # the driver is the only executor: the node is the target's label
         hosts = executor_hosts(sc)
         for host in hosts:

@@ -57,7 +57,7 @@ def provider_plan(run_dir: Path) -> dict[str, Any] | None:
         names = (plan.get("dag_id"), plan.get("run_id"), plan.get("stage"))
         if not all(isinstance(n, str) and n for n in names):
             continue
-        dag_id, run_id, stage = names
+        dag_id, run_id, stage = (str(n) for n in names)
         if (safe_component(dag_id), safe_component(run_id), safe_component(stage)) == (
                 run_dir.parent.name, run_dir.name, stage_dir.name):
             return plan
@@ -151,7 +151,8 @@ def db_identity(url: str) -> dict[str, str]:
 
 def read_store_identity(root: str | Path) -> dict[str, Any] | None:
     """The store's record of its metadata database, or None if it has none."""
-    return read_json(Path(root) / STORE_FILE)
+    record: dict[str, Any] | None = read_json(Path(root) / STORE_FILE)
+    return record
 
 
 def claim_store(root: str | Path, identity: dict[str, str]) -> dict[str, Any]:

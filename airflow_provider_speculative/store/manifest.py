@@ -38,7 +38,8 @@ def write_manifest(manifest_path: str | Path, manifest: dict[str, Any]) -> None:
 
 def read_manifest(manifest_path: str | Path) -> dict[str, Any] | None:
     """Read a manifest, or None if the attempt has not completed its output."""
-    return read_json(manifest_path)
+    manifest: dict[str, Any] | None = read_json(manifest_path)
+    return manifest
 
 
 def verify_files(data_dir: str | Path, files: list[dict[str, Any]], *, checksums: bool = True,

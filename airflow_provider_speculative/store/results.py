@@ -66,7 +66,7 @@ def committed_files(layout: StageLayout, subtask: int, attempt: int) -> list[dic
 
 def read_committed(layout: StageLayout) -> dict[str, Any]:
     """Read a stage's committed results or raise naming the stage that has none."""
-    record = read_json(layout.committed)
+    record: dict[str, Any] | None = read_json(layout.committed)
     if record is None:
         raise StoreError(f"stage {layout.stage!r} has no committed result at {layout.committed}")
     return record

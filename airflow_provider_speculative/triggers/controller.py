@@ -100,6 +100,7 @@ class StageControllerTrigger(BaseTrigger):
 
     def _commit(self, controller: StageController, payload: dict[str, Any]) -> dict[str, Any]:
         plan, layout = controller.plan, controller.layout
+        assert self.commit is not None  # only called when _ends_here
         commit_admitted(plan, layout, payload, try_number=self.commit["try_number"],
                         clear_number=self.commit["clear_number"], by="triggerer")
         removed, _ = remove_losers(layout, plan["parallelism"], admitted_of(payload))
