@@ -20,7 +20,6 @@ import json
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -34,6 +33,8 @@ from typing import Any
 from urllib.parse import quote
 
 import psutil
+
+from tests.processes import free_port, group_processes, processes_mentioning, tail, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 LINEITEM = REPO / ".data" / "tpch" / "lineitem"
@@ -51,52 +52,8 @@ HEALTH_KEYS = {"scheduler": "scheduler", "triggerer": "triggerer", "dag-processo
 
 def wait_until(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 1.0,
                on_timeout: Callable[[], str] | None = None) -> Any:
-    """Poll ``predicate`` until it returns something truthy; fail naming ``what`` after ``timeout`` s."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            detail = on_timeout() if on_timeout else ""
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}\n{detail}")
-        time.sleep(interval)
-
-
-def free_port() -> int:
-    """A TCP port that was free a moment ago."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def tail(path: Path, lines: int = 60) -> str:
-    """The last ``lines`` lines of a text file (or why it could not be read)."""
-    try:
-        text = path.read_text(errors="replace").splitlines()
-    except OSError as exc:
-        return f"({path}: {exc})"
-    return "\n".join(text[-lines:])
-
-
-def processes_mentioning(text: str) -> list[psutil.Process]:
-    """Live (non-zombie) processes whose command line mentions ``text``."""
-    found = []
-    for proc in psutil.process_iter(["pid", "cmdline", "status"]):
-        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
-            if proc.info["status"] != psutil.STATUS_ZOMBIE and any(text in a for a in proc.info["cmdline"] or []):
-                found.append(proc)
-    return found
-
-
-def group_processes(pgid: int) -> list[psutil.Process]:
-    """Live (non-zombie) processes of the process group ``pgid``."""
-    found = []
-    for proc in psutil.process_iter(["pid", "status"]):
-        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied, ProcessLookupError):
-            if os.getpgid(proc.pid) == pgid and proc.info["status"] != psutil.STATUS_ZOMBIE:
-                found.append(proc)
-    return found
+    """:func:`tests.processes.wait_for` at the pace of Airflow's components (1 s)."""
+    return wait_for(predicate, timeout, what, interval, on_timeout)
 
 
 def describe(procs: list[psutil.Process]) -> str:
@@ -152,6 +109,10 @@ def _parse_time(value: str | None) -> datetime | None:
 
 
 # -- the database -------------------------------------------------------------------------------
+
+
+__all__ = ["AirflowCluster", "PostgresDatabase", "cluster_env", "describe", "free_port", "group_processes",
+           "kill_leftovers", "parse_json_output", "processes_mentioning", "tail", "wait_until"]
 
 
 @dataclass

@@ -2,49 +2,15 @@
 
 from __future__ import annotations
 
-import contextlib
-import os
 import socket
 import threading
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import psutil
+from tests.processes import group_processes, processes_mentioning, wait_for
 
 HERE = Path(__file__).resolve().parent
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.5) -> Any:
-    """Poll ``predicate`` until it returns something truthy or ``timeout`` passes (then fail naming ``what``)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-
-
-def group_processes(pgid: int) -> list[psutil.Process]:
-    """Live (non-zombie) processes of a process group."""
-    found = []
-    for proc in psutil.process_iter(["pid", "status"]):
-        with contextlib.suppress(psutil.NoSuchProcess, ProcessLookupError, psutil.AccessDenied):
-            if os.getpgid(proc.pid) == pgid and proc.info["status"] != psutil.STATUS_ZOMBIE:
-                found.append(proc)
-    return found
-
-
-def processes_mentioning(text: str) -> list[psutil.Process]:
-    """Live processes whose command line mentions ``text`` (e.g. a store path)."""
-    found = []
-    for proc in psutil.process_iter(["pid", "cmdline", "status"]):
-        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
-            if proc.info["status"] != psutil.STATUS_ZOMBIE and any(text in arg for arg in proc.info["cmdline"] or []):
-                found.append(proc)
-    return found
+__all__ = ["HERE", "StatsdCapture", "group_processes", "load_dag", "processes_mentioning", "wait_for"]
 
 
 class StatsdCapture:

@@ -12,7 +12,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -30,6 +29,7 @@ from airflow_provider_speculative.store.files import atomic_write_json, read_jso
 from airflow_provider_speculative.store.layout import StageLayout
 from tests.conftest import REPO, TEST_ENV
 from tests.integration.spark_helpers import HERE, load_dag, wait_for
+from tests.processes import free_port
 
 pytestmark = [pytest.mark.timeout(1800)]
 
@@ -80,18 +80,12 @@ def finished_run(airflow_db: Path, request: pytest.FixtureRequest) -> str:
 # -- the api-server ------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 class ApiServer:
     """A running ``airflow api-server`` subprocess with its base URL and log."""
 
     def __init__(self, home: Path) -> None:
         self.home = home
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = home / "api-server.log"
         passwords = home / "passwords.json"
