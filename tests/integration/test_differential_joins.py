@@ -286,10 +286,20 @@ def _seeded_data() -> dict[str, tuple[pa.Table, list[int]]]:
     return {"fact": (fact, [3, 0, 5]), "d1": (d1, [2, 3]), "d2": (d2, [4]), "d3": (d3, [1])}
 
 
+def _broadcast_shape() -> Shape:
+    # Hash-partitioned fact side beside broadcast dimensions (a stage, then a source), more fact subtasks
+    # than files (an empty split), an empty dimension file, and a pointwise final input.
+    return Shape(4, "coalesce(f_k2, 0) >= 0", False, [
+        JoinShape(DIMENSIONS[0], "broadcast_stage", "all_to_all", 3, "inner", 2),
+        JoinShape(DIMENSIONS[2], "broadcast_source", "all_to_all", 1, "left", 1)], None, final_input="pointwise")
+
+
 @settings(max_examples=6, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(shape=shapes(), data=tables())
 @example(shape=_seeded_shape(), data=_seeded_data())
+@example(shape=_broadcast_shape(), data={**_seeded_data(), "fact": (_seeded_data()["fact"][0], [0, 6, 2]),
+                                         "d1": (_seeded_data()["d1"][0], [0, 5])})
 def test_random_join_pipelines_equal_duckdb(shared_connect_pool: ConnectPool,
                                             tmp_path_factory: pytest.TempPathFactory, shape: Shape,
                                             data: dict[str, tuple[pa.Table, list[int]]]) -> None:
