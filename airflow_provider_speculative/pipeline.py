@@ -44,16 +44,23 @@ def _upstream_name(upstream: Stage | str) -> str:
     return upstream.name if isinstance(upstream, Stage) else str(upstream)
 
 
+def _origin(upstream: Stage | str) -> tuple[int, str] | None:
+    """Which Pipeline object a stage handle belongs to (None for a stage named by string)."""
+    return (id(upstream.pipeline), upstream.pipeline.name) if isinstance(upstream, Stage) else None
+
+
 def all_to_all(upstream: Stage | str, key: str | list[str] | tuple[str, ...], mode: str = "blocking") -> ExchangeSpec:
     """Read every upstream subtask's output, hash-partitioned on ``key``; each consumer reads a range."""
     # None, '' or [''] are kept as given: graph validation rejects them naming the stage and input.
     keys = (key,) if isinstance(key, str) else tuple(key) if isinstance(key, list | tuple) else key
-    return ExchangeSpec(upstream=_upstream_name(upstream), distribution="all_to_all", key=keys, mode=mode)  # type: ignore[arg-type]
+    return ExchangeSpec(upstream=_upstream_name(upstream), distribution="all_to_all", key=keys, mode=mode,  # type: ignore[arg-type]
+                        origin=_origin(upstream))
 
 
 def pointwise(upstream: Stage | str, mode: str = "blocking") -> ExchangeSpec:
     """Subtask i reads upstream subtask i's output (equal parallelism)."""
-    return ExchangeSpec(upstream=_upstream_name(upstream), distribution="pointwise", mode=mode)  # type: ignore[arg-type]
+    return ExchangeSpec(upstream=_upstream_name(upstream), distribution="pointwise", mode=mode,  # type: ignore[arg-type]
+                        origin=_origin(upstream))
 
 
 def broadcast(input: Stage | str | SourceSpec) -> ExchangeSpec | SourceSpec:
@@ -67,7 +74,7 @@ def broadcast(input: Stage | str | SourceSpec) -> ExchangeSpec | SourceSpec:
     if isinstance(input, ExchangeSpec):
         raise PipelineError(f"broadcast() takes a stage or a source, not {input.distribution}({input.upstream!r}); "
                             f"write broadcast({input.upstream!r})")
-    return ExchangeSpec(upstream=_upstream_name(input), distribution="broadcast")
+    return ExchangeSpec(upstream=_upstream_name(input), distribution="broadcast", origin=_origin(input))
 
 
 class Pipeline:
@@ -79,6 +86,13 @@ class Pipeline:
 
     def __init__(self, name: str, *, config: dict[str, Any] | None = None, dag: Any = None,
                  default_max_parallelism: int = 32, spark_conf: dict[str, str] | None = None) -> None:
+        if not isinstance(name, str) or not name.strip() or name != name.strip() or "/" in name or "\0" in name:
+            raise PipelineError(f"Pipeline name must be a non-empty string without surrounding spaces, '/' or NUL, "
+                                f"got {name!r}")
+        for what, value in (("config", config), ("spark_conf", spark_conf)):
+            if value is not None and not isinstance(value, dict):
+                raise PipelineError(f"pipeline {name!r}: {what} must be a dict of option -> value, got "
+                                    f"{type(value).__name__} {str(value)[:80]!r}")
         self.name = name
         self.config = dict(config or {})
         self.spark_conf = {str(k): str(v) for k, v in (spark_conf or {}).items()}
@@ -121,6 +135,11 @@ class Pipeline:
             if not isinstance(given, SourceSpec | ExchangeSpec):
                 raise PipelineError(f"pipeline {self.name!r}, stage {name!r}: input {input_name!r} must be a "
                                     f"source, all_to_all(...) or pointwise(...), got {type(given).__name__}")
+            if isinstance(given, ExchangeSpec) and given.origin is not None and given.origin[0] != id(self):
+                # Bound by name it would silently read this pipeline's stage of the same name.
+                raise PipelineError(f"pipeline {self.name!r}, stage {name!r}: input {input_name!r} reads stage "
+                                    f"{given.upstream!r} of another pipeline ({given.origin[1]!r}); a stage reads "
+                                    f"only stages of its own pipeline (across DAGs: StageOutputSensor and assets)")
             resolved[input_name] = given
         if sink is not None and not isinstance(sink, Sink):
             raise PipelineError(

@@ -43,6 +43,8 @@ class ExchangeSpec:
     distribution: Distribution = "all_to_all"
     key: tuple[str, ...] = ()
     mode: Mode = "blocking"
+    # (id, name) of the Pipeline whose stage handle made this edge; not part of the plan (to_json).
+    origin: tuple[int, str] | None = field(default=None, compare=False, repr=False)
 
     def to_json(self) -> dict[str, Any]:
         """Serialise for plan.json."""
@@ -116,6 +118,13 @@ class PipelineGraph:
                     or stage.application.strip() == "None":
                 raise PipelineError(f"{where}: application is required (a path or URL of a PySpark file), "
                                     f"got {stage.application!r}")
+            _check_application(where, stage.application)
+            for scope, overrides in (("stage", stage.config), ("pipeline", self.config)):
+                if "store_path" in (overrides or {}):
+                    # status, rerun, gc and the UI find runs through the deployment's store only.
+                    raise PipelineError(f"{where}: store_path cannot be set per {scope}; set [speculative] "
+                                        "store_path (airflow.cfg or AIRFLOW__SPECULATIVE__STORE_PATH) for the "
+                                        "deployment, where the CLI and the UI look")
             for input_name, spec in stage.inputs.items():
                 if isinstance(spec, SourceSpec):
                     _check_source(f"{where}, input {input_name!r}", spec)
@@ -166,9 +175,9 @@ class PipelineGraph:
         if spec.distribution == "all_to_all":
             key = spec.key
             if not key or not isinstance(key, tuple) \
-                    or not all(isinstance(k, str) and k.strip() for k in key):
+                    or not all(isinstance(k, str) and k.strip() and k == k.strip() for k in key):
                 raise PipelineError(f"{where}: all_to_all input {input_name!r} needs a key: a column name or a "
-                                    f"list of column names, none empty; got {key!r}")
+                                    f"list of column names, none empty or with surrounding spaces; got {key!r}")
             producer = self.stages[spec.upstream]
             if isinstance(stage.parallelism, int) and stage.parallelism > producer.max_parallelism:
                 # The producer hash-partitions into max_parallelism subpartitions: a consumer reads at least one.
@@ -338,6 +347,23 @@ class PipelineGraph:
         for name in self.stages:
             visit(name, [])
         return order
+
+
+# Schemes Spark can fetch an application from (spark-submit); a Connect target runs local files only.
+APPLICATION_SCHEMES = ("file", "local", "hdfs", "s3", "s3a", "gs", "abfs", "abfss", "wasb", "wasbs", "http", "https")
+
+
+def _check_application(where: str, application: str) -> None:
+    """A PySpark application is a .py file: a local path or a URL of a scheme Spark fetches."""
+    if "\0" in application:
+        raise PipelineError(f"{where}: application {application!r} contains a NUL byte")
+    scheme = application.split("://", 1)[0].lower() if "://" in application else ""
+    if scheme and scheme not in APPLICATION_SCHEMES:
+        raise PipelineError(f"{where}: application {application!r} has scheme {scheme!r}; use a local path or one "
+                            f"of {', '.join(APPLICATION_SCHEMES)}")
+    if not application.rstrip("/").endswith(".py"):
+        raise PipelineError(f"{where}: application {application!r} is not a .py file (a PySpark application "
+                            "using StageContext)")
 
 
 def _split_kind(spec: SourceSpec | ExchangeSpec) -> str:

@@ -110,6 +110,14 @@ class PostgresSink(Sink, SupportsConcurrentExecutionAttempts):
             if problem:
                 form = "[schema.]table" if parts == 2 else "an identifier"
                 raise PipelineError(f"{where}: {name} {value!r} is not {form}: {problem}")
+        table = str(self.table).lower()
+        if "{{" not in table:
+            schema = table.split(".")[0] if "." in table else "public"
+            if schema in _SYSTEM_SCHEMAS or schema.startswith("pg_"):
+                raise PipelineError(f"{where}: table {self.table!r} is in the system schema {schema!r}")
+            if table == str(self.ledger_table).lower() or schema == str(self.staging_schema).lower():
+                raise PipelineError(f"{where}: table {self.table!r} is the provider's own ledger or staging "
+                                    f"schema ({self.ledger_table!r}, {self.staging_schema!r}); choose another table")
         if self.database_uri is not None:
             self._check_asset_uri(where)
 
@@ -129,13 +137,17 @@ class PostgresSink(Sink, SupportsConcurrentExecutionAttempts):
             raise PipelineError(f"{where}: asset_uri {self.database_uri!r} is not usable: {problem}")
 
     def validate_plan(self, context: PlanContext) -> None:
-        """Check the rendered names before any attempt writes (no database access needed)."""
+        """Check the rendered names and that the connection exists and is a Postgres one, before any attempt."""
         try:
             self.validate(context.where)
             if "{{" in self.table:
                 raise PipelineError(f"{context.where}: table {self.table!r} was not rendered")
         except PipelineError as exc:
             raise PlanError(str(exc)) from None
+        conn_type = _connection_type(self.postgres_conn_id, context.where)
+        if conn_type not in ("postgres", "postgresql"):
+            raise PlanError(f"{context.where}: connection {self.postgres_conn_id!r} (postgres_conn_id) has type "
+                            f"{conn_type!r}, not 'postgres'")
 
     def describe(self) -> dict[str, Any]:
         """Constructor arguments."""
@@ -370,3 +382,17 @@ def _qualified(name: str) -> Any:
 
 def _lock_id(name: str) -> int:
     return int.from_bytes(hashlib.sha1(name.encode()).digest()[:8], "big", signed=True)
+
+
+_SYSTEM_SCHEMAS = {"pg_catalog", "information_schema", "pg_toast"}
+
+
+def _connection_type(conn_id: str, where: str) -> str | None:
+    """The type of an Airflow connection (on the worker, at plan), or a PlanError naming it if there is none."""
+    from airflow.sdk import BaseHook
+
+    try:
+        return BaseHook.get_connection(conn_id).conn_type
+    except Exception as exc:  # AirflowNotFoundException, or a secrets backend's own error
+        raise PlanError(f"{where}: connection {conn_id!r} (postgres_conn_id) cannot be found: "
+                        f"{type(exc).__name__}: {str(exc)[:200]}") from None

@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from airflow_provider_speculative.core.graph import ExchangeSpec
-from airflow_provider_speculative.exceptions import PipelineError, PlanError, TargetError
+from airflow_provider_speculative.exceptions import ConfigError, PipelineError, PlanError, TargetError
 from airflow_provider_speculative.pipeline import Pipeline, all_to_all, broadcast, parquet_source, pointwise
 from airflow_provider_speculative.sinks import ParquetSink, PostgresSink
 from airflow_provider_speculative.store.identity import own_store
@@ -100,6 +100,39 @@ def join_plan(tmp: Path, left_type: str, right_type: str) -> None:
     operator = SparkStageOperator(task_id="j", graph=p.graph(), stage="j")
     operator.execute({"dag": SimpleNamespace(dag_id="validation_dag"), "run_id": run_id,
                       "ti": SimpleNamespace(try_number=1), "logical_date": None, "dag_run": None})
+
+
+def deployment(**options: Any) -> Any:
+    """Options as airflow.cfg gives them (parsed like the deployment's [speculative] section)."""
+    from airflow_provider_speculative.core.config import SpeculativeConfig
+
+    return SpeculativeConfig().with_overrides(options, "airflow.cfg")
+
+
+def foreign_stage() -> None:
+    other = Pipeline("other")
+    a = other.stage("a", application=APP, parallelism=2, inputs={"rows": parquet_source("/data/rows")})
+    p = Pipeline("p")
+    p.stage("a", application=APP, parallelism=2, inputs={"rows": parquet_source("/data/rows")})
+    p.stage("b", application=APP, parallelism=2, inputs={"rows": pointwise(a)})
+
+
+def with_conn(conn_id: str, uri: str, action: Callable[[], Any]) -> Any:
+    """Run ``action`` with an Airflow connection defined in the environment."""
+    return with_conn_env(f"AIRFLOW_CONN_{conn_id.upper()}", uri, action)
+
+
+def with_conn_env(name: str, value: str, action: Callable[[], Any]) -> Any:
+    """Run ``action`` with ``name`` set in the environment (restored after)."""
+    before = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        return action()
+    finally:
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
 
 
 def auto_pointwise_into_fixed() -> None:
@@ -205,7 +238,8 @@ def foreign_store(tmp: Path) -> None:
     (shared / "dags" / "team_a").mkdir(parents=True)
     (shared / "dags" / "team_a" / "x.py").write_text("print('dag')")
     (shared / "projects").mkdir()
-    plan(tmp, config={"store_path": str(shared)})
+    # The deployment's store_path (a per-pipeline one is refused at parse).
+    with_conn_env("AIRFLOW__SPECULATIVE__STORE_PATH", str(shared), lambda: plan(tmp))
 
 
 def unknown_target(tmp: Path) -> None:
@@ -332,12 +366,37 @@ CASES = [
          r"stage 's', sink PostgresSink: table '' is not \[schema.\]table: it is empty"),
     Case("postgres-table-bad-identifier", lambda t: stage(sink=PostgresSink("public.my table")), PipelineError,
          r"sink PostgresSink: table 'public.my table' is not \[schema.\]table: 'my table' is not an unquoted"),
-    Case("store-path-relative", lambda t: stage(config={"store_path": "banana"}), PipelineError,
-         r"\[speculative\] store_path = 'banana' \(pipeline 'p'\): must be an absolute path"),
-    Case("store-path-root", lambda t: stage(config={"store_path": "file:///"}), PipelineError,
-         r"\[speculative\] store_path = 'file:///' \(pipeline 'p'\): must be a directory of its own, not /"),
-    Case("store-path-airflow-home", lambda t: stage(config={"store_path": os.environ["AIRFLOW_HOME"] + "/"}),
-         PipelineError, r"store_path = '.*' \(pipeline 'p'\): must be a directory of its own, not AIRFLOW_HOME"),
+    Case("store-path-relative", lambda t: deployment(store_path="banana"), ConfigError,
+         r"\[speculative\] store_path = 'banana' \(airflow.cfg\): must be an absolute path"),
+    Case("store-path-root", lambda t: deployment(store_path="file:///"), ConfigError,
+         r"\[speculative\] store_path = 'file:///' \(airflow.cfg\): must be a directory of its own, not /"),
+    Case("store-path-airflow-home", lambda t: deployment(store_path=os.environ["AIRFLOW_HOME"] + "/"),
+         ConfigError, r"store_path = '.*' \(airflow.cfg\): must be a directory of its own, not AIRFLOW_HOME"),
+    Case("store-path-per-pipeline", lambda t: stage(config={"store_path": "/data/store"}), PipelineError,
+         r"pipeline 'p', stage 's': store_path cannot be set per pipeline; set \[speculative\] store_path"),
+    Case("pipeline-name-empty", lambda t: Pipeline(""), PipelineError,
+         r"Pipeline name must be a non-empty string without surrounding spaces, '/' or NUL, got ''"),
+    Case("pipeline-config-string", lambda t: Pipeline("p", config="enabled=true"), PipelineError,
+         r"pipeline 'p': config must be a dict of option -> value, got str 'enabled=true'"),
+    Case("stage-of-another-pipeline", lambda t: foreign_stage(), PipelineError,
+         r"pipeline 'p', stage 'b': input 'rows' reads stage 'a' of another pipeline \('other'\)"),
+    Case("application-not-python", lambda t: stage(application="/apps/job.txt"), PipelineError,
+         r"pipeline 'p', stage 's': application '/apps/job.txt' is not a .py file"),
+    Case("application-unknown-scheme", lambda t: stage(application="ftp://host/app.py"), PipelineError,
+         r"pipeline 'p', stage 's': application 'ftp://host/app.py' has scheme 'ftp'"),
+    Case("application-nul", lambda t: stage(application="/apps/a\0.py"), PipelineError,
+         r"pipeline 'p', stage 's': application '/apps/a\\x00.py' contains a NUL byte"),
+    Case("key-surrounding-space", lambda t: two_stages(key=" k"), PipelineError,
+         r"all_to_all input 'partials' needs a key: .* none empty or with surrounding spaces; got \(' k',\)"),
+    Case("postgres-table-system-schema", lambda t: stage(sink=PostgresSink("pg_catalog.sales")), PipelineError,
+         r"sink PostgresSink: table 'pg_catalog.sales' is in the system schema 'pg_catalog'"),
+    Case("postgres-table-is-ledger", lambda t: stage(sink=PostgresSink("speculative_staging.commits")),
+         PipelineError, r"sink PostgresSink: table 'speculative_staging.commits' is the provider's own ledger"),
+    Case("postgres-conn-missing", lambda t: plan(t, sink=PostgresSink("sales", postgres_conn_id="no_such_pg")),
+         PlanError, r"stage 's', sink PostgresSink: connection 'no_such_pg' \(postgres_conn_id\) cannot be found"),
+    Case("postgres-conn-wrong-type", lambda t: with_conn("not_pg", "http://example.invalid", lambda: plan(
+        t, sink=PostgresSink("sales", postgres_conn_id="not_pg"))), PlanError,
+         r"stage 's', sink PostgresSink: connection 'not_pg' \(postgres_conn_id\) has type 'http', not 'postgres'"),
     Case("history-url-script", lambda t: stage(config={"spark_history_url": "javascript:alert(1)//x"}),
          PipelineError, r"\[speculative\] spark_history_url = 'javascript:alert\(1\)//x' \(pipeline 'p'\): "
                         r"scheme javascript: is not http: or https:"),
