@@ -138,6 +138,14 @@ class StageContext:
     def __enter__(self) -> StageContext:
         self._heartbeat.start()
         self._notify()  # now RUNNING
+        try:
+            # The session first: an application may build column expressions (F.col) before its first
+            # read, and pyspark needs an active session for them (a bare AssertionError otherwise).
+            _ = self.spark
+        except BaseException as exc:
+            # Raised in __enter__, __exit__ would not run: record the failure and exit as it would.
+            self.__exit__(type(exc), exc, exc.__traceback__)
+            raise
         return self
 
     def _notify(self) -> None:

@@ -7,7 +7,7 @@ from pyspark.sql import functions as F
 from airflow_provider_speculative.runtime import StageContext
 
 with StageContext.from_argv() as ctx:
-    # Read first: column expressions need the session (on Spark Connect, F.col before it fails).
+    # (Reading first is not required: the session exists from `with StageContext` on.)
     orders = ctx.read("orders")
     date = F.col("o_orderdate")
     orders = orders.where((date >= F.lit("1993-10-01").cast("date")) & (date < F.lit("1994-01-01").cast("date")))
