@@ -16,7 +16,7 @@ CONNECT_UI_PORT=${DEMO_CONNECT_UI_PORT:-4130}
 AIRFLOW="$VENV/bin/airflow"
 mkdir -p "$DEMO"
 
-# The demo's fork server (warm attempt starts, README "Warm attempt start") is its own: it runs in a
+# The demo's fork server (warm attempt starts, docs/connect.md "Warm attempt start") is its own: it runs in a
 # private directory and is stopped on exit instead of idling on for ten minutes.
 export XDG_RUNTIME_DIR
 XDG_RUNTIME_DIR=$(mktemp -d /tmp/spec-demo.XXXXXX)

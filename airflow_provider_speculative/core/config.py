@@ -359,7 +359,7 @@ class Option:
     type: str = "string"
     # How airflow.cfg shows the default; None: str(default).
     default_string: str | None = None
-    # What the README's option table shows as the default; None: the default string in backticks.
+    # What docs/configuration.md's option table shows as the default; None: the default string in backticks.
     readme_default: str | None = None
     annotation: str = "Any"
 

@@ -383,11 +383,11 @@ def test_readme_lists_every_option_with_its_default() -> None:
 
     from airflow_provider_speculative.core.config import OPTIONS
 
-    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[3] / "docs" / "configuration.md").read_text()
     rows = {line.split("|")[1].strip(): line.split("|")[2].strip() for line in readme.splitlines()
             if line.startswith("| `")}
     for option in OPTIONS:
-        assert f"`{option.name}`" in rows, f"README option table misses {option.name}"
+        assert f"`{option.name}`" in rows, f"docs/configuration.md option table misses {option.name}"
         assert rows[f"`{option.name}`"] == (option.readme_default or f"`{option.show_default()}`"), option.name
 
 
