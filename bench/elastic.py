@@ -50,9 +50,9 @@ sys.path.insert(0, str(HERE))
 
 from speculation import LoadSampler  # noqa: E402  (bench/speculation.py: the contention sampler)
 
-from airflow_provider_speculative.control.runner import local_spark_submit, plan_local_stage, run_stage  # noqa: E402
 from airflow_provider_speculative.core.config import SpeculativeConfig  # noqa: E402
 from airflow_provider_speculative.core.graph import PipelineGraph, SourceSpec, StageSpec  # noqa: E402
+from airflow_provider_speculative.devtools.runner import local_spark_submit, plan_local_stage, run_stage  # noqa: E402
 from airflow_provider_speculative.store.files import read_jsonl  # noqa: E402
 from airflow_provider_speculative.store.layout import StageLayout  # noqa: E402
 from airflow_provider_speculative.store.results import read_committed  # noqa: E402

@@ -8,9 +8,9 @@ scenario runs with and without a slow node (fault injection: every attempt on ta
 
   blocking-fast  hybrid-fast  blocking-slow  hybrid-slow      (interleaved, ``--repeat`` rounds)
 
-Attempts run on two warm Spark Connect servers (control/localcluster.py, one core each, started once
+Attempts run on two warm Spark Connect servers (devtools/localcluster.py, one core each, started once
 and not counted); the stages run through the provider's controllers without Airflow
-(control/runner.py ``run_stages``), because ``airflow dags test`` runs one task at a time and so can
+(devtools/runner.py ``run_stages``), because ``airflow dags test`` runs one task at a time and so can
 never overlap two stages. Blocking: each stage starts after the previous one committed. Hybrid:
 ``filter`` and ``partial`` run together, ``partial``'s subtask i starting when ``filter``'s subtask i is
 admitted. The makespan is from the first plan to ``aggregate``'s commit. Every scenario's output must
@@ -40,8 +40,6 @@ sys.path.insert(0, str(REPO))
 
 import speculation as shared  # noqa: E402  (LoadSampler, reference Q1)
 
-from airflow_provider_speculative.control.localcluster import LocalCluster, free_base_port  # noqa: E402
-from airflow_provider_speculative.control.runner import plan_connect_stage, run_stages, write_plan  # noqa: E402
 from airflow_provider_speculative.core.config import SpeculativeConfig  # noqa: E402
 from airflow_provider_speculative.core.graph import (  # noqa: E402
     ExchangeSpec,
@@ -49,6 +47,8 @@ from airflow_provider_speculative.core.graph import (  # noqa: E402
     SourceSpec,
     StageSpec,
 )
+from airflow_provider_speculative.devtools.localcluster import LocalCluster, free_base_port  # noqa: E402
+from airflow_provider_speculative.devtools.runner import plan_connect_stage, run_stages, write_plan  # noqa: E402
 from airflow_provider_speculative.hooks.targets import REMOTE_ENV  # noqa: E402
 from airflow_provider_speculative.store.files import read_json  # noqa: E402
 from airflow_provider_speculative.store.layout import StageLayout  # noqa: E402

@@ -21,9 +21,9 @@ import time
 from pathlib import Path
 
 from airflow_provider_speculative.backends.registry import attempt_observer
-from airflow_provider_speculative.control.runner import plan_local_stage, run_stage
 from airflow_provider_speculative.core.config import SpeculativeConfig
 from airflow_provider_speculative.core.graph import ExchangeSpec, PipelineGraph, SourceSpec, StageSpec
+from airflow_provider_speculative.devtools.runner import plan_local_stage, run_stage
 from airflow_provider_speculative.store.files import read_json
 from airflow_provider_speculative.store.layout import StageLayout
 

@@ -4,7 +4,7 @@ One scan stage (4 producer files, max_parallelism 16; key 0 holds 60% of the row
 identical partial-aggregation stages of 4 consumers: ``agg_count`` with equal-count subpartition
 ranges (``balanced_exchange_ranges = false``) and ``agg_bytes`` with equal-byte ranges, where the
 stage declares ``splittable_skew`` so the hot subpartition is split by producer range. Real local
-Spark, no Airflow (control/runner.py). Printed: max/median consumer input bytes per variant and the
+Spark, no Airflow (devtools/runner.py). Printed: max/median consumer input bytes per variant and the
 consumer stage's makespan (wall clock of the stage, and its slowest attempt), with ratios.
 
 Attempts run on one local target with ``--slots`` slots (default 2: one per core of this machine),
@@ -49,8 +49,8 @@ sys.path.insert(0, str(HERE))
 from speculation import LoadSampler  # noqa: E402  (bench/speculation.py: the contention sampler)
 
 from airflow_provider_speculative.backends.registry import attempt_observer  # noqa: E402
-from airflow_provider_speculative.control.runner import local_spark_submit, plan_local_stage, run_stage  # noqa: E402
 from airflow_provider_speculative.core.config import SpeculativeConfig  # noqa: E402
+from airflow_provider_speculative.devtools.runner import local_spark_submit, plan_local_stage, run_stage  # noqa: E402
 from tests.integration.skew import (  # noqa: E402
     expected_sums,
     max_over_median,

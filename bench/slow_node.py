@@ -53,10 +53,10 @@ sys.path.insert(0, str(REPO))
 
 import speculation as shared  # noqa: E402  (bench/speculation.py: load sampler, leftover processes)
 
-from airflow_provider_speculative.control.localcluster import LocalCluster, ServerInfo, free_base_port  # noqa: E402
 from airflow_provider_speculative.control.readmodel import run_report  # noqa: E402
 from airflow_provider_speculative.core.config import SpeculativeConfig  # noqa: E402
 from airflow_provider_speculative.core.graph import PipelineGraph  # noqa: E402
+from airflow_provider_speculative.devtools.localcluster import LocalCluster, ServerInfo, free_base_port  # noqa: E402
 from airflow_provider_speculative.pipeline import Pipeline, all_to_all, parquet_source  # noqa: E402
 from airflow_provider_speculative.store.files import read_json, read_jsonl  # noqa: E402
 from airflow_provider_speculative.store.layout import StageLayout  # noqa: E402

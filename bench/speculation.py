@@ -15,7 +15,7 @@ computation of Q1), otherwise the numbers are meaningless and the run fails.
     .venv/bin/python bench/speculation.py [--repeat N] [--scenarios a,b,c] [--connect]
 
 With ``--connect`` the targets are Spark Connect servers instead of one spark-submit per attempt: a
-pool of one warm ``local[1]`` server per target (control/localcluster.py, started before the first
+pool of one warm ``local[1]`` server per target (devtools/localcluster.py, started before the first
 scenario and not timed), the same names, slots, nodes and fault injection.
 
 Results go to bench/results/<timestamp>/ (results.json, one directory per scenario run).
@@ -618,7 +618,7 @@ def main(argv: list[str] | None = None) -> int:
     args.connect_env = {}
     pool = None
     if args.connect:
-        from airflow_provider_speculative.control.localcluster import LocalCluster, connection_definitions
+        from airflow_provider_speculative.devtools.localcluster import LocalCluster, connection_definitions
 
         pool = LocalCluster(out / "local-cluster")
         started = time.time()

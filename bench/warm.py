@@ -11,7 +11,7 @@ and for each of the scenarios:
   a  one plain ``spark-submit`` of the whole query (bench/plain_q1.py or bench/plain_q3.py, local[2])
   b  the pipeline through the provider, spark-submit targets (every attempt its own driver JVM)
   c  the pipeline through the provider, Spark Connect targets (clients of a pool of warm Connect
-     servers started beforehand by control/localcluster.py; its start-up is reported but not
+     servers started beforehand by devtools/localcluster.py; its start-up is reported but not
      counted: the pool is long-lived)
   d  as c, but run the way it is deployed: a real Airflow (PostgreSQL, LocalExecutor, api-server,
      scheduler, dag-processor, triggerer; tests/integration/airflow_cluster.py) started beforehand and
@@ -57,7 +57,7 @@ sys.path.insert(0, str(REPO))
 
 import speculation as shared  # noqa: E402  (bench/speculation.py: output readers, reference Q1, load sampler)
 
-from airflow_provider_speculative.control.localcluster import (  # noqa: E402
+from airflow_provider_speculative.devtools.localcluster import (  # noqa: E402
     LocalCluster,
     connection_definitions,
     spark_submit,

@@ -3,7 +3,7 @@
 A *target* names where attempts run; its Airflow connection type picks the backend kind when the
 stage is planned (``hooks/targets.py`` resolves the connection on the worker and writes a launch
 template into plan.json). The controller then only needs the kind: it never touches Airflow
-connections, so it runs unchanged in the triggerer, in tests and in :mod:`..control.runner`.
+connections, so it runs unchanged in the triggerer, in tests and in :mod:`..devtools.runner`.
 Which class implements which kind is :mod:`.registry`'s business; this module imports no implementation.
 """
 

@@ -9,8 +9,8 @@ from typing import Any
 
 
 def local_cluster(args: Any) -> None:
-    """CLI entry: start, stop or list the local Connect servers (see control/localcluster.py)."""
-    from airflow_provider_speculative.control.localcluster import (
+    """CLI entry: start, stop or list the local Connect servers (see devtools/localcluster.py)."""
+    from airflow_provider_speculative.devtools.localcluster import (
         LocalCluster,
         LocalClusterError,
         connection_definitions,

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from airflow_provider_speculative.control.localcluster import (
+from airflow_provider_speculative.devtools.localcluster import (
     LocalCluster,
     connection_definitions,
     free_base_port,

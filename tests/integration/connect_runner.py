@@ -3,7 +3,7 @@
 Used with the session-scoped ``shared_connect_pool`` fixture (tests/integration/conftest.py): stages
 are planned level by level (a level's producers are all committed before it is planned, as the
 operator plans after its upstream tasks) and each level's stages run together through
-control/runner.py, as concurrent Airflow tasks would.
+devtools/runner.py, as concurrent Airflow tasks would.
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from airflow_provider_speculative.control.localcluster import ServerInfo
-from airflow_provider_speculative.control.runner import plan_connect_stage, run_stages, write_plan
 from airflow_provider_speculative.core.config import SpeculativeConfig
 from airflow_provider_speculative.core.graph import PipelineGraph
+from airflow_provider_speculative.devtools.localcluster import ServerInfo
+from airflow_provider_speculative.devtools.runner import plan_connect_stage, run_stages, write_plan
 from airflow_provider_speculative.hooks.targets import REMOTE_ENV
 from airflow_provider_speculative.store.files import read_json
 from airflow_provider_speculative.store.layout import StageLayout

@@ -23,12 +23,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from airflow_provider_speculative.control.localcluster import SAFETY_NET_CONF
 from airflow_provider_speculative.core.placement import (
     standalone_discovery_script,
     standalone_pin_conf,
     standalone_worker_conf,
 )
+from airflow_provider_speculative.devtools.localcluster import SAFETY_NET_CONF
 
 MASTER_CLASS = "org.apache.spark.deploy.master.Master"
 CONNECT_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"

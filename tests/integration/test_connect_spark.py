@@ -19,8 +19,8 @@ from pathlib import Path
 import pendulum
 import pytest
 
-from airflow_provider_speculative.control.localcluster import LocalCluster, application_id, connection_definitions
 from airflow_provider_speculative.control.readmodel import run_report
+from airflow_provider_speculative.devtools.localcluster import LocalCluster, application_id, connection_definitions
 from airflow_provider_speculative.store.files import read_json
 from airflow_provider_speculative.store.layout import StageLayout
 from tests.conftest import TEST_ENV

@@ -6,7 +6,7 @@ Parquet files, and a pipeline on the public API: a fact scan, an optional pointw
 joins (each dimension hash-partitioned with ``all_to_all``, broadcast as a stage or as a source, or
 given as a plain source, which must be refused), random parallelism and max_parallelism (unset or one
 declared value), and a final grouped sum and count at parallelism 1. Each pipeline runs through
-control/runner.py on the session's Connect pool; its committed rows must equal DuckDB's on the same
+devtools/runner.py on the session's Connect pool; its committed rows must equal DuckDB's on the same
 files, exactly. A pipeline the provider refuses must be one the contract says it refuses, with a
 PipelineError or PlanError naming the stage.
 

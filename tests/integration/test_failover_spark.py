@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_speculative.control.runner import plan_local_stage, run_stage
 from airflow_provider_speculative.core.config import SpeculativeConfig
 from airflow_provider_speculative.core.graph import ExchangeSpec, PipelineGraph, SourceSpec, StageSpec
+from airflow_provider_speculative.devtools.runner import plan_local_stage, run_stage
 from airflow_provider_speculative.store.files import read_json, read_jsonl
 from airflow_provider_speculative.store.layout import StageLayout
 from airflow_provider_speculative.store.results import read_committed

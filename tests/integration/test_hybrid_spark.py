@@ -21,11 +21,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from airflow_provider_speculative.control.localcluster import LocalCluster, free_base_port
 from airflow_provider_speculative.control.rerun import invalidate_region, plan_rerun
-from airflow_provider_speculative.control.runner import plan_connect_stage, run_stages, write_plan
 from airflow_provider_speculative.core.config import SpeculativeConfig
 from airflow_provider_speculative.core.graph import ExchangeSpec, PipelineGraph, SourceSpec, StageSpec
+from airflow_provider_speculative.devtools.localcluster import LocalCluster, free_base_port
+from airflow_provider_speculative.devtools.runner import plan_connect_stage, run_stages, write_plan
 from airflow_provider_speculative.hooks.targets import REMOTE_ENV
 from airflow_provider_speculative.store.files import read_json, read_jsonl
 from airflow_provider_speculative.store.layout import StageLayout

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from airflow_provider_speculative.control.runner import plan_local_stage, run_stage
 from airflow_provider_speculative.core.config import SpeculativeConfig
+from airflow_provider_speculative.devtools.runner import plan_local_stage, run_stage
 from airflow_provider_speculative.store.files import read_jsonl
 from tests.integration.skew import (
     CONSUMERS,

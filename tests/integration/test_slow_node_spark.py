@@ -77,7 +77,7 @@ def test_copy_on_the_fast_server_beats_a_throttled_server_with_default_settings(
 
 def shared_connect_pool_process(info):
     """The live server process of a pool member (its tree is what the kernel throttles)."""
-    from airflow_provider_speculative.control.localcluster import LocalCluster
+    from airflow_provider_speculative.devtools.localcluster import LocalCluster
 
     proc = LocalCluster.process(info)
     assert proc is not None, f"server {info.name} is not running"

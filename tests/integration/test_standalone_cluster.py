@@ -4,7 +4,7 @@ Each target is pinned to one worker through the worker's node resource, so an at
 worker that ran its executors (read by the runtime from the driver, not the target's label). Covered:
 a slow node is blocked and a speculative copy lands on the other worker (through dag.test with a
 ``spark`` connection from AIRFLOW_CONN_*), and a worker killed mid-stage fails only its attempt, which
-reruns on the other worker, with the committed Q1 result still exact (through control/runner.py).
+reruns on the other worker, with the committed Q1 result still exact (through devtools/runner.py).
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ import pendulum
 import pytest
 
 from airflow_provider_speculative.control.readmodel import run_report
-from airflow_provider_speculative.control.runner import plan_local_stage, run_stage
 from airflow_provider_speculative.core.config import SpeculativeConfig
 from airflow_provider_speculative.core.graph import PipelineGraph, SourceSpec, StageSpec
 from airflow_provider_speculative.core.placement import standalone_pin_conf
+from airflow_provider_speculative.devtools.runner import plan_local_stage, run_stage
 from airflow_provider_speculative.store.files import read_json, read_jsonl
 from airflow_provider_speculative.store.layout import StageLayout
 from airflow_provider_speculative.store.results import read_committed

@@ -1,7 +1,7 @@
 """The TPC-H join examples (dags/tpch_q10.py, tpch_q18.py, tpch_q9.py) commit exactly DuckDB's answer.
 
 Each DAG file builds its pipeline with a function; the test calls it on a scale factor 0.01 copy of
-the tables (8 Parquet parts each, like ``make data-tpch``), runs the stages through control/runner.py on
+the tables (8 Parquet parts each, like ``make data-tpch``), runs the stages through devtools/runner.py on
 the session's Connect pool, and compares the last stage's committed rows with the official query run
 by DuckDB on the same files (exact decimals and dates, in the query's order).
 """

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from airflow_provider_speculative.backends.spark_connect import compose_url, public_url, split_url
-from airflow_provider_speculative.control.localcluster import (
+from airflow_provider_speculative.devtools.localcluster import (
     LocalClusterError,
     ServerInfo,
     connection_definitions,
@@ -68,7 +68,7 @@ def test_local_cluster_definitions():
 
 
 def test_java_missing_is_named(tmp_path):
-    from airflow_provider_speculative.control.localcluster import check_java
+    from airflow_provider_speculative.devtools.localcluster import check_java
 
     with pytest.raises(LocalClusterError, match="java is not on PATH and JAVA_HOME is not set"):
         check_java({"PATH": str(tmp_path)})
@@ -80,7 +80,7 @@ def test_taken_port_names_its_owner():
     import os
     import socket
 
-    from airflow_provider_speculative.control.localcluster import port_owner
+    from airflow_provider_speculative.devtools.localcluster import port_owner
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

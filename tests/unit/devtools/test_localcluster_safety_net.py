@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from airflow_provider_speculative.control.localcluster import SAFETY_NET_CONF, ServerInfo, server_command
+from airflow_provider_speculative.devtools.localcluster import SAFETY_NET_CONF, ServerInfo, server_command
 
 
 def _confs(cmd: list[str]) -> dict[str, str]:
@@ -30,7 +30,7 @@ def test_callers_conf_overrides_the_safety_net() -> None:
 def test_free_base_port_gives_consecutive_free_ports() -> None:
     import socket
 
-    from airflow_provider_speculative.control.localcluster import free_base_port
+    from airflow_provider_speculative.devtools.localcluster import free_base_port
 
     base = free_base_port(3)
     for port in range(base, base + 3):

@@ -1,4 +1,4 @@
-"""Warm up a fresh Spark Connect server with a few rounds of one small query: ``python -m ...control.warmup sc://HOST:PORT/``.
+"""Warm up a fresh Spark Connect server with a few rounds of one small query: ``python -m ...devtools.warmup sc://HOST:PORT/``.
 
 The first queries of a fresh Spark driver pay class loading, JIT compilation and code generation
 (measured here: a stage's first attempts took 10-20 s of Spark work for a 1 MB scan that takes 2 s on

@@ -52,7 +52,7 @@ SAFETY_NET_CONF = {
 }
 
 
-# Seconds a new server's warm-up query (control/warmup.py) may take before it is given up.
+# Seconds a new server's warm-up query (devtools/warmup.py) may take before it is given up.
 WARM_UP_TIMEOUT = 180.0
 
 
@@ -218,7 +218,7 @@ class LocalCluster:
               timeout: float = START_TIMEOUT, warm_up: bool = True) -> tuple[list[ServerInfo], list[ServerInfo]]:
         """Start the servers not already running; wait until each accepts clients. Returns (started, running).
 
-        With ``warm_up`` each new server then runs one small query (control/warmup.py), so the
+        With ``warm_up`` each new server then runs one small query (devtools/warmup.py), so the
         first attempts do not pay the driver's warm-up; the outcome is in ``extra["warm_up"]``.
         """
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -256,7 +256,7 @@ class LocalCluster:
         # the server accepted clients, and an attempt would show the same error in its own log.
         began = time.time()
         clients = {info.name: subprocess.Popen(
-            [sys.executable, "-m", "airflow_provider_speculative.control.warmup", f"{info.url}/"],
+            [sys.executable, "-m", "airflow_provider_speculative.devtools.warmup", f"{info.url}/"],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
             for info in servers}
         for info in servers:
