@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import shutil
 import time
 from collections.abc import Iterator
@@ -49,6 +48,7 @@ from tests.integration.airflow_cluster import (
     wait_until,
 )
 from tests.integration.q1 import Q1Result, assert_q1_equal, duckdb_q1, output_decimal_scales, read_q1_output
+from tests.processes import group_processes
 
 pytestmark = [pytest.mark.e2e, pytest.mark.spark]
 
@@ -201,16 +201,6 @@ def release_scan(dep: Deployment, dag_id: str, run_id: str) -> None:
     scan = layout(dep, dag_id, run_id, "scan")
     for subtask in range(STAGES["scan"]):
         (scan.dir / f"barrier.release.{subtask}").write_text("go")
-
-
-def live_group(pgid: int) -> list[psutil.Process]:
-    """Live processes of a process group (an attempt's supervisor, spark-submit, driver JVM, Python app)."""
-    found = []
-    for proc in psutil.process_iter(["pid", "status"]):
-        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied, ProcessLookupError):
-            if os.getpgid(proc.pid) == pgid and proc.info["status"] != psutil.STATUS_ZOMBIE:
-                found.append(proc)
-    return found
 
 
 # -- assertions ---------------------------------------------------------------------------------
@@ -382,7 +372,7 @@ def check_kill_component(dep: Deployment, component: str, ds: str) -> None:
     assert victims, f"no {component} process was killed"
     # The attempts run in their own sessions: the crash did not take any Spark driver with it.
     for subtask, status in attempts.items():
-        assert live_group(status["pgid"]), f"scan attempt {subtask}/0 died with the {component}"
+        assert group_processes(status["pgid"]), f"scan attempt {subtask}/0 died with the {component}"
 
     cluster.start(component)
     cluster.wait_component_restarted(component, since)
@@ -392,7 +382,7 @@ def check_kill_component(dep: Deployment, component: str, ds: str) -> None:
                               "the restarted triggerer to restore the scan controller", interval=1)
         assert restored[0]["attempts"] == STAGES["scan"] and restored[0]["admitted"] == {}, restored
         for subtask, status in attempts.items():
-            assert live_group(status["pgid"]), f"scan attempt {subtask}/0 is gone before its release"
+            assert group_processes(status["pgid"]), f"scan attempt {subtask}/0 is gone before its release"
     release_scan(dep, BARRIER_DAG, run_id)
 
     final = cluster.wait_runs_finished(BARRIER_DAG, [run_id], RUN_TIMEOUT)[run_id]
@@ -528,7 +518,7 @@ def check_mark_failed(dep: Deployment) -> None:
     run_id = cluster.trigger(BARRIER_DAG, f"{MARK_FAILED_DS}T00:00:00+00:00")
     scan = layout(dep, BARRIER_DAG, run_id, "scan")
     attempts = wait_scan_held(dep, BARRIER_DAG, run_id)
-    drivers = [p for s in attempts.values() for p in live_group(s["pgid"]) if is_spark(p)]
+    drivers = [p for s in attempts.values() for p in group_processes(s["pgid"]) if is_spark(p)]
     assert drivers, "no Spark driver is running for the held scan attempts"
     assert cluster.task_instances(BARRIER_DAG, run_id)["scan"]["state"] == "deferred"
 
@@ -544,7 +534,7 @@ def check_mark_failed(dep: Deployment) -> None:
     assert killed[0]["left"] == [], f"on_kill could not reap: {killed[0]}"
 
     def all_gone() -> bool:
-        return not any(live_group(s["pgid"]) for s in attempts.values()) \
+        return not any(group_processes(s["pgid"]) for s in attempts.values()) \
             and not processes_mentioning(str(scan.run_dir))
 
     wait_until(all_gone, 30, "every process of the scan attempts to be gone", interval=0.5,
