@@ -25,6 +25,9 @@ def application_path(application: str, where: str) -> str:
     if urlsplit(application).scheme and "://" in application:
         return application
     path = Path(application).resolve()
+    if path.is_dir():
+        raise PlanError(f"{where}: application {application!r} is a directory (resolved to {path}); give the "
+                        ".py file of the stage's PySpark application")
     if not path.is_file():
         raise PlanError(f"{where}: application {application!r} does not exist (resolved to {path})")
     return str(path)

@@ -71,7 +71,9 @@ class ParquetSink(Sink, SupportsConcurrentExecutionAttempts):
     def validate(self, where: str) -> None:
         """The path must be a non-empty absolute path (a leading template is checked once rendered)."""
         path = self.path
-        if not isinstance(path, str | os.PathLike) or not os.fspath(path).strip():
+        if path is not None and not isinstance(path, str | os.PathLike):
+            raise PipelineError(f"{where}: path must be a string, got {type(path).__name__} {path!r}")
+        if path is None or not os.fspath(path).strip():
             raise PipelineError(f"{where}: path is empty ({path!r}); give an absolute directory path")
         text = os.fspath(path)
         if "\0" in text:

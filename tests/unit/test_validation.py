@@ -392,6 +392,13 @@ CASES = [
          r"sink PostgresSink: table 'pg_catalog.sales' is in the system schema 'pg_catalog'"),
     Case("postgres-table-is-ledger", lambda t: stage(sink=PostgresSink("speculative_staging.commits")),
          PipelineError, r"sink PostgresSink: table 'speculative_staging.commits' is the provider's own ledger"),
+    Case("application-directory", lambda t: plan(t, application=str((t / "app.py").mkdir() or t / "app.py")),
+         PlanError, r"pipeline 'p', stage 's': application '.*app.py' is a directory"),
+    Case("fault-injection-unknown-target", lambda t: plan(t, config={"fault_injection": {"targets": {"local-x": {
+        "factor": 4}}}}), PlanError,
+         r"pipeline 'p', stage 's': fault_injection names targets \['local-x'\] that are not targets of this stage"),
+    Case("parquet-sink-path-not-string", lambda t: stage(sink=ParquetSink(123)), PipelineError,
+         r"stage 's', sink ParquetSink: path must be a string, got int 123"),
     Case("postgres-conn-missing", lambda t: plan(t, sink=PostgresSink("sales", postgres_conn_id="no_such_pg")),
          PlanError, r"stage 's', sink PostgresSink: connection 'no_such_pg' \(postgres_conn_id\) cannot be found"),
     Case("postgres-conn-wrong-type", lambda t: with_conn("not_pg", "http://example.invalid", lambda: plan(
