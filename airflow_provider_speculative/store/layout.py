@@ -11,6 +11,10 @@ from pathlib import Path
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
 
+# Below the 255 bytes of a path component on common file systems, with room for a suffix.
+MAX_COMPONENT_BYTES = 200
+
+
 def safe_component(value: str) -> str:
     """Make ``value`` a path component Hadoop and every shell accept, keeping it unique.
 
@@ -18,9 +22,11 @@ def safe_component(value: str) -> str:
     two ids that differ only in such characters apart.
     """
     cleaned = _UNSAFE.sub("_", value).strip("._") or "_"
-    if cleaned == value:
+    if cleaned == value and len(value.encode()) <= MAX_COMPONENT_BYTES:
         return value
-    return f"{cleaned}-{hashlib.sha1(value.encode()).hexdigest()[:8]}"
+    # A file system refuses components over 255 bytes (ENAMETOOLONG): long ids keep a prefix and the hash.
+    prefix = cleaned.encode()[:MAX_COMPONENT_BYTES - 9].decode(errors="ignore")
+    return f"{prefix}-{hashlib.sha1(value.encode()).hexdigest()[:8]}"
 
 
 def default_store_root() -> Path:

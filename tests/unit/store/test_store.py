@@ -204,3 +204,12 @@ def test_wait_for_file_ends_on_the_file_on_stop_or_at_the_timeout(tmp_path: Path
     assert len(asked) == 3
     release.touch()
     assert wait_for_file(release, timeout=0, interval=0.01)
+
+
+def test_safe_component_keeps_long_ids_below_the_file_systems_limit(tmp_path: Path) -> None:
+    # Found by the plugin's fuzz test: a 2,000-character run id was a 500 (ENAMETOOLONG) on every read.
+    long_id = "a" * 2000
+    safe = safe_component(long_id)
+    assert len(safe.encode()) <= 200 and safe != safe_component("a" * 1999)
+    assert not (tmp_path / safe).exists()  # a lookup answers "not there" instead of raising
+    assert safe_component("é" * 150).encode().decode() == safe_component("é" * 150)
