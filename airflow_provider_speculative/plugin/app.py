@@ -50,7 +50,8 @@ def create_app(store: Path | None = None) -> FastAPI:
 
     read_run = requires_access_dag("GET", DagAccessEntity.RUN)
     read_task = requires_access_dag("GET", DagAccessEntity.TASK_INSTANCE)
-    app = FastAPI(title="Speculative stages", docs_url=None, redoc_url=None, openapi_url=None)
+    # The schema (routes and parameters, no data) is served for API clients and the schemathesis test.
+    app = FastAPI(title="Speculative stages", docs_url=None, redoc_url=None, openapi_url="/openapi.json")
     app.state.store = store
     # Exposed so tests can replace exactly these dependencies (FastAPI overrides are keyed by callable).
     app.state.access = {"run": read_run, "task_instance": read_task}
