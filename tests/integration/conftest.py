@@ -15,7 +15,7 @@ from airflow_provider_speculative.devtools.localcluster import (
 )
 from tests.integration.connect_runner import ConnectPool
 
-# Not used by any other test or benchmark (test_connect_spark 15110/4110, bench 15120-15140/4120-4140,
+# Not used by any benchmark (bench 15120-15140/4120-4140,
 # demo 15130/4130, the CLI's default 15002/4050).
 SHARED_BASE_PORT, SHARED_UI_BASE_PORT = 15150, 4150
 SERVERS = 2

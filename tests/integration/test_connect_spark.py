@@ -20,7 +20,7 @@ import pendulum
 import pytest
 
 from airflow_provider_speculative.control.readmodel import run_report
-from airflow_provider_speculative.devtools.localcluster import LocalCluster, application_id, connection_definitions
+from airflow_provider_speculative.devtools.localcluster import application_id, connection_definitions
 from airflow_provider_speculative.store.files import read_json
 from airflow_provider_speculative.store.layout import StageLayout
 from tests.conftest import TEST_ENV
@@ -30,17 +30,15 @@ from tests.integration.spark_helpers import HERE, group_processes, load_dag, wai
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(900)]
 
-BASE_PORT, UI_BASE_PORT = 15110, 4110
 STORE = Path(TEST_ENV["AIRFLOW__SPECULATIVE__STORE_PATH"])
 OUTPUT = Path(TEST_ENV["SPECULATIVE_EXAMPLE_OUTPUT"])
 REPO_APPS = HERE.parents[1] / "dags" / "apps"
 
 
 @pytest.fixture(scope="module")
-def connect_pool(tmp_path_factory):
-    """Two real Connect servers (one core each), exposed as connections spark_connect_test_a/b."""
-    cluster = LocalCluster(tmp_path_factory.mktemp("local-cluster"))
-    started, _ = cluster.start(servers=2, base_port=BASE_PORT, ui_base_port=UI_BASE_PORT, cores=1)
+def connect_pool(shared_connect_pool):
+    """The session's two Connect servers (one core each), also as connections spark_connect_test_a/b."""
+    started = list(shared_connect_pool.servers)
     env = {name.replace("LOCAL", "TEST"): value for name, value in connection_definitions(started).items()}
     os.environ.update(env)
     try:
@@ -48,8 +46,6 @@ def connect_pool(tmp_path_factory):
     finally:
         for name in env:
             os.environ.pop(name, None)
-        cluster.stop()
-        assert all(cluster.process(s) is None for s in started)
 
 
 def _rest(ui_port: int, path: str) -> list[dict]:

@@ -24,7 +24,6 @@ import pytest
 from airflow_provider_speculative.control.rerun import invalidate_region, plan_rerun
 from airflow_provider_speculative.core.config import SpeculativeConfig
 from airflow_provider_speculative.core.graph import ExchangeSpec, PipelineGraph, SourceSpec, StageSpec
-from airflow_provider_speculative.devtools.localcluster import LocalCluster, free_base_port
 from airflow_provider_speculative.devtools.runner import plan_connect_stage, run_stages, write_plan
 from airflow_provider_speculative.hooks.targets import REMOTE_ENV
 from airflow_provider_speculative.store.files import read_json, read_jsonl
@@ -39,18 +38,18 @@ N = 4
 
 
 @pytest.fixture(scope="module")
-def servers(tmp_path_factory):
-    """Two Connect servers of one core each: {target name: server URL}."""
-    cluster = LocalCluster(tmp_path_factory.mktemp("hybrid-cluster"))
-    started, _ = cluster.start(servers=2, base_port=free_base_port(), ui_base_port=free_base_port(), cores=1)
+def servers(shared_connect_pool):
+    """The session's two Connect servers (one core each): {target name: server URL}."""
+    started = shared_connect_pool.servers
+    names = [f"AIRFLOW_CONN_SPARK_CONNECT_HYBRID_{i}" for i in range(len(started))]
     try:
         # Also as Airflow connections, for the dag.test() case.
-        for i, s in enumerate(started):
-            os.environ[f"AIRFLOW_CONN_SPARK_CONNECT_HYBRID_{i}"] = (
-                f'{{"conn_type": "spark_connect", "host": "127.0.0.1", "port": {s.port}}}')
+        for name, s in zip(names, started, strict=True):
+            os.environ[name] = f'{{"conn_type": "spark_connect", "host": "127.0.0.1", "port": {s.port}}}'
         yield {f"connect-{i}": f"sc://127.0.0.1:{s.port}/" for i, s in enumerate(started)}
     finally:
-        cluster.stop()
+        for name in names:
+            os.environ.pop(name, None)
 
 
 @pytest.fixture

@@ -227,7 +227,10 @@ def browser_page(api_server: ApiServer, tmp_path_factory: pytest.TempPathFactory
     with sync_playwright() as pw:
         context = pw.chromium.launch_persistent_context(
             str(tmp_path_factory.mktemp("chromium-profile")), executable_path=str(CHROMIUM), headless=True,
-            args=CHROMIUM_ARGS, viewport={"width": 1400, "height": 1000})
+            args=CHROMIUM_ARGS, viewport={"width": 1400, "height": 1000},
+            # Playwright's wait_for_function evaluates a string in the page, which the plugin's strict CSP
+            # forbids; the CSP itself is tested in test_ui_hostile_browser.py.
+            bypass_csp=True)
         try:
             page = context.new_page()
             page.set_default_timeout(PAGE_TIMEOUT_MS)
