@@ -12,7 +12,8 @@ not a Flink task that lasts minutes:
   times :data:`EARLY_MULTIPLIER` (stricter than ``baseline_multiplier``, since the first finishers are
   the fastest). It catches a straggler in a stage that runs in one wave, where N·R can never finish
   while the straggler holds its slot, and in the last subtasks of a stage.
-- **Progress projection** (LATE, Zaharia et al. 2008): an attempt that reports the share of its
+- **Progress projection** (LATE, Zaharia et al. 2008), calibrated by the share of their planned bytes the
+  finished attempts read (column pruning): an attempt that reports the share of its
   input read projects its execution time as ``elapsed / share``; it is slow when the projection
   reaches the threshold and a fresh copy (start-up + the expected time) would end before it.
 """
@@ -52,6 +53,9 @@ class Baseline:
     finished: int = 0
     # The multiplier applied: threshold / factor is the time the baseline expects of an attempt.
     factor: float = 1.0
+    # Median bytes read / planned input bytes of finished attempts: Parquet reads only the columns used,
+    # so a finished attempt's share is below 1; None (never measured) disables progress projection.
+    read_ratio: float | None = None
 
     def threshold(self, input_bytes: int | None) -> float:
         """Execution time at or over which an attempt reading ``input_bytes`` is slow.
@@ -115,17 +119,26 @@ def compute_baseline(
         sizes = [input_bytes.get(a.subtask) or a.input_bytes or 0 for a in earliest]
         if all(size > 0 for size in sizes):
             per_byte = median(t / s for t, s in zip(times, sizes, strict=True)) * factor
+    ratios = [r for r in (raw_share(a) for a in finished) if r]
     return Baseline(seconds=seconds, per_byte=per_byte, source=source, floor=floor, floor_source=floor_source,
-                    startup=startup, finished=count, factor=factor)
+                    startup=startup, finished=count, factor=factor, read_ratio=median(ratios) if ratios else None)
 
 
-def progress_share(attempt: Attempt) -> float | None:
-    """The share of its input an attempt reported read (Spark's input metrics), None if unknown."""
+def raw_share(attempt: Attempt) -> float | None:
+    """Bytes an attempt reported read (Spark's input metrics) over its planned input bytes, None if unknown."""
     progress = attempt.progress or {}
     read, total = progress.get("bytes_read"), progress.get("input_bytes") or attempt.input_bytes
     if not read or not total:
         return None
-    return min(1.0, float(read) / float(total))
+    return float(read) / float(total)
+
+
+def progress_share(attempt: Attempt, read_ratio: float | None) -> float | None:
+    """The share of its work a running attempt has done, calibrated by what finished attempts read in all."""
+    share = raw_share(attempt)
+    if share is None or not read_ratio:
+        return None
+    return min(1.0, share / read_ratio)
 
 
 def find_slow(
@@ -161,7 +174,7 @@ def judge_slow(
         if elapsed >= threshold:
             slow.append((attempt, f"ran {elapsed:.1f}s >= {threshold:.1f}s ({baseline.source} baseline)"))
             continue
-        share = progress_share(attempt)
+        share = progress_share(attempt, baseline.read_ratio)
         if share is None or share < MIN_PROGRESS or elapsed < baseline.floor:
             continue
         projected = elapsed / share

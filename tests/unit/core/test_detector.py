@@ -237,8 +237,13 @@ def test_auto_lower_bound_is_twice_the_median_startup_at_least_one_second() -> N
     assert configured.floor_source == "configured" and configured.seconds == 60.0
 
 
+def read(attempt: Attempt, share: float, planned: int = 1000) -> Attempt:
+    attempt.progress = {"bytes_read": int(share * planned), "input_bytes": planned}
+    return attempt
+
+
 def test_progress_projection_calls_an_attempt_slow_before_its_time_reaches_the_threshold() -> None:
-    done = [started(finished(i, deploy=0, end=10), 1.0) for i in range(3)]
+    done = [read(started(finished(i, deploy=0, end=10), 1.0), 1.0) for i in range(3)]
     result = baseline(4, done, lower_bound=None)  # threshold 15 s, expected 10 s, a copy ~11 s
     slow = running(3, deploy=0, nbytes=1000)
     slow.progress = {"bytes_read": 200, "input_bytes": 1000}
@@ -254,8 +259,22 @@ def test_progress_projection_calls_an_attempt_slow_before_its_time_reaches_the_t
     assert find_slow([slow], result, now=1.5) == []
 
 
+def test_projection_is_calibrated_by_what_finished_attempts_read() -> None:
+    # Parquet column pruning: finished attempts read 40 % of their planned bytes in all. A running one
+    # at 30 % of its planned bytes after 6 s is three quarters done (8 s projected), not slow.
+    done = [read(started(finished(i, deploy=0, end=10), 1.0), 0.4) for i in range(3)]
+    result = baseline(4, done, lower_bound=None)
+    assert result is not None and result.read_ratio == pytest.approx(0.4)
+    running_attempt = read(running(3, deploy=0, nbytes=1000), 0.3)
+    assert find_slow([running_attempt], result, now=6.0) == []
+    # Uncalibrated (no finished attempt reported bytes): no projection at all, only elapsed time counts.
+    uncalibrated = baseline(4, [started(finished(i, deploy=0, end=10), 1.0) for i in range(3)], lower_bound=None)
+    assert uncalibrated is not None and uncalibrated.read_ratio is None
+    assert find_slow([read(running(3, deploy=0, nbytes=1000), 0.05)], uncalibrated, now=6.0) == []
+
+
 def test_projection_does_not_copy_when_the_copy_would_end_later() -> None:
-    done = [started(finished(i, deploy=0, end=10), 8.0) for i in range(3)]
+    done = [read(started(finished(i, deploy=0, end=10), 8.0), 1.0) for i in range(3)]
     result = baseline(4, done, lower_bound=0.0)  # a copy needs 8 s start-up + 10 s of work
     nearly = running(3, deploy=0, nbytes=1000)
     nearly.progress = {"bytes_read": 600, "input_bytes": 1000}  # 14 s elapsed projects 23.3 s: 9.3 s left
