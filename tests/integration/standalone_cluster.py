@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -246,10 +247,34 @@ class StandaloneCluster:
 
     # -- observation ---------------------------------------------------------------------------
 
+    def _bound_webui_port(self) -> int | None:
+        """The port the master's web UI really bound, from its log (Spark moves on when the chosen one is taken)."""
+        assert self.master is not None
+        try:
+            text = self.master.log.read_text(errors="replace")
+        except OSError:
+            return None
+        found = re.findall(r"MasterWebUI.*started at https?://[^\s:/]+:(\d+)", text)
+        return int(found[-1]) if found else None
+
     def state(self) -> dict[str, Any]:
-        """The master's ``/json/`` document (workers with state, resources; applications)."""
+        """The master's ``/json/`` document (workers with state, resources; applications).
+
+        Raises ``OSError`` until the master's UI is up and serving its JSON: the port chosen for it can be
+        taken between the check and the JVM's bind, and then another process's page answers there.
+        """
+        assert self.master is not None
+        bound = self._bound_webui_port()
+        if bound is None:
+            raise OSError("the master has not logged its web UI address yet")
+        if bound != self.master.webui_port:
+            self.master.webui_port = bound
         with urllib.request.urlopen(f"{self.webui_url}/json/", timeout=5) as response:
-            return json.loads(response.read())
+            body = response.read()
+        try:
+            return json.loads(body)
+        except ValueError as err:
+            raise OSError(f"{self.webui_url}/json/ did not answer JSON: {body[:80]!r}") from err
 
     def worker_states(self) -> dict[str, str]:
         """Node -> the master's state of its newest registration (ALIVE, DEAD, ...)."""
