@@ -1,21 +1,23 @@
 """Finalize-on-master: commit exactly the admitted attempt of every subtask, then remove the losers' outputs.
 
-Two callers share it. The stage operator's ``execute_complete`` (on a worker, after the controller's
-event) commits stages that have a sink or asset outlets, because sinks finalize with the operator's
-code and Airflow records asset events only for a task that succeeds on a worker. The controller
-trigger commits the other stages itself and ends the task from the triggerer (``TaskSuccessEvent``):
-no worker run and no scheduler round trip per stage. Both are idempotent: ``committed.json`` is
-rewritten atomically with the same admitted attempts, so a commit repeated after a crash (the
-triggerer's or the worker's) publishes the same result.
+Two callers share it. By default the controller trigger commits a stage (its sink too) and ends the
+task from the triggerer: no worker run and no scheduler round trip per stage; a stage with asset
+outlets then resumes on a worker only to publish the asset event (Airflow records asset events only
+for a task that succeeds on a worker). With ``commit_in_triggerer=False`` (and under ``dag.test()``)
+the stage operator's ``execute_complete`` commits on a worker after the controller's event. Both are
+idempotent: ``committed.json`` is rewritten atomically with the same admitted attempts, so a commit
+repeated after a crash (the triggerer's or the worker's) publishes the same result.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Callable
 from typing import Any
 
+from airflow_provider_speculative.sinks.base import AttemptResult, FinalizationContext, Sink, StagingScope
 from airflow_provider_speculative.store import journal as journals
 from airflow_provider_speculative.store.files import atomic_write_json, wait_for_file
 from airflow_provider_speculative.store.layout import StageLayout
@@ -23,6 +25,46 @@ from airflow_provider_speculative.store.results import admitted_results, remove_
 from airflow_provider_speculative.store.task_state import record_task_state
 
 SinkFinalizer = Callable[[dict[int, int], dict[str, Any]], dict[str, Any] | None]
+
+log = logging.getLogger(__name__)
+
+
+def sink_finalizer(plan: dict[str, Any], layout: StageLayout) -> SinkFinalizer | None:
+    """The plan's sink's global finalize over the admitted attempts (None for a stage without a sink)."""
+    if not plan["output"].get("sink"):
+        return None
+
+    def finalize_sink(admitted: dict[int, int], record: dict[str, Any]) -> dict[str, Any] | None:
+        sink = Sink.from_json(plan["output"]["sink"])
+        ctx = FinalizationContext(
+            parallelism=plan["parallelism"], dag_id=plan["dag_id"], run_id=plan["run_id"], stage=plan["stage"],
+            logical_date=plan.get("logical_date"),
+            attempts={s: AttemptResult(subtask=s, attempt=a, data_dir=layout.data(s, a),
+                                       files=record["subtasks"][str(s)]["files"],
+                                       records=record["subtasks"][str(s)]["records"],
+                                       sink_info=record["subtasks"][str(s)]["sink"])
+                      for s, a in admitted.items()})
+        return sink.finalize_global(ctx)
+
+    return finalize_sink
+
+
+def cleanup_sink_staging(plan: dict[str, Any], layout: StageLayout, attempts: tuple[tuple[int, int], ...] | None,
+                         logger: Any = None) -> None:
+    """Let the sink remove what attempts staged outside the store (all of a failed run, or the losers)."""
+    if not (plan.get("output") or {}).get("sink"):
+        return
+    scope = StagingScope(plan["dag_id"], plan["run_id"], plan["stage"], attempts)
+    try:
+        removed = Sink.from_json(plan["output"]["sink"]).cleanup_staging(scope)
+    except Exception as exc:  # clean-up must not hide the stage's own outcome; gc finds what is left
+        (logger or log).warning("stage %s: sink staging clean-up failed (airflow speculative gc will retry): %s",
+                                plan["stage"], exc)
+        journals.record(layout.journal, "sink_staging_cleanup_failed", error=f"{type(exc).__name__}: {exc}")
+        return
+    if removed:
+        journals.record(layout.journal, "sink_staging_removed", objects=removed,
+                        scope="stage run" if attempts is None else "losers")
 
 
 def admitted_of(event: dict[str, Any]) -> dict[int, int]:

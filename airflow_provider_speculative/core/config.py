@@ -465,6 +465,10 @@ OPTIONS: tuple[Option, ...] = (
     _bool_option("fork_server", True,
                  "Start attempts from a per-host fork server that has pyspark's Connect client imported "
                  "(false: a fresh interpreter per attempt)."),
+    _bool_option("start_in_triggerer", True,
+                 "Start stage tasks in the triggerer (start_from_trigger): plan, run and commit there, with no "
+                 "worker run per stage (false: plan on a worker, defer, finalize on a worker). Read when the DAG "
+                 "is parsed."),
     Option("baseline_lower_bound", _auto_duration, None,
            "Lower bound of the slow-task baseline: 'auto' (twice the median start-up time of the stage's finished "
            "attempts, at least 1 s) or seconds (>= 0).", "string", "auto", "`auto`", annotation="float | None"),
@@ -559,6 +563,7 @@ class SpeculativeConfig:
     block_slow_node_duration: float = 60.0
     check_interval: float = 1.0
     fork_server: bool = True
+    start_in_triggerer: bool = True
     baseline_lower_bound: float | None = None  # None: 'auto', derived from start-up times (core/detector.py)
     baseline_ratio: float = 0.75
     baseline_multiplier: float = 1.5

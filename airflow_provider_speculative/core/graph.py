@@ -89,6 +89,17 @@ class PipelineGraph:
     stages: dict[str, StageSpec]
     config: dict[str, Any] = field(default_factory=dict)
 
+    def to_json(self) -> dict[str, Any]:
+        """The whole graph as JSON values (what a stage started in the triggerer rebuilds it from)."""
+        return {"name": self.name, "config": self.config,
+                "stages": {name: _stage_to_json(spec) for name, spec in self.stages.items()}}
+
+    @staticmethod
+    def from_json(data: dict[str, Any]) -> PipelineGraph:
+        """Rebuild a graph serialised by :meth:`to_json` (already validated when it was serialised)."""
+        return PipelineGraph(name=data["name"], config=dict(data.get("config") or {}),
+                             stages={name: _stage_from_json(spec) for name, spec in data["stages"].items()})
+
     def validate(self) -> None:
         """Raise :class:`PipelineError` for unknown inputs, bad parallelism, bad exchanges or cycles."""
         for stage in self.stages.values():
@@ -351,6 +362,34 @@ class PipelineGraph:
 
 # Schemes Spark can fetch an application from (spark-submit); a Connect target runs local files only.
 APPLICATION_SCHEMES = ("file", "local", "hdfs", "s3", "s3a", "gs", "abfs", "abfss", "wasb", "wasbs", "http", "https")
+
+
+def _stage_to_json(spec: StageSpec) -> dict[str, Any]:
+    return {"name": spec.name, "application": spec.application, "parallelism": spec.parallelism,
+            "inputs": {name: entry.to_json() for name, entry in spec.inputs.items()},
+            "max_parallelism": spec.max_parallelism, "max_parallelism_declared": spec.max_parallelism_declared,
+            "deterministic": spec.deterministic, "config": spec.config,
+            "application_args": list(spec.application_args), "spark_conf": spec.spark_conf,
+            "min_parallelism": spec.min_parallelism, "splittable_skew": spec.splittable_skew}
+
+
+def _input_from_json(data: dict[str, Any]) -> SourceSpec | ExchangeSpec:
+    if data["kind"] == "source":
+        return SourceSpec(path=data["path"], format=data["format"],
+                          supports_concurrent_attempts=data["supports_concurrent_attempts"],
+                          broadcast=data["broadcast"])
+    return ExchangeSpec(upstream=data["upstream"], distribution=data["distribution"], key=tuple(data["key"]),
+                        mode=data["mode"])
+
+
+def _stage_from_json(data: dict[str, Any]) -> StageSpec:
+    return StageSpec(name=data["name"], application=data["application"], parallelism=data["parallelism"],
+                     inputs={name: _input_from_json(entry) for name, entry in data["inputs"].items()},
+                     max_parallelism=data["max_parallelism"],
+                     max_parallelism_declared=data["max_parallelism_declared"],
+                     deterministic=data["deterministic"], config=dict(data["config"]),
+                     application_args=tuple(data["application_args"]), spark_conf=dict(data["spark_conf"]),
+                     min_parallelism=data["min_parallelism"], splittable_skew=data["splittable_skew"])
 
 
 def _check_application(where: str, application: str) -> None:

@@ -2,39 +2,40 @@
 
 from __future__ import annotations
 
-import contextlib
+import json
 import time
 from pathlib import Path
 from typing import Any
 
 from airflow.sdk import BaseOperator
+from airflow.triggers.base import StartTriggerArgs
 
-from airflow_provider_speculative.backends.registry import attempt_observer
-from airflow_provider_speculative.control.commit import admitted_of, commit_admitted, commit_summary, remove_losers
-from airflow_provider_speculative.control.controller import StageController, wipe_stage_attempts
-from airflow_provider_speculative.control.sources import application_path, list_sources, source_root
+from airflow_provider_speculative.control.commit import (
+    admitted_of,
+    cleanup_sink_staging,
+    commit_admitted,
+    commit_summary,
+    remove_losers,
+    sink_finalizer,
+)
+from airflow_provider_speculative.control.planning import HybridWait, RunInfo, StagePlanner
+from airflow_provider_speculative.control.sources import application_path
 from airflow_provider_speculative.core.config import SpeculativeConfig
-from airflow_provider_speculative.core.graph import ExchangeSpec, PipelineGraph, SourceSpec
-from airflow_provider_speculative.core.hybrid import producer_plan_usable, producer_record
-from airflow_provider_speculative.core.plan import plan_stage
+from airflow_provider_speculative.core.graph import PipelineGraph
 from airflow_provider_speculative.core.readiness import partition_key
-from airflow_provider_speculative.exceptions import PlanError, StageFailedError, StoreError
-from airflow_provider_speculative.hooks.targets import resolve_targets
+from airflow_provider_speculative.exceptions import StageFailedError
 from airflow_provider_speculative.links import SparkHistoryLink, StageViewLink
 from airflow_provider_speculative.metrics import StageMetrics
-from airflow_provider_speculative.settings import airflow_config, metadata_db_identity, store_root
-from airflow_provider_speculative.sinks.base import AttemptResult, FinalizationContext, PlanContext, Sink, StagingScope
+from airflow_provider_speculative.settings import airflow_config
+from airflow_provider_speculative.sinks.base import Sink
 from airflow_provider_speculative.store import journal as journals
-from airflow_provider_speculative.store.files import atomic_write_json, read_json
-from airflow_provider_speculative.store.identity import StoreNotOwnedError, claim_store, own_store
+from airflow_provider_speculative.store.files import read_json
 from airflow_provider_speculative.store.layout import StageLayout
-from airflow_provider_speculative.store.results import (
-    broken_admissions,
-    read_committed,
-)
+from airflow_provider_speculative.store.results import read_committed
 from airflow_provider_speculative.store.task_state import record_task_state
 from airflow_provider_speculative.triggers.controller import StageControllerTrigger
 from airflow_provider_speculative.triggers.hybrid import HybridInputsTrigger
+from airflow_provider_speculative.triggers.stage import StageStartTrigger
 
 # A hybrid consumer waits for its producers' plans in a trigger for this long at a time, then
 # reschedules: under dag.test() (one task at a time) a consumer picked before its producer must give
@@ -68,6 +69,8 @@ class SparkStageOperator(BaseOperator):
         self.force_rerun = force_rerun
         self.asset_partitioned = asset_partitioned
         self.commit_in_triggerer = commit_in_triggerer
+        if commit_in_triggerer and self._config().start_in_triggerer:
+            self._start_in_triggerer()
 
     # -- planning (worker) ------------------------------------------------------------------
 
@@ -77,42 +80,54 @@ class SparkStageOperator(BaseOperator):
                 .with_overrides(self.graph.config, f"pipeline {self.graph.name!r}")
                 .with_overrides(spec.config, f"stage {self.stage!r}"))
 
-    def _layout(self, config: SpeculativeConfig, dag_id: str, run_id: str, stage: str | None = None) -> StageLayout:
-        return StageLayout(store_root(config), dag_id, run_id, stage or self.stage)
+    def _start_in_triggerer(self) -> None:
+        """Let the scheduler defer this task straight into the triggerer, which plans, runs and commits it.
 
-    def _speculation_blocker(self) -> str | None:
-        spec = self.graph.stages[self.stage]
-        for name, source in spec.inputs.items():
-            if isinstance(source, SourceSpec) and not source.supports_concurrent_attempts:
-                return f"source {name!r} cannot take concurrent attempts"
-        if self.sink is not None and not self.sink.supports_concurrent_attempts:
-            return (f"sink {type(self.sink).__name__} does not implement SupportsConcurrentExecutionAttempts")
-        return None
+        Only when the whole graph is JSON (it travels in the trigger's arguments); ``dag.test()`` ignores
+        ``start_from_trigger`` and runs :meth:`execute` on a worker, as ``commit_in_triggerer=False`` does.
+        """
+        try:
+            graph = json.loads(json.dumps(self.graph.to_json()))
+        except (TypeError, ValueError) as exc:
+            self.log.warning("stage %s starts on a worker: its pipeline's config is not JSON (%s)", self.stage, exc)
+            return
+        sink = self.sink.to_json() if self.sink is not None else None
+        self.start_from_trigger = True
+        self.start_trigger_args = StartTriggerArgs(
+            trigger_cls=f"{StageStartTrigger.__module__}.{StageStartTrigger.__qualname__}",
+            next_method="resume_from_trigger",
+            trigger_kwargs={"graph": graph, "stage": self.stage, "sink_class": sink["class"] if sink else None,
+                            "sink_args": self.sink_args, "declared_sink": json.loads(json.dumps(self.sink_args)),
+                            "force_rerun": self.force_rerun, "publish": bool(self.outlets)},
+            next_kwargs=None, timeout=None)
+
+    def _planner(self, context: Any) -> StagePlanner:
+        dag_run = context.get("dag_run")
+        logical_date = context.get("logical_date")
+        run = RunInfo(dag_id=context["dag"].dag_id, run_id=context["run_id"], try_number=context["ti"].try_number,
+                      clear_number=_clear_number(context),
+                      logical_date=logical_date.isoformat() if logical_date else None,
+                      conf=dict((dag_run.conf or {}) if dag_run is not None else {}))
+        return StagePlanner(self.graph, self.stage, sink=self._rendered_sink() if self.sink else None,
+                            declared_sink=self.sink.describe() if self.sink is not None else None, run=run,
+                            force_rerun=self.force_rerun, logger=self.log)
 
     def execute(self, context: Any) -> Any:
         """Resolve the plan, write plan.json, and defer to the stage controller (recording the task's state)."""
-        config = self._config()
-        layout = self._layout(config, context["dag"].dag_id, context["run_id"])
-        # Before the first write into the store: a foreign directory gets nothing of ours.
-        self._claim_store(layout.root, f"pipeline {self.graph.name!r}, stage {self.stage!r}")
-        record_task_state(layout, "planning", try_number=context["ti"].try_number,
-                          clear_number=_clear_number(context))
+        planner = self._planner(context)
+        planner.start()
         try:
-            return self._plan_and_defer(context, config)
+            return self._plan_and_defer(planner)
         except Exception as exc:
             # Hybrid consumers of this stage read this to fail at once instead of waiting (core/hybrid.py).
-            with contextlib.suppress(StoreError):  # a full store must not hide the stage's own error
-                record_task_state(layout, "failed", try_number=context["ti"].try_number,
-                                  clear_number=_clear_number(context), reason=f"{type(exc).__name__}: {exc}")
+            planner.record_failure(exc)
             raise
 
     def resume_after_inputs(self, context: Any, event: dict[str, Any]) -> Any:
         """The hybrid producers' plans are there (plan now), or not yet (reschedule), or one failed."""
         status = (event or {}).get("status")
         if status == "failed":
-            layout = self._layout(self._config(), context["dag"].dag_id, context["run_id"])
-            record_task_state(layout, "failed", try_number=context["ti"].try_number,
-                              clear_number=_clear_number(context), reason=event.get("reason"))
+            self._planner(context).record_state("failed", reason=event.get("reason"))
             raise StageFailedError(event.get("reason") or f"pipeline {self.graph.name!r}, stage {self.stage!r}: "
                                                           "a hybrid producer failed")
         if status == "waiting":
@@ -122,160 +137,54 @@ class SparkStageOperator(BaseOperator):
             raise AirflowRescheduleException(utcnow())
         return self.execute(context)
 
-    def _hybrid_inputs(self, config: SpeculativeConfig, context: Any) -> dict[str, dict[str, Any]] | None:
-        """Producer records of the hybrid inputs (plan-shaped), or None after deferring to wait for their plans.
-
-        Raises :class:`StageFailedError` naming pipeline, stage and input when a producer failed or the
-        wait exceeded ``hybrid_input_timeout``.
-        """
-        spec = self.graph.stages[self.stage]
-        dag_id, run_id = context["dag"].dag_id, context["run_id"]
-        clear_number = _clear_number(context)
-        where = f"pipeline {self.graph.name!r}, stage {self.stage!r}"
-        records: dict[str, dict[str, Any]] = {}
-        watch: dict[str, dict[str, Any]] = {}
-        for name, entry in spec.inputs.items():
-            if not isinstance(entry, ExchangeSpec) or entry.mode != "hybrid":
-                continue
-            producer = self._layout(config, dag_id, run_id, entry.upstream)
-            plan = read_json(producer.plan)
-            usable, failure = producer_plan_usable(plan, read_json(producer.dir / "task.json"),
-                                                   read_json(producer.committed), clear_number)
-            if failure:
-                raise StageFailedError(f"{where}, input {name!r}: hybrid producer stage {entry.upstream!r} {failure}")
-            if usable and plan is not None:
-                records[entry.upstream] = producer_record(plan)
-            else:
-                watch[name] = {"stage": entry.upstream, "dir": str(producer.dir)}
-        if not watch:
-            return records
-        layout = self._layout(config, dag_id, run_id)
-        marker = read_json(layout.dir / "hybrid_wait.json") or {}
-        key = {"clear_number": clear_number, "try_number": context["ti"].try_number}
-        if {k: marker.get(k) for k in key} != key:
-            marker = {**key, "since": time.time()}
-            atomic_write_json(layout.dir / "hybrid_wait.json", marker)
-        # A producer that has not planned yet may itself wait for its own upstreams (blocking or not):
-        # fail when one of them failed, and time out only when nothing upstream changed for that long.
-        upstream_stages = self._ancestors({w["stage"] for w in watch.values()})
-        for stage in sorted(upstream_stages):
-            _, failure = producer_plan_usable(None, read_json(self._layout(config, dag_id, run_id, stage).dir
-                                                               / "task.json"), None, clear_number)
-            if failure:
-                names = ", ".join(f"{n!r} ({w['stage']})" for n, w in watch.items())
-                raise StageFailedError(f"{where}, input {names}: upstream stage {stage!r} of the hybrid producer "
-                                       f"{failure}")
-        last_change = max([float(marker["since"]), *(_last_change(self._layout(config, dag_id, run_id, stage))
-                                                     for stage in upstream_stages)])
-        if time.time() - last_change > config.hybrid_input_timeout:
-            missing = ", ".join(f"{n!r} ({w['stage']})" for n, w in watch.items())
-            raise StageFailedError(f"{where}, input {missing}: no usable plan of the hybrid producer stage, and "
-                                   f"nothing upstream of it changed for {config.hybrid_input_timeout:g}s "
-                                   "(hybrid_input_timeout); did it start?")
-        self.log.info("stage %s: waiting for the plans of hybrid producers %s", self.stage,
-                      ", ".join(w["stage"] for w in watch.values()))
-        self.defer(trigger=HybridInputsTrigger(where=where, inputs=watch, clear_number=clear_number,
-                                               deferred_at=time.time(), window=HYBRID_WAIT_WINDOW),
-                   method_name="resume_after_inputs")
-        return None
-
-    def _ancestors(self, stages: set[str]) -> set[str]:
-        """``stages`` and every stage upstream of them, transitively."""
-        seen: set[str] = set()
-        pending = list(stages)
-        while pending:
-            stage = pending.pop()
-            if stage not in seen:
-                seen.add(stage)
-                pending += self.graph.upstreams(stage)
-        return seen
-
-    def _plan_and_defer(self, context: Any, config: SpeculativeConfig) -> Any:
+    def _plan_and_defer(self, planner: StagePlanner) -> Any:
         """Plan (once every hybrid producer has a plan), write plan.json, defer to the stage controller."""
-        dag_id, run_id = context["dag"].dag_id, context["run_id"]
-        layout = self._layout(config, dag_id, run_id)
-        spec = self.graph.stages[self.stage]
-        where = f"pipeline {self.graph.name!r}, stage {self.stage!r}"
-        application = application_path(spec.application, where)
-        source_files = list_sources(spec, where)
-        sink = self._rendered_sink() if self.sink else None
-        if sink is not None:
-            # Before any compute: a sink that would overwrite the store, a source or another stage's output.
-            sink.validate_plan(PlanContext(
-                dag_id=dag_id, run_id=run_id, stage=self.stage, where=f"{where}, sink {type(sink).__name__}",
-                store_root=layout.root,
-                source_paths=tuple(source_root(src) for src in spec.inputs.values() if isinstance(src, SourceSpec)),
-                declared=self.sink.describe() if self.sink is not None else None))
-        hybrid = self._hybrid_inputs(config, context)
-        if hybrid is None:
-            return None  # deferred until the hybrid producers have plans
-        # A hybrid producer is planned on its plan (always, so a retry plans the same ranges), others on commits.
-        upstream = {name: hybrid[name] if name in hybrid else read_committed(self._layout(config, dag_id, run_id, name))
-                    for name in self.graph.upstreams(self.stage)}
-        logical_date = context.get("logical_date")
-        plan = plan_stage(
-            self.graph, self.stage, config, source_files=source_files, upstream_committed=upstream,
-            sink=sink.to_json() if sink is not None else None,
-            speculation_blocker=self._speculation_blocker(),
-            context={"dag_id": dag_id, "run_id": run_id, "store_root": str(layout.root),
-                     "logical_date": logical_date.isoformat() if logical_date else None,
-                     "application": application, "try_number": context["ti"].try_number,
-                     "clear_number": _clear_number(context),
-                     "targets": resolve_targets(config, application=application, spark_conf=spec.spark_conf,
-                                                app_name=f"{dag_id}.{self.stage}", where=where)})
-        previous = read_json(layout.plan)
-        conf = (context.get("dag_run").conf or {}) if context.get("dag_run") is not None else {}
-        force = self.force_rerun or bool(conf.get("speculative_force_rerun"))
-        if force or (previous and previous.get("fingerprint") != plan["fingerprint"]):
-            if previous:
-                StageController(previous).kill_all("full rerun forced" if force else "stage replanned")
-            wipe_stage_attempts(layout)
-        elif previous:
-            # A retried or cleared task reruns only subtasks without a valid committed result.
-            observer = attempt_observer(layout)
-            for subtask, attempt, reason in broken_admissions(layout, plan["parallelism"]):
-                observer.invalidate(subtask, attempt, f"committed output no longer valid: {reason}")
-                journal(layout, "invalidate", subtask=subtask, attempt=attempt, reason=reason)
-        atomic_write_json(layout.plan, plan)
-        journal(layout, "plan_decided", parallelism=plan["parallelism"], decision=plan["parallelism_decision"])
-        for warning in plan["warnings"]:
-            self.log.warning("stage %s: %s", self.stage, warning)
-            journal(layout, "plan_warning", message=warning)
-        self.log.info("stage %s: %d subtasks, speculation %s, plan %s", self.stage, plan["parallelism"],
-                      "blocked: " + plan["speculation_blocker"] if plan["speculation_blocker"] else
-                      ("enabled" if config.enabled else "disabled"), layout.plan)
-        record_task_state(layout, "deferred", try_number=context["ti"].try_number,
-                          clear_number=_clear_number(context))
+        # Checks that need no upstream output come first, before waiting for hybrid producers.
+        application_path(self.graph.stages[self.stage].application, planner.where)
+        planner.validate_sink()
+        hybrid = planner.hybrid_inputs()
+        if isinstance(hybrid, HybridWait):
+            self.log.info("stage %s: waiting for the plans of hybrid producers %s", self.stage,
+                          ", ".join(w["stage"] for w in hybrid.inputs.values()))
+            self.defer(trigger=HybridInputsTrigger(where=hybrid.where, inputs=hybrid.inputs,
+                                                   clear_number=planner.run.clear_number, deferred_at=time.time(),
+                                                   window=HYBRID_WAIT_WINDOW),
+                       method_name="resume_after_inputs")
+            return None
+        planner.plan(hybrid)
+        run = planner.run
         # A stage without a sink or outlets needs nothing of the worker to commit: the trigger commits it and
         # ends the task from the triggerer (control/commit.py); the others resume here in execute_complete.
-        commit = ({"try_number": context["ti"].try_number, "clear_number": _clear_number(context)}
+        commit = ({"try_number": run.try_number, "clear_number": run.clear_number}
                   if self.commit_in_triggerer and self.sink is None and not self.outlets else None)
-        self.defer(trigger=StageControllerTrigger(plan_path=str(layout.plan), deferred_at=time.time(), commit=commit),
+        self.defer(trigger=StageControllerTrigger(plan_path=str(planner.layout.plan), deferred_at=time.time(),
+                                                  commit=commit),
                    method_name="execute_complete")
-
-    def _claim_store(self, root: Path, where: str) -> None:
-        """Own the store root (refuse a foreign directory) and record which metadata database it belongs to."""
-        identity = metadata_db_identity()
-        try:
-            # Without a database here (an Airflow 3 task) only the ownership marker is written.
-            record = claim_store(root, identity) if identity is not None else own_store(root)
-        except StoreNotOwnedError as exc:
-            # Writing here would make gc treat whatever else lives there as deleted DAG runs.
-            raise PlanError(f"{where}: {exc}") from None
-        except StoreError as exc:
-            self.log.warning("could not record the store's metadata database: %s", exc)
-            return
-        if identity is None:
-            return
-        recorded = (record or {}).get("metadata_db") or {}
-        if recorded.get("id") != identity["id"]:
-            self.log.warning("store %s belongs to metadata database %s, not this Airflow's %s: "
-                             "`airflow speculative gc` here will not delete runs", root, recorded.get("url"),
-                             identity["url"])
 
     def _rendered_sink(self) -> Sink:
         assert self.sink is not None
         return type(self.sink)(**(self.sink_args or {}))
+
+    def resume_from_trigger(self, context: Any, event: dict[str, Any]) -> Any:
+        """A stage started in the triggerer resumes here only to publish its asset event or to fail."""
+        status = (event or {}).get("status")
+        where = f"pipeline {self.graph.name!r}, stage {self.stage!r}"
+        if status == "plan_failed":
+            raise StageFailedError(f"{where}: {event.get('error')}: {event.get('reason')}"
+                                   if not str(event.get("reason", "")).startswith(where) else
+                                   f"{event.get('reason')}")
+        if status == "commit_failed":
+            raise StageFailedError(f"{where}: {event.get('reason')}")
+        if status == "committed":
+            plan = _event_plan({**event, "status": "success", "admitted": {}}, self.graph.name, self.stage)
+            layout = StageLayout(Path(plan["store_root"]), plan["dag_id"], plan["run_id"], plan["stage"])
+            record = read_committed(layout)
+            if record is None:
+                raise StageFailedError(f"{where}: committed.json is gone from {layout.dir}")
+            result = event.get("result") or {}
+            self._publish_asset_event(context, plan, record, record.get("summary") or {}, result.get("sink"))
+            return result
+        return self.execute_complete(context, event)
 
     # -- finalize (worker) ------------------------------------------------------------------
 
@@ -291,21 +200,9 @@ class SparkStageOperator(BaseOperator):
                               clear_number=_clear_number(context), reason=message.splitlines()[0])
             raise StageFailedError(message)
 
-        def finalize_sink(admitted: dict[int, int], record: dict[str, Any]) -> dict[str, Any] | None:
-            sink = Sink.from_json(plan["output"]["sink"])
-            ctx = FinalizationContext(
-                parallelism=plan["parallelism"], dag_id=plan["dag_id"], run_id=plan["run_id"], stage=plan["stage"],
-                logical_date=plan.get("logical_date"),
-                attempts={s: AttemptResult(subtask=s, attempt=a, data_dir=layout.data(s, a),
-                                           files=record["subtasks"][str(s)]["files"],
-                                           records=record["subtasks"][str(s)]["records"],
-                                           sink_info=record["subtasks"][str(s)]["sink"])
-                          for s, a in admitted.items()})
-            return sink.finalize_global(ctx)
-
         record, sink_result = commit_admitted(
             plan, layout, event, try_number=context["ti"].try_number, clear_number=_clear_number(context),
-            finalize_sink=finalize_sink if plan["output"].get("sink") else None)
+            finalize_sink=sink_finalizer(plan, layout))
         self._publish_asset_event(context, plan, record, summary, sink_result)
         removed, losers = remove_losers(layout, plan["parallelism"], admitted_of(event))
         if losers:
@@ -332,20 +229,7 @@ class SparkStageOperator(BaseOperator):
 
     def _cleanup_sink_staging(self, plan: dict[str, Any], layout: StageLayout,
                               attempts: tuple[tuple[int, int], ...] | None) -> None:
-        """Let the sink remove what attempts staged outside the store (all of a failed run, or the losers)."""
-        if not (plan.get("output") or {}).get("sink"):
-            return
-        scope = StagingScope(plan["dag_id"], plan["run_id"], plan["stage"], attempts)
-        try:
-            removed = Sink.from_json(plan["output"]["sink"]).cleanup_staging(scope)
-        except Exception as exc:  # clean-up must not hide the stage's own outcome; gc finds what is left
-            self.log.warning("stage %s: sink staging clean-up failed (airflow speculative gc will retry): %s",
-                             self.stage, exc)
-            journal(layout, "sink_staging_cleanup_failed", error=f"{type(exc).__name__}: {exc}")
-            return
-        if removed:
-            journal(layout, "sink_staging_removed", objects=removed,
-                    scope="stage run" if attempts is None else "losers")
+        cleanup_sink_staging(plan, layout, attempts, self.log)
 
 
 def sink_asset(sink: Sink | None) -> Any:
@@ -380,15 +264,6 @@ def asset_event_extra(plan: dict[str, Any], record: dict[str, Any], summary: dic
 def journal(layout: StageLayout, event: str, **fields: Any) -> None:
     """Record a planning or finalize step next to the controller's decisions."""
     journals.record(layout.journal, event, **fields)
-
-
-def _last_change(layout: StageLayout) -> float:
-    """When anything of a stage run last changed in the store (its journal, summary or task state)."""
-    times = [0.0]
-    for path in (layout.journal, layout.summary, layout.dir / "task.json"):
-        with contextlib.suppress(OSError):
-            times.append(path.stat().st_mtime)
-    return max(times)
 
 
 def _clear_number(context: Any) -> int:

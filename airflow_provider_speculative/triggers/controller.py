@@ -11,10 +11,12 @@ from airflow.triggers.base import BaseTrigger, TaskSuccessEvent, TriggerEvent
 
 from airflow_provider_speculative.control.commit import (
     admitted_of,
+    cleanup_sink_staging,
     commit_admitted,
     commit_summary,
     hold_after_commit,
     remove_losers,
+    sink_finalizer,
 )
 from airflow_provider_speculative.control.controller import StageController
 from airflow_provider_speculative.hooks.targets import connect_env
@@ -32,7 +34,9 @@ class StageControllerTrigger(BaseTrigger):
         self.plan_path = plan_path
         self.deferred_at = deferred_at
         # Set (try and clear number of the task) when this trigger may commit a successful stage itself and
-        # end the task from the triggerer: a stage without a sink and without asset outlets (control/commit.py).
+        # end the task from the triggerer (control/commit.py). A stage deferred from a worker gets it only
+        # without a sink and outlets; a stage started in the triggerer (triggers/stage.py) always, with
+        # "sink" (finalize the sink here) and "publish" (resume on a worker to publish the asset event).
         self.commit = commit
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
@@ -67,7 +71,7 @@ class StageControllerTrigger(BaseTrigger):
         controller = await asyncio.to_thread(StageController, plan, extra_env=env, target_env=target_env)
         metrics = StageMetrics.for_plan(controller.plan)
         in_line = runs_in_line()
-        guard = min_seconds_before_event()
+        guard = min_seconds_before_event() if self.needs_guard() else 0.0
         waiting: str | None = None
         while True:
             await asyncio.to_thread(controller.step)
@@ -82,12 +86,25 @@ class StageControllerTrigger(BaseTrigger):
             await await_next_step(controller)
         payload = controller.event_payload()
         if self._ends_here(controller, in_line):
-            result = await asyncio.to_thread(self._commit, controller, payload)
+            try:
+                result = await asyncio.to_thread(self._commit, controller, payload)
+            except Exception as exc:  # a sink that cannot finalize: fail the task on a worker, with the cause
+                self.log.exception("stage %s: commit failed", controller.plan["stage"])
+                yield TriggerEvent({"status": "commit_failed", "plan_path": self.plan_path,
+                                    "reason": f"commit failed: {type(exc).__name__}: {exc}"})
+                return
             if controller.config.fault_injection.hold_commit:
                 await asyncio.to_thread(hold_after_commit, controller.layout)
+            if (self.commit or {}).get("publish"):
+                yield TriggerEvent({"status": "committed", "plan_path": self.plan_path, "result": result})
+                return
             yield TaskSuccessEvent(xcoms={"return_value": result})
             return
         yield TriggerEvent(payload)
+
+    def needs_guard(self) -> bool:
+        """Hold the event back ``min_seconds_before_event``: a worker deferred this task (see triggers/timing.py)."""
+        return True
 
     def _ends_here(self, controller: StageController, in_line: bool) -> bool:
         """Commit here and end the task from the triggerer (no worker run, no scheduler round trip)?
@@ -101,16 +118,20 @@ class StageControllerTrigger(BaseTrigger):
     def _commit(self, controller: StageController, payload: dict[str, Any]) -> dict[str, Any]:
         plan, layout = controller.plan, controller.layout
         assert self.commit is not None  # only called when _ends_here
-        commit_admitted(plan, layout, payload, try_number=self.commit["try_number"],
-                        clear_number=self.commit["clear_number"], by="triggerer")
-        removed, _ = remove_losers(layout, plan["parallelism"], admitted_of(payload))
+        finalize = sink_finalizer(plan, layout) if self.commit.get("sink") else None
+        _, sink_result = commit_admitted(plan, layout, payload, try_number=self.commit["try_number"],
+                                         clear_number=self.commit["clear_number"], by="triggerer",
+                                         finalize_sink=finalize)
+        removed, losers = remove_losers(layout, plan["parallelism"], admitted_of(payload))
+        if losers and finalize is not None:
+            cleanup_sink_staging(plan, layout, losers, self.log)
         summary = payload.get("summary", {})
         StageMetrics.for_plan(plan).emit(summary, only_changed=False)
         self.log.info("stage %s committed %d subtasks in the triggerer (removed %d losing outputs); "
                       "numSlowExecutionVertices=%s numEffectiveSpeculativeExecutions=%s", plan["stage"],
                       len(payload["admitted"]), removed, summary.get("numSlowExecutionVertices"),
                       summary.get("numEffectiveSpeculativeExecutions"))
-        return commit_summary(plan["stage"], layout, None, summary)
+        return commit_summary(plan["stage"], layout, sink_result, summary)
 
     async def on_kill(self) -> None:
         """The user marked the task failed or cleared it: stop every Spark driver of this stage."""

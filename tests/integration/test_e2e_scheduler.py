@@ -159,12 +159,13 @@ def run_and_check(dep: AirflowCluster, lineitem: Path, tmp_path: Path) -> None:
             assert attempts == [(0, "FINISHED", True, False)], f"stage {name} subtask {sub['subtask']}: {attempts}"
             assert sub["admitted"] == 0
 
-    # scan (no sink, no outlets) was committed by its trigger, which ended the task in the triggerer with
-    # the summary as XCom; aggregate (a sink) resumed on a worker for finalize.
+    # Both stages started in the triggerer (start_from_trigger: planned there, no worker before the commit) and
+    # were committed by their trigger; scan ended its task there with the summary as XCom, aggregate (a sink
+    # asset outlet) resumed on a worker only to publish the asset event.
     run_dir = next(p for p in (dep.store / DAG_ID).iterdir() if p.is_dir())
     committed_by = {stage: [e.get("by") for e in map(json.loads, (run_dir / stage / "journal.jsonl").open())
                             if e["event"] == "finalize_done"] for stage in ("scan", "aggregate")}
-    assert committed_by == {"scan": ["triggerer"], "aggregate": ["worker"]}, committed_by
+    assert committed_by == {"scan": ["triggerer"], "aggregate": ["triggerer"]}, committed_by
     scan_xcom = dep.api("GET", f"/dags/{DAG_ID}/dagRuns/{quote(run_id, safe='')}/taskInstances/scan/"
                                "xcomEntries/return_value?deserialize=true")
     scan_value = scan_xcom["value"] if isinstance(scan_xcom["value"], dict) else json.loads(scan_xcom["value"])

@@ -7,12 +7,12 @@
   components while scan attempts (their Spark drivers) are running, for as long as it needs, and then let
   them finish.
 
-Every stage task retries once, 5 s after a failure. In ``e2e_q1`` both stages finalize on a worker
-(``commit_in_triggerer=False`` on scan; the aggregate has a sink), and every stage task runs
+Every stage task retries once, 5 s after a failure. In ``e2e_q1`` both stages start and finalize on a worker
+(``commit_in_triggerer=False``), and every stage task runs
 :func:`hold_before_finalize` first: a test can ask it (through control files) to stop a task after its
 stage controller decided the stage, just before finalize, so that the worker process executing the task
-can be killed at a known point. In ``e2e_q1_barrier`` the scan is committed by its trigger in the
-triggerer (the default), so killing the triggerer mid-stage tests that path's restart. ``e2e_q1_commit``
+can be killed at a known point. In ``e2e_q1_barrier`` both stages start in the triggerer and are committed there
+(the default), so killing the triggerer mid-stage tests that path's restart. ``e2e_q1_commit``
 (fault injection ``hold_commit``) holds that trigger after it wrote ``committed.json`` and before its
 event ends the task (``<stage dir>/commit.held``, until ``commit.release`` exists): the triggerer can be
 killed between the two.
@@ -71,7 +71,7 @@ def hold_before_finalize(context: Any) -> None:
 
 
 def q1_dag(dag_id: str, *, schedule: str | None, scan_config: dict[str, Any] | None = None,
-           scan_commit_in_triggerer: bool = True) -> DAG:
+           commit_in_triggerer: bool = True) -> DAG:
     """The 2-stage Q1 pipeline as DAG ``dag_id``, sink ``$SPECULATIVE_EXAMPLE_OUTPUT/<dag_id>/<ds>``."""
     default_args = {"retries": 1, "retry_delay": timedelta(seconds=5)}
     with DAG(dag_id=dag_id, schedule=schedule, start_date=pendulum.datetime(2026, 1, 1, tz="UTC"), catchup=False,
@@ -81,14 +81,14 @@ def q1_dag(dag_id: str, *, schedule: str | None, scan_config: dict[str, Any] | N
         scan = pipeline.stage("scan", application=str(APPS / "q1_scan.py"), parallelism=2,
                               inputs={"lineitem": parquet_source(os.environ["SPECULATIVE_EXAMPLE_DATA"])},
                               config=scan_config, pre_execute=hold_before_finalize,
-                              commit_in_triggerer=scan_commit_in_triggerer)
+                              commit_in_triggerer=commit_in_triggerer)
         pipeline.stage("aggregate", application=str(APPS / "q1_final.py"), parallelism=1,
                        inputs={"partials": all_to_all(scan, key=["l_returnflag", "l_linestatus"])},
                        sink=ParquetSink(os.environ["SPECULATIVE_EXAMPLE_OUTPUT"] + f"/{dag_id}/{{{{ ds }}}}"),
-                       pre_execute=hold_before_finalize)
+                       pre_execute=hold_before_finalize, commit_in_triggerer=commit_in_triggerer)
     return dag
 
 
-e2e_q1 = q1_dag("e2e_q1", schedule="@daily", scan_commit_in_triggerer=False)
+e2e_q1 = q1_dag("e2e_q1", schedule="@daily", commit_in_triggerer=False)
 e2e_q1_barrier = q1_dag("e2e_q1_barrier", schedule=None, scan_config={"fault_injection": {"barrier": True}})
 e2e_q1_commit = q1_dag("e2e_q1_commit", schedule=None, scan_config={"fault_injection": {"hold_commit": True}})

@@ -1,0 +1,250 @@
+"""Plan one stage run: the single planning path of the operator (on a worker) and the start trigger (triggerer).
+
+Planning reads the store, lists sources, resolves targets from connections and writes ``plan.json``. It
+runs where the stage starts: by default in the triggerer (``triggers/stage.py``, ``StageStartTrigger``:
+no worker start and no DAG parse per stage), or on a worker in ``SparkStageOperator.execute`` (under
+``dag.test()`` and with ``commit_in_triggerer=False``). Both call :class:`StagePlanner`, so the checks
+and the plan are the same.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from airflow_provider_speculative.backends.registry import attempt_observer
+from airflow_provider_speculative.control.controller import StageController, wipe_stage_attempts
+from airflow_provider_speculative.control.sources import application_path, list_sources, source_root
+from airflow_provider_speculative.core.config import SpeculativeConfig
+from airflow_provider_speculative.core.graph import ExchangeSpec, PipelineGraph, SourceSpec
+from airflow_provider_speculative.core.hybrid import producer_plan_usable, producer_record
+from airflow_provider_speculative.core.plan import plan_stage
+from airflow_provider_speculative.exceptions import PlanError, StageFailedError, StoreError
+from airflow_provider_speculative.hooks.targets import resolve_targets
+from airflow_provider_speculative.settings import airflow_config, metadata_db_identity, store_root
+from airflow_provider_speculative.sinks.base import PlanContext, Sink
+from airflow_provider_speculative.store import journal as journals
+from airflow_provider_speculative.store.files import atomic_write_json, read_json
+from airflow_provider_speculative.store.identity import StoreNotOwnedError, claim_store, own_store
+from airflow_provider_speculative.store.layout import StageLayout
+from airflow_provider_speculative.store.results import broken_admissions, read_committed
+from airflow_provider_speculative.store.task_state import record_task_state
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """What planning needs of the task instance and its DAG run (from a worker's context or a trigger's TI)."""
+
+    dag_id: str
+    run_id: str
+    try_number: int
+    clear_number: int
+    logical_date: str | None = None
+    conf: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class HybridWait:
+    """Hybrid producers without a usable plan yet: what to watch (input name -> producer stage and dir)."""
+
+    where: str
+    inputs: dict[str, dict[str, Any]]
+
+
+class StagePlanner:
+    """Plans one stage of a graph for one task try; every refusal names pipeline, stage and input."""
+
+    def __init__(self, graph: PipelineGraph, stage: str, *, sink: Sink | None, declared_sink: dict[str, Any] | None,
+                 run: RunInfo, force_rerun: bool = False, logger: Any = None) -> None:
+        self.graph = graph
+        self.stage = stage
+        self.sink = sink
+        self.declared_sink = declared_sink
+        self.run = run
+        self.force_rerun = force_rerun
+        self.log = logger or log
+        self.where = f"pipeline {graph.name!r}, stage {stage!r}"
+        spec = graph.stages[stage]
+        self.config: SpeculativeConfig = (airflow_config()
+                                          .with_overrides(graph.config, f"pipeline {graph.name!r}")
+                                          .with_overrides(spec.config, f"stage {stage!r}"))
+        self.layout = self.layout_of(stage)
+
+    def layout_of(self, stage: str) -> StageLayout:
+        """The store directory of ``stage`` in this DAG run."""
+        return StageLayout(store_root(self.config), self.run.dag_id, self.run.run_id, stage)
+
+    def record_state(self, state: str, reason: str | None = None) -> None:
+        """Record the task's state in the store (hybrid consumers read it to fail at once)."""
+        fields = {"reason": reason} if reason is not None else {}
+        record_task_state(self.layout, state, try_number=self.run.try_number, clear_number=self.run.clear_number,
+                          **fields)
+
+    def record_failure(self, exc: BaseException) -> None:
+        """Record a planning failure; a full store must not hide the stage's own error."""
+        with contextlib.suppress(StoreError):
+            self.record_state("failed", reason=f"{type(exc).__name__}: {exc}")
+
+    def start(self) -> None:
+        """Own the store root (before its first write: a foreign directory gets nothing of ours), record 'planning'."""
+        self.claim_store()
+        self.record_state("planning")
+
+    def claim_store(self) -> None:
+        """Own the store root (refuse a foreign directory) and record which metadata database it belongs to."""
+        root = self.layout.root
+        identity = metadata_db_identity()
+        try:
+            # Without a database here (an Airflow 3 task or trigger) only the ownership marker is written.
+            record = claim_store(root, identity) if identity is not None else own_store(root)
+        except StoreNotOwnedError as exc:
+            # Writing here would make gc treat whatever else lives there as deleted DAG runs.
+            raise PlanError(f"{self.where}: {exc}") from None
+        except StoreError as exc:
+            self.log.warning("could not record the store's metadata database: %s", exc)
+            return
+        if identity is None:
+            return
+        recorded = (record or {}).get("metadata_db") or {}
+        if recorded.get("id") != identity["id"]:
+            self.log.warning("store %s belongs to metadata database %s, not this Airflow's %s: "
+                             "`airflow speculative gc` here will not delete runs", root, recorded.get("url"),
+                             identity["url"])
+
+    def speculation_blocker(self) -> str | None:
+        """Why no two attempts of a subtask may run at once (a source or the sink cannot take it), or None."""
+        for name, source in self.graph.stages[self.stage].inputs.items():
+            if isinstance(source, SourceSpec) and not source.supports_concurrent_attempts:
+                return f"source {name!r} cannot take concurrent attempts"
+        if self.sink is not None and not self.sink.supports_concurrent_attempts:
+            return f"sink {type(self.sink).__name__} does not implement SupportsConcurrentExecutionAttempts"
+        return None
+
+    def ancestors(self, stages: set[str]) -> set[str]:
+        """``stages`` and every stage upstream of them, transitively."""
+        seen: set[str] = set()
+        pending = list(stages)
+        while pending:
+            stage = pending.pop()
+            if stage not in seen:
+                seen.add(stage)
+                pending += self.graph.upstreams(stage)
+        return seen
+
+    def hybrid_inputs(self) -> dict[str, dict[str, Any]] | HybridWait:
+        """Producer records of the hybrid inputs (plan-shaped), or what is still missing.
+
+        Raises :class:`StageFailedError` naming pipeline, stage and input when a producer failed or nothing
+        upstream changed for ``hybrid_input_timeout``.
+        """
+        spec = self.graph.stages[self.stage]
+        records: dict[str, dict[str, Any]] = {}
+        watch: dict[str, dict[str, Any]] = {}
+        for name, entry in spec.inputs.items():
+            if not isinstance(entry, ExchangeSpec) or entry.mode != "hybrid":
+                continue
+            producer = self.layout_of(entry.upstream)
+            plan = read_json(producer.plan)
+            usable, failure = producer_plan_usable(plan, read_json(producer.dir / "task.json"),
+                                                   read_json(producer.committed), self.run.clear_number)
+            if failure:
+                raise StageFailedError(f"{self.where}, input {name!r}: hybrid producer stage {entry.upstream!r} "
+                                       f"{failure}")
+            if usable and plan is not None:
+                records[entry.upstream] = producer_record(plan)
+            else:
+                watch[name] = {"stage": entry.upstream, "dir": str(producer.dir)}
+        if not watch:
+            return records
+        marker = read_json(self.layout.dir / "hybrid_wait.json") or {}
+        key = {"clear_number": self.run.clear_number, "try_number": self.run.try_number}
+        if {k: marker.get(k) for k in key} != key:
+            marker = {**key, "since": time.time()}
+            atomic_write_json(self.layout.dir / "hybrid_wait.json", marker)
+        # A producer that has not planned yet may itself wait for its own upstreams (blocking or not):
+        # fail when one of them failed, and time out only when nothing upstream changed for that long.
+        upstream_stages = self.ancestors({w["stage"] for w in watch.values()})
+        for stage in sorted(upstream_stages):
+            _, failure = producer_plan_usable(None, read_json(self.layout_of(stage).dir / "task.json"), None,
+                                              self.run.clear_number)
+            if failure:
+                names = ", ".join(f"{n!r} ({w['stage']})" for n, w in watch.items())
+                raise StageFailedError(f"{self.where}, input {names}: upstream stage {stage!r} of the hybrid "
+                                       f"producer {failure}")
+        last_change = max([float(marker["since"]), *(_last_change(self.layout_of(stage))
+                                                     for stage in upstream_stages)])
+        if time.time() - last_change > self.config.hybrid_input_timeout:
+            missing = ", ".join(f"{n!r} ({w['stage']})" for n, w in watch.items())
+            raise StageFailedError(f"{self.where}, input {missing}: no usable plan of the hybrid producer stage, "
+                                   f"and nothing upstream of it changed for {self.config.hybrid_input_timeout:g}s "
+                                   "(hybrid_input_timeout); did it start?")
+        return HybridWait(self.where, watch)
+
+    def validate_sink(self) -> None:
+        """Before any compute: a sink that would overwrite the store, a source or another stage's output."""
+        if self.sink is None:
+            return
+        spec = self.graph.stages[self.stage]
+        self.sink.validate_plan(PlanContext(
+            dag_id=self.run.dag_id, run_id=self.run.run_id, stage=self.stage,
+            where=f"{self.where}, sink {type(self.sink).__name__}", store_root=self.layout.root,
+            source_paths=tuple(source_root(src) for src in spec.inputs.values() if isinstance(src, SourceSpec)),
+            declared=self.declared_sink))
+
+    def plan(self, hybrid: dict[str, dict[str, Any]]) -> dict[str, Any]:
+        """Decide the plan from sources and committed upstreams, reconcile with a previous plan, write plan.json."""
+        spec = self.graph.stages[self.stage]
+        layout = self.layout
+        application = application_path(spec.application, self.where)
+        source_files = list_sources(spec, self.where)
+        self.validate_sink()
+        # A hybrid producer is planned on its plan (always, so a retry plans the same ranges), others on commits.
+        upstream = {name: hybrid[name] if name in hybrid else read_committed(self.layout_of(name))
+                    for name in self.graph.upstreams(self.stage)}
+        plan = plan_stage(
+            self.graph, self.stage, self.config, source_files=source_files, upstream_committed=upstream,
+            sink=self.sink.to_json() if self.sink is not None else None,
+            speculation_blocker=self.speculation_blocker(),
+            context={"dag_id": self.run.dag_id, "run_id": self.run.run_id, "store_root": str(layout.root),
+                     "logical_date": self.run.logical_date, "application": application,
+                     "try_number": self.run.try_number, "clear_number": self.run.clear_number,
+                     "targets": resolve_targets(self.config, application=application, spark_conf=spec.spark_conf,
+                                                app_name=f"{self.run.dag_id}.{self.stage}", where=self.where)})
+        previous = read_json(layout.plan)
+        force = self.force_rerun or bool(self.run.conf.get("speculative_force_rerun"))
+        if force or (previous and previous.get("fingerprint") != plan["fingerprint"]):
+            if previous:
+                StageController(previous).kill_all("full rerun forced" if force else "stage replanned")
+            wipe_stage_attempts(layout)
+        elif previous:
+            # A retried or cleared task reruns only subtasks without a valid committed result.
+            observer = attempt_observer(layout)
+            for subtask, attempt, reason in broken_admissions(layout, plan["parallelism"]):
+                observer.invalidate(subtask, attempt, f"committed output no longer valid: {reason}")
+                journals.record(layout.journal, "invalidate", subtask=subtask, attempt=attempt, reason=reason)
+        atomic_write_json(layout.plan, plan)
+        journals.record(layout.journal, "plan_decided", parallelism=plan["parallelism"],
+                        decision=plan["parallelism_decision"])
+        for warning in plan["warnings"]:
+            self.log.warning("stage %s: %s", self.stage, warning)
+            journals.record(layout.journal, "plan_warning", message=warning)
+        self.log.info("stage %s: %d subtasks, speculation %s, plan %s", self.stage, plan["parallelism"],
+                      "blocked: " + plan["speculation_blocker"] if plan["speculation_blocker"] else
+                      ("enabled" if self.config.enabled else "disabled"), layout.plan)
+        self.record_state("deferred")
+        return plan
+
+
+def _last_change(layout: StageLayout) -> float:
+    """When anything of a stage run last changed in the store (its journal, summary or task state)."""
+    times = [0.0]
+    for path in (layout.journal, layout.summary, layout.dir / "task.json"):
+        with contextlib.suppress(OSError):
+            times.append(path.stat().st_mtime)
+    return max(times)
+

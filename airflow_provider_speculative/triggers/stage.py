@@ -1,0 +1,106 @@
+"""StageStartTrigger: a stage task that starts in the triggerer (``start_from_trigger``). Thin: see control/planning.py.
+
+The scheduler defers the task straight into this trigger when its upstreams succeed: no executor slot,
+no worker process and no DAG parse per stage. The trigger plans the stage (in a thread), runs the
+stage controller, commits (the sink too) and ends the task from the triggerer. Only a stage with asset
+outlets resumes on a worker, after the commit, to publish the asset event; a planning or commit failure
+resumes on a worker to fail the task with its message. Such a task has no worker run before its
+deferral, so no stale executor event can fail it and no guard delay is needed (docs/design/stage-boundaries.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+from airflow.triggers.base import TriggerEvent
+
+from airflow_provider_speculative.control.planning import HybridWait, RunInfo, StagePlanner
+from airflow_provider_speculative.core.graph import PipelineGraph
+from airflow_provider_speculative.sinks.base import Sink
+from airflow_provider_speculative.triggers.controller import StageControllerTrigger
+
+# How often a stage waiting for its hybrid producers' plans looks at the store.
+HYBRID_POLL_SECONDS = 0.25
+
+
+class StageStartTrigger(StageControllerTrigger):
+    """Plan, run, speculate and commit one stage run entirely in the triggerer."""
+
+    def __init__(self, graph: dict[str, Any], stage: str, sink_class: str | None = None,
+                 sink_args: dict[str, Any] | None = None, declared_sink: dict[str, Any] | None = None,
+                 force_rerun: bool = False, publish: bool = False, plan_path: str = "",
+                 deferred_at: float = 0.0, commit: dict[str, Any] | None = None) -> None:
+        super().__init__(plan_path=plan_path, deferred_at=deferred_at, commit=commit)
+        self.graph = graph
+        self.stage = stage
+        self.sink_class = sink_class
+        # A template field of the operator: Airflow renders it here (trigger attribute and trigger_kwargs key).
+        self.sink_args = sink_args
+        self.declared_sink = declared_sink
+        self.force_rerun = force_rerun
+        self.publish = publish
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        """The parse-time arguments: a restarted triggerer plans again from them and the store."""
+        return (f"{type(self).__module__}.{type(self).__qualname__}",
+                {"graph": self.graph, "stage": self.stage, "sink_class": self.sink_class, "sink_args": self.sink_args,
+                 "declared_sink": self.declared_sink, "force_rerun": self.force_rerun, "publish": self.publish})
+
+    def needs_guard(self) -> bool:
+        """No worker ran before this deferral, so no stale executor event exists."""
+        return False
+
+    def _run_info(self) -> RunInfo:
+        """The task try and DAG run this trigger belongs to (the triggerer attaches them for start_from_trigger)."""
+        ti: Any = self.task_instance
+        if ti is None:
+            raise RuntimeError(f"stage {self.stage!r}: started without its task instance (not from start_from_trigger)")
+        context = getattr(ti, "_ti_context_from_server", None)
+        dag_run = getattr(context, "dag_run", None)
+        logical_date = getattr(dag_run, "logical_date", None)
+        return RunInfo(dag_id=ti.dag_id, run_id=ti.run_id, try_number=int(ti.try_number),
+                       clear_number=int(getattr(dag_run, "clear_number", 0) or 0),
+                       logical_date=logical_date.isoformat() if logical_date is not None else None,
+                       conf=dict(getattr(dag_run, "conf", None) or {}))
+
+    def _planner(self) -> StagePlanner:
+        sink = None
+        if self.sink_class is not None:
+            sink = Sink.from_json({"class": self.sink_class, "kwargs": self.sink_args or {}})
+        return StagePlanner(PipelineGraph.from_json(self.graph), self.stage, sink=sink,
+                            declared_sink=self.declared_sink, run=self._run_info(), force_rerun=self.force_rerun,
+                            logger=self.log)
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        """Plan (waiting here for hybrid producers' plans), then control and commit the stage; yield one event."""
+        planner: StagePlanner | None = None
+        try:
+            planner = await asyncio.to_thread(self._planner)
+            await asyncio.to_thread(planner.start)
+            while True:
+                hybrid = await asyncio.to_thread(planner.hybrid_inputs)
+                if not isinstance(hybrid, HybridWait):
+                    break
+                await asyncio.sleep(HYBRID_POLL_SECONDS)
+            await asyncio.to_thread(planner.plan, hybrid)
+        except Exception as exc:
+            # Fail on a worker with the planner's message (it names pipeline, stage and input): the task log
+            # shows it as the task's error, and retries behave as for any failed try.
+            if planner is not None:
+                await asyncio.to_thread(planner.record_failure, exc)
+            self.log.error("stage %s: planning failed: %s: %s", self.stage, type(exc).__name__, exc)
+            yield TriggerEvent({"status": "plan_failed", "error": type(exc).__name__, "reason": str(exc)})
+            return
+        run = planner.run
+        self.plan_path = str(planner.layout.plan)
+        self.commit = {"try_number": run.try_number, "clear_number": run.clear_number, "sink": True,
+                       "publish": self.publish}
+        async for event in super().run():
+            yield event
+
+    async def on_kill(self) -> None:
+        """Stop every Spark driver of this stage (nothing to stop before the stage was planned)."""
+        if self.plan_path:
+            await super().on_kill()

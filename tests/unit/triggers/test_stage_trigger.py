@@ -1,0 +1,180 @@
+"""StageStartTrigger: a stage task started in the triggerer plans there, with the operator's checks and plan."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import json
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pendulum
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from airflow.sdk import DAG
+from airflow.sdk.exceptions import TaskDeferred
+from airflow.triggers.base import TaskSuccessEvent
+
+from airflow_provider_speculative import ParquetSink, Pipeline, all_to_all, broadcast, parquet_source
+from airflow_provider_speculative.core.config import SpeculativeConfig
+from airflow_provider_speculative.core.graph import PipelineGraph
+from airflow_provider_speculative.store.files import read_json
+from airflow_provider_speculative.store.layout import StageLayout
+from airflow_provider_speculative.triggers import controller as controller_module
+from airflow_provider_speculative.triggers.stage import StageStartTrigger
+
+
+@pytest.fixture
+def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", '{"conn_type": "spark", "host": "local[1]"}')
+    monkeypatch.setenv("AIRFLOW__SPECULATIVE__STORE_PATH", str(tmp_path / "store"))
+    source = tmp_path / "src"
+    source.mkdir()
+    for i in range(2):
+        pq.write_table(pa.table({"k": [i], "v": [i * 10]}), source / f"part-{i}.parquet")
+    (tmp_path / "app.py").write_text("# stage application\n")
+    return tmp_path
+
+
+def _pipeline(tmp_path: Path, application: str = "app.py", **scan_kwargs: Any) -> Pipeline:
+    with DAG("d", schedule=None), Pipeline("p") as pipeline:
+        scan = pipeline.stage("scan", application=str(tmp_path / application), parallelism=2,
+                              inputs={"src": parquet_source(str(tmp_path / "src"))}, **scan_kwargs)
+        pipeline.stage("agg", application=str(tmp_path / "app.py"), parallelism=1,
+                       inputs={"partials": all_to_all(scan, key=["k"])},
+                       sink=ParquetSink(str(tmp_path / "out" / "{{ ds }}")))
+    return pipeline
+
+
+def _task_instance(stage: str, try_number: int = 1) -> SimpleNamespace:
+    dag_run = SimpleNamespace(clear_number=0, logical_date=pendulum.datetime(2026, 1, 1, tz="UTC"), conf={})
+    return SimpleNamespace(dag_id="d", run_id="r1", task_id=stage, try_number=try_number,
+                           _ti_context_from_server=SimpleNamespace(dag_run=dag_run))
+
+
+def _trigger(op: Any) -> StageStartTrigger:
+    """The trigger as the triggerer builds it: from the serialised start arguments, with its task instance."""
+    args = op.start_trigger_args
+    module, _, name = args.trigger_cls.rpartition(".")
+    kwargs = json.loads(json.dumps(args.trigger_kwargs))
+    trigger = getattr(importlib.import_module(module), name)(**kwargs)
+    trigger._task_instance = _task_instance(op.task_id)
+    return trigger
+
+
+async def _events(trigger: StageStartTrigger) -> list[Any]:
+    return [event async for event in trigger.run()]
+
+
+def test_graph_json_round_trip_is_equal() -> None:
+    with DAG("d", schedule=None), Pipeline("p", config={"check_interval": "500ms"}) as pipeline:
+        a = pipeline.stage("a", application="/apps/a.py", parallelism=2, inputs={"s": parquet_source("/data/s")},
+                           spark_conf={"spark.x": "1"}, application_args=["--n", "3"])
+        b = pipeline.stage("b", application="/apps/b.py", parallelism="auto", min_parallelism=1,
+                           inputs={"x": all_to_all(a, key=["k"], mode="hybrid")})
+        pipeline.stage("c", application="/apps/c.py", parallelism=2,
+                       inputs={"y": all_to_all(b, key=["k"]), "dim": broadcast(parquet_source("/data/d"))},
+                       config={"enabled": True}, deterministic=False)
+    graph = pipeline.graph()
+    rebuilt = PipelineGraph.from_json(json.loads(json.dumps(graph.to_json())))
+    assert rebuilt == graph
+
+
+def test_stages_start_in_the_triggerer_unless_told_otherwise(env: Path) -> None:
+    pipeline = _pipeline(env)
+    scan, agg = pipeline.stages["scan"].task, pipeline.stages["agg"].task
+    assert scan.start_from_trigger and agg.start_from_trigger
+    assert scan.start_trigger_args.next_method == "resume_from_trigger"
+    assert scan.start_trigger_args.trigger_kwargs["publish"] is False
+    assert agg.start_trigger_args.trigger_kwargs["publish"] is True  # the sink's asset: published on a worker
+    legacy = _pipeline(env, commit_in_triggerer=False).stages["scan"].task
+    assert not legacy.start_from_trigger
+
+
+def test_serialize_round_trip(env: Path) -> None:
+    trigger = _trigger(_pipeline(env).stages["agg"].task)
+    classpath, kwargs = trigger.serialize()
+    module, _, name = classpath.rpartition(".")
+    assert getattr(importlib.import_module(module), name)(**kwargs).serialize() == (classpath, kwargs)
+    assert not trigger.needs_guard()
+
+
+def test_a_planning_error_fails_the_task_on_a_worker_naming_pipeline_and_stage(env: Path) -> None:
+    op = _pipeline(env, application="missing.py").stages["scan"].task
+    (event,) = asyncio.run(_events(_trigger(op)))
+    assert event.payload["status"] == "plan_failed"
+    assert "pipeline 'p', stage 'scan'" in event.payload["reason"] and "missing.py" in event.payload["reason"]
+    layout = StageLayout(env / "store", "d", "r1", "scan")
+    assert read_json(layout.dir / "task.json")["state"] == "failed"  # hybrid consumers fail at once on it
+    from airflow_provider_speculative.exceptions import StageFailedError
+
+    with pytest.raises(StageFailedError, match=r"pipeline 'p', stage 'scan'.*missing\.py"):
+        op.resume_from_trigger({}, event.payload)
+
+
+class DecidedController:
+    """Every subtask admitted attempt 0 at once (what the real controller decides after the attempts finish)."""
+
+    def __init__(self, plan: dict[str, Any], *, extra_env: dict[str, str], target_env: dict[str, Any]) -> None:
+        self.plan = plan
+        self.layout = StageLayout(Path(plan["store_root"]), plan["dag_id"], plan["run_id"], plan["stage"])
+        self.config = SpeculativeConfig(check_interval=0.0)
+        self.done = self.succeeded = True
+        for subtask in range(plan["parallelism"]):
+            data = self.layout.data(subtask, 0)
+            data.mkdir(parents=True)
+            pq.write_table(pa.table({"k": [subtask]}), data / "part-0.parquet")
+            from airflow_provider_speculative.store.manifest import build_manifest, write_manifest
+
+            write_manifest(self.layout.manifest(subtask, 0), build_manifest(data, records=1))
+
+    def step(self) -> list[Any]:
+        return []
+
+    def summary(self) -> dict[str, Any]:
+        return {"numSlowExecutionVertices": 0, "numEffectiveSpeculativeExecutions": 0}
+
+    def event_payload(self) -> dict[str, Any]:
+        return {"status": "success", "plan_path": str(self.layout.plan),
+                "admitted": {str(s): 0 for s in range(self.plan["parallelism"])}, "summary": self.summary()}
+
+
+def test_a_stage_is_planned_controlled_and_committed_in_the_triggerer(env: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(controller_module, "StageController", DecidedController)
+    monkeypatch.setattr(controller_module, "runs_in_line", lambda: False)
+    pipeline = _pipeline(env)
+
+    (event,) = asyncio.run(_events(_trigger(pipeline.stages["scan"].task)))
+    scan = StageLayout(env / "store", "d", "r1", "scan")
+    assert isinstance(event, TaskSuccessEvent)  # no sink, no outlets: the task ends in the triggerer
+    assert read_json(scan.plan)["parallelism"] == 2 and read_json(scan.plan)["logical_date"].startswith("2026-01-01")
+    assert read_json(scan.committed)["subtasks"]["1"]["attempt"] == 0
+
+    # The consumer plans from the producer's commit, renders its sink path, commits the sink here and resumes
+    # on a worker only to publish the asset event.
+    agg_op = pipeline.stages["agg"].task
+    trigger = _trigger(agg_op)
+    trigger.sink_args = {**trigger.sink_args, "path": str(env / "out" / "2026-01-01")}  # as Airflow renders it
+    (event,) = asyncio.run(_events(trigger))
+    agg = StageLayout(env / "store", "d", "r1", "agg")
+    assert event.payload["status"] == "committed"
+    assert (env / "out" / "2026-01-01" / "_SUCCESS").exists()
+    assert [e.get("by") for e in map(json.loads, agg.journal.open()) if e["event"] == "finalize_done"] == ["triggerer"]
+    outlet = SimpleNamespace(extra=None)
+    context = {"outlet_events": {agg_op.sink_asset: outlet}}
+    result = agg_op.resume_from_trigger(context, event.payload)
+    assert result["committed"] == str(agg.committed)
+    assert outlet.extra["records"] == 1 and outlet.extra["location"] == str(env / "out" / "2026-01-01")
+
+
+def test_dag_test_still_plans_on_the_worker(env: Path) -> None:
+    op = _pipeline(env).stages["scan"].task
+    context = {"dag": SimpleNamespace(dag_id="d"), "run_id": "r2", "ti": SimpleNamespace(try_number=1),
+               "logical_date": pendulum.datetime(2026, 1, 1, tz="UTC"), "dag_run": SimpleNamespace(conf={})}
+    with pytest.raises(TaskDeferred) as deferred:
+        op.execute(context)
+    assert deferred.value.method_name == "execute_complete"
+    assert read_json(deferred.value.trigger.plan_path)["parallelism"] == 2
