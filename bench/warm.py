@@ -16,8 +16,12 @@ and for each of the scenarios:
   d  as c, but run the way it is deployed: a real Airflow (PostgreSQL, LocalExecutor, api-server,
      scheduler, dag-processor, triggerer; tests/integration/airflow_cluster.py) started beforehand and
      not counted, like the pool. The wall time runs from the REST call that creates the DAG run to the
-     run's end date. Independent stages overlap here (``dags test`` runs one task at a time), and the
-     triggerer keeps the 6 s guard before a stage's event (triggers/timing.py)
+     run's end date. Independent stages overlap here (``dags test`` runs one task at a time). Stage
+     tasks start in the triggerer (``start_in_triggerer``, the default: planned, run and committed
+     there, no worker run per stage)
+  e  as d, with ``start_in_triggerer=false``: every stage task plans on a worker, defers, and a stage
+     with a sink resumes on a worker for finalize after the 6 s guard (triggers/timing.py); the
+     behaviour before issue 24, side by side with d
 
 b and c run with ``airflow dags test`` in their own fresh AIRFLOW_HOME and store; speculation is off
 (this measures overhead, not speculation). Both use 2 cores of Spark task slots in total: b two
@@ -282,7 +286,7 @@ def main() -> int:
     results: list[dict[str, Any]] = []
     pool_started = None
     try:
-        if {"c", "d"} & set(scenarios):
+        if {"c", "d", "e"} & set(scenarios):
             t0 = time.time()
             servers, _ = pool.start(servers=2, base_port=args.base_port, ui_base_port=args.ui_base_port,
                                       cores=args.server_cores)
@@ -296,9 +300,10 @@ def main() -> int:
                     run_dir = results_dir / f"r{repeat}-{bench.name}-{scenario}"
                     if scenario == "a":
                         row["a"] = run_plain(bench, run_dir, tpch)
-                    elif scenario == "d":
-                        row["d"] = run_scheduled(bench, run_dir, tpch, {
-                            **conns, "AIRFLOW__SPECULATIVE__TARGETS": json.dumps(connect_targets(args.slots))})
+                    elif scenario in ("d", "e"):
+                        row[scenario] = run_scheduled(bench, run_dir, tpch, {
+                            **conns, "AIRFLOW__SPECULATIVE__TARGETS": json.dumps(connect_targets(args.slots)),
+                            "AIRFLOW__SPECULATIVE__START_IN_TRIGGERER": "true" if scenario == "d" else "false"})
                     else:
                         env = base_env(run_dir, tpch)
                         if scenario == "b":
@@ -318,7 +323,7 @@ def main() -> int:
                     print(f"  r{repeat} {bench.name} {scenario}: wall {row[scenario]['wall']:.1f}s, output equal "
                           f"to the reference; foreign CPU mean {load.get('foreign_cores_mean')} cores"
                           f"{' (contended)' if load.get('contended') else ''}", flush=True)
-                for s in ("b", "c", "d"):
+                for s in ("b", "c", "d", "e"):
                     if "a" in row and s in row:
                         row[f"{s}/a"] = round(row[s]["wall"] / row["a"]["wall"], 2)
                 results.append(row)
@@ -339,14 +344,14 @@ def report(results: list[dict[str, Any]]) -> str:
         lines += ["", f"== {name} ==", "wall seconds: " + "; ".join(
             f"r{r['repeat']}: " + ", ".join(
                 f"{s}={r[s]['wall']:.1f}{'*' if r[s]['load'].get('contended') else ''}"
-                for s in ("a", "b", "c", "d") if s in r) for r in runs) + "   (* = contended)"]
-        for ratio in ("b/a", "c/a", "d/a"):
+                for s in ("a", "b", "c", "d", "e") if s in r) for r in runs) + "   (* = contended)"]
+        for ratio in ("b/a", "c/a", "d/a", "e/a"):
             values = [r[ratio] for r in runs if ratio in r]
             if values:
                 goal = (f" (goals: <= {GOAL_C_OVER_A:g} at SF 0.1, <= {GOAL_C_OVER_A_SF1:g} at SF 1)"
-                        if ratio in ("c/a", "d/a") else "")
+                        if ratio in ("c/a", "d/a", "e/a") else "")
                 lines.append(f"{ratio}: {values}, median {statistics.median(values):.2f}{goal}")
-        for s in ("b", "c", "d"):
+        for s in ("b", "c", "d", "e"):
             for r in runs:
                 if s not in r:
                     continue
@@ -358,7 +363,7 @@ def report(results: list[dict[str, Any]]) -> str:
                     f"start-up median {m['startup_median']}s, max {m['startup_max']}s"
                     + (f" (goal on a warm target <= {GOAL_STARTUP:g}s)" if s != "b" else ""))
                 control = m["handover"] + m["deferral"] + m["resume"] + m["commit"]
-                if s == "d":
+                if s in ("d", "e"):
                     lines.append(f"   independent stages overlap: the parts add up to more than the wall; Airflow "
                                  f"from the run's creation to the first plan {m['airflow_start']:.1f}s, from the last "
                                  f"commit to the run's end {m['exit']:.1f}s")
