@@ -55,6 +55,14 @@ class StageFailedError(SpeculativeError, RuntimeError):
     """A stage run failed (too many failed attempts, a lost partition that could not be re-produced)."""
 
 
+class UpstreamFailedError(StageFailedError):
+    """A producer stage of a consumer already waiting for it failed: the consumer fails too, without retry."""
+
+
+class UpstreamSkippedError(StageFailedError):
+    """A producer stage of a consumer already waiting for it was skipped: the consumer is skipped too."""
+
+
 class NotFoundError(SpeculativeError, LookupError):
     """A DAG run, stage or subtask asked for by name is not in the store."""
 

@@ -83,8 +83,9 @@ def commit_admitted(plan: dict[str, Any], layout: StageLayout, event: dict[str, 
     record = admitted_results(layout, admitted)
     journals.record(layout.journal, "finalize_started", admitted=event["admitted"], try_number=try_number, by=by)
     sink_result = finalize_sink(admitted, record) if finalize_sink is not None else None
+    # try and clear number: a consumer waiting in the triggerer takes a commit of this clear of the DAG run.
     record.update(fingerprint=plan["fingerprint"], committed_at=time.time(), sink=sink_result,
-                  summary=event.get("summary", {}))
+                  summary=event.get("summary", {}), try_number=try_number, clear_number=clear_number)
     write_committed(layout, record)
     journals.record(layout.journal, "finalize_done", sink=sink_result, by=by)
     record_task_state(layout, "committed", try_number=try_number, clear_number=clear_number)

@@ -20,9 +20,21 @@ from airflow_provider_speculative.control.controller import StageController, wip
 from airflow_provider_speculative.control.sources import application_path, list_sources, source_root
 from airflow_provider_speculative.core.config import SpeculativeConfig
 from airflow_provider_speculative.core.graph import ExchangeSpec, PipelineGraph, SourceSpec
-from airflow_provider_speculative.core.hybrid import producer_plan_usable, producer_record
+from airflow_provider_speculative.core.hybrid import (
+    PRODUCER_FAILED_STATES,
+    PRODUCER_SKIPPED_STATES,
+    producer_commit_usable,
+    producer_plan_usable,
+    producer_record,
+)
 from airflow_provider_speculative.core.plan import plan_stage
-from airflow_provider_speculative.exceptions import PlanError, StageFailedError, StoreError
+from airflow_provider_speculative.exceptions import (
+    PlanError,
+    StageFailedError,
+    StoreError,
+    UpstreamFailedError,
+    UpstreamSkippedError,
+)
 from airflow_provider_speculative.hooks.targets import resolve_targets
 from airflow_provider_speculative.settings import airflow_config, metadata_db_identity, store_root
 from airflow_provider_speculative.sinks.base import PlanContext, Sink
@@ -135,6 +147,34 @@ class StagePlanner:
                 seen.add(stage)
                 pending += self.graph.upstreams(stage)
         return seen
+
+    def blocking_producers(self) -> list[str]:
+        """Upstream stages this stage reads through a blocking exchange (it plans on their commits)."""
+        spec = self.graph.stages[self.stage]
+        return sorted({entry.upstream for entry in spec.inputs.values()
+                       if isinstance(entry, ExchangeSpec) and entry.mode != "hybrid"})
+
+    def uncommitted_producers(self, airflow_states: dict[str, str | None] | None = None) -> list[str]:
+        """Blocking producers without a commit this stage may plan on yet (empty: plan now).
+
+        ``airflow_states`` (producer task -> Airflow state, when known) ends the wait: a failed producer
+        raises :class:`UpstreamFailedError`, a skipped one :class:`UpstreamSkippedError`, both naming it.
+        Without them a commit counts only if it was made after the DAG run's last clear.
+        """
+        states = airflow_states or {}
+        waiting = []
+        for producer in self.blocking_producers():
+            state = states.get(producer)
+            if state in PRODUCER_FAILED_STATES:
+                raise UpstreamFailedError(f"{self.where}: producer stage {producer!r} is {state}; this stage, "
+                                          "which was waiting for its commit, fails with it (clear the producer "
+                                          "with its downstream to rerun both)")
+            if state in PRODUCER_SKIPPED_STATES:
+                raise UpstreamSkippedError(f"{self.where}: producer stage {producer!r} was skipped")
+            if not producer_commit_usable(read_json(self.layout_of(producer).committed), self.run.clear_number,
+                                          state):
+                waiting.append(producer)
+        return waiting
 
     def hybrid_inputs(self) -> dict[str, dict[str, Any]] | HybridWait:
         """Producer records of the hybrid inputs (plan-shaped), or what is still missing.

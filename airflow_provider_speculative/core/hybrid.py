@@ -143,6 +143,27 @@ def producer_plan_usable(plan: Mapping[str, Any] | None, task: Mapping[str, Any]
     return False, None
 
 
+# Airflow task states after which a producer will not commit in this DAG run (unless cleared).
+PRODUCER_FAILED_STATES = frozenset({"failed", "upstream_failed", "removed"})
+PRODUCER_SKIPPED_STATES = frozenset({"skipped"})
+
+
+def producer_commit_usable(committed: Mapping[str, Any] | None, clear_number: int,
+                           airflow_state: str | None = None) -> bool:
+    """May a consumer that started before its producer finished plan on this producer commit?
+
+    Yes if it was committed after the DAG run's last clear (``clear_number`` in the record), or if
+    Airflow says the producer task succeeded (then that commit is its output for this run, e.g. when
+    only the consumer was cleared). A commit of an earlier clear may be about to be replaced.
+    """
+    if committed is None:
+        return False
+    if airflow_state == "success":
+        return True
+    # A record without one predates this field: it was made before any clear only if the run has none.
+    return int(committed.get("clear_number") or 0) >= clear_number
+
+
 def producer_record(plan: Mapping[str, Any]) -> dict[str, Any]:
     """What planning a hybrid consumer knows of its producer before it commits (shaped like committed.json).
 

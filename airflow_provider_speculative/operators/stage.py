@@ -36,6 +36,7 @@ from airflow_provider_speculative.store.task_state import record_task_state
 from airflow_provider_speculative.triggers.controller import StageControllerTrigger
 from airflow_provider_speculative.triggers.hybrid import HybridInputsTrigger
 from airflow_provider_speculative.triggers.stage import StageStartTrigger
+from airflow_provider_speculative.triggers.timing import runs_in_line
 
 # A hybrid consumer waits for its producers' plans in a trigger for this long at a time, then
 # reschedules: under dag.test() (one task at a time) a consumer picked before its producer must give
@@ -56,6 +57,12 @@ class SparkStageOperator(BaseOperator):
     def __init__(self, *, graph: PipelineGraph, stage: str, sink: Sink | None = None,
                  force_rerun: bool = False, asset_partitioned: bool = False, commit_in_triggerer: bool = True,
                  **kwargs: Any) -> None:
+        if (commit_in_triggerer and stage_config(graph, stage).start_in_triggerer and graph.upstreams(stage)
+                and "trigger_rule" not in kwargs):
+            # Started in the triggerer at the run's start, the task waits there for its producers' commits and
+            # launches on the next store poll, not after the scheduler's and triggerer's loops; a producer that
+            # fails fails it, naming the producer (docs/running.md, "Where a stage runs").
+            kwargs["trigger_rule"] = "always"
         self.sink_asset = sink_asset(sink)
         if self.sink_asset is not None:
             outlets = kwargs.get("outlets") or []
@@ -75,10 +82,7 @@ class SparkStageOperator(BaseOperator):
     # -- planning (worker) ------------------------------------------------------------------
 
     def _config(self) -> SpeculativeConfig:
-        spec = self.graph.stages[self.stage]
-        return (airflow_config()
-                .with_overrides(self.graph.config, f"pipeline {self.graph.name!r}")
-                .with_overrides(spec.config, f"stage {self.stage!r}"))
+        return stage_config(self.graph, self.stage)
 
     def _start_in_triggerer(self) -> None:
         """Let the scheduler defer this task straight into the triggerer, which plans, runs and commits it.
@@ -143,13 +147,30 @@ class SparkStageOperator(BaseOperator):
         application_path(self.graph.stages[self.stage].application, planner.where)
         planner.validate_sink()
         hybrid = planner.hybrid_inputs()
+        if getattr(self.trigger_rule, "value", self.trigger_rule) == "always" and not isinstance(hybrid, HybridWait):
+            # Scheduled before its producers finished (dag.test() runs tasks in any order): wait for commits.
+            uncommitted = planner.uncommitted_producers()
+            if uncommitted:
+                hybrid = HybridWait(planner.where, {
+                    f"{p} (commit)": {"stage": p, "dir": str(planner.layout_of(p).dir), "need": "commit"}
+                    for p in uncommitted})
         if isinstance(hybrid, HybridWait):
-            self.log.info("stage %s: waiting for the plans of hybrid producers %s", self.stage,
+            self.log.info("stage %s: waiting for the plans (or commits) of producers %s", self.stage,
                           ", ".join(w["stage"] for w in hybrid.inputs.values()))
-            self.defer(trigger=HybridInputsTrigger(where=hybrid.where, inputs=hybrid.inputs,
-                                                   clear_number=planner.run.clear_number, deferred_at=time.time(),
-                                                   window=HYBRID_WAIT_WINDOW),
-                       method_name="resume_after_inputs")
+            trigger = HybridInputsTrigger(where=hybrid.where, inputs=hybrid.inputs,
+                                          clear_number=planner.run.clear_number, deferred_at=time.time(),
+                                          window=HYBRID_WAIT_WINDOW)
+            if runs_in_line():
+                # dag.test() runs one task at a time and would run this trigger in line: nothing can change
+                # while it waits, so give way to the producers at once (or fail if one failed).
+                event = trigger.check()
+                if event is not None and event["status"] == "failed":
+                    raise StageFailedError(event["reason"])
+                from airflow.sdk.exceptions import AirflowRescheduleException
+                from airflow.sdk.timezone import utcnow
+
+                raise AirflowRescheduleException(utcnow())
+            self.defer(trigger=trigger, method_name="resume_after_inputs")
             return None
         planner.plan(hybrid)
         run = planner.run
@@ -175,6 +196,14 @@ class SparkStageOperator(BaseOperator):
                                    f"{event.get('reason')}")
         if status == "commit_failed":
             raise StageFailedError(f"{where}: {event.get('reason')}")
+        if status == "upstream_failed":
+            from airflow.sdk.exceptions import AirflowFailException
+
+            raise AirflowFailException(event.get("reason") or f"{where}: a producer stage failed")
+        if status == "upstream_skipped":
+            from airflow.sdk.exceptions import AirflowSkipException
+
+            raise AirflowSkipException(event.get("reason") or f"{where}: a producer stage was skipped")
         if status == "committed":
             plan = _event_plan({**event, "status": "success", "admitted": {}}, self.graph.name, self.stage)
             layout = StageLayout(Path(plan["store_root"]), plan["dag_id"], plan["run_id"], plan["stage"])
@@ -230,6 +259,13 @@ class SparkStageOperator(BaseOperator):
     def _cleanup_sink_staging(self, plan: dict[str, Any], layout: StageLayout,
                               attempts: tuple[tuple[int, int], ...] | None) -> None:
         cleanup_sink_staging(plan, layout, attempts, self.log)
+
+
+def stage_config(graph: PipelineGraph, stage: str) -> SpeculativeConfig:
+    """The deployment's options with the pipeline's and then the stage's overrides."""
+    return (airflow_config()
+            .with_overrides(graph.config, f"pipeline {graph.name!r}")
+            .with_overrides(graph.stages[stage].config, f"stage {stage!r}"))
 
 
 def sink_asset(sink: Sink | None) -> Any:

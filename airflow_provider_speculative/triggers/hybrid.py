@@ -1,4 +1,8 @@
-"""HybridInputsTrigger: wait (without a worker) for the plans of a hybrid consumer's producer stages."""
+"""HybridInputsTrigger: wait (without a worker) for the plans of a hybrid consumer's producer stages.
+
+Also, under ``dag.test()``, for the commits of a blocking consumer's producers: a stage scheduled with
+``trigger_rule="always"`` (it starts in the triggerer in a real deployment) may run before them there.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +14,7 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from airflow_provider_speculative.core.hybrid import producer_plan_usable
+from airflow_provider_speculative.core.hybrid import producer_commit_usable, producer_plan_usable
 from airflow_provider_speculative.store.files import read_json
 from airflow_provider_speculative.triggers.timing import min_seconds_before_event
 
@@ -40,12 +44,15 @@ class HybridInputsTrigger(BaseTrigger):
         waiting = []
         for name, entry in self.inputs.items():
             stage_dir = Path(entry["dir"])
+            committed = read_json(stage_dir / "committed.json")
             usable, failure = producer_plan_usable(
-                read_json(stage_dir / "plan.json"), read_json(stage_dir / "task.json"),
-                read_json(stage_dir / "committed.json"), self.clear_number)
+                read_json(stage_dir / "plan.json"), read_json(stage_dir / "task.json"), committed, self.clear_number)
+            if entry.get("need") == "commit":  # a blocking producer: its commit, not its plan
+                usable = producer_commit_usable(committed, self.clear_number)
             if failure:
+                kind = "producer" if entry.get("need") == "commit" else "hybrid producer"
                 return {"status": "failed",
-                        "reason": f"{self.where}, input {name!r}: hybrid producer stage {entry['stage']!r} {failure}"}
+                        "reason": f"{self.where}, input {name!r}: {kind} stage {entry['stage']!r} {failure}"}
             if not usable:
                 waiting.append(name)
         return None if waiting else {"status": "ready"}

@@ -11,6 +11,7 @@ deferral, so no stale executor event can fail it and no guard delay is needed (d
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -18,11 +19,16 @@ from airflow.triggers.base import TriggerEvent
 
 from airflow_provider_speculative.control.planning import HybridWait, RunInfo, StagePlanner
 from airflow_provider_speculative.core.graph import PipelineGraph
+from airflow_provider_speculative.exceptions import UpstreamFailedError, UpstreamSkippedError
 from airflow_provider_speculative.sinks.base import Sink
+from airflow_provider_speculative.store import journal as journals
 from airflow_provider_speculative.triggers.controller import StageControllerTrigger
 
-# How often a stage waiting for its hybrid producers' plans looks at the store.
-HYBRID_POLL_SECONDS = 0.25
+# How often a stage waiting for its producers' commits or its hybrid producers' plans looks at the store.
+STORE_POLL_SECONDS = 0.1
+# How often it asks Airflow for the producers' task states (one supervisor round trip each; they end a wait
+# for a producer that failed or accept a commit of an earlier clear when Airflow says the producer succeeded).
+STATE_POLL_SECONDS = 2.0
 
 
 class StageStartTrigger(StageControllerTrigger):
@@ -79,12 +85,22 @@ class StageStartTrigger(StageControllerTrigger):
         try:
             planner = await asyncio.to_thread(self._planner)
             await asyncio.to_thread(planner.start)
+            await self._wait_for_commits(planner)
             while True:
                 hybrid = await asyncio.to_thread(planner.hybrid_inputs)
                 if not isinstance(hybrid, HybridWait):
                     break
-                await asyncio.sleep(HYBRID_POLL_SECONDS)
+                await asyncio.sleep(STORE_POLL_SECONDS)
             await asyncio.to_thread(planner.plan, hybrid)
+        except UpstreamSkippedError as exc:
+            await asyncio.to_thread(planner.record_state, "skipped", str(exc))  # type: ignore[union-attr]
+            yield TriggerEvent({"status": "upstream_skipped", "reason": str(exc)})
+            return
+        except UpstreamFailedError as exc:
+            await asyncio.to_thread(planner.record_failure, exc)  # type: ignore[union-attr]
+            self.log.error("%s", exc)
+            yield TriggerEvent({"status": "upstream_failed", "reason": str(exc)})
+            return
         except Exception as exc:
             # Fail on a worker with the planner's message (it names pipeline, stage and input): the task log
             # shows it as the task's error, and retries behave as for any failed try.
@@ -100,7 +116,53 @@ class StageStartTrigger(StageControllerTrigger):
         async for event in super().run():
             yield event
 
+    async def _wait_for_commits(self, planner: StagePlanner) -> None:
+        """Wait here, with no worker, until every blocking producer committed for this clear of the DAG run.
+
+        The task is scheduled with ``trigger_rule="always"`` as soon as the run starts, so its first launch
+        follows its producers' commits by a store poll instead of the scheduler's and triggerer's loops.
+        """
+        states: dict[str, str | None] = {}
+        asked_at = float("-inf")
+        started = time.monotonic()
+        waiting = await asyncio.to_thread(planner.uncommitted_producers, states)
+        if waiting:
+            self.log.info("stage %s: waiting for the commits of %s", self.stage, ", ".join(waiting))
+        while waiting:
+            if time.monotonic() - asked_at >= STATE_POLL_SECONDS:
+                states = await asyncio.to_thread(self._producer_states, planner, waiting)
+                asked_at = time.monotonic()
+            else:
+                await asyncio.sleep(STORE_POLL_SECONDS)
+            waiting = await asyncio.to_thread(planner.uncommitted_producers, states)
+            if not waiting:
+                await asyncio.to_thread(journals.record, planner.layout.journal, "inputs_committed",
+                                        waited=round(time.monotonic() - started, 3))
+
+    def _producer_states(self, planner: StagePlanner, producers: list[str]) -> dict[str, str | None]:
+        """Airflow's states of the producer tasks in this DAG run ({} when Airflow cannot be asked)."""
+        from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
+
+        ti: Any = self.task_instance
+        prefix = ti.task_id[: len(ti.task_id) - len(self.stage)] if ti.task_id.endswith(self.stage) else ""
+        try:
+            found = RuntimeTaskInstance.get_task_states(dag_id=planner.run.dag_id,
+                                                        task_ids=[prefix + p for p in producers],
+                                                        run_ids=[planner.run.run_id])
+        except Exception as exc:  # the store alone still decides (commits of this clear), only slower
+            self.log.warning("stage %s: could not read the producers' task states: %s", self.stage, exc)
+            return {}
+        by_task = (found or {}).get(planner.run.run_id) or {}
+        return {p: _state_name(by_task.get(prefix + p)) for p in producers}
+
     async def on_kill(self) -> None:
         """Stop every Spark driver of this stage (nothing to stop before the stage was planned)."""
         if self.plan_path:
             await super().on_kill()
+
+
+def _state_name(state: Any) -> str | None:
+    """A task state as its plain name (the API may hand an enum)."""
+    if state is None:
+        return None
+    return str(getattr(state, "value", state))

@@ -44,10 +44,15 @@ def _defer(task: Any, context: dict[str, Any] | None = None) -> TaskDeferred:
     return deferred.value
 
 
-def test_only_stages_fed_by_hybrid_edges_alone_start_with_their_producers(env: Path) -> None:  # noqa: F811
+def test_only_stages_fed_by_hybrid_edges_alone_start_with_their_producers(env: Path,  # noqa: F811
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     tasks = _pipeline(env)
     assert tasks["scan"].trigger_rule == "all_success"
     assert tasks["enrich"].trigger_rule == "always" and tasks["agg"].trigger_rule == "always"
+    # Blocking consumers started in the triggerer (the default) wait there for commits from the run's start;
+    # started on a worker they keep Airflow's rule.
+    assert _pipeline(env, mode="blocking")["enrich"].trigger_rule == "always"
+    monkeypatch.setenv("AIRFLOW__SPECULATIVE__START_IN_TRIGGERER", "false")
     assert _pipeline(env, mode="blocking")["enrich"].trigger_rule == "all_success"
 
 

@@ -178,3 +178,84 @@ def test_dag_test_still_plans_on_the_worker(env: Path) -> None:
         op.execute(context)
     assert deferred.value.method_name == "execute_complete"
     assert read_json(deferred.value.trigger.plan_path)["parallelism"] == 2
+
+
+def test_a_consumer_started_first_waits_for_the_commit_then_plans_on_it(env: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(controller_module, "StageController", DecidedController)
+    monkeypatch.setattr(controller_module, "runs_in_line", lambda: False)
+    pipeline = _pipeline(env)
+    agg_op = pipeline.stages["agg"].task
+    assert agg_op.trigger_rule == "always"  # scheduled at the run's start, it waits in the triggerer
+    agg = StageLayout(env / "store", "d", "r1", "agg")
+
+    async def scenario() -> list[Any]:
+        consumer = asyncio.create_task(_events(_trigger(agg_op)))
+        deadline = asyncio.get_running_loop().time() + 30
+        while (read_json(agg.dir / "task.json") or {}).get("state") != "planning":
+            assert asyncio.get_running_loop().time() < deadline, "the consumer never started waiting"
+            await asyncio.sleep(0.05)
+        assert not agg.plan.exists() and not consumer.done()  # no plan before the producer's commit
+        await _events(_trigger(pipeline.stages["scan"].task))  # the producer commits
+        return await asyncio.wait_for(consumer, 30)
+
+    (event,) = asyncio.run(scenario())
+    assert event.payload["status"] == "committed"
+    waited = [e for e in map(json.loads, agg.journal.open()) if e["event"] == "inputs_committed"]
+    assert len(waited) == 1 and waited[0]["waited"] >= 0
+
+
+def test_a_commit_of_an_earlier_clear_is_taken_only_once_airflow_says_the_producer_succeeded(
+        env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow_provider_speculative.control.planning import RunInfo, StagePlanner
+    from airflow_provider_speculative.exceptions import UpstreamFailedError, UpstreamSkippedError
+    from airflow_provider_speculative.store.files import atomic_write_json
+
+    pipeline = _pipeline(env)
+    planner = StagePlanner(pipeline.graph(), "agg", sink=None, declared_sink=None,
+                           run=RunInfo(dag_id="d", run_id="r1", try_number=1, clear_number=2))
+    scan = StageLayout(env / "store", "d", "r1", "scan")
+    assert planner.uncommitted_producers() == ["scan"]  # nothing committed
+    atomic_write_json(scan.committed, {"fingerprint": "f", "clear_number": 1, "subtasks": {}})
+    assert planner.uncommitted_producers() == ["scan"]  # committed before the last clear: may be replaced
+    assert planner.uncommitted_producers({"scan": "running"}) == ["scan"]
+    assert planner.uncommitted_producers({"scan": "success"}) == []  # only the consumer was cleared
+    atomic_write_json(scan.committed, {"fingerprint": "f", "clear_number": 2, "subtasks": {}})
+    assert planner.uncommitted_producers() == []  # committed in this clear
+    with pytest.raises(UpstreamFailedError, match=r"pipeline 'p', stage 'agg': producer stage 'scan' is failed"):
+        planner.uncommitted_producers({"scan": "failed"})
+    with pytest.raises(UpstreamSkippedError, match="'scan' was skipped"):
+        planner.uncommitted_producers({"scan": "skipped"})
+
+
+def test_a_failed_producer_fails_the_waiting_consumer_without_retry(env: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow.sdk.exceptions import AirflowFailException
+
+    agg_op = _pipeline(env).stages["agg"].task
+    trigger = _trigger(agg_op)
+    monkeypatch.setattr(trigger, "_producer_states", lambda planner, producers: {"scan": "upstream_failed"})
+    (event,) = asyncio.run(_events(trigger))
+    assert event.payload["status"] == "upstream_failed" and "'scan' is upstream_failed" in event.payload["reason"]
+    agg = StageLayout(env / "store", "d", "r1", "agg")
+    assert read_json(agg.dir / "task.json")["state"] == "failed"
+    with pytest.raises(AirflowFailException, match="producer stage 'scan'"):
+        agg_op.resume_from_trigger({}, event.payload)
+
+
+def test_under_dag_test_a_consumer_run_first_waits_for_the_commit(env: Path) -> None:
+    from airflow_provider_speculative.triggers.hybrid import HybridInputsTrigger
+
+    pipeline = _pipeline(env)
+    context = {"dag": SimpleNamespace(dag_id="d"), "run_id": "r3", "ti": SimpleNamespace(try_number=1),
+               "logical_date": pendulum.datetime(2026, 1, 1, tz="UTC"), "dag_run": SimpleNamespace(conf={})}
+    with pytest.raises(TaskDeferred) as deferred:
+        pipeline.stages["agg"].task.execute(context)
+    trigger = deferred.value.trigger
+    assert isinstance(trigger, HybridInputsTrigger) and deferred.value.method_name == "resume_after_inputs"
+    assert trigger.check() is None  # the producer has not committed
+    from airflow_provider_speculative.store.task_state import record_task_state
+
+    scan = StageLayout(env / "store", "d", "r3", "scan")
+    record_task_state(scan, "failed", try_number=1, clear_number=0, reason="boom")
+    assert trigger.check()["status"] == "failed" and "producer stage 'scan' failed" in trigger.check()["reason"]
