@@ -17,6 +17,8 @@ the test needs, without sleeping: the tests only poll the store and the REST API
 - kill -9 of the LocalExecutor task process of a stage task that resumed to finalize: the task is retried,
   reuses the admitted attempts and the run completes.
 - marking a deferred stage task failed through the REST API kills every Spark driver of the stage.
+- a consumer waits in the triggerer from the run's start: clearing its producer with downstream makes it plan
+  on the producer's new commit, never the old one; a producer that fails fails it at once, naming it.
 - after shutdown no Spark process of the deployment is left.
 """
 
@@ -57,6 +59,8 @@ E2E_DAGS = HERE / "e2e_dags"
 DAG = "e2e_q1"
 BARRIER_DAG = "e2e_q1_barrier"
 COMMIT_DAG = "e2e_q1_commit"
+EAGER_DAG = "e2e_q1_eager"
+BROKEN_DAG = "e2e_q1_broken"
 STAGES = {"scan": 2, "aggregate": 1}  # stage -> parallelism, as in e2e_dags/e2e_q1.py
 PARTS = 2  # lineitem parts the pipeline reads (one per scan subtask)
 RUN_TIMEOUT = 1200  # a run on this shared 2-CPU machine takes 1-3 min; be patient
@@ -115,7 +119,7 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
         cluster.migrate()
         cluster.start_all()
         cluster.wait_healthy()
-        for dag_id in (DAG, BARRIER_DAG, COMMIT_DAG):
+        for dag_id in (DAG, BARRIER_DAG, COMMIT_DAG, EAGER_DAG, BROKEN_DAG):
             cluster.wait_dag(dag_id)
             cluster.cli("dags", "unpause", dag_id)
         DURATIONS["cluster start"] = time.monotonic() - started
@@ -545,6 +549,70 @@ def check_mark_failed(dep: Deployment) -> None:
     final = cluster.wait_runs_finished(BARRIER_DAG, [run_id], 300)[run_id]
     assert final["state"] == "failed"
     assert not output_dir(dep, BARRIER_DAG, MARK_FAILED_DS).exists()
+
+
+EAGER_DS = "2026-06-01"
+
+
+@pytest.mark.timeout(1800)
+def test_a_consumer_waits_in_the_triggerer_and_a_cleared_producer_is_never_read_stale(deployment: Deployment):
+    with diagnosed(deployment, "clear producer with downstream"):
+        check_clear_producer(deployment)
+
+
+def check_clear_producer(dep: Deployment) -> None:
+    cluster = dep.cluster
+    run_id = cluster.trigger(EAGER_DAG, f"{EAGER_DS}T00:00:00+00:00")
+    final = cluster.wait_runs_finished(EAGER_DAG, [run_id], RUN_TIMEOUT)[run_id]
+    assert final["state"] == "success", f"run {run_id} is {final['state']}"
+    scan, aggregate = (layout(dep, EAGER_DAG, run_id, name) for name in STAGES)
+    first_scan = read(scan.committed)
+    assert first_scan is not None and first_scan["clear_number"] == 0
+    # The aggregate was deferred from the run's start and waited in the triggerer for the scan's commit.
+    waited = events(aggregate, "inputs_committed")
+    assert len(waited) == 1 and events(aggregate, "plan_decided")[0]["at"] >= first_scan["committed_at"]
+    assert [e.get("by") for e in events(aggregate, "finalize_done")] == ["triggerer"]
+    assert_output(dep, EAGER_DAG, EAGER_DS, run_id)
+
+    cleared_at = time.time()
+    cluster.api("POST", f"/dags/{EAGER_DAG}/clearTaskInstances", {
+        "dag_run_id": run_id, "task_ids": ["scan"], "include_downstream": True, "only_failed": False,
+        "dry_run": False, "reset_dag_runs": True})
+
+    def recommitted() -> bool:
+        cluster.check_alive()
+        record = read(aggregate.committed)
+        return bool(record and record["committed_at"] > cleared_at)
+
+    wait_until(recommitted, RUN_TIMEOUT, "the cleared run to commit the aggregate again", interval=1)
+    final = cluster.wait_runs_finished(EAGER_DAG, [run_id], RUN_TIMEOUT)[run_id]
+    assert final["state"] == "success", f"run {run_id} is {final['state']} after the clear"
+    second_scan, second_agg = read(scan.committed), read(aggregate.committed)
+    assert second_scan["clear_number"] == 1 and second_agg["clear_number"] == 1
+    # The consumer planned after the producer's new commit, not on the old one it could already see.
+    replans = [e["at"] for e in events(aggregate, "plan_decided") if e["at"] > cleared_at]
+    assert replans and min(replans) >= second_scan["committed_at"], (replans, second_scan["committed_at"])
+    assert_output(dep, EAGER_DAG, EAGER_DS, run_id)
+
+
+BROKEN_DS = "2026-06-02"
+
+
+@pytest.mark.timeout(1800)
+def test_a_failed_producer_fails_its_waiting_consumer_naming_it(deployment: Deployment):
+    with diagnosed(deployment, "failed producer"):
+        cluster = deployment.cluster
+        run_id = cluster.trigger(BROKEN_DAG, f"{BROKEN_DS}T00:00:00+00:00")
+        final = cluster.wait_runs_finished(BROKEN_DAG, [run_id], RUN_TIMEOUT)[run_id]
+        assert final["state"] == "failed"
+        tis = cluster.task_instances(BROKEN_DAG, run_id)
+        assert (tis["scan"]["state"], tis["scan"]["try_number"]) == ("failed", 2)  # retried once, then failed
+        # The consumer failed as soon as Airflow said its producer failed: once, without a retry.
+        assert (tis["aggregate"]["state"], tis["aggregate"]["try_number"]) == ("failed", 1)
+        task = read(layout(deployment, BROKEN_DAG, run_id, "aggregate").dir / "task.json")
+        assert task["state"] == "failed" and "producer stage 'scan' is failed" in task["reason"], task
+        assert "no_such_scan.py" in read(layout(deployment, BROKEN_DAG, run_id, "scan").dir / "task.json")["reason"]
+        assert not output_dir(deployment, BROKEN_DAG, BROKEN_DS).exists()
 
 
 def test_no_spark_process_left_after_shutdown(deployment: Deployment):
