@@ -128,6 +128,8 @@ class StageStartTrigger(StageControllerTrigger):
         waiting = await asyncio.to_thread(planner.uncommitted_producers, states)
         if waiting:
             self.log.info("stage %s: waiting for the commits of %s", self.stage, ", ".join(waiting))
+            # Visible in `airflow speculative status` and the stage's task.json while the grid says "deferred".
+            await asyncio.to_thread(planner.record_state, "waiting", f"for the commits of {', '.join(waiting)}")
         while waiting:
             if time.monotonic() - asked_at >= STATE_POLL_SECONDS:
                 states = await asyncio.to_thread(self._producer_states, planner, waiting)

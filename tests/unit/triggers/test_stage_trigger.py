@@ -192,10 +192,11 @@ def test_a_consumer_started_first_waits_for_the_commit_then_plans_on_it(env: Pat
     async def scenario() -> list[Any]:
         consumer = asyncio.create_task(_events(_trigger(agg_op)))
         deadline = asyncio.get_running_loop().time() + 30
-        while (read_json(agg.dir / "task.json") or {}).get("state") != "planning":
+        while (read_json(agg.dir / "task.json") or {}).get("state") != "waiting":
             assert asyncio.get_running_loop().time() < deadline, "the consumer never started waiting"
             await asyncio.sleep(0.05)
         assert not agg.plan.exists() and not consumer.done()  # no plan before the producer's commit
+        assert read_json(agg.dir / "task.json")["reason"] == "for the commits of scan"
         await _events(_trigger(pipeline.stages["scan"].task))  # the producer commits
         return await asyncio.wait_for(consumer, 30)
 
