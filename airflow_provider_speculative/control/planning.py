@@ -23,6 +23,7 @@ from airflow_provider_speculative.core.graph import ExchangeSpec, PipelineGraph,
 from airflow_provider_speculative.core.hybrid import (
     PRODUCER_FAILED_STATES,
     PRODUCER_SKIPPED_STATES,
+    commit_identity,
     producer_commit_usable,
     producer_plan_usable,
     producer_record,
@@ -154,14 +155,22 @@ class StagePlanner:
         return sorted({entry.upstream for entry in spec.inputs.values()
                        if isinstance(entry, ExchangeSpec) and entry.mode != "hybrid"})
 
-    def uncommitted_producers(self, airflow_states: dict[str, str | None] | None = None) -> list[str]:
+    def commit_snapshot(self) -> dict[str, str | None]:
+        """The blocking producers' commits as they are now (a consumer started in a trigger fences on them)."""
+        return {p: commit_identity(read_json(self.layout_of(p).committed)) for p in self.blocking_producers()}
+
+    def uncommitted_producers(self, airflow_states: dict[str, str | None] | None = None,
+                              seen_at_start: dict[str, str | None] | None = None) -> list[str]:
         """Blocking producers without a commit this stage may plan on yet (empty: plan now).
 
         ``airflow_states`` (producer task -> Airflow state, when known) ends the wait: a failed producer
-        raises :class:`UpstreamFailedError`, a skipped one :class:`UpstreamSkippedError`, both naming it.
-        Without them a commit counts only if it was made after the DAG run's last clear.
+        raises :class:`UpstreamFailedError`, a skipped one :class:`UpstreamSkippedError`, both naming it,
+        and ``success`` accepts the producer's commit. ``seen_at_start`` (:meth:`commit_snapshot` when the
+        stage started) marks commits that may be stale: a clear of the producer with its downstream starts
+        this stage again while the producer's previous commit is still in the store.
         """
         states = airflow_states or {}
+        seen = seen_at_start or {}
         waiting = []
         for producer in self.blocking_producers():
             state = states.get(producer)
@@ -172,7 +181,7 @@ class StagePlanner:
             if state in PRODUCER_SKIPPED_STATES:
                 raise UpstreamSkippedError(f"{self.where}: producer stage {producer!r} was skipped")
             if not producer_commit_usable(read_json(self.layout_of(producer).committed), self.run.clear_number,
-                                          state):
+                                          state, seen.get(producer)):
                 waiting.append(producer)
         return waiting
 

@@ -148,19 +148,30 @@ PRODUCER_FAILED_STATES = frozenset({"failed", "upstream_failed", "removed"})
 PRODUCER_SKIPPED_STATES = frozenset({"skipped"})
 
 
+def commit_identity(committed: Mapping[str, Any] | None) -> str | None:
+    """What tells two commits of a stage apart (every commit rewrites ``committed_at``), or None for no commit."""
+    if committed is None:
+        return None
+    return f"{committed.get('fingerprint')}@{committed.get('committed_at')}"
+
+
 def producer_commit_usable(committed: Mapping[str, Any] | None, clear_number: int,
-                           airflow_state: str | None = None) -> bool:
+                           airflow_state: str | None = None, seen_at_start: str | None = None) -> bool:
     """May a consumer that started before its producer finished plan on this producer commit?
 
-    Yes if it was committed after the DAG run's last clear (``clear_number`` in the record), or if
-    Airflow says the producer task succeeded (then that commit is its output for this run, e.g. when
-    only the consumer was cleared). A commit of an earlier clear may be about to be replaced.
+    Yes if Airflow says the producer task succeeded (that commit is its output for this run, e.g. when
+    only the consumer was cleared). Otherwise a commit that was already there when the consumer
+    started (``seen_at_start``, its :func:`commit_identity`) may be one a clear is about to replace, so
+    it is not taken; nor is one recorded for an earlier ``clear_number`` of the DAG run (known on a
+    worker; a trigger does not get it from Airflow and passes 0).
     """
     if committed is None:
         return False
     if airflow_state == "success":
         return True
-    # A record without one predates this field: it was made before any clear only if the run has none.
+    if seen_at_start is not None and commit_identity(committed) == seen_at_start:
+        return False
+    # A record without a clear number predates it or was made in a trigger: no earlier clear is known.
     return int(committed.get("clear_number") or 0) >= clear_number
 
 

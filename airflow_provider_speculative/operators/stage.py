@@ -21,7 +21,7 @@ from airflow_provider_speculative.control.commit import (
 from airflow_provider_speculative.control.planning import HybridWait, RunInfo, StagePlanner
 from airflow_provider_speculative.control.sources import application_path
 from airflow_provider_speculative.core.config import SpeculativeConfig
-from airflow_provider_speculative.core.graph import PipelineGraph
+from airflow_provider_speculative.core.graph import ExchangeSpec, PipelineGraph
 from airflow_provider_speculative.core.readiness import partition_key
 from airflow_provider_speculative.exceptions import StageFailedError
 from airflow_provider_speculative.links import SparkHistoryLink, StageViewLink
@@ -57,8 +57,9 @@ class SparkStageOperator(BaseOperator):
     def __init__(self, *, graph: PipelineGraph, stage: str, sink: Sink | None = None,
                  force_rerun: bool = False, asset_partitioned: bool = False, commit_in_triggerer: bool = True,
                  **kwargs: Any) -> None:
-        if (commit_in_triggerer and stage_config(graph, stage).start_in_triggerer and graph.upstreams(stage)
-                and "trigger_rule" not in kwargs):
+        starts_in_triggerer = (commit_in_triggerer and stage_config(graph, stage).start_in_triggerer
+                               and not _in_hybrid_exchange(graph, stage))
+        if starts_in_triggerer and graph.upstreams(stage) and "trigger_rule" not in kwargs:
             # Started in the triggerer at the run's start, the task waits there for its producers' commits and
             # launches on the next store poll, not after the scheduler's and triggerer's loops; a producer that
             # fails fails it, naming the producer (docs/running.md, "Where a stage runs").
@@ -76,7 +77,7 @@ class SparkStageOperator(BaseOperator):
         self.force_rerun = force_rerun
         self.asset_partitioned = asset_partitioned
         self.commit_in_triggerer = commit_in_triggerer
-        if commit_in_triggerer and self._config().start_in_triggerer:
+        if starts_in_triggerer:
             self._start_in_triggerer()
 
     # -- planning (worker) ------------------------------------------------------------------
@@ -259,6 +260,17 @@ class SparkStageOperator(BaseOperator):
     def _cleanup_sink_staging(self, plan: dict[str, Any], layout: StageLayout,
                               attempts: tuple[tuple[int, int], ...] | None) -> None:
         cleanup_sink_staging(plan, layout, attempts, self.log)
+
+
+def _in_hybrid_exchange(graph: PipelineGraph, stage: str) -> bool:
+    """True if the stage reads or feeds a hybrid exchange.
+
+    Such a stage starts on a worker: hybrid consumers fence on the DAG run's clear number (a producer plan
+    or failure of an earlier clear is not theirs), which Airflow gives a worker but not a trigger.
+    """
+    inputs = graph.stages[stage].inputs.values()
+    return (any(isinstance(entry, ExchangeSpec) and entry.mode == "hybrid" for entry in inputs)
+            or any(edge.mode == "hybrid" for _, _, edge in graph.consumers(stage)))
 
 
 def stage_config(graph: PipelineGraph, stage: str) -> SpeculativeConfig:

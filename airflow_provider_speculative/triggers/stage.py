@@ -19,7 +19,7 @@ from airflow.triggers.base import TriggerEvent
 
 from airflow_provider_speculative.control.planning import HybridWait, RunInfo, StagePlanner
 from airflow_provider_speculative.core.graph import PipelineGraph
-from airflow_provider_speculative.exceptions import UpstreamFailedError, UpstreamSkippedError
+from airflow_provider_speculative.exceptions import PlanError, UpstreamFailedError, UpstreamSkippedError
 from airflow_provider_speculative.sinks.base import Sink
 from airflow_provider_speculative.store import journal as journals
 from airflow_provider_speculative.triggers.controller import StageControllerTrigger
@@ -67,6 +67,8 @@ class StageStartTrigger(StageControllerTrigger):
         dag_run = getattr(context, "dag_run", None)
         logical_date = getattr(dag_run, "logical_date", None)
         return RunInfo(dag_id=ti.dag_id, run_id=ti.run_id, try_number=int(ti.try_number),
+                       # Airflow 3.3 leaves clear_number out of a trigger's DAG run data (DagRun.dag_run_data):
+                       # 0 here; commits made here are fenced by commit_snapshot instead.
                        clear_number=int(getattr(dag_run, "clear_number", 0) or 0),
                        logical_date=logical_date.isoformat() if logical_date is not None else None,
                        conf=dict(getattr(dag_run, "conf", None) or {}))
@@ -86,11 +88,10 @@ class StageStartTrigger(StageControllerTrigger):
             planner = await asyncio.to_thread(self._planner)
             await asyncio.to_thread(planner.start)
             await self._wait_for_commits(planner)
-            while True:
-                hybrid = await asyncio.to_thread(planner.hybrid_inputs)
-                if not isinstance(hybrid, HybridWait):
-                    break
-                await asyncio.sleep(STORE_POLL_SECONDS)
+            hybrid = await asyncio.to_thread(planner.hybrid_inputs)
+            if isinstance(hybrid, HybridWait):
+                # Stages with hybrid inputs start on a worker (their fencing needs the run's clear number).
+                raise PlanError(f"{planner.where}: a stage with hybrid inputs cannot start in the triggerer")
             await asyncio.to_thread(planner.plan, hybrid)
         except UpstreamSkippedError as exc:
             await asyncio.to_thread(planner.record_state, "skipped", str(exc))  # type: ignore[union-attr]
@@ -125,7 +126,11 @@ class StageStartTrigger(StageControllerTrigger):
         states: dict[str, str | None] = {}
         asked_at = float("-inf")
         started = time.monotonic()
-        waiting = await asyncio.to_thread(planner.uncommitted_producers, states)
+        # Airflow does not hand a trigger the run's clear number: a commit already in the store now may be one
+        # that a clear (of the producer with this stage) is about to replace, so it counts only once Airflow
+        # says the producer succeeded. A commit made after this point is the producer's current one.
+        seen = await asyncio.to_thread(planner.commit_snapshot)
+        waiting = await asyncio.to_thread(planner.uncommitted_producers, states, seen)
         if waiting:
             self.log.info("stage %s: waiting for the commits of %s", self.stage, ", ".join(waiting))
             # Visible in `airflow speculative status` and the stage's task.json while the grid says "deferred".
@@ -136,7 +141,7 @@ class StageStartTrigger(StageControllerTrigger):
                 asked_at = time.monotonic()
             else:
                 await asyncio.sleep(STORE_POLL_SECONDS)
-            waiting = await asyncio.to_thread(planner.uncommitted_producers, states)
+            waiting = await asyncio.to_thread(planner.uncommitted_producers, states, seen)
             if not waiting:
                 await asyncio.to_thread(journals.record, planner.layout.journal, "inputs_committed",
                                         waited=round(time.monotonic() - started, 3))

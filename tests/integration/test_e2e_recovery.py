@@ -369,6 +369,10 @@ def check_kill_component(dep: Deployment, component: str, ds: str) -> None:
     run_id = cluster.trigger(BARRIER_DAG, f"{ds}T00:00:00+00:00")
     scan = layout(dep, BARRIER_DAG, run_id, "scan")
     attempts = wait_scan_held(dep, BARRIER_DAG, run_id)
+    # The aggregate is deferred too, waiting in the triggerer for the scan's commit, when the component dies.
+    aggregate = layout(dep, BARRIER_DAG, run_id, "aggregate")
+    wait_until(lambda: (read(aggregate.dir / "task.json") or {}).get("state") == "waiting", 120,
+               "the aggregate to wait in the triggerer for the scan's commit", interval=0.5)
 
     killed_at, since = time.time(), datetime.now(UTC)
     victims = cluster.kill(component)
@@ -393,6 +397,9 @@ def check_kill_component(dep: Deployment, component: str, ds: str) -> None:
     assert final["state"] == "success", f"run {run_id} is {final['state']}"
     assert_one_attempt_per_subtask(dep, BARRIER_DAG, run_id)
     assert_output(dep, BARRIER_DAG, ds, run_id)
+    # The waiting aggregate planned once, on the scan's commit, and was committed in the triggerer.
+    assert len(events(aggregate, "plan_decided")) == 1
+    assert events(aggregate, "plan_decided")[0]["at"] >= read(scan.committed)["committed_at"]
     # The (restarted) triggerer committed the scan once and ended its task; no worker resumed it.
     assert [e.get("by") for e in events(scan, "finalize_done")] == ["triggerer"]
     assert cluster.task_instances(BARRIER_DAG, run_id)["scan"]["try_number"] == 1
@@ -567,7 +574,7 @@ def check_clear_producer(dep: Deployment) -> None:
     assert final["state"] == "success", f"run {run_id} is {final['state']}"
     scan, aggregate = (layout(dep, EAGER_DAG, run_id, name) for name in STAGES)
     first_scan = read(scan.committed)
-    assert first_scan is not None and first_scan["clear_number"] == 0
+    assert first_scan is not None and first_scan["try_number"] == 1
     # The aggregate was deferred from the run's start and waited in the triggerer for the scan's commit.
     waited = events(aggregate, "inputs_committed")
     assert len(waited) == 1 and events(aggregate, "plan_decided")[0]["at"] >= first_scan["committed_at"]
@@ -588,7 +595,7 @@ def check_clear_producer(dep: Deployment) -> None:
     final = cluster.wait_runs_finished(EAGER_DAG, [run_id], RUN_TIMEOUT)[run_id]
     assert final["state"] == "success", f"run {run_id} is {final['state']} after the clear"
     second_scan, second_agg = read(scan.committed), read(aggregate.committed)
-    assert second_scan["clear_number"] == 1 and second_agg["clear_number"] == 1
+    assert (second_scan["try_number"], second_agg["try_number"]) == (2, 2)
     # The consumer planned after the producer's new commit, not on the old one it could already see.
     replans = [e["at"] for e in events(aggregate, "plan_decided") if e["at"] > cleared_at]
     assert replans and min(replans) >= second_scan["committed_at"], (replans, second_scan["committed_at"])

@@ -4,7 +4,9 @@ The example DAG ``dags/tpch_q1.py`` is triggered through the CLI, its two stages
 submissions launched by the deferred stage controller in the triggerer, and the committed output must
 equal DuckDB's TPC-H Q1 over the same lineitem files. ``dags/tpch_q1_report.py`` is triggered first: its
 StageOutputSensor defers in the triggerer until tpch_q1's aggregate commits, then reads the output; the
-commit is recorded as an asset event with its summary.
+commit is recorded as an asset event with its summary. Then the six-stage Q3 example (``dags/tpch_q3.py``) runs
+and must equal DuckDB; its consumers wait in the triggerer from the run's start and launch only after every
+producer committed (the gaps are printed; bench/warm.py measures them).
 """
 
 from __future__ import annotations
@@ -31,10 +33,12 @@ from tests.integration.airflow_cluster import (
     wait_until,
 )
 from tests.integration.q1 import assert_q1_equal, duckdb_q1, output_decimal_scales, read_q1_output
+from tests.integration.q3 import duckdb_q3, q3_difference, read_q3_output
 
 DAGS = REPO / "dags"
 
 DAG_ID = "tpch_q1"
+Q3_DAG_ID = "tpch_q3"
 REPORT_DAG_ID = "tpch_q1_report"
 LOGICAL_DATE = "2026-01-01T00:00:00+00:00"
 DS = "2026-01-01"
@@ -64,11 +68,26 @@ def postgres_db() -> Iterator[PostgresDatabase]:
 
 
 @pytest.fixture
-def deployment(tmp_path: Path, postgres_db: PostgresDatabase) -> Iterator[AirflowCluster]:
+def tpch(tmp_path: Path, lineitem: Path) -> Path:
+    """Q3's tables: the shared lineitem parts (linked) beside customer and orders at scale factor 0.1."""
+    import subprocess
+    import sys
+
+    tpch = tmp_path / "tpch"
+    tpch.mkdir()
+    (tpch / "lineitem").symlink_to(lineitem, target_is_directory=True)
+    subprocess.run([str(Path(sys.executable).parent / "tpchgen-cli"), "parquet", "-s", "0.1", "--tables",
+                    "customer,orders", "--parts", "4", "--output-dir", str(tpch)], check=True, capture_output=True)
+    return tpch
+
+
+@pytest.fixture
+def deployment(tmp_path: Path, postgres_db: PostgresDatabase, tpch: Path) -> Iterator[AirflowCluster]:
     """Migrated DB, then api-server, scheduler, dag-processor and triggerer, all healthy; torn down after."""
     # Admin API access: the test reads task states, XComs and asset events through the REST API.
     dep = AirflowCluster(tmp_path, postgres_db.url, dags_folder=DAGS, data=LINEITEM,
-                         extra_env={"AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True"})
+                         extra_env={"AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",
+                                    "SPECULATIVE_EXAMPLE_TPCH": str(tpch)})
     try:
         dep.migrate()
         dep.start_all()
@@ -85,17 +104,19 @@ def deployment(tmp_path: Path, postgres_db: PostgresDatabase) -> Iterator[Airflo
 @pytest.mark.e2e
 @pytest.mark.spark
 @pytest.mark.timeout(1200)
-def test_tpch_q1_runs_under_scheduler_and_triggerer(lineitem: Path, deployment: AirflowCluster, tmp_path: Path):
+def test_tpch_q1_runs_under_scheduler_and_triggerer(lineitem: Path, deployment: AirflowCluster, tmp_path: Path,
+                                                    tpch: Path):
     try:
         run_and_check(deployment, lineitem, tmp_path)
+        run_q3_and_check_boundaries(deployment, tpch, tmp_path)
+        check_no_leftovers(deployment, tmp_path)
     except BaseException:  # also pytest-timeout's failure: print what makes it diagnosable
         print(f"\n{deployment.diagnostics()}")
         raise
 
 
 def run_and_check(dep: AirflowCluster, lineitem: Path, tmp_path: Path) -> None:
-    """Trigger the example DAG, wait for its run, check output and store, then stop Airflow and check for leaks."""
-    store = Path(dep.env["AIRFLOW__SPECULATIVE__STORE_PATH"])
+    """Trigger the example DAG, wait for its run, check output, store, XCom and asset event."""
     started = time.monotonic()
 
     def dag_serialized() -> bool:
@@ -189,7 +210,44 @@ def run_and_check(dep: AirflowCluster, lineitem: Path, tmp_path: Path) -> None:
         run_id, LOGICAL_DATE, 4, str(output))
     assert extra["attempts_admitted"] == {"0": 0, "1": 0} and extra["numEffectiveSpeculativeExecutions"] == 0
 
-    # Shut everything down: no spark-submit or SparkSubmit driver of this store may be left behind.
+
+def run_q3_and_check_boundaries(dep: AirflowCluster, tpch: Path, tmp_path: Path) -> None:
+    """The six-stage Q3 example: equal to DuckDB; every consumer waited in the triggerer and launched only after
+    each of its producers committed. The boundary gaps are printed (timing claims live in bench/)."""
+    dep.wait_dag(Q3_DAG_ID)
+    dep.cli("dags", "unpause", Q3_DAG_ID)
+    run_id = dep.trigger(Q3_DAG_ID, LOGICAL_DATE)
+    final = dep.wait_runs_finished(Q3_DAG_ID, [run_id], 900)[run_id]
+    assert final["state"] == "success", f"{Q3_DAG_ID} run {run_id} is {final['state']}"
+    problem = q3_difference(read_q3_output(tmp_path / "output" / Q3_DAG_ID / DS), duckdb_q3(tpch))
+    assert problem is None, problem
+
+    run_dir = next(p for p in (dep.store / Q3_DAG_ID).iterdir() if p.is_dir())
+
+    def journal(stage: str) -> list[dict[str, Any]]:
+        return [json.loads(line) for line in (run_dir / stage / "journal.jsonl").read_text().splitlines() if line]
+
+    producers = {"join_orders": ["scan_customer", "scan_orders"], "join_lineitem": ["join_orders", "scan_lineitem"],
+                 "top": ["join_lineitem"]}
+    committed = {stage: json.loads((run_dir / stage / "committed.json").read_text())
+                 for stage in ("scan_customer", "scan_orders", "scan_lineitem", "join_orders", "join_lineitem", "top")}
+    assert all(record["clear_number"] == 0 for record in committed.values())
+    gaps = {}
+    for consumer, upstream in producers.items():
+        events = journal(consumer)
+        names = [e["event"] for e in events]
+        assert "inputs_committed" in names, f"{consumer} did not wait in the triggerer: {names[:6]}"
+        first_launch = min(e["at"] for e in events if e["event"] == "launch")
+        last_commit = max(committed[p]["committed_at"] for p in upstream)
+        assert first_launch >= last_commit, f"{consumer} launched before its producers committed"
+        gaps[consumer] = round(first_launch - last_commit, 2)
+        assert [e.get("by") for e in events if e["event"] == "finalize_done"] == ["triggerer"]
+    print(f"\n{Q3_DAG_ID}: producer commit -> consumer first launch (s): {gaps}")
+
+
+def check_no_leftovers(dep: AirflowCluster, tmp_path: Path) -> None:
+    """Shut everything down: no spark-submit or SparkSubmit driver of this store may be left behind."""
+    store = Path(dep.env["AIRFLOW__SPECULATIVE__STORE_PATH"])
     dep.stop()
     wait_until(lambda: not processes_mentioning(str(store)), 15, "every attempt process to have exited",
                interval=0.5, on_timeout=lambda: describe(processes_mentioning(str(store))))

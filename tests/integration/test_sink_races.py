@@ -22,7 +22,7 @@ from tests.integration.spark_helpers import HERE, load_dag
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(900)]
 
 PG_DSN = "host=127.0.0.1 port=5432 dbname=test user=postgres"
-FILES, ROWS_PER_FILE = 6, 500  # one file per subtask: run_race checks this against the DAG's parallelism
+FILES, ROWS_PER_FILE = 3, 500  # one file per subtask: run_race checks this against the DAG's parallelism
 STORE = Path(TEST_ENV["AIRFLOW__SPECULATIVE__STORE_PATH"])
 
 

@@ -20,7 +20,7 @@ from unmarked_sink import UnmarkedParquetSink  # noqa: E402
 APP = str(HERE.parent / "apps" / "passthrough.py")
 DATA = os.environ.get("SPECULATIVE_RACE_DATA", "/nonexistent")
 OUTPUT = os.environ["SPECULATIVE_EXAMPLE_OUTPUT"]
-PARALLELISM = 6  # 6 subtasks x 2 attempts: 12 concurrent drivers, enough races, bounded suite time
+PARALLELISM = 3  # 3 subtasks x 2 attempts: 6 concurrent drivers; hold_end makes every pair end within ms
 SHUFFLE = {"spark.sql.shuffle.partitions": "4"}
 RACE = {
     "enabled": True,

@@ -158,6 +158,8 @@ def test_a_stage_is_planned_controlled_and_committed_in_the_triggerer(env: Path,
     agg_op = pipeline.stages["agg"].task
     trigger = _trigger(agg_op)
     trigger.sink_args = {**trigger.sink_args, "path": str(env / "out" / "2026-01-01")}  # as Airflow renders it
+    # Started after the scan's commit, the consumer takes it once Airflow says the scan succeeded.
+    monkeypatch.setattr(trigger, "_producer_states", lambda planner, producers: {"scan": "success"})
     (event,) = asyncio.run(_events(trigger))
     agg = StageLayout(env / "store", "d", "r1", "agg")
     assert event.payload["status"] == "committed"
@@ -206,7 +208,7 @@ def test_a_consumer_started_first_waits_for_the_commit_then_plans_on_it(env: Pat
     assert len(waited) == 1 and waited[0]["waited"] >= 0
 
 
-def test_a_commit_of_an_earlier_clear_is_taken_only_once_airflow_says_the_producer_succeeded(
+def test_a_possibly_stale_commit_is_taken_only_once_airflow_says_the_producer_succeeded(
         env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from airflow_provider_speculative.control.planning import RunInfo, StagePlanner
     from airflow_provider_speculative.exceptions import UpstreamFailedError, UpstreamSkippedError
@@ -221,8 +223,14 @@ def test_a_commit_of_an_earlier_clear_is_taken_only_once_airflow_says_the_produc
     assert planner.uncommitted_producers() == ["scan"]  # committed before the last clear: may be replaced
     assert planner.uncommitted_producers({"scan": "running"}) == ["scan"]
     assert planner.uncommitted_producers({"scan": "success"}) == []  # only the consumer was cleared
-    atomic_write_json(scan.committed, {"fingerprint": "f", "clear_number": 2, "subtasks": {}})
+    atomic_write_json(scan.committed, {"fingerprint": "f", "clear_number": 2, "committed_at": 1.0, "subtasks": {}})
     assert planner.uncommitted_producers() == []  # committed in this clear
+    # A trigger does not know the clear number: a commit already there when it started is not taken...
+    seen = planner.commit_snapshot()
+    assert planner.uncommitted_producers(None, seen) == ["scan"]
+    assert planner.uncommitted_producers({"scan": "success"}, seen) == []  # ...unless Airflow says it is current
+    atomic_write_json(scan.committed, {"fingerprint": "f", "clear_number": 2, "committed_at": 2.0, "subtasks": {}})
+    assert planner.uncommitted_producers(None, seen) == []  # a commit made after the start is the current one
     with pytest.raises(UpstreamFailedError, match=r"pipeline 'p', stage 'agg': producer stage 'scan' is failed"):
         planner.uncommitted_producers({"scan": "failed"})
     with pytest.raises(UpstreamSkippedError, match="'scan' was skipped"):
@@ -260,3 +268,17 @@ def test_under_dag_test_a_consumer_run_first_waits_for_the_commit(env: Path) -> 
     scan = StageLayout(env / "store", "d", "r3", "scan")
     record_task_state(scan, "failed", try_number=1, clear_number=0, reason="boom")
     assert trigger.check()["status"] == "failed" and "producer stage 'scan' failed" in trigger.check()["reason"]
+
+
+def test_stages_of_hybrid_exchanges_start_on_a_worker(env: Path) -> None:
+    with DAG("d", schedule=None), Pipeline("p") as pipeline:
+        scan = pipeline.stage("scan", application=str(env / "app.py"), parallelism=2,
+                              inputs={"src": parquet_source(str(env / "src"))})
+        mid = pipeline.stage("mid", application=str(env / "app.py"), parallelism=2,
+                             inputs={"rows": all_to_all(scan, key=["k"], mode="hybrid")})
+        pipeline.stage("last", application=str(env / "app.py"), parallelism=1,
+                       inputs={"rows": all_to_all(mid, key=["k"])})
+    tasks = {name: stage.task for name, stage in pipeline.stages.items()}
+    # Hybrid fencing needs the DAG run's clear number, which Airflow gives a worker, not a trigger.
+    assert not tasks["scan"].start_from_trigger and not tasks["mid"].start_from_trigger
+    assert tasks["last"].start_from_trigger and tasks["last"].trigger_rule == "always"
