@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowRescheduleException
 from airflow.triggers.base import StartTriggerArgs
 
 from airflow_provider_speculative.control.commit import (
@@ -123,6 +124,10 @@ class SparkStageOperator(BaseOperator):
         planner.start()
         try:
             return self._plan_and_defer(planner)
+        except AirflowRescheduleException:
+            # Giving way to producers (dag.test()) is not a failure: consumers of this stage must keep waiting.
+            planner.record_state("waiting", "rescheduled until its producers committed")
+            raise
         except Exception as exc:
             # Hybrid consumers of this stage read this to fail at once instead of waiting (core/hybrid.py).
             planner.record_failure(exc)
@@ -136,7 +141,6 @@ class SparkStageOperator(BaseOperator):
             raise StageFailedError(event.get("reason") or f"pipeline {self.graph.name!r}, stage {self.stage!r}: "
                                                           "a hybrid producer failed")
         if status == "waiting":
-            from airflow.sdk.exceptions import AirflowRescheduleException
             from airflow.sdk.timezone import utcnow
 
             raise AirflowRescheduleException(utcnow())
@@ -167,7 +171,6 @@ class SparkStageOperator(BaseOperator):
                 event = trigger.check()
                 if event is not None and event["status"] == "failed":
                     raise StageFailedError(event["reason"])
-                from airflow.sdk.exceptions import AirflowRescheduleException
                 from airflow.sdk.timezone import utcnow
 
                 raise AirflowRescheduleException(utcnow())

@@ -282,3 +282,27 @@ def test_stages_of_hybrid_exchanges_start_on_a_worker(env: Path) -> None:
     # Hybrid fencing needs the DAG run's clear number, which Airflow gives a worker, not a trigger.
     assert not tasks["scan"].start_from_trigger and not tasks["mid"].start_from_trigger
     assert tasks["last"].start_from_trigger and tasks["last"].trigger_rule == "always"
+
+
+def test_under_dag_test_a_consumer_that_gives_way_is_not_failed_for_its_own_consumers(
+        env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow.sdk.exceptions import AirflowRescheduleException
+
+    from airflow_provider_speculative.operators import stage as stage_module
+
+    monkeypatch.setattr(stage_module, "runs_in_line", lambda: True)  # dag.test(): one task at a time
+    with DAG("d", schedule=None), Pipeline("p") as pipeline:
+        scan = pipeline.stage("scan", application=str(env / "app.py"), parallelism=2,
+                              inputs={"src": parquet_source(str(env / "src"))})
+        mid = pipeline.stage("mid", application=str(env / "app.py"), parallelism=1,
+                             inputs={"rows": all_to_all(scan, key=["k"])})
+        pipeline.stage("last", application=str(env / "app.py"), parallelism=1,
+                       inputs={"rows": all_to_all(mid, key=["k"])})
+    context = {"dag": SimpleNamespace(dag_id="d"), "run_id": "r4", "ti": SimpleNamespace(try_number=1),
+               "logical_date": pendulum.datetime(2026, 1, 1, tz="UTC"), "dag_run": SimpleNamespace(conf={})}
+    with pytest.raises(AirflowRescheduleException):  # picked before scan: it gives way at once
+        pipeline.stages["mid"].task.execute(context)
+    mid_layout = StageLayout(env / "store", "d", "r4", "mid")
+    assert read_json(mid_layout.dir / "task.json")["state"] == "waiting"
+    with pytest.raises(AirflowRescheduleException):  # and "last" waits for mid, not fails on it
+        pipeline.stages["last"].task.execute(context)
