@@ -125,6 +125,11 @@ def own_store(root: str | Path) -> dict[str, Any]:
         raise StoreNotOwnedError(f"store root {str(root)!r} is not a directory")
     foreign = foreign_entries(root)
     if foreign:
+        record = read_json(path)
+        if isinstance(record, dict):
+            # Another stage created the store between our two looks (stages plan concurrently, e.g. at a run's
+            # start in the triggerer): its marker came first, then the run directory we just saw.
+            return record
         shown = ", ".join(repr(n) for n in foreign[:_SHOWN_ENTRIES])
         shown += ", ..." if len(foreign) > _SHOWN_ENTRIES else ""
         raise StoreNotOwnedError(

@@ -213,3 +213,46 @@ def test_safe_component_keeps_long_ids_below_the_file_systems_limit(tmp_path: Pa
     assert len(safe.encode()) <= 200 and safe != safe_component("a" * 1999)
     assert not (tmp_path / safe).exists()  # a lookup answers "not there" instead of raising
     assert safe_component("é" * 150).encode().decode() == safe_component("é" * 150)
+
+
+def test_stages_claiming_a_new_store_at_once_all_succeed(tmp_path) -> None:
+    """Stages plan concurrently (all of a run's stages start in the triggerer at once): each owns the store, then
+    writes its run directory; none may take another's fresh run directory for foreign data."""
+    import threading
+
+    from airflow_provider_speculative.store.identity import own_store
+
+    for round_ in range(30):
+        root = tmp_path / f"store{round_}"
+        barrier = threading.Barrier(6)
+        errors: list[BaseException] = []
+
+        def stage(name: str, root=root, barrier=barrier, errors=errors) -> None:
+            barrier.wait()
+            try:
+                own_store(root)
+                (root / "dag" / "run" / name).mkdir(parents=True, exist_ok=True)
+            except BaseException as exc:  # noqa: BLE001  (collected for the assertion)
+                errors.append(exc)
+
+        threads = [threading.Thread(target=stage, args=(f"s{i}",)) for i in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert errors == [], errors
+
+
+def test_a_marker_written_between_the_two_looks_is_accepted(tmp_path, monkeypatch) -> None:
+    from airflow_provider_speculative.store import identity
+
+    root = tmp_path / "store"
+
+    def concurrent_stage(path):  # another stage: marker first, then its run directory, while we look
+        root.mkdir(exist_ok=True)
+        identity.create_exclusive_json(root / identity.STORE_FILE, {"provider": identity.PROVIDER, "created_at": 1.0})
+        (root / "dag").mkdir()
+        return ["dag/"]
+
+    monkeypatch.setattr(identity, "foreign_entries", concurrent_stage)
+    assert identity.own_store(root)["provider"] == identity.PROVIDER
