@@ -180,8 +180,13 @@ class StagePlanner:
                                           "with its downstream to rerun both)")
             if state in PRODUCER_SKIPPED_STATES:
                 raise UpstreamSkippedError(f"{self.where}: producer stage {producer!r} was skipped")
-            if not producer_commit_usable(read_json(self.layout_of(producer).committed), self.run.clear_number,
-                                          state, seen.get(producer)):
+            committed = read_json(self.layout_of(producer).committed)
+            if state == "success" and committed is None:
+                # A producer commits before its task succeeds; without a commit it was marked success by hand.
+                raise UpstreamFailedError(f"{self.where}: producer stage {producer!r} is success in Airflow but has "
+                                          f"no committed result at {self.layout_of(producer).committed} (marked "
+                                          "success by hand?); clear it to run it")
+            if not producer_commit_usable(committed, self.run.clear_number, state, seen.get(producer)):
                 waiting.append(producer)
         return waiting
 

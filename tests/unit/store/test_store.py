@@ -232,7 +232,7 @@ def test_stages_claiming_a_new_store_at_once_all_succeed(tmp_path) -> None:
             try:
                 own_store(root)
                 (root / "dag" / "run" / name).mkdir(parents=True, exist_ok=True)
-            except BaseException as exc:  # noqa: BLE001  (collected for the assertion)
+            except BaseException as exc:  # collected for the assertion below
                 errors.append(exc)
 
         threads = [threading.Thread(target=stage, args=(f"s{i}",)) for i in range(6)]

@@ -219,6 +219,8 @@ def test_a_possibly_stale_commit_is_taken_only_once_airflow_says_the_producer_su
                            run=RunInfo(dag_id="d", run_id="r1", try_number=1, clear_number=2))
     scan = StageLayout(env / "store", "d", "r1", "scan")
     assert planner.uncommitted_producers() == ["scan"]  # nothing committed
+    with pytest.raises(UpstreamFailedError, match=r"'scan' is success in Airflow but has no committed result"):
+        planner.uncommitted_producers({"scan": "success"})  # marked success by hand: never waits forever
     atomic_write_json(scan.committed, {"fingerprint": "f", "clear_number": 1, "subtasks": {}})
     assert planner.uncommitted_producers() == ["scan"]  # committed before the last clear: may be replaced
     assert planner.uncommitted_producers({"scan": "running"}) == ["scan"]
