@@ -16,7 +16,6 @@ from airflow_provider_speculative.store.files import read_json
 from airflow_provider_speculative.store.layout import StageLayout
 from airflow_provider_speculative.store.task_state import record_task_state
 from airflow_provider_speculative.triggers.hybrid import HybridInputsTrigger
-from tests.unit.operators.test_stage_operator import env  # noqa: F401  (fixture)
 
 
 def _pipeline(tmp_path: Path, mode: str = "hybrid") -> dict[str, Any]:
@@ -44,7 +43,7 @@ def _defer(task: Any, context: dict[str, Any] | None = None) -> TaskDeferred:
     return deferred.value
 
 
-def test_only_stages_fed_by_hybrid_edges_alone_start_with_their_producers(env: Path,  # noqa: F811
+def test_only_stages_fed_by_hybrid_edges_alone_start_with_their_producers(env: Path,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     tasks = _pipeline(env)
     assert tasks["scan"].trigger_rule == "all_success"
@@ -56,7 +55,7 @@ def test_only_stages_fed_by_hybrid_edges_alone_start_with_their_producers(env: P
     assert _pipeline(env, mode="blocking")["enrich"].trigger_rule == "all_success"
 
 
-def test_a_consumer_waits_in_a_trigger_for_the_producer_plan_then_plans_on_it(env: Path) -> None:  # noqa: F811
+def test_a_consumer_waits_in_a_trigger_for_the_producer_plan_then_plans_on_it(env: Path) -> None:
     tasks = _pipeline(env)
     waiting = _defer(tasks["enrich"])
     assert isinstance(waiting.trigger, HybridInputsTrigger) and waiting.method_name == "resume_after_inputs"
@@ -74,14 +73,14 @@ def test_a_consumer_waits_in_a_trigger_for_the_producer_plan_then_plans_on_it(en
     assert [s["inputs"]["rows"]["producers"] for s in agg["subtasks"]] == [[0, 2], [0, 2]]
 
 
-def test_a_producer_plan_from_before_the_last_clear_is_not_used(env: Path) -> None:  # noqa: F811
+def test_a_producer_plan_from_before_the_last_clear_is_not_used(env: Path) -> None:
     tasks = _pipeline(env)
     _defer(tasks["scan"])  # planned in clear 0, not committed
     waiting = _defer(tasks["enrich"], _context(clear_number=1))
     assert isinstance(waiting.trigger, HybridInputsTrigger) and waiting.trigger.check() is None
 
 
-def test_a_failed_producer_fails_the_consumer_naming_pipeline_stage_and_input(env: Path) -> None:  # noqa: F811
+def test_a_failed_producer_fails_the_consumer_naming_pipeline_stage_and_input(env: Path) -> None:
     tasks = _pipeline(env)
     layout = StageLayout(env / "store", "d", "r1", "scan")
     record_task_state(layout, "failed", try_number=1, clear_number=0, reason="PlanError: no files")
@@ -92,14 +91,14 @@ def test_a_failed_producer_fails_the_consumer_naming_pipeline_stage_and_input(en
     assert read_json(StageLayout(env / "store", "d", "r1", "enrich").dir / "task.json")["state"] == "failed"
 
 
-def test_the_producer_task_records_its_state(env: Path) -> None:  # noqa: F811
+def test_the_producer_task_records_its_state(env: Path) -> None:
     tasks = _pipeline(env)
     _defer(tasks["scan"])
     state = read_json(StageLayout(env / "store", "d", "r1", "scan").dir / "task.json")
     assert state["state"] == "deferred" and state["try_number"] == 1 and state["clear_number"] == 0
 
 
-def test_resuming_reschedules_while_waiting_and_fails_naming_the_input(env: Path) -> None:  # noqa: F811
+def test_resuming_reschedules_while_waiting_and_fails_naming_the_input(env: Path) -> None:
     from airflow.sdk.exceptions import AirflowRescheduleException
 
     task = _pipeline(env)["enrich"]
@@ -110,7 +109,7 @@ def test_resuming_reschedules_while_waiting_and_fails_naming_the_input(env: Path
         task.resume_after_inputs(_context(), {"status": "failed", "reason": reason})
 
 
-def test_a_failure_upstream_of_the_hybrid_producer_fails_the_consumer(env: Path) -> None:  # noqa: F811
+def test_a_failure_upstream_of_the_hybrid_producer_fails_the_consumer(env: Path) -> None:
     tasks = _pipeline(env)
     # agg's producer enrich has not planned (it waits for scan); scan failed: agg must not wait for ever.
     record_task_state(StageLayout(env / "store", "d", "r1", "scan"), "failed", try_number=1, clear_number=0,

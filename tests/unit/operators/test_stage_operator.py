@@ -20,18 +20,6 @@ from airflow_provider_speculative.store.layout import StageLayout
 from airflow_provider_speculative.store.manifest import build_manifest, write_manifest
 
 
-@pytest.fixture
-def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", '{"conn_type": "spark", "host": "local[1]"}')
-    monkeypatch.setenv("AIRFLOW__SPECULATIVE__STORE_PATH", str(tmp_path / "store"))
-    source = tmp_path / "src"
-    source.mkdir()
-    for i in range(2):
-        pq.write_table(pa.table({"k": [i], "v": [i * 10]}), source / f"part-{i}.parquet")
-    (tmp_path / "app.py").write_text("# stage application\n")
-    return tmp_path
-
-
 def _operator(tmp_path: Path, targets: list[dict[str, Any]] | None = None) -> Any:
     config = {"targets": targets} if targets else {}
     with Pipeline("p", config=config) as pipeline:

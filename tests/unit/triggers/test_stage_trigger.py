@@ -26,18 +26,6 @@ from airflow_provider_speculative.triggers import controller as controller_modul
 from airflow_provider_speculative.triggers.stage import StageStartTrigger
 
 
-@pytest.fixture
-def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", '{"conn_type": "spark", "host": "local[1]"}')
-    monkeypatch.setenv("AIRFLOW__SPECULATIVE__STORE_PATH", str(tmp_path / "store"))
-    source = tmp_path / "src"
-    source.mkdir()
-    for i in range(2):
-        pq.write_table(pa.table({"k": [i], "v": [i * 10]}), source / f"part-{i}.parquet")
-    (tmp_path / "app.py").write_text("# stage application\n")
-    return tmp_path
-
-
 def _pipeline(tmp_path: Path, application: str = "app.py", **scan_kwargs: Any) -> Pipeline:
     with DAG("d", schedule=None), Pipeline("p") as pipeline:
         scan = pipeline.stage("scan", application=str(tmp_path / application), parallelism=2,
