@@ -82,10 +82,7 @@ class StagePlanner:
         self.force_rerun = force_rerun
         self.log = logger or log
         self.where = f"pipeline {graph.name!r}, stage {stage!r}"
-        spec = graph.stages[stage]
-        self.config: SpeculativeConfig = (airflow_config()
-                                          .with_overrides(graph.config, f"pipeline {graph.name!r}")
-                                          .with_overrides(spec.config, f"stage {stage!r}"))
+        self.config: SpeculativeConfig = stage_config(graph, stage)
         self.layout = self.layout_of(stage)
 
     def layout_of(self, stage: str) -> StageLayout:
@@ -292,6 +289,13 @@ class StagePlanner:
                       ("enabled" if self.config.enabled else "disabled"), layout.plan)
         self.record_state("deferred")
         return plan
+
+
+def stage_config(graph: PipelineGraph, stage: str) -> SpeculativeConfig:
+    """The deployment's options with the pipeline's and then the stage's overrides."""
+    return (airflow_config()
+            .with_overrides(graph.config, f"pipeline {graph.name!r}")
+            .with_overrides(graph.stages[stage].config, f"stage {stage!r}"))
 
 
 def _last_change(layout: StageLayout) -> float:

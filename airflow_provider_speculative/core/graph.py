@@ -322,6 +322,16 @@ class PipelineGraph:
                 for input_name, spec in stage.inputs.items()
                 if isinstance(spec, ExchangeSpec) and spec.upstream == producer]
 
+    def in_hybrid_exchange(self, stage: str) -> bool:
+        """True if ``stage`` reads or feeds a hybrid exchange.
+
+        Such a stage starts on a worker: hybrid consumers fence on the DAG run's clear number (a producer
+        plan or failure of an earlier clear is not theirs), which Airflow gives a worker but not a trigger.
+        """
+        inputs = self.stages[stage].inputs.values()
+        return (any(isinstance(entry, ExchangeSpec) and entry.mode == "hybrid" for entry in inputs)
+                or any(edge.mode == "hybrid" for _, _, edge in self.consumers(stage)))
+
     def upstreams(self, stage: str) -> list[str]:
         """Return the stages ``stage`` reads from, in input order."""
         return [spec.upstream for spec in self.stages[stage].inputs.values() if isinstance(spec, ExchangeSpec)]

@@ -19,15 +19,13 @@ from airflow_provider_speculative.control.commit import (
     remove_losers,
     sink_finalizer,
 )
-from airflow_provider_speculative.control.planning import HybridWait, RunInfo, StagePlanner
+from airflow_provider_speculative.control.planning import HybridWait, RunInfo, StagePlanner, stage_config
 from airflow_provider_speculative.control.sources import application_path
-from airflow_provider_speculative.core.config import SpeculativeConfig
-from airflow_provider_speculative.core.graph import ExchangeSpec, PipelineGraph
+from airflow_provider_speculative.core.graph import PipelineGraph
 from airflow_provider_speculative.core.readiness import partition_key
 from airflow_provider_speculative.exceptions import StageFailedError
 from airflow_provider_speculative.links import SparkHistoryLink, StageViewLink
 from airflow_provider_speculative.metrics import StageMetrics
-from airflow_provider_speculative.settings import airflow_config
 from airflow_provider_speculative.sinks.base import Sink
 from airflow_provider_speculative.store import journal as journals
 from airflow_provider_speculative.store.files import read_json
@@ -59,7 +57,7 @@ class SparkStageOperator(BaseOperator):
                  force_rerun: bool = False, asset_partitioned: bool = False, commit_in_triggerer: bool = True,
                  **kwargs: Any) -> None:
         starts_in_triggerer = (commit_in_triggerer and stage_config(graph, stage).start_in_triggerer
-                               and not _in_hybrid_exchange(graph, stage))
+                               and not graph.in_hybrid_exchange(stage))
         if starts_in_triggerer and graph.upstreams(stage) and "trigger_rule" not in kwargs:
             # Started in the triggerer at the run's start, the task waits there for its producers' commits and
             # launches on the next store poll, not after the scheduler's and triggerer's loops; a producer that
@@ -82,9 +80,6 @@ class SparkStageOperator(BaseOperator):
             self._start_in_triggerer()
 
     # -- planning (worker) ------------------------------------------------------------------
-
-    def _config(self) -> SpeculativeConfig:
-        return stage_config(self.graph, self.stage)
 
     def _start_in_triggerer(self) -> None:
         """Let the scheduler defer this task straight into the triggerer, which plans, runs and commits it.
@@ -195,9 +190,9 @@ class SparkStageOperator(BaseOperator):
         status = (event or {}).get("status")
         where = f"pipeline {self.graph.name!r}, stage {self.stage!r}"
         if status == "plan_failed":
-            raise StageFailedError(f"{where}: {event.get('error')}: {event.get('reason')}"
-                                   if not str(event.get("reason", "")).startswith(where) else
-                                   f"{event.get('reason')}")
+            reason = str(event.get("reason") or "")
+            # The planner's messages name pipeline and stage; anything else gets them in front.
+            raise StageFailedError(reason if reason.startswith(where) else f"{where}: {event.get('error')}: {reason}")
         if status == "commit_failed":
             raise StageFailedError(f"{where}: {event.get('reason')}")
         if status == "upstream_failed":
@@ -209,11 +204,9 @@ class SparkStageOperator(BaseOperator):
 
             raise AirflowSkipException(event.get("reason") or f"{where}: a producer stage was skipped")
         if status == "committed":
-            plan = _event_plan({**event, "status": "success", "admitted": {}}, self.graph.name, self.stage)
+            plan = _plan_at(event.get("plan_path"), where)
             layout = StageLayout(Path(plan["store_root"]), plan["dag_id"], plan["run_id"], plan["stage"])
-            record = read_committed(layout)
-            if record is None:
-                raise StageFailedError(f"{where}: committed.json is gone from {layout.dir}")
+            record = read_committed(layout)  # raises naming the stage if the commit is gone
             result = event.get("result") or {}
             self._publish_asset_event(context, plan, record, record.get("summary") or {}, result.get("sink"))
             return result
@@ -265,24 +258,6 @@ class SparkStageOperator(BaseOperator):
         cleanup_sink_staging(plan, layout, attempts, self.log)
 
 
-def _in_hybrid_exchange(graph: PipelineGraph, stage: str) -> bool:
-    """True if the stage reads or feeds a hybrid exchange.
-
-    Such a stage starts on a worker: hybrid consumers fence on the DAG run's clear number (a producer plan
-    or failure of an earlier clear is not theirs), which Airflow gives a worker but not a trigger.
-    """
-    inputs = graph.stages[stage].inputs.values()
-    return (any(isinstance(entry, ExchangeSpec) and entry.mode == "hybrid" for entry in inputs)
-            or any(edge.mode == "hybrid" for _, _, edge in graph.consumers(stage)))
-
-
-def stage_config(graph: PipelineGraph, stage: str) -> SpeculativeConfig:
-    """The deployment's options with the pipeline's and then the stage's overrides."""
-    return (airflow_config()
-            .with_overrides(graph.config, f"pipeline {graph.name!r}")
-            .with_overrides(graph.stages[stage].config, f"stage {stage!r}"))
-
-
 def sink_asset(sink: Sink | None) -> Any:
     """The Airflow asset a sink's commits update (None without a sink or a parse-time URI)."""
     uri = sink.asset_uri() if sink is not None else None
@@ -329,11 +304,17 @@ def _event_plan(event: Any, pipeline: str, stage: str) -> dict[str, Any]:
     if not isinstance(event, dict) or event.get("status") not in ("success", "failed") or "plan_path" not in event:
         raise StageFailedError(f"{where}: malformed controller event {event!r} (expected status success|failed "
                                "and plan_path); the trigger and the worker may run different provider versions")
-    plan = read_json(event["plan_path"])
-    if plan is None:
-        raise StageFailedError(f"{where}: the plan {event['plan_path']} of this stage run is gone from the store")
+    plan = _plan_at(event["plan_path"], where)
     if event["status"] == "success" and not isinstance(event.get("admitted"), dict):
         raise StageFailedError(f"{where}: malformed controller event: 'admitted' missing ({event!r})")
+    return plan
+
+
+def _plan_at(plan_path: Any, where: str) -> dict[str, Any]:
+    """The stage run's plan.json an event points at, or a clear error if it is gone."""
+    plan = read_json(plan_path) if isinstance(plan_path, str) and plan_path else None
+    if plan is None:
+        raise StageFailedError(f"{where}: the plan {plan_path!r} of this stage run is gone from the store")
     return plan
 
 

@@ -82,7 +82,7 @@ class StageStartTrigger(StageControllerTrigger):
                             logger=self.log)
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        """Plan (waiting here for hybrid producers' plans), then control and commit the stage; yield one event."""
+        """Wait for the producers' commits, plan, then control and commit the stage; yield one event."""
         planner: StagePlanner | None = None
         try:
             planner = await asyncio.to_thread(self._planner)
