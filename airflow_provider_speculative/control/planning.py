@@ -12,7 +12,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from airflow_provider_speculative.backends.registry import attempt_observer
@@ -69,11 +71,29 @@ class HybridWait:
     inputs: dict[str, dict[str, Any]]
 
 
+# (config, application, stage's spark_conf, app name, where) -> each target's launch template.
+TargetResolver = Callable[[SpeculativeConfig, str, dict[str, str], str, str], dict[str, dict[str, Any]]]
+
+
+def airflow_targets(config: SpeculativeConfig, application: str, spark_conf: dict[str, str], app_name: str,
+                    where: str) -> dict[str, dict[str, Any]]:
+    """Launch templates of the config's targets from their Airflow connections (the deployed path)."""
+    return resolve_targets(config, application=application, spark_conf=spark_conf, app_name=app_name, where=where)
+
+
 class StagePlanner:
-    """Plans one stage of a graph for one task try; every refusal names pipeline, stage and input."""
+    """Plans one stage of a graph for one task try; every refusal names pipeline, stage and input.
+
+    The operator and the start trigger use the deployment's config (:func:`stage_config`), the store
+    root it names and targets from Airflow connections. The development runner (``devtools/runner.py``)
+    passes its own ``config``, ``root`` and ``targets`` (local spark-submit or Connect servers) and
+    shares everything else: source listing, Parquet and sink checks, and :func:`core.plan.plan_stage`.
+    """
 
     def __init__(self, graph: PipelineGraph, stage: str, *, sink: Sink | None, declared_sink: dict[str, Any] | None,
-                 run: RunInfo, force_rerun: bool = False, logger: Any = None) -> None:
+                 run: RunInfo, force_rerun: bool = False, logger: Any = None,
+                 config: SpeculativeConfig | None = None, root: Path | None = None,
+                 targets: TargetResolver = airflow_targets) -> None:
         self.graph = graph
         self.stage = stage
         self.sink = sink
@@ -82,12 +102,14 @@ class StagePlanner:
         self.force_rerun = force_rerun
         self.log = logger or log
         self.where = f"pipeline {graph.name!r}, stage {stage!r}"
-        self.config: SpeculativeConfig = stage_config(graph, stage)
+        self.config: SpeculativeConfig = config if config is not None else stage_config(graph, stage)
+        self.root = root if root is not None else store_root(self.config)
+        self.targets = targets
         self.layout = self.layout_of(stage)
 
     def layout_of(self, stage: str) -> StageLayout:
         """The store directory of ``stage`` in this DAG run."""
-        return StageLayout(store_root(self.config), self.run.dag_id, self.run.run_id, stage)
+        return StageLayout(self.root, self.run.dag_id, self.run.run_id, stage)
 
     def record_state(self, state: str, reason: str | None = None) -> None:
         """Record the task's state in the store (hybrid consumers read it to fail at once)."""
@@ -247,25 +269,29 @@ class StagePlanner:
             source_paths=tuple(source_root(src) for src in spec.inputs.values() if isinstance(src, SourceSpec)),
             declared=self.declared_sink))
 
-    def plan(self, hybrid: dict[str, dict[str, Any]]) -> dict[str, Any]:
-        """Decide the plan from sources and committed upstreams, reconcile with a previous plan, write plan.json."""
+    def decide(self, hybrid: dict[str, dict[str, Any]]) -> dict[str, Any]:
+        """Decide the plan from sources and committed upstreams (checks included); writes nothing."""
         spec = self.graph.stages[self.stage]
-        layout = self.layout
         application = application_path(spec.application, self.where)
         source_files = list_sources(spec, self.where)
         self.validate_sink()
         # A hybrid producer is planned on its plan (always, so a retry plans the same ranges), others on commits.
         upstream = {name: hybrid[name] if name in hybrid else read_committed(self.layout_of(name))
                     for name in self.graph.upstreams(self.stage)}
-        plan = plan_stage(
+        return plan_stage(
             self.graph, self.stage, self.config, source_files=source_files, upstream_committed=upstream,
             sink=self.sink.to_json() if self.sink is not None else None,
             speculation_blocker=self.speculation_blocker(),
-            context={"dag_id": self.run.dag_id, "run_id": self.run.run_id, "store_root": str(layout.root),
+            context={"dag_id": self.run.dag_id, "run_id": self.run.run_id, "store_root": str(self.layout.root),
                      "logical_date": self.run.logical_date, "application": application,
                      "try_number": self.run.try_number, "clear_number": self.run.clear_number,
-                     "targets": resolve_targets(self.config, application=application, spark_conf=spec.spark_conf,
-                                                app_name=f"{self.run.dag_id}.{self.stage}", where=self.where)})
+                     "targets": self.targets(self.config, application, spec.spark_conf,
+                                             f"{self.run.dag_id}.{self.stage}", self.where)})
+
+    def plan(self, hybrid: dict[str, dict[str, Any]]) -> dict[str, Any]:
+        """Decide the plan, reconcile it with a previous plan of this stage run, write plan.json."""
+        plan = self.decide(hybrid)
+        layout = self.layout
         previous = read_json(layout.plan)
         force = self.force_rerun or bool(self.run.conf.get("speculative_force_rerun"))
         if force or (previous and previous.get("fingerprint") != plan["fingerprint"]):

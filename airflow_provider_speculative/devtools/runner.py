@@ -10,16 +10,13 @@ from typing import Any
 
 from airflow_provider_speculative.control.commit import admitted_of, commit_admitted, remove_losers
 from airflow_provider_speculative.control.controller import StageController, wait_for_next_step, wipe_stage_attempts
-from airflow_provider_speculative.control.sources import list_sources
+from airflow_provider_speculative.control.planning import HybridWait, RunInfo, StagePlanner, TargetResolver
 from airflow_provider_speculative.core.config import SpeculativeConfig
-from airflow_provider_speculative.core.graph import ExchangeSpec, PipelineGraph
-from airflow_provider_speculative.core.hybrid import producer_record
-from airflow_provider_speculative.core.plan import plan_stage
+from airflow_provider_speculative.core.graph import PipelineGraph
 from airflow_provider_speculative.exceptions import StoreError
 from airflow_provider_speculative.store import journal
-from airflow_provider_speculative.store.files import atomic_write_json, read_json
+from airflow_provider_speculative.store.files import atomic_write_json
 from airflow_provider_speculative.store.layout import StageLayout
-from airflow_provider_speculative.store.results import read_committed
 from airflow_provider_speculative.store.task_state import record_task_state
 
 
@@ -37,53 +34,42 @@ def plan_local_stage(graph: PipelineGraph, stage: str, root: Path, dag_id: str, 
     Each target's ``conf`` is added to its command line, so targets on a cluster master can pin their
     executors to a node (see docs/clusters.md).
     """
-    spec = graph.stages[stage]
-    sources = list_sources(spec, f"pipeline {graph.name!r}, stage {stage!r}")
-    upstream = upstream_records(graph, stage, root, dag_id, run_id)
+    def targets(config: SpeculativeConfig, application: str, spark_conf: dict[str, str], app_name: str,
+                where: str) -> dict[str, dict[str, Any]]:
+        def command(target_conf: dict[str, str]) -> list[str]:
+            conf = {**target_conf, **spark_conf}
+            return [*local_spark_submit(master), *[a for k, v in conf.items() for a in ("--conf", f"{k}={v}")],
+                    application]
 
-    def command(target_conf: dict[str, str]) -> list[str]:
-        conf = {**target_conf, **spec.spark_conf}
-        return [*local_spark_submit(master), *[a for k, v in conf.items() for a in ("--conf", f"{k}={v}")],
-                spec.application]
+        return {t.name: {"kind": "spark_submit", "conn_id": t.conn_id, "node": t.node_label,
+                         "command": command(t.conf), "env": {}, "spark_conf": {}} for t in config.targets}
 
-    targets = {t.name: {"kind": "spark_submit", "conn_id": t.conn_id, "node": t.node_label,
-                        "command": command(t.conf), "env": {}, "spark_conf": {}} for t in config.targets}
-    return plan_stage(graph, stage, config, source_files=sources, upstream_committed=upstream, sink=None,
-                      speculation_blocker=None,
-                      context={"dag_id": dag_id, "run_id": run_id, "store_root": str(root), "logical_date": None,
-                               "application": spec.application, "targets": targets})
-
-
-def upstream_records(graph: PipelineGraph, stage: str, root: Path, dag_id: str, run_id: str) -> dict[str, Any]:
-    """What planning ``stage`` reads of its producers: the commit, or for a hybrid input the producer's plan."""
-    hybrid = {spec.upstream for spec in graph.stages[stage].inputs.values()
-              if isinstance(spec, ExchangeSpec) and spec.mode == "hybrid"}
-    out: dict[str, Any] = {}
-    for upstream in graph.upstreams(stage):
-        layout = StageLayout(root, dag_id, run_id, upstream)
-        if upstream in hybrid:
-            plan = read_json(layout.plan)
-            if plan is None:
-                raise StoreError(f"stage {stage!r}: hybrid producer {upstream!r} has no plan at {layout.plan} yet")
-            out[upstream] = producer_record(plan)
-        else:
-            out[upstream] = read_committed(layout)
-    return out
+    return _decide(graph, stage, root, dag_id, run_id, config, targets)
 
 
 def plan_connect_stage(graph: PipelineGraph, stage: str, root: Path, dag_id: str, run_id: str,
                        config: SpeculativeConfig) -> dict[str, Any]:
     """Plan one stage for Spark Connect targets (``config.targets``; their servers' URLs go to :func:`run_stages`)."""
-    spec = graph.stages[stage]
-    sources = list_sources(spec, f"pipeline {graph.name!r}, stage {stage!r}")
-    targets = {t.name: {"kind": "spark_connect", "conn_id": t.conn_id, "node": t.node_label,
-                        "command": [sys.executable, spec.application], "env": {},
-                        "spark_conf": {**t.conf, **spec.spark_conf}} for t in config.targets}
-    return plan_stage(graph, stage, config, source_files=sources,
-                      upstream_committed=upstream_records(graph, stage, root, dag_id, run_id), sink=None,
-                      speculation_blocker=None,
-                      context={"dag_id": dag_id, "run_id": run_id, "store_root": str(root), "logical_date": None,
-                               "application": spec.application, "targets": targets})
+    def targets(config: SpeculativeConfig, application: str, spark_conf: dict[str, str], app_name: str,
+                where: str) -> dict[str, dict[str, Any]]:
+        return {t.name: {"kind": "spark_connect", "conn_id": t.conn_id, "node": t.node_label,
+                         "command": [sys.executable, application], "env": {},
+                         "spark_conf": {**t.conf, **spark_conf}} for t in config.targets}
+
+    return _decide(graph, stage, root, dag_id, run_id, config, targets)
+
+
+def _decide(graph: PipelineGraph, stage: str, root: Path, dag_id: str, run_id: str, config: SpeculativeConfig,
+            targets: TargetResolver) -> dict[str, Any]:
+    """The operator's planning (:class:`StagePlanner`: listing, checks, plan) with this runner's targets."""
+    planner = StagePlanner(graph, stage, sink=None, declared_sink=None, config=config, root=root, targets=targets,
+                           run=RunInfo(dag_id=dag_id, run_id=run_id, try_number=1, clear_number=0))
+    hybrid = planner.hybrid_inputs()
+    if isinstance(hybrid, HybridWait):
+        waiting = ", ".join(sorted(w["stage"] for w in hybrid.inputs.values()))
+        raise StoreError(f"{planner.where}: hybrid producer {waiting} has no usable plan under {root} yet "
+                         "(write the producer's plan first: write_plan)")
+    return planner.decide(hybrid)
 
 
 def write_plan(plan: dict[str, Any]) -> StageLayout:
