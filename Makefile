@@ -22,7 +22,7 @@ DEMO_ENV := AIRFLOW_HOME=$(DEMO)/airflow \
 	AIRFLOW__SPECULATIVE__BASELINE_LOWER_BOUND=5s \
 	AIRFLOW__SPECULATIVE__FAULT_INJECTION='{"targets": {"local-b": {"factor": 4}}}'
 
-.PHONY: demo test unit install java-check data data-q3 data-tpch lint bench clean browser ui
+.PHONY: demo test unit install java-check data data-q3 data-tpch lint bench clean browser ui docs
 
 $(VENV)/.installed: setup.cfg pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found (Python 3.11 is required)"; exit 1; }
@@ -83,6 +83,11 @@ unit: install
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
+	$(PY) -m airflow_provider_speculative.devtools.configdoc --check
+
+# docs/configuration.md's option table, generated from the option declarations in core/config.py.
+docs: install
+	$(PY) -m airflow_provider_speculative.devtools.configdoc
 
 bench: install java-check data
 	$(PY) bench/speculation.py

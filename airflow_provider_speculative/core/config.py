@@ -362,22 +362,31 @@ class Option:
     # What docs/configuration.md's option table shows as the default; None: the default string in backticks.
     readme_default: str | None = None
     annotation: str = "Any"
+    # The meaning column of docs/configuration.md (Markdown, may link); None: ``doc`` in the table's style.
+    manual: str | None = None
 
     def show_default(self) -> str:
         """The default as the string Airflow's config declares (parses back to ``default``)."""
         return str(self.default) if self.default_string is None else self.default_string
 
+    def table_row(self) -> str:
+        """This option's row of the option table in docs/configuration.md (generated: ``make docs``)."""
+        meaning = self.manual if self.manual is not None else self.doc[0].lower() + self.doc[1:].rstrip(".")
+        return f"| `{self.name}` | {self.readme_default or f'`{self.show_default()}`'} | {meaning} |"
 
-def _bool_option(name: str, default: bool, doc: str) -> Option:
-    return Option(name, _bool, default, doc, "boolean", annotation="bool")
+
+def _bool_option(name: str, default: bool, doc: str, manual: str | None = None) -> Option:
+    return Option(name, _bool, default, doc, "boolean", annotation="bool", manual=manual)
 
 
-def _int_option(name: str, default: int, doc: str, minimum: int) -> Option:
-    return Option(name, lambda n, v, w: _int(n, v, w, minimum), default, doc, "integer", annotation="int")
+def _int_option(name: str, default: int, doc: str, minimum: int, manual: str | None = None) -> Option:
+    return Option(name, lambda n, v, w: _int(n, v, w, minimum), default, doc, "integer", annotation="int",
+                  manual=manual)
 
 
 def _duration_option(name: str, default: float, doc: str, *, positive: bool = False,
-                     readme_default: str | None = None, minimum: float | None = None) -> Option:
+                     readme_default: str | None = None, minimum: float | None = None,
+                     manual: str | None = None) -> Option:
     def parse(n: str, v: Any, w: str) -> float:
         seconds = _duration(n, v, w)
         if positive and seconds <= 0:
@@ -387,7 +396,7 @@ def _duration_option(name: str, default: float, doc: str, *, positive: bool = Fa
         return seconds
 
     return Option(name, parse, default, doc, "string", f"{default:g}",
-                  readme_default or f"`{default:g}` s", annotation="float")
+                  readme_default or f"`{default:g}` s", annotation="float", manual=manual)
 
 
 def _auto_duration(name: str, value: Any, where: str) -> float | None:
@@ -397,14 +406,15 @@ def _auto_duration(name: str, value: Any, where: str) -> float | None:
     return _duration(name, value, where)
 
 
-def _float_option(name: str, default: float, doc: str, check: Callable[[float], bool], why: str) -> Option:
+def _float_option(name: str, default: float, doc: str, check: Callable[[float], bool], why: str,
+                  manual: str | None = None) -> Option:
     def parse(n: str, v: Any, w: str) -> float:
         number = _float(n, v, w)
         if not check(number):
             raise _bad(n, v, w, why)
         return number
 
-    return Option(name, parse, default, doc, "float", annotation="float")
+    return Option(name, parse, default, doc, "float", annotation="float", manual=manual)
 
 
 def _choice(name: str, value: Any, where: str, choices: tuple[str, ...]) -> str:
@@ -458,75 +468,134 @@ OPTIONS: tuple[Option, ...] = (
     _bool_option("enabled", False, "Launch speculative attempts for slow subtasks."),
     _int_option("max_concurrent_executions", 2, "Live attempts per subtask, original included (>= 1).", 1),
     _duration_option("block_slow_node_duration", 60.0,
-                     "Seconds a slow node stays blocked for new attempts (>= 0)."),
+                     "Seconds a slow node stays blocked for new attempts (>= 0).",
+                     manual="how long a slow node is blocked for new attempts"),
     # Below 10 ms a controller only spins in the triggerer every stage of the deployment shares.
     _duration_option("check_interval", 1.0, "Seconds between controller checks (>= 0.01).", positive=True,
-                     minimum=0.01),
+                     minimum=0.01,
+                     manual="controller check interval (>= 0.01 s); an attempt that starts, gets its Spark session "
+                            "or ends wakes the controller sooner (see [What happens at run "
+                            "time](running.md#what-happens-at-run-time))"),
     _bool_option("fork_server", True,
                  "Start attempts from a per-host fork server that has pyspark's Connect client imported "
-                 "(false: a fresh interpreter per attempt)."),
+                 "(false: a fresh interpreter per attempt).",
+                 manual="start each attempt's supervisor, and a Spark Connect attempt's Python client, by forking a "
+                        "per-host, per-user fork server that has pyspark's Connect client, pandas, pyarrow and grpc "
+                        "imported, instead of two fresh interpreters (saves ~0.6 s of CPU per attempt); `False`: "
+                        "fresh interpreters. See [Warm attempt start](connect.md#warm-attempt-start)"),
     _bool_option("start_in_triggerer", True,
                  "Start stage tasks in the triggerer (start_from_trigger): plan, run and commit there, with no "
                  "worker run per stage (false: plan on a worker, defer, finalize on a worker). Read when the DAG "
-                 "is parsed."),
+                 "is parsed.",
+                 manual="stage tasks start in the triggerer (Airflow's `start_from_trigger`): when its upstreams "
+                        "succeed, the scheduler defers the task straight into the triggerer, which plans the stage, "
+                        "runs it and commits it (the sink too); no worker process, DAG parse or executor slot per "
+                        "stage. `False`: plan on a worker, defer, finalize on a worker (the behaviour before 0.x; "
+                        "also what `commit_in_triggerer=False` on a stage does). Read when the DAG is parsed; "
+                        "`dag.test()` always plans on the worker. See [Where a stage "
+                        "runs](running.md#where-a-stage-runs)"),
     Option("baseline_lower_bound", _auto_duration, None,
            "Lower bound of the slow-task baseline: 'auto' (twice the median start-up time of the stage's finished "
-           "attempts, at least 1 s) or seconds (>= 0).", "string", "auto", "`auto`", annotation="float | None"),
+           "attempts, at least 1 s) or seconds (>= 0).", "string", "auto", "`auto`", annotation="float | None",
+           manual="B, lower bound of the baseline: `auto` = twice the median start-up time (launch to a ready Spark "
+                  "session) of the stage's finished attempts, at least 1 s; or a duration (Flink's default was 60 s, "
+                  "which never calls a seconds-long attempt slow)"),
     _float_option("baseline_ratio", 0.75,
                   "Fraction of subtasks that must finish before a baseline exists (0 < r <= 1).",
-                  lambda r: 0 < r <= 1, "must be in (0, 1]"),
+                  lambda r: 0 < r <= 1, "must be in (0, 1]",
+                  manual="R, fraction of subtasks that must finish before a baseline exists (0 < R <= 1)"),
     _float_option("baseline_multiplier", 1.5,
                   "Baseline = median execution time of the earliest finishers times this (>= 1).",
-                  lambda m: m >= 1, "must be >= 1"),
+                  lambda m: m >= 1, "must be >= 1",
+                  manual="M (>= 1)"),
     _bool_option("normalize_by_input_bytes", True,
-                 "Compare execution time per input byte when input sizes are known."),
+                 "Compare execution time per input byte when input sizes are known.",
+                 manual="also compare execution time per input byte (see above)"),
     _int_option("max_failures_per_subtask", 3,
-                "Failed attempts a subtask may have before the stage fails (>= 0).", 0),
+                "Failed attempts a subtask may have before the stage fails (>= 0).", 0,
+                manual="failed attempts a subtask may have before the stage fails with every attempt's cause (a lost "
+                       "input does not count: it is not the subtask's fault)"),
     _int_option("max_failures_per_stage", 10,
-                "Failed attempts a stage run may have in all before it fails (>= 0).", 0),
+                "Failed attempts a stage run may have in all before it fails (>= 0).", 0,
+                manual="failed attempts a stage run may have in all, whatever the cause, before it fails with every "
+                       "attempt's cause"),
     _duration_option("retention", 86400.0,
                      "How long intermediate results stay after the run succeeded and their consumers committed.",
-                     readme_default="`86400` s (1 day)"),
+                     readme_default="`86400` s (1 day)",
+                     manual="how long intermediate results stay after the run succeeded and their consumers "
+                            "committed (see [Partition life cycle and "
+                            "gc](operations.md#partition-life-cycle-and-gc))"),
     Option("data_volume_per_subtask", _size, 128 * 1024 ** 2,
            "Bytes one subtask should read when a stage has parallelism='auto' (e.g. '64MB', '1 GiB').",
-           "string", "134217728", "`134217728` (128 MiB)", annotation="int"),
+           "string", "134217728", "`134217728` (128 MiB)", annotation="int",
+           manual='bytes one subtask should read when a stage has `parallelism="auto"`; a size such as `64MB` or `1 '
+                  "GiB` (binary units)"),
     Option("broadcast_max_bytes", _size, 256 * 1024 ** 2,
            "Largest input a broadcast(...) input may have when its consumer is planned: every consumer subtask "
            "reads all of it (e.g. '64MB', '1 GiB').",
-           "string", "268435456", "`268435456` (256 MiB)", annotation="int"),
+           "string", "268435456", "`268435456` (256 MiB)", annotation="int",
+           manual="largest input a `broadcast(...)` input may have, checked when its consumer is planned (every "
+                  "consumer subtask reads all of it); a size such as `64MB`"),
     _bool_option("balanced_exchange_ranges", True,
-                 "Give all_to_all consumers subpartition ranges of about equal bytes (false: equal counts)."),
+                 "Give all_to_all consumers subpartition ranges of about equal bytes (false: equal counts).",
+                 manual="give `all_to_all` consumers contiguous subpartition ranges of about equal bytes (from the "
+                        "producers' committed sizes); `False`: equal counts `[i·P/M, (i+1)·P/M)`"),
     Option("failover_strategy", lambda n, v, w: _choice(n, v, w, ("region", "all")), "region",
            "What reruns when an input partition is lost: 'region' (only the affected region) or 'all'.",
-           annotation="str"),
+           annotation="str",
+           manual="what reruns when an input partition is lost: `region` (only the affected region, FLIP-1) or `all` "
+                  "(every subtask of the producer, for comparison)"),
     _duration_option("slot_wait_timeout", 600.0,
                      "How long a stage waits for a live slot (every target lost or without capacity) before it "
-                     "fails (> 0).", positive=True),
+                     "fails (> 0).", positive=True,
+                     manual="how long a stage waits for a live slot (every target lost, or a reactive target without "
+                            "an alive worker) before it fails naming pipeline, stage and targets (> 0); see [Targets "
+                            "and slots](#targets-and-slots)"),
     _float_option("hybrid_min_admitted_share", 0.5,
                   "A consumer of an all_to_all hybrid exchange starts once this share of its producers is "
                   "admitted, and reads the rest as they are admitted (0 < s <= 1).",
-                  lambda s: 0 < s <= 1, "must be in (0, 1]"),
+                  lambda s: 0 < s <= 1, "must be in (0, 1]",
+                  manual="a consumer of an `all_to_all` hybrid exchange starts once this share of its producers is "
+                         "admitted and reads the rest incrementally (0 < s <= 1); see [Hybrid "
+                         "exchanges](authoring.md#hybrid-exchanges-flip-235)"),
     _duration_option("hybrid_input_timeout", 3600.0,
                      "How long a consumer of a hybrid exchange waits for its producer stage's plan, and an "
-                     "attempt's read for its producers' admissions, before failing (> 0).", positive=True),
+                     "attempt's read for its producers' admissions, before failing (> 0).", positive=True,
+                     manual="how long a hybrid consumer waits for its producer stage's plan, and a read for its "
+                            "producers' admissions, before it fails naming pipeline, stage and input (> 0)"),
     _duration_option("executor_loss_timeout", 60.0,
                      "On a cluster master: an attempt whose executors are all gone (or never came) for this long "
-                     "fails as 'node lost' and its node is blocked (0: never)."),
+                     "fails as 'node lost' and its node is blocked (0: never).",
+                     manual="on a cluster master, an attempt whose executors are all gone (or never came) for this "
+                            'long fails as "node lost" and its node is blocked (`0`: never); see '
+                            "[docs/clusters.md](clusters.md)"),
     Option("store_path", _store_path, "",
            "Root of the result store: a local path or file:// URL; empty means $AIRFLOW_HOME/speculative-store.",
-           readme_default="`$AIRFLOW_HOME/speculative-store`", annotation="str"),
+           readme_default="`$AIRFLOW_HOME/speculative-store`", annotation="str",
+           manual="root of the result store: an absolute path or a `file://` URL, shared by every host that runs "
+                  "attempts (other schemes are refused naming the scheme; see [docs/store.md](store.md)); neither "
+                  "`/` nor `$AIRFLOW_HOME` itself, and a directory the provider creates or finds empty (see "
+                  "[Partition life cycle and gc](operations.md#partition-life-cycle-and-gc))"),
     Option("spark_history_url", _history_url, "",
            "Spark history server URL for the UI's links to admitted attempts; empty: no link.",
-           readme_default="empty", annotation="str"),
+           readme_default="empty", annotation="str",
+           manual="Spark history server URL, absolute `http://` or `https://` with a host (anything else is refused; "
+                  "see [SECURITY.md](../SECURITY.md)); the UI and the operator extra links then link admitted "
+                  "attempts to it"),
     Option("targets", _targets, DEFAULT_TARGETS,
            "JSON list of targets: name, conn_id, slots (a number, or 'auto' with master_ui), node, conf.",
            default_string=json.dumps([asdict(t) for t in DEFAULT_TARGETS]), readme_default="two local targets",
-           annotation="tuple[Target, ...]"),
+           annotation="tuple[Target, ...]",
+           manual='JSON list of `{name, conn_id, slots, node, conf}` (`slots` a number, or `"auto"` with '
+                  "`master_ui`); see below"),
     Option("fault_injection", _faults, FaultInjection(),
            "JSON: {targets: {name: {factor, delay, fail}}, attempts: [{subtask, attempt, ...}], "
            "force_speculation: [subtask, ...], barrier: bool, hold_end: bool, hold_commit: bool}. "
            "Tests and demos only; off when empty.",
-           default_string="", readme_default="off", annotation="FaultInjection"),
+           default_string="", readme_default="off", annotation="FaultInjection",
+           manual='JSON `{"targets": {name: {factor, delay, fail}}, "attempts": [{subtask, attempt, factor, delay, '
+                  'fail}], "force_speculation": [subtask, ...], "barrier": bool, "hold_end": bool, "hold_commit": '
+                  "bool}`"),
 )
 OPTION_BY_NAME: dict[str, Option] = {o.name: o for o in OPTIONS}
 OPTION_DOCS: dict[str, str] = {o.name: o.doc for o in OPTIONS}
@@ -543,6 +612,11 @@ def parse_option(name: str, value: Any, where: str) -> Any:
 def unknown_options(names: Any) -> list[str]:
     """The names in ``names`` that are not ``[speculative]`` options (misspellings), sorted."""
     return sorted(str(n) for n in names if str(n) not in OPTION_BY_NAME)
+
+
+def options_table() -> str:
+    """The option table of docs/configuration.md, generated from :data:`OPTIONS` (``make docs`` writes it)."""
+    return "\n".join(["| option | default | meaning |", "|---|---|---|", *(o.table_row() for o in OPTIONS)])
 
 
 def default_strings() -> dict[str, str]:

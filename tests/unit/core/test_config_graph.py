@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -378,17 +379,30 @@ def test_every_option_is_declared_once_and_everything_derives_from_the_table() -
         o.name: o.default for o in OPTIONS}
 
 
-def test_readme_lists_every_option_with_its_default() -> None:
-    from pathlib import Path
-
+def test_the_docs_option_table_is_the_generated_one_with_every_option_and_default() -> None:
     from airflow_provider_speculative.core.config import OPTIONS
+    from airflow_provider_speculative.devtools.configdoc import BEGIN, END, with_table
 
-    readme = (Path(__file__).resolve().parents[3] / "docs" / "configuration.md").read_text()
-    rows = {line.split("|")[1].strip(): line.split("|")[2].strip() for line in readme.splitlines()
+    text = (Path(__file__).resolve().parents[3] / "docs" / "configuration.md").read_text()
+    assert with_table(text) == text, "docs/configuration.md's option table is out of date: run `make docs`"
+    table = text[text.index(BEGIN):text.index(END)]
+    rows = {line.split("|")[1].strip(): line.split("|")[2].strip() for line in table.splitlines()
             if line.startswith("| `")}
     for option in OPTIONS:
-        assert f"`{option.name}`" in rows, f"docs/configuration.md option table misses {option.name}"
         assert rows[f"`{option.name}`"] == (option.readme_default or f"`{option.show_default()}`"), option.name
+
+
+def test_the_option_table_generator_refuses_a_doc_without_its_markers(tmp_path: Path) -> None:
+    from airflow_provider_speculative.devtools.configdoc import BEGIN, main, with_table
+
+    with pytest.raises(ValueError, match="expected one"):
+        with_table(f"{BEGIN}\n| old |\n")
+    stale = tmp_path / "configuration.md"
+    stale.write_text(with_table(f"intro\n{BEGIN}\n<!-- end of the option table -->\nrest\n").replace("`enabled`",
+                                                                                                    "`enabld`"))
+    assert main(["--check", "--path", str(stale)]) == 1
+    assert main(["--path", str(stale)]) == 0 and main(["--check", "--path", str(stale)]) == 0
+    assert stale.read_text().startswith("intro\n") and stale.read_text().endswith("rest\n")
 
 
 def test_misspelled_options_in_airflow_config_are_warned_with_the_known_ones(
