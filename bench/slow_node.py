@@ -36,6 +36,7 @@ import contextlib
 import datetime as dt
 import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -67,13 +68,14 @@ from tests.integration.q3 import Q3_COLUMNS, duckdb_q3, q3_difference, read_q3_o
 from tests.integration.standalone_cluster import StandaloneCluster, spark_home  # noqa: E402
 
 APPS = REPO / "dags" / "apps"
-ROWS = ("a0", "a", "b", "c", "d0", "d")
-SLOW_ROWS = ("b", "c", "d")
+ROWS = ("a0", "a", "b", "c", "c2", "d0", "d")
+SLOW_ROWS = ("b", "c", "c2", "d")
 WHAT = {
     "a0": "pool, no slow node, speculation off",
     "a": "pool, no slow node, speculation on",
     "b": "pool, slow server, speculation off",
     "c": "pool, slow server, speculation on",
+    "c2": "pool, slow server, speculation on, the next run: target speeds learned by c (store/speeds.py)",
     "d0": "plain Spark, no slow node, spark.speculation",
     "d": "plain Spark, slow worker, spark.speculation",
 }
@@ -230,10 +232,20 @@ def provider_metrics(root: Path, graph: PipelineGraph, run_id: str, slow_target:
 
 
 def run_provider(pool: DefaultsPool, query: Query, tpch: Path, row_dir: Path, *, speculation: bool,
-                 slow: ServerInfo | None, share: float | None, want: Any, timeout: float) -> dict[str, Any]:
-    """One pipeline run on the pool, the slow server (if any) throttled for exactly its duration."""
+                 slow: ServerInfo | None, share: float | None, want: Any, timeout: float,
+                 history_from: Path | None = None) -> dict[str, Any]:
+    """One pipeline run on the pool, the slow server (if any) throttled for exactly its duration.
+
+    ``history_from``: a previous row's directory whose store's target speed records (and only those)
+    this run starts with, as the next daily run on the same store would.
+    """
     root = (row_dir / "store").resolve()
     root.mkdir(parents=True)
+    if history_from is not None:
+        for record in sorted((history_from / "store" / "_targets").glob("*/speed.json")):
+            copy = root / "_targets" / record.parent.name / "speed.json"
+            copy.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(record, copy)
     graph = query.graph(tpch)
     run_id = row_dir.name
     throttle_ctx = contextlib.nullcontext(None)
@@ -459,9 +471,13 @@ def _run(args: argparse.Namespace, out: Path, stamp: str) -> int:
                                                     want=want[query_name], timeout=args.timeout))
                         else:
                             assert pool is not None
-                            record.update(run_provider(pool, query, tpch, row_dir, speculation=row in ("a", "c"),
-                                                       slow=pool.servers[1] if row in ("b", "c") else None,
-                                                       share=share, want=want[query_name], timeout=args.timeout))
+                            previous = (out / f"r{repeat}-{query_name}-{label('c', share).replace('@', '-')}"
+                                        if row == "c2" else None)
+                            record.update(run_provider(pool, query, tpch, row_dir,
+                                                       speculation=row in ("a", "c", "c2"),
+                                                       slow=pool.servers[1] if row in ("b", "c", "c2") else None,
+                                                       share=share, want=want[query_name], timeout=args.timeout,
+                                                       history_from=previous))
                         if record["check"] is not None:
                             record["error"] = f"result differs from DuckDB: {record['check']}"
                     except Exception as exc:  # a failed row is reported, and fails the command, but the rest runs
@@ -534,7 +550,9 @@ def compare(results: list[dict[str, Any]]) -> dict[str, Any]:
                 a, b, c = pick(rep, query, "a", None), pick(rep, query, "b", share), pick(rep, query, "c", share)
                 d0, d = pick(rep, query, "d0", None), pick(rep, query, "d", share)
                 row: dict[str, Any] = {"repeat": rep}
-                for key, num, den in (("c/a", c, a), ("b/a", b, a), ("c/d", c, d), ("d/d0", d, d0)):
+                c2 = pick(rep, query, "c2", share)
+                for key, num, den in (("c/a", c, a), ("b/a", b, a), ("c/d", c, d), ("d/d0", d, d0), ("c2/a", c2, a),
+                                      ("c2/d", c2, d)):
                     if num and den:
                         row[key] = _ratio(num["makespan"], den["makespan"])
                         row[f"{key} wall"] = _ratio(num["wall"], den["wall"])

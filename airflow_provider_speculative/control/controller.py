@@ -51,6 +51,7 @@ from airflow_provider_speculative.core.messages import (
 )
 from airflow_provider_speculative.core.scheduler import StageScheduler
 from airflow_provider_speculative.core.slots import TargetView
+from airflow_provider_speculative.core.speed import run_slowness
 from airflow_provider_speculative.core.states import TERMINAL, Attempt, AttemptState, current_attempt
 from airflow_provider_speculative.sinks.base import Sink, StagingScope
 from airflow_provider_speculative.store import changes
@@ -59,6 +60,7 @@ from airflow_provider_speculative.store.journal import Journal
 from airflow_provider_speculative.store.layout import StageLayout
 from airflow_provider_speculative.store.results import remove_attempt_output
 from airflow_provider_speculative.store.slots import TargetSlots, holder_record
+from airflow_provider_speculative.store.speeds import read_history, record_speeds
 
 # Every live attempt's files are re-read at least this often, notices or not (lost notices, launch
 # timeouts); its process is probed (a signal 0 on this host) at least this often.
@@ -119,7 +121,8 @@ class StageController:
             upstreams={name: (info["parallelism"], info["deterministic"])
                        for name, info in (plan.get("upstream_info") or {}).items()},
             label=f"pipeline {plan['dag_id']}, stage {plan['stage']}",
-            hybrid=hybrid_edges(plan))
+            hybrid=hybrid_edges(plan),
+            target_history=read_history(self.layout.root, [t.name for t in self.config.targets], clock()))
         # FLIP-159: slots belong to the target and are claimed in the store by every stage using it.
         self.slot_stores = {t.name: TargetSlots(self.layout.root, t.name) for t in self.config.targets}
         self.watcher = watcher if watcher is not None else TargetWatcher(
@@ -427,6 +430,9 @@ class StageController:
         elif isinstance(action, CompleteStage):
             self.result = action
             self.journal("stage_complete", admitted=action.admitted)
+            # What this run measured of its targets seeds the next run's first wave (core/speed.py).
+            record_speeds(self.layout.root, run_slowness(self.scheduler.all_attempts(), self.scheduler.input_bytes),
+                          self.clock(), f"{self.plan['dag_id']}/{self.plan['run_id']}/{self.plan['stage']}")
         else:
             raise TypeError(f"StageController: no handler for action {action!r}")
         return []

@@ -53,6 +53,7 @@ from airflow_provider_speculative.core.messages import (
     TargetsObserved,
     Tick,
 )
+from airflow_provider_speculative.core.speed import HoldPlanner, Speeds, observe
 from airflow_provider_speculative.core.states import LIVE, TERMINAL, Attempt, AttemptState, current_attempt
 
 # A failure storm reports this many causes in full, the rest as counts (the journal stays small).
@@ -127,6 +128,11 @@ class StageScheduler:
     _new_loss: bool = False
     # How the stage is named in a FailStage reason (pipeline and stage, set by the controller).
     label: str = "this stage"
+    # Slowness of targets in earlier stage runs on this store (core/speed.py), for the first wave.
+    target_history: dict[str, float] = field(default_factory=dict)
+    # Subtask -> (since, why) while an original waits for a faster target's slot.
+    held: dict[int, tuple[float, str]] = field(default_factory=dict)
+    speeds: Speeds | None = None
 
     def __post_init__(self) -> None:
         for subtask in range(self.parallelism):
@@ -679,17 +685,39 @@ class StageScheduler:
         free_total = (sum(max(0, n) for n in self.free_slots.values()) if self.free_slots is not None
                       else sum(max(0, t.slots - load[t.name]) for t in self.targets))
         budget = consumer_slots(free_total, sum(self.producers_waiting.values())) if self.hybrid else None
+        speeds = self.speeds = observe(self.all_attempts(), self.input_bytes, now, self.target_history)
+        holds: HoldPlanner | None = None
+        tried: set[str] = set()
         for subtask, speculative, reason in wanted:
             if budget is not None and budget <= 0:
                 if not speculative:
                     self._wanting.add(subtask)
                 continue
             avoid = {a.target for a in self.attempts[subtask].values() if a.live} if speculative else set()
-            target = self._pick_target(load, now, avoid, allow_blocked=not speculative)
+            target = self._pick_target(load, now, avoid, allow_blocked=not speculative, speeds=speeds)
             if target is None:
                 if not speculative:
                     self._wanting.add(subtask)  # no free slot now: try again next tick
                 continue
+            if not speculative and speeds.is_slow(target.name):
+                if holds is None:
+                    holds = HoldPlanner.build(speeds, self.live_attempts(), self._slot_counts(), self.input_bytes, now)
+                    tried = {a.target for a in self.all_attempts()}
+                # A target only history calls slow gets one original per stage run: a node that was fixed is
+                # measured again instead of being avoided until its record expires.
+                probe = speeds.source.get(target.name) == "history" and target.name not in tried
+                held = None if probe else holds.hold_for(target.name, self._placeable(now))
+                if held is not None:
+                    faster, finish, here = held
+                    self.held.setdefault(subtask, (now, f"held for faster target {faster} (expected to end in "
+                                                        f"{finish:.1f} there vs {here:.1f} on {target.name}, "
+                                                        f"{speeds.of(target.name):.1f}x slower, "
+                                                        f"{speeds.source.get(target.name, 'run')})"))
+                    self._wanting.add(subtask)
+                    continue
+            if subtask in self.held:
+                since, why = self.held.pop(subtask)
+                reason += f"; {why.replace('held', f'held {now - since:.1f}s', 1)}"
             if self.free_slots is not None:
                 self.free_slots[target.name] -= 1
             number = max(self.attempts[subtask], default=-1) + 1
@@ -697,6 +725,7 @@ class StageScheduler:
                 subtask=subtask, number=number, target=target.name, speculative=speculative,
                 state=AttemptState.CREATED, created_at=now, input_bytes=self.input_bytes.get(subtask))
             load[target.name] += 1
+            tried.add(target.name)
             if budget is not None:
                 budget -= 1
             actions.append(Launch(subtask, number, target.name, speculative, reason))
@@ -725,9 +754,21 @@ class StageScheduler:
             return f"waiting for a free slot on targets {names} (held by running attempts)"
         return None
 
-    def _pick_target(self, load: dict[str, int], now: float, avoid: set[str], allow_blocked: bool) -> Target | None:
+    def _slot_counts(self) -> dict[str, int]:
+        """Each target's slots: what it offers now (reactive, shared through the store) or its configured slots."""
         if self.free_slots is not None:
-            return self._pick_free_target(now, avoid, allow_blocked)
+            return {t.name: self.capacity.get(t.name, t.slots) for t in self.targets if t.name not in self.lost_targets}
+        return {t.name: t.slots for t in self.targets}
+
+    def _placeable(self, now: float) -> list[str]:
+        """Targets an original may wait for: neither blocked nor lost."""
+        return [t.name for t in self.targets
+                if t.name not in self.lost_targets and not self.blocklist.is_blocked(t.node_label, now)]
+
+    def _pick_target(self, load: dict[str, int], now: float, avoid: set[str], allow_blocked: bool,
+                     speeds: Speeds | None = None) -> Target | None:
+        if self.free_slots is not None:
+            return self._pick_free_target(now, avoid, allow_blocked, speeds)
         free = [t for t in self.targets if load[t.name] < t.slots and t.name not in avoid]
         unblocked = [t for t in free if not self.blocklist.is_blocked(t.node_label, now)]
         if not unblocked and allow_blocked and all(self.blocklist.is_blocked(t.node_label, now) for t in self.targets):
@@ -735,13 +776,15 @@ class StageScheduler:
             unblocked = free
         if not unblocked:
             return None
-        return min(unblocked, key=lambda t: (load[t.name] / t.slots, self.targets.index(t)))
+        return min(unblocked, key=lambda t: (speeds is not None and speeds.is_slow(t.name), load[t.name] / t.slots,
+                                             self.targets.index(t)))
 
-    def _pick_free_target(self, now: float, avoid: set[str], allow_blocked: bool) -> Target | None:
+    def _pick_free_target(self, now: float, avoid: set[str], allow_blocked: bool,
+                          speeds: Speeds | None = None) -> Target | None:
         """Slots shared through the store: the unblocked target with the largest free share (then config order).
 
         The share (free / capacity), not the free count, so targets of different sizes fill evenly, as the
-        per-stage rule did (load / slots).
+        per-stage rule did (load / slots). A target known to be slow (core/speed.py) comes last.
         """
         assert self.free_slots is not None
         free = [t for t in self.targets if self.free_slots.get(t.name, 0) > 0 and t.name not in avoid
@@ -752,8 +795,9 @@ class StageScheduler:
         if not unblocked:
             return None
         free_slots = self.free_slots
-        return min(unblocked, key=lambda t: (-free_slots.get(t.name, 0) / max(1, self.capacity.get(t.name, t.slots),
-                                                                            free_slots.get(t.name, 0)),
+        return min(unblocked, key=lambda t: (speeds is not None and speeds.is_slow(t.name),
+                                             -free_slots.get(t.name, 0) / max(1, self.capacity.get(t.name, t.slots),
+                                                                             free_slots.get(t.name, 0)),
                                              self.targets.index(t)))
 
 

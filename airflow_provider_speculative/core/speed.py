@@ -1,0 +1,177 @@
+"""Speed-aware placement: how much slower each target runs this stage's work, and whether to wait for a faster one.
+
+Spark's pull scheduling gives a slow executor fewer tasks without knowing it is slow: it asks for work
+less often. This provider pushes attempts to targets, so it must know. A target's *slowness* is its
+median execution time per input byte over the fastest target's (1.0 = as fast as the fastest):
+
+- from this stage run: finished attempts per target, and running ones as a lower bound (an attempt that
+  has run for ``e`` seconds takes at least ``e``, so a target whose first wave overruns every finished
+  attempt elsewhere is known to be slow before its attempts end);
+- before that, from **history**: the slowness each target showed in earlier stage runs on the same
+  store (``store/speeds.py``), so the first wave of a daily run already avoids yesterday's slow node.
+  What this run measures replaces history target by target.
+
+Placement uses it twice (``core/scheduler.py``): among free targets it prefers one that is not slow,
+and it *holds* an original attempt back from a slow free target when waiting for a slot on a faster
+one ends sooner: the held subtask's finish on the faster target is simulated from that target's
+slots (its running attempts' remaining time, then one expected duration per subtask queued before
+it). Targets whose slowness differs by less than :data:`SLOW_FACTOR` count as equal, so equal
+targets are filled as before and none is starved; nothing is held when one of the faster target's
+running attempts has outlived its expected time by that factor (its end is not predictable any more),
+so a hold ends at the latest when the faster target's attempts end or overrun.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from statistics import median
+
+from airflow_provider_speculative.core.states import EXECUTING, Attempt, AttemptState
+
+# A target at least this much slower than the fastest is slow; below it differences are noise.
+SLOW_FACTOR = 1.5
+# Held only if waiting ends at least this share of the slow target's expected time sooner.
+HOLD_MARGIN = 0.2
+# Slowness is capped: a throttled or swapping node can look arbitrarily slow, and the factor feeds a
+# simulation whose queue length grows with it.
+MAX_SLOWNESS = 64.0
+
+
+@dataclass(frozen=True)
+class Speeds:
+    """Slowness by target (1.0 = the fastest), where each came from, and this run's seconds per byte."""
+
+    slowness: Mapping[str, float]
+    source: Mapping[str, str]
+    # Median execution seconds per input byte on the fastest target in this run; None before one finished.
+    fastest_per_byte: float | None = None
+
+    def of(self, target: str) -> float:
+        """The target's slowness; 1.0 (as fast as any) when nothing is known of it."""
+        return self.slowness.get(target, 1.0)
+
+    def is_slow(self, target: str) -> bool:
+        """Clearly slower than the fastest target (not noise)."""
+        return self.of(target) >= SLOW_FACTOR
+
+
+def _per_byte(attempt: Attempt, input_bytes: Mapping[int, int], now: float) -> float | None:
+    size = input_bytes.get(attempt.subtask) or attempt.input_bytes or 0
+    if size <= 0 or attempt.deploying_at is None:
+        return None
+    return attempt.execution_time(now) / size
+
+
+def observe(attempts: Iterable[Attempt], input_bytes: Mapping[int, int], now: float,
+            history: Mapping[str, float] | None = None) -> Speeds:
+    """Slowness per target from this run's attempts, falling back to ``history`` for targets not measured.
+
+    One pass over the attempts: O(attempts).
+    """
+    finished: dict[str, list[float]] = {}
+    running: dict[str, float] = {}
+    for attempt in attempts:
+        rate = _per_byte(attempt, input_bytes, now)
+        if rate is None:
+            continue
+        if attempt.state == AttemptState.FINISHED:
+            finished.setdefault(attempt.target, []).append(rate)
+        elif attempt.state in EXECUTING:
+            running[attempt.target] = max(running.get(attempt.target, 0.0), rate)
+    measured = {target: median(rates) for target, rates in finished.items()}
+    slowness: dict[str, float] = {}
+    source: dict[str, str] = {}
+    fastest = min(measured.values()) if measured else None
+    if fastest:
+        for target, rate in measured.items():
+            # A running attempt that already took longer per byte than this target's finished ones did.
+            slowness[target] = min(MAX_SLOWNESS, max(rate, running.get(target, 0.0)) / fastest)
+            source[target] = "run"
+        for target, rate in running.items():
+            if target not in measured and rate > fastest:
+                slowness[target] = min(MAX_SLOWNESS, rate / fastest)
+                source[target] = "run (running attempts)"
+    for target, factor in (history or {}).items():
+        if target not in slowness and factor > 0:
+            slowness[target] = min(MAX_SLOWNESS, max(1.0, factor))
+            source[target] = "history"
+    return Speeds(slowness=slowness, source=source, fastest_per_byte=fastest)
+
+
+def run_slowness(attempts: Iterable[Attempt], input_bytes: Mapping[int, int]) -> dict[str, float]:
+    """Slowness of every target with a finished attempt of this run (what history keeps); {} if under two."""
+    speeds = observe([a for a in attempts if a.state == AttemptState.FINISHED], input_bytes, 0.0)
+    measured = {t: f for t, f in speeds.slowness.items() if speeds.source.get(t) == "run"}
+    return measured if len(measured) >= 2 else {}
+
+
+@dataclass
+class HoldPlanner:
+    """Decides, within one placement round, whether an original should wait for a faster target.
+
+    ``busy`` maps each faster candidate target to the remaining seconds (or units, before any attempt
+    finished) of the attempts holding its slots; every subtask held for a target takes that target's
+    earliest free slot, so later subtasks see a longer queue.
+    """
+
+    speeds: Speeds
+    # Expected duration on a target of slowness 1.0, in seconds (None: unknown, durations in units).
+    unit: float | None
+    queues: dict[str, list[float]]
+
+    @classmethod
+    def build(cls, speeds: Speeds, live: Iterable[Attempt], slots: Mapping[str, int],
+              input_bytes: Mapping[int, int], now: float) -> HoldPlanner:
+        """Queues of each target's slots from this stage's live attempts (others' attempts: a full duration)."""
+        sizes = [s for s in input_bytes.values() if s > 0]
+        per_byte = speeds.fastest_per_byte
+        unit = per_byte * median(sizes) if per_byte is not None and sizes else None
+        queues: dict[str, list[float]] = {}
+        for attempt in live:
+            if attempt.target not in slots:
+                continue
+            expected = (unit if unit is not None else 1.0) * speeds.of(attempt.target)
+            elapsed = attempt.execution_time(now) if unit is not None else 0.0
+            if unit is not None and elapsed >= expected * SLOW_FACTOR:
+                # Clearly overdue: its end cannot be predicted, so nothing may be held for this target.
+                queues[attempt.target] = [float("inf")]
+                continue
+            queue = queues.setdefault(attempt.target, [])
+            if queue != [float("inf")]:
+                # Attempts started together end together, not all "now" when the first of them ends.
+                queue.append(max(expected - elapsed, 0.1 * expected))
+        for target, count in slots.items():
+            queue = queues.setdefault(target, [])
+            if queue == [float("inf")]:
+                continue
+            full = (unit if unit is not None else 1.0) * speeds.of(target)
+            queue.extend([full] * max(0, count - len(queue)))  # slots held by other stages' attempts
+            heapq.heapify(queue)
+        return cls(speeds=speeds, unit=unit, queues=queues)
+
+    def hold_for(self, slow: str, candidates: Iterable[str]) -> tuple[str, float, float] | None:
+        """The faster target to wait for instead of placing on ``slow`` now, and both expected finishes.
+
+        Returns None to place now. Holding reserves the faster target's earliest slot for this subtask.
+        """
+        if not self.speeds.is_slow(slow):
+            return None
+        scale = self.unit if self.unit is not None else 1.0
+        here = scale * self.speeds.of(slow)
+        best: tuple[str, float] | None = None
+        for target in candidates:
+            queue = self.queues.get(target)
+            if target == slow or not queue or queue[0] == float("inf"):
+                continue
+            if self.speeds.of(slow) < SLOW_FACTOR * self.speeds.of(target):
+                continue
+            finish = queue[0] + scale * self.speeds.of(target)
+            if best is None or finish < best[1]:
+                best = (target, finish)
+        if best is None or best[1] > here * (1.0 - HOLD_MARGIN):
+            return None
+        target, finish = best
+        heapq.heapreplace(self.queues[target], finish)
+        return target, finish, here

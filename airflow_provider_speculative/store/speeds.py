@@ -1,0 +1,48 @@
+"""How slow each target was in earlier stage runs: ``<store>/_targets/<target>/speed.json`` (core/speed.py).
+
+One small file per target, rewritten (atomically) when a stage run that measured two or more targets
+completes; the last writer wins. A record older than :data:`MAX_AGE` is ignored, so a node that was
+slow last week is not avoided forever; a target that history calls slow still gets one original per
+stage run (a probe, see ``core/scheduler.py``), so a node that was fixed is measured again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+from airflow_provider_speculative.exceptions import StoreError
+from airflow_provider_speculative.store.files import atomic_write_json, read_json
+from airflow_provider_speculative.store.layout import safe_component
+from airflow_provider_speculative.store.slots import TARGETS_DIR
+
+MAX_AGE = 7 * 86400.0
+
+
+def speed_path(root: Path, target: str) -> Path:
+    """The speed record of ``target`` in the store at ``root``."""
+    return Path(root) / TARGETS_DIR / safe_component(target) / "speed.json"
+
+
+def read_history(root: Path, targets: Iterable[str], now: float) -> dict[str, float]:
+    """Slowness of each target from its last record not older than :data:`MAX_AGE` (unreadable: none)."""
+    out: dict[str, float] = {}
+    for target in targets:
+        try:
+            record = read_json(speed_path(root, target))
+        except (StoreError, OSError, ValueError):
+            continue  # a damaged record only costs the first wave its hint
+        if not isinstance(record, dict):
+            continue
+        factor, at = record.get("slowness"), record.get("at")
+        if isinstance(factor, int | float) and isinstance(at, int | float) and 0 <= now - at <= MAX_AGE and factor > 0:
+            out[target] = float(factor)
+    return out
+
+
+def record_speeds(root: Path, slowness: Mapping[str, float], now: float, where: str) -> None:
+    """Keep what a completed stage run measured; a store that cannot take it must not fail the stage."""
+    for target, factor in slowness.items():
+        with contextlib.suppress(StoreError, OSError):
+            atomic_write_json(speed_path(root, target), {"slowness": round(factor, 3), "at": now, "from": where})

@@ -1,0 +1,117 @@
+"""Speed-aware placement (core/speed.py): slowness per target, and originals held back from a slow target."""
+
+from __future__ import annotations
+
+import pytest
+
+from airflow_provider_speculative.core.config import SpeculativeConfig
+from airflow_provider_speculative.core.scheduler import Launch, StageScheduler
+from airflow_provider_speculative.core.speed import HoldPlanner, observe, run_slowness
+from airflow_provider_speculative.core.states import Attempt, AttemptState
+from tests.unit.core.scheduler_helpers import step
+from tests.unit.core.test_scheduler import finished, launched, of, running
+
+S = AttemptState
+SIZES = {i: 100 for i in range(8)}
+
+
+def attempt(subtask: int, target: str, state: AttemptState, deploying: float, end: float | None = None) -> Attempt:
+    return Attempt(subtask=subtask, number=0, target=target, state=state, deploying_at=deploying, end_at=end)
+
+
+def test_slowness_is_per_byte_time_over_the_fastest_targets() -> None:
+    speeds = observe([attempt(0, "a", S.FINISHED, 0, 10), attempt(1, "b", S.FINISHED, 0, 40),
+                      attempt(2, "a", S.FINISHED, 0, 12)], SIZES, now=50)
+    assert speeds.of("a") == pytest.approx(1.0) and speeds.of("b") == pytest.approx(40 / 11)
+    assert speeds.is_slow("b") and not speeds.is_slow("a") and speeds.source["b"] == "run"
+    assert speeds.of("unknown") == 1.0
+
+
+def test_a_running_attempt_that_outlived_every_finished_one_marks_its_target_slow() -> None:
+    speeds = observe([attempt(0, "a", S.FINISHED, 0, 10), attempt(1, "b", S.RUNNING, 0)], SIZES, now=25)
+    assert speeds.of("b") == pytest.approx(2.5) and speeds.source["b"] == "run (running attempts)"
+    early = observe([attempt(0, "a", S.FINISHED, 0, 10), attempt(1, "b", S.RUNNING, 0)], SIZES, now=8)
+    assert "b" not in early.slowness
+
+
+def test_this_runs_measurement_replaces_history_target_by_target() -> None:
+    history = {"a": 1.0, "b": 4.0, "c": 3.0}
+    first_wave = observe([], SIZES, now=0, history=history)
+    assert first_wave.of("b") == 4.0 and first_wave.source["b"] == "history"
+    measured = observe([attempt(0, "a", S.FINISHED, 0, 10), attempt(1, "b", S.FINISHED, 0, 11)], SIZES, now=20,
+                       history=history)
+    assert measured.of("b") == pytest.approx(1.1) and measured.source["b"] == "run" and measured.of("c") == 3.0
+
+
+def test_run_slowness_needs_two_measured_targets() -> None:
+    assert run_slowness([attempt(0, "a", S.FINISHED, 0, 10)], SIZES) == {}
+    assert run_slowness([attempt(0, "a", S.FINISHED, 0, 10), attempt(1, "b", S.FINISHED, 0, 30)],
+                        SIZES) == {"a": 1.0, "b": pytest.approx(3.0)}
+
+
+def test_hold_queue_gives_later_subtasks_a_later_slot() -> None:
+    speeds = observe([], SIZES, now=0, history={"fast": 1.0, "slow": 4.0})
+    holds = HoldPlanner.build(speeds, [], {"fast": 2, "slow": 2}, SIZES, now=0)
+    # Two fast slots busy for 1 unit each: the first two held subtasks end at 2, the next two at 3.
+    decisions = [holds.hold_for("slow", ["fast", "slow"]) for _ in range(6)]
+    assert [d[1] if d else None for d in decisions] == [2.0, 2.0, 3.0, 3.0, None, None]
+
+
+def scheduler(parallelism: int, history: dict[str, float] | None = None, **config: object) -> StageScheduler:
+    targets = [{"name": "fast", "slots": 2}, {"name": "slow", "slots": 2}]
+    cfg = SpeculativeConfig().with_overrides({"targets": targets, **config}, "test")
+    return StageScheduler(parallelism=parallelism, config=cfg, input_bytes=dict(SIZES),
+                          target_history=dict(history or {}))
+
+
+def test_equal_targets_are_filled_evenly_and_nothing_is_held() -> None:
+    sched = scheduler(8, history={"fast": 1.0, "slow": 1.2})
+    assert [t for _, _, t in launched(step(sched, 0.0))] == ["fast", "slow", "fast", "slow"]
+    assert sched.held == {}
+
+
+def test_first_wave_avoids_a_target_that_history_says_is_4x_slower() -> None:
+    sched = scheduler(8, history={"fast": 1.0, "slow": 4.0})
+    first = launched(step(sched, 0.0))
+    # Fast takes two, slow one probe (history alone never starves a target). For the next four, waiting
+    # for fast (ends at 2 and 3 units) beats 4 units on slow; the last would wait until 4: it runs on slow.
+    assert first == [(0, 0, "fast"), (1, 0, "fast"), (2, 0, "slow"), (7, 0, "slow")]
+    assert sorted(sched.held) == [3, 4, 5, 6] and "held for faster target fast" in sched.held[3][1]
+    assert "4.0x slower, history" in sched.held[3][1]
+
+
+def test_a_target_measured_slow_in_this_run_gets_no_more_originals_while_fast_ends_sooner() -> None:
+    sched = scheduler(8, history={})
+    assert launched(step(sched, 0.0)) == [(0, 0, "fast"), (1, 0, "slow"), (2, 0, "fast"), (3, 0, "slow")]
+    step(sched, 1.0, [running(sched, s, at=1.0) for s in range(4)])
+    assert launched(step(sched, 5.0, [finished(sched, s, end=5.0) for s in (0, 2)])) == [(4, 0, "fast"),
+                                                                                          (5, 0, "fast")]
+    step(sched, 20.0, [running(sched, s, at=20.0) for s in (4, 5)])
+    # Slow took 20 s for what fast did in 4: its freed slot stays empty, 6 and 7 wait for fast (~7 s).
+    actions = step(sched, 21.0, [finished(sched, 1, end=21.0)])
+    assert launched(actions) == [] and sorted(sched.held) == [6, 7]
+    assert sched.speeds is not None and sched.speeds.source["slow"] == "run" and sched.speeds.of("slow") >= 4.9
+
+
+def test_a_held_original_runs_on_the_fast_target_when_it_frees_and_says_why() -> None:
+    sched = scheduler(8, history={"fast": 1.0, "slow": 4.0})
+    step(sched, 0.0)
+    step(sched, 1.0, [running(sched, s, at=1.0) for s in (0, 1, 2, 7)])
+    actions = step(sched, 11.0, [finished(sched, s, end=11.0) for s in (0, 1)])
+    assert launched(actions) == [(3, 0, "fast"), (4, 0, "fast")]
+    assert of(actions, Launch)[0].reason.startswith("initial attempt; held 11.0s for faster target fast")
+    assert sorted(sched.held) == [5, 6]
+
+
+def test_nothing_is_held_for_a_fast_target_whose_attempts_outlived_their_expected_time() -> None:
+    sched = scheduler(5, history={"fast": 1.0, "slow": 4.0})
+    step(sched, 0.0)
+    assert sorted(sched.held) == [3, 4]
+    step(sched, 1.0, [running(sched, s, at=1.0) for s in (0, 1)])
+    # Fast: 9 s per 100 bytes. Subtask 1, started with 0, is expected to end soon: 4 waits for fast.
+    assert launched(step(sched, 10.0, [finished(sched, 0, end=10.0)])) == [(3, 0, "fast")]
+    assert sorted(sched.held) == [4]
+    # Subtask 1 has now run 40 s of an expected 9: its end is unknown, so 4 stops waiting and runs on slow.
+    actions = step(sched, 41.0)
+    assert launched(actions) == [(4, 0, "slow")] and not sched.held
+    assert "held 41.0s for faster target fast" in of(actions, Launch)[0].reason

@@ -1,0 +1,25 @@
+"""Target speed history in the store: kept per target, ignored when old or damaged."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from airflow_provider_speculative.store.speeds import MAX_AGE, read_history, record_speeds, speed_path
+
+
+def test_recorded_slowness_is_read_back_until_it_is_too_old(tmp_path: Path) -> None:
+    record_speeds(tmp_path, {"fast": 1.0, "slow": 3.98765}, now=1000.0, where="d/r/scan")
+    assert read_history(tmp_path, ["fast", "slow", "other"], now=1000.0 + MAX_AGE) == {"fast": 1.0, "slow": 3.988}
+    assert read_history(tmp_path, ["fast", "slow"], now=1001.0 + MAX_AGE) == {}
+
+
+def test_a_damaged_or_foreign_record_is_no_history(tmp_path: Path) -> None:
+    record_speeds(tmp_path, {"a": 2.0, "b": 2.0, "c": 2.0}, now=10.0, where="x")
+    speed_path(tmp_path, "a").write_text("{not json")
+    speed_path(tmp_path, "b").write_text('{"slowness": "fast", "at": 10}')
+    speed_path(tmp_path, "c").write_text('{"slowness": -1, "at": 10}')
+    assert read_history(tmp_path, ["a", "b", "c"], now=11.0) == {}
+
+
+def test_a_target_name_cannot_leave_the_targets_directory(tmp_path: Path) -> None:
+    assert speed_path(tmp_path, "../../etc").parent.parent == tmp_path / "_targets"
