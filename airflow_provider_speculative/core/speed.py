@@ -4,9 +4,10 @@ Spark's pull scheduling gives a slow executor fewer tasks without knowing it is 
 less often. This provider pushes attempts to targets, so it must know. A target's *slowness* is its
 median execution time per input byte over the fastest target's (1.0 = as fast as the fastest):
 
-- from this stage run: finished attempts per target, and running ones as a lower bound (an attempt that
-  has run for ``e`` seconds takes at least ``e``, so a target whose first wave overruns every finished
-  attempt elsewhere is known to be slow before its attempts end);
+- from this stage run: finished attempts per target, and running or cancelled ones as a lower bound (an
+  attempt that has run for ``e`` seconds takes at least ``e``, so a target whose first wave overruns
+  every finished attempt elsewhere is known to be slow before its attempts end, and a slow node whose
+  attempts all lost to copies is still measured);
 - before that, from **history**: the slowness each target showed in earlier stage runs on the same
   store (``store/speeds.py``), so the first wave of a daily run already avoids yesterday's slow node.
   What this run measures replaces history target by target.
@@ -61,6 +62,11 @@ def _per_byte(attempt: Attempt, input_bytes: Mapping[int, int], now: float) -> f
     size = input_bytes.get(attempt.subtask) or attempt.input_bytes or 0
     if size <= 0 or attempt.deploying_at is None:
         return None
+    if attempt.state == AttemptState.CANCELED:
+        # A loser cancelled after running e seconds needed at least e: the slow node's usual fate.
+        if attempt.end_at is None:
+            return None
+        return max(0.0, attempt.end_at - attempt.deploying_at - attempt.input_wait) / size
     return attempt.execution_time(now) / size
 
 
@@ -78,7 +84,7 @@ def observe(attempts: Iterable[Attempt], input_bytes: Mapping[int, int], now: fl
             continue
         if attempt.state == AttemptState.FINISHED:
             finished.setdefault(attempt.target, []).append(rate)
-        elif attempt.state in EXECUTING:
+        elif attempt.state in EXECUTING or attempt.state == AttemptState.CANCELED:
             running[attempt.target] = max(running.get(attempt.target, 0.0), rate)
     measured = {target: median(rates) for target, rates in finished.items()}
     slowness: dict[str, float] = {}
@@ -92,7 +98,7 @@ def observe(attempts: Iterable[Attempt], input_bytes: Mapping[int, int], now: fl
         for target, rate in running.items():
             if target not in measured and rate > fastest:
                 slowness[target] = min(MAX_SLOWNESS, rate / fastest)
-                source[target] = "run (running attempts)"
+                source[target] = "run (unfinished attempts)"
     for target, factor in (history or {}).items():
         if target not in slowness and factor > 0:
             slowness[target] = min(MAX_SLOWNESS, max(1.0, factor))
@@ -101,9 +107,14 @@ def observe(attempts: Iterable[Attempt], input_bytes: Mapping[int, int], now: fl
 
 
 def run_slowness(attempts: Iterable[Attempt], input_bytes: Mapping[int, int]) -> dict[str, float]:
-    """Slowness of every target with a finished attempt of this run (what history keeps); {} if under two."""
-    speeds = observe([a for a in attempts if a.state == AttemptState.FINISHED], input_bytes, 0.0)
-    measured = {t: f for t, f in speeds.slowness.items() if speeds.source.get(t) == "run"}
+    """What a completed stage run measured of its targets (history keeps it); {} if under two targets.
+
+    Finished attempts give a target's slowness; cancelled losers a lower bound (a slow node's attempts
+    are usually overtaken by copies and never finish).
+    """
+    done = [a for a in attempts if a.state in (AttemptState.FINISHED, AttemptState.CANCELED)]
+    speeds = observe(done, input_bytes, 0.0)
+    measured = {t: f for t, f in speeds.slowness.items() if speeds.source.get(t, "").startswith("run")}
     return measured if len(measured) >= 2 else {}
 
 

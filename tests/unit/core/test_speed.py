@@ -29,7 +29,7 @@ def test_slowness_is_per_byte_time_over_the_fastest_targets() -> None:
 
 def test_a_running_attempt_that_outlived_every_finished_one_marks_its_target_slow() -> None:
     speeds = observe([attempt(0, "a", S.FINISHED, 0, 10), attempt(1, "b", S.RUNNING, 0)], SIZES, now=25)
-    assert speeds.of("b") == pytest.approx(2.5) and speeds.source["b"] == "run (running attempts)"
+    assert speeds.of("b") == pytest.approx(2.5) and speeds.source["b"] == "run (unfinished attempts)"
     early = observe([attempt(0, "a", S.FINISHED, 0, 10), attempt(1, "b", S.RUNNING, 0)], SIZES, now=8)
     assert "b" not in early.slowness
 
@@ -115,3 +115,10 @@ def test_nothing_is_held_for_a_fast_target_whose_attempts_outlived_their_expecte
     actions = step(sched, 41.0)
     assert launched(actions) == [(4, 0, "slow")] and not sched.held
     assert "held 41.0s for faster target fast" in of(actions, Launch)[0].reason
+
+
+def test_a_target_whose_attempts_all_lost_to_copies_is_still_measured_for_history() -> None:
+    loser = Attempt(subtask=1, number=0, target="slow", state=S.CANCELED, deploying_at=0.0, end_at=30.0)
+    failed = Attempt(subtask=2, number=0, target="other", state=S.FAILED, deploying_at=0.0, end_at=90.0)
+    assert run_slowness([attempt(0, "fast", S.FINISHED, 0, 10), loser, failed], SIZES) == {
+        "fast": 1.0, "slow": pytest.approx(3.0)}
