@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from airflow_provider_speculative.core.plan import StagePlan
+
 # FLIP-168's two metrics, named as Flink names them.
 GAUGES = ("numSlowExecutionVertices", "numEffectiveSpeculativeExecutions")
 
@@ -17,7 +19,7 @@ class StageMetrics:
         self.last: dict[str, Any] = {}
 
     @classmethod
-    def for_plan(cls, plan: dict[str, Any]) -> StageMetrics:
+    def for_plan(cls, plan: StagePlan) -> StageMetrics:
         """The emitter of the stage run a plan describes."""
         return cls(plan["dag_id"], plan["stage"])
 

@@ -11,6 +11,7 @@ import importlib
 from typing import Any
 
 from airflow_provider_speculative.backends.base import Backend
+from airflow_provider_speculative.core.plan import StagePlan
 from airflow_provider_speculative.exceptions import TargetError
 from airflow_provider_speculative.store.layout import StageLayout
 
@@ -55,7 +56,7 @@ def create_backend(kind: str, layout: StageLayout, env: dict[str, str] | None = 
     return backend
 
 
-def plan_backends(plan: dict[str, Any], layout: StageLayout,
+def plan_backends(plan: StagePlan, layout: StageLayout,
                   target_env: dict[str, dict[str, str]] | None = None) -> dict[str, Backend]:
     """One backend per target of a plan (targets of the same kind share nothing but the store)."""
     fork_server = bool(plan.get("config", {}).get("fork_server", False))

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from airflow_provider_speculative.core.plan import StagePlan
 from airflow_provider_speculative.sinks.base import AttemptResult, FinalizationContext, Sink, StagingScope
 from airflow_provider_speculative.store import journal as journals
 from airflow_provider_speculative.store.files import atomic_write_json, wait_for_file
@@ -29,7 +30,7 @@ SinkFinalizer = Callable[[dict[int, int], dict[str, Any]], dict[str, Any] | None
 log = logging.getLogger(__name__)
 
 
-def sink_finalizer(plan: dict[str, Any], layout: StageLayout) -> SinkFinalizer | None:
+def sink_finalizer(plan: StagePlan, layout: StageLayout) -> SinkFinalizer | None:
     """The plan's sink's global finalize over the admitted attempts (None for a stage without a sink)."""
     if not plan["output"].get("sink"):
         return None
@@ -49,7 +50,7 @@ def sink_finalizer(plan: dict[str, Any], layout: StageLayout) -> SinkFinalizer |
     return finalize_sink
 
 
-def cleanup_sink_staging(plan: dict[str, Any], layout: StageLayout, attempts: tuple[tuple[int, int], ...] | None,
+def cleanup_sink_staging(plan: StagePlan, layout: StageLayout, attempts: tuple[tuple[int, int], ...] | None,
                          logger: Any = None) -> None:
     """Let the sink remove what attempts staged outside the store (all of a failed run, or the losers)."""
     if not (plan.get("output") or {}).get("sink"):
@@ -72,7 +73,7 @@ def admitted_of(event: dict[str, Any]) -> dict[int, int]:
     return {int(k): int(v) for k, v in event["admitted"].items()}
 
 
-def commit_admitted(plan: dict[str, Any], layout: StageLayout, event: dict[str, Any], *, try_number: int | None,
+def commit_admitted(plan: StagePlan, layout: StageLayout, event: dict[str, Any], *, try_number: int | None,
                     clear_number: int | None, finalize_sink: SinkFinalizer | None = None,
                     by: str = "worker") -> tuple[dict[str, Any], dict[str, Any] | None]:
     """Publish ``committed.json`` for the admitted attempts (after the sink's global finalize, if any).

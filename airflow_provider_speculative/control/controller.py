@@ -49,6 +49,7 @@ from airflow_provider_speculative.core.messages import (
     TargetsObserved,
     Tick,
 )
+from airflow_provider_speculative.core.plan import StagePlan
 from airflow_provider_speculative.core.scheduler import StageScheduler
 from airflow_provider_speculative.core.slots import TargetView
 from airflow_provider_speculative.core.speed import run_slowness
@@ -93,7 +94,7 @@ def wait_for_next_step(controllers: list[StageController]) -> None:
 class StageController:
     """Drive one stage run: restore from the store, then poll attempts, feed the core, carry out its actions."""
 
-    def __init__(self, plan: dict[str, Any], clock: Callable[[], float] = time.time,
+    def __init__(self, plan: StagePlan, clock: Callable[[], float] = time.time,
                  extra_env: dict[str, str] | None = None,
                  target_env: dict[str, dict[str, str]] | None = None,
                  backends: dict[str, Backend] | None = None, observer: Backend | None = None,
@@ -116,7 +117,6 @@ class StageController:
             parallelism=plan["parallelism"], config=self.config,
             input_bytes={i: s["input_bytes"] for i, s in enumerate(plan["subtasks"]) if s.get("input_bytes")},
             speculation_blocker=plan.get("speculation_blocker"),
-            reused=frozenset(plan.get("reused") or []),
             input_readers=input_readers(plan),
             upstreams={name: (info["parallelism"], info["deterministic"])
                        for name, info in (plan.get("upstream_info") or {}).items()},

@@ -16,6 +16,7 @@ from typing import Any
 
 from airflow_provider_speculative.core.hybrid import HybridEdge
 from airflow_provider_speculative.core.messages import InputFailed, InputsAdmitted, InputWithdrawn
+from airflow_provider_speculative.core.plan import StagePlan
 from airflow_provider_speculative.exceptions import StoreError
 from airflow_provider_speculative.store.files import read_json
 from airflow_provider_speculative.store.layout import StageLayout
@@ -45,7 +46,7 @@ class _Producer:
 class HybridInputWatcher:
     """Poll the producers of one consumer stage's hybrid inputs and return scheduler stimuli for what changed."""
 
-    def __init__(self, plan: dict[str, Any], edges: dict[str, HybridEdge], timeout: float, now: float) -> None:
+    def __init__(self, plan: StagePlan, edges: dict[str, HybridEdge], timeout: float, now: float) -> None:
         self.where = f"pipeline {plan.get('pipeline')!r}, stage {plan['stage']!r}"
         self.timeout = timeout
         self.producers: dict[str, _Producer] = {}

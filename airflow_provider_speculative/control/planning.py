@@ -30,7 +30,7 @@ from airflow_provider_speculative.core.hybrid import (
     producer_plan_usable,
     producer_record,
 )
-from airflow_provider_speculative.core.plan import plan_stage
+from airflow_provider_speculative.core.plan import StagePlan, plan_stage
 from airflow_provider_speculative.exceptions import (
     PlanError,
     StageFailedError,
@@ -269,7 +269,7 @@ class StagePlanner:
             source_paths=tuple(source_root(src) for src in spec.inputs.values() if isinstance(src, SourceSpec)),
             declared=self.declared_sink))
 
-    def decide(self, hybrid: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    def decide(self, hybrid: dict[str, dict[str, Any]]) -> StagePlan:
         """Decide the plan from sources and committed upstreams (checks included); writes nothing."""
         spec = self.graph.stages[self.stage]
         application = application_path(spec.application, self.where)
@@ -288,7 +288,7 @@ class StagePlanner:
                      "targets": self.targets(self.config, application, spec.spark_conf,
                                              f"{self.run.dag_id}.{self.stage}", self.where)})
 
-    def plan(self, hybrid: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    def plan(self, hybrid: dict[str, dict[str, Any]]) -> StagePlan:
         """Decide the plan, reconcile it with a previous plan of this stage run, write plan.json."""
         plan = self.decide(hybrid)
         layout = self.layout

@@ -13,6 +13,7 @@ Two ways to decide whether an attempt that has not recorded its end is still ali
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -104,7 +105,7 @@ def run_report(root: Path, dag_id: str, run_id: str, stage: str | None = None, *
     return {"dag_id": dag_id, "run_id": run_id, "stages": stages}
 
 
-def stage_report(layout: StageLayout, plan: dict[str, Any], *, liveness: str = "process",
+def stage_report(layout: StageLayout, plan: Mapping[str, Any], *, liveness: str = "process",
                  now: float | None = None) -> dict[str, Any]:
     """One stage: summary, committed flag and every subtask's attempts with the current one."""
     now = time.time() if now is None else now
@@ -121,7 +122,7 @@ def stage_report(layout: StageLayout, plan: dict[str, Any], *, liveness: str = "
             "subtask": subtask,
             "admitted": marker["attempt"] if marker else None,
             "current": current.number if current else None,
-            "reused": subtask in (plan.get("reused") or []),
+            "reused": subtask in (summary.get("reused") or []),
             # Hybrid inputs: what a subtask without an attempt yet waits for (the first few, from the summary).
             "waiting_for": (summary.get("input_waits") or {}).get(str(subtask)),
             "attempts": [{

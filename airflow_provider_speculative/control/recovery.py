@@ -10,6 +10,7 @@ from typing import Any
 from airflow_provider_speculative.backends.base import LaunchSpec
 from airflow_provider_speculative.backends.registry import attempt_observer, plan_backends
 from airflow_provider_speculative.core.config import SpeculativeConfig, Target
+from airflow_provider_speculative.core.plan import StagePlan, load_plan
 from airflow_provider_speculative.core.states import AttemptState
 from airflow_provider_speculative.exceptions import PartitionError
 from airflow_provider_speculative.store.files import atomic_write_json, read_json
@@ -19,7 +20,7 @@ from airflow_provider_speculative.store.manifest import read_manifest, verify_fi
 from airflow_provider_speculative.store.results import admitted_results, read_committed, write_committed
 
 
-def attempt_command(plan: dict[str, Any], layout: StageLayout, subtask: int, attempt: int, target: str) -> list[str]:
+def attempt_command(plan: StagePlan, layout: StageLayout, subtask: int, attempt: int, target: str) -> list[str]:
     """The command line of one attempt: the target's launch command plus the attempt's arguments."""
     return [*plan["targets"][target]["command"], "--plan", str(layout.plan), "--subtask", str(subtask),
             "--attempt", str(attempt), "--target", target]
@@ -35,9 +36,10 @@ class PartitionRecovery:
                  env: dict[str, str], blocked: Callable[[str], bool], clock: Callable[[], float] = time.time,
                  target_env: dict[str, dict[str, str]] | None = None) -> None:
         self.layout = StageLayout(root, dag_id, run_id, stage)
-        self.plan = read_json(self.layout.plan)
-        if self.plan is None:
+        raw = read_json(self.layout.plan)
+        if raw is None:
             raise FileNotFoundError(f"cannot re-produce {stage}[{subtask}]: its plan {self.layout.plan} is missing")
+        self.plan = load_plan(raw, f"cannot re-produce {stage}[{subtask}]: plan {self.layout.plan}")
         self.stage, self.subtask = stage, subtask
         self.config = SpeculativeConfig.from_json(self.plan["config"])
         self.target_env = target_env or {}

@@ -8,6 +8,7 @@ from typing import Any
 
 from airflow_provider_speculative.core.graph import PipelineGraph
 from airflow_provider_speculative.core.hybrid import read_attempt
+from airflow_provider_speculative.core.plan import StagePlan
 
 
 class InputReaders:
@@ -32,7 +33,7 @@ class InputReaders:
         return frozenset(range(self.parallelism))
 
 
-def input_readers(plan: dict[str, Any]) -> InputReaders:
+def input_readers(plan: StagePlan) -> InputReaders:
     """Who reads which producer partition in a planned stage (plan version 2)."""
     edges: dict[str, str] = {}
     for entry in (plan.get("inputs") or {}).values():

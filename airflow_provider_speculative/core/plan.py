@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from itertools import accumulate
-from typing import Any
+from typing import Any, TypedDict, cast
 
 from airflow_provider_speculative.core.config import SpeculativeConfig
 from airflow_provider_speculative.core.copartition import HASH_SCHEME, check_key_types, check_partitioning
@@ -19,6 +20,75 @@ from airflow_provider_speculative.exceptions import PlanError
 PLAN_VERSION = 2
 
 
+class _PlanKeys(TypedDict):
+    """The keys every plan of :data:`PLAN_VERSION` has (:class:`StagePlan` adds the optional ones)."""
+
+    version: int
+    pipeline: str
+    stage: str
+    parallelism: int
+    max_parallelism: int
+    deterministic: bool
+    application_args: list[str]
+    upstreams: list[str]
+    parallelism_decision: dict[str, Any]
+    exchange_skew: list[dict[str, Any]]
+    warnings: list[str]
+    upstream_info: dict[str, dict[str, Any]]
+    consumers: list[str]
+    output: dict[str, Any]
+    inputs: dict[str, dict[str, Any]]
+    subtasks: list[dict[str, Any]]
+    config: dict[str, Any]
+    speculation_blocker: str | None
+    fingerprint: str
+    # From the planning context (control/planning.py): the DAG run, the store and the targets.
+    dag_id: str
+    run_id: str
+    store_root: str
+    logical_date: str | None
+    application: str
+    targets: dict[str, dict[str, Any]]
+
+
+class StagePlan(_PlanKeys, total=False):
+    """plan.json of one stage run: what :func:`plan_stage` decided; every reader of a plan sees this type.
+
+    Nested entries (inputs, subtasks, output, targets) stay plain JSON objects: their shapes are
+    documented in docs/store.md and built in this module only. A plan in a store is read back through
+    :func:`load_plan`, which refuses a version this provider does not read. (Optional keys are declared
+    with ``total=False``, not ``NotRequired``: under postponed annotations only the former is seen at run time.)
+    """
+
+    # The Airflow task try that planned it; absent from plans written before they were recorded.
+    try_number: int
+    clear_number: int
+
+
+def load_plan(raw: Any, where: str) -> StagePlan:
+    """A plan read from a store, checked to be one this provider reads; raise PlanError naming ``where``.
+
+    A plan of another version is refused, not guessed at: its attempts would read inputs, or the
+    controller admit outputs, under rules they were not planned for.
+    """
+    if not isinstance(raw, dict):
+        raise PlanError(f"{where}: not a stage plan (expected a JSON object, got {type(raw).__name__})")
+    version = raw.get("version")
+    if version != PLAN_VERSION:
+        newer = isinstance(version, int) and version > PLAN_VERSION
+        raise PlanError(f"{where}: plan version {version!r}, this provider reads version {PLAN_VERSION}; "
+                        + ("it was written by a newer provider: upgrade this one, or finish the run with the "
+                           "provider that planned it" if newer else
+                           "it was written by an older provider: clear the stage's task to plan it again "
+                           "(its committed results are reused only if the new plan equals the old one)"))
+    missing = sorted(k for k in ("stage", "dag_id", "run_id", "store_root", "parallelism", "subtasks", "config",
+                                 "targets", "fingerprint") if k not in raw)
+    if missing:
+        raise PlanError(f"{where}: plan version {PLAN_VERSION} without {', '.join(missing)}: not written by "
+                        "this provider, or damaged")
+    return cast(StagePlan, raw)
+
+
 def plan_stage(
     graph: PipelineGraph,
     stage_name: str,
@@ -29,7 +99,7 @@ def plan_stage(
     sink: dict[str, Any] | None,
     speculation_blocker: str | None,
     context: dict[str, Any],
-) -> dict[str, Any]:
+) -> StagePlan:
     """Build plan.json for one stage run.
 
     ``source_files`` maps input name -> listed (path, size) files of that source;
@@ -120,7 +190,7 @@ def plan_stage(
         **context,
     }
     plan["fingerprint"] = fingerprint(plan)
-    return plan
+    return cast(StagePlan, plan)
 
 
 def _check_broadcast_size(where: str, input_name: str, total: int, config: SpeculativeConfig) -> None:
@@ -292,7 +362,7 @@ def subpartition_bytes(part: dict[str, Any]) -> dict[int, int]:
     return out
 
 
-def fingerprint(plan: dict[str, Any]) -> str:
+def fingerprint(plan: Mapping[str, Any]) -> str:
     """Hash of what logically determines a stage run's output; attempts of an equal plan can be reused.
 
     Exchange inputs count by producer range, subpartition range and the producer's plan fingerprint,

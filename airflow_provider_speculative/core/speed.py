@@ -96,7 +96,9 @@ def observe(attempts: Iterable[Attempt], input_bytes: Mapping[int, int], now: fl
             slowness[target] = min(MAX_SLOWNESS, max(rate, running.get(target, 0.0)) / fastest)
             source[target] = "run"
         for target, rate in running.items():
-            if target not in measured and rate > fastest:
+            remembered = (history or {}).get(target, 0.0)
+            # Unfinished attempts only bound the slowness from below: history stays while it says more.
+            if target not in measured and rate > fastest and rate / fastest > remembered:
                 slowness[target] = min(MAX_SLOWNESS, rate / fastest)
                 source[target] = "run (unfinished attempts)"
     for target, factor in (history or {}).items():

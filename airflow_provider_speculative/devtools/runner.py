@@ -13,6 +13,7 @@ from airflow_provider_speculative.control.controller import StageController, wai
 from airflow_provider_speculative.control.planning import HybridWait, RunInfo, StagePlanner, TargetResolver
 from airflow_provider_speculative.core.config import SpeculativeConfig
 from airflow_provider_speculative.core.graph import PipelineGraph
+from airflow_provider_speculative.core.plan import StagePlan
 from airflow_provider_speculative.exceptions import StoreError
 from airflow_provider_speculative.store import journal
 from airflow_provider_speculative.store.files import atomic_write_json
@@ -28,7 +29,7 @@ def local_spark_submit(master: str = "local[1]") -> list[str]:
 
 
 def plan_local_stage(graph: PipelineGraph, stage: str, root: Path, dag_id: str, run_id: str,
-                     config: SpeculativeConfig, master: str = "local[1]") -> dict[str, Any]:
+                     config: SpeculativeConfig, master: str = "local[1]") -> StagePlan:
     """Plan one stage for spark-submit attempts on ``master`` (sources listed from disk, upstreams committed).
 
     Each target's ``conf`` is added to its command line, so targets on a cluster master can pin their
@@ -48,7 +49,7 @@ def plan_local_stage(graph: PipelineGraph, stage: str, root: Path, dag_id: str, 
 
 
 def plan_connect_stage(graph: PipelineGraph, stage: str, root: Path, dag_id: str, run_id: str,
-                       config: SpeculativeConfig) -> dict[str, Any]:
+                       config: SpeculativeConfig) -> StagePlan:
     """Plan one stage for Spark Connect targets (``config.targets``; their servers' URLs go to :func:`run_stages`)."""
     def targets(config: SpeculativeConfig, application: str, spark_conf: dict[str, str], app_name: str,
                 where: str) -> dict[str, dict[str, Any]]:
@@ -60,7 +61,7 @@ def plan_connect_stage(graph: PipelineGraph, stage: str, root: Path, dag_id: str
 
 
 def _decide(graph: PipelineGraph, stage: str, root: Path, dag_id: str, run_id: str, config: SpeculativeConfig,
-            targets: TargetResolver) -> dict[str, Any]:
+            targets: TargetResolver) -> StagePlan:
     """The operator's planning (:class:`StagePlanner`: listing, checks, plan) with this runner's targets."""
     planner = StagePlanner(graph, stage, sink=None, declared_sink=None, config=config, root=root, targets=targets,
                            run=RunInfo(dag_id=dag_id, run_id=run_id, try_number=1, clear_number=0))
@@ -72,7 +73,7 @@ def _decide(graph: PipelineGraph, stage: str, root: Path, dag_id: str, run_id: s
     return planner.decide(hybrid)
 
 
-def write_plan(plan: dict[str, Any]) -> StageLayout:
+def write_plan(plan: StagePlan) -> StageLayout:
     """Write a stage's plan and journal it, as the operator does (hybrid consumers may plan on it then)."""
     layout = StageLayout(Path(plan["store_root"]), plan["dag_id"], plan["run_id"], plan["stage"])
     atomic_write_json(layout.plan, plan)
@@ -82,7 +83,7 @@ def write_plan(plan: dict[str, Any]) -> StageLayout:
     return layout
 
 
-def run_stages(plans: list[dict[str, Any]], target_env: dict[str, dict[str, str]] | None = None,
+def run_stages(plans: list[StagePlan], target_env: dict[str, dict[str, str]] | None = None,
                timeout: float = 1800.0) -> dict[str, StageController]:
     """Step the controllers of several written plans together (as concurrent Airflow tasks would); commit each.
 
@@ -117,7 +118,7 @@ def _commit(controller: StageController) -> None:
     remove_losers(layout, controller.plan["parallelism"], admitted_of(payload))
 
 
-def run_stage(plan: dict[str, Any], timeout: float = 1800.0, fresh: bool = False) -> StageController:
+def run_stage(plan: StagePlan, timeout: float = 1800.0, fresh: bool = False) -> StageController:
     """Write the plan, step a controller until the stage is decided, commit it; return the controller."""
     layout = StageLayout(Path(plan["store_root"]), plan["dag_id"], plan["run_id"], plan["stage"])
     if fresh:

@@ -17,6 +17,7 @@ from urllib.parse import quote, urlparse
 from airflow_provider_speculative.backends.registry import kind_for_conn_type
 from airflow_provider_speculative.core.config import SpeculativeConfig, Target
 from airflow_provider_speculative.core.contract import REMOTE_ENV
+from airflow_provider_speculative.core.plan import StagePlan
 from airflow_provider_speculative.exceptions import TargetError
 
 
@@ -105,7 +106,7 @@ def connect_url(conn: Any) -> str:
     return f"sc://{url.netloc}/" + (";" + ";".join(params) if params else "")
 
 
-async def connect_env(plan: dict[str, Any]) -> dict[str, dict[str, str]]:
+async def connect_env(plan: StagePlan) -> dict[str, dict[str, str]]:
     """Per Connect target, the environment carrying its server URL (resolved in the triggerer, never stored)."""
     from airflow.sdk import BaseHook
 

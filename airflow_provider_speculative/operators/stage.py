@@ -22,6 +22,7 @@ from airflow_provider_speculative.control.commit import (
 from airflow_provider_speculative.control.planning import HybridWait, RunInfo, StagePlanner, stage_config
 from airflow_provider_speculative.control.sources import application_path
 from airflow_provider_speculative.core.graph import PipelineGraph
+from airflow_provider_speculative.core.plan import StagePlan, load_plan
 from airflow_provider_speculative.core.readiness import partition_key
 from airflow_provider_speculative.exceptions import StageFailedError
 from airflow_provider_speculative.links import SparkHistoryLink, StageViewLink
@@ -240,7 +241,7 @@ class SparkStageOperator(BaseOperator):
                       summary.get("numSlowExecutionVertices"), summary.get("numEffectiveSpeculativeExecutions"))
         return commit_summary(self.stage, layout, sink_result, summary)
 
-    def _publish_asset_event(self, context: Any, plan: dict[str, Any], record: dict[str, Any],
+    def _publish_asset_event(self, context: Any, plan: StagePlan, record: dict[str, Any],
                              summary: dict[str, Any], sink_result: dict[str, Any] | None) -> None:
         """Describe the commit in the sink asset's event; Airflow records it when the task succeeds."""
         outlet_events = context.get("outlet_events") if hasattr(context, "get") else None
@@ -253,7 +254,7 @@ class SparkStageOperator(BaseOperator):
             if key:
                 accessor.add_partitions(key)
 
-    def _cleanup_sink_staging(self, plan: dict[str, Any], layout: StageLayout,
+    def _cleanup_sink_staging(self, plan: StagePlan, layout: StageLayout,
                               attempts: tuple[tuple[int, int], ...] | None) -> None:
         cleanup_sink_staging(plan, layout, attempts, self.log)
 
@@ -268,7 +269,7 @@ def sink_asset(sink: Sink | None) -> Any:
     return Asset(uri=uri)
 
 
-def asset_event_extra(plan: dict[str, Any], record: dict[str, Any], summary: dict[str, Any],
+def asset_event_extra(plan: StagePlan, record: dict[str, Any], summary: dict[str, Any],
                       sink_result: dict[str, Any] | None) -> dict[str, Any]:
     """What a consumer needs to know about one commit without reading the store (JSON values only)."""
     subtasks = record.get("subtasks") or {}
@@ -298,7 +299,7 @@ def _clear_number(context: Any) -> int:
     return int(getattr(dag_run, "clear_number", 0) or 0)
 
 
-def _event_plan(event: Any, pipeline: str, stage: str) -> dict[str, Any]:
+def _event_plan(event: Any, pipeline: str, stage: str) -> StagePlan:
     """The plan an event points at, or a clear error if the event is not one the controller sends."""
     where = f"pipeline {pipeline!r}, stage {stage!r}"
     if not isinstance(event, dict) or event.get("status") not in ("success", "failed") or "plan_path" not in event:
@@ -310,12 +311,12 @@ def _event_plan(event: Any, pipeline: str, stage: str) -> dict[str, Any]:
     return plan
 
 
-def _plan_at(plan_path: Any, where: str) -> dict[str, Any]:
-    """The stage run's plan.json an event points at, or a clear error if it is gone."""
+def _plan_at(plan_path: Any, where: str) -> StagePlan:
+    """The stage run's plan.json an event points at, or a clear error if it is gone or of another version."""
     plan = read_json(plan_path) if isinstance(plan_path, str) and plan_path else None
     if plan is None:
         raise StageFailedError(f"{where}: the plan {plan_path!r} of this stage run is gone from the store")
-    return plan
+    return load_plan(plan, f"{where}: plan {plan_path}")
 
 
 def _failure_message(pipeline: str, stage: str, event: dict[str, Any]) -> str:

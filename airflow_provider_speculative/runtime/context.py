@@ -25,6 +25,7 @@ from airflow_provider_speculative.core.contract import (
     LAUNCHED_AT_ENV,
 )
 from airflow_provider_speculative.core.failover import files_in_range
+from airflow_provider_speculative.core.plan import StagePlan, load_plan
 from airflow_provider_speculative.exceptions import StoreError, StoreFullError, StoreNotWritableError
 from airflow_provider_speculative.runtime.heartbeat import Heartbeat, current_node
 from airflow_provider_speculative.runtime.session import attempt_tag, open_session
@@ -56,7 +57,7 @@ class NodeLostError(RuntimeError):
 class StageContext:
     """One attempt of one subtask, built from the submission's arguments (``--plan --subtask --attempt``)."""
 
-    def __init__(self, plan: dict[str, Any], subtask: int, attempt: int, target: str) -> None:
+    def __init__(self, plan: StagePlan, subtask: int, attempt: int, target: str) -> None:
         self.plan = plan
         self.stage: str = plan["stage"]
         self.subtask = subtask
@@ -97,6 +98,7 @@ class StageContext:
         plan = read_json(args.plan)
         if plan is None:
             raise FileNotFoundError(f"plan not found: {args.plan}")
+        plan = load_plan(plan, f"plan {args.plan}")
         if not 0 <= args.subtask < plan["parallelism"]:
             raise ValueError(f"subtask {args.subtask} out of range for parallelism {plan['parallelism']}")
         return cls(plan, args.subtask, args.attempt, args.target)

@@ -19,6 +19,7 @@ from airflow_provider_speculative.control.commit import (
     sink_finalizer,
 )
 from airflow_provider_speculative.control.controller import StageController
+from airflow_provider_speculative.core.plan import StagePlan, load_plan
 from airflow_provider_speculative.hooks.targets import connect_env
 from airflow_provider_speculative.metrics import StageMetrics
 from airflow_provider_speculative.store.files import read_json
@@ -44,14 +45,14 @@ class StageControllerTrigger(BaseTrigger):
         return (f"{type(self).__module__}.{type(self).__qualname__}",
                 {"plan_path": self.plan_path, "deferred_at": self.deferred_at, "commit": self.commit})
 
-    def _plan(self) -> dict[str, Any]:
+    def _plan(self) -> StagePlan:
         plan = read_json(self.plan_path)
         if plan is None:
             raise FileNotFoundError(f"stage plan {self.plan_path} is missing")
-        return plan
+        return load_plan(plan, f"stage plan {self.plan_path}")
 
     @staticmethod
-    async def _attempt_env(plan: dict[str, Any]) -> dict[str, str]:
+    async def _attempt_env(plan: StagePlan) -> dict[str, str]:
         """Resolve the connections the sink's writers need (triggers may only use the async lookup)."""
         if not plan["output"].get("sink"):
             return {}

@@ -9,7 +9,7 @@ import pytest
 
 from airflow_provider_speculative.core.config import SpeculativeConfig
 from airflow_provider_speculative.core.graph import ExchangeSpec, PipelineGraph, SourceSpec, StageSpec
-from airflow_provider_speculative.core.plan import plan_stage
+from airflow_provider_speculative.core.plan import PLAN_VERSION, StagePlan, load_plan, plan_stage
 from airflow_provider_speculative.exceptions import PlanError
 
 MAX_P = 4  # producer max_parallelism: 4 subpartitions
@@ -176,3 +176,25 @@ def test_fingerprint_changes_when_the_producer_was_replanned() -> None:
     other = committed("clean", 2)
     other["fingerprint"] = "replanned-producer"
     assert plan("agg", upstream={"clean": other})["fingerprint"] != base
+
+
+def test_a_plan_reads_back_through_load_plan_with_every_declared_key() -> None:
+    planned = plan("agg")
+    loaded = load_plan(json.loads(json.dumps(planned)), "plan.json")
+    assert loaded == planned
+    required = StagePlan.__required_keys__
+    assert required <= set(planned), sorted(required - set(planned))
+    assert set(planned) <= required | StagePlan.__optional_keys__, sorted(set(planned) - set(StagePlan.__annotations__))
+
+
+@pytest.mark.parametrize(("raw", "message"), [
+    ([], r"where: not a stage plan \(expected a JSON object, got list\)"),
+    ({"stage": "agg"}, r"where: plan version None, .*older provider: clear the stage's task"),
+    ({"version": 1, "stage": "agg"}, r"where: plan version 1, this provider reads version 2; .*older provider"),
+    ({"version": PLAN_VERSION + 1}, r"plan version 3, .*newer provider: upgrade this one"),
+    ({"version": PLAN_VERSION, "stage": "agg"}, r"where: plan version 2 without config, dag_id, fingerprint, "
+                                                r"parallelism, run_id, store_root, subtasks, targets"),
+])
+def test_load_plan_refuses_another_version_or_a_damaged_plan_naming_it(raw: Any, message: str) -> None:
+    with pytest.raises(PlanError, match=message):
+        load_plan(raw, "where")

@@ -41,6 +41,11 @@ def test_this_runs_measurement_replaces_history_target_by_target() -> None:
     measured = observe([attempt(0, "a", S.FINISHED, 0, 10), attempt(1, "b", S.FINISHED, 0, 11)], SIZES, now=20,
                        history=history)
     assert measured.of("b") == pytest.approx(1.1) and measured.source["b"] == "run" and measured.of("c") == 3.0
+    # An unfinished attempt is a lower bound: it replaces history only where it says more.
+    running = [attempt(0, "a", S.FINISHED, 0, 10), attempt(1, "b", S.RUNNING, 0), attempt(2, "c", S.RUNNING, 0)]
+    bounded = observe(running, SIZES, now=35, history={"b": 4.0, "c": 2.0})
+    assert bounded.of("b") == 4.0 and bounded.source["b"] == "history"
+    assert bounded.of("c") == pytest.approx(3.5) and bounded.source["c"] == "run (unfinished attempts)"
 
 
 def test_run_slowness_needs_two_measured_targets() -> None:

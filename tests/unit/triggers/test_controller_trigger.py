@@ -12,6 +12,7 @@ import pytest
 from airflow.triggers.base import TaskSuccessEvent
 
 from airflow_provider_speculative.core.config import SpeculativeConfig
+from airflow_provider_speculative.core.plan import PLAN_VERSION
 from airflow_provider_speculative.store.files import atomic_write_json, read_json
 from airflow_provider_speculative.store.journal import read as read_jsonl
 from airflow_provider_speculative.store.layout import StageLayout
@@ -69,7 +70,9 @@ async def _events(trigger: StageControllerTrigger) -> list[Any]:
 
 def test_run_steps_until_decided_and_fires_exactly_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     plan_path = tmp_path / "plan.json"
-    atomic_write_json(plan_path, {"dag_id": "d", "stage": "scan", "output": {"sink": None},
+    atomic_write_json(plan_path, {"version": PLAN_VERSION, "dag_id": "d", "run_id": "r", "stage": "scan",
+                                  "store_root": str(tmp_path), "parallelism": 1, "subtasks": [{}], "config": {},
+                                  "fingerprint": "f1", "output": {"sink": None},
                                   "targets": {"local-a": {"kind": "spark_submit"}}})
     monkeypatch.setattr(trigger_module, "StageController", StubController)
     monkeypatch.setattr(trigger_module, "min_seconds_before_event", lambda: 0.0)
@@ -115,7 +118,8 @@ class DecidedController:
 
 def _decided_stage(tmp_path: Path) -> tuple[StageLayout, Path]:
     layout = StageLayout(tmp_path / "store", "d", "r", "scan")
-    plan = {"dag_id": "d", "run_id": "r", "stage": "scan", "store_root": str(tmp_path / "store"), "parallelism": 1,
+    plan = {"version": PLAN_VERSION, "dag_id": "d", "run_id": "r", "stage": "scan",
+            "store_root": str(tmp_path / "store"), "parallelism": 1, "subtasks": [{}], "config": {},
             "fingerprint": "f1", "output": {"sink": None}, "targets": {"local-a": {"kind": "spark_submit"}}}
     atomic_write_json(layout.plan, plan)
     for attempt in (0, 1):
@@ -215,3 +219,12 @@ def test_hold_commit_holds_the_event_after_the_commit_until_released(tmp_path: P
     release.touch()
     runner.join(timeout=30)
     assert [type(e) for e in events] == [TaskSuccessEvent]
+
+
+def test_a_plan_of_another_version_fails_the_trigger_naming_the_plan(tmp_path: Path) -> None:
+    from airflow_provider_speculative.exceptions import PlanError
+
+    plan_path = tmp_path / "plan.json"
+    atomic_write_json(plan_path, {"version": PLAN_VERSION + 1, "stage": "scan"})
+    with pytest.raises(PlanError, match=rf"stage plan {plan_path}: plan version {PLAN_VERSION + 1}.*newer provider"):
+        asyncio.run(_events(StageControllerTrigger(plan_path=str(plan_path), deferred_at=0.0)))
