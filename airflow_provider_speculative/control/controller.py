@@ -113,6 +113,8 @@ class StageController:
         self.backends: dict[str, Backend] = (backends if backends is not None
                                              else plan_backends(plan, self.layout, self.target_env))
         self.observer = observer if observer is not None else attempt_observer(self.layout)
+        history, measured = read_history(self.layout.root, [t.name for t in self.config.targets], clock(),
+                                         run=f"{plan['dag_id']}/{plan['run_id']}")
         self.scheduler = StageScheduler(
             parallelism=plan["parallelism"], config=self.config,
             input_bytes={i: s["input_bytes"] for i, s in enumerate(plan["subtasks"]) if s.get("input_bytes")},
@@ -122,7 +124,7 @@ class StageController:
                        for name, info in (plan.get("upstream_info") or {}).items()},
             label=f"pipeline {plan['dag_id']}, stage {plan['stage']}",
             hybrid=hybrid_edges(plan),
-            target_history=read_history(self.layout.root, [t.name for t in self.config.targets], clock()))
+            target_history=history, measured_this_run=measured)
         # FLIP-159: slots belong to the target and are claimed in the store by every stage using it.
         self.slot_stores = {t.name: TargetSlots(self.layout.root, t.name) for t in self.config.targets}
         self.watcher = watcher if watcher is not None else TargetWatcher(

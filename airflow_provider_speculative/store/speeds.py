@@ -2,8 +2,9 @@
 
 One small file per target, rewritten (atomically) when a stage run that measured two or more targets
 completes; the last writer wins. A record older than :data:`MAX_AGE` is ignored, so a node that was
-slow last week is not avoided forever; a target that history calls slow still gets one original per
-stage run (a probe, see ``core/scheduler.py``), so a node that was fixed is measured again.
+slow last week is not avoided forever; a target that history from an earlier DAG run calls slow still
+gets one original per stage run (a probe, see ``core/scheduler.py``), so a node that was fixed is
+measured again. A record written by an earlier stage of the same DAG run needs no probe.
 """
 
 from __future__ import annotations
@@ -25,9 +26,15 @@ def speed_path(root: Path, target: str) -> Path:
     return Path(root) / TARGETS_DIR / safe_component(target) / "speed.json"
 
 
-def read_history(root: Path, targets: Iterable[str], now: float) -> dict[str, float]:
-    """Slowness of each target from its last record not older than :data:`MAX_AGE` (unreadable: none)."""
+def read_history(root: Path, targets: Iterable[str], now: float,
+                 run: str | None = None) -> tuple[dict[str, float], frozenset[str]]:
+    """Slowness of each target from its last record not older than :data:`MAX_AGE` (unreadable: none).
+
+    Also returns the targets whose record a stage of ``run`` (``"<dag_id>/<run_id>"``) wrote: measured
+    in this DAG run, so they need no probe (core/scheduler.py).
+    """
     out: dict[str, float] = {}
+    this_run: set[str] = set()
     for target in targets:
         try:
             record = read_json(speed_path(root, target))
@@ -38,7 +45,9 @@ def read_history(root: Path, targets: Iterable[str], now: float) -> dict[str, fl
         factor, at = record.get("slowness"), record.get("at")
         if isinstance(factor, int | float) and isinstance(at, int | float) and 0 <= now - at <= MAX_AGE and factor > 0:
             out[target] = float(factor)
-    return out
+            if run is not None and str(record.get("from") or "").startswith(f"{run}/"):
+                this_run.add(target)
+    return out, frozenset(this_run)
 
 
 def record_speeds(root: Path, slowness: Mapping[str, float], now: float, where: str) -> None:

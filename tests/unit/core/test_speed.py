@@ -62,11 +62,12 @@ def test_hold_queue_gives_later_subtasks_a_later_slot() -> None:
     assert [d[1] if d else None for d in decisions] == [2.0, 2.0, 3.0, 3.0, None, None]
 
 
-def scheduler(parallelism: int, history: dict[str, float] | None = None, **config: object) -> StageScheduler:
+def scheduler(parallelism: int, history: dict[str, float] | None = None, this_run: frozenset[str] = frozenset(),
+              **config: object) -> StageScheduler:
     targets = [{"name": "fast", "slots": 2}, {"name": "slow", "slots": 2}]
     cfg = SpeculativeConfig().with_overrides({"targets": targets, **config}, "test")
     return StageScheduler(parallelism=parallelism, config=cfg, input_bytes=dict(SIZES),
-                          target_history=dict(history or {}))
+                          target_history=dict(history or {}), measured_this_run=this_run)
 
 
 def test_equal_targets_are_filled_evenly_and_nothing_is_held() -> None:
@@ -83,6 +84,13 @@ def test_first_wave_avoids_a_target_that_history_says_is_4x_slower() -> None:
     assert first == [(0, 0, "fast"), (1, 0, "fast"), (2, 0, "slow"), (7, 0, "slow")]
     assert sorted(sched.held) == [3, 4, 5, 6] and "held for faster target fast" in sched.held[3][1]
     assert "4.0x slower, history" in sched.held[3][1]
+
+
+def test_no_probe_for_a_target_an_earlier_stage_of_this_dag_run_measured() -> None:
+    sched = scheduler(8, history={"fast": 1.0, "slow": 4.0}, this_run=frozenset({"slow", "fast"}))
+    # As in the first-wave test, without the probe: 2-5 wait for fast, 6 and 7 run on slow.
+    assert launched(step(sched, 0.0)) == [(0, 0, "fast"), (1, 0, "fast"), (6, 0, "slow"), (7, 0, "slow")]
+    assert sorted(sched.held) == [2, 3, 4, 5]
 
 
 def test_a_target_measured_slow_in_this_run_gets_no_more_originals_while_fast_ends_sooner() -> None:

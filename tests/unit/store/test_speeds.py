@@ -9,8 +9,16 @@ from airflow_provider_speculative.store.speeds import MAX_AGE, read_history, rec
 
 def test_recorded_slowness_is_read_back_until_it_is_too_old(tmp_path: Path) -> None:
     record_speeds(tmp_path, {"fast": 1.0, "slow": 3.98765}, now=1000.0, where="d/r/scan")
-    assert read_history(tmp_path, ["fast", "slow", "other"], now=1000.0 + MAX_AGE) == {"fast": 1.0, "slow": 3.988}
-    assert read_history(tmp_path, ["fast", "slow"], now=1001.0 + MAX_AGE) == {}
+    assert read_history(tmp_path, ["fast", "slow", "other"], now=1000.0 + MAX_AGE) == (
+        {"fast": 1.0, "slow": 3.988}, frozenset())
+    assert read_history(tmp_path, ["fast", "slow"], now=1001.0 + MAX_AGE) == ({}, frozenset())
+
+
+def test_records_of_this_dag_run_are_told_apart(tmp_path: Path) -> None:
+    record_speeds(tmp_path, {"fast": 1.0, "slow": 4.0}, now=10.0, where="d/r/scan")
+    record_speeds(tmp_path, {"other": 2.0, "fast": 1.0}, now=10.0, where="d/r2/scan")
+    assert read_history(tmp_path, ["fast", "slow", "other"], now=11.0, run="d/r")[1] == {"slow"}
+    assert read_history(tmp_path, ["fast", "slow", "other"], now=11.0, run="d/r2")[1] == {"fast", "other"}
 
 
 def test_a_damaged_or_foreign_record_is_no_history(tmp_path: Path) -> None:
@@ -18,7 +26,7 @@ def test_a_damaged_or_foreign_record_is_no_history(tmp_path: Path) -> None:
     speed_path(tmp_path, "a").write_text("{not json")
     speed_path(tmp_path, "b").write_text('{"slowness": "fast", "at": 10}')
     speed_path(tmp_path, "c").write_text('{"slowness": -1, "at": 10}')
-    assert read_history(tmp_path, ["a", "b", "c"], now=11.0) == {}
+    assert read_history(tmp_path, ["a", "b", "c"], now=11.0) == ({}, frozenset())
 
 
 def test_a_target_name_cannot_leave_the_targets_directory(tmp_path: Path) -> None:
