@@ -84,6 +84,8 @@ def slot_lines(stage: dict[str, Any]) -> list[str]:
                      "(not counted as failures)")
     if stage.get("slot_status"):
         lines.append(str(stage["slot_status"]))
+    if stage.get("speed_line"):
+        lines.append(str(stage["speed_line"]))
     return lines
 
 

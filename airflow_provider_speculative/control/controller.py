@@ -587,6 +587,10 @@ class StageController:
             "slot_status": sched.slot_status(now),
             "lost_nodes": dict(sorted(sched.lost_nodes.items())),
             "target_lost_attempts": len(sched.target_lost),
+            # Speed-aware placement (core/speed.py): each target's slowness and where it came from.
+            "target_speeds": ({t: {"slowness": round(f, 2), "source": sched.speeds.source.get(t, "run")}
+                               for t, f in sorted(sched.speeds.slowness.items())} if sched.speeds else {}),
+            "held_subtasks": len(sched.held),
             "updated_at": now,
             **self._hybrid_summary(),
         }

@@ -22,6 +22,7 @@ from airflow_provider_speculative.backends.registry import attempt_observer
 from airflow_provider_speculative.backends.supervised import SupervisedBackend
 from airflow_provider_speculative.control.lifecycle import read_expired
 from airflow_provider_speculative.core.parallelism import describe_decision, skew_message
+from airflow_provider_speculative.core.speed import SLOW_FACTOR
 from airflow_provider_speculative.core.states import Attempt, current_attempt
 from airflow_provider_speculative.exceptions import NotFoundError, StoreError
 from airflow_provider_speculative.store.files import read_json, read_jsonl
@@ -156,8 +157,27 @@ def stage_report(layout: StageLayout, plan: Mapping[str, Any], *, liveness: str 
         "target_lost_attempts": summary.get("target_lost_attempts", 0),
         "subtasks": subtasks, "journal_events": len(read_jsonl(layout.journal)),
         "hybrid_inputs": summary.get("hybrid_inputs") or {}, "input_waits": input_wait_lines(summary),
+        "speed_line": speed_line(summary),
         "failed": _stage_failed(layout, committed is not None),
     }
+
+
+def speed_line(summary: dict[str, Any]) -> str | None:
+    """Slow targets (and from what they are known), held originals, and where the baseline came from."""
+    parts = []
+    slow = {t: v for t, v in (summary.get("target_speeds") or {}).items()
+            if isinstance(v, dict) and float(v.get("slowness") or 1.0) >= SLOW_FACTOR}
+    if slow:
+        parts.append("slow targets: " + ", ".join(f"{t} {float(v['slowness']):.1f}x ({v.get('source')})"
+                                                   for t, v in sorted(slow.items())))
+    if summary.get("held_subtasks"):
+        parts.append(f"{summary['held_subtasks']} original attempt(s) waiting for a faster target")
+    if summary.get("baseline_seconds") is not None:
+        floor = summary.get("baseline_floor_seconds")
+        parts.append(f"baseline {float(summary['baseline_seconds']):.1f}s ({summary.get('baseline_source')}"
+                     + (f"; floor {float(floor):.1f}s from {summary.get('baseline_floor_source')}"
+                        if floor is not None else "") + ")")
+    return "; ".join(parts) or None
 
 
 def input_wait_lines(summary: dict[str, Any]) -> list[str]:

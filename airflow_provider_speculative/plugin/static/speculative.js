@@ -158,6 +158,8 @@
     (d.skew_splits || []).forEach(n => frag.append(h("p", {class: "sub skew-split"}, "skew: " + n)));
     // Hybrid inputs (FLIP-235): e.g. "3 subtasks waiting for producer partitions; subtask 2: ... 3/8 admitted".
     (d.input_waits || []).forEach(n => frag.append(h("p", {class: "sub input-wait"}, n)));
+    // Speed-aware placement and the baseline's origin, e.g. "slow targets: local-b 4.0x (history); ...".
+    if (d.speed_line) frag.append(h("p", {class: "sub", id: "speed-line"}, d.speed_line));
     if (d.speculation_blocker) {
       frag.append(h("p", {class: "message"}, "Speculation is off for this stage: " + d.speculation_blocker));
     }
