@@ -11,7 +11,6 @@ import math
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +20,8 @@ from airflow_provider_speculative.backends.registry import attempt_observer, pla
 from airflow_provider_speculative.control.hybrid import HybridInputWatcher
 from airflow_provider_speculative.control.liveness import TargetWatcher
 from airflow_provider_speculative.control.recovery import PartitionRecovery, attempt_command
+from airflow_provider_speculative.control.slotledger import SlotLedger
+from airflow_provider_speculative.control.summary import stage_summary
 from airflow_provider_speculative.core.config import SpeculativeConfig
 from airflow_provider_speculative.core.contract import HOLD_END_ENV
 from airflow_provider_speculative.core.failover import input_readers
@@ -53,14 +54,13 @@ from airflow_provider_speculative.core.plan import StagePlan
 from airflow_provider_speculative.core.scheduler import StageScheduler
 from airflow_provider_speculative.core.slots import TargetView
 from airflow_provider_speculative.core.speed import run_slowness
-from airflow_provider_speculative.core.states import TERMINAL, Attempt, AttemptState, current_attempt
+from airflow_provider_speculative.core.states import TERMINAL, Attempt, AttemptState
 from airflow_provider_speculative.sinks.base import Sink, StagingScope
 from airflow_provider_speculative.store import changes
 from airflow_provider_speculative.store.files import atomic_write_json, create_exclusive_json, read_json
 from airflow_provider_speculative.store.journal import Journal
 from airflow_provider_speculative.store.layout import StageLayout
 from airflow_provider_speculative.store.results import remove_attempt_output
-from airflow_provider_speculative.store.slots import TargetSlots, holder_record
 from airflow_provider_speculative.store.speeds import read_history, record_speeds
 
 # Every live attempt's files are re-read at least this often, notices or not (lost notices, launch
@@ -68,8 +68,6 @@ from airflow_provider_speculative.store.speeds import read_history, record_speed
 FULL_POLL_PERIOD = 300.0
 PROBE_PERIOD = 5.0
 SUMMARY_REFRESH = 10.0
-# A stage that wants a slot and finds none free looks for holders that are provably gone this often.
-RECLAIM_PERIOD = 10.0
 # A change notice (an attempt started, became ready or ended) wakes the controller before its
 # check_interval, so a freed slot is refilled and a decided stage is seen within a fraction of a second.
 # Early steps stay within this share of one core: the next one waits at least the last step's CPU
@@ -126,13 +124,10 @@ class StageController:
             hybrid=hybrid_edges(plan),
             target_history=history, measured_this_run=measured)
         # FLIP-159: slots belong to the target and are claimed in the store by every stage using it.
-        self.slot_stores = {t.name: TargetSlots(self.layout.root, t.name) for t in self.config.targets}
+        self.slots = SlotLedger(self.layout, self.config, self.journal)
         self.watcher = watcher if watcher is not None else TargetWatcher(
-            self.config, plan.get("targets") or {}, self.target_env, self.slot_stores)
+            self.config, plan.get("targets") or {}, self.target_env, self.slots.stores)
         self.views: dict[str, TargetView] = {}
-        # (subtask, attempt) -> (target, slot index, token) of the slots this stage holds.
-        self.held: dict[tuple[int, int], tuple[str, int, str]] = {}
-        self._reclaim_at = float("-inf")
         self._lost_seen: set[str] = set()
         # Hybrid inputs (FLIP-235): the producers' admissions, read from their store as they happen.
         self.hybrid = (HybridInputWatcher(plan, self.scheduler.hybrid, self.config.hybrid_input_timeout, clock())
@@ -175,11 +170,7 @@ class StageController:
             if marker is not None:
                 admitted[subtask] = marker["attempt"]
         self.scheduler.handle(Restored(tuple(attempts), admitted, self._shared_blocks()))
-        # Slots this stage held before a restart: O(slots) per target, read once.
-        for name, store in self.slot_stores.items():
-            for index, holder in store.holders().items():
-                if self._own_holder(holder):
-                    self.held[(int(holder["subtask"]), int(holder["attempt"]))] = (name, index, str(holder["token"]))
+        self.slots.restore()
         if attempts:
             self.journal("restored", attempts=len(attempts), admitted=admitted)
 
@@ -254,39 +245,22 @@ class StageController:
             self._write_summary(now)
         return actions
 
+    @property
+    def held(self) -> dict[tuple[int, int], tuple[str, int, str]]:
+        """(subtask, attempt) -> (target, slot index, token) of the slots this stage run holds."""
+        return self.slots.held
+
     def _observe_targets(self, now: float) -> TargetsObserved:
         """What the targets offer now; reclaims slots of gone holders when this stage waits for one."""
         self.views = self.watcher.observe(now)
-        starved = [name for name, v in self.views.items() if v.capacity > 0 and v.free == 0]
-        if starved and self.scheduler.slot_status(now) and now - self._reclaim_at >= RECLAIM_PERIOD:
-            self._reclaim_at = now
-            for name in starved:
-                # This stage's own slots are released by _release_slots once it sees the attempt end.
-                for index, holder, why in self.slot_stores[name].reclaim_gone(now, skip=self._own_holder):
-                    self.journal("slot_reclaimed", target=name, slot=index, why=why,
-                                 holder={k: holder.get(k) for k in ("dag_id", "run_id", "stage", "subtask", "attempt")})
-                    self.views[name] = replace(self.views[name], held=self.views[name].held - 1)
+        self.slots.reclaim(self.views, bool(self.scheduler.slot_status(now)), now)
         lost_targets = {name: v.reason or "not live" for name, v in self.views.items() if not v.live}
         return TargetsObserved(free={name: v.free for name, v in self.views.items()},
                                capacity={name: v.capacity for name, v in self.views.items()},
                                lost_targets=lost_targets, lost_nodes=dict(self.watcher.lost_nodes))
 
-    def _own_holder(self, holder: dict[str, Any]) -> bool:
-        return (holder.get("dag_id"), holder.get("run_id"), holder.get("stage")) == (
-            self.plan["dag_id"], self.plan["run_id"], self.plan["stage"])
-
     def _release_slots(self) -> None:
-        """Give back the slots of this stage's attempts that are over: O(held), held <= slots.
-
-        Over: terminal and not being reaped; once the stage is decided, every attempt no longer reaped
-        (the scheduler stops observing then, so a reaped loser stays CANCELING in its state).
-        """
-        attempts = self.scheduler.attempts
-        for key, (target, index, token) in list(self.held.items()):
-            attempt = attempts.get(key[0], {}).get(key[1])
-            if key not in self.reaping and (attempt is None or attempt.state in TERMINAL or self.result is not None):
-                del self.held[key]
-                self.slot_stores[target].release(index, token)
+        self.slots.release_over(self.scheduler.attempts, self.reaping, decided=self.result is not None)
 
     def _observe(self, now: float, notices: set[tuple[int, int]], skip: set[tuple[int, int]]) -> list[Attempt]:
         """Poll the live attempts that can have changed: O(changes), not O(live attempts), per tick.
@@ -461,20 +435,18 @@ class StageController:
         target = next(t for t in self.config.targets if t.name == action.target)
         backend = self._backend(target.name)
         view = self.views.get(target.name)
-        slot = self.slot_stores[target.name].claim(view.capacity if view else target.slots,
-                                                   holder_record(self.layout, action.subtask, action.attempt, now))
+        key = (action.subtask, action.attempt)
+        slot = self.slots.claim(target.name, view.capacity if view else target.slots, key, now)
         if slot is None:
             # Another stage or run took the slot since the observation: like ClaimLost, nothing started.
             self.journal("slot_lost", subtask=action.subtask, attempt=action.attempt, target=target.name)
             return self.scheduler.handle(SlotLost(action.subtask, action.attempt, target.name))
-        self.held[(action.subtask, action.attempt)] = (target.name, *slot)
         record = {"target": target.name, "node": target.node_label, "speculative": action.speculative,
                   "created_at": now, "reason": action.reason, "kind": backend.kind, "slot": slot[0]}
         if not backend.claim(action.subtask, action.attempt, record):
             # Another controller instance owns this number: adopt what it launched (it holds its own slot).
             self.journal("claim_lost", subtask=action.subtask, attempt=action.attempt)
-            self.slot_stores[target.name].release(slot[0], slot[1])
-            del self.held[(action.subtask, action.attempt)]
+            self.slots.release(key)
             return self.scheduler.handle(ClaimLost(self.observer.poll(action.subtask, action.attempt, now)))
         command = attempt_command(self.plan, self.layout, action.subtask, action.attempt, target.name)
         env = {**(self.plan["targets"][target.name].get("env") or {}), **self.target_env.get(target.name, {}),
@@ -545,11 +517,8 @@ class StageController:
         while self.reaping and self.clock() < deadline:
             self._reap(self.clock())
             time.sleep(0.2)
-        for key in [k for k in self.held if k not in self.reaping]:
-            target, index, token = self.held[key]
-            if not self._backend(target).poll(*key).live:
-                del self.held[key]
-                self.slot_stores[target].release(index, token)
+        self.slots.release_gone([k for k in self.held if k not in self.reaping],
+                                live=lambda key: self._backend(self.held[key][0]).poll(*key).live)
         self.journal("killed_all", reason=reason, left=sorted(self.reaping))
 
     # -- records ----------------------------------------------------------------------------
@@ -561,52 +530,7 @@ class StageController:
         return self._summary
 
     def _build_summary(self, now: float) -> dict[str, Any]:
-        sched = self.scheduler
-        baseline = sched.baseline
-        return {
-            "stage": self.plan["stage"], "parallelism": self.plan["parallelism"],
-            "speculation": sched.speculation_status,
-            "numSlowExecutionVertices": len(sched.slow_subtasks),
-            "peakSlowExecutionVertices": sched.peak_slow,
-            "numEffectiveSpeculativeExecutions": sched.effective_speculative_executions(),
-            "baseline_seconds": baseline.seconds if baseline else None,
-            "baseline_seconds_per_byte": baseline.per_byte if baseline else None,
-            # Where the baseline came from (run: N·R finished; early: fewer) and its lower bound's origin.
-            "baseline_source": baseline.source if baseline else None,
-            "baseline_floor_seconds": baseline.floor if baseline else None,
-            "baseline_floor_source": baseline.floor_source if baseline else None,
-            "blocked_nodes": sched.blocklist.active(now),
-            "admitted": {str(k): v for k, v in sorted(sched.admitted.items())},
-            "reused": sorted(sched.reused),
-            "attempts": len(sched.all_attempts()),
-            "speculative_attempts": sum(a.speculative for a in sched.all_attempts()),
-            "attempt_seconds": round(sum(_attempt_seconds(a, now) for a in sched.all_attempts()), 3),
-            "current": {str(s): (c.number if (c := current_attempt(list(sched.attempts[s].values()))) else None)
-                        for s in range(self.plan["parallelism"])},
-            "slots": {name: view.to_json() for name, view in sorted(self.views.items())},
-            "slot_status": sched.slot_status(now),
-            "lost_nodes": dict(sorted(sched.lost_nodes.items())),
-            "target_lost_attempts": len(sched.target_lost),
-            # Speed-aware placement (core/speed.py): each target's slowness and where it came from.
-            "target_speeds": ({t: {"slowness": round(f, 2), "source": sched.speeds.source.get(t, "run")}
-                               for t, f in sorted(sched.speeds.slowness.items())} if sched.speeds else {}),
-            "held_subtasks": len(sched.held),
-            "updated_at": now,
-            **self._hybrid_summary(),
-        }
-
-    def _hybrid_summary(self) -> dict[str, Any]:
-        """Hybrid inputs: admitted producer partitions per producer, and what waiting subtasks wait for."""
-        if self.hybrid is None:
-            return {}
-        sched = self.scheduler
-        waiting = sorted(sched.input_blocked)
-        return {"hybrid_inputs": {stage: {"admitted": len(p.admitted), "parallelism": p.parallelism,
-                                          "committed": p.committed}
-                                  for stage, p in self.hybrid.producers.items()},
-                "waiting_for_inputs": len(waiting),
-                # The first few in words; the count says how many in all (summary stays small).
-                "input_waits": {str(s): sched.input_wait(s) for s in waiting[:20]}}
+        return stage_summary(self.plan, self.scheduler, self.views, self.hybrid, now)
 
     def _write_summary(self, now: float) -> None:
         self._summary_at = now
@@ -632,13 +556,6 @@ def _differs(known: Attempt | None, observed: Attempt) -> bool:
             known.ready_at, known.failure, known.input_wait, known.waiting_since) != (
         observed.state, observed.node, observed.deploying_at, observed.end_at, observed.exit_code, observed.cause,
         observed.app_id, observed.ready_at, observed.failure, observed.input_wait, observed.waiting_since)
-
-
-def _attempt_seconds(attempt: Attempt, now: float) -> float:
-    if attempt.deploying_at is None:
-        return 0.0
-    end = attempt.end_at if attempt.end_at is not None else now
-    return max(0.0, end - attempt.deploying_at)
 
 
 def wipe_stage_attempts(layout: StageLayout) -> None:
