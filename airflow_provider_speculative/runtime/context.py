@@ -1,4 +1,8 @@
-"""StageContext: what a stage's PySpark application uses to read its inputs and write its output."""
+"""StageContext: what a stage's PySpark application uses to read its inputs and write its output.
+
+A facade: the attempt's life cycle (heartbeat, session, exit code), its output and the manifest live
+here; reading inputs is ``runtime/inputs.py`` (StageInputs) and fault injection ``runtime/faults.py``.
+"""
 
 from __future__ import annotations
 
@@ -10,36 +14,34 @@ import shutil
 import sys
 import time
 import traceback
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from airflow_provider_speculative.core.config import FaultSpec, SpeculativeConfig
+from airflow_provider_speculative.core.config import SpeculativeConfig
 from airflow_provider_speculative.core.contract import (
     EXIT_FAILED,
     EXIT_NODE_LOST,
     EXIT_PARTITION,
     EXIT_STORE_FULL,
     EXIT_STORE_NOT_WRITABLE,
-    LAUNCHED_AT_ENV,
 )
-from airflow_provider_speculative.core.failover import files_in_range
 from airflow_provider_speculative.core.plan import StagePlan, load_plan
 from airflow_provider_speculative.exceptions import StoreError, StoreFullError, StoreNotWritableError
+from airflow_provider_speculative.runtime.faults import inject_faults
 from airflow_provider_speculative.runtime.heartbeat import Heartbeat, current_node
+from airflow_provider_speculative.runtime.inputs import StageInputs
 from airflow_provider_speculative.runtime.session import attempt_tag, open_session
 from airflow_provider_speculative.store import changes
-from airflow_provider_speculative.store.files import atomic_write_json, read_json, wait_for_file
+from airflow_provider_speculative.store.files import atomic_write_json, read_json
 from airflow_provider_speculative.store.layout import StageLayout
 from airflow_provider_speculative.store.manifest import (
     SUBPARTITION_COLUMN,
     PartitionError,
     build_manifest,
-    verify_files,
     write_manifest,
 )
-from airflow_provider_speculative.store.results import committed_files
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -79,10 +81,9 @@ class StageContext:
         self._executor_hosts: list[str] = []
         self._executors_missing_since: float | None = None
         self._node_lost: NodeLostError | None = None
-        # Hybrid inputs: producer stage -> {producer subtask: admitted attempt read}; in every heartbeat,
-        # so the controller restarts exactly the attempts that read a partition later withdrawn (FLIP-1).
-        self._reads: dict[str, dict[str, int]] = {}
         self._heartbeat = Heartbeat(self.layout.heartbeat(subtask, attempt), self._progress)
+        self._inputs = StageInputs(plan, subtask, self.layout, self.config, self._heartbeat, self._notify,
+                                   lambda: self.spark)
 
     # -- construction ------------------------------------------------------------------------
 
@@ -201,8 +202,8 @@ class StageContext:
 
     def _progress(self) -> dict[str, Any]:
         progress: dict[str, Any] = {"input_bytes": self.input_bytes, **self._session_info}
-        if self._reads:
-            progress["reads"] = {stage: dict(per) for stage, per in self._reads.items()}
+        if self._inputs.reads:
+            progress["reads"] = {stage: dict(per) for stage, per in self._inputs.reads.items()}
         if self._remote and self._remote_progress:
             # Summed over the attempt's operations: the heartbeat shows the attempt's whole work so far.
             values = list(self._remote_progress.values())
@@ -252,109 +253,14 @@ class StageContext:
 
     # -- inputs -----------------------------------------------------------------------------
 
+    @property
+    def inputs(self) -> StageInputs:
+        """How this attempt reads its inputs (``runtime/inputs.py``)."""
+        return self._inputs
+
     def read(self, name: str) -> DataFrame:
         """Read input ``name``: this subtask's split of a source, or its range of an upstream stage."""
-        inputs = self._spec["inputs"]
-        if name not in inputs:
-            raise KeyError(f"stage {self.stage!r} has no input {name!r} (inputs: {', '.join(sorted(inputs))})")
-        shared = self.plan["inputs"][name]
-        if shared["kind"] == "source":
-            return self._read_source(name, shared, inputs[name])
-        return self._read_exchange(name, shared, inputs[name])
-
-    def _read_source(self, name: str, shared: dict[str, Any], mine: dict[str, Any]) -> DataFrame:
-        # A broadcast source lists its files once, for every subtask.
-        paths = [f["path"] for f in (shared["files"] if mine.get("broadcast") else mine["files"])]
-        for path in paths:
-            if not os.path.exists(path):
-                raise FileNotFoundError(f"stage {self.stage!r} input {name!r}: source file {path} is missing")
-        reader = self.spark.read.format(shared.get("format", "parquet"))
-        if not paths:
-            # An empty split still needs the dataset's schema.
-            return reader.load(shared["schema_file"]).limit(0)
-        return reader.load(paths)
-
-    def _hybrid(self, name: str) -> bool:
-        return self.plan["inputs"][name].get("mode") == "hybrid"
-
-    def _upstream(self, name: str) -> StageLayout:
-        return StageLayout(self.layout.root, self.plan["dag_id"], self.plan["run_id"],
-                           self.plan["inputs"][name]["upstream"])
-
-    def _admitted_producers(self, name: str, producers: Iterable[int]) -> dict[int, int]:
-        """Hybrid input: the admitted attempt of each producer in ``producers`` that has one now.
-
-        The producer's commit, once it is there for the plan this stage was planned on, is final;
-        before it, the exclusive ``admitted.json`` markers: only a first finisher is ever read.
-        """
-        shared = self.plan["inputs"][name]
-        upstream = self._upstream(name)
-        committed = read_json(upstream.committed)
-        if committed is not None and committed.get("fingerprint") == shared.get("upstream_fingerprint"):
-            return {p: int(committed["subtasks"][str(p)]["attempt"]) for p in producers}
-        found = {}
-        for p in producers:
-            marker = read_json(upstream.admitted(p))
-            if marker is not None:
-                found[p] = int(marker["attempt"])
-        return found
-
-    def _claim_reads(self, name: str, chosen: dict[int, int]) -> dict[int, int]:
-        """Record (heartbeat first) that this attempt reads ``chosen``, then keep those still admitted.
-
-        Recorded before reading and re-checked after: a withdrawal the controller saw before the beat
-        is seen here, one after it restarts this attempt (core/hybrid.py ``restarts_on_withdrawal``).
-        """
-        stage = self.plan["inputs"][name]["upstream"]
-        self._reads.setdefault(stage, {}).update({str(p): a for p, a in chosen.items()})
-        self._heartbeat.beat(self._heartbeat.phase)
-        still = self._admitted_producers(name, sorted(chosen))
-        return {p: a for p, a in chosen.items() if still.get(p) == a}
-
-    def _wait_admitted(self, name: str, producers: range, have: set[int]) -> dict[int, int]:
-        """Hybrid input: poll (up to ``hybrid_input_timeout``) until producers not in ``have`` are admitted."""
-        deadline = time.time() + self.config.hybrid_input_timeout
-        delay = 0.05
-        while True:
-            found = {p: a for p, a in self._admitted_producers(name, producers).items() if p not in have}
-            if found:
-                claimed = self._claim_reads(name, found)
-                if claimed:
-                    return claimed
-            if time.time() > deadline:
-                missing = sorted(set(producers) - have)
-                raise TimeoutError(
-                    f"pipeline {self.plan.get('pipeline')!r}, stage {self.stage!r}, input {name!r}: producer "
-                    f"partitions {missing[:10]} of {self.plan['inputs'][name]['upstream']!r} not admitted within "
-                    f"{self.config.hybrid_input_timeout:g}s (hybrid_input_timeout)")
-            if self._heartbeat.phase != "WAITING_FOR_INPUT":
-                self._heartbeat.set_phase("WAITING_FOR_INPUT")
-                self._notify()  # the controller stops this attempt's execution clock while it waits
-            time.sleep(delay)
-            delay = min(1.0, delay * 2)
-
-    def _files_of(self, name: str, attempts: dict[int, int]) -> list[str]:
-        """Verified files of these producer attempts within this subtask's subpartition range."""
-        shared, mine = self.plan["inputs"][name], self._spec["inputs"][name]
-        upstream = self._upstream(name)
-        paths: list[str] = []
-        for producer, attempt in sorted(attempts.items()):
-            files = files_in_range(committed_files(upstream, producer, attempt), mine["subpartitions"])
-            data = upstream.data(producer, attempt)
-            verify_files(data, files, stage=shared["upstream"], subtask=producer, attempt=attempt)
-            paths += [str(data / f["path"]) for f in files]
-        return paths
-
-    def _hybrid_files(self, name: str) -> list[str]:
-        """Hybrid input read whole: wait until every producer of the range is admitted, then its files."""
-        producers = range(*self._spec["inputs"][name]["producers"])
-        chosen: dict[int, int] = {}
-        while len(chosen) < len(producers):
-            chosen.update(self._wait_admitted(name, producers, set(chosen)))
-        if self._heartbeat.phase == "WAITING_FOR_INPUT":
-            self._heartbeat.set_phase("RUNNING")
-            self._notify()
-        return self._files_of(name, chosen)
+        return self._inputs.read(name)
 
     def read_incremental(self, name: str) -> Iterator[DataFrame]:
         """Yield input ``name`` piece by piece: one DataFrame per batch of newly admitted producers.
@@ -364,79 +270,11 @@ class StageContext:
         read. Any other input is yielded once, whole. The application combines the pieces (e.g. a
         partial aggregate per piece, merged at the end), so it starts before the slowest producer ends.
         """
-        if name not in self._spec["inputs"] or self.plan["inputs"][name]["kind"] != "exchange" \
-                or not self._hybrid(name):
-            yield self.read(name)
-            return
-        from pyspark.sql.types import StructType
-
-        producers = range(*self._spec["inputs"][name]["producers"])
-        done: set[int] = set()
-        while len(done) < len(producers):
-            batch = self._wait_admitted(name, producers, done)
-            done |= set(batch)
-            if self._heartbeat.phase == "WAITING_FOR_INPUT":
-                self._heartbeat.set_phase("RUNNING")
-                self._notify()
-            paths = self._files_of(name, batch)
-            if paths:
-                schema = self._exchange_schema(name, batch)
-                reader = self.spark.read.schema(StructType.fromJson(schema)) if schema else self.spark.read
-                yield reader.parquet(*paths)
-
-    def _exchange_schema(self, name: str, attempts: dict[int, int]) -> dict[str, Any] | None:
-        """The input's schema: planned (blocking), else from an admitted producer's manifest (hybrid)."""
-        shared = self.plan["inputs"][name]
-        if shared.get("schema"):
-            return shared["schema"]
-        upstream = self._upstream(name)
-        for producer, attempt in sorted(attempts.items()):
-            manifest = read_json(upstream.manifest(producer, attempt))
-            if manifest and manifest.get("schema"):
-                return manifest["schema"]
-        return None
+        return self._inputs.read_incremental(name)
 
     def exchange_files(self, name: str) -> list[str]:
-        """The verified producer files this subtask reads for exchange input ``name``.
-
-        Resolved from the producers' commits when the attempt starts (the plan names only producer and
-        subpartition ranges): a partition re-produced by failover is read from its new attempt. A hybrid
-        input waits until every producer of its range is admitted and reads the admitted attempts.
-        """
-        if self._hybrid(name):
-            return self._hybrid_files(name)
-        shared, mine = self.plan["inputs"][name], self._spec["inputs"][name]
-        upstream = StageLayout(self.layout.root, self.plan["dag_id"], self.plan["run_id"], shared["upstream"])
-        committed = read_json(upstream.committed)
-        if committed is None:
-            raise PartitionError(f"stage {self.stage!r} input {name!r}: upstream {shared['upstream']!r} has no "
-                                 f"committed result at {upstream.committed}", stage=shared["upstream"])
-        paths: list[str] = []
-        for producer in range(*mine["producers"]):
-            part = committed["subtasks"][str(producer)]
-            files = files_in_range(committed_files(upstream, producer, part["attempt"]), mine["subpartitions"])
-            data = upstream.data(producer, part["attempt"])
-            verify_files(data, files, stage=shared["upstream"], subtask=producer, attempt=part["attempt"])
-            paths += [str(data / f["path"]) for f in files]
-        return paths
-
-    def _read_exchange(self, name: str, shared: dict[str, Any], mine: dict[str, Any]) -> DataFrame:
-        from pyspark.sql.types import StructType
-
-        paths = self.exchange_files(name)
-        if not shared.get("schema") and self._hybrid(name):
-            found = self._exchange_schema(name, {int(p): a for p, a in self._reads.get(shared["upstream"], {}).items()})
-            shared = {**shared, "schema": found}
-        schema = StructType.fromJson(shared["schema"]) if shared.get("schema") else None
-        if not paths:
-            if schema is None:
-                raise PartitionError(f"stage {self.stage!r} input {name!r}: upstream {shared['upstream']!r} "
-                                     "committed no schema", stage=shared["upstream"])
-            return self.spark.createDataFrame([], schema)
-        reader = self.spark.read
-        if schema is not None:
-            reader = reader.schema(schema)
-        return reader.parquet(*paths)
+        """The verified producer files this subtask reads for exchange input ``name``."""
+        return self._inputs.exchange_files(name)
 
     # -- output -----------------------------------------------------------------------------
 
@@ -503,30 +341,8 @@ class StageContext:
         return Sink.from_json(sink_json).create_writer(context)
 
     def _inject_faults(self) -> None:
-        if self.config.fault_injection.barrier:
-            self._wait_at_barrier()
-        fault: FaultSpec = self.config.fault_injection.for_attempt(self.target, self.subtask, self.attempt)
-        if not fault.active:
-            return
-        if fault.fail:
-            raise RuntimeError(f"injected failure (fault_injection) for subtask {self.subtask} attempt {self.attempt}")
-        launched = float(os.environ.get(LAUNCHED_AT_ENV) or self._heartbeat.started_at)
-        # A node `factor` times slower would have taken factor times the elapsed time so far.
-        extra = (fault.factor - 1.0) * (time.time() - launched) + fault.delay
-        print(f"[speculative] fault injection: slowing attempt by {extra:.1f}s", file=sys.stderr)
-        # The injected delay stands for work on the node: losing the node during it loses the attempt.
-        deadline = time.time() + max(0.0, extra)
-        while time.time() < deadline:
-            if self._node_lost is not None:
-                raise self._node_lost
-            time.sleep(min(0.5, max(0.0, deadline - time.time())))
-
-
-    def _wait_at_barrier(self, timeout: float = 900.0) -> None:
-        release = self.layout.barrier_release(self.subtask)
-        self._heartbeat.set_phase("BARRIER")
-        if not wait_for_file(release, timeout, 0.005):
-            raise TimeoutError(f"fault injection barrier {release} was not released within {timeout}s")
+        inject_faults(self.config, self.target, self.subtask, self.attempt, self._heartbeat, self.layout,
+                      lambda: self._node_lost)
 
 
 _FULL_MESSAGES = ("No space left on device", "Disk quota exceeded")

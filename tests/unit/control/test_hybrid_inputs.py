@@ -153,7 +153,7 @@ def test_read_incremental_yields_each_admitted_producer_once(tmp_path: Path) -> 
     batches: list[list[int]] = []
     seen: set[int] = set()
     while len(seen) < 3:
-        batch = ctx._wait_admitted("rows", range(3), seen)
+        batch = ctx.inputs.wait_admitted("rows", range(3), seen)
         batches.append(sorted(batch))
         seen |= set(batch)
         for p in (0, 1):
