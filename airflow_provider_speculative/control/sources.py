@@ -59,6 +59,14 @@ def parquet_problem(path: Path, size: int) -> str | None:
         return f"unreadable ({exc.strerror or exc})"
     if head != PARQUET_MAGIC or tail != PARQUET_MAGIC:
         return "no Parquet magic bytes (PAR1) at its start and end"
+    # The footer too (one small read): a truncated or corrupt file would otherwise pass the plan and
+    # fail inside Spark, in every attempt that reads it.
+    import pyarrow.parquet as pq
+
+    try:
+        pq.read_metadata(path)
+    except Exception as exc:  # pyarrow raises ArrowInvalid, OSError or others for a bad footer
+        return f"its Parquet footer cannot be read ({type(exc).__name__}: {exc})"
     return None
 
 

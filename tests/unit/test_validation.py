@@ -166,6 +166,14 @@ def not_parquet(tmp: Path) -> None:
     plan(tmp, inputs={"rows": parquet_source(str(data))})
 
 
+def corrupt_footer(tmp: Path) -> None:
+    data = parquet_dir(tmp)
+    good = next(iter(sorted(data.glob("*.parquet")))).read_bytes()
+    # The magic bytes at both ends, but the footer length and metadata in front of the tail are garbage.
+    (data / "part-9.parquet").write_bytes(good[:-12] + b"\xff" * 8 + b"PAR1")
+    plan(tmp, inputs={"rows": parquet_source(str(data))})
+
+
 def store_root() -> Path:
     from airflow_provider_speculative.settings import airflow_config
     from airflow_provider_speculative.settings import store_root as root
@@ -418,6 +426,9 @@ CASES = [
          PlanError, r"stage 's', input 'rows': source '.*/e' has no parquet files"),
     Case("source-not-parquet", not_parquet, PlanError,
          r"stage 's', input 'rows': source '.*rows': .*part-9.parquet is not a Parquet file: no Parquet magic"),
+    Case("source-corrupt-footer", corrupt_footer, PlanError,
+         r"stage 's', input 'rows': source '.*rows': .*part-9.parquet is not a Parquet file: its Parquet footer "
+         r"cannot be read"),
     Case("join-key-types-differ", lambda t: join_plan(t, "string", "long"), PlanError,
          r"pipeline 'p', stage 'j': key column 1 differs in type between inputs: 'l'.id is string, 'r'.k is long"),
     Case("join-key-floating", lambda t: join_plan(t, "double", "double"), PlanError,
