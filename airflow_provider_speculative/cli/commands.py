@@ -236,12 +236,15 @@ def _airflow_run_state(dag_id: str, run_id: str) -> str | None:
 
 def status(args: Any) -> None:
     """CLI entry: print the attempts table or JSON for ``--dag-id``/``--run-id`` (``--watch``: live progress)."""
-    from airflow_provider_speculative.control.readmodel import run_report
+    from airflow_provider_speculative.control.readmodel import latest_run_id, run_report
     from airflow_provider_speculative.exceptions import SpeculativeError
     from airflow_provider_speculative.settings import airflow_config, store_root
 
     root = store_root(airflow_config())
     try:
+        if not args.run_id:
+            args.run_id = latest_run_id(root, args.dag_id)
+            print(f"DAG {args.dag_id}: latest run in the store is {args.run_id}", file=sys.stderr)
         if getattr(args, "watch", False):
             if args.interval <= 0:
                 _fail("--interval must be > 0")

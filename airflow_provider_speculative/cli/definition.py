@@ -11,6 +11,8 @@ def get_cli_commands() -> list[Any]:
 
     dag_id = Arg(("--dag-id", "-d"), help="DAG id", required=True)
     run_id = Arg(("--run-id", "-r"), help="DAG run id", required=True)
+    latest_run_id = Arg(("--run-id", "-r"), default=None,
+                        help="DAG run id (default: the DAG's run whose stages were planned last in the store)")
     stage = Arg(("--stage", "-s"), help="only this stage", default=None)
     output = Arg(("--output", "-o"), help="output format", choices=("table", "json"), default="table")
     gc_dag_id = Arg(("--dag-id", "-d"), help="only this DAG (default: every DAG in the store)", default=None)
@@ -32,7 +34,7 @@ def get_cli_commands() -> list[Any]:
                     name="status",
                     help="List stages, subtasks and attempts of a DAG run with the admitted attempt",
                     func=lazy_load_command("airflow_provider_speculative.cli.commands.status"),
-                    args=(dag_id, run_id, stage, output,
+                    args=(dag_id, latest_run_id, stage, output,
                           Arg(("--watch", "-w"), action="store_true",
                               help="redraw the per-stage progress (admitted/total, running, speculative, slow) "
                                    "until the run ends"),

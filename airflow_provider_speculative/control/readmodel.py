@@ -12,6 +12,7 @@ Two ways to decide whether an attempt that has not recorded its end is still ali
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -84,6 +85,37 @@ def read_plan(path: Path) -> dict[str, Any]:
     return plan
 
 
+def pipeline_order(plans: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Plans with every stage after its upstreams (then by name): the order a reader follows the pipeline."""
+    by_name = {str(p["stage"]): p for p in plans}
+    done: set[str] = set()
+    out: list[dict[str, Any]] = []
+    pending = sorted(by_name)
+    while pending:
+        ready = [s for s in pending if all(u in done or u not in by_name for u in by_name[s].get("upstreams") or [])]
+        # A cycle cannot come from a validated graph; a damaged store still lists every stage once.
+        for name in ready or pending[:1]:
+            out.append(by_name[name])
+            done.add(name)
+        pending = [s for s in pending if s not in done]
+    return out
+
+
+def latest_run_id(root: Path, dag_id: str) -> str:
+    """The run of ``dag_id`` whose stages were planned last in the store (its plan.json is the newest)."""
+    dag_dir = Path(root) / safe_component(dag_id)
+    newest: tuple[float, Path] | None = None
+    if dag_dir.is_dir():
+        for plan in dag_dir.glob("*/*/plan.json"):
+            with contextlib.suppress(OSError):
+                mtime = plan.stat().st_mtime
+                if newest is None or mtime > newest[0]:
+                    newest = (mtime, plan)
+    if newest is None:
+        raise NotFoundError(f"no speculative stages recorded for dag {dag_id!r} under {root}")
+    return str(read_plan(newest[1])["run_id"])
+
+
 def run_report(root: Path, dag_id: str, run_id: str, stage: str | None = None, *,
                liveness: str = "process", now: float | None = None) -> dict[str, Any]:
     """Stages (in plan order) -> subtasks -> attempts for one DAG run."""
@@ -91,8 +123,8 @@ def run_report(root: Path, dag_id: str, run_id: str, stage: str | None = None, *
     if not run_dir.is_dir():
         raise NotFoundError(f"no speculative stages recorded for dag {dag_id!r} run {run_id!r} under {root}")
     stages = []
-    for stage_dir in sorted(p for p in run_dir.iterdir() if (p / "plan.json").is_file()):
-        plan = read_plan(stage_dir / "plan.json")
+    plans = [read_plan(p / "plan.json") for p in sorted(run_dir.iterdir()) if (p / "plan.json").is_file()]
+    for plan in pipeline_order(plans):
         if stage and plan["stage"] != stage:
             continue
         stages.append(stage_report(StageLayout(Path(plan["store_root"]), dag_id, run_id, plan["stage"]), plan,

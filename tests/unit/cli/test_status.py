@@ -27,6 +27,7 @@ from airflow_provider_speculative.cli.commands import (
 from airflow_provider_speculative.control.readmodel import (
     HEARTBEAT_STALE_AFTER,
     heartbeat_alive,
+    latest_run_id,
     run_progress,
     run_report,
 )
@@ -286,3 +287,34 @@ def test_table_shows_the_parallelism_decision_and_skew_warnings() -> None:
                         "2 (bounded by files)")
     assert lines[3] == "  warning: " + warning
     assert lines[4] == "  skew: " + split
+
+
+def test_stages_are_listed_in_pipeline_order_not_by_name(tmp_path: Path) -> None:
+    for stage, upstreams in (("zz_scan", []), ("b_join", ["zz_scan", "a_dim"]), ("a_dim", []), ("c_top", ["b_join"])):
+        layout = _stage(tmp_path, stage, 1, [])
+        plan = json.loads(layout.plan.read_text())
+        _write(layout.plan, {**plan, "upstreams": upstreams, "dag_id": DAG, "run_id": RUN})
+    assert [s["stage"] for s in run_report(tmp_path, DAG, RUN)["stages"]] == ["a_dim", "zz_scan", "b_join", "c_top"]
+
+
+def test_status_without_a_run_id_shows_the_dags_latest_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    import os
+    from types import SimpleNamespace
+
+    from airflow_provider_speculative.cli import commands
+
+    with pytest.raises(NotFoundError, match="no speculative stages recorded for dag 'demo'"):
+        latest_run_id(tmp_path, DAG)
+    for run, mtime in (("scheduled__2026-01-01", 1_000.0), ("manual__late:name+1", 2_000.0), ("older", 500.0)):
+        layout = StageLayout(tmp_path, DAG, run, "scan")
+        _write(layout.plan, {"stage": "scan", "store_root": str(tmp_path), "parallelism": 1, "upstreams": [],
+                             "consumers": [], "subtasks": [{"inputs": {}}], "dag_id": DAG, "run_id": run})
+        os.utime(layout.plan, (mtime, mtime))
+    # The newest plan's own run id, not its (sanitised) directory name.
+    assert latest_run_id(tmp_path, DAG) == "manual__late:name+1"
+    monkeypatch.setattr("airflow_provider_speculative.settings.store_root", lambda config: tmp_path)
+    commands.status(SimpleNamespace(dag_id=DAG, run_id=None, stage=None, output="json", watch=False))
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["run_id"] == "manual__late:name+1"
+    assert "latest run in the store is manual__late:name+1" in captured.err
