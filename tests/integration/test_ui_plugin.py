@@ -274,9 +274,11 @@ def test_stage_view_in_the_task_instance_tab(api_server: ApiServer, finished_run
     speculative = view.locator(".attempt.speculative")
     assert speculative.count() >= 1 and speculative.first.locator(".badge-spec").inner_text() == "speculative"
     assert view.locator(".attempt.CANCELED").count() >= 1  # the loser of the race, drawn as cancelled
-    for metric in ("numSlowExecutionVertices", "numEffectiveSpeculativeExecutions"):
-        card = view.locator(f"#metric-{metric}").inner_text()
-        assert card.splitlines() == [metric, str(summary[metric])]
+    for metric, words in (("numSlowExecutionVertices", "slow subtasks now"),
+                          ("numEffectiveSpeculativeExecutions", "copies that won")):
+        card = view.locator(f"#metric-{metric}")
+        assert card.inner_text().splitlines() == [words, str(summary[metric])]
+        assert metric in (card.get_attribute("title") or "")  # Flink's name stays in the tooltip
     assert "slow-task baseline" in view.locator("#metric-baseline").inner_text()
     assert view.locator("#blocked-nodes tr[data-node='local-b']").count() == 1
     ARTIFACTS.mkdir(exist_ok=True)

@@ -144,10 +144,12 @@
         card("progress", "admitted / parallelism", `${d.progress.admitted} / ${d.progress.parallelism}`),
         card("speculation", "speculation", d.speculation_blocker ? "blocked" : (d.speculation || "-"),
              d.speculation_blocker || null),
-        card("numSlowExecutionVertices", "numSlowExecutionVertices", d.numSlowExecutionVertices,
-             "subtasks currently slower than the baseline"),
-        card("numEffectiveSpeculativeExecutions", "numEffectiveSpeculativeExecutions",
-             d.numEffectiveSpeculativeExecutions, "speculative attempts that finished first and were admitted"),
+        // Words as labels; Flink's metric names (what metrics and the status JSON call them) in the tooltip.
+        card("numSlowExecutionVertices", "slow subtasks now", d.numSlowExecutionVertices,
+             "subtasks currently slower than the baseline (Flink metric numSlowExecutionVertices)"),
+        card("numEffectiveSpeculativeExecutions", "copies that won", d.numEffectiveSpeculativeExecutions,
+             "speculative attempts that finished first and were admitted " +
+             "(Flink metric numEffectiveSpeculativeExecutions)"),
         card("baseline", "slow-task baseline", seconds(d.baseline_seconds),
              "an attempt running longer than this is slow"),
         card("attempts", "attempts (speculative)", `${d.attempts_total} (${d.speculative_attempts})`),
@@ -419,8 +421,9 @@
 
   function stageTable(d) {
     return h("table", {id: "stages"},
-      h("tr", null, ["stage", "state", "admitted / parallelism", "inputs", "attempts", "speculative",
-                     "numEffectiveSpeculativeExecutions", "restarts", "blocked nodes"].map((c) => h("th", null, c))),
+      h("tr", null, [["stage"], ["state"], ["admitted / parallelism"], ["inputs"], ["attempts"], ["speculative"],
+                     ["copies that won", "numEffectiveSpeculativeExecutions (Flink metric)"], ["restarts"],
+                     ["blocked nodes"]].map(([c, tip]) => h("th", {title: tip || null}, c))),
       d.stages.map((st) => h("tr", {class: "stage-row", "data-stage": st.stage},
         h("td", null, h("a", {href: stageHref(st.stage)}, st.stage)),
         h("td", null, h("span", {class: "state " + st.state}, st.state)),
