@@ -21,7 +21,7 @@ from airflow_provider_speculative.backends.registry import attempt_observer
 from airflow_provider_speculative.control.controller import StageController, wipe_stage_attempts
 from airflow_provider_speculative.control.sources import application_path, list_sources, source_root
 from airflow_provider_speculative.core.config import SpeculativeConfig
-from airflow_provider_speculative.core.graph import ExchangeSpec, PipelineGraph, SourceSpec
+from airflow_provider_speculative.core.graph import ExchangeSpec, PipelineGraph, RenderedStage, SourceSpec, render_stage
 from airflow_provider_speculative.core.hybrid import (
     PRODUCER_FAILED_STATES,
     PRODUCER_SKIPPED_STATES,
@@ -93,8 +93,9 @@ class StagePlanner:
     def __init__(self, graph: PipelineGraph, stage: str, *, sink: Sink | None, declared_sink: dict[str, Any] | None,
                  run: RunInfo, force_rerun: bool = False, logger: Any = None,
                  config: SpeculativeConfig | None = None, root: Path | None = None,
-                 targets: TargetResolver = airflow_targets) -> None:
-        self.graph = graph
+                 targets: TargetResolver = airflow_targets, rendered: RenderedStage | None = None) -> None:
+        # The stage's templated fields as Airflow rendered them for this run, checked as at parse time.
+        self.graph = render_stage(graph, stage, rendered) if rendered is not None else graph
         self.stage = stage
         self.sink = sink
         self.declared_sink = declared_sink

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import heapq
 import posixpath
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from airflow_provider_speculative.core.config import SpeculativeConfig
 from airflow_provider_speculative.core.parallelism import AUTO
+from airflow_provider_speculative.core.paths import source_root_problem
 from airflow_provider_speculative.exceptions import ConfigError, PipelineError
 
 Distribution = Literal["all_to_all", "pointwise", "broadcast"]
@@ -410,7 +411,8 @@ def _check_application(where: str, application: str) -> None:
     if scheme and scheme not in APPLICATION_SCHEMES:
         raise PipelineError(f"{where}: application {application!r} has scheme {scheme!r}; use a local path or one "
                             f"of {', '.join(APPLICATION_SCHEMES)}")
-    if not application.rstrip("/").endswith(".py"):
+    # A template ending in an expression ("{{ params.app }}") is judged once rendered (render_stage).
+    if not application.rstrip("/").endswith(".py") and not application.rstrip().endswith("}}"):
         raise PipelineError(f"{where}: application {application!r} is not a .py file (a PySpark application "
                             "using StageContext)")
 
@@ -434,13 +436,26 @@ def _check_count(where: str, name: str, value: Any, minimum: int) -> None:
         raise PipelineError(f"{where}: {name} must be an integer from {minimum} to {MAX_PARALLELISM}, got {value!r}")
 
 
+TEMPLATE_START = "{{"
+
+
+def is_template(value: Any) -> bool:
+    """Whether a string holds a Jinja expression (rendered per DAG run by Airflow)."""
+    return isinstance(value, str) and TEMPLATE_START in value
+
+
 def _check_source(where: str, source: SourceSpec) -> None:
-    """A source path must be absolute: a relative one would be read against the worker's cwd."""
+    """A source path must be absolute: a relative one would be read against the worker's cwd.
+
+    A templated path (``/data/{{ ds }}``) is judged by the part before its first expression when the DAG
+    is parsed (a path that starts with an expression is judged only once rendered: :func:`render_stage`).
+    """
     path = source.path
     if not isinstance(path, str) or not path.strip() or path.strip() == "None":
         raise PipelineError(f"{where}: source path is empty; give the absolute path of a Parquet directory, file "
                             "or glob")
-    if not posixpath.isabs(path):
+    fixed = path.split(TEMPLATE_START, 1)[0]
+    if fixed and not posixpath.isabs(fixed):
         raise PipelineError(f"{where}: source path {path!r} is relative; it would be read against the worker's "
                             "current directory. Give an absolute path")
     if source.format != "parquet":
@@ -468,3 +483,74 @@ def split_files(files: list[tuple[str, int]], parallelism: int) -> list[list[tup
     for split in splits:
         split.sort()
     return splits
+
+
+@dataclass(frozen=True)
+class RenderedStage:
+    """A stage's templated fields as Airflow rendered them for one DAG run (operator ``template_fields``)."""
+
+    application: str
+    application_args: tuple[str, ...]
+    spark_conf: dict[str, str]
+    source_paths: dict[str, str]
+
+    @classmethod
+    def of(cls, spec: StageSpec) -> RenderedStage:
+        """The stage's fields as declared (templates not rendered yet): what the operator hands to Airflow."""
+        return cls(application=spec.application, application_args=tuple(spec.application_args),
+                   spark_conf=dict(spec.spark_conf),
+                   source_paths={n: s.path for n, s in spec.inputs.items() if isinstance(s, SourceSpec)})
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON for trigger arguments (each key is also an operator template field)."""
+        return {"application": self.application, "application_args": list(self.application_args),
+                "spark_conf": dict(self.spark_conf), "source_paths": dict(self.source_paths)}
+
+
+def render_stage(graph: PipelineGraph, stage: str, rendered: RenderedStage) -> PipelineGraph:
+    """``graph`` with ``stage``'s templated fields replaced by their rendered values, checked as at parse.
+
+    Raises PipelineError naming pipeline, stage and input (with the template and what it rendered to)
+    for a value that renders empty, relative, not a string, or still holding an expression.
+    """
+    spec = graph.stages[stage]
+    where = f"pipeline {graph.name!r}, stage {stage!r}"
+
+    def rendered_text(what: str, template: Any, value: Any) -> str:
+        shown = f" (rendered from {template!r})" if template != value else ""
+        if not isinstance(value, str) or not value.strip():
+            raise PipelineError(f"{where}: {what} is {value!r}{shown}; a template rendered empty or not to a string")
+        if is_template(value):
+            raise PipelineError(f"{where}: {what} {value!r} still holds a template after rendering{shown}")
+        return value
+
+    application = rendered_text("application", spec.application, rendered.application)
+    if application.strip() == "None":
+        raise PipelineError(f"{where}: application rendered to 'None' (from {spec.application!r})")
+    try:
+        _check_application(where, application)
+    except PipelineError as exc:
+        raise PipelineError(f"{exc} (rendered from {spec.application!r})") from None
+    if not isinstance(rendered.application_args, list | tuple):
+        raise PipelineError(f"{where}: application_args rendered to {rendered.application_args!r}, not a list")
+    args = tuple(str(a) for a in rendered.application_args)
+    if not isinstance(rendered.spark_conf, dict):
+        raise PipelineError(f"{where}: spark_conf rendered to {rendered.spark_conf!r}, not a mapping")
+    conf = {str(k): str(v) for k, v in rendered.spark_conf.items()}
+    inputs: dict[str, SourceSpec | ExchangeSpec] = dict(spec.inputs)
+    for name, source in spec.inputs.items():
+        if not isinstance(source, SourceSpec) or name not in rendered.source_paths:
+            continue
+        path = rendered_text(f"input {name!r}: source path", source.path, rendered.source_paths[name])
+        replaced = replace(source, path=path)
+        try:
+            _check_source(f"{where}, input {name!r}", replaced)
+            problem = source_root_problem(path)
+            if problem:
+                raise PipelineError(f"{where}, input {name!r}: {problem}")
+        except PipelineError as exc:
+            raise PipelineError(f"{exc} (rendered from {source.path!r})") from None
+        inputs[name] = replaced
+    stages = dict(graph.stages)
+    stages[stage] = replace(spec, application=application, inputs=inputs, application_args=args, spark_conf=conf)
+    return replace(graph, stages=stages)

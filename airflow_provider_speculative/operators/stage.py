@@ -21,7 +21,7 @@ from airflow_provider_speculative.control.commit import (
 )
 from airflow_provider_speculative.control.planning import HybridWait, RunInfo, StagePlanner, stage_config
 from airflow_provider_speculative.control.sources import application_path
-from airflow_provider_speculative.core.graph import PipelineGraph
+from airflow_provider_speculative.core.graph import PipelineGraph, RenderedStage
 from airflow_provider_speculative.core.plan import StagePlan, load_plan
 from airflow_provider_speculative.core.readiness import partition_key
 from airflow_provider_speculative.exceptions import StageFailedError
@@ -50,7 +50,9 @@ class SparkStageOperator(BaseOperator):
     Built by :class:`~airflow_provider_speculative.pipeline.Pipeline`; not usually instantiated by hand.
     """
 
-    template_fields = ("sink_args",)
+    # Rendered per DAG run (on a worker before execute, or by the triggerer for a stage started there) and
+    # checked after rendering when the stage is planned (core/graph.py render_stage).
+    template_fields = ("sink_args", "application", "application_args", "spark_conf", "source_paths")
     operator_extra_links = (StageViewLink(), SparkHistoryLink())
     ui_color = "#f4a460"
 
@@ -74,6 +76,11 @@ class SparkStageOperator(BaseOperator):
         self.stage = stage
         self.sink = sink
         self.sink_args = sink.describe() if sink is not None else None
+        declared = RenderedStage.of(graph.stages[stage])
+        self.application = declared.application
+        self.application_args = list(declared.application_args)
+        self.spark_conf = dict(declared.spark_conf)
+        self.source_paths = dict(declared.source_paths)
         self.force_rerun = force_rerun
         self.asset_partitioned = asset_partitioned
         self.commit_in_triggerer = commit_in_triggerer
@@ -100,7 +107,8 @@ class SparkStageOperator(BaseOperator):
             next_method="resume_from_trigger",
             trigger_kwargs={"graph": graph, "stage": self.stage, "sink_class": sink["class"] if sink else None,
                             "sink_args": self.sink_args, "declared_sink": json.loads(json.dumps(self.sink_args)),
-                            "force_rerun": self.force_rerun, "publish": bool(self.outlets)},
+                            "force_rerun": self.force_rerun, "publish": bool(self.outlets),
+                            **RenderedStage.of(self.graph.stages[self.stage]).to_json()},
             next_kwargs=None, timeout=None)
 
     def _planner(self, context: Any) -> StagePlanner:
@@ -112,7 +120,12 @@ class SparkStageOperator(BaseOperator):
                       conf=dict((dag_run.conf or {}) if dag_run is not None else {}))
         return StagePlanner(self.graph, self.stage, sink=self._rendered_sink() if self.sink else None,
                             declared_sink=self.sink.describe() if self.sink is not None else None, run=run,
-                            force_rerun=self.force_rerun, logger=self.log)
+                            force_rerun=self.force_rerun, logger=self.log, rendered=self._rendered_stage())
+
+    def _rendered_stage(self) -> RenderedStage:
+        """The templated stage fields as Airflow rendered them before this worker run."""
+        return RenderedStage(application=self.application, application_args=tuple(self.application_args or ()),
+                             spark_conf=dict(self.spark_conf or {}), source_paths=dict(self.source_paths or {}))
 
     def execute(self, context: Any) -> Any:
         """Resolve the plan, write plan.json, and defer to the stage controller (recording the task's state)."""

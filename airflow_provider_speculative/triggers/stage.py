@@ -18,7 +18,7 @@ from typing import Any
 from airflow.triggers.base import TriggerEvent
 
 from airflow_provider_speculative.control.planning import HybridWait, RunInfo, StagePlanner
-from airflow_provider_speculative.core.graph import PipelineGraph
+from airflow_provider_speculative.core.graph import PipelineGraph, RenderedStage
 from airflow_provider_speculative.exceptions import PlanError, UpstreamFailedError, UpstreamSkippedError
 from airflow_provider_speculative.sinks.base import Sink
 from airflow_provider_speculative.store import journal as journals
@@ -37,7 +37,9 @@ class StageStartTrigger(StageControllerTrigger):
     def __init__(self, graph: dict[str, Any], stage: str, sink_class: str | None = None,
                  sink_args: dict[str, Any] | None = None, declared_sink: dict[str, Any] | None = None,
                  force_rerun: bool = False, publish: bool = False, plan_path: str = "",
-                 deferred_at: float = 0.0, commit: dict[str, Any] | None = None) -> None:
+                 deferred_at: float = 0.0, commit: dict[str, Any] | None = None, application: str | None = None,
+                 application_args: list[str] | None = None, spark_conf: dict[str, str] | None = None,
+                 source_paths: dict[str, str] | None = None) -> None:
         super().__init__(plan_path=plan_path, deferred_at=deferred_at, commit=commit)
         self.graph = graph
         self.stage = stage
@@ -47,12 +49,19 @@ class StageStartTrigger(StageControllerTrigger):
         self.declared_sink = declared_sink
         self.force_rerun = force_rerun
         self.publish = publish
+        # Template fields of the operator too: the triggerer renders them before run() (None: an older trigger).
+        self.application = application
+        self.application_args = application_args
+        self.spark_conf = spark_conf
+        self.source_paths = source_paths
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         """The parse-time arguments: a restarted triggerer plans again from them and the store."""
         return (f"{type(self).__module__}.{type(self).__qualname__}",
                 {"graph": self.graph, "stage": self.stage, "sink_class": self.sink_class, "sink_args": self.sink_args,
-                 "declared_sink": self.declared_sink, "force_rerun": self.force_rerun, "publish": self.publish})
+                 "declared_sink": self.declared_sink, "force_rerun": self.force_rerun, "publish": self.publish,
+                 "application": self.application, "application_args": self.application_args,
+                 "spark_conf": self.spark_conf, "source_paths": self.source_paths})
 
     def needs_guard(self) -> bool:
         """No worker ran before this deferral, so no stale executor event exists."""
@@ -77,9 +86,13 @@ class StageStartTrigger(StageControllerTrigger):
         sink = None
         if self.sink_class is not None:
             sink = Sink.from_json({"class": self.sink_class, "kwargs": self.sink_args or {}})
+        rendered = None
+        if self.application is not None:
+            rendered = RenderedStage(application=self.application, application_args=tuple(self.application_args or ()),
+                                     spark_conf=dict(self.spark_conf or {}), source_paths=dict(self.source_paths or {}))
         return StagePlanner(PipelineGraph.from_json(self.graph), self.stage, sink=sink,
                             declared_sink=self.declared_sink, run=self._run_info(), force_rerun=self.force_rerun,
-                            logger=self.log)
+                            logger=self.log, rendered=rendered)
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         """Wait for the producers' commits, plan, then control and commit the stage; yield one event."""

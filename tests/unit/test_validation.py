@@ -154,8 +154,11 @@ def plan(tmp: Path, *, inputs: dict[str, Any] | None = None, parallelism: int = 
     p.stage("s", application=application, parallelism=parallelism,
             inputs=inputs if inputs is not None else {"rows": parquet_source(str(parquet_dir(tmp)))}, sink=sink)
     operator = SparkStageOperator(task_id="s", graph=p.graph(), stage="s", sink=sink)
-    if rendered is not None:
-        operator.sink_args = rendered
+    for field, value in (rendered or {}).items():
+        if field in ("application", "application_args", "spark_conf", "source_paths"):
+            setattr(operator, field, value)  # a templated stage field as Airflow rendered it
+        else:
+            operator.sink_args = {**(operator.sink_args or {}), field: value}
     operator.execute({"dag": SimpleNamespace(dag_id="validation_dag"), "run_id": f"run_{tmp.name}",
                       "ti": SimpleNamespace(try_number=1), "logical_date": None, "dag_run": None})
 
@@ -429,6 +432,15 @@ CASES = [
     Case("source-corrupt-footer", corrupt_footer, PlanError,
          r"stage 's', input 'rows': source '.*rows': .*part-9.parquet is not a Parquet file: its Parquet footer "
          r"cannot be read"),
+    Case("source-template-renders-relative",
+         lambda t: plan(t, inputs={"rows": parquet_source("{{ params.root }}/rows")},
+                        rendered={"source_paths": {"rows": "rows"}}), PipelineError,
+         r"pipeline 'p', stage 's', input 'rows': source path 'rows' is relative; .* \(rendered from "
+         r"'\{\{ params.root \}\}/rows'\)"),
+    Case("application-template-renders-empty",
+         lambda t: plan(t, application="{{ params.app }}", rendered={"application": ""}), PipelineError,
+         r"pipeline 'p', stage 's': application is '' \(rendered from '\{\{ params.app \}\}'\); a template "
+         r"rendered empty"),
     Case("join-key-types-differ", lambda t: join_plan(t, "string", "long"), PlanError,
          r"pipeline 'p', stage 'j': key column 1 differs in type between inputs: 'l'.id is string, 'r'.k is long"),
     Case("join-key-floating", lambda t: join_plan(t, "double", "double"), PlanError,
