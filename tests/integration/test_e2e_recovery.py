@@ -581,6 +581,10 @@ def check_clear_producer(dep: Deployment) -> None:
     scan, aggregate = (layout(dep, EAGER_DAG, run_id, name) for name in STAGES)
     first_scan = read(scan.committed)
     assert first_scan is not None and first_scan["try_number"] == 1
+    # The triggerer rendered the scan's templated fields before planning it ({{ run_id }}, {{ params.lineitem }}).
+    scan_plan = read(scan.plan)
+    assert scan_plan["application_args"] == ["--run", run_id]
+    assert scan_plan["subtasks"][0]["inputs"]["lineitem"]["files"][0]["path"].startswith(str(dep.data.resolve()))
     # The aggregate was deferred from the run's start and waited in the triggerer for the scan's commit.
     waited = events(aggregate, "inputs_committed")
     assert len(waited) == 1 and events(aggregate, "plan_decided")[0]["at"] >= first_scan["committed_at"]

@@ -16,7 +16,8 @@ can be killed at a known point. In ``e2e_q1_barrier`` both stages start in the t
 (fault injection ``hold_commit``) holds that trigger after it wrote ``committed.json`` and before its
 event ends the task (``<stage dir>/commit.held``, until ``commit.release`` exists): the triggerer can be
 killed between the two.
-``e2e_q1_eager`` is the plain default pipeline (cleared with its downstream by a test), and
+``e2e_q1_eager`` is the default pipeline with its scan's source path and arguments templated (cleared with
+its downstream by a test), and
 ``e2e_q1_broken`` one whose scan fails at plan (a missing application), so its waiting aggregate fails.
 Paths come from ``SPECULATIVE_EXAMPLE_DATA``, ``SPECULATIVE_EXAMPLE_OUTPUT`` and ``SPECULATIVE_E2E_CONTROL``.
 """
@@ -73,15 +74,22 @@ def hold_before_finalize(context: Any) -> None:
 
 
 def q1_dag(dag_id: str, *, schedule: str | None, scan_config: dict[str, Any] | None = None,
-           commit_in_triggerer: bool = True, scan_application: str = "q1_scan.py") -> DAG:
-    """The 2-stage Q1 pipeline as DAG ``dag_id``, sink ``$SPECULATIVE_EXAMPLE_OUTPUT/<dag_id>/<ds>``."""
+           commit_in_triggerer: bool = True, scan_application: str = "q1_scan.py", templated: bool = False) -> DAG:
+    """The 2-stage Q1 pipeline as DAG ``dag_id``, sink ``$SPECULATIVE_EXAMPLE_OUTPUT/<dag_id>/<ds>``.
+
+    ``templated``: the scan's source path comes from a DAG param and its application arguments name the run
+    (``{{ params.lineitem }}``, ``{{ run_id }}``): Airflow's triggerer renders them for a stage started there.
+    """
     default_args = {"retries": 1, "retry_delay": timedelta(seconds=5)}
     with DAG(dag_id=dag_id, schedule=schedule, start_date=pendulum.datetime(2026, 1, 1, tz="UTC"), catchup=False,
-             max_active_runs=3, default_args=default_args, tags=["speculative", "e2e"]) as dag, \
+             max_active_runs=3, default_args=default_args, tags=["speculative", "e2e"],
+             params={"lineitem": os.environ["SPECULATIVE_EXAMPLE_DATA"]}) as dag, \
             Pipeline(dag_id, config={"check_interval": "500ms"},
                           spark_conf={"spark.sql.shuffle.partitions": "4"}) as pipeline:
+        source = "{{ params.lineitem }}" if templated else os.environ["SPECULATIVE_EXAMPLE_DATA"]
         scan = pipeline.stage("scan", application=str(APPS / scan_application), parallelism=2,
-                              inputs={"lineitem": parquet_source(os.environ["SPECULATIVE_EXAMPLE_DATA"])},
+                              inputs={"lineitem": parquet_source(source)},
+                              application_args=["--run", "{{ run_id }}"] if templated else (),
                               config=scan_config, pre_execute=hold_before_finalize,
                               commit_in_triggerer=commit_in_triggerer)
         pipeline.stage("aggregate", application=str(APPS / "q1_final.py"), parallelism=1,
@@ -94,6 +102,6 @@ def q1_dag(dag_id: str, *, schedule: str | None, scan_config: dict[str, Any] | N
 e2e_q1 = q1_dag("e2e_q1", schedule="@daily", commit_in_triggerer=False)
 e2e_q1_barrier = q1_dag("e2e_q1_barrier", schedule=None, scan_config={"fault_injection": {"barrier": True}})
 e2e_q1_commit = q1_dag("e2e_q1_commit", schedule=None, scan_config={"fault_injection": {"hold_commit": True}})
-e2e_q1_eager = q1_dag("e2e_q1_eager", schedule=None)
+e2e_q1_eager = q1_dag("e2e_q1_eager", schedule=None, templated=True)
 # Its scan cannot plan (the application does not exist): the aggregate, waiting in the triggerer, must fail.
 e2e_q1_broken = q1_dag("e2e_q1_broken", schedule=None, scan_application="no_such_scan.py")
