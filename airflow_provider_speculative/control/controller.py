@@ -53,7 +53,7 @@ from airflow_provider_speculative.core.messages import (
 from airflow_provider_speculative.core.plan import StagePlan
 from airflow_provider_speculative.core.scheduler import StageScheduler
 from airflow_provider_speculative.core.slots import TargetView
-from airflow_provider_speculative.core.speed import run_slowness
+from airflow_provider_speculative.core.speed import SLOW_FACTOR, run_slowness
 from airflow_provider_speculative.core.states import TERMINAL, Attempt, AttemptState
 from airflow_provider_speculative.sinks.base import Sink, StagingScope
 from airflow_provider_speculative.store import changes
@@ -61,7 +61,7 @@ from airflow_provider_speculative.store.files import atomic_write_json, create_e
 from airflow_provider_speculative.store.journal import Journal
 from airflow_provider_speculative.store.layout import StageLayout
 from airflow_provider_speculative.store.results import remove_attempt_output
-from airflow_provider_speculative.store.speeds import read_history, record_speeds
+from airflow_provider_speculative.store.speeds import claim_probe, read_history, record_speeds
 
 # Every live attempt's files are re-read at least this often, notices or not (lost notices, launch
 # timeouts); its process is probed (a signal 0 on this host) at least this often.
@@ -111,8 +111,11 @@ class StageController:
         self.backends: dict[str, Backend] = (backends if backends is not None
                                              else plan_backends(plan, self.layout, self.target_env))
         self.observer = observer if observer is not None else attempt_observer(self.layout)
-        history, measured = read_history(self.layout.root, [t.name for t in self.config.targets], clock(),
-                                         run=f"{plan['dag_id']}/{plan['run_id']}")
+        run_key = f"{plan['dag_id']}/{plan['run_id']}"
+        history, measured = read_history(self.layout.root, [t.name for t in self.config.targets], clock(), run=run_key)
+        # One probe original per DAG run for a target only an earlier run found slow (store/speeds.py).
+        probes = frozenset(t for t, f in history.items() if f >= SLOW_FACTOR and t not in measured
+                           and claim_probe(self.layout.root, t, run_key, clock()))
         self.scheduler = StageScheduler(
             parallelism=plan["parallelism"], config=self.config,
             input_bytes={i: s["input_bytes"] for i, s in enumerate(plan["subtasks"]) if s.get("input_bytes")},
@@ -122,7 +125,7 @@ class StageController:
                        for name, info in (plan.get("upstream_info") or {}).items()},
             label=f"pipeline {plan['dag_id']}, stage {plan['stage']}",
             hybrid=hybrid_edges(plan),
-            target_history=history, measured_this_run=measured)
+            target_history=history, probe_targets=probes)
         # FLIP-159: slots belong to the target and are claimed in the store by every stage using it.
         self.slots = SlotLedger(self.layout, self.config, self.journal)
         self.watcher = watcher if watcher is not None else TargetWatcher(

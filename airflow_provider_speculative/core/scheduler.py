@@ -130,8 +130,9 @@ class StageScheduler:
     label: str = "this stage"
     # Slowness of targets in earlier stage runs on this store (core/speed.py), for the first wave.
     target_history: dict[str, float] = field(default_factory=dict)
-    # Targets whose history an earlier stage of this DAG run wrote: measured already, no probe needed.
-    measured_this_run: frozenset[str] = frozenset()
+    # Targets this stage run may send one probe original to although history calls them slow (the
+    # controller claimed the DAG run's one probe of each in the store: store/speeds.py claim_probe).
+    probe_targets: frozenset[str] = frozenset()
     # Subtask -> (since, why) while an original waits for a faster target's slot.
     held: dict[int, tuple[float, str]] = field(default_factory=dict)
     speeds: Speeds | None = None
@@ -705,10 +706,10 @@ class StageScheduler:
                 if holds is None:
                     holds = HoldPlanner.build(speeds, self.live_attempts(), self._slot_counts(), self.input_bytes, now)
                     tried = {a.target for a in self.all_attempts()}
-                # A target only an earlier DAG run calls slow gets one original per stage run: a node that was
+                # A target only an earlier DAG run calls slow gets one original per DAG run: a node that was
                 # fixed is measured again instead of being avoided until its record expires.
                 probe = (speeds.source.get(target.name) == "history" and target.name not in tried
-                         and target.name not in self.measured_this_run)
+                         and target.name in self.probe_targets)
                 held = None if probe else holds.hold_for(target.name, self._placeable(now))
                 if held is not None:
                     faster, finish, here = held

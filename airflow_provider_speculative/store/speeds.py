@@ -3,18 +3,21 @@
 One small file per target, rewritten (atomically) when a stage run that measured two or more targets
 completes; the last writer wins. A record older than :data:`MAX_AGE` is ignored, so a node that was
 slow last week is not avoided forever; a target that history from an earlier DAG run calls slow still
-gets one original per stage run (a probe, see ``core/scheduler.py``), so a node that was fixed is
+gets one original in one stage of the next DAG run (a probe, see ``core/scheduler.py``; claimed in
+``probes/`` so that concurrent stages of a run do not each send one), so a node that was fixed is
 measured again. A record written by an earlier stage of the same DAG run needs no probe.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from airflow_provider_speculative.exceptions import StoreError
-from airflow_provider_speculative.store.files import atomic_write_json, read_json
+from airflow_provider_speculative.store.files import atomic_write_json, create_exclusive_json, read_json
 from airflow_provider_speculative.store.layout import safe_component
 from airflow_provider_speculative.store.slots import TARGETS_DIR
 
@@ -55,3 +58,22 @@ def record_speeds(root: Path, slowness: Mapping[str, float], now: float, where: 
     for target, factor in slowness.items():
         with contextlib.suppress(StoreError, OSError):
             atomic_write_json(speed_path(root, target), {"slowness": round(factor, 3), "at": now, "from": where})
+
+
+def claim_probe(root: Path, target: str, run: str, now: float) -> bool:
+    """Claim the one probe of ``target`` for DAG run ``run`` (``"<dag_id>/<run_id>"``); False if taken.
+
+    Exclusive create, so of several stages of a run starting at once exactly one probes; claims older
+    than :data:`MAX_AGE` are pruned on the way (at most one file per DAG run and slow target).
+    """
+    probes = Path(root) / TARGETS_DIR / safe_component(target) / "probes"
+    name = hashlib.sha256(run.encode()).hexdigest()[:24] + ".json"
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(probes):
+            with contextlib.suppress(OSError):
+                if now - entry.stat().st_mtime > MAX_AGE and entry.name != name:
+                    os.unlink(entry.path)
+    try:
+        return create_exclusive_json(probes / name, {"run": run, "at": now})
+    except (StoreError, OSError):
+        return False  # a store that cannot take it: no probe, history stays until it expires

@@ -46,3 +46,21 @@ def test_a_completed_run_records_each_targets_slowness_for_the_next(tmp_path: Pa
     assert read_json(speed_path(tmp_path / "store", "local-a"))["slowness"] == 1.0
     record = read_json(speed_path(tmp_path / "store", "local-b"))
     assert record["slowness"] == pytest.approx(4.0, rel=0.05) and record["from"] == "d/r/scan"
+
+
+def test_of_two_stages_of_a_run_only_one_sends_the_probe(tmp_path: Path) -> None:
+    from airflow_provider_speculative.control.controller import StageController
+    from airflow_provider_speculative.store.files import atomic_write_json
+    from airflow_provider_speculative.store.layout import StageLayout
+    from tests.unit.control.test_controller import Clock, FakeBackend, make_plan
+
+    record_speeds(tmp_path / "store", {"local-a": 1.0, "local-b": 4.0}, now=999.0, where="d/r0/scan")
+    h = harness(tmp_path, parallelism=8)
+    assert h.controller.scheduler.probe_targets == {"local-b"}
+    plan = {**make_plan(tmp_path / "store", 8), "stage": "other"}
+    layout = StageLayout(tmp_path / "store", "d", "r", "other")
+    atomic_write_json(layout.plan, plan)
+    clock = Clock()
+    backend = FakeBackend(layout, clock)
+    other = StageController(plan, clock=clock, backends={"local-a": backend, "local-b": backend}, observer=backend)
+    assert other.scheduler.probe_targets == frozenset()

@@ -62,12 +62,12 @@ def test_hold_queue_gives_later_subtasks_a_later_slot() -> None:
     assert [d[1] if d else None for d in decisions] == [2.0, 2.0, 3.0, 3.0, None, None]
 
 
-def scheduler(parallelism: int, history: dict[str, float] | None = None, this_run: frozenset[str] = frozenset(),
+def scheduler(parallelism: int, history: dict[str, float] | None = None, probe: frozenset[str] = frozenset({"slow"}),
               **config: object) -> StageScheduler:
     targets = [{"name": "fast", "slots": 2}, {"name": "slow", "slots": 2}]
     cfg = SpeculativeConfig().with_overrides({"targets": targets, **config}, "test")
     return StageScheduler(parallelism=parallelism, config=cfg, input_bytes=dict(SIZES),
-                          target_history=dict(history or {}), measured_this_run=this_run)
+                          target_history=dict(history or {}), probe_targets=probe)
 
 
 def test_equal_targets_are_filled_evenly_and_nothing_is_held() -> None:
@@ -86,8 +86,8 @@ def test_first_wave_avoids_a_target_that_history_says_is_4x_slower() -> None:
     assert "4.0x slower, history" in sched.held[3][1]
 
 
-def test_no_probe_for_a_target_an_earlier_stage_of_this_dag_run_measured() -> None:
-    sched = scheduler(8, history={"fast": 1.0, "slow": 4.0}, this_run=frozenset({"slow", "fast"}))
+def test_no_probe_without_the_dag_runs_probe_claim() -> None:
+    sched = scheduler(8, history={"fast": 1.0, "slow": 4.0}, probe=frozenset())
     # As in the first-wave test, without the probe: 2-5 wait for fast, 6 and 7 run on slow.
     assert launched(step(sched, 0.0)) == [(0, 0, "fast"), (1, 0, "fast"), (6, 0, "slow"), (7, 0, "slow")]
     assert sorted(sched.held) == [2, 3, 4, 5]

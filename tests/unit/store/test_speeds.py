@@ -31,3 +31,18 @@ def test_a_damaged_or_foreign_record_is_no_history(tmp_path: Path) -> None:
 
 def test_a_target_name_cannot_leave_the_targets_directory(tmp_path: Path) -> None:
     assert speed_path(tmp_path, "../../etc").parent.parent == tmp_path / "_targets"
+
+
+def test_one_probe_per_dag_run_and_old_claims_are_pruned(tmp_path: Path) -> None:
+    import os
+
+    from airflow_provider_speculative.store.speeds import claim_probe
+
+    assert claim_probe(tmp_path, "slow", "d/r1", now=100.0)
+    assert not claim_probe(tmp_path, "slow", "d/r1", now=101.0)  # a concurrent stage of the same run
+    assert claim_probe(tmp_path, "slow", "d/r2", now=102.0) and claim_probe(tmp_path, "other", "d/r1", now=103.0)
+    probes = tmp_path / "_targets" / "slow" / "probes"
+    for entry in probes.iterdir():
+        os.utime(entry, (0.0, 0.0))
+    assert claim_probe(tmp_path, "slow", "d/r3", now=MAX_AGE + 10.0)
+    assert len(list(probes.iterdir())) == 1  # r1's and r2's claims were older than MAX_AGE
