@@ -103,3 +103,22 @@ def test_image_has_java_and_the_provider() -> None:
     dockerfile = (DOCKER / "Dockerfile").read_text()
     assert dockerfile.startswith("#") and "FROM apache/airflow:3.3." in dockerfile and "-python3.11" in dockerfile
     assert "openjdk-17" in dockerfile and "pip install" in dockerfile and "/opt/provider" in dockerfile
+
+
+def test_every_long_running_service_has_a_health_check_and_restarts(compose: dict) -> None:
+    """As in Airflow's own compose file: a service that is up is also checked to be healthy."""
+    for name, service in compose["services"].items():
+        if name == "airflow-init":
+            assert service["restart"] == "no"  # a one-shot migration
+            continue
+        assert service.get("restart") == "always", name
+        check = service.get("healthcheck") or {}
+        assert check.get("test") and check.get("interval"), f"{name} has no health check"
+    # The scheduler's check needs its health endpoint switched on.
+    env = compose["services"]["airflow-scheduler"]["environment"]
+    assert env["AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK"] == "True"
+    assert "8974/health" in " ".join(compose["services"]["airflow-scheduler"]["healthcheck"]["test"])
+    # Spark services start in order, each after the one it registers with is healthy.
+    for worker, connect in WORKERS.items():
+        assert compose["services"][worker]["depends_on"]["spark-master"]["condition"] == "service_healthy"
+        assert compose["services"][connect]["depends_on"][worker]["condition"] == "service_healthy"
