@@ -69,9 +69,17 @@ def _utc_offset(now: float, tz: tzinfo | None) -> str:
     return f"UTC{offset[:3]}:{offset[3:]}" if offset else "UTC"
 
 
-def slot_lines(stage: dict[str, Any]) -> list[str]:
-    """Live slots per target at the controller's last check, lost nodes, and the stage's wait, one per line."""
+def slot_lines(stage: dict[str, Any], now: float | None = None) -> list[str]:
+    """Live slots per target at the controller's last check, lost nodes, and the stage's wait, one per line.
+
+    The views are what the controller last saw, not a live probe: the first line says how old they are.
+    """
     lines = []
+    observed = stage.get("slots_observed_at")
+    if stage.get("slots") and isinstance(observed, int | float):
+        ago = (time.time() if now is None else now) - observed
+        state = "; the stage is over" if stage.get("committed") or stage.get("failed") else ""
+        lines.append(f"as of the controller's last check, {format_duration(max(0.0, ago))} ago{state}:")
     for name, view in sorted((stage.get("slots") or {}).items()):
         state = "live" if view.get("live") else f"LOST ({view.get('reason') or 'not live'})"
         nodes = f", workers {', '.join(view['nodes'])}" if view.get("nodes") else ""
@@ -106,7 +114,7 @@ def format_table(report: dict[str, Any], now: float | None = None, tz: tzinfo | 
             + (f", results expired (removed by gc at {format_time(stage['expired']['at'], now, tz)})"
                if stage.get("expired") else ""))
         lines.append(f"  parallelism: {stage.get('parallelism_line') or 'fixed'}")
-        lines += [f"  slots: {line}" for line in slot_lines(stage)]
+        lines += [f"  slots: {line}" for line in slot_lines(stage, now)]
         lines += [f"  warning: {w}" for w in stage.get("plan_warnings") or []]
         lines += [f"  skew: {note}" for note in stage.get("skew_splits") or []]
         lines += [f"  inputs: {note}" for note in stage.get("input_waits") or []]

@@ -185,6 +185,7 @@ def stage_report(layout: StageLayout, plan: Mapping[str, Any], *, liveness: str 
         "blocked_nodes": summary.get("blocked_nodes", {}), "baseline_seconds": summary.get("baseline_seconds"),
         # FLIP-159: what each target offered at the controller's last check, and why the stage waits.
         "slots": summary.get("slots") or {}, "slot_status": summary.get("slot_status"),
+        "slots_observed_at": summary.get("updated_at"),
         "lost_nodes": summary.get("lost_nodes") or {},
         "target_lost_attempts": summary.get("target_lost_attempts", 0),
         "subtasks": subtasks, "journal_events": len(read_jsonl(layout.journal)),
