@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -49,6 +50,19 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     from airflow_provider_speculative.backends import forkserver
 
     forkserver.stop_servers()
+
+
+@pytest.fixture(autouse=True)
+def _no_target_speed_history() -> None:
+    """Every test starts without the target speed records earlier tests left in the session's store.
+
+    Placement reads them (core/speed.py): a test whose fault injection slowed ``local-b`` would make the
+    next test's first wave avoid it. A test that wants history writes it itself.
+    """
+    for record in (SESSION_DIR / "store" / "_targets").glob("*/speed.json"):
+        record.unlink(missing_ok=True)
+    for probes in (SESSION_DIR / "store" / "_targets").glob("*/probes"):
+        shutil.rmtree(probes, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -19,6 +19,7 @@ import pytest
 
 from airflow_provider_speculative.control.lifecycle import SINK_STAGING, execute_gc, list_sink_staging, plan_gc
 from airflow_provider_speculative.core.graph import PipelineGraph, SourceSpec, StageSpec
+from airflow_provider_speculative.core.plan import PLAN_VERSION
 from airflow_provider_speculative.exceptions import StageFailedError
 from airflow_provider_speculative.sinks.base import InitializationContext, StagingScope
 from airflow_provider_speculative.sinks.postgres import PostgresSink, dsn_env_var
@@ -87,6 +88,7 @@ def write_attempts(spark: object, dsn: str, sink: PostgresSink, run_id: str, tmp
 def stage_plan(root: Path, sink: PostgresSink, run_id: str) -> StageLayout:
     layout = StageLayout(root, "dag", run_id, "write")
     atomic_write_json(layout.plan, {
+        "version": PLAN_VERSION, "targets": {},
         "stage": "write", "dag_id": "dag", "run_id": run_id, "store_root": str(root), "parallelism": SUBTASKS,
         "output": {"key": [], "max_parallelism": 32, "sink": sink.to_json()}, "subtasks": [], "consumers": [],
         "config": {}, "fingerprint": "fp"})
