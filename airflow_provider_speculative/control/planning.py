@@ -259,6 +259,10 @@ class StagePlanner:
                                    "(hybrid_input_timeout); did it start?")
         return HybridWait(self.where, watch)
 
+    def application(self) -> str:
+        """The stage's application (rendered) made absolute and checked to exist; PlanError naming the stage."""
+        return application_path(self.graph.stages[self.stage].application, self.where)
+
     def validate_sink(self) -> None:
         """Before any compute: a sink that would overwrite the store, a source or another stage's output."""
         if self.sink is None:
@@ -273,7 +277,7 @@ class StagePlanner:
     def decide(self, hybrid: dict[str, dict[str, Any]]) -> StagePlan:
         """Decide the plan from sources and committed upstreams (checks included); writes nothing."""
         spec = self.graph.stages[self.stage]
-        application = application_path(spec.application, self.where)
+        application = self.application()
         source_files = list_sources(spec, self.where)
         self.validate_sink()
         # A hybrid producer is planned on its plan (always, so a retry plans the same ranges), others on commits.

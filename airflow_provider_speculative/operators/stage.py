@@ -20,7 +20,6 @@ from airflow_provider_speculative.control.commit import (
     sink_finalizer,
 )
 from airflow_provider_speculative.control.planning import HybridWait, RunInfo, StagePlanner, stage_config
-from airflow_provider_speculative.control.sources import application_path
 from airflow_provider_speculative.core.graph import PipelineGraph, RenderedStage
 from airflow_provider_speculative.core.plan import StagePlan, load_plan
 from airflow_provider_speculative.core.readiness import partition_key
@@ -158,7 +157,7 @@ class SparkStageOperator(BaseOperator):
     def _plan_and_defer(self, planner: StagePlanner) -> Any:
         """Plan (once every hybrid producer has a plan), write plan.json, defer to the stage controller."""
         # Checks that need no upstream output come first, before waiting for hybrid producers.
-        application_path(self.graph.stages[self.stage].application, planner.where)
+        planner.application()
         planner.validate_sink()
         hybrid = planner.hybrid_inputs()
         if getattr(self.trigger_rule, "value", self.trigger_rule) == "always" and not isinstance(hybrid, HybridWait):

@@ -112,3 +112,16 @@ def test_parse_time_judges_the_fixed_part_of_a_templated_source_path(env: Path) 
     with pytest.raises(PipelineError, match=r"source path 'data/\{\{ ds \}\}' is relative"):
         _daily(env, source="data/{{ ds }}")
     assert _daily(env, source="{{ var.value.root }}/rows") is not None  # judged when rendered
+
+
+def test_a_templated_application_plans_on_the_worker_once_rendered(env: Path) -> None:
+    """The worker path checks the application before it waits for producers: the rendered one, not the template."""
+    op = _daily(env, application=f"{env}/{{{{ params.app }}}}.py")
+    op.application = str(env / "app.py")  # as Airflow renders it with params.app = "app"
+    for field in ("application_args", "spark_conf", "source_paths"):
+        setattr(op, field, _render(op, getattr(op, field)))
+    context = {"dag": SimpleNamespace(dag_id="d"), "run_id": "r3", "ti": SimpleNamespace(try_number=1),
+               "logical_date": pendulum.datetime(2026, 1, 1, tz="UTC"), "dag_run": SimpleNamespace(conf={})}
+    with pytest.raises(TaskDeferred) as deferred:
+        op.execute(context)
+    assert read_json(deferred.value.trigger.plan_path)["application"] == str(env / "app.py")
