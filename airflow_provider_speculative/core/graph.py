@@ -490,7 +490,7 @@ class RenderedStage:
     """A stage's templated fields as Airflow rendered them for one DAG run (operator ``template_fields``)."""
 
     application: str
-    application_args: tuple[str, ...]
+    application_args: list[str] | tuple[str, ...]
     spark_conf: dict[str, str]
     source_paths: dict[str, str]
 
@@ -500,6 +500,12 @@ class RenderedStage:
         return cls(application=spec.application, application_args=tuple(spec.application_args),
                    spark_conf=dict(spec.spark_conf),
                    source_paths={n: s.path for n, s in spec.inputs.items() if isinstance(s, SourceSpec)})
+
+    @classmethod
+    def rendered(cls, application: Any, application_args: Any, spark_conf: Any, source_paths: Any) -> RenderedStage:
+        """The values Airflow rendered, as they are: :func:`render_stage` refuses a wrong type naming it."""
+        return cls(application=application, application_args=application_args, spark_conf=spark_conf,
+                   source_paths=source_paths)
 
     def to_json(self) -> dict[str, Any]:
         """JSON for trigger arguments (each key is also an operator template field)."""
@@ -536,6 +542,8 @@ def render_stage(graph: PipelineGraph, stage: str, rendered: RenderedStage) -> P
     args = tuple(str(a) for a in rendered.application_args)
     if not isinstance(rendered.spark_conf, dict):
         raise PipelineError(f"{where}: spark_conf rendered to {rendered.spark_conf!r}, not a mapping")
+    if not isinstance(rendered.source_paths, dict):
+        raise PipelineError(f"{where}: source paths rendered to {rendered.source_paths!r}, not a mapping")
     conf = {str(k): str(v) for k, v in rendered.spark_conf.items()}
     inputs: dict[str, SourceSpec | ExchangeSpec] = dict(spec.inputs)
     for name, source in spec.inputs.items():

@@ -123,8 +123,7 @@ class SparkStageOperator(BaseOperator):
 
     def _rendered_stage(self) -> RenderedStage:
         """The templated stage fields as Airflow rendered them before this worker run."""
-        return RenderedStage(application=self.application, application_args=tuple(self.application_args or ()),
-                             spark_conf=dict(self.spark_conf or {}), source_paths=dict(self.source_paths or {}))
+        return RenderedStage.rendered(self.application, self.application_args, self.spark_conf, self.source_paths)
 
     def execute(self, context: Any) -> Any:
         """Resolve the plan, write plan.json, and defer to the stage controller (recording the task's state)."""

@@ -86,10 +86,8 @@ class StageStartTrigger(StageControllerTrigger):
         sink = None
         if self.sink_class is not None:
             sink = Sink.from_json({"class": self.sink_class, "kwargs": self.sink_args or {}})
-        rendered = None
-        if self.application is not None:
-            rendered = RenderedStage(application=self.application, application_args=tuple(self.application_args or ()),
-                                     spark_conf=dict(self.spark_conf or {}), source_paths=dict(self.source_paths or {}))
+        rendered = (RenderedStage.rendered(self.application, self.application_args, self.spark_conf, self.source_paths)
+                    if self.application is not None else None)
         return StagePlanner(PipelineGraph.from_json(self.graph), self.stage, sink=sink,
                             declared_sink=self.declared_sink, run=self._run_info(), force_rerun=self.force_rerun,
                             logger=self.log, rendered=rendered)
