@@ -53,7 +53,7 @@ from airflow_provider_speculative.core.messages import (
 from airflow_provider_speculative.core.plan import StagePlan
 from airflow_provider_speculative.core.scheduler import StageScheduler
 from airflow_provider_speculative.core.slots import TargetView
-from airflow_provider_speculative.core.speed import SLOW_FACTOR, run_slowness
+from airflow_provider_speculative.core.speed import probe_candidates, run_slowness
 from airflow_provider_speculative.core.states import TERMINAL, Attempt, AttemptState
 from airflow_provider_speculative.sinks.base import Sink, StagingScope
 from airflow_provider_speculative.store import changes
@@ -114,8 +114,8 @@ class StageController:
         run_key = f"{plan['dag_id']}/{plan['run_id']}"
         history, measured = read_history(self.layout.root, [t.name for t in self.config.targets], clock(), run=run_key)
         # One probe original per DAG run for a target only an earlier run found slow (store/speeds.py).
-        probes = frozenset(t for t, f in history.items() if f >= SLOW_FACTOR and t not in measured
-                           and claim_probe(self.layout.root, t, run_key, clock()))
+        probes = frozenset(t for t in probe_candidates(history, measured)
+                           if claim_probe(self.layout.root, t, run_key, clock()))
         self.scheduler = StageScheduler(
             parallelism=plan["parallelism"], config=self.config,
             input_bytes={i: s["input_bytes"] for i, s in enumerate(plan["subtasks"]) if s.get("input_bytes")},

@@ -46,7 +46,7 @@ def stage_summary(plan: Mapping[str, Any], sched: StageScheduler, views: Mapping
         # Speed-aware placement (core/speed.py): each target's slowness and where it came from.
         "target_speeds": ({t: {"slowness": round(f, 2), "source": sched.speeds.source.get(t, "run")}
                            for t, f in sorted(sched.speeds.slowness.items())} if sched.speeds else {}),
-        "held_subtasks": len(sched.held),
+        "held_subtasks": len(sched.held_back),
         "updated_at": now,
         **hybrid_summary(sched, hybrid),
     }

@@ -133,8 +133,8 @@ class StageScheduler:
     # Targets this stage run may send one probe original to although history calls them slow (the
     # controller claimed the DAG run's one probe of each in the store: store/speeds.py claim_probe).
     probe_targets: frozenset[str] = frozenset()
-    # Subtask -> (since, why) while an original waits for a faster target's slot.
-    held: dict[int, tuple[float, str]] = field(default_factory=dict)
+    # Subtask -> (since, why) while its original is held back for a faster target's slot (not a slot held).
+    held_back: dict[int, tuple[float, str]] = field(default_factory=dict)
     speeds: Speeds | None = None
 
     def __post_init__(self) -> None:
@@ -713,15 +713,15 @@ class StageScheduler:
                 held = None if probe else holds.hold_for(target.name, self._placeable(now))
                 if held is not None:
                     faster, finish, here = held
-                    self.held.setdefault(subtask, (now, f"held for faster target {faster} (expected to end in "
-                                                        f"{finish:.1f} there vs {here:.1f} on {target.name}, "
-                                                        f"{speeds.of(target.name):.1f}x slower, "
-                                                        f"{speeds.source.get(target.name, 'run')})"))
+                    self.held_back.setdefault(subtask, (now, f"for faster target {faster} (expected to end in "
+                                                             f"{finish:.1f} there vs {here:.1f} on {target.name}, "
+                                                             f"{speeds.of(target.name):.1f}x slower, "
+                                                             f"{speeds.source.get(target.name, 'run')})"))
                     self._wanting.add(subtask)
                     continue
-            if subtask in self.held:
-                since, why = self.held.pop(subtask)
-                reason += f"; {why.replace('held', f'held {now - since:.1f}s', 1)}"
+            if subtask in self.held_back:
+                since, why = self.held_back.pop(subtask)
+                reason += f"; held {now - since:.1f}s {why}"
             if self.free_slots is not None:
                 self.free_slots[target.name] -= 1
             number = max(self.attempts[subtask], default=-1) + 1

@@ -108,6 +108,12 @@ def observe(attempts: Iterable[Attempt], input_bytes: Mapping[int, int], now: fl
     return Speeds(slowness=slowness, source=source, fastest_per_byte=fastest)
 
 
+def probe_candidates(history: Mapping[str, float], measured_this_run: Iterable[str]) -> list[str]:
+    """Targets an earlier DAG run found slow and no stage of this run measured yet: each deserves one probe."""
+    measured = set(measured_this_run)
+    return sorted(t for t, factor in history.items() if factor >= SLOW_FACTOR and t not in measured)
+
+
 def run_slowness(attempts: Iterable[Attempt], input_bytes: Mapping[int, int]) -> dict[str, float]:
     """What a completed stage run measured of its targets (history keeps it); {} if under two targets.
 
@@ -124,9 +130,9 @@ def run_slowness(attempts: Iterable[Attempt], input_bytes: Mapping[int, int]) ->
 class HoldPlanner:
     """Decides, within one placement round, whether an original should wait for a faster target.
 
-    ``busy`` maps each faster candidate target to the remaining seconds (or units, before any attempt
-    finished) of the attempts holding its slots; every subtask held for a target takes that target's
-    earliest free slot, so later subtasks see a longer queue.
+    ``queues`` holds per target a heap of when each of its slots frees, in seconds from now (or in
+    units of one expected duration before any attempt finished); every subtask held for a target takes
+    that target's earliest slot and pushes back its own expected end, so later subtasks see a longer queue.
     """
 
     speeds: Speeds

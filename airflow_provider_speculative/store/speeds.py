@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -22,6 +23,8 @@ from airflow_provider_speculative.store.layout import safe_component
 from airflow_provider_speculative.store.slots import TARGETS_DIR
 
 MAX_AGE = 7 * 86400.0
+# What claim_probe names its files: pruning removes only these, never anything else in the directory.
+_PROBE_NAME = re.compile(r"^[0-9a-f]{24}\.json$")
 
 
 def speed_path(root: Path, target: str) -> Path:
@@ -71,7 +74,7 @@ def claim_probe(root: Path, target: str, run: str, now: float) -> bool:
     with contextlib.suppress(OSError):
         for entry in os.scandir(probes):
             with contextlib.suppress(OSError):
-                if now - entry.stat().st_mtime > MAX_AGE and entry.name != name:
+                if _PROBE_NAME.match(entry.name) and entry.name != name and now - entry.stat().st_mtime > MAX_AGE:
                     os.unlink(entry.path)
     try:
         return create_exclusive_json(probes / name, {"run": run, "at": now})

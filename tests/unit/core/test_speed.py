@@ -6,7 +6,7 @@ import pytest
 
 from airflow_provider_speculative.core.config import SpeculativeConfig
 from airflow_provider_speculative.core.scheduler import Launch, StageScheduler
-from airflow_provider_speculative.core.speed import HoldPlanner, observe, run_slowness
+from airflow_provider_speculative.core.speed import HoldPlanner, observe, probe_candidates, run_slowness
 from airflow_provider_speculative.core.states import Attempt, AttemptState
 from tests.unit.core.scheduler_helpers import step
 from tests.unit.core.test_scheduler import finished, launched, of, running
@@ -73,7 +73,7 @@ def scheduler(parallelism: int, history: dict[str, float] | None = None, probe: 
 def test_equal_targets_are_filled_evenly_and_nothing_is_held() -> None:
     sched = scheduler(8, history={"fast": 1.0, "slow": 1.2})
     assert [t for _, _, t in launched(step(sched, 0.0))] == ["fast", "slow", "fast", "slow"]
-    assert sched.held == {}
+    assert sched.held_back == {}
 
 
 def test_first_wave_avoids_a_target_that_history_says_is_4x_slower() -> None:
@@ -82,15 +82,15 @@ def test_first_wave_avoids_a_target_that_history_says_is_4x_slower() -> None:
     # Fast takes two, slow one probe (history alone never starves a target). For the next four, waiting
     # for fast (ends at 2 and 3 units) beats 4 units on slow; the last would wait until 4: it runs on slow.
     assert first == [(0, 0, "fast"), (1, 0, "fast"), (2, 0, "slow"), (7, 0, "slow")]
-    assert sorted(sched.held) == [3, 4, 5, 6] and "held for faster target fast" in sched.held[3][1]
-    assert "4.0x slower, history" in sched.held[3][1]
+    assert sorted(sched.held_back) == [3, 4, 5, 6] and "for faster target fast" in sched.held_back[3][1]
+    assert "4.0x slower, history" in sched.held_back[3][1]
 
 
 def test_no_probe_without_the_dag_runs_probe_claim() -> None:
     sched = scheduler(8, history={"fast": 1.0, "slow": 4.0}, probe=frozenset())
     # As in the first-wave test, without the probe: 2-5 wait for fast, 6 and 7 run on slow.
     assert launched(step(sched, 0.0)) == [(0, 0, "fast"), (1, 0, "fast"), (6, 0, "slow"), (7, 0, "slow")]
-    assert sorted(sched.held) == [2, 3, 4, 5]
+    assert sorted(sched.held_back) == [2, 3, 4, 5]
 
 
 def test_a_target_measured_slow_in_this_run_gets_no_more_originals_while_fast_ends_sooner() -> None:
@@ -102,7 +102,7 @@ def test_a_target_measured_slow_in_this_run_gets_no_more_originals_while_fast_en
     step(sched, 20.0, [running(sched, s, at=20.0) for s in (4, 5)])
     # Slow took 20 s for what fast did in 4: its freed slot stays empty, 6 and 7 wait for fast (~7 s).
     actions = step(sched, 21.0, [finished(sched, 1, end=21.0)])
-    assert launched(actions) == [] and sorted(sched.held) == [6, 7]
+    assert launched(actions) == [] and sorted(sched.held_back) == [6, 7]
     assert sched.speeds is not None and sched.speeds.source["slow"] == "run" and sched.speeds.of("slow") >= 4.9
 
 
@@ -113,20 +113,20 @@ def test_a_held_original_runs_on_the_fast_target_when_it_frees_and_says_why() ->
     actions = step(sched, 11.0, [finished(sched, s, end=11.0) for s in (0, 1)])
     assert launched(actions) == [(3, 0, "fast"), (4, 0, "fast")]
     assert of(actions, Launch)[0].reason.startswith("initial attempt; held 11.0s for faster target fast")
-    assert sorted(sched.held) == [5, 6]
+    assert sorted(sched.held_back) == [5, 6]
 
 
 def test_nothing_is_held_for_a_fast_target_whose_attempts_outlived_their_expected_time() -> None:
     sched = scheduler(5, history={"fast": 1.0, "slow": 4.0})
     step(sched, 0.0)
-    assert sorted(sched.held) == [3, 4]
+    assert sorted(sched.held_back) == [3, 4]
     step(sched, 1.0, [running(sched, s, at=1.0) for s in (0, 1)])
     # Fast: 9 s per 100 bytes. Subtask 1, started with 0, is expected to end soon: 4 waits for fast.
     assert launched(step(sched, 10.0, [finished(sched, 0, end=10.0)])) == [(3, 0, "fast")]
-    assert sorted(sched.held) == [4]
+    assert sorted(sched.held_back) == [4]
     # Subtask 1 has now run 40 s of an expected 9: its end is unknown, so 4 stops waiting and runs on slow.
     actions = step(sched, 41.0)
-    assert launched(actions) == [(4, 0, "slow")] and not sched.held
+    assert launched(actions) == [(4, 0, "slow")] and not sched.held_back
     assert "held 41.0s for faster target fast" in of(actions, Launch)[0].reason
 
 
@@ -135,3 +135,9 @@ def test_a_target_whose_attempts_all_lost_to_copies_is_still_measured_for_histor
     failed = Attempt(subtask=2, number=0, target="other", state=S.FAILED, deploying_at=0.0, end_at=90.0)
     assert run_slowness([attempt(0, "fast", S.FINISHED, 0, 10), loser, failed], SIZES) == {
         "fast": 1.0, "slow": pytest.approx(3.0)}
+
+
+def test_probes_go_to_targets_history_calls_slow_that_this_run_has_not_measured() -> None:
+    history = {"fast": 1.0, "slow": 4.0, "slower": 8.0, "noisy": 1.2}
+    assert probe_candidates(history, []) == ["slow", "slower"]
+    assert probe_candidates(history, ["slower"]) == ["slow"]
