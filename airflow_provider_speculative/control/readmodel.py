@@ -22,10 +22,11 @@ from airflow_provider_speculative.backends.base import Backend
 from airflow_provider_speculative.backends.registry import attempt_observer
 from airflow_provider_speculative.backends.supervised import SupervisedBackend
 from airflow_provider_speculative.control.lifecycle import read_expired
+from airflow_provider_speculative.core.graph import producers_first
 from airflow_provider_speculative.core.parallelism import describe_decision, skew_message
 from airflow_provider_speculative.core.speed import SLOW_FACTOR
 from airflow_provider_speculative.core.states import Attempt, current_attempt
-from airflow_provider_speculative.exceptions import NotFoundError, StoreError
+from airflow_provider_speculative.exceptions import NotFoundError, PipelineError, StoreError
 from airflow_provider_speculative.store.files import read_json, read_jsonl
 from airflow_provider_speculative.store.layout import StageLayout, safe_component
 
@@ -88,17 +89,11 @@ def read_plan(path: Path) -> dict[str, Any]:
 def pipeline_order(plans: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Plans with every stage after its upstreams (then by name): the order a reader follows the pipeline."""
     by_name = {str(p["stage"]): p for p in plans}
-    done: set[str] = set()
-    out: list[dict[str, Any]] = []
-    pending = sorted(by_name)
-    while pending:
-        ready = [s for s in pending if all(u in done or u not in by_name for u in by_name[s].get("upstreams") or [])]
-        # A cycle cannot come from a validated graph; a damaged store still lists every stage once.
-        for name in ready or pending[:1]:
-            out.append(by_name[name])
-            done.add(name)
-        pending = [s for s in pending if s not in done]
-    return out
+    try:
+        order = producers_first(sorted(by_name), lambda s: list(by_name[s].get("upstreams") or []), "status")
+    except PipelineError:
+        order = sorted(by_name)  # a cycle cannot come from a validated graph; a damaged store still lists all
+    return [by_name[name] for name in order]
 
 
 def latest_run_id(root: Path, dag_id: str) -> str:

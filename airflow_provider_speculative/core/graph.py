@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import heapq
 import posixpath
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -351,24 +352,34 @@ class PipelineGraph:
 
     def topological_order(self) -> list[str]:
         """Return stage names producers-first; raise :class:`PipelineError` naming a cycle."""
-        order: list[str] = []
-        state: dict[str, int] = {}
+        return producers_first(list(self.stages), self.upstreams, f"pipeline {self.name!r}")
 
-        def visit(name: str, path: list[str]) -> None:
-            if state.get(name) == 2:
-                return
-            if state.get(name) == 1:
-                cycle = [*path[path.index(name):], name]
-                raise PipelineError(f"pipeline {self.name!r}: cyclic stage graph: {' -> '.join(cycle)}")
-            state[name] = 1
-            for upstream in self.upstreams(name):
+
+def producers_first(names: list[str], upstreams: Callable[[str], list[str]], where: str) -> list[str]:
+    """``names`` with every one after its upstreams (depth first, in the given order otherwise).
+
+    Upstreams not among ``names`` are skipped; a cycle raises :class:`PipelineError` naming it.
+    """
+    order: list[str] = []
+    state: dict[str, int] = {}
+    known = set(names)
+
+    def visit(name: str, path: list[str]) -> None:
+        if state.get(name) == 2:
+            return
+        if state.get(name) == 1:
+            cycle = [*path[path.index(name):], name]
+            raise PipelineError(f"{where}: cyclic stage graph: {' -> '.join(cycle)}")
+        state[name] = 1
+        for upstream in upstreams(name):
+            if upstream in known:
                 visit(upstream, [*path, name])
-            state[name] = 2
-            order.append(name)
+        state[name] = 2
+        order.append(name)
 
-        for name in self.stages:
-            visit(name, [])
-        return order
+    for name in names:
+        visit(name, [])
+    return order
 
 
 # Schemes Spark can fetch an application from (spark-submit); a Connect target runs local files only.

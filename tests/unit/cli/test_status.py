@@ -318,3 +318,10 @@ def test_status_without_a_run_id_shows_the_dags_latest_run(tmp_path: Path, monke
     captured = capsys.readouterr()
     assert json.loads(captured.out)["run_id"] == "manual__late:name+1"
     assert "latest run in the store is manual__late:name+1" in captured.err
+
+
+def test_a_damaged_store_with_a_stage_cycle_still_lists_every_stage_once() -> None:
+    from airflow_provider_speculative.control.readmodel import pipeline_order
+
+    plans = [{"stage": "b", "upstreams": ["a"]}, {"stage": "a", "upstreams": ["b"]}, {"stage": "c", "upstreams": []}]
+    assert [p["stage"] for p in pipeline_order(plans)] == ["a", "b", "c"]
