@@ -271,6 +271,52 @@ def status(args: Any) -> None:
         print(format_table(report))
 
 
+def logs(args: Any) -> None:
+    """CLI entry: print the end of an attempt's driver log (default: the subtask's latest attempt)."""
+    from airflow_provider_speculative.control.attemptlog import attempt_ended, attempt_log, read_from
+    from airflow_provider_speculative.control.readmodel import latest_run_id
+    from airflow_provider_speculative.exceptions import SpeculativeError
+    from airflow_provider_speculative.settings import airflow_config, store_root
+
+    if args.follow and args.interval <= 0:
+        _fail("--interval must be > 0")
+    root = store_root(airflow_config())
+    try:
+        if not args.run_id:
+            args.run_id = latest_run_id(root, args.dag_id)
+            print(f"DAG {args.dag_id}: latest run in the store is {args.run_id}", file=sys.stderr)
+        log = attempt_log(root, args.dag_id, args.run_id, args.stage, args.subtask, args.attempt,
+                          max_bytes=args.tail_bytes)
+    except (SpeculativeError, OSError, ValueError) as exc:  # unknown run/stage/subtask/attempt, bad --tail-bytes
+        _fail(str(exc))
+    if args.output == "json":
+        print(json.dumps(log.to_json(), indent=2))
+        return
+    state = "" if log.exists else " (no output yet)"
+    cut = f", last {format_bytes(log.size - log.start)} of {format_bytes(log.size)}" if log.truncated else ""
+    print(f"stage {log.stage} subtask {log.subtask} attempt {log.attempt}: {log.path}{cut}{state}",
+          file=sys.stderr)
+    sys.stdout.write(log.text)
+    sys.stdout.flush()
+    if not args.follow:
+        return
+    offset = log.size
+    try:
+        while True:
+            # Read once more after the end is recorded: the last lines may land just before it.
+            ended = attempt_ended(root, log)
+            offset, text = read_from(log.path, offset)
+            if text:
+                sys.stdout.write(text)
+                sys.stdout.flush()
+            elif ended:
+                return
+            else:
+                time.sleep(args.interval)  # polling a file another process appends to
+    except KeyboardInterrupt:
+        pass
+
+
 @dataclass
 class DbFacts:
     """What gc reads from the metadata DB about the DAGs in the store."""

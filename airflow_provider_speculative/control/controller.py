@@ -545,7 +545,8 @@ class StageController:
         if isinstance(self.result, FailStage):
             return {"status": "failed", "plan_path": str(self.layout.plan), "reason": self.result.reason,
                     "causes": list(self.result.causes), "failed_attempts": self.result.failed_attempts,
-                    "counts_by_cause": dict(self.result.counts_by_cause), "summary": summary}
+                    "counts_by_cause": dict(self.result.counts_by_cause),
+                    "failed_keys": [list(key) for key in self.result.failed_keys], "summary": summary}
         admitted = self.result.admitted if isinstance(self.result, CompleteStage) else {}
         return {"status": "success", "plan_path": str(self.layout.plan),
                 "admitted": {str(k): v for k, v in admitted.items()}, "summary": summary}

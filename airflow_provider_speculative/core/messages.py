@@ -225,6 +225,8 @@ class FailStage:
     causes: tuple[str, ...]
     failed_attempts: int = 0
     counts_by_cause: tuple[tuple[str, int], ...] = ()
+    # (subtask, attempt) of each cause in ``causes``: where their logs are.
+    failed_keys: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True)

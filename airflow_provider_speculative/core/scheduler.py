@@ -589,7 +589,8 @@ class StageScheduler:
                         key=lambda a: (a.subtask, a.number))
         counts = Counter(_cause_class(a.cause) for a in failed)
         self.failed = FailStage(reason=reason, causes=tuple(self.failure_causes(failed[:MAX_CAUSES])),
-                                failed_attempts=len(failed), counts_by_cause=tuple(counts.most_common()))
+                                failed_attempts=len(failed), counts_by_cause=tuple(counts.most_common()),
+                                failed_keys=tuple((a.subtask, a.number) for a in failed[:MAX_CAUSES]))
         return [self.failed, *self._cancel_live(self.all_attempts(), "stage failed")]
 
     def failure_causes(self, attempts: Iterable[Attempt] | None = None) -> list[str]:

@@ -11,6 +11,7 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowRescheduleException
 from airflow.triggers.base import StartTriggerArgs
 
+from airflow_provider_speculative.control.attemptlog import failure_log_lines
 from airflow_provider_speculative.control.commit import (
     admitted_of,
     cleanup_sink_staging,
@@ -233,7 +234,8 @@ class SparkStageOperator(BaseOperator):
         summary = event.get("summary", {})
         if event["status"] != "success":
             self._cleanup_sink_staging(plan, layout, None)
-            message = _failure_message(self.graph.name, self.stage, event)
+            message = "\n".join([_failure_message(self.graph.name, self.stage, event),
+                                 *failure_log_lines(layout, _failed_keys(event))])
             record_task_state(layout, "failed", try_number=context["ti"].try_number,
                               clear_number=_clear_number(context), reason=message.splitlines()[0])
             raise StageFailedError(message)
@@ -328,6 +330,15 @@ def _plan_at(plan_path: Any, where: str) -> StagePlan:
     if plan is None:
         raise StageFailedError(f"{where}: the plan {plan_path!r} of this stage run is gone from the store")
     return load_plan(plan, f"{where}: plan {plan_path}")
+
+
+def _failed_keys(event: dict[str, Any]) -> list[tuple[int, int]]:
+    """(subtask, attempt) of the failed attempts an event names; an older controller's event names none."""
+    keys = event.get("failed_keys")
+    if not isinstance(keys, list):
+        return []
+    return [(int(k[0]), int(k[1])) for k in keys if isinstance(k, list) and len(k) == 2
+            and all(isinstance(v, int) for v in k)]
 
 
 def _failure_message(pipeline: str, stage: str, event: dict[str, Any]) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import html
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse, Resp
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from airflow_provider_speculative.control.attemptlog import DEFAULT_TAIL_BYTES, attempt_ended, attempt_log
 from airflow_provider_speculative.core.urls import safe_http_url
 from airflow_provider_speculative.exceptions import NotFoundError
 from airflow_provider_speculative.links import spark_history_url
@@ -81,6 +83,22 @@ def create_app(store: Path | None = None) -> FastAPI:
                           spark_history_url=spark_history_url())
         return _finish(view, dag_id, run_id)
 
+    @app.get("/api/log", dependencies=[Depends(read_task)])
+    def api_log(request: Request, dag_id: str, run_id: str, task_id: str, subtask: int,
+                attempt: int | None = None, tail_bytes: int = DEFAULT_TAIL_BYTES) -> dict[str, Any]:
+        """The end of one attempt's driver log (default: the subtask's latest attempt), as JSON text."""
+        stage = _stage_or_404(request, dag_id, run_id, task_id)
+        try:
+            log = attempt_log(_store(request), dag_id, run_id, stage, subtask, attempt, max_bytes=tail_bytes)
+        except NotFoundError as exc:
+            raise _not_found(str(exc), dag_id, run_id) from None
+        except ValueError as exc:
+            raise HTTPException(422, str(exc)) from None
+        ended = attempt_ended(_store(request), log)
+        # The store path is the operator's business, not every DAG reader's: the page shows it as a relative path.
+        return {**log.to_json(), "path": _relative(log.path, _store(request)), "ended": ended, "done": ended,
+                "refresh_seconds": REFRESH_SECONDS, "now": time.time()}
+
     @app.get("/ui/run", dependencies=[Depends(read_run)], response_class=FileResponse)
     def ui_run() -> FileResponse:
         """The run view page (DAG-run tab); it polls ``/api/run``."""
@@ -90,6 +108,11 @@ def create_app(store: Path | None = None) -> FastAPI:
     def ui_stage() -> FileResponse:
         """The stage view page (task-instance tab); it polls ``/api/stage``."""
         return FileResponse(STATIC / "stage.html", headers=_NO_STORE)
+
+    @app.get("/ui/log", dependencies=[Depends(read_task)], response_class=FileResponse)
+    def ui_log() -> FileResponse:
+        """The attempt log page (linked from the stage view); it polls ``/api/log`` until the attempt ends."""
+        return FileResponse(STATIC / "log.html", headers=_NO_STORE)
 
     @app.get("/ui/spark", dependencies=[Depends(read_task)], response_model=None)
     def ui_spark(request: Request, dag_id: str, run_id: str, task_id: str) -> Response:
@@ -119,6 +142,14 @@ def _store(request: Request) -> Path:
     from airflow_provider_speculative.settings import airflow_config, store_root
 
     return store_root(airflow_config())
+
+
+def _relative(path: Path, root: Path) -> str:
+    """``path`` relative to the store root (the page needs no absolute path of the api-server's host)."""
+    try:
+        return str(path.relative_to(root))
+    except ValueError:
+        return path.name
 
 
 def _stage_or_404(request: Request, dag_id: str, run_id: str, task_id: str) -> str:

@@ -41,6 +41,7 @@ def plugin_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     claim = json.loads(layout.claim(0, 0).read_text())
     atomic_write_json(layout.claim(0, 0), {**claim, "node": SCRIPT_TEXT, "reason": SCRIPT_TEXT})
     atomic_write_json(layout.committed, {"subtasks": {"0": {"attempt": 0}}, "sink": None})
+    layout.log(0, 0).write_text(f"INFO starting\n{SCRIPT_TEXT}\n</pre>{SCRIPT_TEXT}\nERROR the end\n")
     app = create_app(store=root)
     for dependency in app.state.access.values():
         app.dependency_overrides[dependency] = lambda: None
@@ -98,7 +99,7 @@ def _assert_harmless(page: Any) -> None:
     assert page.dialogs == [], page.dialogs
     assert not [m for m in page.console if "Content Security Policy" in m], page.console
     hrefs = _links(page)
-    assert hrefs and all(h.startswith(("http://", "https://", "run?", "stage?")) for h in hrefs), hrefs
+    assert hrefs and all(h.startswith(("http://", "https://", "run?", "stage?", "log?")) for h in hrefs), hrefs
     assert page.locator("a[href^='javascript' i], a[href^='data' i]").count() == 0
     assert page.locator("img, script:not([src])").count() == 0  # the hostile text stayed text
 
@@ -115,7 +116,19 @@ def test_stage_view_of_a_hostile_plan_runs_no_script(plugin_url: str, page: Any)
     page.locator("body[data-done='true']").wait_for(state="attached")
     row = page.locator("#attempts .attempt-row[data-subtask='0']")
     assert row.count() == 1 and SCRIPT_TEXT in row.inner_text()  # rendered, as text
-    assert row.locator("a").count() == 0  # the hostile history URL gave no link at all
+    # The hostile history URL gave no link at all; the only link is the attempt's log page.
+    assert [row.locator("a").nth(i).inner_text() for i in range(row.locator("a").count())] == ["log"]
+    _assert_harmless(page)
+
+
+def test_attempt_log_page_shows_a_hostile_log_as_text(plugin_url: str, page: Any):
+    page.goto(f"{plugin_url}/ui/stage?{urlencode(PARAMS)}")
+    page.locator("body[data-done='true']").wait_for(state="attached")
+    page.locator("#attempts .attempt-row[data-subtask='0'] a.log-link").click()
+    page.locator("body[data-page='log'][data-done='true']").wait_for(state="attached")
+    text = page.locator("#log-text").inner_text()
+    assert text.startswith("INFO starting") and text.count(SCRIPT_TEXT) == 2 and text.rstrip().endswith("the end")
+    assert "scan/subtask=0/attempt=0/spark-submit.log" in page.locator("#log-path").inner_text()
     _assert_harmless(page)
 
 

@@ -281,7 +281,9 @@
       for (const a of sub.attempts) {
         // A URL that is not http(s) gets no link at all (not an inert <a>): nothing to click.
         const ui = safeUrl(a.spark_ui), history = safeUrl(a.spark_history);
-        const links = [ui ? h("a", {href: ui, target: "_blank", rel: "noopener noreferrer"}, "Spark UI") : null,
+        const links = [h("a", {href: "log?" + query({task_id: TASK_ID, subtask: sub.subtask, attempt: a.attempt}),
+                               class: "log-link"}, "log"),
+                       ui ? h("a", {href: ui, target: "_blank", rel: "noopener noreferrer"}, "Spark UI") : null,
                        history ? h("a", {href: history, target: "_blank", rel: "noopener noreferrer"},
                                    "history") : null].filter(Boolean);
         rows.push(h("tr", {class: "attempt-row", "data-subtask": sub.subtask, "data-attempt": a.attempt},
@@ -300,7 +302,7 @@
     }
     return h("table", {id: "attempts"},
       h("tr", null, ["subtask", "attempt", "state", "flags", "target", "node", "start", "end", "duration", "heartbeat",
-                     "exit", "reason / cause", "spark"].map((c) => h("th", null, c))),
+                     "exit", "reason / cause", "logs"].map((c) => h("th", null, c))),
       rows);
   }
 
@@ -457,13 +459,34 @@
     return box;
   }
 
+  /* ---------------------------------------------------------------- attempt log */
+
+  function renderLog(d) {
+    const frag = document.createDocumentFragment();
+    document.title = `Log: ${d.stage} subtask ${d.subtask} attempt ${d.attempt}`;
+    frag.append(
+      h("h1", null, `Stage ${d.stage} · subtask ${d.subtask} · attempt ${d.attempt}`),
+      h("div", {class: "sub"}, `DAG ${d.dag_id} · run ${d.run_id} · `,
+        h("a", {href: "stage?" + query({task_id: TASK_ID}), id: "stage-link"}, "back to the stage")),
+      h("p", {class: "sub", id: "log-path"}, "store: " + d.path + (d.truncated
+        ? ` (showing the last ${d.size - d.start} of ${d.size} bytes)` : ` (${d.size} bytes)`)));
+    if (!d.exists) frag.append(h("p", {class: "message", id: "log-missing"}, "The attempt has written no log yet."));
+    // textContent only: the log is whatever the application printed.
+    frag.append(h("pre", {id: "log-text", class: "log"}, d.text));
+    return frag;
+  }
+
   const page = document.body.dataset.page;
-  if (!DAG_ID || !RUN_ID || (page === "stage" && !TASK_ID)) {
+  if (!DAG_ID || !RUN_ID || (page !== "run" && !TASK_ID)) {
     document.getElementById("content").replaceChildren(
       h("p", {class: "message"}, "Open this view from a DAG run or a task instance in the Airflow UI."));
-    setLive("error", "missing dag_id / run_id" + (page === "stage" ? " / task_id" : ""));
+    setLive("error", "missing dag_id / run_id" + (page !== "run" ? " / task_id" : ""));
     return;
   }
-  if (page === "stage") poll("../api/stage?" + query({task_id: TASK_ID}), renderStage);
+  if (page === "log") {
+    const which = {task_id: TASK_ID, subtask: params.get("subtask") || "0"};
+    if (params.get("attempt")) which.attempt = params.get("attempt");  // else the subtask's latest attempt
+    poll("../api/log?" + query(which), renderLog);
+  } else if (page === "stage") poll("../api/stage?" + query({task_id: TASK_ID}), renderStage);
   else poll("../api/run?" + query(), renderRun);
 })();

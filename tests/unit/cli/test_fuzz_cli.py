@@ -1,4 +1,4 @@
-"""Fuzzing the CLI: random arguments to status, rerun and gc end in a clear message and exit code 0, 1 or 2
+"""Fuzzing the CLI: random arguments to status, logs, rerun and gc end in a clear message and exit code 0, 1 or 2
 (argparse's), never a traceback. Hostile ids (``..``, NUL, very long, slashes) never reach outside the store."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ NUMBERS = st.one_of(st.integers(min_value=-5, max_value=10 ** 12).map(str), st.s
 
 def _commands() -> dict[str, Any]:
     group = get_cli_commands()[0]
-    return {c.name: c for c in group.subcommands if c.name in ("status", "rerun", "gc")}
+    return {c.name: c for c in group.subcommands if c.name in ("status", "logs", "rerun", "gc")}
 
 
 def _parser(command: Any) -> argparse.ArgumentParser:
@@ -34,15 +34,16 @@ def _parser(command: Any) -> argparse.ArgumentParser:
 
 @st.composite
 def argv(draw: st.DrawFn) -> tuple[str, list[str]]:
-    name = draw(st.sampled_from(["status", "rerun", "gc"]))
+    name = draw(st.sampled_from(["status", "logs", "rerun", "gc"]))
     out: list[str] = []
     options = {"status": ["--dag-id", "--run-id", "--stage", "--output"],
+               "logs": ["--dag-id", "--run-id", "--stage", "--subtask", "--attempt", "--tail-bytes", "--output"],
                "rerun": ["--dag-id", "--run-id", "--stage", "--subtask", "--no-downstream", "--dry-run"],
                "gc": ["--dag-id", "--older-than", "--retention", "--dry-run", "--output"]}[name]
     for flag in draw(st.lists(st.sampled_from(options), max_size=6)):
         if flag in ("--no-downstream", "--dry-run"):
             out.append(flag)
-        elif flag in ("--subtask",):
+        elif flag in ("--subtask", "--attempt", "--tail-bytes"):
             out += [flag, draw(NUMBERS)]
         elif flag in ("--older-than", "--retention"):
             out += [flag, draw(st.one_of(st.sampled_from(["30d", "1h", "0", "-1", "1e999", "soon"]), NUMBERS))]

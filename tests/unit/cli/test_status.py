@@ -325,3 +325,46 @@ def test_a_damaged_store_with_a_stage_cycle_still_lists_every_stage_once() -> No
 
     plans = [{"stage": "b", "upstreams": ["a"]}, {"stage": "a", "upstreams": ["b"]}, {"stage": "c", "upstreams": []}]
     assert [p["stage"] for p in pipeline_order(plans)] == ["a", "b", "c"]
+
+
+def test_logs_prints_the_tail_of_the_latest_attempt_and_follows_until_it_ends(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from types import SimpleNamespace
+
+    from airflow_provider_speculative.cli import commands
+
+    layout = _stage(tmp_path, "scan", 2, [])
+    plan = json.loads(layout.plan.read_text())
+    _write(layout.plan, {**plan, "dag_id": DAG, "run_id": RUN})
+    for number in (0, 1):
+        _write(layout.claim(1, number), {"target": "local-a"})
+    layout.log(1, 0).write_text("old attempt\n")
+    layout.log(1, 1).write_text("".join(f"row {i}\n" for i in range(1000)))
+    _write(layout.status(1, 1), {"deploying_at": 1.0})  # still running
+    monkeypatch.setattr("airflow_provider_speculative.settings.store_root", lambda config: tmp_path)
+    args = SimpleNamespace(dag_id=DAG, run_id=RUN, stage="scan", subtask=1, attempt=None, tail_bytes=100,
+                           output="table", follow=False, interval=0.01)
+    commands.logs(args)
+    captured = capsys.readouterr()
+    assert captured.out.endswith("row 999\n") and "row 0\n" not in captured.out and "old attempt" not in captured.out
+    assert "stage scan subtask 1 attempt 1:" in captured.err and "last" in captured.err
+
+    # --follow prints what the attempt appends, and returns once its launcher recorded the end.
+    reads = []
+
+    def appending_sleep(seconds: float) -> None:
+        reads.append(seconds)
+        with open(layout.log(1, 1), "a") as log:
+            log.write("final line\n")
+        _write(layout.status(1, 1), {"deploying_at": 1.0, "end_at": 2.0, "exit_code": 0})
+
+    monkeypatch.setattr("time.sleep", appending_sleep)
+    commands.logs(SimpleNamespace(**{**vars(args), "follow": True}))
+    assert capsys.readouterr().out.endswith("row 999\nfinal line\n") and len(reads) == 1
+
+    commands.logs(SimpleNamespace(**{**vars(args), "attempt": 0, "output": "json"}))
+    body = json.loads(capsys.readouterr().out)
+    assert (body["attempt"], body["text"], body["truncated"]) == (0, "old attempt\n", False)
+    with pytest.raises(SystemExit):
+        commands.logs(SimpleNamespace(**{**vars(args), "attempt": 5}))
+    assert "no attempt 5 (attempts: 0, 1)" in capsys.readouterr().err

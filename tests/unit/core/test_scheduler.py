@@ -399,6 +399,7 @@ def test_exceeding_max_failures_fails_the_stage_and_cancels_live_attempts() -> N
     assert len(fail[0].causes) == 2
     assert "subtask 0 attempt 0 on local-a" in fail[0].causes[0] and "OOM" in fail[0].causes[0]
     assert "subtask 0 attempt 1 on local-a" in fail[0].causes[1] and "disk full" in fail[0].causes[1]
+    assert fail[0].failed_keys == ((0, 0), (0, 1))  # where the task log points for these causes' logs
     assert [(c.subtask, c.attempt, c.reason) for c in of(actions, Cancel)] == [(1, 0, "stage failed")]
     assert of(actions, Launch) == []
     assert step(sched, 10.0) == []

@@ -134,6 +134,25 @@ def test_a_failed_stage_reports_counts_and_first_causes(env: Path) -> None:
     assert "12 x boom" in text and "and 11 more failed attempts" in text
 
 
+def test_a_failed_stage_says_where_the_attempt_logs_are_and_shows_the_first_ones_end(env: Path) -> None:
+    op = _operator(env)
+    plan_path = _execute(op).trigger.plan_path
+    layout = StageLayout(env / "store", "d", "r1", "scan")
+    layout.log(1, 2).parent.mkdir(parents=True, exist_ok=True)
+    layout.log(1, 2).write_text("".join(f"INFO step {i}\n" for i in range(50)) + "ValueError: bad row " + "x" * 2000)
+    event = {"status": "failed", "plan_path": plan_path, "reason": "2 failed attempts",
+             "causes": ["subtask 1 attempt 2 on local-a (node local-a): exit code 1, ValueError: bad row"],
+             "failed_attempts": 1, "counts_by_cause": {"ValueError": 1}, "failed_keys": [[1, 2]]}
+    with pytest.raises(StageFailedError) as failure:
+        op.execute_complete(_context(), event)
+    lines = str(failure.value).splitlines()
+    assert f"{layout.dir}/subtask=<i>/attempt=<k>/spark-submit.log" in lines[3]
+    assert "airflow speculative logs -d d -r 'r1' -s scan --subtask 1 --attempt 2" in lines[3]
+    tail = lines[lines.index("last 20 lines of subtask 1 attempt 2's log:") + 1:]
+    assert tail[0] == "  | INFO step 31" and tail[-1].startswith("  | ValueError: bad row xxx")
+    assert tail[-1].endswith(" [...]") and len(tail[-1]) < 420  # one long line cannot flood the task log
+
+
 def test_unknown_target_connection_fails_at_plan_time(env: Path) -> None:
     op = _operator(env, targets=[{"name": "far", "conn_id": "no_such_conn"}])
     with pytest.raises(TargetError, match=r"pipeline 'p', stage 'scan': target 'far' uses connection 'no_such_conn'"):

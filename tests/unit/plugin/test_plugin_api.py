@@ -105,6 +105,8 @@ def _app(store: Path, authorized: bool) -> TestClient:
     f"/api/stage?dag_id={DAG}&run_id={RUN}&task_id=scan",
     f"/ui/run?dag_id={DAG}&run_id={RUN}",
     f"/ui/stage?dag_id={DAG}&run_id={RUN}&task_id=scan",
+    f"/api/log?dag_id={DAG}&run_id={RUN}&task_id=scan&subtask=0",
+    f"/ui/log?dag_id={DAG}&run_id={RUN}&task_id=scan&subtask=0",
 ])
 def test_requests_without_credentials_are_refused(store: Path, url: str):
     response = _app(store, authorized=False).get(url)
@@ -267,3 +269,37 @@ def test_stage_view_shows_live_slots_per_target_and_a_wait(store: Path):
     # The stage page renders them (a Slots table and the waiting message).
     script = client.get("/static/speculative.js").text
     assert 'id: "slots"' in script and 'id: "slot-status"' in script
+
+
+def test_log_endpoint_serves_the_tail_of_an_attempt_log(store: Path):
+    client = _app(store, authorized=True)
+    scan = StageLayout(store, DAG, RUN, "scan")
+    scan.log(2, 0).write_text("".join(f"line {i}\n" for i in range(5000)) + "Traceback: boom\n")
+    params = {"dag_id": DAG, "run_id": RUN, "task_id": "scan", "subtask": 2, "attempt": 0, "tail_bytes": 1000}
+    body = client.get("/api/log", params=params).json()
+    assert body["text"].endswith("Traceback: boom\n") and body["text"].startswith("line ")  # whole lines only
+    assert body["truncated"] is True and len(body["text"]) <= 1000 and body["size"] > 1000
+    # Relative to the store: no absolute path of the api-server's host.
+    assert body["path"].startswith("spec_ui/") and body["path"].endswith("/scan/subtask=2/attempt=0/spark-submit.log")
+    assert body["ended"] is True and body["done"] is True
+    # Default attempt: the subtask's latest (attempt 1 wrote no log: it says so instead of failing).
+    latest = client.get("/api/log", params={k: v for k, v in params.items() if k != "attempt"}).json()
+    assert (latest["attempt"], latest["exists"], latest["text"]) == (1, False, "")
+    # A live attempt: not done, so the page keeps polling.
+    live = client.get("/api/log", params={**params, "task_id": "aggregate", "subtask": 1, "attempt": 0}).json()
+    assert live["done"] is False and "SparkUI" in live["text"]
+
+
+@pytest.mark.parametrize(("extra", "status", "words"), [
+    ({"subtask": 7}, 404, "no subtask 7"),
+    ({"subtask": -1}, 404, "no subtask -1"),
+    ({"subtask": 2, "attempt": 9}, 404, "no attempt 9 (attempts: 0, 1)"),
+    ({"subtask": 2, "tail_bytes": 0}, 422, "max_bytes"),
+    ({"subtask": 2, "tail_bytes": 10**9}, 422, "max_bytes"),
+    ({"subtask": 0, "task_id": "nope"}, 404, "no speculative stage"),
+])
+def test_log_endpoint_names_what_is_missing(store: Path, extra: dict[str, Any], status: int, words: str):
+    params = {"dag_id": DAG, "run_id": RUN, "task_id": "scan", **extra}
+    response = _app(store, authorized=True).get("/api/log", params=params)
+    assert response.status_code == status, response.text
+    assert words in response.text
