@@ -113,3 +113,46 @@ def plans_parallelism(graph: PipelineGraph, stage: str) -> int:
     if not isinstance(parallelism, int):
         raise ValueError(f"stage {stage!r}: parallelism {parallelism!r} is not decided")
     return parallelism
+
+
+def request_rerun(root: Path, dag_id: str, run_id: str, stage: str, subtasks: list[int] | None, *,
+                  downstream: bool, dry_run: bool, by: str) -> dict[str, Any]:
+    """A rerun as the CLI and the UI ask for it: the region, and unless ``dry_run`` its invalidation and cleared tasks.
+
+    ``by`` says who asked (the CLI command or the UI user); it goes into every invalidated stage's journal.
+    """
+    region = plan_rerun(root, dag_id, run_id, stage, subtasks, downstream=downstream)
+    affected = {name: sorted(subs) for name, subs in region.subtasks.items()}
+    result: dict[str, Any] = {
+        "dag_id": dag_id, "run_id": run_id, "stage": stage, "region": affected,
+        "requested": {name: sorted(subs) for name, subs in region.requested.items()},
+        "downstream": {name: sorted(subs) for name, subs in region.downstream().items()},
+        "in_flight": {name: sorted(subs) for name, subs in region.in_flight.items()},
+        "no_downstream": not downstream, "dry_run": dry_run}
+    if not dry_run:
+        result["invalidated"] = invalidate_region(root, dag_id, run_id, region, by)
+        result["stage_tasks"] = clear_stage_tasks(dag_id, run_id, list(affected))
+        result["cleared_tasks"] = sorted(result["stage_tasks"].values())
+    return result
+
+
+def clear_stage_tasks(dag_id: str, run_id: str, stages: list[str]) -> dict[str, str]:
+    """Clear exactly the task instances that run ``stages`` in the run (stage -> task id cleared).
+
+    Only these: no downstream task, no other run. The run goes back to queued if it had finished, so
+    the scheduler runs them again.
+    """
+    from airflow.models.taskinstance import TaskInstance, clear_task_instances
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    with create_session() as session:
+        all_ids = list(session.scalars(select(TaskInstance.task_id).where(
+            TaskInstance.dag_id == dag_id, TaskInstance.run_id == run_id)))
+        chosen = stage_task_ids(stages, all_ids)
+        tis = list(session.scalars(select(TaskInstance).where(
+            TaskInstance.dag_id == dag_id, TaskInstance.run_id == run_id,
+            TaskInstance.task_id.in_(list(chosen.values())), TaskInstance.map_index == -1)))
+        clear_task_instances(tis, session)
+        cleared = {ti.task_id for ti in tis}
+        return {name: task for name, task in chosen.items() if task in cleared}

@@ -12,14 +12,17 @@ import logging
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from airflow_provider_speculative.control.attemptlog import DEFAULT_TAIL_BYTES, attempt_ended, attempt_log
+from airflow_provider_speculative.control.rerun import request_rerun
 from airflow_provider_speculative.core.urls import safe_http_url
 from airflow_provider_speculative.exceptions import NotFoundError
 from airflow_provider_speculative.links import spark_history_url
@@ -48,15 +51,18 @@ SECURITY_HEADERS = {"Content-Security-Policy": CONTENT_SECURITY_POLICY, "X-Conte
 def create_app(store: Path | None = None) -> FastAPI:
     """Build the app; ``store`` overrides the ``[speculative] store_path`` root (for tests)."""
     from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
-    from airflow.api_fastapi.core_api.security import requires_access_dag
+    from airflow.api_fastapi.core_api.security import get_user, requires_access_dag
 
     read_run = requires_access_dag("GET", DagAccessEntity.RUN)
     read_task = requires_access_dag("GET", DagAccessEntity.TASK_INSTANCE)
+    # A rerun clears task instances: the same right Airflow's own "Clear" asks for.
+    edit_task = requires_access_dag("PUT", DagAccessEntity.TASK_INSTANCE)
     # The schema (routes and parameters, no data) is served for API clients and the schemathesis test.
     app = FastAPI(title="Speculative stages", docs_url=None, redoc_url=None, openapi_url="/openapi.json")
     app.state.store = store
     # Exposed so tests can replace exactly these dependencies (FastAPI overrides are keyed by callable).
-    app.state.access = {"run": read_run, "task_instance": read_task}
+    app.state.access = {"run": read_run, "task_instance": read_task, "edit_task_instance": edit_task,
+                        "user": get_user}
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     app.add_exception_handler(StarletteHTTPException, _login_redirect)  # type: ignore[arg-type]
 
@@ -98,6 +104,20 @@ def create_app(store: Path | None = None) -> FastAPI:
         # The store path is the operator's business, not every DAG reader's: the page shows it as a relative path.
         return {**log.to_json(), "path": _relative(log.path, _store(request)), "ended": ended, "done": ended,
                 "refresh_seconds": REFRESH_SECONDS, "now": time.time()}
+
+    @app.post("/api/rerun", dependencies=[Depends(edit_task), Depends(_refuse_cross_site)])
+    def api_rerun(request: Request, dag_id: str, run_id: str, task_id: str, body: RerunBody,
+                  user: Any = Depends(get_user)) -> dict[str, Any]:
+        """Rerun a stage's region (all or some subtasks, with or without consumers); ``dry_run`` only previews it."""
+        stage = _stage_or_404(request, dag_id, run_id, task_id)
+        name = _user_name(user)
+        try:
+            return request_rerun(_store(request), dag_id, run_id, stage, body.subtasks, downstream=body.downstream,
+                                 dry_run=body.dry_run, by=f"rerun from the UI by {name}")
+        except NotFoundError as exc:
+            raise _not_found(str(exc), dag_id, run_id) from None
+        except ValueError as exc:
+            raise HTTPException(422, str(exc)) from None
 
     @app.get("/ui/run", dependencies=[Depends(read_run)], response_class=FileResponse)
     def ui_run() -> FileResponse:
@@ -142,6 +162,44 @@ def _store(request: Request) -> Path:
     from airflow_provider_speculative.settings import airflow_config, store_root
 
     return store_root(airflow_config())
+
+
+class RerunBody(BaseModel):
+    """What a rerun request asks for; a preview unless ``dry_run`` is false."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    subtasks: list[int] | None = Field(default=None, max_length=100_000,
+                                       description="subtask indexes to rerun; null: all of the stage")
+    downstream: bool = Field(default=True, description="also rerun the consumers of the rerun subtasks")
+    dry_run: bool = Field(default=True, description="only compute and return the region")
+
+
+def _refuse_cross_site(request: Request) -> None:
+    """A state change only from this origin's own script: JSON (a form cannot send it) and no foreign Origin.
+
+    The UI authenticates by cookie (Airflow sets it SameSite=Lax, so a cross-site POST carries none),
+    and a page on another site must not make a logged-in user's browser post a rerun anyway. A
+    cross-origin ``application/json`` request needs a CORS preflight, and a browser names the page's
+    origin, whose host must be this server's (the Host a proxy forwarded, or X-Forwarded-Host; the
+    scheme is not compared because a TLS-terminating proxy changes it).
+    """
+    if request.headers.get("content-type", "").split(";")[0].strip().lower() != "application/json":
+        raise HTTPException(415, "a rerun request must be application/json")
+    origin = request.headers.get("origin")
+    if origin is None:
+        return  # not a browser (curl, an API client with a bearer token): no ambient cookie to abuse
+    hosts = {request.headers.get("host"), request.headers.get("x-forwarded-host")} - {None}
+    if urlsplit(origin).netloc.lower() not in {h.lower() for h in hosts if h}:
+        raise HTTPException(403, f"cross-origin rerun refused: origin {origin!r} is not this server")
+
+
+def _user_name(user: Any) -> str:
+    """The requesting user's name for the journal (tests without an auth manager have none)."""
+    try:
+        return str(user.get_name())
+    except Exception:  # no user object: an override in tests, or an auth manager without names
+        return "an unnamed user"
 
 
 def _relative(path: Path, root: Path) -> str:

@@ -25,7 +25,7 @@ import pendulum
 import psutil
 import pytest
 
-from airflow_provider_speculative.store.files import atomic_write_json, read_json
+from airflow_provider_speculative.store.files import atomic_write_json, read_json, read_jsonl
 from airflow_provider_speculative.store.layout import StageLayout
 from tests.conftest import REPO, TEST_ENV
 from tests.integration.spark_helpers import HERE, load_dag, wait_for
@@ -38,7 +38,8 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 ARTIFACTS = REPO / "test-artifacts"
 STORE = Path(TEST_ENV["AIRFLOW__SPECULATIVE__STORE_PATH"])
-USERS = {"tester": ("viewer", "tester-pass"), "outsider": ("", "outsider-pass")}  # outsider: no role, no DAG access
+# tester reads; editor may also clear task instances (a rerun); outsider has no role, no DAG access.
+USERS = {"tester": ("viewer", "tester-pass"), "editor": ("user", "editor-pass"), "outsider": ("", "outsider-pass")}
 HISTORY = TEST_ENV["AIRFLOW__SPECULATIVE__SPARK_HISTORY_URL"]  # the session sets it, as a deployment would
 STARTUP_TIMEOUT = 300  # the api-server imports all of Airflow; slow on a loaded 2-CPU machine
 PAGE_TIMEOUT_MS = 180_000
@@ -214,6 +215,14 @@ def test_endpoints_serve_the_run_to_a_dag_reader(api_server: ApiServer, finished
 # -- the views in Chromium -----------------------------------------------------------------------
 
 
+def _login(page: Any, server: ApiServer, user: str) -> None:
+    page.goto(f"{server.url}/auth/login")
+    page.get_by_label("Username").fill(user)
+    page.get_by_label("Password").fill(USERS[user][1])
+    page.get_by_role("button", name="Sign in").click()
+    page.wait_for_url(lambda url: "/auth/login" not in url)
+
+
 @pytest.fixture(scope="module")
 def browser_page(api_server: ApiServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """A logged-in headless Chromium page (the system browser, driven by Playwright)."""
@@ -234,11 +243,7 @@ def browser_page(api_server: ApiServer, tmp_path_factory: pytest.TempPathFactory
         try:
             page = context.new_page()
             page.set_default_timeout(PAGE_TIMEOUT_MS)
-            page.goto(f"{api_server.url}/auth/login")
-            page.get_by_label("Username").fill("tester")
-            page.get_by_label("Password").fill(USERS["tester"][1])
-            page.get_by_role("button", name="Sign in").click()
-            page.wait_for_url(lambda url: "/auth/login" not in url)
+            _login(page, api_server, "tester")
             assert "_token" in {c["name"] for c in context.cookies()}
             yield page
         finally:
@@ -322,3 +327,69 @@ def test_stage_view_refreshes_while_the_stage_runs(api_server: ApiServer, browse
     refreshes = page.evaluate("document.body.dataset.refreshes")
     with pytest.raises(Exception, match="Timeout"):  # nothing polls any more
         page.wait_for_function(f"Number(document.body.dataset.refreshes) > {refreshes}", timeout=5_000)
+
+
+# -- rerun from the stage view (last: it clears the finished run's tasks) -------------------------
+
+
+def _rerun(server: ApiServer, run_id: str, token: str | None, body: dict[str, Any],
+           headers: dict[str, str] | None = None) -> httpx.Response:
+    auth = {"Authorization": f"Bearer {token}"} if token else {}
+    return httpx.post(f"{server.url}/speculative/api/rerun", params={"dag_id": "spec_q1", "run_id": run_id,
+                                                                     "task_id": "scan"},
+                      json=body, headers={**auth, **(headers or {})}, timeout=60)
+
+
+def test_rerun_needs_the_right_to_clear_tasks_and_a_same_origin_request(api_server: ApiServer, finished_run: str):
+    assert _rerun(api_server, finished_run, None, {}).status_code == 401
+    assert _rerun(api_server, finished_run, api_server.token("tester"), {}).status_code == 403  # a reader only
+    editor = api_server.token("editor")
+    preview = _rerun(api_server, finished_run, editor, {"subtasks": [0]})
+    assert preview.status_code == 200, preview.text
+    assert preview.json()["region"] == {"scan": [0], "aggregate": [0]} and preview.json()["dry_run"] is True
+    assert _rerun(api_server, finished_run, editor, {"subtasks": [0]},
+                  {"Origin": "https://evil.example"}).status_code == 403
+    assert (StageLayout(STORE, "spec_q1", finished_run, "scan").committed.is_file())  # a preview changes nothing
+
+
+def test_rerun_button_reruns_the_chosen_region(api_server: ApiServer, finished_run: str, browser_page: Any):
+    scan = StageLayout(STORE, "spec_q1", finished_run, "scan")
+    page = browser_page
+    # The module's browser is a reader's: sign in again as a user who may clear tasks (one Playwright per process).
+    page.context.clear_cookies()
+    _login(page, api_server, "editor")
+    page.goto(f"{api_server.url}/speculative/ui/stage?dag_id=spec_q1&run_id={quote(finished_run, safe='')}"
+              "&task_id=scan")
+    page.locator("body[data-done='true']").wait_for(state="attached")
+    page.locator("#rerun-subtasks").fill("0, x")
+    page.locator("#rerun-preview").click()
+    assert "whole numbers" in page.locator("#rerun-error").inner_text()
+    page.locator("#rerun-subtasks").fill("2")
+    page.locator("#rerun-preview").click()
+    region = page.locator("#rerun-region li")
+    region.first.wait_for()
+    assert region.all_inner_texts() == ["stage scan: subtasks 2 (named)", "stage aggregate: subtasks 0 (downstream)"]
+    assert scan.admitted(2).is_file()  # previewed, not done
+    page.locator("#rerun-confirm").click()
+    done = page.locator("#rerun-done")
+    done.wait_for()
+    assert "cleared tasks aggregate, scan" in done.inner_text()
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "ui-rerun.png"))
+    # Exactly the region: subtask 2's admission and the stage's commit are withdrawn, the others stay.
+    assert not scan.admitted(2).exists() and scan.admitted(0).is_file() and not scan.committed.exists()
+    assert read_jsonl(scan.journal)[-1]["reason"] == "rerun from the UI by editor"
+    states = _task_states(finished_run)
+    assert states["scan"] is None and states["aggregate"] is None  # cleared: the scheduler runs them again
+
+
+def _task_states(run_id: str) -> dict[str, str | None]:
+    """The run's task instance states in the session's metadata DB (the one the api-server cleared them in)."""
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    with create_session() as session:
+        rows = session.execute(select(TaskInstance.task_id, TaskInstance.state).where(
+            TaskInstance.dag_id == "spec_q1", TaskInstance.run_id == run_id)).all()
+    return {task: None if state is None else str(state) for task, state in rows}

@@ -177,6 +177,7 @@
     frag.append(h("h2", null, "Blocked nodes"), blockedTable(d));
     frag.append(h("h2", null, "Attempts"), attemptTable(d));
     frag.append(h("h2", null, "Controller events"), eventsTable(d.events, false));
+    rerunPanel(d);
     return frag;
   }
 
@@ -457,6 +458,89 @@
     }
     box.append(h("h2", null, "Controller events"), eventsTable(events, true));
     return box;
+  }
+
+  /* ---------------------------------------------------------------- rerun (FLIP-1 region) */
+
+  /* "0, 3 5" -> [0, 3, 5]; "" -> null (all subtasks); anything else -> undefined. */
+  function parseSubtasks(text) {
+    const parts = text.split(/[\s,]+/).filter(Boolean);
+    if (!parts.length) return null;
+    if (!parts.every((p) => /^\d+$/.test(p))) return undefined;
+    return parts.map(Number);
+  }
+
+  function regionList(result) {
+    const items = [];
+    for (const [stage, subs] of Object.entries(result.region)) {
+      const named = (result.requested[stage] || []).length ? "named" : "downstream";
+      items.push(h("li", {"data-stage": stage}, `stage ${stage}: subtasks ${subs.join(", ")} (${named})`));
+    }
+    for (const [stage, subs] of Object.entries(result.in_flight || {})) {
+      items.push(h("li", null, `running consumer ${stage}: subtasks ${subs.join(", ")} restart with it`));
+    }
+    return h("ul", {id: "rerun-region"}, items);
+  }
+
+  async function postRerun(body) {
+    const response = await fetch("../api/rerun?" + query({task_id: TASK_ID}), {
+      method: "POST", credentials: "same-origin", cache: "no-store",
+      headers: {"Content-Type": "application/json", Accept: "application/json"}, body: JSON.stringify(body)});
+    const data = await response.json().catch(() => ({}));
+    if (response.ok) return data;
+    const detail = typeof data.detail === "object" && data.detail ? data.detail.message : data.detail;
+    const why = {401: "your session expired: reload the page to log in again",
+                 403: "you may not rerun this DAG's tasks (it needs the right to clear its task instances)"};
+    throw new Error(why[response.status] || (typeof detail === "string" ? detail : "error " + response.status));
+  }
+
+  function rerunPanel(d) {
+    const panel = document.getElementById("rerun-panel");
+    if (!panel || panel.dataset.ready) return;
+    panel.dataset.ready = "true";
+    panel.hidden = false;
+    const subtasks = h("input", {id: "rerun-subtasks", type: "text", size: 24,
+                                 placeholder: `all, or e.g. 0, 3 (0..${d.progress.parallelism - 1})`});
+    const downstream = h("input", {id: "rerun-downstream", type: "checkbox", checked: true});
+    const preview = h("button", {id: "rerun-preview", type: "button"}, "Preview rerun");
+    const result = h("div", {id: "rerun-result"});
+    panel.replaceChildren(h("h2", null, "Rerun"),
+      h("p", {class: "sub"}, "Discards the committed results of the chosen subtasks (and of their consumers) and " +
+        "clears their tasks, so the scheduler runs exactly that region again (FLIP-1)."),
+      h("label", null, "subtasks ", subtasks), " ",
+      h("label", null, downstream, " and the subtasks that consumed them"), " ", preview, result);
+    preview.addEventListener("click", async () => {
+      const chosen = parseSubtasks(subtasks.value);
+      if (chosen === undefined) {
+        result.replaceChildren(h("p", {class: "message", id: "rerun-error"},
+                                 "Subtasks: whole numbers separated by commas, or empty for all."));
+        return;
+      }
+      const body = {subtasks: chosen, downstream: downstream.checked};
+      result.replaceChildren(h("p", {class: "sub"}, "computing the region…"));
+      let region;
+      try {
+        region = await postRerun({...body, dry_run: true});
+      } catch (err) {
+        result.replaceChildren(h("p", {class: "message", id: "rerun-error"}, "Cannot rerun: " + err.message));
+        return;
+      }
+      const confirm = h("button", {id: "rerun-confirm", type: "button", class: "danger"}, "Rerun these");
+      const cancel = h("button", {id: "rerun-cancel", type: "button"}, "Cancel");
+      result.replaceChildren(h("p", null, "This reruns:"), regionList(region), confirm, " ", cancel);
+      cancel.addEventListener("click", () => result.replaceChildren());
+      confirm.addEventListener("click", async () => {
+        confirm.disabled = true;
+        try {
+          const done = await postRerun({...body, dry_run: false});
+          result.replaceChildren(h("p", {class: "sub", id: "rerun-done"},
+            `Rerun requested: cleared tasks ${done.cleared_tasks.join(", ") || "(none found in the run)"}; ` +
+            "the scheduler runs them again. Reload this page to follow the new attempts."));
+        } catch (err) {
+          result.replaceChildren(h("p", {class: "message", id: "rerun-error"}, "Rerun failed: " + err.message));
+        }
+      });
+    });
   }
 
   /* ---------------------------------------------------------------- attempt log */

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
+from urllib.parse import urlencode
 
 import psutil
 import pytest
@@ -303,3 +304,62 @@ def test_log_endpoint_names_what_is_missing(store: Path, extra: dict[str, Any], 
     response = _app(store, authorized=True).get("/api/log", params=params)
     assert response.status_code == status, response.text
     assert words in response.text
+
+
+def _rerun_store(store: Path) -> None:
+    """The fixture's plans as planning writes them, with what a rerun reads (config, max_parallelism)."""
+    for stage in ("scan", "aggregate"):
+        layout = StageLayout(store, DAG, RUN, stage)
+        plan = json.loads(layout.plan.read_text())
+        _write(layout.plan, {**plan, "config": {"failover_strategy": "region"},
+                             "max_parallelism": plan["parallelism"]})
+
+
+def test_rerun_endpoint_previews_then_invalidates_the_region(store: Path, monkeypatch: pytest.MonkeyPatch):
+    _rerun_store(store)
+    cleared: list[list[str]] = []
+    monkeypatch.setattr("airflow_provider_speculative.control.rerun.clear_stage_tasks",
+                        lambda dag_id, run_id, stages: cleared.append(stages) or {s: s for s in stages})
+    client = _app(store, authorized=True)
+    url = "/api/rerun?" + urlencode({"dag_id": DAG, "run_id": RUN, "task_id": "group.scan"})
+    preview = client.post(url, json={"subtasks": [1]})  # dry_run is the default
+    assert preview.status_code == 200, preview.text
+    body = preview.json()
+    assert body["dry_run"] is True and body["requested"] == {"scan": [1]}
+    assert body["region"] == {"scan": [1], "aggregate": [0, 1]} and body["downstream"] == {"aggregate": [0, 1]}
+    scan = StageLayout(store, DAG, RUN, "scan")
+    assert scan.committed.is_file() and cleared == []  # a preview changes nothing
+
+    done = client.post(url, json={"subtasks": [1], "dry_run": False}).json()
+    assert done["cleared_tasks"] == ["aggregate", "scan"] and cleared == [["scan", "aggregate"]]
+    assert done["invalidated"] == {"scan": [1], "aggregate": [0]}
+    assert not scan.committed.exists() and not scan.admitted(1).exists() and scan.admitted(0).exists()
+    events = [json.loads(line) for line in scan.journal.read_text().splitlines()]
+    assert events[-1]["event"] == "rerun_invalidated" and events[-1]["reason"] == "rerun from the UI by an unnamed user"
+
+
+@pytest.mark.parametrize(("body", "headers", "status", "words"), [
+    ('{"subtasks": [1]}', {"Content-Type": "text/plain"}, 415, "application/json"),
+    ("subtasks=1", {"Content-Type": "application/x-www-form-urlencoded"}, 415, "application/json"),
+    ('{"subtasks": [1]}', {"Content-Type": "application/json", "Origin": "https://evil.example"}, 403,
+     "cross-origin rerun refused"),
+    ('{"subtasks": [7]}', {"Content-Type": "application/json"}, 422, "no subtask [7]"),
+    ('{"subtasks": [1], "force": true}', {"Content-Type": "application/json"}, 422, "force"),
+    ('{"subtasks": "1"}', {"Content-Type": "application/json"}, 422, "subtasks"),
+])
+def test_rerun_endpoint_refuses_cross_site_and_bad_requests(store: Path, body: str, headers: dict[str, str],
+                                                            status: int, words: str):
+    _rerun_store(store)
+    response = _app(store, authorized=True).post(
+        "/api/rerun?" + urlencode({"dag_id": DAG, "run_id": RUN, "task_id": "scan"}), content=body, headers=headers)
+    assert response.status_code == status, response.text
+    assert words in response.text
+    assert StageLayout(store, DAG, RUN, "scan").committed.is_file()  # nothing was invalidated
+
+
+def test_rerun_endpoint_accepts_its_own_origin_and_needs_credentials(store: Path):
+    _rerun_store(store)
+    url = "/api/rerun?" + urlencode({"dag_id": DAG, "run_id": RUN, "task_id": "scan"})
+    same = _app(store, authorized=True).post(url, json={}, headers={"Origin": "http://testserver"})
+    assert same.status_code == 200 and same.json()["region"]["scan"] == [0, 1, 2]
+    assert _app(store, authorized=False).post(url, json={}).status_code == 401
