@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from collections.abc import Callable
@@ -10,6 +9,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, tzinfo
 from typing import IO, Any, NoReturn
 
+from airflow_provider_speculative.cli.output import clean_text, emit
 from airflow_provider_speculative.core.units import format_bytes
 
 # -- pure formatting (unit-tested) ----------------------------------------------------------------
@@ -97,11 +97,9 @@ def slot_lines(stage: dict[str, Any], now: float | None = None) -> list[str]:
     return lines
 
 
-def format_table(report: dict[str, Any], now: float | None = None, tz: tzinfo | None = None) -> str:
-    """Render a run report as a plain-text table (one row per attempt), times in local time."""
+def report_lines(report: dict[str, Any], now: float | None = None, tz: tzinfo | None = None) -> list[str]:
+    """The lines above the attempts table: the run, and per stage its state, slots, warnings and inputs."""
     now = time.time() if now is None else now
-    header = ("stage", "subtask", "attempt", "state", "target", "node", "start", "end", "duration", "exit", "flags")
-    rows: list[tuple[str, ...]] = []
     lines = [f"DAG {report['dag_id']} run {report['run_id']} (times in local time, {_utc_offset(now, tz)})"]
     for stage in report["stages"]:
         blocked = ", ".join(f"{node} {format_until(until, now, tz)}"
@@ -118,22 +116,31 @@ def format_table(report: dict[str, Any], now: float | None = None, tz: tzinfo | 
         lines += [f"  warning: {w}" for w in stage.get("plan_warnings") or []]
         lines += [f"  skew: {note}" for note in stage.get("skew_splits") or []]
         lines += [f"  inputs: {note}" for note in stage.get("input_waits") or []]
+    return lines
+
+
+def attempt_rows(report: dict[str, Any], now: float | None = None, tz: tzinfo | None = None) -> list[dict[str, str]]:
+    """One row per attempt (a reused subtask without attempts gets one too), times in local time."""
+    now = time.time() if now is None else now
+    rows: list[dict[str, str]] = []
+    for stage in report["stages"]:
         for sub in stage["subtasks"]:
             if not sub["attempts"]:
-                rows.append((stage["stage"], str(sub["subtask"]), "-", "REUSED" if sub["reused"] else "-",
-                             "-", "-", "-", "-", "-", "-", ""))
+                rows.append({"stage": stage["stage"], "subtask": str(sub["subtask"]), "attempt": "-",
+                             "state": "REUSED" if sub["reused"] else "-", "target": "-", "node": "-", "start": "-",
+                             "end": "-", "duration": "-", "exit": "-", "flags": ""})
             for a in sub["attempts"]:
                 flags = [f for f, on in (("admitted", a["admitted"]), ("current", a["attempt"] == sub["current"]),
                                          ("speculative", a["speculative"])) if on]
                 duration = ((a["end"] or now) - a["start"]) if a["start"] else None
-                rows.append((stage["stage"], str(sub["subtask"]), str(a["attempt"]), a["state"], a["target"] or "-",
-                             a["node"] or "-", format_time(a["start"], now, tz), format_time(a["end"], now, tz),
-                             format_duration(duration) + ("+" if duration is not None and not a["end"] else ""),
-                             "-" if a["exit_code"] is None else str(a["exit_code"]), ",".join(flags)))
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
-    lines.append("  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)).rstrip())
-    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
-    return "\n".join(lines)
+                rows.append({"stage": stage["stage"], "subtask": str(sub["subtask"]), "attempt": str(a["attempt"]),
+                             "state": a["state"], "target": a["target"] or "-", "node": a["node"] or "-",
+                             "start": format_time(a["start"], now, tz), "end": format_time(a["end"], now, tz),
+                             "duration": format_duration(duration)
+                             + ("+" if duration is not None and not a["end"] else ""),
+                             "exit": "-" if a["exit_code"] is None else str(a["exit_code"]),
+                             "flags": ",".join(flags)})
+    return rows
 
 
 _ATTEMPT_TIMES = ("start", "end", "launched_at", "last_seen")
@@ -188,8 +195,6 @@ def format_progress(report: dict[str, Any], progress: dict[str, Any], now: float
 # -- status ---------------------------------------------------------------------------------------
 
 TERMINAL_RUN_STATES = frozenset({"success", "failed"})
-# Cursor to the top-left corner, then clear to the end of the screen: redraw the frame in place.
-_REDRAW = "\x1b[H\x1b[J"
 
 
 def watch(root: Any, dag_id: str, run_id: str, *, out: IO[str], interval: float, stage: str | None = None,
@@ -201,10 +206,32 @@ def watch(root: Any, dag_id: str, run_id: str, *, out: IO[str], interval: float,
     The run ends when every stage committed, a stage failed and nothing else runs, or the Airflow run
     finished. On a terminal each frame replaces the previous one; otherwise frames follow each other.
     """
+    in_place = out.isatty() if in_place is None else in_place
+    live = None
+    if in_place:
+        from rich.console import Console
+        from rich.live import Live
+
+        # rich redraws the frame in place (and restores the cursor on exit); a pipe gets frame after frame.
+        live = Live(console=Console(file=out, force_terminal=True), auto_refresh=False, transient=False)
+        live.start()
+    try:
+        return _watch_frames(root, dag_id, run_id, out=out, live=live, interval=interval, stage=stage,
+                             run_state=run_state, clock=clock, sleep=sleep, max_frames=max_frames)
+    finally:
+        if live is not None:
+            live.stop()
+
+
+def _watch_frames(root: Any, dag_id: str, run_id: str, *, out: IO[str], live: Any, interval: float,
+                  stage: str | None, run_state: Callable[[], str | None], clock: Callable[[], float],
+                  sleep: Callable[[float], None], max_frames: int | None) -> dict[str, Any]:
+    """The loop of :func:`watch`: read the store, draw a frame, stop when the run ends."""
+    from rich.text import Text
+
     from airflow_provider_speculative.control.readmodel import run_progress, run_report
     from airflow_provider_speculative.exceptions import NotFoundError
 
-    in_place = out.isatty() if in_place is None else in_place
     frames = 0
     while True:
         now = clock()
@@ -220,8 +247,11 @@ def watch(root: Any, dag_id: str, run_id: str, *, out: IO[str], interval: float,
         if not report["stages"]:
             progress["done"] = False
         frame = format_progress(report, progress, now, run_state=state)
-        out.write((_REDRAW if in_place else ("\n" if frames else "")) + frame + "\n")
-        out.flush()
+        if live is not None:
+            live.update(Text(frame), refresh=True)  # Text: no markup, control characters stripped
+        else:
+            out.write(("\n" if frames else "") + clean_text(frame) + "\n")
+            out.flush()
         frames += 1
         if progress["done"] or state in TERMINAL_RUN_STATES or (max_frames and frames >= max_frames):
             return progress
@@ -265,10 +295,9 @@ def status(args: Any) -> None:
         report = run_report(root, args.dag_id, args.run_id, args.stage)
     except (SpeculativeError, OSError) as exc:  # unknown run or stage, corrupt plan.json, unreadable store
         _fail(str(exc))
-    if args.output == "json":
-        print(json.dumps(json_report(report), indent=2, default=str))
-    else:
-        print(format_table(report))
+    now = time.time()
+    emit(args.output, rows=attempt_rows(report, now), document=json_report(report, now),
+         header=report_lines(report, now))
 
 
 def logs(args: Any) -> None:
@@ -289,14 +318,14 @@ def logs(args: Any) -> None:
                           max_bytes=args.tail_bytes)
     except (SpeculativeError, OSError, ValueError) as exc:  # unknown run/stage/subtask/attempt, bad --tail-bytes
         _fail(str(exc))
-    if args.output == "json":
-        print(json.dumps(log.to_json(), indent=2))
+    if args.output in ("json", "yaml"):
+        emit(args.output, rows=[], document=log.to_json())
         return
     state = "" if log.exists else " (no output yet)"
     cut = f", last {format_bytes(log.size - log.start)} of {format_bytes(log.size)}" if log.truncated else ""
     print(f"stage {log.stage} subtask {log.subtask} attempt {log.attempt}: {log.path}{cut}{state}",
           file=sys.stderr)
-    sys.stdout.write(log.text)
+    sys.stdout.write(clean_text(log.text))
     sys.stdout.flush()
     if not args.follow:
         return
@@ -307,7 +336,7 @@ def logs(args: Any) -> None:
             ended = attempt_ended(root, log)
             offset, text = read_from(log.path, offset)
             if text:
-                sys.stdout.write(text)
+                sys.stdout.write(clean_text(text))
                 sys.stdout.flush()
             elif ended:
                 return
@@ -352,23 +381,19 @@ def _db_facts(dag_ids: list[str]) -> DbFacts:
     return facts
 
 
-def format_gc_table(root: str, items: list[Any], dry_run: bool, summary: dict[str, Any] | None) -> str:
-    """Render gc's plan (or what it removed) as a plain-text table, one row per path."""
-    header = ("reason", "bytes", "path", "why")
-    rows = [(i.reason, str(i.bytes), i.display(root), i.detail) for i in items]
-    widths = [max(len(h), *(len(r[c]) for r in rows)) if rows else len(h) for c, h in enumerate(header)]
-    lines = [f"store {root}"]
-    if rows:
-        lines.append("  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)).rstrip())
-        lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+def gc_rows(root: str, items: list[Any]) -> list[dict[str, str]]:
+    """One row per path gc removes (or would)."""
+    return [{"reason": i.reason, "bytes": str(i.bytes), "path": i.display(root), "why": i.detail} for i in items]
+
+
+def gc_footer(items: list[Any], dry_run: bool, summary: dict[str, Any] | None) -> list[str]:
+    """What gc would remove or removed in total, and each error."""
     total = sum(i.bytes for i in items)
     if dry_run:
-        lines.append(f"dry run: would remove {len(items)} paths, {format_bytes(total)} ({total} bytes)")
-    else:
-        assert summary is not None
-        lines.append(f"removed {summary['removed']} paths, {format_bytes(summary['bytes'])} ({summary['bytes']} bytes)")
-        lines += [f"error: {e['path']}: {e['error']}" for e in summary["errors"]]
-    return "\n".join(lines)
+        return [f"dry run: would remove {len(items)} paths, {format_bytes(total)} ({total} bytes)"]
+    assert summary is not None
+    return [f"removed {summary['removed']} paths, {format_bytes(summary['bytes'])} ({summary['bytes']} bytes)",
+            *(f"error: {e['path']}: {e['error']}" for e in summary["errors"])]
 
 
 def _fail(message: str) -> NoReturn:
@@ -420,14 +445,10 @@ def gc(args: Any) -> None:
                     deleted_runs=facts.deleted_runs, known_dags=facts.known_dags, deleted_dags=facts.deleted_dags,
                     older_than=older_than, sink_staging=list_sink_staging, kept=kept)
     summary = None if args.dry_run else execute_gc(items)
-    if args.output == "json":
-        print(json.dumps({"store": str(root), "dry_run": bool(args.dry_run), "items": [i.to_json() for i in items],
-                          "bytes": sum(i.bytes for i in items), "summary": summary, "kept": kept},
-                         indent=2, default=str))
-    else:
-        print(format_gc_table(str(root), items, bool(args.dry_run), summary))
-        for reason in kept:
-            print(f"kept: {reason}")
+    document = {"store": str(root), "dry_run": bool(args.dry_run), "items": [i.to_json() for i in items],
+                "bytes": sum(i.bytes for i in items), "summary": summary, "kept": kept}
+    emit(args.output, rows=gc_rows(str(root), items), document=document, header=[f"store {root}"],
+         footer=[*gc_footer(items, bool(args.dry_run), summary), *(f"kept: {reason}" for reason in kept)])
     if summary and summary["errors"]:
         sys.exit(1)
 
@@ -456,53 +477,17 @@ def format_rerun(result: dict[str, Any]) -> str:
 
 def rerun(args: Any) -> None:
     """CLI entry: print the affected region, invalidate exactly it and clear its stage tasks."""
-    from airflow_provider_speculative.control.rerun import invalidate_region, plan_rerun
+    from airflow_provider_speculative.control.rerun import request_rerun
     from airflow_provider_speculative.exceptions import SpeculativeError
     from airflow_provider_speculative.settings import airflow_config, store_root
 
-    no_downstream = bool(getattr(args, "no_downstream", False))
     try:
-        root = store_root(airflow_config())
-        region = plan_rerun(root, args.dag_id, args.run_id, args.stage, args.subtask, downstream=not no_downstream)
+        result = request_rerun(store_root(airflow_config()), args.dag_id, args.run_id, args.stage, args.subtask,
+                               downstream=not getattr(args, "no_downstream", False), dry_run=bool(args.dry_run),
+                               by=f"airflow speculative rerun --stage {args.stage}")
     except (SpeculativeError, OSError, ValueError) as exc:  # unknown run/stage/subtask, corrupt plan.json
         _fail(str(exc))
-    affected = {stage: sorted(subtasks) for stage, subtasks in region.subtasks.items()}
-    result: dict[str, Any] = {
-        "dag_id": args.dag_id, "run_id": args.run_id, "region": affected,
-        "requested": {stage: sorted(subs) for stage, subs in region.requested.items()},
-        "downstream": {stage: sorted(subs) for stage, subs in region.downstream().items()},
-        "in_flight": {stage: sorted(subs) for stage, subs in region.in_flight.items()},
-        "no_downstream": no_downstream, "dry_run": bool(args.dry_run)}
-    if not args.dry_run:
-        result["invalidated"] = invalidate_region(root, args.dag_id, args.run_id, region,
-                                                  f"airflow speculative rerun --stage {args.stage}")
-        result["stage_tasks"] = _clear_tasks(args.dag_id, args.run_id, list(affected))
-        result["cleared_tasks"] = sorted(result["stage_tasks"].values())
-    if args.output == "json":
-        print(json.dumps(result, indent=2))
+    if args.output in ("json", "yaml"):
+        emit(args.output, rows=[], document=result)
         return
     print(format_rerun(result))
-
-
-def _clear_tasks(dag_id: str, run_id: str, stages: list[str]) -> dict[str, str]:
-    """Clear exactly the task instances that run ``stages`` in the run (stage -> task id cleared).
-
-    Only these: no downstream task, no other run. The run goes back to queued if it had finished, so
-    the scheduler runs them again.
-    """
-    from airflow.models.taskinstance import TaskInstance, clear_task_instances
-    from airflow.utils.session import create_session
-    from sqlalchemy import select
-
-    from airflow_provider_speculative.control.rerun import stage_task_ids
-
-    with create_session() as session:
-        all_ids = list(session.scalars(select(TaskInstance.task_id).where(
-            TaskInstance.dag_id == dag_id, TaskInstance.run_id == run_id)))
-        chosen = stage_task_ids(stages, all_ids)
-        tis = list(session.scalars(select(TaskInstance).where(
-            TaskInstance.dag_id == dag_id, TaskInstance.run_id == run_id,
-            TaskInstance.task_id.in_(list(chosen.values())), TaskInstance.map_index == -1)))
-        clear_task_instances(tis, session)
-        cleared = {ti.task_id for ti in tis}
-        return {stage: task for stage, task in chosen.items() if task in cleared}

@@ -14,7 +14,9 @@ def get_cli_commands() -> list[Any]:
     latest_run_id = Arg(("--run-id", "-r"), default=None,
                         help="DAG run id (default: the DAG's run whose stages were planned last in the store)")
     stage = Arg(("--stage", "-s"), help="only this stage", default=None)
-    output = Arg(("--output", "-o"), help="output format", choices=("table", "json"), default="table")
+    # Airflow's own --output (table, json, yaml, plain), as `airflow dags list` has it.
+    output = Arg(("--output", "-o"), help="output format: table, json, yaml or plain (default: table)",
+                 choices=("table", "json", "yaml", "plain"), default="table", metavar="(table, json, yaml, plain)")
     gc_dag_id = Arg(("--dag-id", "-d"), help="only this DAG (default: every DAG in the store)", default=None)
     dry_run = Arg(("--dry-run",), help="print what would be removed and the bytes; remove nothing",
                   action="store_true")

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import shlex
 import sys
 from typing import Any
+
+from airflow_provider_speculative.cli.output import emit
 
 
 def local_cluster(args: Any) -> None:
@@ -43,13 +44,13 @@ def local_cluster(args: Any) -> None:
                 print(f"{info.name}: {what} (pid {info.pid}, port {info.port})")
         else:
             rows = cluster.status()
-            if args.output == "json":
-                print(json.dumps(rows, indent=2))
-            elif not rows:
+            if not rows and args.output in ("table", "plain"):
                 print(f"no local Connect server recorded under {cluster.dir}")
-            for row in rows if args.output != "json" else []:
-                print(f"{row['name']}: {'alive' if row['alive'] else 'DEAD'}  port {row['port']}  "
-                      f"UI {row['ui_port']}  pid {row['pid']}  app {row['app_id'] or '-'}  conn {row['conn_id']}")
+                return
+            emit(args.output, document=rows, rows=[
+                {"server": row["name"], "state": "alive" if row["alive"] else "DEAD", "port": row["port"],
+                 "UI": row["ui_port"], "pid": row["pid"], "app": row["app_id"] or "-", "connection": row["conn_id"]}
+                for row in rows])
     except LocalClusterError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(1)
@@ -60,17 +61,17 @@ def fork_server(args: Any) -> None:
     from airflow_provider_speculative.backends import forkserver
 
     rows = forkserver.stop_servers() if args.action == "stop" else forkserver.servers()
-    if args.output == "json":
-        print(json.dumps(rows, indent=2))
-        return
-    if not rows:
+    if not rows and args.output in ("table", "plain"):
         print(f"no fork server running under {forkserver.runtime_dir()}")
-    for row in rows:
-        if args.action == "stop":
-            state = "stopped" if row["stopped"] else "STILL RUNNING (it finishes the launch it serves)"
-        else:
-            state = (("serving" if row["serving"] else "draining") if row["running"] else "not running")
-        this = "  (this interpreter's)" if row["current"] else ""
-        print(f"{row['socket']}: {state}  pid {row['pid'] or '-'}  log {row['log']}{this}")
+    elif rows or args.output in ("json", "yaml"):
+        table = []
+        for row in rows:
+            if args.action == "stop":
+                state = "stopped" if row["stopped"] else "STILL RUNNING (it finishes the launch it serves)"
+            else:
+                state = (("serving" if row["serving"] else "draining") if row["running"] else "not running")
+            table.append({"socket": row["socket"], "state": state, "pid": row["pid"] or "-", "log": row["log"],
+                          "this interpreter's": "yes" if row["current"] else ""})
+        emit(args.output, rows=table, document=rows)
     if args.action == "stop" and not all(row["stopped"] for row in rows):
         sys.exit(1)

@@ -321,7 +321,9 @@ def test_the_cli_lists_and_stops_the_servers(runtime: Path, capsys: pytest.Captu
     fork_server(Namespace(action="status", output="json"))
     (row,) = json.loads(capsys.readouterr().out)
     assert row["running"] and row["current"]
-    fork_server(Namespace(action="stop", output="table"))
-    assert f"{row['socket']}: stopped  pid {row['pid']}" in capsys.readouterr().out
+    fork_server(Namespace(action="stop", output="plain"))
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[:4] == ["socket", "state", "pid", "log"]
+    assert lines[1].split()[:3] == [row["socket"], "stopped", str(row["pid"])]
     fork_server(Namespace(action="stop", output="table"))
     assert "no fork server running under" in capsys.readouterr().out

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import threading
 import time
 from datetime import UTC, datetime, timedelta, timezone
@@ -14,14 +15,15 @@ from typing import Any
 import pytest
 
 from airflow_provider_speculative.cli.commands import (
+    attempt_rows,
     format_duration,
     format_progress,
     format_rerun,
-    format_table,
     format_time,
     format_until,
     iso_time,
     json_report,
+    report_lines,
     watch,
 )
 from airflow_provider_speculative.control.readmodel import (
@@ -85,14 +87,62 @@ def _report() -> dict[str, Any]:
 
 
 def test_table_has_readable_times_block_expiry_and_durations() -> None:
-    text = format_table(_report(), now=NOW, tz=CET)
+    lines = report_lines(_report(), now=NOW, tz=CET)
+    rows = attempt_rows(_report(), now=NOW, tz=CET)
+    text = "\n".join(lines) + json.dumps(rows)
     assert "1795" not in text and "1767" not in text  # no epoch seconds anywhere
-    assert "(times in local time, UTC+01:00)" in text.splitlines()[0]
-    assert "blocked nodes: local-b until 14:05 (in 5m 00s)" in text
-    assert text.splitlines()[2] == "  parallelism: fixed"
-    rows = [line.split() for line in text.splitlines()[4:]]
-    assert rows[0][:9] == ["scan", "0", "0", "FINISHED", "local-a", "local-a", "13:58:55", "13:59:55", "1m"]
-    assert rows[1][6:9] == ["13:59:30", "-", "30s+"]  # still running: duration so far
+    assert "(times in local time, UTC+01:00)" in lines[0]
+    assert "blocked nodes: local-b until 14:05 (in 5m 00s)" in lines[1]
+    assert lines[2] == "  parallelism: fixed"
+    assert list(rows[0].values())[:9] == ["scan", "0", "0", "FINISHED", "local-a", "local-a", "13:58:55",
+                                         "13:59:55", "1m 00s"]
+    assert (rows[1]["start"], rows[1]["end"], rows[1]["duration"]) == ("13:59:30", "-", "30s+")  # so far
+    assert (rows[0]["flags"], rows[1]["flags"]) == ("admitted,current", "current,speculative")
+
+
+@pytest.mark.parametrize("output", ["table", "plain", "json", "yaml"])
+def test_status_prints_airflows_output_formats(output: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    from types import SimpleNamespace
+
+    import yaml
+
+    from airflow_provider_speculative.cli import commands
+
+    monkeypatch.setattr("airflow_provider_speculative.control.readmodel.run_report", lambda *a, **k: _report())
+    monkeypatch.setattr("airflow_provider_speculative.settings.store_root", lambda config: tmp_path)
+    commands.status(SimpleNamespace(dag_id=DAG, run_id=RUN, stage=None, output=output, watch=False))
+    out = capsys.readouterr().out
+    if output == "json":
+        assert json.loads(out)["stages"][0]["subtasks"][1]["attempts"][0]["speculative"] is True
+    elif output == "yaml":
+        assert yaml.safe_load(out)["stages"][0]["blocked_nodes_epoch"] == {"local-b": NOW + 300}
+    elif output == "plain":  # rows only, for pipes: Airflow's plain table
+        lines = out.splitlines()
+        assert lines[0].split()[:4] == ["stage", "subtask", "attempt", "state"] and len(lines) == 3
+        assert lines[2].split()[:5] == ["scan", "1", "1", "RUNNING", "local-a"]
+    else:  # the stage lines, then Airflow's rich table (as `airflow dags list` prints it)
+        assert out.startswith(f"DAG {DAG} run {RUN} (times in local time")
+        header = next(line for line in out.splitlines() if "subtask" in line)
+        assert header.split()[:5] == ["stage", "|", "subtask", "|", "attempt"]
+        assert any(line.split("|")[3].strip() == "RUNNING" for line in out.splitlines() if line.count("|") > 5)
+
+
+def test_table_cells_from_the_store_cannot_drive_the_terminal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    from types import SimpleNamespace
+
+    from airflow_provider_speculative.cli import commands
+
+    report = _report()
+    report["stages"][0]["subtasks"][0]["attempts"][0]["node"] = "\x1b]8;;http://evil\x07[bold red]node[/]\x1b[2J"
+    monkeypatch.setattr("airflow_provider_speculative.control.readmodel.run_report", lambda *a, **k: report)
+    monkeypatch.setattr("airflow_provider_speculative.settings.store_root", lambda config: tmp_path)
+    for output in ("table", "plain"):
+        commands.status(SimpleNamespace(dag_id=DAG, run_id=RUN, stage=None, output=output, watch=False))
+        out = capsys.readouterr().out
+        assert "\x1b" not in out and "\x07" not in out  # no escape sequence reaches the terminal
+        assert "\\x1b]8;;http://evil\\x07[bold red]node[/]" in out  # shown, as inert text
 
 
 def test_json_has_iso_times_and_keeps_epochs_under_their_own_keys() -> None:
@@ -186,10 +236,19 @@ class Frames(io.StringIO):
             return self.getvalue()
 
 
+_CSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+def frames(out: Frames) -> list[str]:
+    """The frames drawn so far (rich writes each whole, after the cursor moves that erase the last)."""
+    text = _CSI.sub("", out.text())
+    return [f"DAG {part}" for part in text.split("DAG ")[1:]]
+
+
 def row(out: Frames, stage: str) -> list[str]:
-    """The stage's row of the last complete frame, split into cells."""
-    frames = [f for f in out.text().split("\x1b[H\x1b[J") if f.endswith("\n")]
-    last = frames[-1] if frames else ""
+    """The stage's row of the last frame, split into cells."""
+    drawn = frames(out)
+    last = drawn[-1] if drawn else ""
     return next((line.split() for line in last.splitlines() if line.split()[:1] == [stage]), [])
 
 
@@ -222,7 +281,7 @@ def test_watch_follows_a_live_run_until_every_stage_committed(tmp_path: Path) ->
     thread.join(timeout=10)
     assert not thread.is_alive(), "watch must return once every stage committed"
     assert result["all_committed"] and result["done"]
-    assert out.text().count("\x1b[H\x1b[J") >= 4  # each frame redraws the screen in place
+    assert len(frames(out)) >= 4 and "\x1b[1A" in out.text()  # each frame redraws the last one in place
     assert row(out, "scan")[:3] == ["scan", "committed", "2/2"]
     assert row(out, "aggregate")[:3] == ["aggregate", "committed", "1/1"]
 
@@ -282,7 +341,7 @@ def test_table_shows_the_parallelism_decision_and_skew_warnings() -> None:
     split = "input 'rows': subpartition 5 holds 55% of the bytes; split across 2 consumers by producer range"
     report["stages"][0].update(parallelism_line=describe_decision(decision), plan_warnings=[warning],
                                skew_splits=[split])
-    lines = format_table(report, now=NOW, tz=CET).splitlines()
+    lines = report_lines(report, now=NOW, tz=CET)
     assert lines[2] == ("  parallelism: auto: 3.0 GiB / 1.0 GiB per subtask -> 3, within [1, 16], 2 source files: "
                         "2 (bounded by files)")
     assert lines[3] == "  warning: " + warning

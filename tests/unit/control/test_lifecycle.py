@@ -408,7 +408,7 @@ def test_cli_dry_run_lists_paths_and_bytes_and_removes_nothing(
 
 def test_cli_retention_override_and_status_shows_expiry(
         store: Store, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    from airflow_provider_speculative.cli.commands import format_table
+    from airflow_provider_speculative.cli.commands import report_lines
 
     now = time.time()
     extract = store.finished_stage("extract", committed_at=now - 3 * HOUR, consumers=("load",))
@@ -418,7 +418,7 @@ def test_cli_retention_override_and_status_shows_expiry(
     out = run_cli(monkeypatch, store.root, success, capsys, retention="1h")
 
     assert "expired" in out and not extract.data(0, 0).exists()
-    assert "results expired" in format_table(run_report(store.root, DAG, RUN))
+    assert "results expired" in "\n".join(report_lines(run_report(store.root, DAG, RUN)))
     with pytest.raises(SystemExit):
         run_cli(monkeypatch, store.root, success, capsys, retention="soon")
 
