@@ -17,11 +17,16 @@ in their environment; it is never written to the store.
 
 from __future__ import annotations
 
+import datetime
+import decimal
 import hashlib
+import io
 import json
 import os
 import re
-from typing import Any
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 from airflow_provider_speculative.exceptions import PipelineError, PlanError
@@ -35,6 +40,8 @@ from airflow_provider_speculative.sinks.base import (
     StagingScope,
     SupportsConcurrentExecutionAttempts,
 )
+
+_T = TypeVar("_T")
 
 # An unquoted Postgres identifier; quoted exotic names are not supported (they are a typo more often).
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]{0,62}$")
@@ -144,10 +151,14 @@ class PostgresSink(Sink, SupportsConcurrentExecutionAttempts):
                 raise PipelineError(f"{context.where}: table {self.table!r} was not rendered")
         except PipelineError as exc:
             raise PlanError(str(exc)) from None
-        conn_type = _connection_type(self.postgres_conn_id, context.where)
-        if conn_type not in ("postgres", "postgresql"):
+        conn = _connection(self.postgres_conn_id, context.where)
+        if conn.conn_type not in ("postgres", "postgresql"):
             raise PlanError(f"{context.where}: connection {self.postgres_conn_id!r} (postgres_conn_id) has type "
-                            f"{conn_type!r}, not 'postgres'")
+                            f"{conn.conn_type!r}, not 'postgres'")
+        try:
+            libpq_dsn(conn)  # extras the attempts could not use fail now, not in every attempt
+        except PlanError as exc:
+            raise PlanError(f"{context.where}: {str(exc).removeprefix('PostgresSink: ')}") from None
 
     def describe(self) -> dict[str, Any]:
         """Constructor arguments."""
@@ -180,17 +191,16 @@ class PostgresSink(Sink, SupportsConcurrentExecutionAttempts):
     # -- master side ------------------------------------------------------------------------
 
     def _connect(self, env: dict[str, str] | None = None) -> Any:
-        # psycopg2 on both sides (writers and finalize): the postgres provider's hook may hand out
-        # psycopg 3 connections, whose SQL composition is not interchangeable.
-        import psycopg2
+        return with_retries(lambda: connect(self._dsn(env)), f"connecting to {self.postgres_conn_id!r}")
 
+    def _dsn(self, env: dict[str, str] | None = None) -> str:
+        """A trigger passes the DSN it resolved asynchronously in ``env``; elsewhere the sync lookup is allowed."""
         dsn = (env or {}).get(dsn_env_var(self.postgres_conn_id))
-        if not dsn:
-            # A trigger passes the DSN it resolved asynchronously; elsewhere the sync lookup is allowed.
-            from airflow.sdk import BaseHook
+        if dsn:
+            return dsn
+        from airflow.sdk import BaseHook
 
-            dsn = libpq_dsn(BaseHook.get_connection(self.postgres_conn_id))
-        return psycopg2.connect(dsn)
+        return libpq_dsn(BaseHook.get_connection(self.postgres_conn_id))
 
     def _staging_names(self, cur: Any, scope: StagingScope) -> list[str]:
         prefix = self.staging_prefix(scope.dag_id, scope.run_id, scope.stage)
@@ -232,7 +242,6 @@ class PostgresSink(Sink, SupportsConcurrentExecutionAttempts):
 
     def finalize_global(self, context: FinalizationContext) -> dict[str, Any]:
         """One transaction: replace the partition with the admitted attempts' rows, record it, drop staging."""
-        from psycopg2 import sql
 
         admitted = {str(s): r.attempt for s, r in sorted(context.attempts.items())}
         infos = {s: r.sink_info for s, r in context.attempts.items()}
@@ -243,7 +252,16 @@ class PostgresSink(Sink, SupportsConcurrentExecutionAttempts):
         final = _qualified(self.table)
         ledger = _qualified(self.ledger_table)
         prefix = self.staging_prefix(context.dag_id, context.run_id, context.stage)
-        conn = self._connect()
+        # A lost connection retries the whole transaction: it rolled back, or it committed and the
+        # ledger says so, so a retry never writes the partition twice.
+        return with_retries(lambda: self._finalize_once(context, admitted, infos, columns, final, ledger, prefix),
+                            f"committing {self.table} partition {self.partition_value}")
+
+    def _finalize_once(self, context: FinalizationContext, admitted: dict[str, int], infos: dict[int, dict[str, Any]],
+                       columns: list[list[str]], final: Any, ledger: Any, prefix: str) -> dict[str, Any]:
+        from psycopg2 import sql
+
+        conn = connect(self._dsn())
         try:
             with conn, conn.cursor() as cur:
                 # Serialise finalizes of the same table: they replace partitions of it.
@@ -313,14 +331,18 @@ class _PostgresWriter(SinkWriter):
         self.schema = schema
         self.table = table
 
-    def write(self, df: Any, batch: int = 1000) -> dict[str, Any]:
-        import psycopg2
-        from psycopg2 import sql
-        from psycopg2.extras import execute_values
-
+    def write(self, df: Any) -> dict[str, Any]:
+        """Stream the attempt's rows into its own staging table with ``COPY ... FROM STDIN`` (retried whole)."""
         columns = [[f.name, pg_type(f.dataType.simpleString())] for f in df.schema.fields]
+        # Each try starts from scratch (drop, create, copy in one transaction), so a retry cannot double rows.
+        records = with_retries(lambda: self._write_once(df, columns), f"writing staging table {self.table}")
+        return {"staging_table": self.table, "staging_schema": self.schema, "columns": columns, "records": records}
+
+    def _write_once(self, df: Any, columns: list[list[str]]) -> int:
+        from psycopg2 import sql
+
         staging = sql.Identifier(self.schema, self.table)
-        conn = psycopg2.connect(self.dsn)
+        conn = connect(self.dsn)
         try:
             with conn, conn.cursor() as cur:
                 cur.execute("SELECT pg_advisory_xact_lock(%s)", [_lock_id(self.schema)])
@@ -329,25 +351,135 @@ class _PostgresWriter(SinkWriter):
                 defs = sql.SQL(", ").join(sql.SQL("{} {}").format(sql.Identifier(n), sql.SQL(t)) for n, t in columns)
                 cur.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(staging))
                 cur.execute(sql.SQL("CREATE TABLE {} ({})").format(staging, defs))
-                insert = sql.SQL("INSERT INTO {} VALUES %s").format(staging).as_string(cur)
-                records, rows = 0, []
-                for row in df.toLocalIterator():
-                    rows.append(tuple(row))
-                    if len(rows) >= batch:
-                        execute_values(cur, insert, rows)
-                        records, rows = records + len(rows), []
-                if rows:
-                    execute_values(cur, insert, rows)
-                    records += len(rows)
+                rows = CsvRows(tuple(row) for row in df.toLocalIterator())
+                copy = sql.SQL("COPY {} FROM STDIN WITH (FORMAT csv)").format(staging).as_string(cur)
+                cur.copy_expert(copy, rows, size=COPY_CHUNK)
+                return rows.records
         finally:
             conn.close()
-        return {"staging_table": self.table, "staging_schema": self.schema, "columns": columns, "records": records}
+
+
+# Bytes handed to COPY per read: large enough that the per-call cost vanishes, small enough to stay flat.
+COPY_CHUNK = 1 << 20
+
+
+def csv_field(value: Any) -> str:
+    """One Spark value as a field of COPY's CSV: NULL is an unquoted empty field, text is always quoted.
+
+    So an empty string (``""``) stays an empty string, not NULL; numbers are bare (``nan`` and ``inf``
+    included, which Postgres reads); everything else is its Postgres text form, quoted.
+    """
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, bytes | bytearray | memoryview):
+        text = "\\x" + bytes(value).hex()
+    elif isinstance(value, datetime.datetime):
+        text = value.isoformat(sep=" ")
+    elif isinstance(value, decimal.Decimal | datetime.date | str):
+        text = str(value)
+    else:
+        raise TypeError(f"PostgresSink cannot store a value of type {type(value).__name__}")
+    return '"' + text.replace('"', '""') + '"'
+
+
+class CsvRows(io.RawIOBase):
+    """A readable stream of CSV lines built from ``rows`` as COPY asks for them (memory stays one chunk)."""
+
+    def __init__(self, rows: Iterator[tuple[Any, ...]]) -> None:
+        super().__init__()
+        self._rows = rows
+        self._pending = bytearray()
+        self.records = 0
+
+    def readable(self) -> bool:
+        """COPY reads it."""
+        return True
+
+    def read(self, size: int = -1) -> bytes:  # type: ignore[override]
+        """Up to ``size`` bytes of CSV (a chunk when ``size`` < 0); b"" once the rows are exhausted."""
+        want = COPY_CHUNK if size is None or size < 0 else size
+        lines = []
+        length = len(self._pending)
+        while length < want:
+            row = next(self._rows, None)
+            if row is None:
+                break
+            line = (",".join(map(csv_field, row)) + "\n").encode()
+            lines.append(line)
+            length += len(line)
+            self.records += 1
+        self._pending += b"".join(lines)
+        out = bytes(self._pending[:want])
+        del self._pending[:want]
+        return out
+
+
+# Transient failures worth another try: the server restarting, a dropped connection, a failover.
+RETRIES = 3
+RETRY_WAIT_SECONDS = (1.0, 8.0)  # exponential backoff between tries: first, at most
+
+
+def with_retries(action: Callable[[], _T], what: str) -> _T:
+    """Run ``action``, retrying a lost or refused connection (``RETRIES`` tries, backing off 1-8 s)."""
+    import psycopg2
+    from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
+
+    def report(state: Any) -> None:
+        # In the attempt's log (or the task log at finalize): what failed and that it is tried again.
+        print(f"[speculative] PostgresSink: {what} failed ({state.outcome.exception()}); "
+              f"try {state.attempt_number + 1} of {RETRIES}", file=sys.stderr)
+
+    for attempt in Retrying(retry=retry_if_exception_type((psycopg2.OperationalError, psycopg2.InterfaceError)),
+                            stop=stop_after_attempt(RETRIES),
+                            wait=wait_exponential(multiplier=RETRY_WAIT_SECONDS[0], min=RETRY_WAIT_SECONDS[0],
+                                                  max=RETRY_WAIT_SECONDS[1]),
+                            before_sleep=report, reraise=True):
+        with attempt:
+            return action()
+    raise AssertionError("unreachable: tenacity reraises the last failure")
+
+
+def connect(dsn: str) -> Any:
+    """A psycopg2 connection (both sides: the postgres provider's hook may hand out psycopg 3 connections)."""
+    import psycopg2
+
+    return psycopg2.connect(dsn)
+
+
+# Connection extras that are libpq connection parameters (PostgresHook passes them to the driver the same way).
+LIBPQ_EXTRAS = frozenset({
+    "sslmode", "sslcert", "sslkey", "sslrootcert", "sslcrl", "sslcrldir", "sslpassword", "sslcompression",
+    "sslsni", "sslnegotiation", "ssl_min_protocol_version", "ssl_max_protocol_version", "sslcertmode",
+    "requiressl", "requirepeer", "require_auth", "channel_binding", "gssencmode", "gsslib", "gssdelegation",
+    "krbsrvname", "options", "application_name", "fallback_application_name", "connect_timeout",
+    "client_encoding", "keepalives", "keepalives_idle", "keepalives_interval", "keepalives_count",
+    "tcp_user_timeout", "target_session_attrs", "load_balance_hosts", "hostaddr", "service", "passfile",
+})
+# Extras PostgresHook understands that are not libpq's: harmless here (the sink does not use them).
+HOOK_ONLY_EXTRAS = frozenset({"cursor", "enable_log_db_messages", "sqlalchemy_scheme", "sqlalchemy_options",
+                              "sqlalchemy_query", "log_sql", "azure_conn_id", "azure_database", "schema"})
 
 
 def libpq_dsn(conn: Any) -> str:
-    """A libpq keyword DSN from an Airflow connection (host, port, schema as dbname, login, password)."""
-    parts = {"host": conn.host, "port": conn.port, "dbname": conn.schema, "user": conn.login,
-             "password": conn.password}
+    """A libpq keyword DSN from an Airflow connection: host, port, schema as dbname, login, password, and
+    the extras that are libpq parameters (``sslmode``, ``sslrootcert``, ``options``, ...), as PostgresHook
+    connects. Cloud IAM authentication is refused: it needs a token the attempts could not refresh.
+    """
+    parts: dict[str, Any] = {"host": conn.host, "port": conn.port, "dbname": conn.schema, "user": conn.login,
+                             "password": conn.password}
+    extras = dict(getattr(conn, "extra_dejson", None) or {})
+    if extras.get("iam") in (True, "true", "True", "1", 1):
+        raise PlanError(f"PostgresSink: connection {conn.conn_id!r} uses IAM authentication (extra 'iam'), which "
+                        "the sink does not support; use a password or a client certificate")
+    unknown = sorted(k for k in extras if k not in LIBPQ_EXTRAS and k not in HOOK_ONLY_EXTRAS and k != "iam")
+    if unknown:
+        raise PlanError(f"PostgresSink: connection {conn.conn_id!r} has extras {unknown} that are not libpq "
+                        f"connection parameters (known: {', '.join(sorted(LIBPQ_EXTRAS))})")
+    parts.update({k: v for k, v in extras.items() if k in LIBPQ_EXTRAS})
     return " ".join(f"{key}={_libpq_quote(value)}" for key, value in parts.items() if value not in (None, ""))
 
 
@@ -387,12 +519,12 @@ def _lock_id(name: str) -> int:
 _SYSTEM_SCHEMAS = {"pg_catalog", "information_schema", "pg_toast"}
 
 
-def _connection_type(conn_id: str, where: str) -> str | None:
-    """The type of an Airflow connection (on the worker, at plan), or a PlanError naming it if there is none."""
+def _connection(conn_id: str, where: str) -> Any:
+    """An Airflow connection (on the worker, at plan), or a PlanError naming it if there is none."""
     from airflow.sdk import BaseHook
 
     try:
-        return BaseHook.get_connection(conn_id).conn_type
+        return BaseHook.get_connection(conn_id)
     except Exception as exc:  # AirflowNotFoundException, or a secrets backend's own error
         raise PlanError(f"{where}: connection {conn_id!r} (postgres_conn_id) cannot be found: "
                         f"{type(exc).__name__}: {str(exc)[:200]}") from None

@@ -415,6 +415,15 @@ CASES = [
     Case("postgres-conn-wrong-type", lambda t: with_conn("not_pg", "http://example.invalid", lambda: plan(
         t, sink=PostgresSink("sales", postgres_conn_id="not_pg"))), PlanError,
          r"stage 's', sink PostgresSink: connection 'not_pg' \(postgres_conn_id\) has type 'http', not 'postgres'"),
+    Case("postgres-conn-unknown-extra", lambda t: with_conn(
+        "pg_typo", "postgresql://etl@db.example:5432/sales?sslmod=require", lambda: plan(
+            t, sink=PostgresSink("sales", postgres_conn_id="pg_typo"))), PlanError,
+         r"stage 's', sink PostgresSink: connection 'pg_typo' has extras \['sslmod'\] that are not "
+         r"libpq connection parameters"),
+    Case("postgres-conn-iam", lambda t: with_conn(
+        "pg_iam", "postgresql://etl@db.example:5432/sales?iam=true", lambda: plan(
+            t, sink=PostgresSink("sales", postgres_conn_id="pg_iam"))), PlanError,
+         r"stage 's', sink PostgresSink: connection 'pg_iam' uses IAM authentication"),
     Case("history-url-script", lambda t: stage(config={"spark_history_url": "javascript:alert(1)//x"}),
          PipelineError, r"\[speculative\] spark_history_url = 'javascript:alert\(1\)//x' \(pipeline 'p'\): "
                         r"scheme javascript: is not http: or https:"),
