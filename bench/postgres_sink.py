@@ -5,7 +5,8 @@ The same DataFrame (columns of TPC-H lineitem, SF 0.1 by default) is written to 
 
     a  row-by-row ``INSERT ... VALUES`` batches from the driver (psycopg2 ``execute_values``, 1000 rows per
        batch): the writer PostgresSink used until this change
-    b  PostgresSink's own writer: ``COPY ... FROM STDIN (FORMAT csv)`` streamed from the driver
+    b  PostgresSink's own writer: Spark writes CSV files (JVM, in parallel), ``COPY ... FROM STDIN (FORMAT csv)``
+       loads them
     c  plain Spark: ``df.write.jdbc`` with the PostgreSQL JDBC driver from the executors (2 partitions,
        batchsize 10000); what a user would write without the provider (no staging, no exactly-once).
        Needs ``/usr/share/java/postgresql.jar`` (Debian: ``apt-get install libpostgresql-jdbc-java``);
@@ -26,6 +27,7 @@ import json
 import os
 import statistics
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Callable
@@ -65,10 +67,11 @@ def write_execute_values(df: Any, dsn: str, table: str) -> int:
 
 
 def write_copy(df: Any, dsn: str, table: str) -> int:
-    """Row b: PostgresSink's attempt writer, exactly as an attempt calls it."""
+    """Row b: PostgresSink's attempt writer, exactly as an attempt calls it (its spool in a temporary directory)."""
     from airflow_provider_speculative.sinks.postgres import _PostgresWriter
 
-    info = _PostgresWriter(dsn, "public", table).write(df)
+    with tempfile.TemporaryDirectory(prefix="bench-pg-copy-") as spool:
+        info = _PostgresWriter(dsn, "public", table, Path(spool) / "copy").write(df)
     return int(info["records"])
 
 
@@ -102,7 +105,8 @@ def main() -> None:
     from pyspark.sql import SparkSession
 
     builder = (SparkSession.builder.master("local[2]").appName("bench-postgres-sink")
-               .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2"))
+               .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+               .config("spark.sql.shuffle.partitions", "2"))
     if JDBC_JAR.exists():
         builder = builder.config("spark.jars", str(JDBC_JAR))
     spark = builder.getOrCreate()

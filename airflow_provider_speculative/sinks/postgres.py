@@ -17,15 +17,14 @@ in their environment; it is never written to the store.
 
 from __future__ import annotations
 
-import datetime
-import decimal
 import hashlib
-import io
 import json
 import os
 import re
+import shutil
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
@@ -186,7 +185,7 @@ class PostgresSink(Sink, SupportsConcurrentExecutionAttempts):
                                f"environment ({dsn_env_var(self.postgres_conn_id)}); the controller sets it")
         table = f"{self.staging_prefix(context.dag_id, context.run_id, context.stage)}" \
                 f"s{context.task_number}_a{context.attempt_number}"
-        return _PostgresWriter(dsn, self.staging_schema, table)
+        return _PostgresWriter(dsn, self.staging_schema, table, Path(context.data_dir) / "_postgres_copy")
 
     # -- master side ------------------------------------------------------------------------
 
@@ -326,19 +325,28 @@ class PostgresSink(Sink, SupportsConcurrentExecutionAttempts):
 
 
 class _PostgresWriter(SinkWriter):
-    def __init__(self, dsn: str, schema: str, table: str) -> None:
+    def __init__(self, dsn: str, schema: str, table: str, spool: Path) -> None:
         self.dsn = dsn
         self.schema = schema
         self.table = table
+        self.spool = spool
 
     def write(self, df: Any) -> dict[str, Any]:
-        """Stream the attempt's rows into its own staging table with ``COPY ... FROM STDIN`` (retried whole)."""
+        """Spark writes the rows as CSV files (in the JVM, in parallel); COPY loads them into the staging table.
+
+        Only the load is retried: it is one transaction (drop, create, copy), so a retry cannot double rows.
+        """
         columns = [[f.name, pg_type(f.dataType.simpleString())] for f in df.schema.fields]
-        # Each try starts from scratch (drop, create, copy in one transaction), so a retry cannot double rows.
-        records = with_retries(lambda: self._write_once(df, columns), f"writing staging table {self.table}")
+        shutil.rmtree(self.spool, ignore_errors=True)  # a retried attempt's leftovers
+        try:
+            copy_frame(df).write.options(**COPY_CSV).csv(str(self.spool))
+            parts = sorted(p for p in self.spool.iterdir() if p.name.startswith("part-"))
+            records = with_retries(lambda: self._load(columns, parts), f"loading staging table {self.table}")
+        finally:
+            shutil.rmtree(self.spool, ignore_errors=True)
         return {"staging_table": self.table, "staging_schema": self.schema, "columns": columns, "records": records}
 
-    def _write_once(self, df: Any, columns: list[list[str]]) -> int:
+    def _load(self, columns: list[list[str]], parts: list[Path]) -> int:
         from psycopg2 import sql
 
         staging = sql.Identifier(self.schema, self.table)
@@ -351,71 +359,40 @@ class _PostgresWriter(SinkWriter):
                 defs = sql.SQL(", ").join(sql.SQL("{} {}").format(sql.Identifier(n), sql.SQL(t)) for n, t in columns)
                 cur.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(staging))
                 cur.execute(sql.SQL("CREATE TABLE {} ({})").format(staging, defs))
-                rows = CsvRows(tuple(row) for row in df.toLocalIterator())
-                copy = sql.SQL("COPY {} FROM STDIN WITH (FORMAT csv)").format(staging).as_string(cur)
-                cur.copy_expert(copy, rows, size=COPY_CHUNK)
-                return rows.records
+                copy = sql.SQL("COPY {} ({}) FROM STDIN WITH (FORMAT csv)").format(
+                    staging, sql.SQL(", ").join(sql.Identifier(n) for n, _ in columns)).as_string(cur)
+                records = 0
+                for part in parts:
+                    with open(part, "rb") as data:
+                        cur.copy_expert(copy, data, size=COPY_CHUNK)
+                    records += cur.rowcount  # the server's own count ("COPY n")
+                return records
         finally:
             conn.close()
 
 
 # Bytes handed to COPY per read: large enough that the per-call cost vanishes, small enough to stay flat.
 COPY_CHUNK = 1 << 20
+# Spark's CSV as COPY (FORMAT csv) reads it back: NULL unquoted and empty, an empty string "", quotes
+# doubled, whitespace kept, timestamps to the microsecond with their offset (timestamptz).
+COPY_CSV = {
+    "header": "false", "sep": ",", "quote": '"', "escape": '"', "escapeQuotes": "true", "nullValue": "",
+    "emptyValue": '""', "ignoreLeadingWhiteSpace": "false", "ignoreTrailingWhiteSpace": "false",
+    "dateFormat": "yyyy-MM-dd", "timestampFormat": "yyyy-MM-dd HH:mm:ss.SSSSSSXXX",
+    "timestampNTZFormat": "yyyy-MM-dd HH:mm:ss.SSSSSS", "lineSep": "\n", "encoding": "UTF-8",
+    "compression": "none",
+}
 
 
-def csv_field(value: Any) -> str:
-    """One Spark value as a field of COPY's CSV: NULL is an unquoted empty field, text is always quoted.
+def copy_frame(df: Any) -> Any:
+    """``df`` with what CSV cannot hold as text turned into Postgres's text form: binary as ``\\x`` + hex."""
+    from pyspark.sql import functions as F
 
-    So an empty string (``""``) stays an empty string, not NULL; numbers are bare (``nan`` and ``inf``
-    included, which Postgres reads); everything else is its Postgres text form, quoted.
-    """
-    if value is None:
-        return ""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return repr(value)
-    if isinstance(value, bytes | bytearray | memoryview):
-        text = "\\x" + bytes(value).hex()
-    elif isinstance(value, datetime.datetime):
-        text = value.isoformat(sep=" ")
-    elif isinstance(value, decimal.Decimal | datetime.date | str):
-        text = str(value)
-    else:
-        raise TypeError(f"PostgresSink cannot store a value of type {type(value).__name__}")
-    return '"' + text.replace('"', '""') + '"'
-
-
-class CsvRows(io.RawIOBase):
-    """A readable stream of CSV lines built from ``rows`` as COPY asks for them (memory stays one chunk)."""
-
-    def __init__(self, rows: Iterator[tuple[Any, ...]]) -> None:
-        super().__init__()
-        self._rows = rows
-        self._pending = bytearray()
-        self.records = 0
-
-    def readable(self) -> bool:
-        """COPY reads it."""
-        return True
-
-    def read(self, size: int = -1) -> bytes:  # type: ignore[override]
-        """Up to ``size`` bytes of CSV (a chunk when ``size`` < 0); b"" once the rows are exhausted."""
-        want = COPY_CHUNK if size is None or size < 0 else size
-        lines = []
-        length = len(self._pending)
-        while length < want:
-            row = next(self._rows, None)
-            if row is None:
-                break
-            line = (",".join(map(csv_field, row)) + "\n").encode()
-            lines.append(line)
-            length += len(line)
-            self.records += 1
-        self._pending += b"".join(lines)
-        out = bytes(self._pending[:want])
-        del self._pending[:want]
-        return out
+    binary = {f.name for f in df.schema.fields if f.dataType.simpleString() == "binary"}
+    if not binary:
+        return df
+    return df.select(*[F.concat(F.lit("\\x"), F.lower(F.hex(F.col(f"`{name}`")))).alias(name) if name in binary
+                       else F.col(f"`{name}`") for name in df.columns])
 
 
 # Transient failures worth another try: the server restarting, a dropped connection, a failover.

@@ -1,11 +1,7 @@
-"""PostgresSink's pure parts: the CSV COPY reads, the DSN built from a connection, and the retry policy."""
+"""PostgresSink's pure parts: the DSN built from a connection and the retry policy (COPY: test_postgres_staging)."""
 
 from __future__ import annotations
 
-import csv
-import datetime as dt
-import io
-from decimal import Decimal
 from types import SimpleNamespace
 from typing import Any
 
@@ -14,35 +10,7 @@ import pytest
 
 from airflow_provider_speculative.exceptions import PlanError
 from airflow_provider_speculative.sinks import postgres
-from airflow_provider_speculative.sinks.postgres import CsvRows, csv_field, libpq_dsn, with_retries
-
-
-@pytest.mark.parametrize(("value", "field"), [
-    (None, ""), ("", '""'), ('say "hi", then\nleave', '"say ""hi"", then\nleave"'), (True, "true"), (False, "false"),
-    (7, "7"), (-(2**63), str(-(2**63))), (1.5, "1.5"), (float("nan"), "nan"), (float("-inf"), "-inf"),
-    (Decimal("-0.10"), '"-0.10"'), (dt.date(2026, 1, 31), '"2026-01-31"'),
-    (dt.datetime(2026, 1, 31, 12, 0, 1, 5), '"2026-01-31 12:00:01.000005"'), (bytearray(b"\x00\xff"), '"\\x00ff"'),
-])
-def test_csv_fields_keep_null_apart_from_empty_and_quote_all_text(value: Any, field: str) -> None:
-    assert csv_field(value) == field
-
-
-def test_csv_field_refuses_what_postgres_cannot_store() -> None:
-    with pytest.raises(TypeError, match="cannot store a value of type list"):
-        csv_field([1, 2])
-
-
-def test_csv_rows_stream_in_chunks_and_count_records(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(postgres, "COPY_CHUNK", 64)
-    rows = [(i, f"row, {i}", None) for i in range(100)]
-    stream = CsvRows(iter(rows))
-    chunks = []
-    while chunk := stream.read(50):
-        assert len(chunk) <= 50
-        chunks.append(chunk)
-    assert stream.records == 100 and len(chunks) > 10
-    parsed = list(csv.reader(io.StringIO(b"".join(chunks).decode())))
-    assert parsed[7] == ["7", "row, 7", ""] and len(parsed) == 100
+from airflow_provider_speculative.sinks.postgres import libpq_dsn, with_retries
 
 
 def _conn(**extra: Any) -> SimpleNamespace:
