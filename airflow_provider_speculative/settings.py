@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +12,7 @@ from airflow_provider_speculative.core.config import (
     OPTIONS,
     SECTION,
     SpeculativeConfig,
+    host_default_targets,
     store_root_path,
     unknown_options,
 )
@@ -52,7 +55,22 @@ def airflow_config() -> SpeculativeConfig:
     conf = airflow_conf()
     warn_unknown_options(conf)
     values = {o.name: conf.get(SECTION, o.name) for o in OPTIONS if conf.has_option(SECTION, o.name)}
-    return SpeculativeConfig().with_overrides(values, "airflow configuration")
+    config = SpeculativeConfig().with_overrides(values, "airflow configuration")
+    # Airflow answers with the provider's declared default when nobody set the option: size it for this host.
+    if values.get("targets") in (None, _TARGETS_OPTION.show_default()):
+        config = dataclasses.replace(config, targets=host_default_targets(host_cores()))
+    return config
+
+
+_TARGETS_OPTION = next(o for o in OPTIONS if o.name == "targets")
+
+
+def host_cores() -> int:
+    """The CPUs this process may run on (its affinity: taskset or a cgroup cpuset narrows it)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        return os.cpu_count() or 1
 
 
 def store_root(config: SpeculativeConfig) -> Path:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -38,6 +39,11 @@ TEST_ENV = {
     # As in a real deployment, workers and the api-server share [speculative]: operator extra links
     # are computed by the worker when the task ends (Airflow 3 stores them in XCom).
     "AIRFLOW__SPECULATIVE__SPARK_HISTORY_URL": "http://spark-history.invalid:18080",
+    # The targets the suite was written for (two local targets, 2 slots each), whatever the host's cores:
+    # unset, [speculative] targets follows the cores (settings.host_default_targets), machine by machine.
+    "AIRFLOW__SPECULATIVE__TARGETS": json.dumps([
+        {"name": name, "conn_id": "spark_default", "slots": 2, "conf": {"spark.ui.enabled": "false"}}
+        for name in ("local-a", "local-b")]),
     # The fork servers the tests start (backends/forkserver.py) are the session's: stopped at its end.
     "XDG_RUNTIME_DIR": str(SESSION_DIR / "run"),
 }

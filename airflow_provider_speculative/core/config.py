@@ -47,6 +47,17 @@ DEFAULT_TARGETS: tuple[Target, ...] = (
 )
 
 
+def host_default_targets(cores: int) -> tuple[Target, ...]:
+    """The two local targets sized for a host with ``cores`` CPUs: one slot per core between them.
+
+    Each local attempt is a ``local[1]`` driver JVM of its own; more of them than cores only makes every
+    attempt slower (four at once on two cores took 45-55 s each instead of 12-23 s), and a slow attempt
+    looks like a slow node. A target keeps at least one slot.
+    """
+    slots = max(1, cores // 2)
+    return tuple(Target(name=t.name, conn_id=t.conn_id, slots=slots, conf=dict(t.conf)) for t in DEFAULT_TARGETS)
+
+
 @dataclass(frozen=True)
 class FaultSpec:
     """An injected slowdown: the attempt takes ``factor`` times as long plus ``delay`` seconds, or fails."""
@@ -587,7 +598,9 @@ OPTIONS: tuple[Option, ...] = (
            default_string=json.dumps([asdict(t) for t in DEFAULT_TARGETS]), readme_default="two local targets",
            annotation="tuple[Target, ...]",
            manual='JSON list of `{name, conn_id, slots, node, conf}` (`slots` a number, or `"auto"` with '
-                  "`master_ui`); see below"),
+                  "`master_ui`); see below. Unset, Airflow gets two local targets `local-a`, `local-b` on "
+                  "`spark_default` with one slot per host core between them (`max(1, cores // 2)` each, the "
+                  "cores this process may run on)"),
     Option("fault_injection", _faults, FaultInjection(),
            "JSON: {targets: {name: {factor, delay, fail}}, attempts: [{subtask, attempt, ...}], "
            "force_speculation: [subtask, ...], barrier: bool, hold_end: bool, hold_commit: bool}. "

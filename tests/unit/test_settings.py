@@ -19,3 +19,25 @@ def test_a_configured_database_has_a_password_free_identity(monkeypatch: pytest.
         "get": staticmethod(lambda section, key: "postgresql+psycopg2://u:secret@127.0.0.1:5432/airflow")})())
     identity = settings.metadata_db_identity()
     assert identity is not None and "secret" not in identity["url"] and identity["dialect"] == "postgresql"
+
+
+@pytest.mark.parametrize(("cores", "slots"), [(1, 1), (2, 1), (3, 1), (4, 2), (16, 8)])
+def test_unset_targets_follow_the_hosts_cores(cores: int, slots: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow_provider_speculative import settings
+
+    monkeypatch.delenv("AIRFLOW__SPECULATIVE__TARGETS", raising=False)
+    monkeypatch.setattr(settings, "host_cores", lambda: cores)
+    targets = settings.airflow_config().targets
+    assert [(t.name, t.slots, t.conf) for t in targets] == [
+        ("local-a", slots, {"spark.ui.enabled": "false"}), ("local-b", slots, {"spark.ui.enabled": "false"})]
+    # Configured targets are the operator's: the host's cores change nothing.
+    monkeypatch.setenv("AIRFLOW__SPECULATIVE__TARGETS", '[{"name": "far", "conn_id": "spark_default", "slots": 7}]')
+    assert [(t.name, t.slots) for t in settings.airflow_config().targets] == [("far", 7)]
+
+
+def test_host_cores_are_the_ones_this_process_may_use() -> None:
+    import os
+
+    from airflow_provider_speculative.settings import host_cores
+
+    assert host_cores() == len(os.sched_getaffinity(0)) >= 1
