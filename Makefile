@@ -22,7 +22,7 @@ DEMO_ENV := AIRFLOW_HOME=$(DEMO)/airflow \
 	AIRFLOW__SPECULATIVE__BASELINE_LOWER_BOUND=5s \
 	AIRFLOW__SPECULATIVE__FAULT_INJECTION='{"targets": {"local-b": {"factor": 4}}}'
 
-.PHONY: demo test unit install java-check data data-q3 data-tpch lint bench clean browser ui docs
+.PHONY: demo run test unit install java-check data data-q3 data-tpch lint bench clean browser ui docs
 
 $(VENV)/.installed: setup.cfg pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found (Python 3.11 is required)"; exit 1; }
@@ -62,6 +62,26 @@ demo: install java-check data
 	$(DEMO_ENV) DEMO=$(DEMO) DEMO_DATE=$(DEMO_DATE) DEMO_TARGETS=$(DEMO_TARGETS) VENV=$(VENV) scripts/demo.sh
 	@$(PY) scripts/demo_env.py hint $(DEMO)
 
+# Your own DAG on the embedded default, as the demo runs the example (SQLite, a local store, a local pool
+# of two Spark Connect servers started and stopped around the run; no fault injection):
+#   make run DAGS=path/to/your/dags DAG=your_dag_id [RUN_DATE=2026-01-01] [RUN_TARGETS=connect|spark-submit]
+# Everything goes under $(RUN) (emptied first); its env.sh gives you that Airflow afterwards.
+RUN ?= $(CURDIR)/.run
+RUN_DATE ?= $(DEMO_DATE)
+RUN_TARGETS ?= connect
+RUN_ENV := AIRFLOW_HOME=$(RUN)/airflow \
+	AIRFLOW__CORE__DAGS_FOLDER=$(abspath $(DAGS)) \
+	AIRFLOW__CORE__LOAD_EXAMPLES=False \
+	AIRFLOW__SPECULATIVE__STORE_PATH=$(RUN)/store \
+	AIRFLOW_CONN_SPARK_DEFAULT='{"conn_type": "spark", "host": "local[1]"}' \
+	AIRFLOW__SPECULATIVE__ENABLED=true
+run: install java-check
+	@test -n "$(DAGS)" && test -n "$(DAG)" && test -d "$(DAGS)" || { echo "usage: make run DAGS=<folder of your DAG files> DAG=<dag_id> [RUN_DATE=YYYY-MM-DD] [RUN_TARGETS=connect|spark-submit]" >&2; exit 2; }
+	rm -rf $(RUN)
+	$(RUN_ENV) $(PY) scripts/demo_env.py write $(RUN)
+	$(RUN_ENV) DEMO=$(RUN) DEMO_DATE=$(RUN_DATE) DEMO_TARGETS=$(RUN_TARGETS) DAG_ID=$(DAG) VENV=$(VENV) scripts/demo.sh
+	@$(PY) scripts/demo_env.py hint $(RUN)
+
 # The Airflow UI with the plugin on the demo's home: starts every component, triggers the example and
 # prints the run view's URL and a login; Ctrl-C stops everything it started (attempts included).
 ui: install java-check data
@@ -93,4 +113,4 @@ bench: install java-check data
 	$(PY) bench/speculation.py
 
 clean:
-	rm -rf .demo .data .pytest_cache test-artifacts
+	rm -rf .demo .run .data .pytest_cache test-artifacts
