@@ -86,6 +86,13 @@ def read_plan(path: Path) -> dict[str, Any]:
     return plan
 
 
+def run_plans(root: Path, dag_id: str, run_id: str) -> dict[str, dict[str, Any]]:
+    """Every stage planned in the run (stage -> plan.json), empty when none is."""
+    run_dir = Path(root) / safe_component(dag_id) / safe_component(run_id)
+    plans = (read_plan(path) for path in sorted(run_dir.glob("*/plan.json")))
+    return {str(plan["stage"]): plan for plan in plans}
+
+
 def pipeline_order(plans: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Plans with every stage after its upstreams (then by name): the order a reader follows the pipeline."""
     by_name = {str(p["stage"]): p for p in plans}

@@ -6,23 +6,19 @@ from pathlib import Path
 from typing import Any
 
 from airflow_provider_speculative.backends.registry import attempt_observer
-from airflow_provider_speculative.control.readmodel import read_plan
+from airflow_provider_speculative.control.readmodel import run_plans
 from airflow_provider_speculative.core.failover import Region, rerun_region
 from airflow_provider_speculative.core.graph import ExchangeSpec, PipelineGraph, SourceSpec, StageSpec
 from airflow_provider_speculative.exceptions import NotFoundError
 from airflow_provider_speculative.store import journal
 from airflow_provider_speculative.store.files import read_json
-from airflow_provider_speculative.store.layout import StageLayout, safe_component
+from airflow_provider_speculative.store.layout import StageLayout
 from airflow_provider_speculative.store.results import remove_attempt_output
 
 
 def graph_from_plans(root: Path, dag_id: str, run_id: str) -> tuple[PipelineGraph, dict[str, dict[str, Any]]]:
     """Rebuild the stage graph of a run from its plan.json files (what actually ran)."""
-    run_dir = Path(root) / safe_component(dag_id) / safe_component(run_id)
-    plans = {}
-    for plan_path in sorted(run_dir.glob("*/plan.json")):
-        plan = read_plan(plan_path)
-        plans[plan["stage"]] = plan
+    plans = run_plans(root, dag_id, run_id)
     if not plans:
         raise NotFoundError(f"no speculative stages recorded for dag {dag_id!r} run {run_id!r} under {root}")
     stages = {}

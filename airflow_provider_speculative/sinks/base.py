@@ -172,6 +172,10 @@ class Sink(ABC):
         """Serialise as class path plus arguments."""
         return {"class": f"{type(self).__module__}.{type(self).__qualname__}", "kwargs": self.describe()}
 
+    def lineage_uri(self) -> str | None:
+        """The URI OpenLineage names this sink's output by: its asset URI (None: no output dataset)."""
+        return self.asset_uri()
+
     @staticmethod
     def from_json(data: dict[str, Any]) -> Sink:
         """Rebuild a sink serialised by :meth:`to_json`."""

@@ -105,6 +105,17 @@ class PostgresSink(Sink, SupportsConcurrentExecutionAttempts):
             path += [schema or "public", table]
         return urlunsplit(parsed._replace(path="/" + "/".join(path)))
 
+    def lineage_uri(self) -> str | None:
+        """The asset URI, else ``postgres://host:port/database/schema/table`` from the connection (on a worker)."""
+        uri = self.asset_uri()
+        if uri is not None or "{{" in str(self.table):
+            return uri
+        from airflow.sdk import BaseHook
+
+        conn = BaseHook.get_connection(self.postgres_conn_id)
+        schema, _, table = str(self.table).rpartition(".")
+        return f"postgres://{conn.host}:{conn.port or 5432}/{conn.schema}/{schema or 'public'}/{table}"
+
     def validate(self, where: str) -> None:
         """``table`` and ``ledger_table`` are ``[schema.]table``; schema and column are identifiers."""
         checks = [("table", self.table, 2), ("ledger_table", self.ledger_table, 2),
