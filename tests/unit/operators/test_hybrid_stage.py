@@ -8,7 +8,7 @@ from typing import Any
 
 import pendulum
 import pytest
-from airflow.exceptions import TaskDeferred
+from airflow.sdk.exceptions import TaskDeferred
 
 from airflow_provider_speculative import Pipeline, all_to_all, parquet_source, pointwise
 from airflow_provider_speculative.exceptions import StageFailedError

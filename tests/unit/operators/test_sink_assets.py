@@ -10,8 +10,8 @@ import pendulum
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from airflow.exceptions import TaskDeferred
 from airflow.sdk import Asset
+from airflow.sdk.exceptions import TaskDeferred
 from airflow.sdk.execution_time.context import OutletEventAccessors
 
 from airflow_provider_speculative import ParquetSink, Pipeline, parquet_source

@@ -11,7 +11,7 @@ import pendulum
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from airflow.exceptions import TaskDeferred
+from airflow.sdk.exceptions import TaskDeferred
 
 from airflow_provider_speculative import Pipeline, parquet_source
 from airflow_provider_speculative.exceptions import PlanError, StageFailedError, TargetError

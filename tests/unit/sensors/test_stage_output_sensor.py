@@ -11,8 +11,7 @@ from typing import Any
 
 import pendulum
 import pytest
-from airflow.exceptions import TaskDeferred
-from airflow.sdk.exceptions import AirflowRescheduleException, AirflowSensorTimeout, AirflowSkipException
+from airflow.sdk.exceptions import AirflowRescheduleException, AirflowSensorTimeout, AirflowSkipException, TaskDeferred
 
 from airflow_provider_speculative import StageOutputSensor
 from airflow_provider_speculative.control.stage_output import StageOutputLocator
