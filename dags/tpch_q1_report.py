@@ -35,6 +35,7 @@ with DAG(
         external_dag_id="tpch_q1",
         stage="aggregate",
         poke_interval=15,
+        deferrable=True,  # wait in the triggerer (unset: [operators] default_deferrable)
         timeout=6 * 3600,
     )
 

@@ -32,8 +32,9 @@ class StageOutputSensor(BaseSensorOperator):
 
     The run is found in the result store by its logical date (default: this run's), or by ``run_id``.
     ``subtasks``: also require these subtask numbers in the commit. ``subpartitions``: also require that
-    some committed subtask wrote data for each of these subpartitions. ``deferrable=True`` (default)
-    waits in the triggerer; ``deferrable=False`` pokes in ``reschedule`` mode (no slot held between pokes).
+    some committed subtask wrote data for each of these subpartitions. ``deferrable=True`` waits in the
+    triggerer; ``deferrable=False`` pokes in ``reschedule`` mode (no slot held between pokes). Unset, it is
+    ``[operators] default_deferrable``, as for Airflow's own deferrable operators.
     ``timeout`` fails the sensor naming what is missing; ``soft_fail=True`` skips it instead.
     Returns (XCom) the run id and the path of the committed record.
     """
@@ -44,7 +45,11 @@ class StageOutputSensor(BaseSensorOperator):
     def __init__(self, *, stage: str, external_dag_id: str | None = None, logical_date: Any = None,
                  run_id: str | None = None, subtasks: Sequence[int] | None = None,
                  subpartitions: Sequence[int] | None = None, store_path: str | None = None,
-                 deferrable: bool = True, poke_interval: float = 30.0, **kwargs: Any) -> None:
+                 deferrable: bool | None = None, poke_interval: float = 30.0, **kwargs: Any) -> None:
+        if deferrable is None:
+            from airflow_provider_speculative.settings import airflow_conf
+
+            deferrable = airflow_conf().getboolean("operators", "default_deferrable", fallback=False)
         if not deferrable:
             kwargs.setdefault("mode", "reschedule")
         where = f"StageOutputSensor {kwargs.get('task_id')!r}"

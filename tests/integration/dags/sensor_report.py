@@ -14,7 +14,7 @@ from airflow_provider_speculative.store.files import read_json
 
 with DAG(dag_id="sensor_report", schedule=None, start_date=pendulum.datetime(2026, 1, 1, tz="UTC")):
     wait = StageOutputSensor(task_id="wait_for_aggregate", external_dag_id="sensor_upstream", stage="aggregate",
-                             subtasks=[0], poke_interval=0.2, timeout=300)
+                             subtasks=[0], poke_interval=0.2, timeout=300, deferrable=True)
 
     @task
     def report(found: dict) -> int:

@@ -11,7 +11,7 @@ from airflow_provider_speculative import StageOutputSensor
 
 with DAG(dag_id="small_q1_report", schedule=None, start_date=pendulum.datetime(2026, 1, 1, tz="UTC")):
     found = StageOutputSensor(task_id="wait_for_small_q1", external_dag_id="small_q1", stage="aggregate",
-                              poke_interval=1, timeout=120)
+                              poke_interval=1, timeout=120, deferrable=True)
 
     @task
     def report(found: dict[str, Any]) -> dict[str, Any]:

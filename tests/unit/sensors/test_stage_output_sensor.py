@@ -157,8 +157,9 @@ def test_trigger_reports_a_broken_store_instead_of_dying(tmp_path: Path) -> None
 
 
 def sensor(tmp_path: Path, **kwargs: Any) -> StageOutputSensor:
+    """The sensor under test, deferrable unless a test says otherwise (the default is Airflow's setting)."""
     return StageOutputSensor(task_id="wait", external_dag_id="up", stage="aggregate", store_path=str(tmp_path),
-                             **kwargs)
+                             **{"deferrable": True, **kwargs})
 
 
 def test_reschedule_mode_reschedules_until_the_commit_then_returns_it(tmp_path: Path) -> None:
@@ -182,14 +183,25 @@ def test_reschedule_mode_timeout_names_what_is_missing_and_soft_fail_skips(tmp_p
         sensor(tmp_path, deferrable=False, timeout=60, soft_fail=True).execute(context(first_reschedule=long_ago))
 
 
+@pytest.mark.parametrize(("setting", "mode"), [(None, "reschedule"), ("True", "poke"), ("False", "reschedule")])
+def test_unset_deferrable_follows_airflows_default_deferrable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                              setting: str | None, mode: str) -> None:
+    if setting is None:
+        monkeypatch.delenv("AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE", raising=False)
+    else:
+        monkeypatch.setenv("AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE", setting)
+    op = StageOutputSensor(task_id="wait", external_dag_id="up", stage="aggregate", store_path=str(tmp_path))
+    assert (op.deferrable, op.mode) == (setting == "True", mode)
+
+
 def test_deferrable_returns_at_once_when_already_committed(tmp_path: Path) -> None:
     commit(plan(tmp_path, "r1", DAY))
-    assert sensor(tmp_path).execute(context())["run_id"] == "r1"
+    assert sensor(tmp_path, deferrable=True).execute(context())["run_id"] == "r1"
 
 
 def test_deferrable_defers_and_the_trigger_event_completes_it(tmp_path: Path) -> None:
     layout = plan(tmp_path, "r1", DAY)
-    op = sensor(tmp_path, timeout=600, poke_interval=0.01, subtasks=[1])
+    op = sensor(tmp_path, timeout=600, poke_interval=0.01, subtasks=[1], deferrable=True)
     with pytest.raises(TaskDeferred) as deferred:
         op.execute(context(logical_date=DAY.in_timezone("Europe/Paris")))
     trigger = deferred.value.trigger
