@@ -1,12 +1,14 @@
 """Start a real Airflow on the demo's home with the plugin, trigger the example and print where to look.
 
 ``make ui`` runs this with the demo's environment (AIRFLOW_HOME=.demo/airflow, its DAGs folder and store).
-It starts the api-server, scheduler, dag-processor and triggerer (LocalExecutor, each in its own process
-group, logs in ``$AIRFLOW_HOME/ui-logs/``), creates a SimpleAuthManager login (``admin``, password in
+It starts a warm pool of local Spark Connect servers as the attempts' targets (``--pool 2``, as ``make
+demo`` does; ``--pool 0``: the built-in spark-submit targets), then the api-server, scheduler,
+dag-processor and triggerer (LocalExecutor, each in its own process group, logs in
+``$AIRFLOW_HOME/ui-logs/``), creates a SimpleAuthManager login (``admin``, password in
 ``$AIRFLOW_HOME/simple_auth_manager_passwords.json.generated``), unpauses and triggers the DAG, and prints
 the URL of the run's "Speculative stages" view with the credentials. Ctrl-C (SIGINT) or SIGTERM stops
-every component and every attempt the run launched (attempt supervisors run in their own sessions), and
-exits once no process is left.
+every component and every attempt the run launched (attempt supervisors run in their own sessions) and
+the pool, and exits once no process is left.
 
 The settings every component needs to talk to the others are those tests/integration/airflow_cluster.py
 uses for the end-to-end tests (shared JWT secret, Execution API URL, free log-server ports).
@@ -19,10 +21,12 @@ import contextlib
 import json
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -33,10 +37,14 @@ from urllib.parse import quote
 
 import psutil
 
+from airflow_provider_speculative.exceptions import SpeculativeError
+
 BIN = Path(sys.executable).parent
 AIRFLOW = str(BIN / "airflow")
 COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
 PORTS = range(28100, 28200)
+POOL_PORTS = range(15200, 15300, 2)  # gRPC ports of a pool's first server (the next one is +1)
+POOL_UI_PORTS = range(4200, 4300, 2)
 USER = "admin"
 STOP_GRACE = 20.0
 
@@ -245,6 +253,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--logical-date", default=None, help="of the triggered run (default: now)")
     parser.add_argument("--no-trigger", action="store_true", help="only start Airflow")
     parser.add_argument("--timeout", type=float, default=600, help="seconds to wait for Airflow to be ready")
+    parser.add_argument("--pool", type=int, default=2, choices=range(0, 5), metavar="N",
+                        help="local Spark Connect servers to run attempts on (default 2; 0: spark-submit targets)")
     args = parser.parse_args(argv)
     if "AIRFLOW_HOME" not in os.environ:
         print("error: AIRFLOW_HOME is not set: run `make ui`, or `source .demo/env.sh` first", file=sys.stderr)
@@ -252,15 +262,23 @@ def main(argv: list[str] | None = None) -> int:
     home = Path(os.environ["AIRFLOW_HOME"]).resolve()
     home.mkdir(parents=True, exist_ok=True)
     port = args.port or free_port(PORTS)
+    # The run's fork servers (warm starts of Connect attempts) are the script's own: a private runtime
+    # directory, so stopping them at the end touches no other Airflow of this user.
+    runtime = tempfile.mkdtemp(prefix="spec-ui-")
+    os.environ["XDG_RUNTIME_DIR"] = runtime
     env = ui_env(dict(os.environ), home, port)
     password = _password(home)
     # Raise into the main flow on Ctrl-C / SIGTERM, so the same clean-up runs whatever was happening.
     signal.signal(signal.SIGINT, _interrupt)
     signal.signal(signal.SIGTERM, _interrupt)
-    airflow = Airflow(env, home, port)
     store = None
     code = 0
+    pool = None
+    airflow = None
     try:
+        if args.pool:
+            pool = start_pool(home, args.pool, env)
+        airflow = Airflow(env, home, port)
         print(f"migrating the metadata DB of {home} ...", flush=True)
         subprocess.run([AIRFLOW, "db", "migrate"], env=env, check=True, stdout=subprocess.DEVNULL,
                        stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
@@ -289,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(1)
     except Interrupted as exc:
         print(f"\n{exc}: stopping ...", flush=True)
-    except (RuntimeError, subprocess.CalledProcessError, urllib.error.URLError) as exc:
+    except (RuntimeError, SpeculativeError, subprocess.CalledProcessError, urllib.error.URLError) as exc:
         detail = exc.stderr.decode(errors="replace")[-2000:] if isinstance(exc, subprocess.CalledProcessError) else ""
         print(f"error: {exc}\n{detail}", file=sys.stderr, flush=True)
         code = 1
@@ -297,10 +315,52 @@ def main(argv: list[str] | None = None) -> int:
         # A second Ctrl-C must not cut the clean-up short.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        airflow.stop()
+        if airflow is not None:
+            airflow.stop()
         killed = kill_attempts(store) if store else 0
         print(f"stopped Airflow{f' and {killed} attempt process group(s)' if killed else ''}", flush=True)
+        from airflow_provider_speculative.backends import forkserver
+
+        forkserver.stop_servers()
+        shutil.rmtree(runtime, ignore_errors=True)
+        if pool is not None:
+            for info, what in pool.stop():
+                print(f"{info.name}: {what}", flush=True)
     return code
+
+
+def start_pool(home: Path, servers: int, env: dict[str, str]) -> Any:
+    """Start the warm Connect servers (their ports free now) and point every component's targets at them."""
+    from airflow_provider_speculative.devtools.localcluster import (
+        LocalCluster,
+        connection_definitions,
+        targets_json,
+    )
+
+    def pair_free(base: int) -> bool:
+        return all(_port_free(base + i) for i in range(servers))
+
+    base = next((p for p in POOL_PORTS if pair_free(p)), None)
+    ui_base = next((p for p in POOL_UI_PORTS if pair_free(p)), None)
+    if base is None or ui_base is None:
+        raise RuntimeError(f"no {servers} consecutive free ports in {POOL_PORTS} / {POOL_UI_PORTS} for the pool")
+    cluster = LocalCluster(home / "local-cluster")
+    print(f"starting {servers} warm Spark Connect server(s) (logs: {cluster.dir}) ...", flush=True)
+    started, running = cluster.start(servers=servers, base_port=base, ui_base_port=ui_base)
+    pool = sorted(started + running, key=lambda s: s.name)
+    env.update(connection_definitions(pool))
+    env["AIRFLOW__SPECULATIVE__TARGETS"] = targets_json(pool)
+    print("targets: " + ", ".join(f"{s.name} (Spark Connect on port {s.port})" for s in pool), flush=True)
+    return cluster
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ One Airflow start (about a minute on a 2-CPU machine): the lean example DAG smal
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
@@ -110,6 +111,10 @@ def test_make_ui_script_serves_the_run_view_and_stops_everything_on_ctrl_c(tmp_p
                 # The run is really running: an attempt was launched by the triggerer started by the script.
                 wait_until(lambda: list(store.rglob("status.json")), 300, "the first attempt to start",
                            on_timeout=diagnostics)
+                # On the script's warm pool, not on spark-submit targets.
+                assert "targets: local-a (Spark Connect on port" in out.text()
+                claim = json.loads(next(store.rglob("claim.json")).read_text())
+                assert claim["kind"] == "spark_connect" and claim["target"] in ("local-a", "local-b"), claim
                 ARTIFACTS.mkdir(exist_ok=True)
                 page.screenshot(path=str(ARTIFACTS / "ui-make-ui-run-view.png"))
             finally:
@@ -124,7 +129,8 @@ def test_make_ui_script_serves_the_run_view_and_stops_everything_on_ctrl_c(tmp_p
 
         os.kill(proc.pid, signal.SIGINT)  # what Ctrl-C in the terminal delivers to the script
         assert proc.wait(timeout=120) == 0, diagnostics()
-        wait_until(lambda: "stopped Airflow" in out.text(), 10, "the script's last line", interval=0.2)
+        wait_until(lambda: "local-b: stopped" in out.text(), 10, "the script's last lines", interval=0.2)
+        assert "stopped Airflow" in out.text() and "local-a: stopped" in out.text()
 
         def left() -> list[psutil.Process]:
             alive = []
