@@ -9,10 +9,12 @@ agree on which attempt is meant and never read more than ``max_bytes`` of a log 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from airflow_provider_speculative.core.states import Attempt
 from airflow_provider_speculative.exceptions import NotFoundError
 from airflow_provider_speculative.store.files import read_json
 from airflow_provider_speculative.store.layout import StageLayout
@@ -141,3 +143,21 @@ def read_from(path: Path, offset: int, max_bytes: int = 1024 * 1024) -> tuple[in
     if len(data) == max_bytes and b"\n" in data:
         data = data[:data.rindex(b"\n") + 1]  # a line cut at the buffer's end is printed whole next time
     return offset + len(data), data.decode("utf-8", errors="replace")
+
+
+def attempt_lines(layout: StageLayout, attempts: Iterable[Attempt], admitted: Mapping[int, int]) -> list[str]:
+    """For the task log when a stage ends: every attempt with its target, node, state and log file, one line each.
+
+    Linear in attempts; the paths are relative to the stage directory, named once in the first line.
+    """
+    lines = [f"attempts of stage {layout.stage} (logs under {layout.dir}; print one with "
+             f"`{logs_command(layout.dag_id, layout.run_id, layout.stage, 0, 0).rsplit(' --subtask', 1)[0]} "
+             "--subtask I --attempt K`):"]
+    for a in sorted(attempts, key=lambda a: (a.subtask, a.number)):
+        flags = [f for f, on in (("speculative", a.speculative), ("admitted", admitted.get(a.subtask) == a.number))
+                 if on]
+        exit_code = "" if a.exit_code is None else f", exit {a.exit_code}"
+        lines.append(f"  subtask {a.subtask} attempt {a.number} on {a.target} (node {a.node or a.target}): "
+                     f"{a.state.name}{exit_code}{' [' + ', '.join(flags) + ']' if flags else ''}; "
+                     f"log subtask={a.subtask}/attempt={a.number}/spark-submit.log")
+    return lines

@@ -33,6 +33,7 @@ from airflow_provider_speculative.plugin.model import (
     run_view,
     stage_view,
 )
+from airflow_provider_speculative.store.layout import safe_component
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +105,23 @@ def create_app(store: Path | None = None) -> FastAPI:
         # The store path is the operator's business, not every DAG reader's: the page shows it as a relative path.
         return {**log.to_json(), "path": _relative(log.path, _store(request)), "ended": ended, "done": ended,
                 "refresh_seconds": REFRESH_SECONDS, "now": time.time()}
+
+    @app.get("/api/log/download", dependencies=[Depends(read_task)], response_class=FileResponse)
+    def api_log_download(request: Request, dag_id: str, run_id: str, task_id: str, subtask: int,
+                         attempt: int | None = None) -> FileResponse:
+        """The whole log of one attempt as a download (streamed from disk, whatever its size)."""
+        stage = _stage_or_404(request, dag_id, run_id, task_id)
+        try:
+            log = attempt_log(_store(request), dag_id, run_id, stage, subtask, attempt, max_bytes=1)
+        except NotFoundError as exc:
+            raise _not_found(str(exc), dag_id, run_id) from None
+        if not log.exists:
+            raise _not_found(f"stage {stage!r} subtask {subtask} attempt {log.attempt} has written no log yet",
+                             dag_id, run_id)
+        name = safe_component(f"{dag_id}-{stage}-subtask{subtask}-attempt{log.attempt}") + ".log"
+        # text/plain with nosniff (the middleware): a browser never renders an attempt's output as a page.
+        return FileResponse(log.path, media_type="text/plain; charset=utf-8", filename=name,
+                            headers=_NO_STORE)
 
     @app.post("/api/rerun", dependencies=[Depends(edit_task), Depends(_refuse_cross_site)])
     def api_rerun(request: Request, dag_id: str, run_id: str, task_id: str, body: RerunBody,

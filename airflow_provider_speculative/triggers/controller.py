@@ -9,6 +9,7 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TaskSuccessEvent, TriggerEvent
 
+from airflow_provider_speculative.control.attemptlog import attempt_lines
 from airflow_provider_speculative.control.commit import (
     admitted_of,
     cleanup_sink_staging,
@@ -86,6 +87,9 @@ class StageControllerTrigger(BaseTrigger):
                 break
             await await_next_step(controller)
         payload = controller.event_payload()
+        # The task log says where every attempt ran and where its log is (the stage view links each one).
+        self.log.info("%s", "\n".join(attempt_lines(controller.layout, controller.scheduler.all_attempts(),
+                                                    controller.scheduler.admitted)))
         if self._ends_here(controller, in_line):
             try:
                 result = await asyncio.to_thread(self._commit, controller, payload)

@@ -363,3 +363,18 @@ def test_rerun_endpoint_accepts_its_own_origin_and_needs_credentials(store: Path
     same = _app(store, authorized=True).post(url, json={}, headers={"Origin": "http://testserver"})
     assert same.status_code == 200 and same.json()["region"]["scan"] == [0, 1, 2]
     assert _app(store, authorized=False).post(url, json={}).status_code == 401
+
+
+def test_the_whole_log_downloads_as_plain_text(store: Path):
+    client = _app(store, authorized=True)
+    scan = StageLayout(store, DAG, RUN, "scan")
+    scan.log(2, 0).write_text("<script>alert(1)</script>\n" + "x" * 300_000)
+    params = {"dag_id": DAG, "run_id": RUN, "task_id": "scan", "subtask": 2, "attempt": 0}
+    response = client.get("/api/log/download", params=params)
+    assert response.status_code == 200 and len(response.content) == scan.log(2, 0).stat().st_size
+    assert response.headers["content-type"].startswith("text/plain")
+    assert response.headers["x-content-type-options"] == "nosniff"
+    assert 'attachment; filename="spec_ui-scan-subtask2-attempt0.log"' == response.headers["content-disposition"]
+    missing = client.get("/api/log/download", params={**params, "attempt": 1})
+    assert missing.status_code == 404 and "has written no log yet" in missing.text
+    assert _app(store, authorized=False).get("/api/log/download", params=params).status_code == 401
