@@ -17,6 +17,7 @@ from typing import Any
 from airflow_provider_speculative.backends import forkserver
 from airflow_provider_speculative.backends.base import Backend, LaunchSpec
 from airflow_provider_speculative.backends.registry import attempt_observer, plan_backends
+from airflow_provider_speculative.control.attemptlog import attempt_lines
 from airflow_provider_speculative.control.hybrid import HybridInputWatcher
 from airflow_provider_speculative.control.liveness import TargetWatcher
 from airflow_provider_speculative.control.recovery import PartitionRecovery, attempt_command
@@ -538,6 +539,10 @@ class StageController:
     def _write_summary(self, now: float) -> None:
         self._summary_at = now
         atomic_write_json(self.layout.summary, self.summary(now))
+
+    def attempt_lines(self) -> list[str]:
+        """Every attempt of the stage run, one line each, for the task log (control/attemptlog.py)."""
+        return attempt_lines(self.layout, self.scheduler.all_attempts(), self.scheduler.admitted)
 
     def event_payload(self) -> dict[str, Any]:
         """The one trigger event: everything finalize needs (dag.test drops defer kwargs on resume)."""

@@ -61,6 +61,13 @@ class RunInfo:
     clear_number: int
     logical_date: str | None = None
     conf: dict[str, Any] = field(default_factory=dict)
+    task_id: str = ""
+    run_after: str | None = None
+
+
+def iso_or_none(when: Any) -> str | None:
+    """A datetime as ISO-8601 (how RunInfo carries times), or None."""
+    return when.isoformat() if when is not None else None
 
 
 @dataclass
@@ -290,6 +297,7 @@ class StagePlanner:
             context={"dag_id": self.run.dag_id, "run_id": self.run.run_id, "store_root": str(self.layout.root),
                      "logical_date": self.run.logical_date, "application": application,
                      "try_number": self.run.try_number, "clear_number": self.run.clear_number,
+                     "task_id": self.run.task_id, "run_after": self.run.run_after,
                      "targets": self.targets(self.config, application, spec.spark_conf,
                                              f"{self.run.dag_id}.{self.stage}", self.where)})
 

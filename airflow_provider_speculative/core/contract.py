@@ -17,6 +17,9 @@ STORE_EXIT_CAUSES = {EXIT_STORE_FULL: "store is full", EXIT_STORE_NOT_WRITABLE: 
 
 # The Spark Connect server an attempt's session connects to (sc://host:port/;token=...).
 REMOTE_ENV = "SPECULATIVE_SPARK_REMOTE"
+# JSON object of Spark properties the controller adds to every attempt's session (OpenLineage's parent job
+# and transport): passed in the environment, never in plan.json, because a transport may carry a credential.
+EXTRA_CONF_ENV = "SPECULATIVE_EXTRA_SPARK_CONF"
 # When the controller asked for the launch (epoch seconds): fault injection scales the elapsed time from it.
 LAUNCHED_AT_ENV = "SPECULATIVE_LAUNCHED_AT"
 # Fault injection hold_end: the release file whose existence lets a successful end be recorded.

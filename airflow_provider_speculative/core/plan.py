@@ -63,6 +63,10 @@ class StagePlan(_PlanKeys, total=False):
     # The Airflow task try that planned it; absent from plans written before they were recorded.
     try_number: int
     clear_number: int
+    # The task instance and its run's run_after (what OpenLineage names a task run by when there is no
+    # logical date); absent from older plans.
+    task_id: str
+    run_after: str | None
 
 
 def load_plan(raw: Any, where: str) -> StagePlan:

@@ -20,7 +20,13 @@ from airflow_provider_speculative.control.commit import (
     remove_losers,
     sink_finalizer,
 )
-from airflow_provider_speculative.control.planning import HybridWait, RunInfo, StagePlanner, stage_config
+from airflow_provider_speculative.control.planning import (
+    HybridWait,
+    RunInfo,
+    StagePlanner,
+    iso_or_none,
+    stage_config,
+)
 from airflow_provider_speculative.core.graph import PipelineGraph, RenderedStage
 from airflow_provider_speculative.core.plan import StagePlan, load_plan
 from airflow_provider_speculative.core.readiness import partition_key
@@ -117,7 +123,8 @@ class SparkStageOperator(BaseOperator):
         run = RunInfo(dag_id=context["dag"].dag_id, run_id=context["run_id"], try_number=context["ti"].try_number,
                       clear_number=_clear_number(context),
                       logical_date=logical_date.isoformat() if logical_date else None,
-                      conf=dict((dag_run.conf or {}) if dag_run is not None else {}))
+                      conf=dict((dag_run.conf or {}) if dag_run is not None else {}),
+                      task_id=self.task_id, run_after=iso_or_none(getattr(dag_run, "run_after", None)))
         return StagePlanner(self.graph, self.stage, sink=self._rendered_sink() if self.sink else None,
                             declared_sink=self.sink.describe() if self.sink is not None else None, run=run,
                             force_rerun=self.force_rerun, logger=self.log, rendered=self._rendered_stage())

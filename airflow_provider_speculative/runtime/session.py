@@ -8,13 +8,14 @@ so a cancel can interrupt exactly its work on the shared server.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from airflow_provider_speculative.core.contract import REMOTE_ENV
+from airflow_provider_speculative.core.contract import EXTRA_CONF_ENV, REMOTE_ENV
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -51,9 +52,14 @@ def open_session(app_name: str, spark_conf: dict[str, str], tag: str) -> OpenedS
     from pyspark.sql import SparkSession
 
     remote = os.environ.get(REMOTE_ENV)
+    extra = controller_conf()
     if not remote:
-        # spark-submit already passed the stage's spark_conf as --conf.
-        spark = SparkSession.builder.appName(app_name).getOrCreate()
+        # spark-submit already passed the stage's spark_conf as --conf; the controller's go in before the
+        # context starts, where listeners (OpenLineage's) read them.
+        builder = SparkSession.builder.appName(app_name)
+        for key, value in extra.items():
+            builder = builder.config(key, value)
+        spark = builder.getOrCreate()
         spark.sparkContext.setLogLevel("WARN")
         submitted = spark.sparkContext.getConf()
         for key, value in SESSION_DEFAULTS.items():
@@ -62,7 +68,7 @@ def open_session(app_name: str, spark_conf: dict[str, str], tag: str) -> OpenedS
         return OpenedSession(spark, spark.sparkContext.applicationId, remote=False)
     spark = SparkSession.builder.remote(remote).getOrCreate()
     spark.addTag(tag)
-    for key, value in {**SESSION_DEFAULTS, **spark_conf}.items():
+    for key, value in {**SESSION_DEFAULTS, **spark_conf, **extra}.items():
         try:
             spark.conf.set(key, value)
         except Exception as exc:  # static confs (executor memory...) belong to the server, not a session
@@ -73,3 +79,25 @@ def open_session(app_name: str, spark_conf: dict[str, str], tag: str) -> OpenedS
     except Exception:
         app_id = None
     return OpenedSession(spark, app_id, remote=True)
+
+
+def controller_conf() -> dict[str, str]:
+    """The Spark properties the controller passed in the environment (``EXTRA_CONF_ENV``), named in the log.
+
+    Only names and the parent run id are printed: a transport's properties may hold a credential.
+    """
+    raw = os.environ.get(EXTRA_CONF_ENV)
+    if not raw:
+        return {}
+    try:
+        conf = json.loads(raw)
+    except ValueError:
+        print(f"[speculative] {EXTRA_CONF_ENV} is not JSON; ignored", file=sys.stderr)
+        return {}
+    if not isinstance(conf, dict):
+        return {}
+    conf = {str(k): str(v) for k, v in conf.items()}
+    parent = conf.get("spark.openlineage.parentRunId")
+    print(f"[speculative] Spark properties from the controller: {', '.join(sorted(conf))}"
+          + (f" (OpenLineage parent run {parent})" if parent else ""), file=sys.stderr)
+    return conf

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TaskSuccessEvent, TriggerEvent
 
-from airflow_provider_speculative.control.attemptlog import attempt_lines
 from airflow_provider_speculative.control.commit import (
     admitted_of,
     cleanup_sink_staging,
@@ -20,7 +20,9 @@ from airflow_provider_speculative.control.commit import (
     sink_finalizer,
 )
 from airflow_provider_speculative.control.controller import StageController
+from airflow_provider_speculative.core.contract import EXTRA_CONF_ENV
 from airflow_provider_speculative.core.plan import StagePlan, load_plan
+from airflow_provider_speculative.hooks.openlineage import openlineage_spark_conf
 from airflow_provider_speculative.hooks.targets import connect_env
 from airflow_provider_speculative.metrics import StageMetrics
 from airflow_provider_speculative.store.files import read_json
@@ -54,16 +56,21 @@ class StageControllerTrigger(BaseTrigger):
 
     @staticmethod
     async def _attempt_env(plan: StagePlan) -> dict[str, str]:
-        """Resolve the connections the sink's writers need (triggers may only use the async lookup)."""
+        """What attempts get in their environment, never in the store: sink connections, OpenLineage properties."""
+        env: dict[str, str] = {}
+        lineage = await asyncio.to_thread(openlineage_spark_conf, plan)
+        if lineage:
+            env[EXTRA_CONF_ENV] = json.dumps(lineage)
         if not plan["output"].get("sink"):
-            return {}
+            return env
         from airflow.sdk import BaseHook
 
         from airflow_provider_speculative.sinks.base import Sink
 
         sink = Sink.from_json(plan["output"]["sink"])
+        # Triggers may only use the async connection lookup.
         connections = {conn_id: await BaseHook.aget_connection(conn_id) for conn_id in sink.runtime_connections()}
-        return sink.runtime_env(connections)
+        return {**env, **sink.runtime_env(connections)}
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         """Step the controller every check interval (sooner when an attempt changed) until decided; yield one event."""
@@ -88,8 +95,7 @@ class StageControllerTrigger(BaseTrigger):
             await await_next_step(controller)
         payload = controller.event_payload()
         # The task log says where every attempt ran and where its log is (the stage view links each one).
-        self.log.info("%s", "\n".join(attempt_lines(controller.layout, controller.scheduler.all_attempts(),
-                                                    controller.scheduler.admitted)))
+        self.log.info("%s", "\n".join(controller.attempt_lines()))
         if self._ends_here(controller, in_line):
             try:
                 result = await asyncio.to_thread(self._commit, controller, payload)

@@ -17,7 +17,7 @@ from typing import Any
 
 from airflow.triggers.base import TriggerEvent
 
-from airflow_provider_speculative.control.planning import HybridWait, RunInfo, StagePlanner
+from airflow_provider_speculative.control.planning import HybridWait, RunInfo, StagePlanner, iso_or_none
 from airflow_provider_speculative.core.graph import PipelineGraph, RenderedStage
 from airflow_provider_speculative.exceptions import PlanError, UpstreamFailedError, UpstreamSkippedError
 from airflow_provider_speculative.sinks.base import Sink
@@ -80,7 +80,8 @@ class StageStartTrigger(StageControllerTrigger):
                        # 0 here; commits made here are fenced by commit_snapshot instead.
                        clear_number=int(getattr(dag_run, "clear_number", 0) or 0),
                        logical_date=logical_date.isoformat() if logical_date is not None else None,
-                       conf=dict(getattr(dag_run, "conf", None) or {}))
+                       conf=dict(getattr(dag_run, "conf", None) or {}), task_id=str(ti.task_id),
+                       run_after=iso_or_none(getattr(dag_run, "run_after", None)))
 
     def _planner(self) -> StagePlanner:
         sink = None

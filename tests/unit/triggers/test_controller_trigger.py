@@ -60,6 +60,9 @@ class StubController:
     def summary(self) -> dict[str, Any]:
         return {"numSlowExecutionVertices": 0, "numEffectiveSpeculativeExecutions": self.steps}
 
+    def attempt_lines(self) -> list[str]:
+        return ["attempts of stage (stub)"]
+
     def event_payload(self) -> dict[str, Any]:
         return {"status": "success", "plan_path": "p", "admitted": {"0": 0}, "summary": self.summary()}
 
@@ -110,6 +113,9 @@ class DecidedController:
 
     def summary(self) -> dict[str, Any]:
         return {"numSlowExecutionVertices": 1, "numEffectiveSpeculativeExecutions": 1}
+
+    def attempt_lines(self) -> list[str]:
+        return ["attempts of stage (stub)"]
 
     def event_payload(self) -> dict[str, Any]:
         return {"status": "success", "plan_path": str(self.layout.plan), "admitted": {"0": 1},

@@ -124,6 +124,9 @@ class DecidedController:
     def summary(self) -> dict[str, Any]:
         return {"numSlowExecutionVertices": 0, "numEffectiveSpeculativeExecutions": 0}
 
+    def attempt_lines(self) -> list[str]:
+        return ["attempts of stage (stub)"]
+
     def event_payload(self) -> dict[str, Any]:
         return {"status": "success", "plan_path": str(self.layout.plan),
                 "admitted": {str(s): 0 for s in range(self.plan["parallelism"])}, "summary": self.summary()}
