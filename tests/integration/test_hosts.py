@@ -1,0 +1,218 @@
+"""Lost hosts and partitions with real hosts: Spark Connect servers in network namespaces (tests/hosts.py).
+
+Two hosts, ``h1`` (10.213.0.11) and ``h2`` (10.213.0.12), each run one Spark Connect server bound to
+its own address; the controller and the attempts' Connect clients run in the root namespace
+(10.213.0.1), the store is the shared filesystem. TPC-H Q1 (scan, 4 subtasks, then aggregate) runs
+through the controller without Airflow (connect_runner.py) while the test takes ``h1`` away: its
+network namespace killed, or its link down and up again. The scan's attempts on ``h1`` are held
+after writing their output (fault injection: the work is done on the node, the node is lost before
+the attempt reports it), so the fault hits them mid-attempt whatever the machine's speed.
+Outcomes are asserted on the store (journal, summary, committed.json) and against DuckDB.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import json
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from airflow_provider_speculative.control.readmodel import run_report
+from airflow_provider_speculative.devtools.localcluster import LocalCluster, ServerInfo
+from airflow_provider_speculative.pipeline import Pipeline, all_to_all, parquet_source
+from airflow_provider_speculative.store.files import read_json, read_jsonl
+from airflow_provider_speculative.store.layout import StageLayout
+from tests import hosts
+from tests.integration.connect_runner import ConnectPool, committed_table, run_pipeline
+from tests.integration.q1 import assert_q1_equal, duckdb_q1
+from tests.processes import processes_mentioning, wait_for
+
+pytestmark = [pytest.mark.hosts, pytest.mark.spark, pytest.mark.timeout(600)]
+
+APPS = Path(__file__).resolve().parents[2] / "dags" / "apps"
+SCAN_PARALLELISM = 4
+# Long enough that an attempt held on h1 is still held when the fault comes; it never runs out.
+HOLD_SECONDS = 600
+
+
+class HostPool:
+    """The module's hosts and their servers; :meth:`ready` restarts what a previous test took away."""
+
+    def __init__(self, network: hosts.HostNetwork, directory: Path) -> None:
+        self.network = network
+        self.directory = directory
+        self.servers: dict[str, ServerInfo] = {}
+
+    def ready(self) -> ConnectPool:
+        """Every host reachable, unshaped, and running its server: the pool of their targets."""
+        for host in self.network.hosts:
+            self.network.heal(host)
+        dead = [h for h in self.network.hosts
+                if h.name not in self.servers or LocalCluster.process(self.servers[h.name]) is None]
+        if dead:
+            for host in dead:
+                hosts.kill_namespace(host.netns)  # the server's leftovers (Python workers)
+            for info in hosts.start_connect_servers(self.network, self.directory, hosts=dead):
+                self.servers[info.name] = info
+        return ConnectPool(tuple(self.servers[h.name] for h in self.network.hosts), slots=2)
+
+
+@pytest.fixture(scope="module")
+def host_pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HostPool]:
+    """Two namespace hosts with a Connect server each, shared by the module's tests; always torn down."""
+    reason = hosts.unavailable_reason()
+    if reason:
+        pytest.skip(f"hosts tests need network namespaces: {reason}")
+    with hosts.HostNetwork(2) as network:
+        pool = HostPool(network, tmp_path_factory.mktemp("host-servers"))
+        yield pool
+        LocalCluster(pool.directory).stop_servers(list(pool.servers.values()), grace=5)
+    assert not any(line.startswith(hosts.PREFIX) for line in _ip_lines("netns", "list")), "namespaces left"
+
+
+def _ip_lines(*args: str) -> list[str]:
+    import subprocess
+
+    return subprocess.run(["ip", *args], capture_output=True, text=True, check=True).stdout.splitlines()
+
+
+@pytest.fixture
+def pool(host_pool: HostPool) -> ConnectPool:
+    """The hosts' pool, every server up and every link healed."""
+    return host_pool.ready()
+
+
+def _q1_graph(data: Path, name: str) -> Any:
+    pipeline = Pipeline(name, spark_conf={"spark.sql.shuffle.partitions": "2"})
+    # Attempts on h1 hold after writing their output: the fault lands while they run there.
+    scan = pipeline.stage("scan", application=str(APPS / "q1_scan.py"), parallelism=SCAN_PARALLELISM,
+                          inputs={"lineitem": parquet_source(str(data))},
+                          config={"fault_injection": {"targets": {"h1": {"delay": HOLD_SECONDS}}}})
+    pipeline.stage("aggregate", application=str(APPS / "q1_final.py"), parallelism=1,
+                   inputs={"partials": all_to_all(scan, key=["l_returnflag", "l_linestatus"])})
+    return pipeline.graph()
+
+
+def _claims(layout: StageLayout) -> list[tuple[int, int, dict[str, Any]]]:
+    """(subtask, attempt, claim) of every attempt claimed so far."""
+    found = []
+    for subtask in range(SCAN_PARALLELISM):
+        for attempt in layout.attempt_numbers(subtask):
+            claim = read_json(layout.claim(subtask, attempt))
+            if claim:
+                found.append((subtask, attempt, claim))
+    return found
+
+
+def _held_on(layout: StageLayout, target: str) -> list[tuple[int, int]]:
+    """Attempts on ``target`` that are running their injected hold (output written, not reported)."""
+    held = []
+    for subtask, attempt, claim in _claims(layout):
+        log = layout.log(subtask, attempt)
+        if claim.get("target") == target and log.exists() and "fault injection: slowing" in log.read_text(
+                errors="replace"):
+            held.append((subtask, attempt))
+    return held
+
+
+def _q1_of(root: Path, dag_id: str) -> dict[tuple[str, str], dict[str, float]]:
+    rows = committed_table(root, dag_id, "run1", "aggregate").to_pylist()
+    return {(r["l_returnflag"], r["l_linestatus"]): {k: float(v) for k, v in r.items()
+                                                     if k not in ("l_returnflag", "l_linestatus")} for r in rows}
+
+
+def _assert_one_output_per_subtask(layout: StageLayout) -> None:
+    """committed.json names one attempt per subtask, and only that attempt's output is left in the store."""
+    committed = read_json(layout.committed)
+    assert committed is not None, f"no committed.json under {layout.dir}"
+    assert sorted(int(s) for s in committed["subtasks"]) == list(range(SCAN_PARALLELISM))
+    for subtask, part in committed["subtasks"].items():
+        with_output = [a for a in layout.attempt_numbers(int(subtask)) if layout.manifest(int(subtask), a).exists()]
+        assert with_output == [part["attempt"]], (subtask, with_output, part)
+
+
+@contextlib.contextmanager
+def _running(pool: ConnectPool, graph: Any, root: Path) -> Iterator[concurrent.futures.Future[None]]:
+    """Run the pipeline in a thread while the body strikes; the body waits for (or checks) the future."""
+    with concurrent.futures.ThreadPoolExecutor(1) as executor:
+        future = executor.submit(run_pipeline, pool, graph, root, "run1", 300, enabled=False,
+                                 max_failures_per_stage=0)
+        yield future
+        future.result(timeout=360)
+
+
+def _server_running_jobs(info: ServerInfo) -> list[dict[str, Any]]:
+    url = f"http://{info.host}:{info.ui_port}/api/v1/applications/{info.app_id}/jobs?status=running"
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return json.loads(response.read())
+
+
+def test_partitioned_host_is_fenced_and_its_attempts_never_commit_after_heal(
+        pool: ConnectPool, host_pool: HostPool, tpch_data: Path, tmp_path: Path) -> None:
+    network = host_pool.network
+    h1 = network["h1"]
+    graph = _q1_graph(tpch_data, "hosts_partition")
+    layout = StageLayout(tmp_path, "hosts_partition", "run1", "scan")
+    with _running(pool, graph, tmp_path) as future:
+        held = wait_for(lambda: _held_on(layout, "h1") or future.done(), 240, "an attempt held on h1")
+        assert not future.done(), future.exception()
+        network.partition(h1)
+        # Heal once every subtask that was on h1 runs again on h2: h1 is back while the stage still runs.
+        wait_for(lambda: all(any(c.get("target") == "h2" and a > attempt for _, a, c in _claims(layout)
+                                 if _ == subtask) for subtask, attempt in held) or future.done(),
+                 120, "the partitioned attempts relaunched on h2")
+        network.heal(h1)
+
+    journal = read_jsonl(layout.journal)
+    fenced = [e for e in journal if e.get("event") == "cancel" and "target h1 lost" in (e.get("reason") or "")]
+    assert {(e["subtask"], e["attempt"]) for e in fenced} >= set(held), fenced
+    summary = read_json(layout.summary)
+    assert summary["target_lost_attempts"] >= len(held)
+    # Fenced: none of them reported after the heal, none is committed, their clients are gone.
+    scan = next(s for s in run_report(tmp_path, "hosts_partition", "run1")["stages"] if s["stage"] == "scan")
+    attempts = {(sub["subtask"], a["attempt"]): a for sub in scan["subtasks"] for a in sub["attempts"]}
+    for key in held:
+        assert attempts[key]["state"] == "CANCELED" and not attempts[key]["admitted"], attempts[key]
+    _assert_one_output_per_subtask(layout)
+    assert not processes_mentioning(str(tmp_path)), "a client of ours outlived the stage"
+    # Node identity: every attempt ran on a host's address, never on a loopback label.
+    assert {a["node"] for a in attempts.values()} <= {"10.213.0.11", "10.213.0.12"}, attempts
+    # Nothing of ours is left running on the healed host's server.
+    h1_server = next(s for s in pool.servers if s.name == "h1")
+    wait_for(lambda: not _server_running_jobs(h1_server), 60, "no job running on h1's server after the heal")
+    assert_q1_equal(_q1_of(tmp_path, "hosts_partition"), duckdb_q1(tpch_data))
+
+
+def test_killed_host_reruns_its_attempts_elsewhere_as_lost_not_failed(
+        pool: ConnectPool, host_pool: HostPool, tpch_data: Path, tmp_path: Path) -> None:
+    network = host_pool.network
+    h1 = network["h1"]
+    graph = _q1_graph(tpch_data, "hosts_kill")
+    layout = StageLayout(tmp_path, "hosts_kill", "run1", "scan")
+    with _running(pool, graph, tmp_path) as future:
+        held = wait_for(lambda: _held_on(layout, "h1") or future.done(), 240, "an attempt held on h1")
+        assert not future.done(), future.exception()
+        network.kill(h1)  # the machine is gone: its server and everything it ran
+
+    # The stage succeeded with max_failures_per_stage = 0: the lost attempts were not failures.
+    journal = read_jsonl(layout.journal)
+    lost = [e for e in journal if e.get("event") == "cancel" and "target h1 lost" in (e.get("reason") or "")]
+    assert {(e["subtask"], e["attempt"]) for e in lost} >= set(held), lost
+    summary = read_json(layout.summary)
+    assert summary["target_lost_attempts"] >= len(held)
+    scan = next(s for s in run_report(tmp_path, "hosts_kill", "run1")["stages"] if s["stage"] == "scan")
+    by_subtask = {sub["subtask"]: sub for sub in scan["subtasks"]}
+    for subtask, attempt in held:
+        sub = by_subtask[subtask]
+        assert not next(a for a in sub["attempts"] if a["attempt"] == attempt)["admitted"]
+        winner = next(a for a in sub["attempts"] if a["admitted"])
+        assert (winner["target"], winner["node"]) == ("h2", "10.213.0.12"), winner
+    _assert_one_output_per_subtask(layout)
+    assert hosts.namespace_pids(h1.netns) == []
+    assert not processes_mentioning(str(tmp_path)), "a client of ours outlived the stage"
+    assert_q1_equal(_q1_of(tmp_path, "hosts_kill"), duckdb_q1(tpch_data))
