@@ -178,6 +178,10 @@ def test_partitioned_host_is_fenced_and_its_attempts_never_commit_after_heal(
     attempts = {(sub["subtask"], a["attempt"]): a for sub in scan["subtasks"] for a in sub["attempts"]}
     for key in held:
         assert attempts[key]["state"] == "CANCELED" and not attempts[key]["admitted"], attempts[key]
+        # Fenced on the server too: once healed, the attempt's session there was released, so nothing
+        # can ever run in it again (a straggling client gets SESSION_CLOSED).
+        cancel = read_json(layout.attempt_dir(*key) / "connect-cancel.json")
+        assert cancel["released_at"] and not cancel.get("gave_up_at"), cancel
     _assert_one_output_per_subtask(layout)
     assert not processes_mentioning(str(tmp_path)), "a client of ours outlived the stage"
     # Node identity: every attempt ran on a host's address, never on a loopback label.
@@ -212,6 +216,8 @@ def test_killed_host_reruns_its_attempts_elsewhere_as_lost_not_failed(
         assert not next(a for a in sub["attempts"] if a["attempt"] == attempt)["admitted"]
         winner = next(a for a in sub["attempts"] if a["admitted"])
         assert (winner["target"], winner["node"]) == ("h2", "10.213.0.12"), winner
+        # Its server is gone, and so is its session: nothing left to interrupt, no minute of waiting for it.
+        assert read_json(layout.attempt_dir(subtask, attempt) / "connect-cancel.json")["server_gone_at"]
     _assert_one_output_per_subtask(layout)
     assert hosts.namespace_pids(h1.netns) == []
     assert not processes_mentioning(str(tmp_path)), "a client of ours outlived the stage"
