@@ -149,6 +149,7 @@ class HostNetwork:
     count: int
     hosts: list[Host] = field(default_factory=list)
     _forwarders: list[TcpForwarder] = field(default_factory=list)
+    _relays: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     _lock: int | None = None
 
     def __enter__(self) -> HostNetwork:
@@ -196,6 +197,8 @@ class HostNetwork:
                      interval=0.2)
 
     def __exit__(self, *exc: object) -> None:
+        for host in list(self.hosts):
+            self.unshape(host)
         for forwarder in self._forwarders:
             forwarder.close()
         self._forwarders.clear()
@@ -232,7 +235,39 @@ class HostNetwork:
 
     def clear_netem(self, host: Host) -> None:
         """Remove the shaping of :meth:`netem`."""
+        if shutil.which("tc") is None:
+            return
         _tc("qdisc", "del", "dev", host.veth, "root", check=False)
+
+    def shape(self, host: Host, port: int, delay_ms: int = 300, loss_percent: float = 5.0) -> tuple[int, str]:
+        """Make the link to ``host``'s service on ``port`` slow and lossy; returns (port to dial, how).
+
+        With netem: ``delay <delay_ms>ms loss <loss_percent>%`` on the host's link (every service of the
+        host), and the port is unchanged. On a kernel without netem: a user-space relay on the host
+        (tests/linkshaper.py) at ``port + 1`` that delays what is sent to ``port`` the same way.
+        """
+        if netem_unavailable_reason() is None:
+            self.netem(host, f"delay {delay_ms}ms loss {loss_percent}%")
+            return port, "netem"
+        import sys
+
+        relay_port = port + 1
+        argv = [sys.executable, "-m", "tests.linkshaper", "--listen", f"{host.address}:{relay_port}",
+                "--to", f"{host.address}:{port}", "--delay", str(delay_ms / 1000), "--loss", str(loss_percent / 100)]
+        self._relays[host.name] = subprocess.Popen(host.command(argv), cwd=Path(__file__).resolve().parents[1],
+                                                   stdin=subprocess.DEVNULL, start_new_session=True)
+        wait_for(lambda: _accepts(host.address, relay_port), 30, f"the link shaper on {host.address}:{relay_port}",
+                 interval=0.2)
+        return relay_port, "relay"
+
+    def unshape(self, host: Host) -> None:
+        """Undo :meth:`shape`."""
+        self.clear_netem(host)
+        relay = self._relays.pop(host.name, None)
+        if relay is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(relay.pid, signal.SIGKILL)
+            relay.wait(timeout=10)
 
     def forward(self, port: int) -> TcpForwarder:
         """Expose the root namespace's ``127.0.0.1:port`` to the hosts as ``10.213.0.1:port``."""
@@ -246,6 +281,14 @@ def _tc(*args: str, netns: str | None = None, check: bool = True) -> None:
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
     if check and done.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({done.returncode}): {done.stderr.strip()}")
+
+
+def _accepts(address: str, port: int) -> bool:
+    try:
+        with socket.create_connection((address, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
 
 
 def _reachable(host: Host) -> bool:

@@ -7,13 +7,16 @@ through the controller without Airflow (connect_runner.py) while the test takes 
 network namespace killed, or its link down and up again. The scan's attempts on ``h1`` are held
 after writing their output (fault injection: the work is done on the node, the node is lost before
 the attempt reports it), so the fault hits them mid-attempt whatever the machine's speed.
-Outcomes are asserted on the store (journal, summary, committed.json) and against DuckDB.
+A third test puts ``h2`` behind a slow, lossy link (300 ms, 5 %: netem, or tests/linkshaper.py where
+the kernel has no netem). Outcomes are asserted on the store (journal, summary, committed.json) and
+against DuckDB.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import dataclasses
 import json
 import urllib.request
 from collections.abc import Iterator
@@ -52,6 +55,7 @@ class HostPool:
         """Every host reachable, unshaped, and running its server: the pool of their targets."""
         for host in self.network.hosts:
             self.network.heal(host)
+            self.network.unshape(host)
         dead = [h for h in self.network.hosts
                 if h.name not in self.servers or LocalCluster.process(self.servers[h.name]) is None]
         if dead:
@@ -87,12 +91,13 @@ def pool(host_pool: HostPool) -> ConnectPool:
     return host_pool.ready()
 
 
-def _q1_graph(data: Path, name: str) -> Any:
-    pipeline = Pipeline(name, spark_conf={"spark.sql.shuffle.partitions": "2"})
+def _q1_graph(data: Path, name: str, hold_on_h1: bool = True, parallelism: int = SCAN_PARALLELISM,
+              config: dict[str, Any] | None = None) -> Any:
+    pipeline = Pipeline(name, config=config, spark_conf={"spark.sql.shuffle.partitions": "2"})
     # Attempts on h1 hold after writing their output: the fault lands while they run there.
-    scan = pipeline.stage("scan", application=str(APPS / "q1_scan.py"), parallelism=SCAN_PARALLELISM,
-                          inputs={"lineitem": parquet_source(str(data))},
-                          config={"fault_injection": {"targets": {"h1": {"delay": HOLD_SECONDS}}}})
+    hold = {"fault_injection": {"targets": {"h1": {"delay": HOLD_SECONDS}}}} if hold_on_h1 else {}
+    scan = pipeline.stage("scan", application=str(APPS / "q1_scan.py"), parallelism=parallelism,
+                          inputs={"lineitem": parquet_source(str(data))}, config=hold)
     pipeline.stage("aggregate", application=str(APPS / "q1_final.py"), parallelism=1,
                    inputs={"partials": all_to_all(scan, key=["l_returnflag", "l_linestatus"])})
     return pipeline.graph()
@@ -150,6 +155,39 @@ def _server_running_jobs(info: ServerInfo) -> list[dict[str, Any]]:
     url = f"http://{info.host}:{info.ui_port}/api/v1/applications/{info.app_id}/jobs?status=running"
     with urllib.request.urlopen(url, timeout=5) as response:
         return json.loads(response.read())
+
+
+def test_slow_lossy_host_completes_correctly_and_speculation_works_around_it(
+        pool: ConnectPool, host_pool: HostPool, tpch_data: Path, tmp_path: Path) -> None:
+    network = host_pool.network
+    h2 = network["h2"]
+    port, how = network.shape(h2, 15002, delay_ms=300, loss_percent=5)
+    servers = tuple(dataclasses.replace(s, port=port) if s.name == "h2" else s for s in pool.servers)
+    shaped = ConnectPool(servers, slots=pool.slots)
+    run_pipeline(shaped, _q1_graph(tpch_data, "hosts_slow", hold_on_h1=False, parallelism=8,
+                                   config={"enabled": True}), tmp_path, "run1", timeout=400)
+
+    layout = StageLayout(tmp_path, "hosts_slow", "run1", "scan")
+    scan = next(s for s in run_report(tmp_path, "hosts_slow", "run1")["stages"] if s["stage"] == "scan")
+    summary = read_json(layout.summary)
+    journal = read_jsonl(layout.journal)
+    attempts = [a for sub in scan["subtasks"] for a in sub["attempts"]]
+    # The controller measured the host behind the slow link as slower...
+    speeds = summary["target_speeds"]
+    assert speeds["h2"]["slowness"] > speeds["h1"]["slowness"], (how, speeds)
+    # ... and kept work off it: the fast host committed more subtasks, no copy ever went to the slow
+    # one, and the slow host was blocked (by its address: the node is the host), or work waited for
+    # the fast host, or a copy there won. Which of these acts first depends on timing, not the outcome.
+    committed_on = [a["target"] for a in attempts if a["admitted"]]
+    assert committed_on.count("h1") > committed_on.count("h2"), (how, committed_on)
+    assert all(a["target"] == "h1" for a in attempts if a["speculative"]), attempts
+    holds = [e for e in journal if e.get("event") == "launch" and "for faster target h1" in (e.get("reason") or "")]
+    copies_won = [a for a in attempts if a["speculative"] and a["admitted"]]
+    blocked = [e["node"] for e in journal if e.get("event") == "block_node"]
+    assert "10.213.0.11" not in blocked, blocked
+    assert holds or copies_won or "10.213.0.12" in blocked, (how, journal)
+    assert {a["node"] for a in attempts} == {"10.213.0.11", "10.213.0.12"}
+    assert_q1_equal(_q1_of(tmp_path, "hosts_slow"), duckdb_q1(tpch_data))
 
 
 def test_partitioned_host_is_fenced_and_its_attempts_never_commit_after_heal(
