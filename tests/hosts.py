@@ -137,9 +137,18 @@ class Host:
         """Its only address (``10.213.0.<10 + index>``)."""
         return f"{SUBNET}.{10 + self.index}"
 
-    def command(self, argv: list[str]) -> list[str]:
-        """``argv`` run on this host (``ip netns exec`` execs it: the pid is the command's)."""
-        return ["ip", "netns", "exec", self.netns, *argv]
+    def command(self, argv: list[str], own_hostname: bool = False) -> list[str]:
+        """``argv`` run on this host (``ip netns exec`` execs it: the pid is the command's).
+
+        With ``own_hostname`` it also gets a UTS namespace whose hostname is the host's netns name, so
+        ``socket.gethostname()`` tells the hosts apart as it would on real machines (the supervised
+        backend uses it to decide whether an attempt's pid is local). Not for JVMs: nothing resolves
+        that name, and Java looks its own hostname up.
+        """
+        if not own_hostname:
+            return ["ip", "netns", "exec", self.netns, *argv]
+        return ["ip", "netns", "exec", self.netns, "unshare", "--uts", "sh", "-c",
+                f'hostname {self.netns} && exec "$@"', "sh", *argv]
 
 
 @dataclass
