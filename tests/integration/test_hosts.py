@@ -1,9 +1,10 @@
 """Lost hosts and partitions with real hosts: Spark Connect servers in network namespaces (tests/hosts.py).
 
 Four hosts: ``h1`` (10.213.0.11) and ``h2`` (10.213.0.12) each run one Spark Connect server bound to
-its own address, ``h3`` and ``h4`` are triggerer hosts; the controller and the attempts' Connect clients run in the root namespace
-(10.213.0.1), the store is the shared filesystem. TPC-H Q1 (scan, 4 subtasks, then aggregate) runs
-through the controller without Airflow (connect_runner.py) while the test takes ``h1`` away: its
+its own address, ``h3`` and ``h4`` are triggerer hosts. Unless a test says otherwise the controller and
+the attempts' Connect clients run in the root namespace (10.213.0.1); the store is the shared
+filesystem. TPC-H Q1 (scan, 4 subtasks, then aggregate) runs through the controller without Airflow
+(connect_runner.py) while the test takes ``h1`` away: its
 network namespace killed, or its link down and up again. The scan's attempts on ``h1`` are held
 after writing their output (fault injection: the work is done on the node, the node is lost before
 the attempt reports it), so the fault hits them mid-attempt whatever the machine's speed.
