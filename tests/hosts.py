@@ -265,7 +265,7 @@ class HostNetwork:
                 "--to", f"{host.address}:{port}", "--delay", str(delay_ms / 1000), "--loss", str(loss_percent / 100)]
         self._relays[host.name] = subprocess.Popen(host.command(argv), cwd=Path(__file__).resolve().parents[1],
                                                    stdin=subprocess.DEVNULL, start_new_session=True)
-        wait_for(lambda: _accepts(host.address, relay_port), 30, f"the link shaper on {host.address}:{relay_port}",
+        wait_for(lambda: accepts(host.address, relay_port), 30, f"the link shaper on {host.address}:{relay_port}",
                  interval=0.2)
         return relay_port, "relay"
 
@@ -292,7 +292,8 @@ def _tc(*args: str, netns: str | None = None, check: bool = True) -> None:
         raise RuntimeError(f"{' '.join(cmd)} failed ({done.returncode}): {done.stderr.strip()}")
 
 
-def _accepts(address: str, port: int) -> bool:
+def accepts(address: str, port: int) -> bool:
+    """True if ``address:port`` accepts a TCP connection within 0.5 s."""
     try:
         with socket.create_connection((address, port), timeout=0.5):
             return True
@@ -313,6 +314,12 @@ def _reachable(host: Host) -> bool:
 
 class TcpForwarder:
     """Accepts on ``listen`` and pipes each connection to ``target`` (one thread per direction)."""
+
+    def __enter__(self) -> TcpForwarder:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def __init__(self, listen: tuple[str, int], target: tuple[str, int]) -> None:
         self.target = target

@@ -168,6 +168,31 @@ def _server_running_jobs(info: ServerInfo) -> list[dict[str, Any]]:
         return json.loads(response.read())
 
 
+def _ping_redis_from(host: hosts.Host, address: str) -> str:
+    """What Redis answers PING with, asked from ``host`` at ``address``:6379 (or the error)."""
+    probe = ("import socket\n"
+             "try:\n"
+             f"    s = socket.create_connection(({address!r}, 6379), timeout=2)\n"
+             "    s.sendall(b'PING\\r\\n'); print(s.recv(16).decode().strip())\n"
+             "except OSError as exc:\n"
+             "    print(type(exc).__name__)\n")
+    done = subprocess.run(host.command([sys.executable, "-c", probe]), capture_output=True, text=True, timeout=30)
+    return done.stdout.strip() or done.stderr.strip()
+
+
+def test_a_host_reaches_root_services_only_through_the_bridge(host_pool: HostPool) -> None:
+    if not hosts.accepts("127.0.0.1", 6379):
+        pytest.skip("no Redis on 127.0.0.1:6379 to reach")
+    network = host_pool.network
+    h3 = network["h3"]
+    # Its own loopback has no Redis: 127.0.0.1 inside a host is the host.
+    assert _ping_redis_from(h3, "127.0.0.1") == "ConnectionRefusedError"
+    with network.forward(6379):
+        assert _ping_redis_from(h3, hosts.ROOT_ADDRESS) == "+PONG"
+    routes = subprocess.run(h3.command(["ip", "-o", "addr", "show"]), capture_output=True, text=True).stdout
+    assert "10.213.0.13/24" in routes and " lo " in routes
+
+
 def test_slow_lossy_host_completes_correctly_and_speculation_works_around_it(
         pool: ConnectPool, host_pool: HostPool, tpch_data: Path, tmp_path: Path) -> None:
     network = host_pool.network
