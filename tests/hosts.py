@@ -253,25 +253,40 @@ class HostNetwork:
 
         With netem: ``delay <delay_ms>ms loss <loss_percent>%`` on the host's link (every service of the
         host), and the port is unchanged. On a kernel without netem: a user-space relay on the host
-        (tests/linkshaper.py) at ``port + 1`` that delays what is sent to ``port`` the same way.
+        (tests/linkshaper.py) at ``port + 1`` that delays what is sent to ``port`` the same way, and
+        the loss is the kernel's where nftables is installed (a rule in the host's namespace drops
+        that share of the packets it receives), else the relay's emulation of it.
         """
         if netem_unavailable_reason() is None:
             self.netem(host, f"delay {delay_ms}ms loss {loss_percent}%")
             return port, "netem"
         import sys
 
+        kernel_loss = shutil.which("nft") is not None and loss_percent > 0
+        if kernel_loss:
+            # In the host's own namespace: the rule goes with it, nothing is added to the root's ruleset.
+            for rule in (["add", "table", "inet", "sph"],
+                         ["add", "chain", "inet", "sph", "input", "{ type filter hook input priority 0; }"],
+                         ["add", "rule", "inet", "sph", "input", "numgen", "random", "mod", "100", "<",
+                          str(int(loss_percent)), "drop"]):
+                done = subprocess.run(host.command(["nft", *rule]), capture_output=True, text=True, timeout=30)
+                if done.returncode != 0:
+                    raise RuntimeError(f"nft {' '.join(rule)} on {host.netns} failed: {done.stderr.strip()}")
         relay_port = port + 1
+        relay_loss = 0.0 if kernel_loss else loss_percent / 100
         argv = [sys.executable, "-m", "tests.linkshaper", "--listen", f"{host.address}:{relay_port}",
-                "--to", f"{host.address}:{port}", "--delay", str(delay_ms / 1000), "--loss", str(loss_percent / 100)]
+                "--to", f"{host.address}:{port}", "--delay", str(delay_ms / 1000), "--loss", str(relay_loss)]
         self._relays[host.name] = subprocess.Popen(host.command(argv), cwd=Path(__file__).resolve().parents[1],
                                                    stdin=subprocess.DEVNULL, start_new_session=True)
         wait_for(lambda: accepts(host.address, relay_port), 30, f"the link shaper on {host.address}:{relay_port}",
                  interval=0.2)
-        return relay_port, "relay"
+        return relay_port, "relay + nft loss" if kernel_loss else "relay"
 
     def unshape(self, host: Host) -> None:
         """Undo :meth:`shape`."""
         self.clear_netem(host)
+        if shutil.which("nft") is not None:
+            subprocess.run(host.command(["nft", "delete", "table", "inet", "sph"]), capture_output=True, timeout=30)
         relay = self._relays.pop(host.name, None)
         if relay is not None:
             with contextlib.suppress(ProcessLookupError):
