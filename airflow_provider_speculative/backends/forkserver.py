@@ -98,10 +98,17 @@ def _private_dir() -> Path | None:
 
 
 def image_key() -> str:
-    """A key of what a forked attempt would run: interpreter, PYTHONPATH and the files the server imports."""
+    """A key of what a forked attempt would run and where: host, interpreter, PYTHONPATH, the files imported.
+
+    The host is in it because the socket directory may be shared by several hosts (a /tmp or
+    XDG_RUNTIME_DIR volume shared by containers, network namespaces on one machine): a launcher
+    must never have its attempts forked on another host, where its status.json would name the
+    wrong host and losing the launcher's host would not lose them.
+    """
     if _state["key"] is None:
         digest = hashlib.sha256()
-        digest.update(f"{sys.executable}\0{sys.version}\0{os.environ.get('PYTHONPATH', '')}".encode())
+        digest.update(f"{socket.gethostname()}\0{sys.executable}\0{sys.version}\0"
+                      f"{os.environ.get('PYTHONPATH', '')}".encode())
         for name in ("pyspark", "pandas", "pyarrow", "grpc"):
             with contextlib.suppress(Exception):
                 spec = importlib.util.find_spec(name)

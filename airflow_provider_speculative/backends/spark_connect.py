@@ -20,14 +20,22 @@ client still runs under the detached supervisor (so polling, logs and restart-sa
   until :data:`UNREACHABLE_GIVE_UP` seconds after the cancel; then the attempt counts as gone (the
   client is dead; if the server is down its work died with it, if it is only unreachable from the
   triggerer its orphaned query ends on its own and its late files are the ``gc`` command's).
+* Before any RPC the server's port is probed (:data:`PROBE_TIMEOUT`): a host that does not answer
+  costs the controller that short probe, not an RPC deadline per attempt and step (a partitioned
+  host with many attempts would otherwise stall the controller for minutes). A port that *refuses*
+  the connection on a host that answers has no server: the session and its queries died with the
+  server's process, so there is nothing to interrupt or release and the attempt is gone at once
+  (``server_gone_at``) instead of after :data:`UNREACHABLE_GIVE_UP`. (A firewall rejecting with a
+  TCP reset looks the same; the server's safety net then ends the orphaned query, as after a give-up.)
 """
 
 from __future__ import annotations
 
+import socket
 import time
 import uuid
 from typing import Any, ClassVar
-from urllib.parse import quote, unquote
+from urllib.parse import quote, unquote, urlparse
 
 from airflow_provider_speculative.backends.base import LaunchSpec
 from airflow_provider_speculative.backends.supervised import SupervisedBackend
@@ -39,6 +47,9 @@ from airflow_provider_speculative.store.layout import StageLayout
 DEFAULT_USER_ID = "speculative"
 RPC_TIMEOUT = 5.0
 UNREACHABLE_GIVE_UP = 60.0
+PROBE_TIMEOUT = 0.5
+# The cancel states after which nothing of the session can run on the server any more.
+_FINISHED = ("released_at", "gave_up_at", "server_gone_at")
 # Parameters of an sc:// URL the backend owns per attempt; the connection's others are kept.
 _SESSION_PARAMS = ("session_id",)
 
@@ -135,6 +146,19 @@ class ConnectSession:
         self.stub.ReleaseSession(req, metadata=self.builder.metadata(), timeout=self.timeout)
 
 
+def probe_server(url: str, timeout: float = PROBE_TIMEOUT) -> tuple[str, str] | None:
+    """None if the ``sc://`` URL's port accepts a connection, else ("refused" | "unreachable", why)."""
+    parsed = urlparse(split_url(url)[0].replace("sc://", "http://", 1))
+    address = (parsed.hostname or "", parsed.port or 15002)
+    try:
+        with socket.create_connection(address, timeout=timeout):
+            return None
+    except ConnectionRefusedError as exc:
+        return "refused", f"{address[0]}:{address[1]} refused the connection ({exc})"
+    except OSError as exc:
+        return "unreachable", f"{address[0]}:{address[1]} does not answer ({type(exc).__name__}: {exc})"
+
+
 def session_closed(exc: BaseException) -> bool:
     """True if the server answered that the session is already released (a cancel done before)."""
     return "SESSION_CLOSED" in str(exc)
@@ -194,7 +218,7 @@ class SparkConnectBackend(SupervisedBackend):
         if record is None:
             return client_gone
         state = self._cancel_state(subtask, attempt)
-        if state.get("released_at") or state.get("gave_up_at"):
+        if any(state.get(key) for key in _FINISHED):
             return client_gone
         if not client_gone:
             # A live client could still start operations; interrupt (again) only once it is gone.
@@ -209,7 +233,7 @@ class SparkConnectBackend(SupervisedBackend):
         if self.connect_record(subtask, attempt) is None:
             return False
         state = self._cancel_state(subtask, attempt)
-        return not (state.get("released_at") or state.get("gave_up_at"))
+        return not any(state.get(key) for key in _FINISHED)
 
     def _cancel_state(self, subtask: int, attempt: int) -> dict[str, Any]:
         return read_json(self.layout.attempt_dir(subtask, attempt) / "connect-cancel.json") or {}
@@ -227,6 +251,17 @@ class SparkConnectBackend(SupervisedBackend):
                                     "session_id": record["session_id"], "started_at": now, "interrupted": []}
         done = False
         try:
+            down = probe_server(self._session_url(record))
+            if down is not None and down[0] == "refused":
+                # No server on that port: the session and its queries ended with the server's process.
+                state.update(server_gone_at=state.get("server_gone_at") or time.time(), running=[],
+                             error=down[1])
+                journal.record(self.layout.journal, "connect_server_gone", subtask=subtask, attempt=attempt,
+                               server=record["server"], error=down[1])
+                atomic_write_json(path, state)
+                return True
+            if down is not None:
+                raise ConnectionError(down[1])  # as an RPC to it would, without its deadline
             with ConnectSession(self._session_url(record)) as session:
                 ids = session.interrupt_all()
                 state["interrupted"] = sorted(set(state.get("interrupted") or []) | set(ids))

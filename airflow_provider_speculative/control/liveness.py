@@ -2,8 +2,11 @@
 
 Per check interval and target, one of:
 
-- a ``spark_connect`` target: its server's gRPC port answers a TCP connect (0.5 s timeout) or the
-  target is lost; capacity is its ``slots``;
+- a ``spark_connect`` target: its server's gRPC port answers a TCP connect (0.5 s timeout), or the
+  target is lost: at once when the port refuses (nothing listens: the server is gone), after
+  :data:`SILENT_PROBES` consecutive probes that get no answer (a lossy link drops a SYN now and
+  then, and a lost SYN is retried after 1 s: with 5 % loss one probe in twenty would otherwise
+  cancel every attempt of a healthy server); capacity is its ``slots``;
 - a reactive standalone target (``"slots": "auto"``): the master's ``<master_ui>/json/`` (1 s
   timeout) gives the alive workers and their cores; capacity is the alive workers' cores divided by
   the cores one attempt takes, the offer their free cores likewise; a worker that was alive and is not
@@ -32,6 +35,8 @@ from airflow_provider_speculative.core.slots import TargetView, cores_per_attemp
 from airflow_provider_speculative.store.slots import TargetSlots
 
 CONNECT_TIMEOUT = 0.5
+# Consecutive unanswered probes (distinct ones: a cached result counts once) before a target is lost.
+SILENT_PROBES = 3
 MASTER_TIMEOUT = 1.0
 
 
@@ -105,6 +110,8 @@ class TargetWatcher:
         # Workers seen alive per reactive target: one that leaves the alive list is a lost node.
         self.seen_alive: dict[str, set[str]] = {}
         self.lost_nodes: dict[str, str] = {}
+        # Per Connect target: (when its last counted probe ran, how many in a row got no answer).
+        self.silent: dict[str, tuple[float, int]] = {}
 
     def observe(self, now: float) -> dict[str, TargetView]:
         """One view per target (probes cached for one check interval)."""
@@ -137,11 +144,24 @@ class TargetWatcher:
         if self._kind(target.name) == "spark_connect":
             address = connect_address(self._remote(target.name))
             if address is not None:
-                why = self.cache.get(("tcp", *address), max_age, lambda: self.probe_tcp(*address))
-                if why:
+                why, probed_at = self.cache.get(("tcp", *address), max_age,
+                                                lambda: (self.probe_tcp(*address), time.monotonic()))
+                if not why:
+                    self.silent.pop(target.name, None)
+                elif self._silent_long_enough(target.name, why, probed_at):
                     return TargetView(target.name, live=False, capacity=0, held=held,
                                       reason=f"Spark Connect server {why}", checked_at=now)
         return TargetView(target.name, live=True, capacity=target.slots, held=held, checked_at=now)
+
+    def _silent_long_enough(self, name: str, why: str, probed_at: float) -> bool:
+        """Whether a failed probe makes ``name`` lost: a refused port at once, silence after a few probes."""
+        if "ConnectionRefusedError" in why:
+            return True
+        last, count = self.silent.get(name, (None, 0))
+        if last != probed_at:
+            count += 1
+            self.silent[name] = (probed_at, count)
+        return count >= SILENT_PROBES
 
     def _kind(self, name: str) -> str:
         return str((self.plan_targets.get(name) or {}).get("kind", "spark_submit"))

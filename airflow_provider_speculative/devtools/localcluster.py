@@ -1,7 +1,8 @@
 """A local pool of Spark Connect servers (one JVM each) to use as ``spark_connect`` targets.
 
 ``airflow speculative local-cluster start|stop|status`` and the demo use it. Each server is a
-``spark-submit --class SparkConnectServer`` started in its own process group, bound to 127.0.0.1,
+``spark-submit --class SparkConnectServer`` started in its own process group, bound to its host's
+address (127.0.0.1 unless the server is given another: one server per host of a multi-host pool),
 with its log and a JSON pid file under ``$AIRFLOW_HOME/speculative-local-cluster/``. ``stop`` only
 kills a process whose pid file it wrote *and* that still is that server (same start time, same
 command line): a recycled pid is never killed.
@@ -21,7 +22,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,7 @@ CONNECT_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 DEFAULT_BASE_PORT = 15002
 DEFAULT_UI_BASE_PORT = 4050
 DEFAULT_CORES = 2
+LOOPBACK = "127.0.0.1"
 START_TIMEOUT = 180.0
 _UI_STARTED = re.compile(r"Successfully started service 'SparkUI' on port (\d+)")
 
@@ -76,6 +78,17 @@ class ServerInfo:
     ready_at: float | None = None
     app_id: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    # The address the server binds and clients dial; also its driver's host (the node its work runs on).
+    host: str = LOOPBACK
+
+    @property
+    def node(self) -> str | None:
+        """The node label of the server's target: its host, or None on loopback (the target's name then).
+
+        Servers on one loopback host are told apart by name; a server on its own host is that host, so
+        the blocklist and the speed history name the machine, as an attempt's executors would.
+        """
+        return None if self.host == LOOPBACK else self.host
 
     @property
     def conn_id(self) -> str:
@@ -85,7 +98,7 @@ class ServerInfo:
     @property
     def url(self) -> str:
         """The server's ``sc://`` URL."""
-        return f"sc://127.0.0.1:{self.port}"
+        return f"sc://{self.host}:{self.port}"
 
 
 def cluster_dir(home: str | Path | None = None) -> Path:
@@ -162,12 +175,12 @@ def free_base_port(count: int = 2, attempts: int = 50) -> int:
 
 
 def server_command(info: ServerInfo, conf: dict[str, str] | None = None) -> list[str]:
-    """The spark-submit command line of one server (loopback only, fixed gRPC and UI ports, the safety net)."""
+    """The spark-submit command line of one server (bound to its host only, fixed gRPC and UI ports, the safety net)."""
     cmd = [spark_submit(), "--class", CONNECT_CLASS, "--master", info.master, "--name", f"speculative-{info.name}",
            "--conf", f"spark.connect.grpc.binding.port={info.port}",
-           "--conf", "spark.connect.grpc.binding.address=127.0.0.1",
+           "--conf", f"spark.connect.grpc.binding.address={info.host}",
            "--conf", f"spark.ui.port={info.ui_port}",
-           "--conf", "spark.driver.host=127.0.0.1", "--conf", "spark.driver.bindAddress=127.0.0.1"]
+           "--conf", f"spark.driver.host={info.host}", "--conf", f"spark.driver.bindAddress={info.host}"]
     for key, value in {**SAFETY_NET_CONF, **(conf or {})}.items():
         cmd += ["--conf", f"{key}={value}"]
     return [*cmd, "spark-internal"]
@@ -241,6 +254,25 @@ class LocalCluster:
                                             f"in use by {owner}; choose other ports with --base-port / "
                                             "--ui-base-port or stop that process")
             started.append(self._launch(info, conf))
+        return self._ready(started, timeout, warm_up), already
+
+    def start_servers(self, servers: list[ServerInfo], conf: dict[str, str] | None = None,
+                      timeout: float = START_TIMEOUT, warm_up: bool = True,
+                      launcher: Callable[[ServerInfo], list[str]] | None = None) -> list[ServerInfo]:
+        """Start these servers as given (each on its own ``host``, e.g. one per machine); wait until ready.
+
+        ``launcher(server)`` is a command prefix (e.g. ``ip netns exec <ns>`` or ``ssh <host>``): the
+        pid recorded is the process it starts, so it must exec the server (not fork and return).
+        """
+        self.dir.mkdir(parents=True, exist_ok=True)
+        check_java()
+        started: list[ServerInfo] = []
+        for info in servers:
+            info.log = info.log or str(self.dir / f"{info.name}.log")
+            started.append(self._launch(info, conf, launcher(info) if launcher else []))
+        return self._ready(started, timeout, warm_up)
+
+    def _ready(self, started: list[ServerInfo], timeout: float, warm_up: bool) -> list[ServerInfo]:
         try:
             for info in started:
                 self._wait_ready(info, timeout)
@@ -249,7 +281,7 @@ class LocalCluster:
             raise
         if warm_up:
             self._warm_up(started)
-        return started, already
+        return started
 
     def _warm_up(self, servers: list[ServerInfo]) -> None:
         # All servers at once (one client process each); a failed warm-up is reported, never fatal:
@@ -271,12 +303,13 @@ class LocalCluster:
                 info.extra["warm_up"] = f"did not finish within {WARM_UP_TIMEOUT:.0f}s"
             self._write(info)
 
-    def _launch(self, info: ServerInfo, conf: dict[str, str] | None) -> ServerInfo:
-        # The servers' Python workers (UDFs) must be this venv's Python; never bind a non-loopback address.
-        env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable}
+    def _launch(self, info: ServerInfo, conf: dict[str, str] | None, prefix: list[str] | None = None) -> ServerInfo:
+        # The servers' Python workers (UDFs) must be this venv's Python; bind only the server's own host.
+        env = {**os.environ, "SPARK_LOCAL_IP": info.host, "PYSPARK_PYTHON": sys.executable}
         with open(info.log, "ab") as log:
-            proc = subprocess.Popen(server_command(info, conf), stdin=subprocess.DEVNULL, stdout=log,
-                                    stderr=subprocess.STDOUT, env=env, start_new_session=True, close_fds=True)
+            proc = subprocess.Popen([*(prefix or []), *server_command(info, conf)], stdin=subprocess.DEVNULL,
+                                    stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                                    close_fds=True)
         info.pid = proc.pid
         info.create_time = psutil.Process(proc.pid).create_time()
         info.start_ticks = start_ticks(proc.pid)
@@ -290,10 +323,10 @@ class LocalCluster:
             if self.process(info) is None:
                 raise LocalClusterError(f"Connect server {info.name} (port {info.port}) exited during start-up; "
                                         f"last lines of {info.log}:\n{_tail(info.log)}")
-            if _accepts(info.port) and _log_has(info.log, "Spark Connect server started"):
+            if _accepts(info.port, info.host) and _log_has(info.log, "Spark Connect server started"):
                 info.ui_port = _actual_ui_port(info.log) or info.ui_port
                 info.ready_at = info.ready_at or time.time()
-                info.app_id = application_id(info.ui_port)
+                info.app_id = application_id(info.ui_port, info.host)
                 # The REST API may lag the gRPC service by a moment; the app id is informative only.
                 if info.app_id or time.time() - info.ready_at > 30:
                     self._write(info)
@@ -334,33 +367,35 @@ class LocalCluster:
         for info in self.recorded():
             alive = self.process(info) is not None
             rows.append({"name": info.name, "alive": alive, "port": info.port, "ui_port": info.ui_port,
-                         "pid": info.pid, "app_id": (application_id(info.ui_port) if alive else None) or info.app_id,
+                         "pid": info.pid,
+                         "app_id": (application_id(info.ui_port, info.host) if alive else None) or info.app_id,
                          "url": info.url, "conn_id": info.conn_id, "log": info.log})
         return rows
 
 
-def application_id(ui_port: int, timeout: float = 2.0) -> str | None:
-    """The application id a Spark UI's REST API reports (None if it does not answer)."""
+def application_id(ui_port: int, host: str = LOOPBACK, timeout: float = 2.0) -> str | None:
+    """The application id a Spark UI's REST API on ``host`` reports (None if it does not answer)."""
     with contextlib.suppress(OSError, ValueError, IndexError, KeyError):
-        with urllib.request.urlopen(f"http://127.0.0.1:{ui_port}/api/v1/applications", timeout=timeout) as resp:
+        with urllib.request.urlopen(f"http://{host}:{ui_port}/api/v1/applications", timeout=timeout) as resp:
             return json.loads(resp.read().decode())[0]["id"]
     return None
 
 
 def connection_definitions(servers: list[ServerInfo]) -> dict[str, str]:
     """``AIRFLOW_CONN_<ID>`` environment variables (JSON connections) for the servers."""
-    return {f"AIRFLOW_CONN_{s.conn_id.upper()}": json.dumps({"conn_type": "spark_connect", "host": "127.0.0.1",
+    return {f"AIRFLOW_CONN_{s.conn_id.upper()}": json.dumps({"conn_type": "spark_connect", "host": s.host,
                                                              "port": s.port}) for s in servers}
 
 
 def targets_json(servers: list[ServerInfo], slots: int = 2) -> str:
-    """The ``[speculative] targets`` value that uses the servers (one target per server, node = its name)."""
-    return json.dumps([{"name": s.name, "conn_id": s.conn_id, "slots": slots} for s in servers])
+    """The ``[speculative] targets`` value that uses the servers (one target per server, node = its host or name)."""
+    return json.dumps([{"name": s.name, "conn_id": s.conn_id, "slots": slots, **({"node": s.node} if s.node else {})}
+                       for s in servers])
 
 
-def _accepts(port: int) -> bool:
+def _accepts(port: int, host: str = LOOPBACK) -> bool:
     try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+        with socket.create_connection((host, port), timeout=0.5):
             return True
     except OSError:
         return False

@@ -38,7 +38,9 @@ class ConnectPool:
 
     def config(self, **overrides: Any) -> SpeculativeConfig:
         """A configuration whose targets are the pool's servers; speculation off unless overridden."""
-        targets = [{"name": s.name, "conn_id": s.conn_id, "slots": self.slots} for s in self.servers]
+        # A server on its own host is that node (blocklist, speed history); loopback servers go by name.
+        targets = [{"name": s.name, "conn_id": s.conn_id, "slots": self.slots, **({"node": s.node} if s.node else {})}
+                   for s in self.servers]
         # A differential test checks results, not speed: no speculative copies competing for 2 cores.
         values = {"enabled": False, "check_interval": "200ms", "targets": targets, **overrides}
         return SpeculativeConfig().with_overrides(values, "test")

@@ -327,3 +327,14 @@ def test_the_cli_lists_and_stops_the_servers(runtime: Path, capsys: pytest.Captu
     assert lines[1].split()[:3] == [row["socket"], "stopped", str(row["pid"])]
     fork_server(Namespace(action="stop", output="table"))
     assert "no fork server running under" in capsys.readouterr().out
+
+
+def test_the_image_key_and_socket_are_per_host(monkeypatch) -> None:
+    # A socket directory shared by two hosts must not let one host's launcher fork on the other.
+    keys = {}
+    for host in ("triggerer-a", "triggerer-b"):
+        monkeypatch.setattr(forkserver.socket, "gethostname", lambda h=host: h)
+        monkeypatch.setitem(forkserver._state, "key", None)
+        keys[host] = (forkserver.image_key(), forkserver.socket_path())
+    assert keys["triggerer-a"][0] != keys["triggerer-b"][0]
+    assert keys["triggerer-a"][1] != keys["triggerer-b"][1]

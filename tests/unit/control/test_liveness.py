@@ -69,15 +69,17 @@ def test_reactive_target_follows_the_masters_workers(tmp_path):
 
 
 def test_unreachable_master_or_connect_server_makes_the_target_lost(tmp_path):
+    # A refused port has no server behind it: lost at the first probe (silence needs several: below).
     w, _calls, _ = watcher(
         tmp_path, [{"name": "c", "slots": "auto", "master_ui": "http://m:1"}, {"name": "sc", "slots": 3},
                    {"name": "local", "slots": 2}],
         plan_targets={"sc": {"kind": "spark_connect", "env": {}}, "local": {"kind": "spark_submit"}},
         target_env={"sc": {"SPECULATIVE_SPARK_REMOTE": "sc://10.0.0.5:15010/;token=secret"}},
-        master="master web UI http://m:1 does not answer", tcp=lambda h, p: f"{h}:{p} does not answer")
+        master="master web UI http://m:1 does not answer",
+        tcp=lambda h, p: f"{h}:{p} does not answer (ConnectionRefusedError: [Errno 111] Connection refused)")
     views = w.observe(0.0)
     assert not views["c"].live and views["c"].capacity == 0 and "does not answer" in views["c"].reason
-    assert not views["sc"].live and views["sc"].reason == "Spark Connect server 10.0.0.5:15010 does not answer"
+    assert not views["sc"].live and views["sc"].reason.startswith("Spark Connect server 10.0.0.5:15010 does not answer")
     assert views["local"].live and views["local"].capacity == 2
 
 
@@ -101,3 +103,28 @@ def test_connect_address_and_a_real_tcp_probe():
         port = server.getsockname()[1]
         assert tcp_probe("127.0.0.1", port) is None
     assert "does not answer" in tcp_probe("127.0.0.1", port, timeout=0.2)
+
+
+def test_a_silent_connect_server_is_lost_only_after_consecutive_unanswered_probes(tmp_path):
+    from airflow_provider_speculative.control.liveness import SILENT_PROBES
+
+    answers: list[str | None] = []
+    clock = FakeClock()
+    w, calls, _ = watcher(tmp_path, [{"name": "sc", "slots": 2}], plan_targets={"sc": {"kind": "spark_connect"}},
+                          target_env={"sc": {"SPECULATIVE_SPARK_REMOTE": "sc://10.0.0.5:15010/"}},
+                          tcp=lambda h, p: answers.pop(0), clock=clock)
+
+    def check(answer: str | None, at: float) -> bool:
+        answers.append(answer)
+        clock.now = at
+        return w.observe(at)["sc"].live
+
+    silent = "10.0.0.5:15010 does not answer (TimeoutError: timed out)"
+    # One lost SYN on a lossy link: still live; an answer resets the count.
+    assert check(silent, 0.0) and check(None, 1.0)
+    for i in range(SILENT_PROBES - 1):
+        assert check(silent, 2.0 + i)
+    # A cached result is one probe, however often the controller looks.
+    assert w.observe(2.0 + SILENT_PROBES - 2 + 0.5)["sc"].live and calls["tcp"] == 1 + SILENT_PROBES
+    assert not check(silent, 2.0 + SILENT_PROBES - 1)
+    assert check(None, 10.0)  # back: live again at once
