@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from tests.linkshaper import pipe
 from tests.processes import wait_for
 
 if TYPE_CHECKING:
@@ -361,7 +362,7 @@ class TcpForwarder:
             upstream.settimeout(None)
             self._sockets += [client, upstream]
             for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=_pipe, args=(a, b), daemon=True).start()
+                threading.Thread(target=pipe, args=(a, b), daemon=True).start()
 
     def close(self) -> None:
         """Stop accepting and close every forwarded connection."""
@@ -371,14 +372,6 @@ class TcpForwarder:
             with contextlib.suppress(OSError):
                 sock.close()
         self._thread.join(timeout=2)
-
-
-def _pipe(source: socket.socket, sink: socket.socket) -> None:
-    with contextlib.suppress(OSError):
-        while data := source.recv(65536):
-            sink.sendall(data)
-    with contextlib.suppress(OSError):
-        sink.shutdown(socket.SHUT_WR)
 
 
 @contextlib.contextmanager

@@ -65,7 +65,8 @@ def _delayed(source: socket.socket, sink: socket.socket, delay: float, loss: flo
     sender.join()
 
 
-def _plain(source: socket.socket, sink: socket.socket) -> None:
+def pipe(source: socket.socket, sink: socket.socket) -> None:
+    """Copy ``source`` to ``sink`` until it closes, then close ``sink``'s writing side (also tests/hosts.py)."""
     with contextlib.suppress(OSError):
         while data := source.recv(65536):
             sink.sendall(data)
@@ -86,7 +87,7 @@ def serve(listen: tuple[str, int], target: tuple[str, int], delay: float, loss: 
                 continue
             upstream.settimeout(None)
             threading.Thread(target=_delayed, args=(client, upstream, delay, loss, rng), daemon=True).start()
-            threading.Thread(target=_plain, args=(upstream, client), daemon=True).start()
+            threading.Thread(target=pipe, args=(upstream, client), daemon=True).start()
 
 
 def main() -> None:

@@ -162,6 +162,17 @@ def _running(pool: ConnectPool, graph: Any, root: Path) -> Iterator[concurrent.f
         future.result(timeout=360)
 
 
+@contextlib.contextmanager
+def _held_on_h1(pool: ConnectPool, tpch_data: Path, root: Path,
+                dag_id: str) -> Iterator[tuple[concurrent.futures.Future[None], StageLayout, list[tuple[int, int]]]]:
+    """Run the Q1 pipeline ``dag_id`` and yield (its future, the scan's layout, the attempts held on h1)."""
+    layout = StageLayout(root, dag_id, "run1", "scan")
+    with _running(pool, _q1_graph(tpch_data, dag_id), root) as future:
+        held = wait_for(lambda: _held_on(layout, "h1") or future.done(), 240, "an attempt held on h1")
+        assert not future.done(), future.exception()
+        yield future, layout, held
+
+
 def _server_running_jobs(info: ServerInfo) -> list[dict[str, Any]]:
     url = f"http://{info.host}:{info.ui_port}/api/v1/applications/{info.app_id}/jobs?status=running"
     with urllib.request.urlopen(url, timeout=5) as response:
@@ -230,11 +241,7 @@ def test_partitioned_host_is_fenced_and_its_attempts_never_commit_after_heal(
         pool: ConnectPool, host_pool: HostPool, tpch_data: Path, tmp_path: Path) -> None:
     network = host_pool.network
     h1 = network["h1"]
-    graph = _q1_graph(tpch_data, "hosts_partition")
-    layout = StageLayout(tmp_path, "hosts_partition", "run1", "scan")
-    with _running(pool, graph, tmp_path) as future:
-        held = wait_for(lambda: _held_on(layout, "h1") or future.done(), 240, "an attempt held on h1")
-        assert not future.done(), future.exception()
+    with _held_on_h1(pool, tpch_data, tmp_path, "hosts_partition") as (future, layout, held):
         network.partition(h1)
         # Heal once every subtask that was on h1 runs again on h2: h1 is back while the stage still runs.
         wait_for(lambda: all(any(c.get("target") == "h2" and a > attempt for _, a, c in _claims(layout)
@@ -339,11 +346,7 @@ def test_killed_host_reruns_its_attempts_elsewhere_as_lost_not_failed(
         pool: ConnectPool, host_pool: HostPool, tpch_data: Path, tmp_path: Path) -> None:
     network = host_pool.network
     h1 = network["h1"]
-    graph = _q1_graph(tpch_data, "hosts_kill")
-    layout = StageLayout(tmp_path, "hosts_kill", "run1", "scan")
-    with _running(pool, graph, tmp_path) as future:
-        held = wait_for(lambda: _held_on(layout, "h1") or future.done(), 240, "an attempt held on h1")
-        assert not future.done(), future.exception()
+    with _held_on_h1(pool, tpch_data, tmp_path, "hosts_kill") as (_, layout, held):
         network.kill(h1)  # the machine is gone: its server and everything it ran
 
     # The stage succeeded with max_failures_per_stage = 0: the lost attempts were not failures.
