@@ -9,6 +9,8 @@ import socket
 import subprocess
 import sys
 import tempfile
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -49,6 +51,25 @@ TEST_ENV = {
 }
 (SESSION_DIR / "run").mkdir()
 os.environ.update(TEST_ENV)
+
+
+@pytest.fixture(autouse=True)
+def airflow_deprecations_fail_our_code() -> Iterator[None]:
+    """Airflow's deprecations are shown, and fail the test where this package or its tests cause them.
+
+    The next Airflow release removes what they name; hidden, that breaks silently.
+    """
+    from airflow.exceptions import AirflowProviderDeprecationWarning, RemovedInAirflow4Warning
+    from airflow.utils.deprecation_tools import DeprecatedImportWarning
+
+    categories = (RemovedInAirflow4Warning, AirflowProviderDeprecationWarning, DeprecatedImportWarning)
+    with warnings.catch_warnings():
+        for category in categories:
+            warnings.filterwarnings("default", category=category)
+        for category in categories:  # later filters win: ours fail
+            for module in ("airflow_provider_speculative", "tests"):
+                warnings.filterwarnings("error", category=category, module=module)
+        yield
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
