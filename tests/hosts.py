@@ -394,11 +394,12 @@ def netem_unavailable_reason() -> str | None:
 
 
 def start_connect_servers(network: HostNetwork, directory: Path, cores: int = 1,
-                          hosts: list[Host] | None = None) -> list[ServerInfo]:
+                          hosts: list[Host] | None = None, warm_up: bool = True) -> list[ServerInfo]:
     """One Spark Connect server per host (``local[cores]``), bound to the host's address, as a real pool.
 
     Each is the target named after its host with ``node`` = the host's address; ports are the same on
-    every host (15002 gRPC, 4040 UI), as on separate machines.
+    every host (15002 gRPC, 4040 UI), as on separate machines. ``warm_up=False`` skips the warm-up
+    queries (devtools/warmup.py): the first attempts then pay the JVM's class loading instead.
     """
     from airflow_provider_speculative.devtools.localcluster import LocalCluster, ServerInfo
 
@@ -406,4 +407,5 @@ def start_connect_servers(network: HostNetwork, directory: Path, cores: int = 1,
     servers = [ServerInfo(name=h.name, port=15002, ui_port=4040, master=f"local[{cores}]", host=h.address)
                for h in chosen]
     by_host = {h.address: h for h in chosen}
-    return LocalCluster(directory).start_servers(servers, launcher=lambda s: by_host[s.host].command([]))
+    return LocalCluster(directory).start_servers(servers, warm_up=warm_up,
+                                                 launcher=lambda s: by_host[s.host].command([]))
