@@ -173,6 +173,15 @@ def _held_on_h1(pool: ConnectPool, tpch_data: Path, root: Path,
         yield future, layout, held
 
 
+def _h1_attempts_counted_lost(layout: StageLayout, held: list[tuple[int, int]], root: Path) -> dict[str, Any]:
+    """The held attempts were cancelled as lost with h1 and counted as lost; returns the scan's status report."""
+    journal = read_jsonl(layout.journal)
+    lost = [e for e in journal if e.get("event") == "cancel" and "target h1 lost" in (e.get("reason") or "")]
+    assert {(e["subtask"], e["attempt"]) for e in lost} >= set(held), lost
+    assert read_json(layout.summary)["target_lost_attempts"] >= len(held)
+    return next(s for s in run_report(root, layout.dag_id, "run1")["stages"] if s["stage"] == "scan")
+
+
 def _server_running_jobs(info: ServerInfo) -> list[dict[str, Any]]:
     url = f"http://{info.host}:{info.ui_port}/api/v1/applications/{info.app_id}/jobs?status=running"
     with urllib.request.urlopen(url, timeout=5) as response:
@@ -249,13 +258,8 @@ def test_partitioned_host_is_fenced_and_its_attempts_never_commit_after_heal(
                  120, "the partitioned attempts relaunched on h2")
         network.heal(h1)
 
-    journal = read_jsonl(layout.journal)
-    fenced = [e for e in journal if e.get("event") == "cancel" and "target h1 lost" in (e.get("reason") or "")]
-    assert {(e["subtask"], e["attempt"]) for e in fenced} >= set(held), fenced
-    summary = read_json(layout.summary)
-    assert summary["target_lost_attempts"] >= len(held)
     # Fenced: none of them reported after the heal, none is committed, their clients are gone.
-    scan = next(s for s in run_report(tmp_path, "hosts_partition", "run1")["stages"] if s["stage"] == "scan")
+    scan = _h1_attempts_counted_lost(layout, held, tmp_path)
     attempts = {(sub["subtask"], a["attempt"]): a for sub in scan["subtasks"] for a in sub["attempts"]}
     for key in held:
         assert attempts[key]["state"] == "CANCELED" and not attempts[key]["admitted"], attempts[key]
@@ -350,12 +354,7 @@ def test_killed_host_reruns_its_attempts_elsewhere_as_lost_not_failed(
         network.kill(h1)  # the machine is gone: its server and everything it ran
 
     # The stage succeeded with max_failures_per_stage = 0: the lost attempts were not failures.
-    journal = read_jsonl(layout.journal)
-    lost = [e for e in journal if e.get("event") == "cancel" and "target h1 lost" in (e.get("reason") or "")]
-    assert {(e["subtask"], e["attempt"]) for e in lost} >= set(held), lost
-    summary = read_json(layout.summary)
-    assert summary["target_lost_attempts"] >= len(held)
-    scan = next(s for s in run_report(tmp_path, "hosts_kill", "run1")["stages"] if s["stage"] == "scan")
+    scan = _h1_attempts_counted_lost(layout, held, tmp_path)
     by_subtask = {sub["subtask"]: sub for sub in scan["subtasks"]}
     for subtask, attempt in held:
         sub = by_subtask[subtask]
