@@ -93,7 +93,7 @@ browser:
 	@test -x /usr/bin/chromium || { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium chromium-driver; } \
 		|| { echo "error: the browser test needs /usr/bin/chromium: apt-get install -y chromium chromium-driver (as root)"; exit 1; }
 
-test: install java-check data browser
+test: install java-check data-q3 browser
 	$(PY) -m pytest -ra --durations=25
 
 # The fast tests alone (pure core, store, backends' file mapping, controller on a fake backend): seconds.

@@ -143,7 +143,7 @@ def _skip_reason() -> str | None:
     if reason:
         return f"hosts tests need network namespaces: {reason}"
     if not all(sorted((TPCH / table).glob("*.parquet")) for table in ("customer", "orders", "lineitem")):
-        return f"TPC-H customer, orders and lineitem missing under {TPCH}: run `make data-q3` first"
+        return f"TPC-H customer, orders and lineitem missing under {TPCH}: run `make data-q3` first (`make test` does)"
     try:
         import airflow.providers.celery  # noqa: F401
     except ImportError:
