@@ -77,7 +77,10 @@ RUN_ENV := AIRFLOW_HOME=$(RUN)/airflow \
 	AIRFLOW__SPECULATIVE__ENABLED=true
 run: install java-check
 	@test -n "$(DAGS)" && test -n "$(DAG)" && test -d "$(DAGS)" || { echo "usage: make run DAGS=<folder of your DAG files> DAG=<dag_id> [RUN_DATE=YYYY-MM-DD] [RUN_TARGETS=connect|spark-submit]" >&2; exit 2; }
+	@# RUN may point anywhere: empty it only if an earlier `make run` made it (its marker is there).
+	@if [ -e "$(RUN)" ] && [ ! -e "$(RUN)/.made-by-make-run" ]; then echo "error: $(RUN) exists and was not made by \`make run\`; it is not emptied: choose another RUN=" >&2; exit 2; fi
 	rm -rf $(RUN)
+	mkdir -p $(RUN) && touch $(RUN)/.made-by-make-run
 	$(RUN_ENV) $(PY) scripts/demo_env.py write $(RUN)
 	$(RUN_ENV) DEMO=$(RUN) DEMO_DATE=$(RUN_DATE) DEMO_TARGETS=$(RUN_TARGETS) DAG_ID=$(DAG) VENV=$(VENV) scripts/demo.sh
 	@$(PY) scripts/demo_env.py hint $(RUN)

@@ -9,6 +9,7 @@ agree on which attempt is meant and never read more than ``max_bytes`` of a log 
 from __future__ import annotations
 
 import os
+import shlex
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -101,9 +102,10 @@ def attempt_log(root: Path, dag_id: str, run_id: str, stage: str, subtask: int, 
     return AttemptLog(dag_id, run_id, stage, subtask, attempt, path, size, start, text, exists)
 
 
-def logs_command(dag_id: str, run_id: str, stage: str, subtask: int, attempt: int) -> str:
-    """The CLI command that prints this attempt's log."""
-    return (f"airflow speculative logs -d {dag_id} -r '{run_id}' -s {stage} "
+def logs_command(dag_id: str, run_id: str, stage: str, subtask: int | str, attempt: int | str) -> str:
+    """The CLI command that prints this attempt's log (``subtask``/``attempt`` may be placeholders)."""
+    # Ids come from DAG authors and the store: quoted, the line is safe to paste into a shell.
+    return (f"airflow speculative logs -d {shlex.quote(dag_id)} -r {shlex.quote(run_id)} -s {shlex.quote(stage)} "
             f"--subtask {subtask} --attempt {attempt}")
 
 
@@ -151,8 +153,7 @@ def attempt_lines(layout: StageLayout, attempts: Iterable[Attempt], admitted: Ma
     Linear in attempts; the paths are relative to the stage directory, named once in the first line.
     """
     lines = [f"attempts of stage {layout.stage} (logs under {layout.dir}; print one with "
-             f"`{logs_command(layout.dag_id, layout.run_id, layout.stage, 0, 0).rsplit(' --subtask', 1)[0]} "
-             "--subtask I --attempt K`):"]
+             f"`{logs_command(layout.dag_id, layout.run_id, layout.stage, 'I', 'K')}`):"]
     for a in sorted(attempts, key=lambda a: (a.subtask, a.number)):
         flags = [f for f, on in (("speculative", a.speculative), ("admitted", admitted.get(a.subtask) == a.number))
                  if on]

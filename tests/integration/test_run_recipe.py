@@ -57,3 +57,11 @@ def test_make_run_runs_a_users_own_dag_on_the_embedded_default(tmp_path: Path) -
     usage = subprocess.run(["make", "-s", "run", "DAG=my_daily_q1"], cwd=REPO, env=env, capture_output=True,
                            text=True, timeout=300)
     assert usage.returncode != 0 and "usage: make run DAGS=" in usage.stderr
+    # RUN pointing at a directory `make run` did not make: nothing in it is deleted.
+    mine = tmp_path / "my_project"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine")
+    refused = subprocess.run(["make", "-s", "run", f"DAGS={dags}", "DAG=my_daily_q1", f"RUN={mine}"], cwd=REPO,
+                             env={**env, "RUN": str(mine)}, capture_output=True, text=True, timeout=300)
+    assert refused.returncode != 0 and "was not made by `make run`" in refused.stderr
+    assert (mine / "notes.txt").read_text() == "mine"

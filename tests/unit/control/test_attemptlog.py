@@ -19,7 +19,7 @@ def test_the_task_log_lists_every_attempt_with_target_state_and_log(tmp_path: Pa
     ]
     lines = attempt_lines(layout, attempts, {0: 0, 1: 1})
     assert lines[0].startswith(f"attempts of stage scan (logs under {layout.dir}; print one with `airflow "
-                               "speculative logs -d q1 -r 'manual__1' -s scan --subtask I --attempt K`")
+                               "speculative logs -d q1 -r manual__1 -s scan --subtask I --attempt K`")
     assert lines[1:] == [
         "  subtask 0 attempt 0 on local-a (node local-a): FINISHED, exit 0 [admitted]; "
         "log subtask=0/attempt=0/spark-submit.log",
@@ -35,3 +35,12 @@ def test_a_tail_starts_at_a_whole_line_and_never_reads_more_than_asked(tmp_path:
     size, start, text = read_tail(log, 15)
     assert size == log.stat().st_size and text == "last line\n" and start == size - len(b"last line\n")
     assert read_tail(log, 10_000) == (size, 0, log.read_text())
+
+
+def test_the_logs_command_is_safe_to_paste_whatever_the_ids() -> None:
+    from airflow_provider_speculative.control.attemptlog import logs_command
+
+    line = logs_command("q1", "manual__x'; rm -rf /tmp/y; '", "scan", 1, 2)
+    assert line == ("airflow speculative logs -d q1 -r 'manual__x'\"'\"'; rm -rf /tmp/y; '\"'\"'' -s scan "
+                    "--subtask 1 --attempt 2")
+

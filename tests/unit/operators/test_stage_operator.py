@@ -147,7 +147,7 @@ def test_a_failed_stage_says_where_the_attempt_logs_are_and_shows_the_first_ones
         op.execute_complete(_context(), event)
     lines = str(failure.value).splitlines()
     assert f"{layout.dir}/subtask=<i>/attempt=<k>/spark-submit.log" in lines[3]
-    assert "airflow speculative logs -d d -r 'r1' -s scan --subtask 1 --attempt 2" in lines[3]
+    assert "airflow speculative logs -d d -r r1 -s scan --subtask 1 --attempt 2" in lines[3]
     tail = lines[lines.index("last 20 lines of subtask 1 attempt 2's log:") + 1:]
     assert tail[0] == "  | INFO step 31" and tail[-1].startswith("  | ValueError: bad row xxx")
     assert tail[-1].endswith(" [...]") and len(tail[-1]) < 420  # one long line cannot flood the task log
