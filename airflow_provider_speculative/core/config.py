@@ -41,6 +41,8 @@ class Target:
 # Many local drivers on one host would exhaust Spark UI ports (4040 + 16 retries); local attempts
 # run without the UI. Configure targets explicitly to keep it, e.g. on a cluster.
 LOCAL_CONF = {"spark.ui.enabled": "false"}
+# The api-server connection a stage ending in the triggerer records its asset event through, if it is defined.
+DEFAULT_ASSET_EVENTS_CONN_ID = "speculative_api"
 DEFAULT_TARGETS: tuple[Target, ...] = (
     Target(name="local-a", conn_id="spark_default", slots=2, conf=LOCAL_CONF),
     Target(name="local-b", conn_id="spark_default", slots=2, conf=LOCAL_CONF),
@@ -469,6 +471,14 @@ def _history_url(name: str, value: Any, where: str) -> str:
     return text
 
 
+def _conn_id(name: str, value: Any, where: str) -> str:
+    """An Airflow connection id, or "" (off): letters, digits, ``_``, ``.`` and ``-`` only."""
+    text = _text(name, value, where).strip()
+    if text and not re.fullmatch(r"[A-Za-z0-9_.\-]{1,250}", text):
+        raise _bad(name, value, where, "expected an Airflow connection id (letters, digits, '_', '.', '-') or empty")
+    return text
+
+
 def _text(name: str, value: Any, where: str) -> str:
     if value is not None and not isinstance(value, str | os.PathLike):
         raise _bad(name, value, where, "expected a string")
@@ -593,6 +603,18 @@ OPTIONS: tuple[Option, ...] = (
            manual="Spark history server URL, absolute `http://` or `https://` with a host (anything else is refused; "
                   "see [SECURITY.md](../SECURITY.md)); the UI and the operator extra links then link admitted "
                   "attempts to it"),
+    Option("asset_events_conn_id", _conn_id, DEFAULT_ASSET_EVENTS_CONN_ID,
+           "HTTP connection to Airflow's api-server through which a stage that ends in the triggerer records its "
+           "sink's asset event (no worker run); when the default connection is not defined, or the option is "
+           "empty, the task resumes on a worker to record it.",
+           annotation="str",
+           manual="an `http` connection to Airflow's api-server (host = its base URL; login and password of a user "
+                  "who may create asset events, or extra `token`); a stage started in the triggerer then records "
+                  "its sink's asset event through the REST API and ends there, instead of resuming on a worker "
+                  "(saves a scheduler round trip and a worker start per run). If the default connection is not "
+                  "defined, or the option is empty, the worker records it as before; a connection named here "
+                  "that does not exist fails the stage at plan. See [Asset events without a "
+                  "worker](running.md#asset-events-without-a-worker)"),
     Option("targets", _targets, DEFAULT_TARGETS,
            "JSON list of targets: name, conn_id, slots (a number, or 'auto' with master_ui), node, conf.",
            default_string=json.dumps([asdict(t) for t in DEFAULT_TARGETS]), readme_default="two local targets",
@@ -668,6 +690,7 @@ class SpeculativeConfig:
     executor_loss_timeout: float = 60.0
     store_path: str = ""
     spark_history_url: str = ""
+    asset_events_conn_id: str = DEFAULT_ASSET_EVENTS_CONN_ID
     targets: tuple[Target, ...] = DEFAULT_TARGETS
     fault_injection: FaultInjection = field(default_factory=FaultInjection)
 

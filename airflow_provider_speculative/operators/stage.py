@@ -11,6 +11,7 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowRescheduleException
 from airflow.triggers.base import StartTriggerArgs
 
+from airflow_provider_speculative.control.asset_events import asset_event_extra
 from airflow_provider_speculative.control.attemptlog import failure_log_lines
 from airflow_provider_speculative.control.commit import (
     admitted_of,
@@ -114,6 +115,8 @@ class SparkStageOperator(BaseOperator):
             trigger_kwargs={"graph": graph, "stage": self.stage, "sink_class": sink["class"] if sink else None,
                             "sink_args": self.sink_args, "declared_sink": json.loads(json.dumps(self.sink_args)),
                             "force_rerun": self.force_rerun, "publish": bool(self.outlets),
+                            "outlet_assets": api_outlets(self.outlets, self.sink_asset),
+                            "asset_partitioned": self.asset_partitioned,
                             **RenderedStage.of(self.graph.stages[self.stage]).to_json()},
             next_kwargs=None, timeout=None)
 
@@ -292,6 +295,21 @@ class SparkStageOperator(BaseOperator):
         cleanup_sink_staging(plan, layout, attempts, self.log)
 
 
+def api_outlets(outlets: Any, sink_asset: Any) -> list[dict[str, Any]] | None:
+    """The outlets as ``[{"uri", "sink"}]`` for recording through the REST API; None if one is not a plain Asset.
+
+    An alias or a reference names its asset only at run time, on a worker: such a task resumes there.
+    """
+    from airflow.sdk import Asset
+
+    out = []
+    for outlet in outlets or ():
+        if type(outlet) is not Asset:
+            return None
+        out.append({"uri": outlet.uri, "sink": outlet == sink_asset})
+    return out
+
+
 def sink_asset(sink: Sink | None) -> Any:
     """The Airflow asset a sink's commits update (None without a sink or a parse-time URI)."""
     uri = sink.asset_uri() if sink is not None else None
@@ -300,25 +318,6 @@ def sink_asset(sink: Sink | None) -> Any:
     from airflow.sdk import Asset
 
     return Asset(uri=uri)
-
-
-def asset_event_extra(plan: StagePlan, record: dict[str, Any], summary: dict[str, Any],
-                      sink_result: dict[str, Any] | None) -> dict[str, Any]:
-    """What a consumer needs to know about one commit without reading the store (JSON values only)."""
-    subtasks = record.get("subtasks") or {}
-    result = sink_result or {}
-    # The attempts' manifests count records; a sink's own count is the fallback (it may not count them).
-    counts = [e.get("records") for e in subtasks.values()]
-    records = sum(int(c) for c in counts) if counts and None not in counts else result.get("records")
-    files = result.get("files")
-    if not isinstance(files, int):
-        files = sum(len(e.get("files") or ()) or int(e.get("file_count") or 0) for e in subtasks.values())
-    return {"dag_id": plan["dag_id"], "run_id": plan["run_id"], "stage": plan["stage"],
-            "logical_date": plan.get("logical_date"), "records": records, "files": files,
-            "location": result.get("path") or result.get("table"),
-            "attempts_admitted": {k: e.get("attempt") for k, e in sorted(subtasks.items(), key=lambda i: int(i[0]))},
-            "numEffectiveSpeculativeExecutions": summary.get("numEffectiveSpeculativeExecutions"),
-            "numSlowExecutionVertices": summary.get("numSlowExecutionVertices")}
 
 
 def journal(layout: StageLayout, event: str, **fields: Any) -> None:

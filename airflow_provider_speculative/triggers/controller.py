@@ -10,6 +10,7 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TaskSuccessEvent, TriggerEvent
 
+from airflow_provider_speculative.control.asset_events import asset_event_extra, commit_key, publish_asset_events
 from airflow_provider_speculative.control.commit import (
     admitted_of,
     cleanup_sink_staging,
@@ -22,10 +23,12 @@ from airflow_provider_speculative.control.commit import (
 from airflow_provider_speculative.control.controller import StageController
 from airflow_provider_speculative.core.contract import EXTRA_CONF_ENV
 from airflow_provider_speculative.core.plan import StagePlan, load_plan
+from airflow_provider_speculative.hooks.asset_events import AssetApiConnection, AssetApiError, AssetEventsApi
 from airflow_provider_speculative.hooks.openlineage import openlineage_spark_conf
 from airflow_provider_speculative.hooks.targets import connect_env
 from airflow_provider_speculative.metrics import StageMetrics
 from airflow_provider_speculative.store.files import read_json
+from airflow_provider_speculative.store.results import read_committed
 from airflow_provider_speculative.store.task_state import record_task_state
 from airflow_provider_speculative.triggers.timing import await_next_step, min_seconds_before_event, runs_in_line
 
@@ -33,7 +36,7 @@ from airflow_provider_speculative.triggers.timing import await_next_step, min_se
 class StageControllerTrigger(BaseTrigger):
     """Launch, watch, speculate and cancel the attempts of one stage run; fire once when it is decided."""
 
-    def __init__(self, plan_path: str, deferred_at: float, commit: dict[str, int] | None = None) -> None:
+    def __init__(self, plan_path: str, deferred_at: float, commit: dict[str, Any] | None = None) -> None:
         super().__init__()
         self.plan_path = plan_path
         self.deferred_at = deferred_at
@@ -42,6 +45,8 @@ class StageControllerTrigger(BaseTrigger):
         # without a sink and outlets; a stage started in the triggerer (triggers/stage.py) always, with
         # "sink" (finalize the sink here) and "publish" (resume on a worker to publish the asset event).
         self.commit = commit
+        # Set by StageStartTrigger at plan when the asset events can be recorded through the api-server.
+        self.asset_api: AssetApiConnection | None = None
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         """Only the plan path, deferral time and commit right: everything else is rebuilt from the store."""
@@ -106,12 +111,44 @@ class StageControllerTrigger(BaseTrigger):
                 return
             if controller.config.fault_injection.hold_commit:
                 await asyncio.to_thread(hold_after_commit, controller.layout)
-            if (self.commit or {}).get("publish"):
+            if (self.commit or {}).get("publish") and not await self._record_asset_events(controller, result):
                 yield TriggerEvent({"status": "committed", "plan_path": self.plan_path, "result": result})
                 return
             yield TaskSuccessEvent(xcoms={"return_value": result})
             return
         yield TriggerEvent(payload)
+
+    async def _record_asset_events(self, controller: StageController, result: dict[str, Any]) -> bool:
+        """Record the outlets' asset events through the api-server; False: a worker must record them.
+
+        Falls back to the worker when the api-server refuses or does not answer: the task then resumes
+        there as without the connection, and nothing is lost.
+        """
+        assets = (self.commit or {}).get("assets")
+        if self.asset_api is None or not assets:
+            return False
+        plan = controller.plan
+        try:
+            recorded = await asyncio.to_thread(self._post_asset_events, controller, assets, result)
+        except AssetApiError as exc:
+            self.log.warning("stage %s: asset event not recorded through %s (%s); the task resumes on a worker to "
+                             "record it", plan["stage"], self.asset_api.conn_id, exc)
+            return False
+        self.log.info("stage %s: asset events recorded through the api-server: %s", plan["stage"], recorded)
+        return True
+
+    def _post_asset_events(self, controller: StageController, assets: list[dict[str, Any]],
+                           result: dict[str, Any]) -> dict[str, int]:
+        plan, layout = controller.plan, controller.layout
+        assert self.asset_api is not None and self.commit is not None
+        record = read_committed(layout)
+        extra = asset_event_extra(plan, record, record.get("summary") or {}, result.get("sink"))
+        key = commit_key(plan["dag_id"], plan["run_id"], plan["stage"], int(self.commit["try_number"]))
+        api = AssetEventsApi(self.asset_api)
+        try:
+            return publish_asset_events(api, layout, assets, extra, key, self.commit.get("partition_key"))
+        finally:
+            api.close()
 
     def needs_guard(self) -> bool:
         """Hold the event back ``min_seconds_before_event``: a worker deferred this task (see triggers/timing.py)."""

@@ -18,8 +18,11 @@ from typing import Any
 from airflow.triggers.base import TriggerEvent
 
 from airflow_provider_speculative.control.planning import HybridWait, RunInfo, StagePlanner, iso_or_none
+from airflow_provider_speculative.core.config import DEFAULT_ASSET_EVENTS_CONN_ID
 from airflow_provider_speculative.core.graph import PipelineGraph, RenderedStage
-from airflow_provider_speculative.exceptions import PlanError, UpstreamFailedError, UpstreamSkippedError
+from airflow_provider_speculative.core.readiness import partition_key
+from airflow_provider_speculative.exceptions import ConfigError, PlanError, UpstreamFailedError, UpstreamSkippedError
+from airflow_provider_speculative.hooks.asset_events import AssetApiConnection
 from airflow_provider_speculative.sinks.base import Sink
 from airflow_provider_speculative.store import journal as journals
 from airflow_provider_speculative.triggers.controller import StageControllerTrigger
@@ -39,7 +42,8 @@ class StageStartTrigger(StageControllerTrigger):
                  force_rerun: bool = False, publish: bool = False, plan_path: str = "",
                  deferred_at: float = 0.0, commit: dict[str, Any] | None = None, application: str | None = None,
                  application_args: list[str] | None = None, spark_conf: dict[str, str] | None = None,
-                 source_paths: dict[str, str] | None = None) -> None:
+                 source_paths: dict[str, str] | None = None, outlet_assets: list[dict[str, Any]] | None = None,
+                 asset_partitioned: bool = False) -> None:
         super().__init__(plan_path=plan_path, deferred_at=deferred_at, commit=commit)
         self.graph = graph
         self.stage = stage
@@ -49,6 +53,9 @@ class StageStartTrigger(StageControllerTrigger):
         self.declared_sink = declared_sink
         self.force_rerun = force_rerun
         self.publish = publish
+        # The outlets as plain assets (operators/stage.py api_outlets); None: only a worker can record them.
+        self.outlet_assets = outlet_assets
+        self.asset_partitioned = asset_partitioned
         # Template fields of the operator too: the triggerer renders them before run() (None: an older trigger).
         self.application = application
         self.application_args = application_args
@@ -61,7 +68,8 @@ class StageStartTrigger(StageControllerTrigger):
                 {"graph": self.graph, "stage": self.stage, "sink_class": self.sink_class, "sink_args": self.sink_args,
                  "declared_sink": self.declared_sink, "force_rerun": self.force_rerun, "publish": self.publish,
                  "application": self.application, "application_args": self.application_args,
-                 "spark_conf": self.spark_conf, "source_paths": self.source_paths})
+                 "spark_conf": self.spark_conf, "source_paths": self.source_paths,
+                 "outlet_assets": self.outlet_assets, "asset_partitioned": self.asset_partitioned})
 
     def needs_guard(self) -> bool:
         """No worker ran before this deferral, so no stale executor event exists."""
@@ -105,6 +113,7 @@ class StageStartTrigger(StageControllerTrigger):
                 # Stages with hybrid inputs start on a worker (their fencing needs the run's clear number).
                 raise PlanError(f"{planner.where}: a stage with hybrid inputs cannot start in the triggerer")
             await asyncio.to_thread(planner.plan, hybrid)
+            self.asset_api = await self._asset_api_connection(planner)
         except UpstreamSkippedError as exc:
             await asyncio.to_thread(planner.record_state, "skipped", str(exc))  # type: ignore[union-attr]
             yield TriggerEvent({"status": "upstream_skipped", "reason": str(exc)})
@@ -125,9 +134,43 @@ class StageStartTrigger(StageControllerTrigger):
         run = planner.run
         self.plan_path = str(planner.layout.plan)
         self.commit = {"try_number": run.try_number, "clear_number": run.clear_number, "sink": True,
-                       "publish": self.publish}
+                       "publish": self.publish, "assets": self.outlet_assets if self.asset_api else None,
+                       "partition_key": self._partition_key(run) if self.asset_api else None}
         async for event in super().run():
             yield event
+
+    async def _asset_api_connection(self, planner: StagePlanner) -> AssetApiConnection | None:
+        """The api-server connection to record this stage's asset events through, or None (a worker records them).
+
+        Checked at plan, before any attempt launches: a connection named in ``asset_events_conn_id`` that
+        does not exist, or is not an api-server URL with credentials, fails the stage naming it. Only the
+        default name may be undefined (the feature is then off).
+        """
+        conn_id = planner.config.asset_events_conn_id
+        if not self.publish or self.outlet_assets is None or not conn_id:
+            return None
+        from airflow.sdk import BaseHook
+
+        try:
+            conn = await BaseHook.aget_connection(conn_id)
+        except Exception as exc:  # AirflowNotFoundException: not defined
+            if conn_id == DEFAULT_ASSET_EVENTS_CONN_ID:
+                return None
+            raise PlanError(f"{planner.where}: [speculative] asset_events_conn_id names connection {conn_id!r}, "
+                            f"which cannot be found ({type(exc).__name__}); define it or set the option to "
+                            "empty") from None
+        try:
+            return AssetApiConnection.from_connection(conn, planner.where)
+        except ConfigError as exc:
+            raise PlanError(str(exc)) from None
+
+    def _partition_key(self, run: RunInfo) -> str | None:
+        """The asset partition a partitioned sink's event names: the DAG run's, else its logical date's."""
+        if not self.asset_partitioned:
+            return None
+        context = getattr(self.task_instance, "_ti_context_from_server", None)
+        key = getattr(getattr(context, "dag_run", None), "partition_key", None)
+        return str(key) if key else partition_key(run.logical_date)
 
     async def _wait_for_commits(self, planner: StagePlanner) -> None:
         """Wait here, with no worker, until every blocking producer committed for this clear of the DAG run.

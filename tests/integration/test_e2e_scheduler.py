@@ -215,6 +215,11 @@ def run_q3_and_check_boundaries(dep: AirflowCluster, tpch: Path, tmp_path: Path)
     """The six-stage Q3 example: equal to DuckDB; every consumer waited in the triggerer and launched only after
     each of its producers committed. The boundary gaps are printed (timing claims live in bench/)."""
     dep.wait_dag(Q3_DAG_ID)
+    # From here on the sink's asset event is recorded through the api-server ([speculative]
+    # asset_events_conn_id's default connection, defined now in the metadata DB; tpch_q1 above had none and
+    # resumed on a worker). The triggerer reads it when the stage is planned: no restart.
+    dep.cli("connections", "add", "speculative_api", "--conn-type", "http", "--conn-host", dep.base_url,
+            "--conn-login", "publisher", "--conn-password", "not-checked-with-all-admins")
     dep.cli("dags", "unpause", Q3_DAG_ID)
     run_id = dep.trigger(Q3_DAG_ID, LOGICAL_DATE)
     final = dep.wait_runs_finished(Q3_DAG_ID, [run_id], 900)[run_id]
@@ -243,6 +248,32 @@ def run_q3_and_check_boundaries(dep: AirflowCluster, tpch: Path, tmp_path: Path)
         gaps[consumer] = round(first_launch - last_commit, 2)
         assert [e.get("by") for e in events if e["event"] == "finalize_done"] == ["triggerer"]
     print(f"\n{Q3_DAG_ID}: producer commit -> consumer first launch (s): {gaps}")
+
+    # The sink stage ended in the triggerer: its asset event came through the REST API, once, keyed by the try.
+    top_events = [json.loads(line) for line in (run_dir / "top" / "journal.jsonl").read_text().splitlines()
+                  if line]
+    recorded = [e for e in top_events if e["event"] == "asset_event_recorded"]
+    sink_uri = (tmp_path / "output" / Q3_DAG_ID).as_uri()
+    assert [(e["uri"], e["found_earlier"]) for e in recorded] == [(sink_uri, False)], recorded
+    events = [e for e in dep.api("GET", "/assets/events?limit=100")["asset_events"] if e["uri"] == sink_uri]
+    assert len(events) == 1, events
+    extra = events[0]["extra"]
+    assert events[0]["id"] == recorded[0]["event_id"] and events[0]["source_task_id"] is None
+    assert extra["from_rest_api"] is True and extra["speculative_commit"] == f"{Q3_DAG_ID}/{run_id}/top/try-1"
+    assert (extra["run_id"], extra["stage"], extra["records"]) == (run_id, "top", 10), extra
+    top = dep.task_instances(Q3_DAG_ID, run_id)["top"]
+    assert top["state"] == "success", top
+    assert not top.get("hostname"), f"a worker ran the sink task to record its asset event: {top}"
+    print(f"{Q3_DAG_ID}: top committed -> run end {_seconds_between(committed['top']['committed_at'], final)}s; "
+          f"top task: hostname {top.get('hostname')!r}, try {top.get('try_number')}")
+
+
+def _seconds_between(epoch: float, run: dict[str, Any]) -> float | None:
+    """Seconds from ``epoch`` to the run's end date (None if the API gave none)."""
+    from datetime import datetime
+
+    end = run.get("end_date")
+    return round(datetime.fromisoformat(end).timestamp() - epoch, 2) if end else None
 
 
 def check_no_leftovers(dep: AirflowCluster, tmp_path: Path) -> None:

@@ -299,3 +299,106 @@ def test_under_dag_test_a_consumer_that_gives_way_is_not_failed_for_its_own_cons
     assert read_json(mid_layout.dir / "task.json")["state"] == "waiting"
     with pytest.raises(AirflowRescheduleException):  # and "last" waits for mid, not fails on it
         pipeline.stages["last"].task.execute(context)
+
+
+class _Api:
+    """hooks.asset_events.AssetEventsApi as the api-server answers (or fails), for the trigger's choice."""
+
+    created: list[dict[str, Any]] = []
+    fail = False
+
+    def __init__(self, connection: Any) -> None:
+        self.connection = connection
+
+    def asset_id(self, uri: str) -> int:
+        return 7
+
+    def find_event(self, asset_id: int, since: str, match: Any) -> None:
+        return None
+
+    def create_event(self, asset_id: int, extra: dict[str, Any], partition_key: str | None) -> dict[str, Any]:
+        from airflow_provider_speculative.hooks.asset_events import AssetApiError
+
+        if _Api.fail:
+            raise AssetApiError("POST /api/v2/assets/events answered 503")
+        _Api.created.append({"asset_id": asset_id, "extra": extra})
+        return {"id": len(_Api.created)}
+
+    def close(self) -> None:
+        pass
+
+
+def _api_connection(monkeypatch: pytest.MonkeyPatch, defined: set[str]) -> None:
+    from airflow.sdk import BaseHook
+
+    async def aget_connection(conn_id: str) -> Any:
+        if conn_id not in defined:
+            raise LookupError(f"The conn_id `{conn_id}` isn't defined")
+        return SimpleNamespace(conn_id=conn_id, host="http://api:8080", schema="", port=None, login="publisher",
+                               password="pw", extra_dejson={})
+
+    monkeypatch.setattr(BaseHook, "aget_connection", staticmethod(aget_connection))
+    monkeypatch.setattr(controller_module, "AssetEventsApi", _Api)
+    monkeypatch.setattr(controller_module, "StageController", DecidedController)
+    monkeypatch.setattr(controller_module, "runs_in_line", lambda: False)
+    _Api.created, _Api.fail = [], False
+
+
+def _agg_trigger(env: Path, pipeline: Pipeline, monkeypatch: pytest.MonkeyPatch) -> StageStartTrigger:
+    asyncio.run(_events(_trigger(pipeline.stages["scan"].task)))
+    trigger = _trigger(pipeline.stages["agg"].task)
+    trigger.sink_args = {**trigger.sink_args, "path": str(env / "out" / "2026-01-01")}
+    monkeypatch.setattr(trigger, "_producer_states", lambda planner, producers: {"scan": "success"})
+    return trigger
+
+
+def test_the_outlets_travel_to_the_trigger_as_plain_assets_or_not_at_all(env: Path) -> None:
+    from airflow.sdk import AssetAlias
+
+    agg = _pipeline(env).stages["agg"].task
+    assert agg.start_trigger_args.trigger_kwargs["outlet_assets"] == [{"uri": agg.sink_asset.uri, "sink": True}]
+    with DAG("d2", schedule=None), Pipeline("p2") as pipeline:
+        pipeline.stage("only", application=str(env / "app.py"), parallelism=1,
+                       inputs={"src": parquet_source(str(env / "src"))}, sink=ParquetSink(str(env / "o2")),
+                       outlets=[AssetAlias("resolved-on-a-worker")])
+    # An alias names its asset only on a worker: such a task resumes there to record the event.
+    assert pipeline.stages["only"].task.start_trigger_args.trigger_kwargs["outlet_assets"] is None
+
+
+def test_with_the_api_connection_a_sink_stage_ends_in_the_triggerer(env: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    _api_connection(monkeypatch, {"speculative_api"})
+    (event,) = asyncio.run(_events(_agg_trigger(env, _pipeline(env), monkeypatch)))
+    assert isinstance(event, TaskSuccessEvent)  # no worker run for the asset event
+    (created,) = _Api.created
+    assert created["extra"]["records"] == 1 and created["extra"]["speculative_commit"] == "d/r1/agg/try-1"
+    agg = StageLayout(env / "store", "d", "r1", "agg")
+    assert [e["event"] for e in map(json.loads, agg.journal.open())][-1] == "asset_event_recorded"
+
+
+def test_an_api_server_that_refuses_sends_the_task_to_a_worker(env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _api_connection(monkeypatch, {"speculative_api"})
+    _Api.fail = True
+    (event,) = asyncio.run(_events(_agg_trigger(env, _pipeline(env), monkeypatch)))
+    assert event.payload["status"] == "committed"  # resume_from_trigger records it on a worker
+
+
+def test_without_the_default_connection_the_worker_records_the_event(env: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    _api_connection(monkeypatch, set())
+    (event,) = asyncio.run(_events(_agg_trigger(env, _pipeline(env), monkeypatch)))
+    assert event.payload["status"] == "committed" and _Api.created == []
+
+
+def test_a_named_connection_that_does_not_exist_fails_at_plan(env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _api_connection(monkeypatch, {"speculative_api"})
+    with DAG("d", schedule=None), Pipeline("p", config={"asset_events_conn_id": "airflow_api"}) as pipeline:
+        scan = pipeline.stage("scan", application=str(env / "app.py"), parallelism=2,
+                              inputs={"src": parquet_source(str(env / "src"))})
+        pipeline.stage("agg", application=str(env / "app.py"), parallelism=1,
+                       inputs={"partials": all_to_all(scan, key=["k"])},
+                       sink=ParquetSink(str(env / "out" / "{{ ds }}")))
+    (event,) = asyncio.run(_events(_agg_trigger(env, pipeline, monkeypatch)))
+    assert event.payload["status"] == "plan_failed"
+    assert "pipeline 'p', stage 'agg'" in event.payload["reason"] and "'airflow_api'" in event.payload["reason"]
+    assert not (env / "out" / "2026-01-01" / "_SUCCESS").exists()  # nothing launched or committed

@@ -1,0 +1,94 @@
+"""Record a committed stage's asset events through the api-server, once per task try (hooks/asset_events.py).
+
+The trigger that committed the stage calls :func:`publish_asset_events`, then ends the task from the
+triggerer. A triggerer can die between the POST and the task's end; its successor commits again (a
+no-op) and calls this again. So before the first POST the intent is written to the stage's
+``asset_events.json`` (the try's key and the time), and each recorded event after it. A successor that
+finds the intent without the record looks the event up by the key in its extra before it posts: one
+event per asset and task try, as a worker's outlet would record. A clear starts a new try, so a rerun
+records a new event, as a worker would.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+from airflow_provider_speculative.core.plan import StagePlan
+from airflow_provider_speculative.store import journal as journals
+from airflow_provider_speculative.store.files import atomic_write_json, read_json
+from airflow_provider_speculative.store.layout import StageLayout
+
+# A clock difference between this host and the api-server's that the lookup of an earlier POST tolerates.
+CLOCK_SLACK_SECONDS = 300.0
+KEY_FIELD = "speculative_commit"
+
+
+class AssetApi(Protocol):
+    """What publishing needs of the REST API (hooks.asset_events.AssetEventsApi)."""
+
+    def asset_id(self, uri: str) -> int:
+        """The asset's id."""
+
+    def find_event(self, asset_id: int, since: str, match: Any) -> dict[str, Any] | None:
+        """An event of the asset since ``since`` whose extra ``match`` accepts."""
+
+    def create_event(self, asset_id: int, extra: dict[str, Any], partition_key: str | None) -> dict[str, Any]:
+        """Record one event."""
+
+
+def asset_event_extra(plan: StagePlan, record: dict[str, Any], summary: dict[str, Any],
+                      sink_result: dict[str, Any] | None) -> dict[str, Any]:
+    """What a consumer needs to know about one commit without reading the store (JSON values only)."""
+    subtasks = record.get("subtasks") or {}
+    result = sink_result or {}
+    # The attempts' manifests count records; a sink's own count is the fallback (it may not count them).
+    counts = [e.get("records") for e in subtasks.values()]
+    records = sum(int(c) for c in counts) if counts and None not in counts else result.get("records")
+    files = result.get("files")
+    if not isinstance(files, int):
+        files = sum(len(e.get("files") or ()) or int(e.get("file_count") or 0) for e in subtasks.values())
+    return {"dag_id": plan["dag_id"], "run_id": plan["run_id"], "stage": plan["stage"],
+            "logical_date": plan.get("logical_date"), "records": records, "files": files,
+            "location": result.get("path") or result.get("table"),
+            "attempts_admitted": {k: e.get("attempt") for k, e in sorted(subtasks.items(), key=lambda i: int(i[0]))},
+            "numEffectiveSpeculativeExecutions": summary.get("numEffectiveSpeculativeExecutions"),
+            "numSlowExecutionVertices": summary.get("numSlowExecutionVertices")}
+
+
+def commit_key(dag_id: str, run_id: str, stage: str, try_number: int) -> str:
+    """Which task try's commit an event records (one event per asset and key)."""
+    return f"{dag_id}/{run_id}/{stage}/try-{try_number}"
+
+
+def publish_asset_events(api: AssetApi, layout: StageLayout, assets: list[dict[str, Any]], extra: dict[str, Any],
+                         key: str, partition_key: str | None) -> dict[str, int]:
+    """Record one event for each outlet asset (the sink's gets ``extra``); return {uri: event id}.
+
+    ``assets``: ``[{"uri": ..., "sink": bool}]``. Raises hooks.asset_events.AssetApiError when the
+    api-server refuses or does not answer; what was recorded before stays recorded.
+    """
+    path = layout.dir / "asset_events.json"
+    state = read_json(path) or {}
+    if state.get("key") != key:
+        state = {"key": key, "intent_at": time.time(), "events": {}}
+        atomic_write_json(path, state)
+        resumed = False
+    else:
+        resumed = True
+    since = datetime.fromtimestamp(float(state["intent_at"]) - CLOCK_SLACK_SECONDS, UTC).isoformat()
+    recorded: dict[str, int] = {str(k): int(v) for k, v in (state.get("events") or {}).items()}
+    for asset in assets:
+        uri = str(asset["uri"])
+        if uri in recorded:
+            continue
+        body = {**(extra if asset.get("sink") else {}), KEY_FIELD: key}
+        asset_id = api.asset_id(uri)
+        found = api.find_event(asset_id, since, lambda e: e.get(KEY_FIELD) == key) if resumed else None
+        event = found or api.create_event(asset_id, body, partition_key)
+        recorded[uri] = int(event.get("id", 0) or 0)
+        atomic_write_json(path, {**state, "events": recorded})
+        journals.record(layout.journal, "asset_event_recorded", uri=uri, event_id=recorded[uri],
+                        found_earlier=found is not None, by="triggerer")
+    return recorded

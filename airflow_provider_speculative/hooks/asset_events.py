@@ -1,0 +1,144 @@
+"""Record asset events through Airflow's public REST API, from the triggerer (no worker run).
+
+Airflow 3.3 records a task's outlet asset events only when a worker finishes the task: a task ended
+from the triggerer (``TaskSuccessEvent``) records none, and a trigger has no supervisor message for it.
+So a sink stage that ends in the triggerer either resumes on a worker (a scheduler round trip, an
+executor slot, a worker start and a DAG parse: 3.7-5 s per run, bench/README.md) or records its event
+through ``POST /api/v2/assets/events`` with an ``http`` connection to the api-server
+(``[speculative] asset_events_conn_id``). This module is the HTTP part; control/asset_events.py makes
+it happen once per task try.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from airflow_provider_speculative.core.urls import http_url_problem
+from airflow_provider_speculative.exceptions import ConfigError
+
+# Seconds per request: the trigger waits for the answer, and on a timeout falls back to the worker path.
+TIMEOUT = 10.0
+
+
+class AssetApiError(RuntimeError):
+    """The api-server refused or did not answer; the caller falls back to recording on a worker."""
+
+
+@dataclass(frozen=True)
+class AssetApiConnection:
+    """Where the api-server is and how to authenticate (from an Airflow ``http`` connection)."""
+
+    conn_id: str
+    base_url: str
+    login: str = ""
+    password: str = ""
+    token: str = ""
+    verify: bool | str = True
+
+    def __repr__(self) -> str:
+        # Never the password or token: this object reaches logs through exceptions.
+        return f"AssetApiConnection(conn_id={self.conn_id!r}, base_url={self.base_url!r}, login={self.login!r})"
+
+    @classmethod
+    def from_connection(cls, conn: Any, where: str) -> AssetApiConnection:
+        """Build from an Airflow connection: host (a URL, or a host name with schema and port), login, password.
+
+        Extras: ``token`` (a bearer token instead of login and password), ``verify`` (false, or a CA bundle path).
+        """
+        conn_id = str(getattr(conn, "conn_id", "") or "")
+        host = str(getattr(conn, "host", "") or "").rstrip("/")
+        if "://" not in host:
+            scheme = str(getattr(conn, "schema", "") or "http")
+            port = getattr(conn, "port", None)
+            host = f"{scheme}://{host}" + (f":{port}" if port else "")
+        problem = http_url_problem(host)
+        if problem:
+            raise ConfigError(f"{where}: connection {conn_id!r} ([speculative] asset_events_conn_id) is not the "
+                              f"api-server's base URL: {problem}; expected e.g. http://airflow-api:8080")
+        extra = conn.extra_dejson if hasattr(conn, "extra_dejson") else {}
+        unknown = sorted(set(extra) - {"token", "verify"})
+        if unknown:
+            raise ConfigError(f"{where}: connection {conn_id!r} ([speculative] asset_events_conn_id) has unknown "
+                              f"extras {unknown}; known: token, verify")
+        verify = extra.get("verify", True)
+        if not isinstance(verify, bool | str):
+            raise ConfigError(f"{where}: connection {conn_id!r}: extra 'verify' must be true, false or a CA "
+                              "bundle path")
+        token = str(extra.get("token") or "")
+        login, password = str(getattr(conn, "login", "") or ""), str(getattr(conn, "password", "") or "")
+        if not token and not (login and password):
+            raise ConfigError(f"{where}: connection {conn_id!r} ([speculative] asset_events_conn_id) needs login and "
+                              "password of a user who may create asset events, or extra 'token'")
+        return cls(conn_id=conn_id, base_url=host, login=login, password=password, token=token, verify=verify)
+
+
+class AssetEventsApi:
+    """The few public REST API calls needed to record one asset event and to find it again."""
+
+    def __init__(self, connection: AssetApiConnection, client: Any = None) -> None:
+        import httpx
+
+        self.connection = connection
+        # No redirects: a redirect could carry the bearer token to another host.
+        self._client = client or httpx.Client(base_url=connection.base_url, timeout=TIMEOUT,
+                                              verify=connection.verify, follow_redirects=False)
+        self._token = connection.token
+
+    def close(self) -> None:
+        """Close the HTTP connection pool."""
+        self._client.close()
+
+    def _bearer(self) -> str:
+        if not self._token:
+            answer = self._call("POST", "/auth/token", json={"username": self.connection.login,
+                                                                "password": self.connection.password}, auth=False)
+            token = answer.get("access_token") if isinstance(answer, dict) else None
+            if not isinstance(token, str) or not token:
+                raise AssetApiError(f"{self.connection.base_url}/auth/token gave no access_token")
+            self._token = token
+        return self._token
+
+    def _call(self, method: str, path: str, *, auth: bool = True, **kwargs: Any) -> Any:
+        import httpx
+
+        headers = {"Authorization": f"Bearer {self._bearer()}"} if auth else {}
+        try:
+            response = self._client.request(method, path, headers=headers, **kwargs)
+        except httpx.HTTPError as exc:
+            raise AssetApiError(f"{method} {self.connection.base_url}{path}: {type(exc).__name__}: {exc}") from None
+        if response.status_code >= 300:
+            # The body may echo what we sent; the first 300 characters say why without flooding the log.
+            raise AssetApiError(f"{method} {self.connection.base_url}{path} answered {response.status_code}: "
+                                f"{response.text[:300]!r}")
+        try:
+            return response.json()
+        except ValueError:
+            raise AssetApiError(f"{method} {self.connection.base_url}{path}: the answer is not JSON") from None
+
+    def asset_id(self, uri: str) -> int:
+        """The id of the asset with exactly this URI (the DAG's outlet, serialized by the dag-processor)."""
+        answer = self._call("GET", "/api/v2/assets", params={"uri_pattern": uri, "limit": 100})
+        for asset in (answer or {}).get("assets", []):
+            if asset.get("uri") == uri:
+                return int(asset["id"])
+        raise AssetApiError(f"the api-server knows no asset with URI {uri!r}")
+
+    def find_event(self, asset_id: int, since: str, match: Callable[[dict[str, Any]], bool]) -> dict[str, Any] | None:
+        """An event of the asset at or after ``since`` (ISO) whose extra ``match`` accepts, else None."""
+        answer = self._call("GET", "/api/v2/assets/events",
+                            params={"asset_id": asset_id, "timestamp_gte": since, "limit": 100,
+                                    "order_by": "-timestamp"})
+        for event in (answer or {}).get("asset_events", []):
+            if match(event.get("extra") or {}):
+                return dict(event)
+        return None
+
+    def create_event(self, asset_id: int, extra: dict[str, Any], partition_key: str | None) -> dict[str, Any]:
+        """Record one asset event (Airflow marks it ``from_rest_api``) and return it."""
+        body: dict[str, Any] = {"asset_id": asset_id, "extra": extra}
+        if partition_key:
+            body["partition_key"] = partition_key
+        return dict(self._call("POST", "/api/v2/assets/events", json=body))
+
