@@ -122,3 +122,17 @@ def test_every_long_running_service_has_a_health_check_and_restarts(compose: dic
     for worker, connect in WORKERS.items():
         assert compose["services"][worker]["depends_on"]["spark-master"]["condition"] == "service_healthy"
         assert compose["services"][connect]["depends_on"][worker]["condition"] == "service_healthy"
+
+
+def test_the_asset_events_connection_points_at_the_api_server_and_parses(compose: dict) -> None:
+    """Sink stages end in the triggerer: the connection reaches the api-server service the others use."""
+    from types import SimpleNamespace
+
+    from airflow_provider_speculative.hooks.asset_events import AssetApiConnection
+
+    env = compose["services"]["airflow-triggerer"]["environment"]
+    conn = json.loads(env["AIRFLOW_CONN_SPECULATIVE_API"])
+    parsed = AssetApiConnection.from_connection(
+        SimpleNamespace(conn_id="speculative_api", host=conn["host"], schema="", port=None, login=conn["login"],
+                        password=conn["password"], extra_dejson=conn.get("extra") or {}), "docker-compose.yml")
+    assert env["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"] == f"{parsed.base_url}/execution/"
