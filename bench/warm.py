@@ -40,7 +40,7 @@ Spark work = ready to end), resume (``stage_complete`` to the resumed task's fin
 (finalize) and exit (last commit to the end of ``airflow dags test``). Each scenario runs under the
 contention sampler of speculation.py (foreign CPU use on the machine).
 
-    .venv/bin/python bench/warm.py [--data .data/tpch] [--pipelines q1,q3] [--repeat N] [--scenarios a,b,c,d]
+    .venv/bin/python bench/warm.py [--data .data/tpch] [--pipelines q1,q3] [--repeat N] [--scenarios a,b,c,d,e,f]
 """
 
 from __future__ import annotations
