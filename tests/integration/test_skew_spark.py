@@ -1,11 +1,18 @@
-"""Skewed key with real Spark: byte-balanced ranges split the hot subpartition; the merged result is exact."""
+"""Skewed key with real Spark: byte-balanced ranges split the hot subpartition; the merged result is exact.
+
+The attempts run on the session's warm Spark Connect pool (tests/integration/conftest.py): what is
+checked is planning and the data each consumer reads, which do not depend on the target kind; a
+spark-submit per attempt cost this test 130-200 s of JVM starts.
+"""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
-from airflow_provider_speculative.core.config import SpeculativeConfig
-from airflow_provider_speculative.devtools.runner import plan_local_stage, run_stage
+from airflow_provider_speculative.core.plan import StagePlan
+from airflow_provider_speculative.devtools.runner import plan_connect_stage, run_stages, write_plan
 from airflow_provider_speculative.store.files import read_jsonl
 from tests.integration.skew import (
     CONSUMERS,
@@ -20,18 +27,25 @@ from tests.integration.skew import (
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(900)]
 
-BALANCED = SpeculativeConfig().with_overrides({"check_interval": 0.5}, "test")
-EQUAL_COUNT = BALANCED.with_overrides({"balanced_exchange_ranges": False}, "test")
 
-
-def test_equal_byte_ranges_balance_a_skewed_key_and_the_merged_result_is_exact(tmp_path):
+def test_equal_byte_ranges_balance_a_skewed_key_and_the_merged_result_is_exact(tmp_path, shared_connect_pool):
+    balanced = shared_connect_pool.config()
+    equal_count = shared_connect_pool.config(balanced_exchange_ranges=False)
     # Key 0 holds 60% of the rows of 4 files; consumers: 4 over 16 subpartitions.
     source = write_skewed_parquet(tmp_path / "src")
     graph = skew_graph(source)
     root, dag, run = tmp_path / "store", "skew", "r1"
-    run_stage(plan_local_stage(graph, "scan", root, dag, run, BALANCED))
-    by_bytes = plan_local_stage(graph, "agg_bytes", root, dag, run, BALANCED)
-    by_count = plan_local_stage(graph, "agg_count", root, dag, run, EQUAL_COUNT)
+
+    def plan(stage: str, config: Any = balanced) -> StagePlan:
+        return plan_connect_stage(graph, stage, root, dag, run, config)
+
+    def run_stage(stage_plan: StagePlan) -> Any:
+        write_plan(stage_plan)
+        return run_stages([stage_plan], target_env=shared_connect_pool.target_env())[stage_plan["stage"]]
+
+    run_stage(plan("scan"))
+    by_bytes = plan("agg_bytes")
+    by_count = plan("agg_count", equal_count)
 
     # The plan: the hot subpartition (~55% of the bytes: Parquet encodes its one key cheaply) is split by producer
     # range in the balanced plan.
@@ -63,7 +77,7 @@ def test_equal_byte_ranges_balance_a_skewed_key_and_the_merged_result_is_exact(t
     assert next(e["event"] for e in read_jsonl(agg_b.layout.journal)) == "plan_decided"
 
     # The split key has partial rows on two consumers; the merge stage adds them up: exactly the pyarrow result.
-    merge = run_stage(plan_local_stage(graph, "merge", root, dag, run, BALANCED))
+    merge = run_stage(plan("merge"))
     merged = read_sums([merge.layout.data(s, a) for s, a in merge.scheduler.admitted.items()])
     assert merged == expected_sums(source)
     # The equal-count run reads every key once (no split): its partials are already exact.
