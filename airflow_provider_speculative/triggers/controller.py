@@ -109,9 +109,12 @@ class StageControllerTrigger(BaseTrigger):
                 yield TriggerEvent({"status": "commit_failed", "plan_path": self.plan_path,
                                     "reason": f"commit failed: {type(exc).__name__}: {exc}"})
                 return
+            recorded = bool((self.commit or {}).get("publish")) and await self._record_asset_events(controller, result)
             if controller.config.fault_injection.hold_commit:
+                # After the commit and the asset events, before the event that ends the task: the window a
+                # killed triggerer leaves to its successor.
                 await asyncio.to_thread(hold_after_commit, controller.layout)
-            if (self.commit or {}).get("publish") and not await self._record_asset_events(controller, result):
+            if (self.commit or {}).get("publish") and not recorded:
                 yield TriggerEvent({"status": "committed", "plan_path": self.plan_path, "result": result})
                 return
             yield TaskSuccessEvent(xcoms={"return_value": result})

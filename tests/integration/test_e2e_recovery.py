@@ -59,6 +59,7 @@ E2E_DAGS = HERE / "e2e_dags"
 DAG = "e2e_q1"
 BARRIER_DAG = "e2e_q1_barrier"
 COMMIT_DAG = "e2e_q1_commit"
+PUBLISH_DAG = "e2e_q1_publish"
 EAGER_DAG = "e2e_q1_eager"
 BROKEN_DAG = "e2e_q1_broken"
 STAGES = {"scan": 2, "aggregate": 1}  # stage -> parallelism, as in e2e_dags/e2e_q1.py
@@ -119,7 +120,7 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
         cluster.migrate()
         cluster.start_all()
         cluster.wait_healthy()
-        for dag_id in (DAG, BARRIER_DAG, COMMIT_DAG, EAGER_DAG, BROKEN_DAG):
+        for dag_id in (DAG, BARRIER_DAG, COMMIT_DAG, PUBLISH_DAG, EAGER_DAG, BROKEN_DAG):
             cluster.wait_dag(dag_id)
             cluster.cli("dags", "unpause", dag_id)
         DURATIONS["cluster start"] = time.monotonic() - started
@@ -464,6 +465,63 @@ def check_kill_triggerer_after_commit(dep: Deployment) -> None:
     assert_one_attempt_per_subtask(dep, COMMIT_DAG, run_id)
     assert_output(dep, COMMIT_DAG, COMMIT_DS, run_id)
     assert not processes_mentioning(str(scan.run_dir)), describe(processes_mentioning(str(scan.run_dir)))
+
+
+PUBLISH_DS = "2026-03-04"
+
+
+@pytest.mark.timeout(1800)
+def test_kill_9_triggerer_after_it_recorded_the_asset_event_through_the_api(deployment: Deployment):
+    with diagnosed(deployment, "kill -9 triggerer after the REST asset event"):
+        check_kill_triggerer_after_publish(deployment)
+
+
+def check_kill_triggerer_after_publish(dep: Deployment) -> None:
+    """The sink stage's trigger committed, recorded its asset event through the api-server and was killed before
+    its event. The restarted triggerer commits again and ends the task without a worker: one asset event."""
+    cluster = dep.cluster
+    # Only e2e_q1_publish names this connection ([speculative] asset_events_conn_id in its aggregate's config).
+    cluster.cli("connections", "add", "e2e_asset_api", "--conn-type", "http", "--conn-host", cluster.base_url,
+                "--conn-login", "publisher", "--conn-password", "not-checked-with-all-admins")
+    run_id = cluster.trigger(PUBLISH_DAG, f"{PUBLISH_DS}T00:00:00+00:00")
+    aggregate = layout(dep, PUBLISH_DAG, run_id, "aggregate")
+    held, release = aggregate.commit_hold()
+    sink_uri = output_dir(dep, PUBLISH_DAG, PUBLISH_DS).parent.as_uri()
+
+    def holding(after: float) -> dict[str, Any] | None:
+        cluster.check_alive()
+        record = read(held)
+        return record if record and record["at"] > after else None
+
+    def sink_events() -> list[dict[str, Any]]:
+        answer = cluster.api("GET", "/assets/events?limit=100&order_by=-timestamp")
+        return [e for e in answer["asset_events"] if e["uri"] == sink_uri and e["extra"].get("run_id") == run_id]
+
+    wait_until(lambda: holding(0.0), RUN_TIMEOUT, "the aggregate trigger to commit, record and hold", interval=0.5)
+    (event,) = sink_events()
+    assert event["extra"]["from_rest_api"] is True and event["source_task_id"] is None
+    assert event["extra"]["speculative_commit"] == f"{PUBLISH_DAG}/{run_id}/aggregate/try-1"
+
+    since = datetime.now(UTC)
+    victims = cluster.kill("triggerer")
+    print("\nkill -9 triggerer (process group), after the REST asset event:\n" + "\n".join(victims))
+    assert victims, "no triggerer process was killed"
+    killed_at = time.time()
+    cluster.start("triggerer")
+    cluster.wait_component_restarted("triggerer", since)
+    wait_until(lambda: holding(killed_at), RUN_TIMEOUT, "the restarted trigger to commit again", interval=0.5)
+    release.write_text("go")
+
+    final = cluster.wait_runs_finished(PUBLISH_DAG, [run_id], RUN_TIMEOUT)[run_id]
+    assert final["state"] == "success", f"run {run_id} is {final['state']}"
+    # The successor found the event recorded in asset_events.json and posted nothing: still one event.
+    assert [e["id"] for e in sink_events()] == [event["id"]]
+    assert [e["event_id"] for e in events(aggregate, "asset_event_recorded")] == [event["id"]]
+    assert [e.get("by") for e in events(aggregate, "finalize_done")] == ["triggerer", "triggerer"]
+    ti = cluster.task_instances(PUBLISH_DAG, run_id)["aggregate"]
+    assert ti["try_number"] == 1 and not ti.get("hostname"), f"a worker ran the sink task: {ti}"
+    assert_one_attempt_per_subtask(dep, PUBLISH_DAG, run_id)
+    assert_output(dep, PUBLISH_DAG, PUBLISH_DS, run_id)
 
 
 WORKER_DS = "2026-04-01"

@@ -16,6 +16,8 @@ can be killed at a known point. In ``e2e_q1_barrier`` both stages start in the t
 (fault injection ``hold_commit``) holds that trigger after it wrote ``committed.json`` and before its
 event ends the task (``<stage dir>/commit.held``, until ``commit.release`` exists): the triggerer can be
 killed between the two.
+``e2e_q1_publish`` records its sink's asset event through the api-server and holds its aggregate's trigger
+after that, before its event (the same control files), so the triggerer can be killed there.
 ``e2e_q1_eager`` is the default pipeline with its scan's source path and arguments templated (cleared with
 its downstream by a test), and
 ``e2e_q1_broken`` one whose scan fails at plan (a missing application), so its waiting aggregate fails.
@@ -74,7 +76,8 @@ def hold_before_finalize(context: Any) -> None:
 
 
 def q1_dag(dag_id: str, *, schedule: str | None, scan_config: dict[str, Any] | None = None,
-           commit_in_triggerer: bool = True, scan_application: str = "q1_scan.py", templated: bool = False) -> DAG:
+           commit_in_triggerer: bool = True, scan_application: str = "q1_scan.py", templated: bool = False,
+           aggregate_config: dict[str, Any] | None = None) -> DAG:
     """The 2-stage Q1 pipeline as DAG ``dag_id``, sink ``$SPECULATIVE_EXAMPLE_OUTPUT/<dag_id>/<ds>``.
 
     ``templated``: the scan's source path comes from a DAG param and its application arguments name the run
@@ -95,13 +98,18 @@ def q1_dag(dag_id: str, *, schedule: str | None, scan_config: dict[str, Any] | N
         pipeline.stage("aggregate", application=str(APPS / "q1_final.py"), parallelism=1,
                        inputs={"partials": all_to_all(scan, key=["l_returnflag", "l_linestatus"])},
                        sink=ParquetSink(os.environ["SPECULATIVE_EXAMPLE_OUTPUT"] + f"/{dag_id}/{{{{ ds }}}}"),
-                       pre_execute=hold_before_finalize, commit_in_triggerer=commit_in_triggerer)
+                       config=aggregate_config, pre_execute=hold_before_finalize,
+                       commit_in_triggerer=commit_in_triggerer)
     return dag
 
 
 e2e_q1 = q1_dag("e2e_q1", schedule="@daily", commit_in_triggerer=False)
 e2e_q1_barrier = q1_dag("e2e_q1_barrier", schedule=None, scan_config={"fault_injection": {"barrier": True}})
 e2e_q1_commit = q1_dag("e2e_q1_commit", schedule=None, scan_config={"fault_injection": {"hold_commit": True}})
+# Its sink stage records the asset event through the api-server (connection e2e_asset_api, added by the test)
+# and holds after that, before the event that ends the task.
+e2e_q1_publish = q1_dag("e2e_q1_publish", schedule=None, aggregate_config={
+    "fault_injection": {"hold_commit": True}, "asset_events_conn_id": "e2e_asset_api"})
 e2e_q1_eager = q1_dag("e2e_q1_eager", schedule=None, templated=True)
 # Its scan cannot plan (the application does not exist): the aggregate, waiting in the triggerer, must fail.
 e2e_q1_broken = q1_dag("e2e_q1_broken", schedule=None, scan_application="no_such_scan.py")
