@@ -107,13 +107,14 @@ class StageStartTrigger(StageControllerTrigger):
         try:
             planner = await asyncio.to_thread(self._planner)
             await asyncio.to_thread(planner.start)
+            # Before waiting for producers: a connection that cannot work fails the stage now, not minutes later.
+            self.asset_api = await self._asset_api_connection(planner)
             await self._wait_for_commits(planner)
             hybrid = await asyncio.to_thread(planner.hybrid_inputs)
             if isinstance(hybrid, HybridWait):
                 # Stages with hybrid inputs start on a worker (their fencing needs the run's clear number).
                 raise PlanError(f"{planner.where}: a stage with hybrid inputs cannot start in the triggerer")
             await asyncio.to_thread(planner.plan, hybrid)
-            self.asset_api = await self._asset_api_connection(planner)
         except UpstreamSkippedError as exc:
             await asyncio.to_thread(planner.record_state, "skipped", str(exc))  # type: ignore[union-attr]
             yield TriggerEvent({"status": "upstream_skipped", "reason": str(exc)})

@@ -402,3 +402,20 @@ def test_a_named_connection_that_does_not_exist_fails_at_plan(env: Path, monkeyp
     assert event.payload["status"] == "plan_failed"
     assert "pipeline 'p', stage 'agg'" in event.payload["reason"] and "'airflow_api'" in event.payload["reason"]
     assert not (env / "out" / "2026-01-01" / "_SUCCESS").exists()  # nothing launched or committed
+    assert not StageLayout(env / "store", "d", "r1", "agg").plan.exists()  # failed before it planned
+
+
+def test_a_broken_connection_fails_a_consumer_before_it_waits_for_producers(
+        env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _api_connection(monkeypatch, {"speculative_api"})
+    from airflow.sdk import BaseHook
+
+    async def no_credentials(conn_id: str) -> Any:
+        return SimpleNamespace(conn_id=conn_id, host="http://api:8080", schema="", port=None, login="",
+                               password="", extra_dejson={})
+
+    monkeypatch.setattr(BaseHook, "aget_connection", staticmethod(no_credentials))
+    trigger = _trigger(_pipeline(env).stages["agg"].task)  # its producer never ran: it would wait forever
+    (event,) = asyncio.run(asyncio.wait_for(_events(trigger), 30))
+    assert event.payload["status"] == "plan_failed" and "login and password" in event.payload["reason"]
+    assert "pipeline 'p', stage 'agg'" in event.payload["reason"]
