@@ -1,12 +1,13 @@
 """End to end as users deploy it: PostgreSQL + LocalExecutor, api-server, scheduler, dag-processor, triggerer.
 
-The example DAG ``dags/tpch_q1.py`` is triggered through the CLI, its two stages run as real Spark
-submissions launched by the deferred stage controller in the triggerer, and the committed output must
-equal DuckDB's TPC-H Q1 over the same lineitem files. ``dags/tpch_q1_report.py`` is triggered first: its
-StageOutputSensor defers in the triggerer until tpch_q1's aggregate commits, then reads the output; the
-commit is recorded as an asset event with its summary. Then the six-stage Q3 example (``dags/tpch_q3.py``) runs
-and must equal DuckDB; its consumers wait in the triggerer from the run's start and launch only after every
-producer committed (the gaps are printed; bench/warm.py measures them).
+The example DAG ``dags/tpch_q1.py`` is triggered through the CLI, its two stages run as real Spark attempts
+(clients of the session's warm Spark Connect servers) launched by the stage controller in the triggerer, and
+the committed output must equal DuckDB's TPC-H Q1 over the same lineitem files. ``dags/tpch_q1_report.py``
+is triggered first: its StageOutputSensor defers in the triggerer until tpch_q1's aggregate commits, then
+reads the output; the commit is recorded as an asset event with its summary. Then the six-stage Q3 example
+(``dags/tpch_q3.py``) runs and must equal DuckDB; its consumers wait in the triggerer from the run's start
+and launch only after every producer committed (the gaps are printed; bench/warm.py measures them), and its
+sink records its asset event through the api-server (connection ``speculative_api``), with no worker run.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from urllib.parse import quote
 
 import pytest
 
+from airflow_provider_speculative.devtools.localcluster import connection_definitions, targets_json
 from tests.integration.airflow_cluster import (
     LINEITEM,
     PG,
@@ -32,6 +34,7 @@ from tests.integration.airflow_cluster import (
     processes_mentioning,
     wait_until,
 )
+from tests.integration.connect_runner import ConnectPool
 from tests.integration.q1 import assert_q1_equal, duckdb_q1, output_decimal_scales, read_q1_output
 from tests.integration.q3 import duckdb_q3, q3_difference, read_q3_output
 
@@ -82,12 +85,20 @@ def tpch(tmp_path: Path, lineitem: Path) -> Path:
 
 
 @pytest.fixture
-def deployment(tmp_path: Path, postgres_db: PostgresDatabase, tpch: Path) -> Iterator[AirflowCluster]:
-    """Migrated DB, then api-server, scheduler, dag-processor and triggerer, all healthy; torn down after."""
+def deployment(tmp_path: Path, postgres_db: PostgresDatabase, tpch: Path,
+               shared_connect_pool: ConnectPool) -> Iterator[AirflowCluster]:
+    """Migrated DB, then api-server, scheduler, dag-processor and triggerer, all healthy; torn down after.
+
+    The stages run on the session's warm Spark Connect pool, as the deployment benchmark (bench/warm.py d)
+    does; spark-submit targets through the real scheduler are test_e2e_recovery's.
+    """
+    servers = list(shared_connect_pool.servers)
     # Admin API access: the test reads task states, XComs and asset events through the REST API.
     dep = AirflowCluster(tmp_path, postgres_db.url, dags_folder=DAGS, data=LINEITEM,
                          extra_env={"AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",
-                                    "SPECULATIVE_EXAMPLE_TPCH": str(tpch)})
+                                    "SPECULATIVE_EXAMPLE_TPCH": str(tpch),
+                                    **connection_definitions(servers),
+                                    "AIRFLOW__SPECULATIVE__TARGETS": targets_json(servers)})
     try:
         dep.migrate()
         dep.start_all()
