@@ -420,6 +420,13 @@ def check_kill_component(dep: Deployment, component: str, ds: str) -> None:
 COMMIT_DS = "2026-03-03"
 
 
+def commit_held(cluster: AirflowCluster, held: Path, after: float) -> dict[str, Any] | None:
+    """The ``hold_commit`` record of a trigger holding after ``after`` (epoch seconds), or None yet."""
+    cluster.check_alive()
+    record = read(held)
+    return record if record and record["at"] > after else None
+
+
 @pytest.mark.timeout(1800)
 def test_kill_9_triggerer_between_its_commit_and_its_event(deployment: Deployment):
     with diagnosed(deployment, "kill -9 triggerer after commit"):
@@ -434,12 +441,8 @@ def check_kill_triggerer_after_commit(dep: Deployment) -> None:
     scan = layout(dep, COMMIT_DAG, run_id, "scan")
     held, release = scan.commit_hold()
 
-    def holding(after: float) -> dict[str, Any] | None:
-        cluster.check_alive()
-        record = read(held)
-        return record if record and record["at"] > after else None
-
-    wait_until(lambda: holding(0.0), RUN_TIMEOUT, "the scan trigger to commit and hold its event", interval=0.5)
+    wait_until(lambda: commit_held(cluster, held, 0.0), RUN_TIMEOUT, "the scan trigger to commit and hold its event",
+               interval=0.5)
     first = read(scan.committed)
     assert first is not None and {k: v["attempt"] for k, v in first["subtasks"].items()} == {"0": 0, "1": 0}
     assert cluster.task_instances(COMMIT_DAG, run_id)["scan"]["state"] == "deferred"
@@ -451,7 +454,8 @@ def check_kill_triggerer_after_commit(dep: Deployment) -> None:
     cluster.start("triggerer")
     cluster.wait_component_restarted("triggerer", since)
     # The restarted triggerer's trigger found the stage decided and committed it again before its event.
-    wait_until(lambda: holding(killed_at), RUN_TIMEOUT, "the restarted trigger to commit again", interval=0.5)
+    wait_until(lambda: commit_held(cluster, held, killed_at), RUN_TIMEOUT, "the restarted trigger to commit again",
+               interval=0.5)
     again = read(scan.committed)
     assert again["subtasks"] == first["subtasks"] and again["fingerprint"] == first["fingerprint"]
     assert again["committed_at"] > killed_at
@@ -488,16 +492,12 @@ def check_kill_triggerer_after_publish(dep: Deployment) -> None:
     held, release = aggregate.commit_hold()
     sink_uri = output_dir(dep, PUBLISH_DAG, PUBLISH_DS).parent.as_uri()
 
-    def holding(after: float) -> dict[str, Any] | None:
-        cluster.check_alive()
-        record = read(held)
-        return record if record and record["at"] > after else None
-
     def sink_events() -> list[dict[str, Any]]:
         answer = cluster.api("GET", "/assets/events?limit=100&order_by=-timestamp")
         return [e for e in answer["asset_events"] if e["uri"] == sink_uri and e["extra"].get("run_id") == run_id]
 
-    wait_until(lambda: holding(0.0), RUN_TIMEOUT, "the aggregate trigger to commit, record and hold", interval=0.5)
+    wait_until(lambda: commit_held(cluster, held, 0.0), RUN_TIMEOUT, "the aggregate trigger to commit, record and hold",
+               interval=0.5)
     (event,) = sink_events()
     assert event["extra"]["from_rest_api"] is True and event["source_task_id"] is None
     assert event["extra"]["speculative_commit"] == f"{PUBLISH_DAG}/{run_id}/aggregate/try-1"
@@ -509,7 +509,8 @@ def check_kill_triggerer_after_publish(dep: Deployment) -> None:
     killed_at = time.time()
     cluster.start("triggerer")
     cluster.wait_component_restarted("triggerer", since)
-    wait_until(lambda: holding(killed_at), RUN_TIMEOUT, "the restarted trigger to commit again", interval=0.5)
+    wait_until(lambda: commit_held(cluster, held, killed_at), RUN_TIMEOUT, "the restarted trigger to commit again",
+               interval=0.5)
     release.write_text("go")
 
     final = cluster.wait_runs_finished(PUBLISH_DAG, [run_id], RUN_TIMEOUT)[run_id]
