@@ -15,8 +15,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from airflow_provider_speculative.core.config import DEFAULT_ASSET_EVENTS_CONN_ID
 from airflow_provider_speculative.core.urls import http_url_problem
-from airflow_provider_speculative.exceptions import ConfigError
+from airflow_provider_speculative.exceptions import ConfigError, PlanError
 
 # Seconds per request: the trigger waits for the answer, and on a timeout falls back to the worker path.
 TIMEOUT = 10.0
@@ -72,6 +73,30 @@ class AssetApiConnection:
             raise ConfigError(f"{where}: connection {conn_id!r} ([speculative] asset_events_conn_id) needs login and "
                               "password of a user who may create asset events, or extra 'token'")
         return cls(conn_id=conn_id, base_url=host, login=login, password=password, token=token, verify=verify)
+
+
+async def resolve_asset_api(conn_id: str, where: str) -> AssetApiConnection | None:
+    """The connection to record asset events through, or None (off: a worker records them).
+
+    Only the default connection may be undefined; a connection named explicitly that does not exist, or
+    is not an api-server URL with credentials, raises PlanError naming ``where`` and the connection.
+    """
+    if not conn_id:
+        return None
+    from airflow.sdk import BaseHook
+    from airflow.sdk.exceptions import AirflowNotFoundException
+
+    try:
+        conn = await BaseHook.aget_connection(conn_id)
+    except AirflowNotFoundException:
+        if conn_id == DEFAULT_ASSET_EVENTS_CONN_ID:
+            return None
+        raise PlanError(f"{where}: [speculative] asset_events_conn_id names connection {conn_id!r}, which is not "
+                        "defined; define it or set the option to empty") from None
+    try:
+        return AssetApiConnection.from_connection(conn, where)
+    except ConfigError as exc:
+        raise PlanError(str(exc)) from None
 
 
 class AssetEventsApi:

@@ -11,7 +11,6 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowRescheduleException
 from airflow.triggers.base import StartTriggerArgs
 
-from airflow_provider_speculative.control.asset_events import asset_event_extra
 from airflow_provider_speculative.control.attemptlog import failure_log_lines
 from airflow_provider_speculative.control.commit import (
     admitted_of,
@@ -28,6 +27,7 @@ from airflow_provider_speculative.control.planning import (
     iso_or_none,
     stage_config,
 )
+from airflow_provider_speculative.core.asset_events import asset_event_extra
 from airflow_provider_speculative.core.graph import PipelineGraph, RenderedStage
 from airflow_provider_speculative.core.plan import StagePlan, load_plan
 from airflow_provider_speculative.core.readiness import partition_key

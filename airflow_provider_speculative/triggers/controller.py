@@ -10,7 +10,7 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TaskSuccessEvent, TriggerEvent
 
-from airflow_provider_speculative.control.asset_events import asset_event_extra, commit_key, publish_asset_events
+from airflow_provider_speculative.control.asset_events import publish_asset_events
 from airflow_provider_speculative.control.commit import (
     admitted_of,
     cleanup_sink_staging,
@@ -21,6 +21,7 @@ from airflow_provider_speculative.control.commit import (
     sink_finalizer,
 )
 from airflow_provider_speculative.control.controller import StageController
+from airflow_provider_speculative.core.asset_events import asset_event_extra, commit_key
 from airflow_provider_speculative.core.contract import EXTRA_CONF_ENV
 from airflow_provider_speculative.core.plan import StagePlan, load_plan
 from airflow_provider_speculative.hooks.asset_events import AssetApiConnection, AssetApiError, AssetEventsApi
@@ -109,12 +110,13 @@ class StageControllerTrigger(BaseTrigger):
                 yield TriggerEvent({"status": "commit_failed", "plan_path": self.plan_path,
                                     "reason": f"commit failed: {type(exc).__name__}: {exc}"})
                 return
-            recorded = bool((self.commit or {}).get("publish")) and await self._record_asset_events(controller, result)
+            publish = bool((self.commit or {}).get("publish"))
+            recorded = publish and await self._record_asset_events(controller, result)
             if controller.config.fault_injection.hold_commit:
                 # After the commit and the asset events, before the event that ends the task: the window a
                 # killed triggerer leaves to its successor.
                 await asyncio.to_thread(hold_after_commit, controller.layout)
-            if (self.commit or {}).get("publish") and not recorded:
+            if publish and not recorded:
                 yield TriggerEvent({"status": "committed", "plan_path": self.plan_path, "result": result})
                 return
             yield TaskSuccessEvent(xcoms={"return_value": result})

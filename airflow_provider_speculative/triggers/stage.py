@@ -18,11 +18,10 @@ from typing import Any
 from airflow.triggers.base import TriggerEvent
 
 from airflow_provider_speculative.control.planning import HybridWait, RunInfo, StagePlanner, iso_or_none
-from airflow_provider_speculative.core.config import DEFAULT_ASSET_EVENTS_CONN_ID
 from airflow_provider_speculative.core.graph import PipelineGraph, RenderedStage
 from airflow_provider_speculative.core.readiness import partition_key
-from airflow_provider_speculative.exceptions import ConfigError, PlanError, UpstreamFailedError, UpstreamSkippedError
-from airflow_provider_speculative.hooks.asset_events import AssetApiConnection
+from airflow_provider_speculative.exceptions import PlanError, UpstreamFailedError, UpstreamSkippedError
+from airflow_provider_speculative.hooks.asset_events import resolve_asset_api
 from airflow_provider_speculative.sinks.base import Sink
 from airflow_provider_speculative.store import journal as journals
 from airflow_provider_speculative.triggers.controller import StageControllerTrigger
@@ -108,7 +107,8 @@ class StageStartTrigger(StageControllerTrigger):
             planner = await asyncio.to_thread(self._planner)
             await asyncio.to_thread(planner.start)
             # Before waiting for producers: a connection that cannot work fails the stage now, not minutes later.
-            self.asset_api = await self._asset_api_connection(planner)
+            if self.publish and self.outlet_assets is not None:
+                self.asset_api = await resolve_asset_api(planner.config.asset_events_conn_id, planner.where)
             await self._wait_for_commits(planner)
             hybrid = await asyncio.to_thread(planner.hybrid_inputs)
             if isinstance(hybrid, HybridWait):
@@ -139,31 +139,6 @@ class StageStartTrigger(StageControllerTrigger):
                        "partition_key": self._partition_key(run) if self.asset_api else None}
         async for event in super().run():
             yield event
-
-    async def _asset_api_connection(self, planner: StagePlanner) -> AssetApiConnection | None:
-        """The api-server connection to record this stage's asset events through, or None (a worker records them).
-
-        Checked at plan, before any attempt launches: a connection named in ``asset_events_conn_id`` that
-        does not exist, or is not an api-server URL with credentials, fails the stage naming it. Only the
-        default name may be undefined (the feature is then off).
-        """
-        conn_id = planner.config.asset_events_conn_id
-        if not self.publish or self.outlet_assets is None or not conn_id:
-            return None
-        from airflow.sdk import BaseHook
-
-        try:
-            conn = await BaseHook.aget_connection(conn_id)
-        except Exception as exc:  # AirflowNotFoundException: not defined
-            if conn_id == DEFAULT_ASSET_EVENTS_CONN_ID:
-                return None
-            raise PlanError(f"{planner.where}: [speculative] asset_events_conn_id names connection {conn_id!r}, "
-                            f"which cannot be found ({type(exc).__name__}); define it or set the option to "
-                            "empty") from None
-        try:
-            return AssetApiConnection.from_connection(conn, planner.where)
-        except ConfigError as exc:
-            raise PlanError(str(exc)) from None
 
     def _partition_key(self, run: RunInfo) -> str | None:
         """The asset partition a partitioned sink's event names: the DAG run's, else its logical date's."""

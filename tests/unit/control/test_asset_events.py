@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_speculative.control.asset_events import KEY_FIELD, commit_key, publish_asset_events
+from airflow_provider_speculative.control.asset_events import publish_asset_events
+from airflow_provider_speculative.core.asset_events import KEY_FIELD, commit_key
 from airflow_provider_speculative.exceptions import ConfigError
 from airflow_provider_speculative.hooks.asset_events import AssetApiConnection, AssetApiError
 from airflow_provider_speculative.store.layout import StageLayout

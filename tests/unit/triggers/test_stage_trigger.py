@@ -26,13 +26,14 @@ from airflow_provider_speculative.triggers import controller as controller_modul
 from airflow_provider_speculative.triggers.stage import StageStartTrigger
 
 
-def _pipeline(tmp_path: Path, application: str = "app.py", **scan_kwargs: Any) -> Pipeline:
+def _pipeline(tmp_path: Path, application: str = "app.py", agg_kwargs: dict[str, Any] | None = None,
+              **scan_kwargs: Any) -> Pipeline:
     with DAG("d", schedule=None), Pipeline("p") as pipeline:
         scan = pipeline.stage("scan", application=str(tmp_path / application), parallelism=2,
                               inputs={"src": parquet_source(str(tmp_path / "src"))}, **scan_kwargs)
         pipeline.stage("agg", application=str(tmp_path / "app.py"), parallelism=1,
                        inputs={"partials": all_to_all(scan, key=["k"])},
-                       sink=ParquetSink(str(tmp_path / "out" / "{{ ds }}")))
+                       sink=ParquetSink(str(tmp_path / "out" / "{{ ds }}")), **(agg_kwargs or {}))
     return pipeline
 
 
@@ -321,7 +322,7 @@ class _Api:
 
         if _Api.fail:
             raise AssetApiError("POST /api/v2/assets/events answered 503")
-        _Api.created.append({"asset_id": asset_id, "extra": extra})
+        _Api.created.append({"asset_id": asset_id, "extra": extra, "partition_key": partition_key})
         return {"id": len(_Api.created)}
 
     def close(self) -> None:
@@ -333,7 +334,9 @@ def _api_connection(monkeypatch: pytest.MonkeyPatch, defined: set[str]) -> None:
 
     async def aget_connection(conn_id: str) -> Any:
         if conn_id not in defined:
-            raise LookupError(f"The conn_id `{conn_id}` isn't defined")
+            from airflow.sdk.exceptions import AirflowNotFoundException
+
+            raise AirflowNotFoundException(f"The conn_id `{conn_id}` isn't defined")
         return SimpleNamespace(conn_id=conn_id, host="http://api:8080", schema="", port=None, login="publisher",
                                password="pw", extra_dejson={})
 
@@ -374,6 +377,22 @@ def test_with_the_api_connection_a_sink_stage_ends_in_the_triggerer(env: Path,
     assert created["extra"]["records"] == 1 and created["extra"]["speculative_commit"] == "d/r1/agg/try-1"
     agg = StageLayout(env / "store", "d", "r1", "agg")
     assert [e["event"] for e in map(json.loads, agg.journal.open())][-1] == "asset_event_recorded"
+
+
+def test_a_partitioned_sink_names_the_runs_partition_key_in_its_rest_event(
+        env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _api_connection(monkeypatch, {"speculative_api"})
+    asyncio.run(_events(_agg_trigger(env, _pipeline(env, agg_kwargs={"asset_partitioned": True}), monkeypatch)))
+    assert [c["partition_key"] for c in _Api.created] == ["2026-01-01T00:00:00"]  # the logical date's key
+
+
+def test_a_partitioned_run_passes_its_own_partition_key_on_in_the_rest_event(
+        env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _api_connection(monkeypatch, {"speculative_api"})
+    trigger = _agg_trigger(env, _pipeline(env, agg_kwargs={"asset_partitioned": True}), monkeypatch)
+    trigger._task_instance._ti_context_from_server.dag_run.partition_key = "region=eu"
+    asyncio.run(_events(trigger))
+    assert [c["partition_key"] for c in _Api.created] == ["region=eu"]
 
 
 def test_an_api_server_that_refuses_sends_the_task_to_a_worker(env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
