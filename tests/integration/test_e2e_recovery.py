@@ -482,7 +482,10 @@ def test_kill_9_triggerer_after_it_recorded_the_asset_event_through_the_api(depl
 
 def check_kill_triggerer_after_publish(dep: Deployment) -> None:
     """The sink stage's trigger committed, recorded its asset event through the api-server and was killed before
-    its event. The restarted triggerer commits again and ends the task without a worker: one asset event."""
+    its event. Its record of the event is then dropped from the store, as if it had died between the
+    api-server recording the POST and the record being written (the answer lost). The restarted triggerer
+    commits again, finds the event through the real api-server by its key instead of posting it again, and
+    ends the task without a worker: one asset event."""
     cluster = dep.cluster
     # Only e2e_q1_publish names this connection ([speculative] asset_events_conn_id in its aggregate's config).
     cluster.cli("connections", "add", "e2e_asset_api", "--conn-type", "http", "--conn-host", cluster.base_url,
@@ -507,6 +510,10 @@ def check_kill_triggerer_after_publish(dep: Deployment) -> None:
     print("\nkill -9 triggerer (process group), after the REST asset event:\n" + "\n".join(victims))
     assert victims, "no triggerer process was killed"
     killed_at = time.time()
+    state_path = aggregate.dir / "asset_events.json"
+    state = read(state_path)
+    assert state is not None and state["events"] == {sink_uri: event["id"]}, state
+    state_path.write_text(json.dumps({**state, "events": {}}))  # the dead triggerer never wrote the event's id
     cluster.start("triggerer")
     cluster.wait_component_restarted("triggerer", since)
     wait_until(lambda: commit_held(cluster, held, killed_at), RUN_TIMEOUT, "the restarted trigger to commit again",
@@ -515,9 +522,11 @@ def check_kill_triggerer_after_publish(dep: Deployment) -> None:
 
     final = cluster.wait_runs_finished(PUBLISH_DAG, [run_id], RUN_TIMEOUT)[run_id]
     assert final["state"] == "success", f"run {run_id} is {final['state']}"
-    # The successor found the event recorded in asset_events.json and posted nothing: still one event.
+    # The successor looked the event up by its key (GET /api/v2/assets/events) and posted nothing: one event.
     assert [e["id"] for e in sink_events()] == [event["id"]]
-    assert [e["event_id"] for e in events(aggregate, "asset_event_recorded")] == [event["id"]]
+    assert [(e["event_id"], e["found_earlier"]) for e in events(aggregate, "asset_event_recorded")] == [
+        (event["id"], False), (event["id"], True)]
+    assert read(state_path)["events"] == {sink_uri: event["id"]}
     assert [e.get("by") for e in events(aggregate, "finalize_done")] == ["triggerer", "triggerer"]
     ti = cluster.task_instances(PUBLISH_DAG, run_id)["aggregate"]
     assert ti["try_number"] == 1 and not ti.get("hostname"), f"a worker ran the sink task: {ti}"
