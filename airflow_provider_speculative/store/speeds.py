@@ -23,6 +23,8 @@ from airflow_provider_speculative.store.layout import safe_component
 from airflow_provider_speculative.store.slots import TARGETS_DIR
 
 MAX_AGE = 7 * 86400.0
+# The last part of a record's ``from`` when a speed check wrote it (``<dag_id>/<run_id>/speed-check``).
+SPEED_CHECK = "speed-check"
 # What claim_probe names its files: pruning removes only these, never anything else in the directory.
 _PROBE_NAME = re.compile(r"^[0-9a-f]{24}\.json$")
 
@@ -30,6 +32,20 @@ _PROBE_NAME = re.compile(r"^[0-9a-f]{24}\.json$")
 def speed_path(root: Path, target: str) -> Path:
     """The speed record of ``target`` in the store at ``root``."""
     return Path(root) / TARGETS_DIR / safe_component(target) / "speed.json"
+
+
+def _record(root: Path, target: str, now: float) -> tuple[float, float, str] | None:
+    """(slowness, written at, written by) of the target's record if valid and not older than :data:`MAX_AGE`."""
+    try:
+        record = read_json(speed_path(root, target))
+    except (StoreError, OSError, ValueError):
+        return None  # a damaged record only costs the first wave its hint
+    if not isinstance(record, dict):
+        return None
+    factor, at = record.get("slowness"), record.get("at")
+    if isinstance(factor, int | float) and isinstance(at, int | float) and 0 <= now - at <= MAX_AGE and factor > 0:
+        return float(factor), float(at), str(record.get("from") or "")
+    return None
 
 
 def read_history(root: Path, targets: Iterable[str], now: float,
@@ -42,18 +58,29 @@ def read_history(root: Path, targets: Iterable[str], now: float,
     out: dict[str, float] = {}
     this_run: set[str] = set()
     for target in targets:
-        try:
-            record = read_json(speed_path(root, target))
-        except (StoreError, OSError, ValueError):
-            continue  # a damaged record only costs the first wave its hint
-        if not isinstance(record, dict):
+        record = _record(root, target, now)
+        if record is None:
             continue
-        factor, at = record.get("slowness"), record.get("at")
-        if isinstance(factor, int | float) and isinstance(at, int | float) and 0 <= now - at <= MAX_AGE and factor > 0:
-            out[target] = float(factor)
-            if run is not None and str(record.get("from") or "").startswith(f"{run}/"):
-                this_run.add(target)
+        out[target] = record[0]
+        if run is not None and record[2].startswith(f"{run}/"):
+            this_run.add(target)
     return out, frozenset(this_run)
+
+
+def read_ages(root: Path, targets: Iterable[str], now: float) -> dict[str, float]:
+    """Seconds since each target's valid record was written (targets without one are left out)."""
+    out: dict[str, float] = {}
+    for target in targets:
+        record = _record(root, target, now)
+        if record is not None:
+            out[target] = now - record[1]
+    return out
+
+
+def checked_targets(root: Path, targets: Iterable[str], now: float, run: str) -> frozenset[str]:
+    """The targets whose valid record is the speed check of DAG run ``run`` (control/speedcheck.py)."""
+    return frozenset(t for t in targets if (record := _record(root, t, now)) is not None
+                     and record[2] == f"{run}/{SPEED_CHECK}")
 
 
 def record_speeds(root: Path, slowness: Mapping[str, float], now: float, where: str) -> None:
@@ -61,6 +88,17 @@ def record_speeds(root: Path, slowness: Mapping[str, float], now: float, where: 
     for target, factor in slowness.items():
         with contextlib.suppress(StoreError, OSError):
             atomic_write_json(speed_path(root, target), {"slowness": round(factor, 3), "at": now, "from": where})
+
+
+def claim_speed_check(root: Path, targets: Iterable[str], run: str, now: float) -> bool:
+    """Claim DAG run ``run``'s speed check of ``targets``; False if a concurrent stage of the run has it.
+
+    Kept with the first target's probe claims (same file names, same pruning).
+    """
+    names = sorted(targets)
+    if not names:
+        return False
+    return claim_probe(root, names[0], f"{run}#speed-check:{','.join(names)}", now)
 
 
 def claim_probe(root: Path, target: str, run: str, now: float) -> bool:

@@ -48,3 +48,22 @@ def test_one_probe_per_dag_run_and_old_claims_are_pruned(tmp_path: Path) -> None
     assert claim_probe(tmp_path, "slow", "d/r3", now=MAX_AGE + 10.0)
     # r1's and r2's claims were older than MAX_AGE; the foreign file stays, however old.
     assert sorted(p.suffix for p in probes.iterdir()) == [".json", ".txt"]
+
+
+def test_ages_and_this_runs_checked_targets_are_read_from_the_records(tmp_path: Path) -> None:
+    from airflow_provider_speculative.store.speeds import checked_targets, read_ages
+
+    record_speeds(tmp_path, {"a": 1.0, "b": 5.0}, now=100.0, where="d/r/speed-check")
+    record_speeds(tmp_path, {"c": 1.0}, now=40.0, where="d/r/scan")
+    assert read_ages(tmp_path, ["a", "b", "c", "none"], now=130.0) == {"a": 30.0, "b": 30.0, "c": 90.0}
+    assert checked_targets(tmp_path, ["a", "b", "c"], now=130.0, run="d/r") == {"a", "b"}
+    assert checked_targets(tmp_path, ["a", "b"], now=130.0, run="d/r2") == frozenset()
+
+
+def test_one_speed_check_per_dag_run_and_target_set(tmp_path: Path) -> None:
+    from airflow_provider_speculative.store.speeds import claim_speed_check
+
+    assert claim_speed_check(tmp_path, ["b", "a"], "d/r", now=1.0)
+    assert not claim_speed_check(tmp_path, ["a", "b"], "d/r", now=2.0)  # a concurrent stage of the run
+    assert claim_speed_check(tmp_path, ["a", "b"], "d/r2", now=3.0)
+    assert not claim_speed_check(tmp_path, [], "d/r3", now=4.0)
