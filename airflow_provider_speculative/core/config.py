@@ -521,6 +521,15 @@ OPTIONS: tuple[Option, ...] = (
            manual="B, lower bound of the baseline: `auto` = twice the median start-up time (launch to a ready Spark "
                   "session) of the stage's finished attempts, at least 1 s; or a duration (Flink's default was 60 s, "
                   "which never calls a seconds-long attempt slow)"),
+    _duration_option("speed_check_age", 3600.0,
+                     "Check the speed of Spark Connect targets when a stage starts if a target's speed record is "
+                     "missing, slow or older than this (0: never check).",
+                     readme_default="`3600` s (1 hour)",
+                     manual="before a stage's first wave, time one tiny query on every Spark Connect target at once "
+                            "when one of them has no speed record from this DAG run and its record is missing, "
+                            "slow or older than this; a server at least 3x slower than the fastest gets fewer "
+                            "originals from the start. `0`: never check (see [Speed-aware "
+                            "placement](running.md#speed-aware-placement))"),
     _float_option("baseline_ratio", 0.75,
                   "Fraction of subtasks that must finish before a baseline exists (0 < r <= 1).",
                   lambda r: 0 < r <= 1, "must be in (0, 1]",
@@ -674,6 +683,7 @@ class SpeculativeConfig:
     fork_server: bool = True
     start_in_triggerer: bool = True
     baseline_lower_bound: float | None = None  # None: 'auto', derived from start-up times (core/detector.py)
+    speed_check_age: float = 3600.0
     baseline_ratio: float = 0.75
     baseline_multiplier: float = 1.5
     normalize_by_input_bytes: bool = True

@@ -10,7 +10,11 @@ median execution time per input byte over the fastest target's (1.0 = as fast as
   attempts all lost to copies is still measured);
 - before that, from **history**: the slowness each target showed in earlier stage runs on the same
   store (``store/speeds.py``), so the first wave of a daily run already avoids yesterday's slow node.
-  What this run measures replaces history target by target.
+  What this run measures replaces history target by target;
+- where history is missing, stale or says slow, from a **speed check** of the Spark Connect targets
+  when the stage starts (``control/speedcheck.py``): one tiny query in a fresh session on each server
+  at once, timed. A check's ratio is a server's overall slowness (CPU, a crowded host), not the
+  stage's work; it only decides the first wave and is replaced by what the run measures.
 
 Placement uses it twice (``core/scheduler.py``): among free targets it prefers one that is not slow,
 and it *holds* an original attempt back from a slow free target when waiting for a slot on a faster
@@ -38,6 +42,12 @@ HOLD_MARGIN = 0.2
 # Slowness is capped: a throttled or swapping node can look arbitrarily slow, and the factor feeds a
 # simulation whose queue length grows with it.
 MAX_SLOWNESS = 64.0
+# A speed check's ratio under this is noise: on a quiet 2-core host the same query on two idle servers'
+# fresh sessions differed by up to 2.0x, while a server throttled to 1/4 core took 4.9-8.3x as long.
+CHECK_SLOW_FACTOR = 3.0
+# A check stops waiting once this many times the fastest server's check has passed: a server still
+# running its check then is slow, which is all placement needs to know (it runs one attempt at a time).
+CHECK_WAIT_FACTOR = CHECK_SLOW_FACTOR
 
 
 @dataclass(frozen=True)
@@ -71,8 +81,10 @@ def _per_byte(attempt: Attempt, input_bytes: Mapping[int, int], now: float) -> f
 
 
 def observe(attempts: Iterable[Attempt], input_bytes: Mapping[int, int], now: float,
-            history: Mapping[str, float] | None = None) -> Speeds:
+            history: Mapping[str, float] | None = None, history_source: Mapping[str, str] | None = None) -> Speeds:
     """Slowness per target from this run's attempts, falling back to ``history`` for targets not measured.
+
+    ``history_source`` names where a history value came from (default ``history``; ``speed check``).
 
     One pass over the attempts: O(attempts).
     """
@@ -104,8 +116,42 @@ def observe(attempts: Iterable[Attempt], input_bytes: Mapping[int, int], now: fl
     for target, factor in (history or {}).items():
         if target not in slowness and factor > 0:
             slowness[target] = min(MAX_SLOWNESS, max(1.0, factor))
-            source[target] = "history"
+            source[target] = (history_source or {}).get(target, "history")
     return Speeds(slowness=slowness, source=source, fastest_per_byte=fastest)
+
+
+def check_slowness(durations: Mapping[str, float | None], elapsed: float) -> dict[str, float]:
+    """Slowness per target from one speed check; {} unless one finished and two were checked.
+
+    ``durations``: seconds each target's check took, None for one still running after ``elapsed``
+    seconds (its slowness is at least ``elapsed`` over the fastest). Ratios under
+    :data:`CHECK_SLOW_FACTOR` are noise and count as 1.0.
+    """
+    finished = [d for d in durations.values() if d is not None and d > 0]
+    if not finished or len(durations) < 2:
+        return {}
+    fastest = min(finished)
+    out: dict[str, float] = {}
+    for target, seconds in durations.items():
+        ratio = (seconds if seconds is not None else max(elapsed, fastest)) / fastest
+        out[target] = min(MAX_SLOWNESS, ratio) if ratio >= CHECK_SLOW_FACTOR else 1.0
+    return out
+
+
+def check_wanted(targets: Iterable[str], history: Mapping[str, float], ages: Mapping[str, float],
+                 measured_this_run: Iterable[str], max_age: float) -> bool:
+    """Whether a stage run should check its Connect targets' speed before its first wave.
+
+    Yes when two or more targets are checkable and one of them has no record from this DAG run and its
+    record is missing, older than ``max_age`` or slow (a slow node is re-checked rather than given a
+    probe original); ``max_age`` 0 turns checks off.
+    """
+    names = list(targets)
+    if max_age <= 0 or len(names) < 2:
+        return False
+    measured = set(measured_this_run)
+    return any(t not in measured and (t not in history or ages.get(t, float("inf")) > max_age
+                                      or history[t] >= SLOW_FACTOR) for t in names)
 
 
 def probe_candidates(history: Mapping[str, float], measured_this_run: Iterable[str]) -> list[str]:
