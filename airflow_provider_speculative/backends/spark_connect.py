@@ -31,6 +31,7 @@ client still runs under the detached supervisor (so polling, logs and restart-sa
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import time
 import uuid
@@ -138,12 +139,42 @@ class ConnectSession:
         live = (states.OPERATION_STATE_RUNNING, states.OPERATION_STATE_TERMINATING)
         return [s.operation_id for s in resp.operation_statuses if s.state in live]
 
+    def run_sql(self, query: str) -> None:
+        """Run ``query`` in the session and read its whole answer (one RPC, with the deadline)."""
+        from pyspark.sql.connect.proto import base_pb2 as pb2
+
+        req = self._fill(pb2.ExecutePlanRequest())
+        req.plan.root.sql.query = query
+        for _ in self.stub.ExecutePlan(req, metadata=self.builder.metadata(), timeout=self.timeout):
+            pass
+
     def release(self) -> None:
         """Close the session on the server: it can never run anything again."""
         from pyspark.sql.connect.proto import base_pb2 as pb2
 
         req = self._fill(pb2.ReleaseSessionRequest())
         self.stub.ReleaseSession(req, metadata=self.builder.metadata(), timeout=self.timeout)
+
+
+# The speed check (control/speedcheck.py): CPU work in the server's codegen'd pipeline, one task, a
+# small answer; about 0.1 s on an idle 1-core server, so its time is the server's speed, not the network's.
+SPEED_CHECK_QUERY = "SELECT sum(hash(id)) FROM range(0, 10000000, 1, 1)"
+
+
+def speed_check(url: str, timeout: float = 2 * RPC_TIMEOUT) -> float:
+    """Seconds the server at ``url`` takes for :data:`SPEED_CHECK_QUERY` in a fresh session of its own.
+
+    The session is released afterwards (also on an error), so nothing of the check stays on the server.
+    """
+    session_url = compose_url(url, session_id=str(uuid.uuid4()), user_id=DEFAULT_USER_ID)
+    with ConnectSession(session_url, timeout=timeout) as session:
+        try:
+            started = time.monotonic()
+            session.run_sql(SPEED_CHECK_QUERY)
+            return time.monotonic() - started
+        finally:
+            with contextlib.suppress(Exception):
+                session.release()
 
 
 def probe_server(url: str, timeout: float = PROBE_TIMEOUT) -> tuple[str, str] | None:

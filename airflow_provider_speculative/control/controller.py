@@ -17,14 +17,16 @@ from typing import Any
 from airflow_provider_speculative.backends import forkserver
 from airflow_provider_speculative.backends.base import Backend, LaunchSpec
 from airflow_provider_speculative.backends.registry import attempt_observer, plan_backends
+from airflow_provider_speculative.backends.spark_connect import SparkConnectBackend
 from airflow_provider_speculative.control.attemptlog import attempt_lines
 from airflow_provider_speculative.control.hybrid import HybridInputWatcher
 from airflow_provider_speculative.control.liveness import TargetWatcher
 from airflow_provider_speculative.control.recovery import PartitionRecovery, attempt_command
 from airflow_provider_speculative.control.slotledger import SlotLedger
+from airflow_provider_speculative.control.speedcheck import CHECK_TIMEOUT, check_speeds
 from airflow_provider_speculative.control.summary import stage_summary
 from airflow_provider_speculative.core.config import SpeculativeConfig
-from airflow_provider_speculative.core.contract import HOLD_END_ENV
+from airflow_provider_speculative.core.contract import HOLD_END_ENV, REMOTE_ENV
 from airflow_provider_speculative.core.failover import input_readers
 from airflow_provider_speculative.core.hybrid import hybrid_edges
 from airflow_provider_speculative.core.messages import (
@@ -54,7 +56,7 @@ from airflow_provider_speculative.core.messages import (
 from airflow_provider_speculative.core.plan import StagePlan
 from airflow_provider_speculative.core.scheduler import StageScheduler
 from airflow_provider_speculative.core.slots import TargetView
-from airflow_provider_speculative.core.speed import probe_candidates, run_slowness
+from airflow_provider_speculative.core.speed import check_wanted, probe_candidates, run_slowness
 from airflow_provider_speculative.core.states import TERMINAL, Attempt, AttemptState
 from airflow_provider_speculative.sinks.base import Sink, StagingScope
 from airflow_provider_speculative.store import changes
@@ -62,7 +64,15 @@ from airflow_provider_speculative.store.files import atomic_write_json, create_e
 from airflow_provider_speculative.store.journal import Journal
 from airflow_provider_speculative.store.layout import StageLayout
 from airflow_provider_speculative.store.results import remove_attempt_output
-from airflow_provider_speculative.store.speeds import claim_probe, read_history, record_speeds
+from airflow_provider_speculative.store.speeds import (
+    SPEED_CHECK,
+    checked_targets,
+    claim_probe,
+    claim_speed_check,
+    read_ages,
+    read_history,
+    record_speeds,
+)
 
 # Every live attempt's files are re-read at least this often, notices or not (lost notices, launch
 # timeouts); its process is probed (a signal 0 on this host) at least this often.
@@ -97,7 +107,8 @@ class StageController:
                  extra_env: dict[str, str] | None = None,
                  target_env: dict[str, dict[str, str]] | None = None,
                  backends: dict[str, Backend] | None = None, observer: Backend | None = None,
-                 watcher: TargetWatcher | None = None) -> None:
+                 watcher: TargetWatcher | None = None,
+                 speed_check: Callable[[str], float] | None = None) -> None:
         self.plan = plan
         # Secrets for the attempts (a sink's DSN, a Connect server's URL with its token): passed at
         # launch, never written to the store.
@@ -114,6 +125,9 @@ class StageController:
         self.observer = observer if observer is not None else attempt_observer(self.layout)
         run_key = f"{plan['dag_id']}/{plan['run_id']}"
         history, measured = read_history(self.layout.root, [t.name for t in self.config.targets], clock(), run=run_key)
+        # speed_check: a server's answer time for the check query (tests pass a fake; default: a real RPC).
+        history, measured = self._check_speeds(run_key, history, measured, speed_check)
+        checked = checked_targets(self.layout.root, history, clock(), run_key)
         # One probe original per DAG run for a target only an earlier run found slow (store/speeds.py).
         probes = frozenset(t for t in probe_candidates(history, measured)
                            if claim_probe(self.layout.root, t, run_key, clock()))
@@ -126,7 +140,8 @@ class StageController:
                        for name, info in (plan.get("upstream_info") or {}).items()},
             label=f"pipeline {plan['dag_id']}, stage {plan['stage']}",
             hybrid=hybrid_edges(plan),
-            target_history=history, probe_targets=probes)
+            target_history=history, probe_targets=probes,
+            history_source={t: "speed check" for t in checked})
         # FLIP-159: slots belong to the target and are claimed in the store by every stage using it.
         self.slots = SlotLedger(self.layout, self.config, self.journal)
         self.watcher = watcher if watcher is not None else TargetWatcher(
@@ -151,6 +166,40 @@ class StageController:
         self.recoveries: dict[tuple[str, int], PartitionRecovery] = {}
         self.result: CompleteStage | FailStage | None = None
         self._restore()
+
+    # -- speed check ------------------------------------------------------------------------
+
+    def _check_speeds(self, run_key: str, history: dict[str, float], measured: frozenset[str],
+                      check: Callable[[str], float] | None) -> tuple[dict[str, float], frozenset[str]]:
+        """Before the stage's first wave: check the Connect targets' speed if history cannot tell (speedcheck.py).
+
+        One stage of a DAG run checks (a claim in the store); a concurrent one waits, bounded, for its
+        records. Returns the history and the targets measured in this DAG run, re-read after the check.
+        """
+        urls = {t.name: self.target_env.get(t.name, {}).get(REMOTE_ENV, "")
+                for t in self.config.targets if (self.plan.get("targets") or {}).get(t.name, {}).get("kind")
+                == SparkConnectBackend.kind}
+        urls = {name: url for name, url in urls.items() if url}
+        now = self.clock()
+        ages = read_ages(self.layout.root, urls, now)
+        if not check_wanted(urls, history, ages, measured, self.config.speed_check_age):
+            return history, measured
+        names = [t.name for t in self.config.targets]
+        if claim_speed_check(self.layout.root, urls, run_key, now):
+            started = self.clock()
+            result = check_speeds(urls, check)
+            slowness = result.slowness
+            self.journal("speed_check", started=started, waited=round(result.waited, 3),
+                         seconds={k: None if v is None else round(v, 3) for k, v in result.durations.items()},
+                         slowness={k: round(v, 2) for k, v in slowness.items()}, failed=result.failed)
+            record_speeds(self.layout.root, slowness, self.clock(), f"{run_key}/{SPEED_CHECK}")
+        else:
+            # Another stage of this DAG run checks: its records are this run's once written.
+            deadline = time.monotonic() + CHECK_TIMEOUT + 1.0
+            while not set(urls) <= measured and time.monotonic() < deadline:
+                time.sleep(0.05)
+                history, measured = read_history(self.layout.root, names, self.clock(), run=run_key)
+        return read_history(self.layout.root, names, self.clock(), run=run_key)
 
     # -- restore ----------------------------------------------------------------------------
 

@@ -41,8 +41,9 @@ class ConnectPool:
         # A server on its own host is that node (blocklist, speed history); loopback servers go by name.
         targets = [{"name": s.name, "conn_id": s.conn_id, "slots": self.slots, **({"node": s.node} if s.node else {})}
                    for s in self.servers]
-        # A differential test checks results, not speed: no speculative copies competing for 2 cores.
-        values = {"enabled": False, "check_interval": "200ms", "targets": targets, **overrides}
+        # A differential test checks results, not speed: no speculative copies competing for 2 cores, and
+        # no speed check whose noise on a loaded machine could steer placement (tests that need one ask).
+        values = {"enabled": False, "check_interval": "200ms", "speed_check_age": 0, "targets": targets, **overrides}
         return SpeculativeConfig().with_overrides(values, "test")
 
     def target_env(self) -> dict[str, dict[str, str]]:

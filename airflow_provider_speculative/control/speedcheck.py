@@ -1,0 +1,89 @@
+"""Speed check: time one tiny query on every Spark Connect target at once, before a stage's first wave.
+
+Speed-aware placement (core/speed.py) only knows a slow server once an attempt on it overran the
+others, or from an earlier DAG run's record. On a slow node's first run that is too late: the first
+wave has put originals there already. A warm Connect server answers a tiny query in about 0.1 s, so
+timing one on every server at once tells a server throttled to a quarter of a core (4.9-8.3x as long,
+measured) from a healthy one (within 2x) before anything is placed.
+
+The wait is bounded: it ends when every server answered, or :data:`CHECK_WAIT_FACTOR` times the
+fastest answer after the start (a server still busy then is at least that much slower), or after
+:data:`CHECK_TIMEOUT` without any answer (no result: placement goes on as without the check). A check
+still running when the wait ends finishes in its thread and releases its session; its result is not
+waited for. Which targets are checked and when is decided in ``control/controller.py``; what a ratio
+means in ``core/speed.py``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+
+from airflow_provider_speculative.core.speed import CHECK_WAIT_FACTOR, check_slowness
+
+# No server answered the check within this: give up waiting (the stage must not stall on a dead pool).
+CHECK_TIMEOUT = 3.0
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """What one speed check measured: seconds per target (None: still running), the wait, and failures."""
+
+    durations: dict[str, float | None]
+    waited: float
+    failed: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def slowness(self) -> dict[str, float]:
+        """Slowness per answering or still-running target (core/speed.py); {} if nothing can be compared."""
+        return check_slowness(self.durations, self.waited)
+
+
+def _default_check(url: str) -> float:
+    from airflow_provider_speculative.backends.spark_connect import speed_check
+
+    return speed_check(url)
+
+
+def check_speeds(urls: Mapping[str, str], check: Callable[[str], float] | None = None,
+                 timeout: float = CHECK_TIMEOUT) -> CheckResult:
+    """Run ``check`` (a server's answer time for the check query) on every target's URL at once.
+
+    Returns once every check ended or the bounded wait above is over; threads of unfinished checks
+    are left to end on their own (each has its RPC deadline).
+    """
+    run = check or _default_check
+    if check is None:
+        # Import pyspark's Connect client once, here: an import inside the timed threads would be
+        # paid by whichever thread came first and read as that server's slowness.
+        import pyspark.sql.connect.client.core  # noqa: F401
+    pool = ThreadPoolExecutor(max_workers=max(1, len(urls)), thread_name_prefix="speed-check")
+    started = time.monotonic()
+    futures: dict[Future[float], str] = {pool.submit(run, url): name for name, url in urls.items()}
+    durations: dict[str, float | None] = {}
+    failed: dict[str, str] = {}
+    deadline = started + timeout
+    pending = set(futures)
+    try:
+        while pending:
+            done, pending = wait(pending, timeout=max(0.0, deadline - time.monotonic()), return_when=FIRST_COMPLETED)
+            if not done:
+                break
+            for future in done:
+                name = futures[future]
+                try:
+                    durations[name] = future.result()
+                except Exception as exc:  # an unreachable or refusing server is not a slow one
+                    failed[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+            answered = [d for d in durations.values() if d is not None]
+            if answered:
+                deadline = min(deadline, started + CHECK_WAIT_FACTOR * min(answered))
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+    waited = time.monotonic() - started
+    for name in urls:
+        if name not in durations and name not in failed:
+            durations[name] = None
+    return CheckResult(durations=durations, waited=waited, failed=failed)
