@@ -133,6 +133,8 @@ class StageScheduler:
     # Targets this stage run may send one probe original to although history calls them slow (the
     # controller claimed the DAG run's one probe of each in the store: store/speeds.py claim_probe).
     probe_targets: frozenset[str] = frozenset()
+    # Where a target_history value came from when it is not an earlier run ("speed check").
+    history_source: dict[str, str] = field(default_factory=dict)
     # Subtask -> (since, why) while its original is held back for a faster target's slot (not a slot held).
     held_back: dict[int, tuple[float, str]] = field(default_factory=dict)
     speeds: Speeds | None = None
@@ -689,7 +691,8 @@ class StageScheduler:
         free_total = (sum(max(0, n) for n in self.free_slots.values()) if self.free_slots is not None
                       else sum(max(0, t.slots - load[t.name]) for t in self.targets))
         budget = consumer_slots(free_total, sum(self.producers_waiting.values())) if self.hybrid else None
-        speeds = self.speeds = observe(self.all_attempts(), self.input_bytes, now, self.target_history)
+        speeds = self.speeds = observe(self.all_attempts(), self.input_bytes, now, self.target_history,
+                                           self.history_source)
         holds: HoldPlanner | None = None
         tried: set[str] = set()
         for subtask, speculative, reason in wanted:
@@ -718,6 +721,13 @@ class StageScheduler:
                                                              f"{finish:.1f} there vs {here:.1f} on {target.name}, "
                                                              f"{speeds.of(target.name):.1f}x slower, "
                                                              f"{speeds.source.get(target.name, 'run')})"))
+                    self._wanting.add(subtask)
+                    continue
+                if not probe and self._busy_slow(target, speeds, now, load):
+                    self.held_back.setdefault(subtask, (now, f"for a faster target ({target.name} is "
+                                                             f"{speeds.of(target.name):.1f}x slower, "
+                                                             f"{speeds.source.get(target.name, 'run')}, and runs "
+                                                             "one attempt at a time)"))
                     self._wanting.add(subtask)
                     continue
             if subtask in self.held_back:
@@ -783,6 +793,20 @@ class StageScheduler:
             return None
         return min(unblocked, key=lambda t: (speeds is not None and speeds.is_slow(t.name), load[t.name] / t.slots,
                                              self.targets.index(t)))
+
+    def _busy_slow(self, target: Target, speeds: Speeds, now: float, load: dict[str, int]) -> bool:
+        """A slow target that runs something takes no further original while a faster one is usable.
+
+        Its attempts share what little it has: two at once end no sooner than one after the other, and
+        the second's work is missing on the faster target meanwhile. One at a time, a slow node still
+        contributes without holding back work a faster target would end sooner.
+        """
+        busy = (self.free_slots.get(target.name, 0) < self.capacity.get(target.name, target.slots)
+                if self.free_slots is not None else load[target.name] > 0)
+        if not busy:
+            return False
+        return any(not speeds.is_slow(t.name) and t.name not in self.lost_targets
+                   and not self.blocklist.is_blocked(t.node_label, now) for t in self.targets)
 
     def _pick_free_target(self, now: float, avoid: set[str], allow_blocked: bool,
                           speeds: Speeds | None = None) -> Target | None:
