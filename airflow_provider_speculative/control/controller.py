@@ -72,6 +72,7 @@ from airflow_provider_speculative.store.speeds import (
     read_ages,
     read_history,
     record_speeds,
+    speed_check_claimed_at,
 )
 
 # Every live attempt's files are re-read at least this often, notices or not (lost notices, launch
@@ -194,8 +195,12 @@ class StageController:
                          slowness={k: round(v, 2) for k, v in slowness.items()}, failed=result.failed)
             record_speeds(self.layout.root, slowness, self.clock(), f"{run_key}/{SPEED_CHECK}")
         else:
-            # Another stage of this DAG run checks: its records are this run's once written.
-            deadline = time.monotonic() + CHECK_TIMEOUT + 1.0
+            # Another stage of this DAG run checks: its records are this run's once written. Wait only
+            # while that check can still be running (a later stage, or one after a check that found
+            # nothing, does not wait at all).
+            claimed = speed_check_claimed_at(self.layout.root, urls, run_key)
+            left = 0.0 if claimed is None else claimed + CHECK_TIMEOUT + 1.0 - self.clock()
+            deadline = time.monotonic() + min(max(0.0, left), CHECK_TIMEOUT + 1.0)
             while not set(urls) <= measured and time.monotonic() < deadline:
                 time.sleep(0.05)
                 history, measured = read_history(self.layout.root, names, self.clock(), run=run_key)

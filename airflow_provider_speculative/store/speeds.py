@@ -90,15 +90,36 @@ def record_speeds(root: Path, slowness: Mapping[str, float], now: float, where: 
             atomic_write_json(speed_path(root, target), {"slowness": round(factor, 3), "at": now, "from": where})
 
 
+def _check_claim(targets: Iterable[str], run: str) -> tuple[str, str] | None:
+    """(the target whose probes directory holds it, the claim's key) of a DAG run's speed check."""
+    names = sorted(targets)
+    return (names[0], f"{run}#{SPEED_CHECK}:{','.join(names)}") if names else None
+
+
 def claim_speed_check(root: Path, targets: Iterable[str], run: str, now: float) -> bool:
     """Claim DAG run ``run``'s speed check of ``targets``; False if a concurrent stage of the run has it.
 
     Kept with the first target's probe claims (same file names, same pruning).
     """
-    names = sorted(targets)
-    if not names:
-        return False
-    return claim_probe(root, names[0], f"{run}#speed-check:{','.join(names)}", now)
+    claim = _check_claim(targets, run)
+    return claim is not None and claim_probe(root, claim[0], claim[1], now)
+
+
+def speed_check_claimed_at(root: Path, targets: Iterable[str], run: str) -> float | None:
+    """When DAG run ``run``'s speed check of ``targets`` was claimed; None if not (or unreadable)."""
+    claim = _check_claim(targets, run)
+    if claim is None:
+        return None
+    with contextlib.suppress(StoreError, OSError, ValueError):
+        record = read_json(_probe_path(root, claim[0], claim[1]))
+        if isinstance(record, dict) and isinstance(record.get("at"), int | float):
+            return float(record["at"])
+    return None
+
+
+def _probe_path(root: Path, target: str, run: str) -> Path:
+    return Path(root) / TARGETS_DIR / safe_component(target) / "probes" / (
+        hashlib.sha256(run.encode()).hexdigest()[:24] + ".json")
 
 
 def claim_probe(root: Path, target: str, run: str, now: float) -> bool:
@@ -107,8 +128,8 @@ def claim_probe(root: Path, target: str, run: str, now: float) -> bool:
     Exclusive create, so of several stages of a run starting at once exactly one probes; claims older
     than :data:`MAX_AGE` are pruned on the way (at most one file per DAG run and slow target).
     """
-    probes = Path(root) / TARGETS_DIR / safe_component(target) / "probes"
-    name = hashlib.sha256(run.encode()).hexdigest()[:24] + ".json"
+    path = _probe_path(root, target, run)
+    probes, name = path.parent, path.name
     with contextlib.suppress(OSError):
         for entry in os.scandir(probes):
             with contextlib.suppress(OSError):

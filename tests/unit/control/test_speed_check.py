@@ -134,3 +134,18 @@ def test_spark_submit_targets_are_never_checked(tmp_path: Path, servers) -> None
 
     h = harness(tmp_path, parallelism=2)  # kind "fake": no warm server to ask
     assert [e for e in read_jsonl(h.layout.journal) if e["event"] == "speed_check"] == []
+
+
+def test_a_later_stage_does_not_wait_for_a_check_that_found_nothing(tmp_path: Path, servers, monkeypatch) -> None:
+    import airflow_provider_speculative.control.controller as controller_module
+
+    # The run's check was claimed a minute ago and recorded nothing (a server refused): nothing to wait for.
+    assert claim_speed_check(tmp_path / "store", URLS, "d/r", Clock().now - 60.0)
+
+    def no_sleep(seconds: float) -> None:
+        raise AssertionError(f"waited {seconds}s for a check that ended long ago")
+
+    monkeypatch.setattr(controller_module.time, "sleep", no_sleep)
+    fake = servers({})
+    controller, _, _ = connect_controller(tmp_path, fake, stage="join")
+    assert fake.calls == [] and controller.scheduler.target_history == {}
