@@ -31,8 +31,8 @@ client still runs under the detached supervisor (so polling, logs and restart-sa
 
 from __future__ import annotations
 
-import contextlib
 import socket
+import threading
 import time
 import uuid
 from typing import Any, ClassVar
@@ -157,24 +157,44 @@ class ConnectSession:
 
 
 # The speed check (control/speedcheck.py): CPU work in the server's codegen'd pipeline, one task, a
-# small answer; about 0.1 s on an idle 1-core server, so its time is the server's speed, not the network's.
+# small answer; 0.07-0.13 s on an idle 1-core server in a warm session, so its time is the server's
+# speed, not the network's.
 SPEED_CHECK_QUERY = "SELECT sum(hash(id)) FROM range(0, 10000000, 1, 1)"
+# One check session per server and process: a fresh session's first query costs 0.1-0.4 s, varying
+# by 2x between idle servers; a warm session's by 1.4x. The server drops it when idle
+# (spark.connect.session.manager.defaultSessionTimeout); nothing runs in it between checks.
+_CHECK_SESSIONS: dict[str, str] = {}
+_CHECK_LOCK = threading.Lock()
 
 
 def speed_check(url: str, timeout: float = 2 * RPC_TIMEOUT) -> float:
-    """Seconds the server at ``url`` takes for :data:`SPEED_CHECK_QUERY` in a fresh session of its own.
+    """Seconds the server at ``url`` takes for :data:`SPEED_CHECK_QUERY` in this process's check session.
 
-    The session is released afterwards (also on an error), so nothing of the check stays on the server.
+    A session new to this process runs the query once untimed first (its set-up is noise, not speed).
+    A session the server no longer knows is replaced by a new one for the next check.
     """
-    session_url = compose_url(url, session_id=str(uuid.uuid4()), user_id=DEFAULT_USER_ID)
-    with ConnectSession(session_url, timeout=timeout) as session:
-        try:
-            started = time.monotonic()
-            session.run_sql(SPEED_CHECK_QUERY)
-            return time.monotonic() - started
-        finally:
-            with contextlib.suppress(Exception):
-                session.release()
+    base, _ = split_url(url)
+    for retry in (True, False):
+        with _CHECK_LOCK:
+            session_id = _CHECK_SESSIONS.get(base)
+            fresh = session_id is None
+            if session_id is None:
+                session_id = _CHECK_SESSIONS[base] = str(uuid.uuid4())
+        session_url = compose_url(url, session_id=session_id, user_id=DEFAULT_USER_ID)
+        with ConnectSession(session_url, timeout=timeout) as session:
+            try:
+                if fresh:
+                    session.run_sql(SPEED_CHECK_QUERY)
+                started = time.monotonic()
+                session.run_sql(SPEED_CHECK_QUERY)
+                return time.monotonic() - started
+            except Exception as exc:
+                with _CHECK_LOCK:
+                    if _CHECK_SESSIONS.get(base) == session_id:
+                        del _CHECK_SESSIONS[base]  # closed, expired or broken: start a new one
+                if not (retry and session_closed(exc)):
+                    raise
+    raise AssertionError("unreachable: the second try returns or raises")
 
 
 def probe_server(url: str, timeout: float = PROBE_TIMEOUT) -> tuple[str, str] | None:

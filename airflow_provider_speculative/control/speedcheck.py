@@ -3,15 +3,15 @@
 Speed-aware placement (core/speed.py) only knows a slow server once an attempt on it overran the
 others, or from an earlier DAG run's record. On a slow node's first run that is too late: the first
 wave has put originals there already. A warm Connect server answers a tiny query in about 0.1 s, so
-timing one on every server at once tells a server throttled to a quarter of a core (4.9-8.3x as long,
-measured) from a healthy one (within 2x) before anything is placed.
+timing one on every server at once tells a server throttled to a quarter of a core (4.5-9.5x as long,
+measured) from a healthy one (within 1.4x) before anything is placed. The query runs in one session
+per server and process (``backends/spark_connect.py``), so only the first check pays its set-up.
 
-The wait is bounded: it ends when every server answered, or :data:`CHECK_WAIT_FACTOR` times the
-fastest answer after the start (a server still busy then is at least that much slower), or after
+The wait is bounded: it ends when every server answered, or :data:`CHECK_WAIT_FACTOR` times the fastest
+server's whole check after the start (a server still busy then is at least that much slower), or after
 :data:`CHECK_TIMEOUT` without any answer (no result: placement goes on as without the check). A check
-still running when the wait ends finishes in its thread and releases its session; its result is not
-waited for. Which targets are checked and when is decided in ``control/controller.py``; what a ratio
-means in ``core/speed.py``.
+still running when the wait ends finishes in its thread; its result is not waited for. Which targets are
+checked and when is decided in ``control/controller.py``; what a ratio means in ``core/speed.py``.
 """
 
 from __future__ import annotations
@@ -34,11 +34,13 @@ class CheckResult:
     durations: dict[str, float | None]
     waited: float
     failed: dict[str, str] = field(default_factory=dict)
+    # Seconds from the start to each answer (the session's set-up included).
+    totals: dict[str, float] = field(default_factory=dict)
 
     @property
     def slowness(self) -> dict[str, float]:
         """Slowness per answering or still-running target (core/speed.py); {} if nothing can be compared."""
-        return check_slowness(self.durations, self.waited)
+        return check_slowness(self.durations, self.waited, min(self.totals.values(), default=None))
 
 
 def _default_check(url: str) -> float:
@@ -63,27 +65,27 @@ def check_speeds(urls: Mapping[str, str], check: Callable[[str], float] | None =
     started = time.monotonic()
     futures: dict[Future[float], str] = {pool.submit(run, url): name for name, url in urls.items()}
     durations: dict[str, float | None] = {}
+    totals: dict[str, float] = {}
     failed: dict[str, str] = {}
     deadline = started + timeout
     pending = set(futures)
     try:
-        while pending:
-            done, pending = wait(pending, timeout=max(0.0, deadline - time.monotonic()), return_when=FIRST_COMPLETED)
-            if not done:
-                break
+        while pending and (left := deadline - time.monotonic()) > 0:
+            done, pending = wait(pending, timeout=left, return_when=FIRST_COMPLETED)
             for future in done:
                 name = futures[future]
                 try:
-                    durations[name] = future.result()
+                    seconds = durations[name] = future.result()
+                    totals[name] = max(seconds, time.monotonic() - started)
                 except Exception as exc:  # an unreachable or refusing server is not a slow one
                     failed[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
-            answered = [d for d in durations.values() if d is not None]
-            if answered:
-                deadline = min(deadline, started + CHECK_WAIT_FACTOR * min(answered))
+            if totals:
+                # Compared whole check with whole check: a server still busy then is slow.
+                deadline = min(deadline, started + CHECK_WAIT_FACTOR * min(totals.values()))
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
     waited = time.monotonic() - started
     for name in urls:
         if name not in durations and name not in failed:
             durations[name] = None
-    return CheckResult(durations=durations, waited=waited, failed=failed)
+    return CheckResult(durations=durations, waited=waited, failed=failed, totals=totals)

@@ -42,8 +42,9 @@ HOLD_MARGIN = 0.2
 # Slowness is capped: a throttled or swapping node can look arbitrarily slow, and the factor feeds a
 # simulation whose queue length grows with it.
 MAX_SLOWNESS = 64.0
-# A speed check's ratio under this is noise: on a quiet 2-core host the same query on two idle servers'
-# fresh sessions differed by up to 2.0x, while a server throttled to 1/4 core took 4.9-8.3x as long.
+# A speed check's ratio under this is noise: on a quiet 2-core host the same query in two idle servers'
+# warm sessions differed by up to 1.4x (fresh sessions: 2.0x), a server throttled to 1/4 core took
+# 4.5-9.5x as long.
 CHECK_SLOW_FACTOR = 3.0
 # A check stops waiting once this many times the fastest server's check has passed: a server still
 # running its check then is slow, which is all placement needs to know (it runs one attempt at a time).
@@ -120,20 +121,23 @@ def observe(attempts: Iterable[Attempt], input_bytes: Mapping[int, int], now: fl
     return Speeds(slowness=slowness, source=source, fastest_per_byte=fastest)
 
 
-def check_slowness(durations: Mapping[str, float | None], elapsed: float) -> dict[str, float]:
+def check_slowness(durations: Mapping[str, float | None], elapsed: float,
+                   fastest_total: float | None = None) -> dict[str, float]:
     """Slowness per target from one speed check; {} unless one finished and two were checked.
 
-    ``durations``: seconds each target's check took, None for one still running after ``elapsed``
-    seconds (its slowness is at least ``elapsed`` over the fastest). Ratios under
+    ``durations``: seconds each target's check query took, None for one still running after
+    ``elapsed`` seconds. A running one is at least ``elapsed`` over the fastest target's whole check
+    (``fastest_total``, its session's set-up included; default: its query). Ratios under
     :data:`CHECK_SLOW_FACTOR` are noise and count as 1.0.
     """
     finished = [d for d in durations.values() if d is not None and d > 0]
     if not finished or len(durations) < 2:
         return {}
     fastest = min(finished)
+    whole = max(fastest_total or fastest, fastest)
     out: dict[str, float] = {}
     for target, seconds in durations.items():
-        ratio = (seconds if seconds is not None else max(elapsed, fastest)) / fastest
+        ratio = seconds / fastest if seconds is not None else max(elapsed, whole) / whole
         out[target] = min(MAX_SLOWNESS, ratio) if ratio >= CHECK_SLOW_FACTOR else 1.0
     return out
 
