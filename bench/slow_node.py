@@ -18,12 +18,13 @@ level, controllers stepped as the triggerer would) on one warm pool started befo
 Plain rows run spark-submit in client mode against a standalone cluster started before the first
 plain row; the driver is not throttled (it is not a worker).
 
-Reported per row: makespan (provider: first attempt launch to last ``stage_complete`` in the stages'
-journals; plain: first job submitted to last job completed in Spark's event log), wall seconds (the
-runner call, or the spark-submit process), attempt-seconds, copies launched, copies that won, wasted
-attempt-seconds (every attempt or task that was not the one kept), attempts on the slow node; then the
-ratios c/a, b/a, c/d and the false-positive cost of a over a0. Every committed result is checked
-against DuckDB (exit 1 if one differs). Results: bench/results/slow-node-<timestamp>/results.json.
+Reported per row: makespan (provider: first attempt launch, or the speed check before it, to last
+``stage_complete`` in the stages' journals; plain: first job submitted to last job completed in Spark's
+event log), wall seconds (the runner call, or the spark-submit process), attempt-seconds, copies
+launched, copies that won, wasted attempt-seconds (every attempt or task that was not the one kept),
+attempts on the slow node; then the ratios c/a, b/a, c/d and the false-positive cost of a over a0. Every
+committed result is checked against DuckDB (exit 1 if one differs). Results:
+bench/results/slow-node-<timestamp>/results.json.
 
     .venv/bin/python bench/slow_node.py --scale 1 --shares 0.25,0.125 --repeat 3
     .venv/bin/python bench/slow_node.py --scale 0.1 --shares 0.25 --repeat 1     # smoke run
@@ -195,6 +196,7 @@ def provider_metrics(root: Path, graph: PipelineGraph, run_id: str, slow_target:
     launches, completes = [], []
     summaries: dict[str, Any] = {}
     copy_reasons: list[str] = []
+    speed_checks: list[dict[str, Any]] = []
     for stage in graph.stages:
         layout = StageLayout(root, graph.name, run_id, stage)
         for event in read_jsonl(layout.journal):
@@ -204,6 +206,10 @@ def provider_metrics(root: Path, graph: PipelineGraph, run_id: str, slow_target:
                     copy_reasons.append(f"{stage}/{event.get('subtask')}: {event['reason']}")
             elif event.get("event") == "stage_complete":
                 completes.append(event["at"])
+            elif event.get("event") == "speed_check":
+                # The check delays the first wave: the makespan starts with it.
+                launches.append(event["started"])
+                speed_checks.append({"stage": stage, **{k: event.get(k) for k in ("waited", "seconds", "slowness")}})
         summary = read_json(layout.summary) or {}
         summaries[stage] = {k: summary.get(k) for k in ("baseline_source", "baseline_floor_source",
                                                          "baseline_seconds", "numSlowExecutionVertices",
@@ -227,6 +233,7 @@ def provider_metrics(root: Path, graph: PipelineGraph, run_id: str, slow_target:
         # Attempts that started but recorded no end are left out of the seconds above (none so far).
         "unended": sum(a["start"] is not None and a["end"] is None for a in attempts),
         "copy_reasons": copy_reasons[:6],
+        "speed_checks": speed_checks,
         "stages": summaries,
     }
 

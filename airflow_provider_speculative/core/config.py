@@ -527,7 +527,7 @@ OPTIONS: tuple[Option, ...] = (
                      readme_default="`3600` s (1 hour)",
                      manual="before a stage's first wave, time one tiny query on every Spark Connect target at once "
                             "when one of them has no speed record from this DAG run and its record is missing, "
-                            "slow or older than this; a server at least 3x slower than the fastest gets fewer "
+                            "slow or older than this; a server at least 2x slower than the fastest gets fewer "
                             "originals from the start. `0`: never check (see [Speed-aware "
                             "placement](running.md#speed-aware-placement))"),
     _float_option("baseline_ratio", 0.75,

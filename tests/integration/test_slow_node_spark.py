@@ -2,9 +2,14 @@
 
 One server of the shared pool has its process tree limited to 1/8 of a CPU (cgroup cpu quota, or a
 SIGSTOP duty cycle where cgroups are not writable: tests/slownode.py); nothing is injected into any
-attempt. TPC-H Q1's scan stage runs with ``enabled=true`` and every other option at its default. The
-test asserts on the stage's events, not on time: a speculative copy of an attempt on the throttled
-server is launched on the fast one, says why, and is the attempt committed; the result equals DuckDB's.
+attempt. TPC-H Q1 runs with ``enabled=true`` and every other option at its default; the tests assert
+on the stages' events, not on time, and the result equals DuckDB's:
+
+- without the speed check (``speed_check_age=0``, as for targets the check cannot ask: the first wave
+  knows nothing of the slow server), a speculative copy of an attempt on the throttled server is
+  launched on the fast one, says why, and is the attempt committed;
+- with it (the default), the check calls the throttled server slow before anything is placed, and
+  the first wave gives it fewer originals than the fast one.
 """
 
 from __future__ import annotations
@@ -27,8 +32,9 @@ APPS = Path(__file__).resolve().parents[2] / "dags" / "apps"
 SHARE = 1 / 8
 
 
-def _q1_graph(data: Path):
-    pipeline = Pipeline("slow_node_q1", config={"enabled": True}, spark_conf={"spark.sql.shuffle.partitions": "4"})
+def _q1_graph(data: Path, **config: object):
+    pipeline = Pipeline("slow_node_q1", config={"enabled": True, **config},
+                        spark_conf={"spark.sql.shuffle.partitions": "4"})
     scan = pipeline.stage("scan", application=str(APPS / "q1_scan.py"), parallelism=8,
                           inputs={"lineitem": parquet_source(str(data))})
     pipeline.stage("aggregate", application=str(APPS / "q1_final.py"), parallelism=1,
@@ -37,12 +43,9 @@ def _q1_graph(data: Path):
 
 
 @pytest.mark.skipif(slownode.unavailable_reason() is not None, reason=str(slownode.unavailable_reason()))
-def test_copy_on_the_fast_server_beats_a_throttled_server_with_default_settings(
+def test_copy_on_the_fast_server_beats_a_throttled_server_with_default_detection(
         shared_connect_pool: ConnectPool, tpch_data: Path, tmp_path: Path) -> None:
-    fast, slow = shared_connect_pool.servers
-    server = shared_connect_pool_process(slow)
-    with slownode.throttle(server.pid, SHARE):
-        run_pipeline(shared_connect_pool, _q1_graph(tpch_data), tmp_path, "run1", timeout=400)
+    fast, slow = run_throttled(shared_connect_pool, tpch_data, tmp_path, speed_check_age=0)
 
     report = run_report(tmp_path, "slow_node_q1", "run1")
     scan = next(s for s in report["stages"] if s["stage"] == "scan")
@@ -68,11 +71,49 @@ def test_copy_on_the_fast_server_beats_a_throttled_server_with_default_settings(
     assert summary["baseline_source"] in ("early", "run")
     assert summary["numEffectiveSpeculativeExecutions"] >= 1
 
+    assert_result(tmp_path, tpch_data)
+
+
+@pytest.mark.skipif(slownode.unavailable_reason() is not None, reason=str(slownode.unavailable_reason()))
+def test_the_speed_check_keeps_the_first_wave_off_a_throttled_server(
+        shared_connect_pool: ConnectPool, tpch_data: Path, tmp_path: Path) -> None:
+    fast, slow = run_throttled(shared_connect_pool, tpch_data, tmp_path, speed_check_age="1h")
+
+    journal = read_jsonl(StageLayout(tmp_path, "slow_node_q1", "run1", "scan").journal)
+    checks = [e for e in journal if e.get("event") == "speed_check"]
+    assert len(checks) == 1, journal[:5]
+    assert checks[0]["slowness"][slow.name] >= 3.0 and checks[0]["slowness"][fast.name] == 1.0, checks
+    # The check came before the first launch. The first wave (originals launched before the first
+    # admission) gave the throttled server no more originals than the fast one, and the originals held
+    # for the fast server say the check is why.
+    launches = [e for e in journal if e.get("event") == "launch"]
+    first_admit = min(e["at"] for e in journal if e.get("event") == "admit")
+    assert checks[0]["started"] <= launches[0]["at"]
+    first_wave = [e for e in launches if e["at"] < first_admit and not e.get("speculative")]
+    on_slow = sum(e.get("target") == slow.name for e in first_wave)
+    assert on_slow <= sum(e.get("target") == fast.name for e in first_wave), first_wave
+    assert any("slower, speed check" in (e.get("reason") or "") for e in launches), [e.get("reason") for e in launches]
+    # The aggregate stage needed no check of its own: the scan's record is this run's.
+    aggregate = read_jsonl(StageLayout(tmp_path, "slow_node_q1", "run1", "aggregate").journal)
+    assert not [e for e in aggregate if e.get("event") == "speed_check"]
+    assert_result(tmp_path, tpch_data)
+
+
+def assert_result(tmp_path: Path, tpch_data: Path) -> None:
+    """The committed Q1 equals DuckDB's on the same data."""
     result = committed_table(tmp_path, "slow_node_q1", "run1", "aggregate").to_pylist()
     actual = {(r["l_returnflag"], r["l_linestatus"]): {k: float(v) for k, v in r.items()
                                                        if k not in ("l_returnflag", "l_linestatus")}
               for r in result}
     assert_q1_equal(actual, duckdb_q1(tpch_data))
+
+
+def run_throttled(pool: ConnectPool, data: Path, root: Path, **config: object):
+    """Q1 on the pool with its second server throttled to SHARE for the whole run; (fast, slow) servers."""
+    fast, slow = pool.servers
+    with slownode.throttle(shared_connect_pool_process(slow).pid, SHARE):
+        run_pipeline(pool, _q1_graph(data, **config), root, "run1", timeout=400)
+    return fast, slow
 
 
 def shared_connect_pool_process(info):

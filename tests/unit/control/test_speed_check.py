@@ -71,7 +71,7 @@ def test_the_wait_ends_a_few_fastest_answers_after_the_start_not_when_the_slow_s
     result = check_speeds(URLS, fake)
     assert result.durations == {"local-a": 0.005, "local-b": None}
     assert result.waited < 5.0  # the blocked check was not waited for (it would block 10 s)
-    assert result.slowness["local-a"] == 1.0 and result.slowness["local-b"] >= 3.0
+    assert result.slowness["local-a"] == 1.0 and result.slowness["local-b"] >= 2.0
 
 
 def test_a_server_that_refuses_is_a_failure_not_a_speed(servers) -> None:
@@ -92,14 +92,15 @@ def test_a_slow_nodes_first_run_holds_its_first_wave_for_the_fast_server(tmp_pat
     controller, backend, layout = connect_controller(tmp_path, fake)
     check = [e for e in read_jsonl(layout.journal) if e["event"] == "speed_check"]
     assert len(check) == 1 and check[0]["seconds"] == {"local-a": 0.005, "local-b": None}
-    assert check[0]["slowness"]["local-b"] >= 3.0
+    assert check[0]["slowness"]["local-b"] >= 2.0
     record = read_json(speed_path(tmp_path / "store", "local-b"))
-    assert record["from"] == "d/r/speed-check" and record["slowness"] >= 3.0
+    assert record["from"] == "d/r/speed-check" and record["slowness"] >= 2.0
     controller.step()
     targets = [spec.target for spec in backend.launched]
-    # local-a's four slots; the other four wait for them (ending in 2 units there beats 3 or more on
-    # local-b), and no probe original goes to local-b (the check measured it in this run).
-    assert targets == ["local-a"] * 4 and sorted(controller.scheduler.held_back) == [4, 5, 6, 7]
+    # local-a's four slots, then one original on local-b (at least 2x slower: waiting for local-a would
+    # not end sooner), and no more there: a slow target runs one attempt at a time. No probe either
+    # (the check measured local-b in this run).
+    assert targets == ["local-a"] * 4 + ["local-b"] and sorted(controller.scheduler.held_back) == [5, 6, 7]
     assert controller.scheduler.probe_targets == frozenset()
     assert controller.summary()["target_speeds"]["local-b"]["source"] == "speed check"
     assert "speed check" in controller.scheduler.held_back[7][1]
