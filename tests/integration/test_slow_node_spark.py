@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from airflow_provider_speculative.control.readmodel import run_report
+from airflow_provider_speculative.core.speed import CHECK_SLOW_FACTOR
 from airflow_provider_speculative.pipeline import Pipeline, all_to_all, parquet_source
 from airflow_provider_speculative.store.files import read_json, read_jsonl
 from airflow_provider_speculative.store.layout import StageLayout
@@ -82,7 +83,7 @@ def test_the_speed_check_keeps_the_first_wave_off_a_throttled_server(
     journal = read_jsonl(StageLayout(tmp_path, "slow_node_q1", "run1", "scan").journal)
     checks = [e for e in journal if e.get("event") == "speed_check"]
     assert len(checks) == 1, journal[:5]
-    assert checks[0]["slowness"][slow.name] >= 3.0 and checks[0]["slowness"][fast.name] == 1.0, checks
+    assert checks[0]["slowness"][slow.name] >= CHECK_SLOW_FACTOR and checks[0]["slowness"][fast.name] == 1.0, checks
     # The check came before the first launch. The first wave (originals launched before the first
     # admission) gave the throttled server no more originals than the fast one, and the originals held
     # for the fast server say the check is why.
