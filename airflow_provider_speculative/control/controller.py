@@ -66,11 +66,10 @@ from airflow_provider_speculative.store.layout import StageLayout
 from airflow_provider_speculative.store.results import remove_attempt_output
 from airflow_provider_speculative.store.speeds import (
     SPEED_CHECK,
-    checked_targets,
+    SpeedRecord,
     claim_probe,
     claim_speed_check,
-    read_ages,
-    read_history,
+    read_records,
     record_speeds,
     speed_check_claimed_at,
 )
@@ -125,10 +124,10 @@ class StageController:
                                              else plan_backends(plan, self.layout, self.target_env))
         self.observer = observer if observer is not None else attempt_observer(self.layout)
         run_key = f"{plan['dag_id']}/{plan['run_id']}"
-        history, measured = read_history(self.layout.root, [t.name for t in self.config.targets], clock(), run=run_key)
         # speed_check: a server's answer time for the check query (tests pass a fake; default: a real RPC).
-        history, measured = self._check_speeds(run_key, history, measured, speed_check)
-        checked = checked_targets(self.layout.root, history, clock(), run_key)
+        records = self._check_speeds(run_key, speed_check)
+        history = {t: r.slowness for t, r in records.items()}
+        measured = frozenset(t for t, r in records.items() if r.of_run(run_key))
         # One probe original per DAG run for a target only an earlier run found slow (store/speeds.py).
         probes = frozenset(t for t in probe_candidates(history, measured)
                            if claim_probe(self.layout.root, t, run_key, clock()))
@@ -142,7 +141,7 @@ class StageController:
             label=f"pipeline {plan['dag_id']}, stage {plan['stage']}",
             hybrid=hybrid_edges(plan),
             target_history=history, probe_targets=probes,
-            history_source={t: "speed check" for t in checked})
+            history_source={t: "speed check" for t, r in records.items() if r.checked_in(run_key)})
         # FLIP-159: slots belong to the target and are claimed in the store by every stage using it.
         self.slots = SlotLedger(self.layout, self.config, self.journal)
         self.watcher = watcher if watcher is not None else TargetWatcher(
@@ -170,22 +169,22 @@ class StageController:
 
     # -- speed check ------------------------------------------------------------------------
 
-    def _check_speeds(self, run_key: str, history: dict[str, float], measured: frozenset[str],
-                      check: Callable[[str], float] | None) -> tuple[dict[str, float], frozenset[str]]:
-        """Before the stage's first wave: check the Connect targets' speed if history cannot tell (speedcheck.py).
+    def _check_speeds(self, run_key: str, check: Callable[[str], float] | None) -> dict[str, SpeedRecord]:
+        """The targets' speed records, after checking the Connect targets if history cannot tell (speedcheck.py).
 
-        One stage of a DAG run checks (a claim in the store); a concurrent one waits, bounded, for its
-        records. Returns the history and the targets measured in this DAG run, re-read after the check.
+        One stage of a DAG run checks (a claim in the store); a concurrent one waits for its records only
+        while that check can still run (a later stage, or one after a check that found nothing, does not).
         """
-        urls = {t.name: self.target_env.get(t.name, {}).get(REMOTE_ENV, "")
-                for t in self.config.targets if (self.plan.get("targets") or {}).get(t.name, {}).get("kind")
-                == SparkConnectBackend.kind}
-        urls = {name: url for name, url in urls.items() if url}
-        now = self.clock()
-        ages = read_ages(self.layout.root, urls, now)
-        if not check_wanted(urls, history, ages, measured, self.config.speed_check_age):
-            return history, measured
         names = [t.name for t in self.config.targets]
+        kinds = {name: spec.get("kind") for name, spec in (self.plan.get("targets") or {}).items()}
+        urls = {name: url for name in names if kinds.get(name) == SparkConnectBackend.kind
+                and (url := self.target_env.get(name, {}).get(REMOTE_ENV))}
+        now = self.clock()
+        records = read_records(self.layout.root, names, now)
+        if not check_wanted(urls, {t: r.slowness for t, r in records.items()},
+                            {t: now - r.at for t, r in records.items()},
+                            [t for t, r in records.items() if r.of_run(run_key)], self.config.speed_check_age):
+            return records
         if claim_speed_check(self.layout.root, urls, run_key, now):
             started = self.clock()
             result = check_speeds(urls, check)
@@ -194,17 +193,14 @@ class StageController:
                          seconds={k: None if v is None else round(v, 3) for k, v in result.durations.items()},
                          slowness={k: round(v, 2) for k, v in slowness.items()}, failed=result.failed)
             record_speeds(self.layout.root, slowness, self.clock(), f"{run_key}/{SPEED_CHECK}")
-        else:
-            # Another stage of this DAG run checks: its records are this run's once written. Wait only
-            # while that check can still be running (a later stage, or one after a check that found
-            # nothing, does not wait at all).
-            claimed = speed_check_claimed_at(self.layout.root, urls, run_key)
-            left = 0.0 if claimed is None else claimed + CHECK_TIMEOUT + 1.0 - self.clock()
-            deadline = time.monotonic() + min(max(0.0, left), CHECK_TIMEOUT + 1.0)
-            while not set(urls) <= measured and time.monotonic() < deadline:
-                time.sleep(0.05)
-                history, measured = read_history(self.layout.root, names, self.clock(), run=run_key)
-        return read_history(self.layout.root, names, self.clock(), run=run_key)
+            return read_records(self.layout.root, names, self.clock())
+        claimed = speed_check_claimed_at(self.layout.root, urls, run_key)
+        left = 0.0 if claimed is None else claimed + CHECK_TIMEOUT + 1.0 - self.clock()
+        deadline = time.monotonic() + min(max(0.0, left), CHECK_TIMEOUT + 1.0)
+        while not all(t in records and records[t].of_run(run_key) for t in urls) and time.monotonic() < deadline:
+            time.sleep(0.05)
+            records = read_records(self.layout.root, names, self.clock())
+        return records
 
     # -- restore ----------------------------------------------------------------------------
 

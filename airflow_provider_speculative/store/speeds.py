@@ -15,6 +15,7 @@ import hashlib
 import os
 import re
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 from airflow_provider_speculative.exceptions import StoreError
@@ -34,53 +35,49 @@ def speed_path(root: Path, target: str) -> Path:
     return Path(root) / TARGETS_DIR / safe_component(target) / "speed.json"
 
 
-def _record(root: Path, target: str, now: float) -> tuple[float, float, str] | None:
-    """(slowness, written at, written by) of the target's record if valid and not older than :data:`MAX_AGE`."""
-    try:
-        record = read_json(speed_path(root, target))
-    except (StoreError, OSError, ValueError):
-        return None  # a damaged record only costs the first wave its hint
-    if not isinstance(record, dict):
-        return None
-    factor, at = record.get("slowness"), record.get("at")
-    if isinstance(factor, int | float) and isinstance(at, int | float) and 0 <= now - at <= MAX_AGE and factor > 0:
-        return float(factor), float(at), str(record.get("from") or "")
-    return None
+@dataclass(frozen=True)
+class SpeedRecord:
+    """One target's valid speed record: its slowness, when and by what it was written."""
+
+    slowness: float
+    at: float
+    # ``<dag_id>/<run_id>/<stage>`` for a stage run's measurement, ``<dag_id>/<run_id>/speed-check`` for a check.
+    source: str
+
+    def of_run(self, run: str) -> bool:
+        """Written in DAG run ``run`` (``"<dag_id>/<run_id>"``), by a stage or its speed check."""
+        return self.source.startswith(f"{run}/")
+
+    def checked_in(self, run: str) -> bool:
+        """Written by DAG run ``run``'s speed check."""
+        return self.source == f"{run}/{SPEED_CHECK}"
+
+
+def read_records(root: Path, targets: Iterable[str], now: float) -> dict[str, SpeedRecord]:
+    """Each target's record if readable, valid and not older than :data:`MAX_AGE` (the others are left out)."""
+    out: dict[str, SpeedRecord] = {}
+    for target in targets:
+        try:
+            record = read_json(speed_path(root, target))
+        except (StoreError, OSError, ValueError):
+            continue  # a damaged record only costs the first wave its hint
+        if not isinstance(record, dict):
+            continue
+        factor, at = record.get("slowness"), record.get("at")
+        if isinstance(factor, int | float) and isinstance(at, int | float) and 0 <= now - at <= MAX_AGE and factor > 0:
+            out[target] = SpeedRecord(float(factor), float(at), str(record.get("from") or ""))
+    return out
 
 
 def read_history(root: Path, targets: Iterable[str], now: float,
                  run: str | None = None) -> tuple[dict[str, float], frozenset[str]]:
-    """Slowness of each target from its last record not older than :data:`MAX_AGE` (unreadable: none).
+    """Slowness of each target from its valid record, and the targets whose record DAG run ``run`` wrote.
 
-    Also returns the targets whose record a stage of ``run`` (``"<dag_id>/<run_id>"``) wrote: measured
-    in this DAG run, so they need no probe (core/scheduler.py).
+    Those were measured in this DAG run, so they need no probe (core/scheduler.py).
     """
-    out: dict[str, float] = {}
-    this_run: set[str] = set()
-    for target in targets:
-        record = _record(root, target, now)
-        if record is None:
-            continue
-        out[target] = record[0]
-        if run is not None and record[2].startswith(f"{run}/"):
-            this_run.add(target)
-    return out, frozenset(this_run)
-
-
-def read_ages(root: Path, targets: Iterable[str], now: float) -> dict[str, float]:
-    """Seconds since each target's valid record was written (targets without one are left out)."""
-    out: dict[str, float] = {}
-    for target in targets:
-        record = _record(root, target, now)
-        if record is not None:
-            out[target] = now - record[1]
-    return out
-
-
-def checked_targets(root: Path, targets: Iterable[str], now: float, run: str) -> frozenset[str]:
-    """The targets whose valid record is the speed check of DAG run ``run`` (control/speedcheck.py)."""
-    return frozenset(t for t in targets if (record := _record(root, t, now)) is not None
-                     and record[2] == f"{run}/{SPEED_CHECK}")
+    records = read_records(root, targets, now)
+    return ({t: r.slowness for t, r in records.items()},
+            frozenset(t for t, r in records.items() if run is not None and r.of_run(run)))
 
 
 def record_speeds(root: Path, slowness: Mapping[str, float], now: float, where: str) -> None:

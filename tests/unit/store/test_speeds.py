@@ -50,14 +50,16 @@ def test_one_probe_per_dag_run_and_old_claims_are_pruned(tmp_path: Path) -> None
     assert sorted(p.suffix for p in probes.iterdir()) == [".json", ".txt"]
 
 
-def test_ages_and_this_runs_checked_targets_are_read_from_the_records(tmp_path: Path) -> None:
-    from airflow_provider_speculative.store.speeds import checked_targets, read_ages
+def test_a_record_says_when_and_by_what_it_was_written(tmp_path: Path) -> None:
+    from airflow_provider_speculative.store.speeds import read_records
 
     record_speeds(tmp_path, {"a": 1.0, "b": 5.0}, now=100.0, where="d/r/speed-check")
     record_speeds(tmp_path, {"c": 1.0}, now=40.0, where="d/r/scan")
-    assert read_ages(tmp_path, ["a", "b", "c", "none"], now=130.0) == {"a": 30.0, "b": 30.0, "c": 90.0}
-    assert checked_targets(tmp_path, ["a", "b", "c"], now=130.0, run="d/r") == {"a", "b"}
-    assert checked_targets(tmp_path, ["a", "b"], now=130.0, run="d/r2") == frozenset()
+    records = read_records(tmp_path, ["a", "b", "c", "none"], now=130.0)
+    assert sorted(records) == ["a", "b", "c"] and records["b"].slowness == 5.0 and records["c"].at == 40.0
+    assert [t for t, r in sorted(records.items()) if r.checked_in("d/r")] == ["a", "b"]
+    assert all(r.of_run("d/r") for r in records.values())
+    assert not any(r.of_run("d/r2") or r.checked_in("d/r2") for r in records.values())
 
 
 def test_one_speed_check_per_dag_run_and_target_set(tmp_path: Path) -> None:
