@@ -160,41 +160,39 @@ class ConnectSession:
 # small answer; 0.07-0.13 s on an idle 1-core server in a warm session, so its time is the server's
 # speed, not the network's.
 SPEED_CHECK_QUERY = "SELECT sum(hash(id)) FROM range(0, 10000000, 1, 1)"
-# One check session per server and process: a fresh session's first query costs 0.1-0.4 s, varying
-# by 2x between idle servers; a warm session's by 1.4x. The server drops it when idle
-# (spark.connect.session.manager.defaultSessionTimeout); nothing runs in it between checks.
+# One check session per connection URL and process (kept in memory only: the URL may hold a token).
+# A fresh session's first query costs 0.1-0.4 s, varying by 2x between idle servers; a warm session's
+# by 1.4x. The server drops it when idle (spark.connect.session.manager.defaultSessionTimeout);
+# nothing runs in it between checks.
 _CHECK_SESSIONS: dict[str, str] = {}
 _CHECK_LOCK = threading.Lock()
 
 
-def speed_check(url: str, timeout: float = 2 * RPC_TIMEOUT) -> float:
+def speed_check(url: str, timeout: float = 2 * RPC_TIMEOUT, retry: bool = True) -> float:
     """Seconds the server at ``url`` takes for :data:`SPEED_CHECK_QUERY` in this process's check session.
 
     A session new to this process runs the query once untimed first (its set-up is noise, not speed).
-    A session the server no longer knows is replaced by a new one for the next check.
+    A session the server closed (idle timeout) is replaced and the check tried once more.
     """
-    base, _ = split_url(url)
-    for retry in (True, False):
-        with _CHECK_LOCK:
-            session_id = _CHECK_SESSIONS.get(base)
-            fresh = session_id is None
-            if session_id is None:
-                session_id = _CHECK_SESSIONS[base] = str(uuid.uuid4())
-        session_url = compose_url(url, session_id=session_id, user_id=DEFAULT_USER_ID)
-        with ConnectSession(session_url, timeout=timeout) as session:
-            try:
-                if fresh:
-                    session.run_sql(SPEED_CHECK_QUERY)
-                started = time.monotonic()
+    with _CHECK_LOCK:
+        session_id = _CHECK_SESSIONS.get(url)
+        fresh = session_id is None
+        if session_id is None:
+            session_id = _CHECK_SESSIONS[url] = str(uuid.uuid4())
+    with ConnectSession(compose_url(url, session_id=session_id, user_id=DEFAULT_USER_ID), timeout=timeout) as session:
+        try:
+            if fresh:
                 session.run_sql(SPEED_CHECK_QUERY)
-                return time.monotonic() - started
-            except Exception as exc:
-                with _CHECK_LOCK:
-                    if _CHECK_SESSIONS.get(base) == session_id:
-                        del _CHECK_SESSIONS[base]  # closed, expired or broken: start a new one
-                if not (retry and session_closed(exc)):
-                    raise
-    raise AssertionError("unreachable: the second try returns or raises")
+            started = time.monotonic()
+            session.run_sql(SPEED_CHECK_QUERY)
+            return time.monotonic() - started
+        except Exception as exc:
+            with _CHECK_LOCK:
+                if _CHECK_SESSIONS.get(url) == session_id:
+                    del _CHECK_SESSIONS[url]  # closed, expired or broken: the next check starts a new one
+            if retry and session_closed(exc):
+                return speed_check(url, timeout, retry=False)
+            raise
 
 
 def probe_server(url: str, timeout: float = PROBE_TIMEOUT) -> tuple[str, str] | None:

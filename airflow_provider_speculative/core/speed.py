@@ -8,22 +8,23 @@ median execution time per input byte over the fastest target's (1.0 = as fast as
   attempt that has run for ``e`` seconds takes at least ``e``, so a target whose first wave overruns
   every finished attempt elsewhere is known to be slow before its attempts end, and a slow node whose
   attempts all lost to copies is still measured);
-- before that, from **history**: the slowness each target showed in earlier stage runs on the same
-  store (``store/speeds.py``), so the first wave of a daily run already avoids yesterday's slow node.
-  What this run measures replaces history target by target;
-- where history is missing, stale or says slow, from a **speed check** of the Spark Connect targets
-  when the stage starts (``control/speedcheck.py``): one tiny query in a fresh session on each server
-  at once, timed. A check's ratio is a server's overall slowness (CPU, a crowded host), not the
-  stage's work; it only decides the first wave and is replaced by what the run measures.
+- before that, from **history**: the slowness each target showed in earlier stage runs on the same store
+  (``store/speeds.py``), so the first wave of a daily run already avoids yesterday's slow node. What
+  this run measures replaces history target by target;
+- where history is missing, stale or says slow, from a **speed check** of the Spark Connect targets when
+  the stage starts (``control/speedcheck.py``): one tiny query on each server at once, timed. A check's
+  ratio is a server's overall slowness (CPU, a crowded host), not the stage's work; it only decides the
+  first wave and is replaced by what the run measures.
 
-Placement uses it twice (``core/scheduler.py``): among free targets it prefers one that is not slow,
-and it *holds* an original attempt back from a slow free target when waiting for a slot on a faster
-one ends sooner: the held subtask's finish on the faster target is simulated from that target's
-slots (its running attempts' remaining time, then one expected duration per subtask queued before
-it). Targets whose slowness differs by less than :data:`SLOW_FACTOR` count as equal, so equal
-targets are filled as before and none is starved; nothing is held when one of the faster target's
-running attempts has outlived its expected time by that factor (its end is not predictable any more),
-so a hold ends at the latest when the faster target's attempts end or overrun.
+Placement uses it three times (``core/scheduler.py``): among free targets it prefers one that is not
+slow; a slow target runs one original at a time while a faster one is usable; and it *holds* an original
+attempt back from a slow free target when waiting for a slot on a faster one ends sooner: the held
+subtask's finish on the faster target is simulated from that target's slots (its running attempts'
+remaining time, then one expected duration per subtask queued before it). Targets whose slowness differs
+by less than :data:`SLOW_FACTOR` count as equal, so equal targets are filled as before and none is
+starved; nothing is held when one of the faster target's running attempts has outlived its expected time
+by that factor (its end is not predictable any more), so a hold ends at the latest when the faster
+target's attempts end or overrun.
 """
 
 from __future__ import annotations

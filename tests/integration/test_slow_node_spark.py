@@ -124,3 +124,15 @@ def shared_connect_pool_process(info):
     proc = LocalCluster.process(info)
     assert proc is not None, f"server {info.name} is not running"
     return proc
+
+
+def test_a_check_session_the_server_closed_is_replaced_and_the_check_answers(shared_connect_pool: ConnectPool) -> None:
+    from airflow_provider_speculative.backends import spark_connect as sc
+
+    url = shared_connect_pool.servers[0].url + "/"
+    assert sc.speed_check(url) > 0
+    closed = sc._CHECK_SESSIONS[url]
+    with sc.ConnectSession(sc.compose_url(url, session_id=closed, user_id=sc.DEFAULT_USER_ID)) as session:
+        session.release()  # as the server's idle timeout would
+    assert sc.speed_check(url) > 0  # SESSION_CLOSED on the old session, answered in a new one
+    assert sc._CHECK_SESSIONS[url] != closed
