@@ -7,6 +7,8 @@ dags/tpch_q3.py, built here on the same Pipeline API) it runs, side by side in o
 
   a0  pool of 2 one-core Connect servers, no slow node, speculation off
   a   the same, speculation on (only ``enabled=true``; every other option at its default)
+  a1  one of the two servers only (the other left out entirely), speculation on: what a run costs when
+      the slow node contributes nothing, which bounds what any placement can reach (see ``compare``)
   b   one server throttled to SHARE, speculation off                 (per share of ``--shares``)
   c   the same throttled server, speculation on (defaults)           (per share)
   d0  plain Spark standalone (master + 2 one-core workers on loopback), bench/plain_q1.py or
@@ -22,7 +24,8 @@ Reported per row: makespan (provider: first attempt launch, or the speed check b
 ``stage_complete`` in the stages' journals; plain: first job submitted to last job completed in Spark's
 event log), wall seconds (the runner call, or the spark-submit process), attempt-seconds, copies
 launched, copies that won, wasted attempt-seconds (every attempt or task that was not the one kept),
-attempts on the slow node; then the ratios c/a, b/a, c/d and the false-positive cost of a over a0. Every
+attempts on the slow node; then the ratios c/a, b/a, c/d, a1/a, c/a1 (median and [min-max] over repeats),
+the capacity estimate "c/a best" = a1 / (1 + share) / a, and the false-positive cost of a over a0. Every
 committed result is checked against DuckDB (exit 1 if one differs). Results:
 bench/results/slow-node-<timestamp>/results.json.
 
@@ -69,11 +72,12 @@ from tests.integration.q3 import Q3_COLUMNS, duckdb_q3, q3_difference, read_q3_o
 from tests.integration.standalone_cluster import StandaloneCluster, spark_home  # noqa: E402
 
 APPS = REPO / "dags" / "apps"
-ROWS = ("a0", "a", "b", "c", "c2", "d0", "d")
+ROWS = ("a0", "a", "a1", "b", "c", "c2", "d0", "d")
 SLOW_ROWS = ("b", "c", "c2", "d")
 WHAT = {
     "a0": "pool, no slow node, speculation off",
     "a": "pool, no slow node, speculation on",
+    "a1": "one server of the pool only, speculation on",
     "b": "pool, slow server, speculation off",
     "c": "pool, slow server, speculation on",
     "c2": "pool, slow server, speculation on, the next run: target speeds learned by c (store/speeds.py)",
@@ -372,7 +376,7 @@ def run_plain(cluster: StandaloneCluster, query: Query, tpch: Path, row_dir: Pat
 def plan_rows(rows: list[str], shares: list[float]) -> list[tuple[str, float | None]]:
     """One repeat's rows of one query: references first, then per share the three slow rows together
     (b, c and d of one share run back to back, so the machine's state drifts least between them)."""
-    plan: list[tuple[str, float | None]] = [(r, None) for r in ("a0", "a", "d0") if r in rows]
+    plan: list[tuple[str, float | None]] = [(r, None) for r in ("a0", "a", "a1", "d0") if r in rows]
     for share in shares:
         plan += [(r, share) for r in SLOW_ROWS if r in rows]
     return plan
@@ -432,7 +436,7 @@ def _run(args: argparse.Namespace, out: Path, stamp: str) -> int:
     interrupted = False
     try:
         pool = None
-        if {"a0", "a", "b", "c"} & set(args.rows):
+        if {"a0", "a", "a1", "b", "c", "c2"} & set(args.rows):
             t0 = time.time()
             base = args.base_port or free_base_port(2)
             ui = args.ui_base_port or free_base_port(2)
@@ -480,8 +484,9 @@ def _run(args: argparse.Namespace, out: Path, stamp: str) -> int:
                             assert pool is not None
                             previous = (out / f"r{repeat}-{query_name}-{label('c', share).replace('@', '-')}"
                                         if row == "c2" else None)
-                            record.update(run_provider(pool, query, tpch, row_dir,
-                                                       speculation=row in ("a", "c", "c2"),
+                            on = DefaultsPool(pool.servers[:1], slots=pool.slots) if row == "a1" else pool
+                            record.update(run_provider(on, query, tpch, row_dir,
+                                                       speculation=row in ("a", "a1", "c", "c2"),
                                                        slow=pool.servers[1] if row in ("b", "c", "c2") else None,
                                                        share=share, want=want[query_name], timeout=args.timeout,
                                                        history_from=previous))
@@ -524,6 +529,12 @@ def _median(values: list[float | None]) -> float | None:
     return round(statistics.median(values), 3) if values else None
 
 
+def _spread(values: list[float | None]) -> list[float] | None:
+    """[min, max]: three repeats cannot tell 1.10 from 1.25 when a row varies 1.4x between repeats."""
+    values = [v for v in values if v is not None]
+    return [min(values), max(values)] if values else None
+
+
 def compare(results: list[dict[str, Any]]) -> dict[str, Any]:
     """Per query and share: c/a, b/a, c/d (makespan and wall), medians over repeats; per query: a vs a0."""
     ok = [r for r in results if "error" not in r]
@@ -557,16 +568,22 @@ def compare(results: list[dict[str, Any]]) -> dict[str, Any]:
                 a, b, c = pick(rep, query, "a", None), pick(rep, query, "b", share), pick(rep, query, "c", share)
                 d0, d = pick(rep, query, "d0", None), pick(rep, query, "d", share)
                 row: dict[str, Any] = {"repeat": rep}
-                c2 = pick(rep, query, "c2", share)
+                c2, a1 = pick(rep, query, "c2", share), pick(rep, query, "a1", None)
                 for key, num, den in (("c/a", c, a), ("b/a", b, a), ("c/d", c, d), ("d/d0", d, d0), ("c2/a", c2, a),
-                                      ("c2/d", c2, d)):
+                                      ("c2/d", c2, d), ("a1/a", a1, a), ("c/a1", c, a1)):
                     if num and den:
                         row[key] = _ratio(num["makespan"], den["makespan"])
                         row[f"{key} wall"] = _ratio(num["wall"], den["wall"])
+                if a1 and a and a["makespan"]:
+                    # What the slow server can add at best: its share of one core on top of the one server of
+                    # a1. If a1 were all server CPU, a perfect placement would take a1 / (1 + share); the part
+                    # that is not (clients starting, commits) does not shrink, so the true best is above this.
+                    row["c/a best"] = round(a1["makespan"] / (1 + share) / a["makespan"], 3)
                 per.append(row)
             keys = sorted({k for row in per for k in row if k != "repeat"})
             shares[f"{share:g}"] = {"per_repeat": per,
-                                    "median": {k: _median([row.get(k) for row in per]) for k in keys}}
+                                    "median": {k: _median([row.get(k) for row in per]) for k in keys},
+                                    "spread": {k: _spread([row.get(k) for row in per]) for k in keys}}
         fp_keys = ("copies", "copies_won", "copy_seconds", "wasted_seconds", "wasted_pct", "extra_attempt_seconds",
                    "extra_pct", "a_over_a0")
         med_fp = {k: _median([f[k] for f in fp]) for k in fp_keys} if fp else {}
@@ -627,7 +644,9 @@ def report(results: list[dict[str, Any]], summary: dict[str, Any]) -> str:
                          f"({fp['extra_pct']}%, includes run-to-run noise); makespan a/a0 {fp['a_over_a0']}")
         for share, values in comp["shares"].items():
             med = values["median"]
-            lines.append(f"share {share} (median): " + ", ".join(f"{k} {v}" for k, v in med.items()))
+            spread = values["spread"]
+            lines.append(f"share {share} (median [min-max]): " + ", ".join(
+                f"{k} {v}" + (f" [{spread[k][0]}-{spread[k][1]}]" if spread.get(k) else "") for k, v in med.items()))
         for goal, met in comp["goals"].items():
             lines.append(f"goal {goal}: {'met' if met else 'NOT met'}")
     contended = [f"r{r['repeat']} {r['query']} {r['label']}" for r in results if (r.get("load") or {}).get("contended")]
