@@ -289,9 +289,13 @@ class StageController:
         changes.acknowledge(names)
         actions = self._carry_out_all(self.scheduler.handle(*stimuli, Tick(now)), now)
         actions += self._carry_out_all(self._step_recoveries(), now)
-        self._live_stale = self._live_stale or bool(actions) or changed
         self._reap(now)
-        self._release_slots()
+        if self._release_slots() and self.result is None:
+            # The slots attempts gave back in this step are placed in it: else every wave of a stage with
+            # more subtasks than slots waits for the next change notice or check_interval (up to 1 s).
+            actions += self._carry_out_all(self.scheduler.handle(self._observe_targets(now), Tick(now)), now)
+            self._release_slots()
+        self._live_stale = self._live_stale or bool(actions) or changed
         self._persist_blocks()
         if changed or actions or now - self._summary_at >= SUMMARY_REFRESH:
             # summary.json is O(subtasks): rewritten when something changed, else every SUMMARY_REFRESH.
@@ -313,8 +317,8 @@ class StageController:
                                capacity={name: v.capacity for name, v in self.views.items()},
                                lost_targets=lost_targets, lost_nodes=dict(self.watcher.lost_nodes))
 
-    def _release_slots(self) -> None:
-        self.slots.release_over(self.scheduler.attempts, self.reaping, decided=self.result is not None)
+    def _release_slots(self) -> int:
+        return self.slots.release_over(self.scheduler.attempts, self.reaping, decided=self.result is not None)
 
     def _observe(self, now: float, notices: set[tuple[int, int]], skip: set[tuple[int, int]]) -> list[Attempt]:
         """Poll the live attempts that can have changed: O(changes), not O(live attempts), per tick.

@@ -193,6 +193,20 @@ def test_losers_are_reaped_before_the_stage_is_done(tmp_path: Path) -> None:
     assert h.controller.done and h.controller.succeeded and h.controller.event_payload()["admitted"] == {"0": 1}
 
 
+def test_a_slot_given_back_is_placed_in_the_same_step(tmp_path: Path) -> None:
+    h = harness(tmp_path, parallelism=10)  # 2 targets x 4 slots: two subtasks wait for a slot
+    h.step()
+    h.step()
+    assert len(h.backend.launched) == 8
+    h.backend.finish(0, 0)
+    h.step()
+    # The step that admits subtask 0 gives its slot to subtask 8 at once, not a step (up to
+    # check_interval) later.
+    assert h.controller.scheduler.admitted == {0: 0}
+    assert [(s.subtask, s.attempt) for s in h.backend.launched[8:]] == [(8, 0)]
+    assert len(h.controller.held) == 8
+
+
 def test_an_unknown_action_is_refused(tmp_path: Path) -> None:
     h = harness(tmp_path)
 
