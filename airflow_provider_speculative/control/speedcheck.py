@@ -2,9 +2,9 @@
 
 Speed-aware placement (core/speed.py) only knows a slow server once an attempt on it overran the
 others, or from an earlier DAG run's record. On a slow node's first run that is too late: the first
-wave has put originals there already. A warm Connect server answers a tiny query in about 0.1 s, so
-timing one on every server at once tells a server throttled to a quarter of a core (4.5-9.5x as long,
-measured) from a healthy one (within 1.4x) before anything is placed. The query runs in one session
+wave has put originals there already. A warm Connect server answers a tiny query in about 0.2 s, so
+timing one on every server at once tells a server throttled to a quarter of a core (2.9-6.2x as long,
+measured) from a healthy one (mostly within 1.4x) before anything is placed. The query runs in one session
 per server and process (``backends/spark_connect.py``), so only the first check pays its set-up.
 
 The wait is bounded: it ends when every server answered, or :data:`CHECK_WAIT_FACTOR` times the fastest
