@@ -1,4 +1,5 @@
-"""Integration fixtures shared across test files: one pool of Spark Connect servers per session."""
+"""Integration fixtures shared across test files: one pool of Spark Connect servers per session, and the
+same pool as the connections the Connect test DAGs (tests/integration/dags/connect_q1.py) name."""
 
 from __future__ import annotations
 
@@ -49,3 +50,16 @@ def shared_connect_pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Co
         cluster.stop()
         left = [s.name for s in started if cluster.process(s) is not None]
         assert not left, f"Connect servers still running after the session: {left}"
+
+
+@pytest.fixture(scope="module")
+def connect_pool(shared_connect_pool: ConnectPool) -> Iterator[dict[str, object]]:
+    """The session's two Connect servers (one core each), also as connections spark_connect_test_a/b."""
+    started = list(shared_connect_pool.servers)
+    env = {name.replace("LOCAL", "TEST"): value for name, value in connection_definitions(started).items()}
+    os.environ.update(env)
+    try:
+        yield {s.url + "/": s for s in started}
+    finally:
+        for name in env:
+            os.environ.pop(name, None)

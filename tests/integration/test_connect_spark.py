@@ -20,7 +20,7 @@ import pendulum
 import pytest
 
 from airflow_provider_speculative.control.readmodel import run_report
-from airflow_provider_speculative.devtools.localcluster import application_id, connection_definitions
+from airflow_provider_speculative.devtools.localcluster import application_id
 from airflow_provider_speculative.store.files import read_json
 from airflow_provider_speculative.store.layout import StageLayout
 from tests.conftest import TEST_ENV
@@ -33,19 +33,6 @@ pytestmark = [pytest.mark.spark, pytest.mark.timeout(900)]
 STORE = Path(TEST_ENV["AIRFLOW__SPECULATIVE__STORE_PATH"])
 OUTPUT = Path(TEST_ENV["SPECULATIVE_EXAMPLE_OUTPUT"])
 REPO_APPS = HERE.parents[1] / "dags" / "apps"
-
-
-@pytest.fixture(scope="module")
-def connect_pool(shared_connect_pool):
-    """The session's two Connect servers (one core each), also as connections spark_connect_test_a/b."""
-    started = list(shared_connect_pool.servers)
-    env = {name.replace("LOCAL", "TEST"): value for name, value in connection_definitions(started).items()}
-    os.environ.update(env)
-    try:
-        yield {s.url + "/": s for s in started}
-    finally:
-        for name in env:
-            os.environ.pop(name, None)
 
 
 def _rest(ui_port: int, path: str) -> list[dict]:
