@@ -159,9 +159,10 @@ class ConnectSession:
 # The speed check (control/speedcheck.py): CPU work in the server's codegen'd pipeline, one task, a
 # small answer; 0.2-0.26 s (median) on an idle 1-core server in a warm session, so its time is the
 # server's speed, not the network's. Its CPU must span several kernel quota periods (CFS: 100 ms, as
-# Kubernetes CPU limits use): a query of 10M rows needed so little that a throttled server which
-# started it with a fresh period's quota answered in 1.9-1.97x the fastest (3 of 28 benchmark rows),
-# under the 2x that counts as slow. 30M rows cost 0.045 s more on a healthy server.
+# Kubernetes CPU limits use): a query of 10M rows needed so little that a throttled server could
+# answer in 1.66-1.97x the fastest (4 of 40 slow rows of the slow-node benchmark), under the 2x that
+# counts as slow; with 30M rows it was found in 32 of 32. 30M rows cost 0.045 s more on a healthy
+# server alone on the host.
 SPEED_CHECK_QUERY = "SELECT sum(hash(id)) FROM range(0, 30000000, 1, 1)"
 # One check session per connection URL and process (kept in memory only: the URL may hold a token).
 # A fresh session's first query costs 0.1-0.4 s, varying by 2x between idle servers; a warm session's

@@ -43,10 +43,10 @@ HOLD_MARGIN = 0.2
 # Slowness is capped: a throttled or swapping node can look arbitrarily slow, and the factor feeds a
 # simulation whose queue length grows with it.
 MAX_SLOWNESS = 64.0
-# A speed check's ratio under this is noise: on this 2-core host, in 16 checks of two idle servers
-# during benchmark runs the ratio was at most 1.63 (median 1.2), while a server throttled to 1/4 core
-# had not answered by 2x in 16 of 16 (alone on the host: 2.9-6.2x). Measured with the 30M-row query
-# of backends/spark_connect.py; the 10M-row one missed 2 of 16 (1.9x and 1.97x).
+# A speed check's ratio under this is noise: on this 2-core host, in 20 checks of two idle servers
+# during benchmark runs the ratio was at most 1.63 (median 1.18), while a server throttled to 1/4 or
+# 1/8 core had not answered by 2x in 32 of 32 (alone on the host: 2.9-6.2x). Measured with the
+# 30M-row query of backends/spark_connect.py; the 10M-row one missed 4 of 40 (1.66x to 1.97x).
 CHECK_SLOW_FACTOR = 2.0
 # A check stops waiting once this many times the fastest server's check has passed: a server still
 # running its check then is slow, which is all placement needs to know (it runs one attempt at a time).
