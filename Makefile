@@ -22,7 +22,7 @@ DEMO_ENV := AIRFLOW_HOME=$(DEMO)/airflow \
 	AIRFLOW__SPECULATIVE__BASELINE_LOWER_BOUND=5s \
 	AIRFLOW__SPECULATIVE__FAULT_INJECTION='{"targets": {"local-b": {"factor": 4}}}'
 
-.PHONY: demo run test unit install java-check data data-q3 data-tpch lint bench clean browser ui docs
+.PHONY: demo run test unit install java-check data data-q3 data-tpch lint bench clean browser ui docs services
 
 $(VENV)/.installed: setup.cfg pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found (Python 3.11 is required)"; exit 1; }
@@ -87,7 +87,7 @@ run: install java-check
 
 # The Airflow UI with the plugin on the demo's home: starts every component, triggers the example and
 # prints the run view's URL and a login; Ctrl-C stops everything it started (attempts included).
-ui: install java-check data
+ui: install java-check data services
 	@test -f $(DEMO)/airflow/airflow.cfg || $(DEMO_ENV) $(PY) scripts/demo_env.py write $(DEMO)
 	$(DEMO_ENV) $(PY) scripts/demo_ui.py $(UI_ARGS)
 
@@ -96,7 +96,24 @@ browser:
 	@test -x /usr/bin/chromium || { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium chromium-driver; } \
 		|| { echo "error: the browser test needs /usr/bin/chromium: apt-get install -y chromium chromium-driver (as root)"; exit 1; }
 
-test: install java-check data-q3 browser
+# What the suite starts or uses beside Python packages, from Debian's packages where missing (idempotent):
+# PostgreSQL's and Redis's server binaries (devtools/services.py starts throw-away servers on free
+# loopback ports; nothing needs to run beforehand), iproute2 and nftables for the hosts tests.
+# RUNLEVEL=1 keeps the packages' own init scripts from starting system-wide servers on 5432 and 6379.
+services:
+	@missing=""; \
+	ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null || missing="$$missing postgresql"; \
+	command -v redis-server >/dev/null || missing="$$missing redis-server"; \
+	command -v ip >/dev/null && command -v tc >/dev/null || missing="$$missing iproute2"; \
+	command -v nft >/dev/null || missing="$$missing nftables"; \
+	if [ -n "$$missing" ]; then \
+		if [ "$$(id -u)" != 0 ]; then echo "error: the tests need Debian's$$missing: apt-get install -y$$missing (as root)"; exit 1; fi; \
+		echo "installing$$missing (Debian packages) ..."; \
+		apt-get update -qq && RUNLEVEL=1 DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null \
+			|| { echo "error: apt-get install$$missing failed"; exit 1; }; \
+	fi
+
+test: install java-check data-q3 browser services
 	$(PY) -m pytest -ra --durations=25
 
 # The fast tests alone (pure core, store, backends' file mapping, controller on a fake backend): seconds.

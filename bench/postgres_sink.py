@@ -1,7 +1,8 @@
 """PostgresSink's attempt writer (COPY FROM STDIN) against what it replaced and what plain Spark would run.
 
-The same DataFrame (columns of TPC-H lineitem, SF 0.1 by default) is written to a real Postgres
-(127.0.0.1:5432, trust auth) three ways, side by side in one run, each into a fresh table:
+The same DataFrame (columns of TPC-H lineitem, SF 0.1 by default) is written to a real Postgres (a
+throw-away server on a free loopback port, devtools/services.py) three ways, side by side in one run,
+each into a fresh table:
 
     a  row-by-row ``INSERT ... VALUES`` batches from the driver (psycopg2 ``execute_values``, 1000 rows per
        batch): the writer PostgresSink used until this change
@@ -37,7 +38,6 @@ from typing import Any
 import psycopg2
 
 REPO = Path(__file__).resolve().parents[1]
-ADMIN = "host=127.0.0.1 port=5432 dbname=postgres user=postgres"
 JDBC_JAR = Path("/usr/share/java/postgresql.jar")
 COLUMNS = ["l_orderkey", "l_partkey", "l_quantity", "l_extendedprice", "l_shipdate", "l_shipmode", "l_comment"]
 
@@ -77,9 +77,9 @@ def write_copy(df: Any, dsn: str, table: str) -> int:
 
 def write_jdbc(df: Any, dsn: str, table: str) -> int:
     """Row c: plain Spark's JDBC writer from the executors."""
-    database = dict(part.split("=", 1) for part in dsn.split())["dbname"]
+    parts = dict(part.split("=", 1) for part in dsn.split())
     (df.repartition(2).write.format("jdbc")
-     .option("url", f"jdbc:postgresql://127.0.0.1:5432/{database}").option("user", "postgres")
+     .option("url", f"jdbc:postgresql://{parts['host']}:{parts['port']}/{parts['dbname']}").option("user", "postgres")
      .option("dbtable", table).option("driver", "org.postgresql.Driver").option("batchsize", 10000)
      .mode("overwrite").save())
     return int(df.count())
@@ -116,12 +116,12 @@ def main() -> None:
     rows = df.count()
     price_sum = df.agg({"l_extendedprice": "sum"}).collect()[0][0]
 
+    from airflow_provider_speculative.devtools.services import start_postgres
+
     database = f"bench_pg_sink_{uuid.uuid4().hex[:8]}"
-    admin = psycopg2.connect(ADMIN)
-    admin.autocommit = True
-    with admin.cursor() as cur:
-        cur.execute(f"CREATE DATABASE {database}")
-    dsn = f"host=127.0.0.1 port=5432 dbname={database} user=postgres"
+    server = start_postgres()
+    server.create_database(database)
+    dsn = server.dsn(database)
     writers: dict[str, Callable[[Any, str, str], int]] = {"a": write_execute_values, "b": write_copy}
     if JDBC_JAR.exists():
         writers["c"] = write_jdbc
@@ -140,9 +140,7 @@ def main() -> None:
                 check(dsn, table, rows, price_sum)
                 print(f"repeat {repeat + 1} row {name}: {seconds[name][-1]:.2f} s", flush=True)
     finally:
-        with admin.cursor() as cur:
-            cur.execute(f"DROP DATABASE IF EXISTS {database} WITH (FORCE)")
-        admin.close()
+        server.stop()
         spark.stop()
 
     medians = {name: statistics.median(values) for name, values in seconds.items()}

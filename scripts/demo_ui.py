@@ -253,6 +253,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--logical-date", default=None, help="of the triggered run (default: now)")
     parser.add_argument("--no-trigger", action="store_true", help="only start Airflow")
     parser.add_argument("--timeout", type=float, default=600, help="seconds to wait for Airflow to be ready")
+    parser.add_argument("--db", choices=("postgres", "sqlite"), default="postgres",
+                        help="metadata DB: a throw-away PostgreSQL (default) or the demo's SQLite (keeps runs)")
     parser.add_argument("--pool", type=int, default=2, choices=range(0, 5), metavar="N",
                         help="local Spark Connect servers to run attempts on (default 2; 0: spark-submit targets)")
     args = parser.parse_args(argv)
@@ -275,7 +277,17 @@ def main(argv: list[str] | None = None) -> int:
     code = 0
     pool = None
     airflow = None
+    database = None
     try:
+        if args.db == "postgres":
+            # LocalExecutor's workers and the four components write at once: SQLite serialises them.
+            from airflow_provider_speculative.devtools.services import start_postgres
+
+            database = start_postgres()
+            database.create_database("airflow")
+            env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = database.url("airflow")
+            print(f"metadata DB: a throw-away PostgreSQL on 127.0.0.1:{database.port} (gone after Ctrl-C; "
+                  "the store keeps the run's attempts)", flush=True)
         if args.pool:
             pool = start_pool(home, args.pool, env)
         airflow = Airflow(env, home, port)
@@ -326,6 +338,8 @@ def main(argv: list[str] | None = None) -> int:
         if pool is not None:
             for info, what in pool.stop():
                 print(f"{info.name}: {what}", flush=True)
+        if database is not None:
+            database.stop()
     return code
 
 

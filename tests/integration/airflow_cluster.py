@@ -34,14 +34,14 @@ from urllib.parse import quote
 
 import psutil
 
+from airflow_provider_speculative.devtools.services import PostgresServer
+from tests import services
 from tests.processes import free_port, group_processes, processes_mentioning, tail, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 LINEITEM = REPO / ".data" / "tpch" / "lineitem"
 BIN = Path(sys.executable).parent
 AIRFLOW = str(BIN / "airflow")
-PG = {"host": "127.0.0.1", "port": 5432, "user": "postgres"}
-
 COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
 # Key of each component in the api-server's /monitor/health document.
 HEALTH_KEYS = {"scheduler": "scheduler", "triggerer": "triggerer", "dag-processor": "dag_processor"}
@@ -117,31 +117,28 @@ __all__ = ["AirflowCluster", "PostgresDatabase", "cluster_env", "describe", "fre
 
 @dataclass
 class PostgresDatabase:
-    """A throw-away database on the local PostgreSQL server."""
+    """A throw-away database on the session's PostgreSQL server (tests/services.py starts it on first use)."""
 
     name: str = field(default_factory=lambda: f"airflow_e2e_{secrets.token_hex(6)}")
-
-    def _admin(self) -> Any:
-        import psycopg2
-
-        conn = psycopg2.connect(dbname="postgres", connect_timeout=5, **PG)
-        conn.autocommit = True
-        return conn
+    server: PostgresServer = field(default_factory=services.postgres)
 
     def create(self) -> None:
-        """Create the database (raises psycopg2.OperationalError if the server is not reachable)."""
-        with contextlib.closing(self._admin()) as conn, conn.cursor() as cur:
-            cur.execute(f'CREATE DATABASE "{self.name}"')
+        """Create the database."""
+        self.server.create_database(self.name)
 
     def drop(self) -> None:
         """Drop the database, closing any connection left open by a killed component."""
-        with contextlib.closing(self._admin()) as conn, conn.cursor() as cur:
-            cur.execute(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)')
+        self.server.drop_database(self.name)
 
     @property
     def url(self) -> str:
         """SQLAlchemy URL of the database."""
-        return f"postgresql+psycopg2://{PG['user']}@{PG['host']}:{PG['port']}/{self.name}"
+        return self.server.url(self.name)
+
+    @property
+    def dsn(self) -> str:
+        """libpq connection string of the database."""
+        return self.server.dsn(self.name)
 
 
 # -- the deployment -----------------------------------------------------------------------------

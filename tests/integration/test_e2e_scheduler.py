@@ -24,7 +24,6 @@ import pytest
 from airflow_provider_speculative.devtools.localcluster import connection_definitions, targets_json
 from tests.integration.airflow_cluster import (
     LINEITEM,
-    PG,
     REPO,
     AirflowCluster,
     PostgresDatabase,
@@ -59,13 +58,8 @@ def lineitem() -> Path:
 
 @pytest.fixture
 def postgres_db() -> Iterator[PostgresDatabase]:
-    import psycopg2
-
     db = PostgresDatabase()
-    try:
-        db.create()
-    except psycopg2.OperationalError as exc:
-        pytest.skip(f"local PostgreSQL not reachable at {PG['host']}:{PG['port']} as {PG['user']}: {exc}")
+    db.create()
     yield db
     db.drop()
 

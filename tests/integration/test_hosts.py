@@ -36,7 +36,7 @@ from airflow_provider_speculative.devtools.runner import plan_connect_stage, run
 from airflow_provider_speculative.pipeline import Pipeline, all_to_all, parquet_source
 from airflow_provider_speculative.store.files import read_json, read_jsonl
 from airflow_provider_speculative.store.layout import StageLayout
-from tests import hosts
+from tests import hosts, services
 from tests.integration.connect_runner import ConnectPool, committed_table, run_pipeline
 from tests.integration.q1 import assert_q1_equal, duckdb_q1
 from tests.processes import processes_mentioning, tail, wait_for
@@ -188,11 +188,11 @@ def _server_running_jobs(info: ServerInfo) -> list[dict[str, Any]]:
         return json.loads(response.read())
 
 
-def _ping_redis_from(host: hosts.Host, address: str) -> str:
-    """What Redis answers PING with, asked from ``host`` at ``address``:6379 (or the error)."""
+def _ping_redis_from(host: hosts.Host, address: str, port: int) -> str:
+    """What Redis answers PING with, asked from ``host`` at ``address:port`` (or the error)."""
     probe = ("import socket\n"
              "try:\n"
-             f"    s = socket.create_connection(({address!r}, 6379), timeout=2)\n"
+             f"    s = socket.create_connection(({address!r}, {port}), timeout=2)\n"
              "    s.sendall(b'PING\\r\\n'); print(s.recv(16).decode().strip())\n"
              "except OSError as exc:\n"
              "    print(type(exc).__name__)\n")
@@ -201,14 +201,13 @@ def _ping_redis_from(host: hosts.Host, address: str) -> str:
 
 
 def test_a_host_reaches_root_services_only_through_the_bridge(host_pool: HostPool) -> None:
-    if not hosts.accepts("127.0.0.1", 6379):
-        pytest.skip("no Redis on 127.0.0.1:6379 to reach")
+    port = services.redis().port
     network = host_pool.network
     h3 = network["h3"]
     # Its own loopback has no Redis: 127.0.0.1 inside a host is the host.
-    assert _ping_redis_from(h3, "127.0.0.1") == "ConnectionRefusedError"
-    with network.forward(6379):
-        assert _ping_redis_from(h3, hosts.ROOT_ADDRESS) == "+PONG"
+    assert _ping_redis_from(h3, "127.0.0.1", port) == "ConnectionRefusedError"
+    with network.forward(port):
+        assert _ping_redis_from(h3, hosts.ROOT_ADDRESS, port) == "+PONG"
     routes = subprocess.run(h3.command(["ip", "-o", "addr", "show"]), capture_output=True, text=True).stdout
     assert "10.213.0.13/24" in routes and " lo " in routes
 

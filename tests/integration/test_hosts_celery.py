@@ -29,7 +29,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import pytest
 
@@ -40,10 +40,9 @@ from airflow_provider_speculative.devtools.localcluster import (
     connection_definitions,
     targets_json,
 )
-from tests import hosts
+from tests import hosts, services
 from tests.integration.airflow_cluster import (
     AIRFLOW,
-    PG,
     REPO,
     AirflowCluster,
     PostgresDatabase,
@@ -63,7 +62,6 @@ DS = "2026-01-01"
 REDIS_DB = 7
 WORKER_HOSTS = ("h1", "h2")
 SPARK_HOSTS = ("h3", "h4", "h5")
-PG_PORT = cast(int, PG["port"])
 
 
 class BridgeCluster(AirflowCluster):
@@ -135,7 +133,7 @@ def start_worker(host: hosts.Host, cluster: AirflowCluster, env: dict[str, str])
 def _redis_flush() -> None:
     import redis
 
-    redis.Redis(host="127.0.0.1", port=6379, db=REDIS_DB, socket_timeout=5).flushdb()
+    redis.Redis(host="127.0.0.1", port=services.redis().port, db=REDIS_DB, socket_timeout=5).flushdb()
 
 
 def _skip_reason() -> str | None:
@@ -148,9 +146,6 @@ def _skip_reason() -> str | None:
         import airflow.providers.celery  # noqa: F401
     except ImportError:
         return "apache-airflow-providers-celery is not installed (pip install -e '.[test]')"
-    for port, what in ((6379, "Redis"), (PG_PORT, "PostgreSQL")):
-        if not hosts.accepts("127.0.0.1", port):
-            return f"no {what} on 127.0.0.1:{port}"
     return None
 
 
@@ -173,8 +168,9 @@ def deployment(tmp_path: Path) -> Iterator[Deployment]:
     with contextlib.ExitStack() as stack:
         network = stack.enter_context(hosts.HostNetwork(len(WORKER_HOSTS) + len(SPARK_HOSTS)))
         # Workers dial the root's services on the bridge address (127.0.0.1 inside a host is the host).
-        stack.enter_context(network.forward(6379))
-        stack.enter_context(network.forward(PG_PORT))
+        pg_server, redis_server = services.postgres(), services.redis()
+        stack.enter_context(network.forward(redis_server.port))
+        stack.enter_context(network.forward(pg_server.port))
 
         # The servers' addresses and ports are known before they run (one per host, the same ports on each):
         # Airflow's targets are defined from them, and the JVMs start while Airflow migrates and starts.
@@ -205,12 +201,12 @@ def deployment(tmp_path: Path) -> Iterator[Deployment]:
         db.create()
         stack.callback(db.drop)
         # Workers dial PostgreSQL on the bridge address (the forwarder); the root components use loopback.
-        bridge_db = f"{PG['user']}@{hosts.ROOT_ADDRESS}:{PG_PORT}/{db.name}"
+        bridge_db = f"{pg_server.user}@{hosts.ROOT_ADDRESS}:{pg_server.port}/{db.name}"
         runtime = tmp_path / "rt"
         runtime.mkdir(mode=0o700)
         extra = {
             "AIRFLOW__CORE__EXECUTOR": "CeleryExecutor",
-            "AIRFLOW__CELERY__BROKER_URL": f"redis://{hosts.ROOT_ADDRESS}:6379/{REDIS_DB}",
+            "AIRFLOW__CELERY__BROKER_URL": redis_server.url(REDIS_DB, host=hosts.ROOT_ADDRESS),
             "AIRFLOW__CELERY__RESULT_BACKEND": f"db+postgresql://{bridge_db}",
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",
             # Stage tasks are planned on the workers (the default starts them in the triggerer: no worker run).
@@ -264,7 +260,7 @@ def _task_instances(db: PostgresDatabase, run_id: str) -> dict[str, dict[str, An
     """The run's task instances as the metadata DB records them (hostname: where the task process ran)."""
     import psycopg2
 
-    with contextlib.closing(psycopg2.connect(dbname=db.name, connect_timeout=5, **PG)) as conn, conn.cursor() as cur:
+    with contextlib.closing(psycopg2.connect(db.dsn, connect_timeout=5)) as conn, conn.cursor() as cur:
         cur.execute("SELECT task_id, state, hostname, queue, try_number FROM task_instance "
                     "WHERE dag_id = %s AND run_id = %s", (DAG_ID, run_id))
         return {row[0]: dict(zip(("task_id", "state", "hostname", "queue", "try_number"), row, strict=True))

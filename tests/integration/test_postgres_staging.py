@@ -1,6 +1,6 @@
 """PostgresSink staging on a real Postgres: a failed stage run, discarded attempts and gc leave no staging table.
 
-Real Postgres on 127.0.0.1:5432 (trust auth), a private database per test module; real Spark
+Real Postgres (the session's throw-away server, tests/services.py), a private database per test module; real Spark
 DataFrames written by the sink's own writer; the operator's real failure path.
 """
 
@@ -25,8 +25,8 @@ from airflow_provider_speculative.sinks.base import InitializationContext, Stagi
 from airflow_provider_speculative.sinks.postgres import PostgresSink, dsn_env_var
 from airflow_provider_speculative.store.files import atomic_write_json
 from airflow_provider_speculative.store.layout import StageLayout
+from tests import services
 
-ADMIN = "host=127.0.0.1 port=5432 dbname=postgres user=postgres"
 CONN_ID = "pg_staging_test"
 SUBTASKS, ATTEMPTS = 10, 2
 
@@ -35,21 +35,14 @@ SUBTASKS, ATTEMPTS = 10, 2
 def database() -> Iterator[str]:
     """A private database (unique name), dropped afterwards; its DSN is what attempts would get."""
     name = f"safety_{uuid.uuid4().hex[:10]}"
+    server = services.postgres()
+    server.create_database(name)
+    os.environ[f"AIRFLOW_CONN_{CONN_ID.upper()}"] = server.url(name, scheme="postgresql")
     try:
-        admin = psycopg2.connect(ADMIN)
-    except psycopg2.OperationalError as exc:
-        pytest.fail(f"PostgreSQL on 127.0.0.1:5432 is required: {exc}")
-    admin.autocommit = True
-    with admin.cursor() as cur:
-        cur.execute(f"CREATE DATABASE {name}")
-    os.environ[f"AIRFLOW_CONN_{CONN_ID.upper()}"] = f"postgresql://postgres@127.0.0.1:5432/{name}"
-    try:
-        yield f"host=127.0.0.1 port=5432 dbname={name} user=postgres"
+        yield server.dsn(name)
     finally:
         os.environ.pop(f"AIRFLOW_CONN_{CONN_ID.upper()}", None)
-        with admin.cursor() as cur:
-            cur.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-        admin.close()
+        server.drop_database(name)
 
 
 @pytest.fixture(scope="module")

@@ -16,12 +16,12 @@ import pytest
 
 from airflow_provider_speculative.control.readmodel import run_report
 from airflow_provider_speculative.store.files import read_json
+from tests import services
 from tests.conftest import TEST_ENV
 from tests.integration.spark_helpers import HERE, load_dag
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(900)]
 
-PG_DSN = "host=127.0.0.1 port=5432 dbname=test user=postgres"
 FILES, ROWS_PER_FILE = 3, 500  # one file per subtask: run_race checks this against the DAG's parallelism
 STORE = Path(TEST_ENV["AIRFLOW__SPECULATIVE__STORE_PATH"])
 
@@ -36,20 +36,17 @@ def race_env(tmp_path_factory):
                                  "amount": pa.array([i * 0.25 for i in ids], pa.float64())}),
                        data / f"part-{f:02d}.parquet")
     suffix = uuid.uuid4().hex[:8]
+    server, database = services.postgres(), f"race_{suffix}"
+    server.create_database(database)
     env = {"SPECULATIVE_RACE_DATA": str(data), "SPECULATIVE_RACE_TABLE": f"race_results_{suffix}",
            "SPECULATIVE_RACE_STAGING": f"race_staging_{suffix}",
-           "AIRFLOW_CONN_POSTGRES_RACE": "postgresql://postgres@127.0.0.1:5432/test"}
-    try:
-        psycopg2.connect(PG_DSN).close()
-    except psycopg2.OperationalError as exc:
-        pytest.fail(f"PostgreSQL on 127.0.0.1:5432 is required for the sink tests: {exc}")
+           "SPECULATIVE_RACE_DSN": server.dsn(database),
+           "AIRFLOW_CONN_POSTGRES_RACE": server.url(database, scheme="postgresql")}
     os.environ.update(env)
     yield env
-    with psycopg2.connect(PG_DSN) as conn, conn.cursor() as cur:
-        cur.execute(f'DROP TABLE IF EXISTS "{env["SPECULATIVE_RACE_TABLE"]}"')
-        cur.execute(f'DROP SCHEMA IF EXISTS "{env["SPECULATIVE_RACE_STAGING"]}" CASCADE')
     for key in env:
         os.environ.pop(key, None)
+    server.drop_database(database)
 
 
 def expected_rows(data: Path) -> list[tuple]:
@@ -119,7 +116,7 @@ def test_postgres_sink_commits_exactly_one_attempt_per_subtask(airflow_db, race_
     run, stage = run_race("race_postgres", pendulum.datetime(2026, 4, 1, tz="UTC"))
     assert_race_commits(stage)
     table, staging = race_env["SPECULATIVE_RACE_TABLE"], race_env["SPECULATIVE_RACE_STAGING"]
-    with psycopg2.connect(PG_DSN) as conn, conn.cursor() as cur:
+    with psycopg2.connect(race_env["SPECULATIVE_RACE_DSN"]) as conn, conn.cursor() as cur:
         cur.execute(f'SELECT id, name, amount FROM "{table}" WHERE ds = %s', ["2026-04-01"])
         rows = sorted(cur.fetchall())
         cur.execute("SELECT count(*) FROM pg_tables WHERE schemaname = %s AND tablename LIKE 'st\\_%%'", [staging])

@@ -1,0 +1,246 @@
+"""Throw-away PostgreSQL and Redis servers on free loopback ports, for the tests, `make ui`, `make run` and bench/.
+
+Nothing here assumes a server that already runs, nor a port: each ``start_*`` call initialises a private
+data directory, starts the server bound to 127.0.0.1 on a port the kernel just handed out, waits until it
+answers, and returns a handle whose ``stop()`` ends it and removes the directory. The binaries come from the
+operating system's packages (Debian: ``postgresql``, ``redis-server``; `make services` installs them where
+they are missing). PostgreSQL refuses to run as root, so under root the server runs as the ``postgres``
+user (or ``nobody``) through ``runuser``, in a directory that user owns.
+
+Durability is switched off (``fsync``, ``full_page_writes``, ``synchronous_commit``; Redis without RDB or
+AOF): these servers hold test and demo data that is thrown away with them, and start and run faster so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from airflow_provider_speculative.exceptions import SpeculativeError
+
+LOOPBACK = "127.0.0.1"
+START_TIMEOUT = 60.0
+# Airflow's components, LocalExecutor workers and Celery workers of one deployment each hold a few connections.
+PG_MAX_CONNECTIONS = 300
+PG_SUPERUSER = "postgres"
+
+
+class ServiceUnavailable(SpeculativeError):
+    """A server the suite or a make target needs cannot be started here (the message says what to install)."""
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as sock:
+        sock.bind((LOOPBACK, 0))
+        return int(sock.getsockname()[1])
+
+
+def _accepts(port: int) -> bool:
+    try:
+        with socket.create_connection((LOOPBACK, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def _tail(path: Path, lines: int = 30) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError as exc:
+        return f"(no log: {exc})"
+
+
+def _wait_listening(proc: subprocess.Popen[bytes], port: int, what: str, log: Path, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise ServiceUnavailable(f"{what} exited with {proc.returncode} before it listened on "
+                                     f"{LOOPBACK}:{port}:\n{_tail(log)}")
+        if _accepts(port):
+            return
+        time.sleep(0.05)
+    _kill(proc)
+    raise ServiceUnavailable(f"{what} did not listen on {LOOPBACK}:{port} within {timeout:.0f} s:\n{_tail(log)}")
+
+
+def _kill(proc: subprocess.Popen[bytes], grace: float = 10.0) -> None:
+    """SIGTERM the server's process group (a fast shutdown for both servers), SIGKILL it after ``grace``."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+
+
+# -- PostgreSQL ---------------------------------------------------------------------------------
+
+
+def postgres_bin() -> Path | None:
+    """The directory of ``initdb`` and ``postgres``: $SPECULATIVE_PG_BIN, else PATH, else Debian's newest."""
+    configured = os.environ.get("SPECULATIVE_PG_BIN")
+    if configured:
+        return Path(configured)
+    initdb = shutil.which("initdb")
+    if initdb:
+        return Path(os.path.realpath(initdb)).parent
+    versions = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"), key=lambda p: int(p.split("/")[4]))
+    return Path(versions[-1]).parent if versions else None
+
+
+def _server_user() -> str | None:
+    """Under root, the unprivileged user PostgreSQL runs as (it refuses root); None when not root."""
+    if os.geteuid() != 0:
+        return None
+    for name in ("postgres", "nobody"):
+        with contextlib.suppress(KeyError):
+            pwd.getpwnam(name)
+            return name
+    raise ServiceUnavailable("PostgreSQL refuses to run as root and neither a 'postgres' nor a 'nobody' user exists")
+
+
+@dataclass
+class PostgresServer:
+    """A running throw-away PostgreSQL: trust authentication for ``postgres`` on ``127.0.0.1:port``."""
+
+    port: int
+    directory: Path
+    proc: subprocess.Popen[bytes]
+    host: str = LOOPBACK
+    user: str = PG_SUPERUSER
+
+    def dsn(self, dbname: str = "postgres") -> str:
+        """A libpq connection string for ``dbname``."""
+        return f"host={self.host} port={self.port} dbname={dbname} user={self.user}"
+
+    def url(self, dbname: str, scheme: str = "postgresql+psycopg2") -> str:
+        """A SQLAlchemy (or, with ``scheme='postgresql'``, an Airflow connection) URL for ``dbname``."""
+        return f"{scheme}://{self.user}@{self.host}:{self.port}/{dbname}"
+
+    def create_database(self, dbname: str) -> None:
+        """``CREATE DATABASE dbname`` (a fresh, empty database)."""
+        self._admin(f'CREATE DATABASE "{dbname}"')
+
+    def drop_database(self, dbname: str) -> None:
+        """Drop ``dbname``, closing the connections a killed component left open."""
+        self._admin(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
+
+    def _admin(self, sql: str) -> None:
+        import psycopg2
+
+        conn = psycopg2.connect(self.dsn(), connect_timeout=5)
+        try:
+            conn.autocommit = True
+            with conn.cursor() as cur:
+                cur.execute(sql)
+        finally:
+            conn.close()
+
+    @property
+    def alive(self) -> bool:
+        """True while the server process runs."""
+        return self.proc.poll() is None
+
+    def stop(self) -> None:
+        """Stop the server (a fast shutdown) and remove its data directory."""
+        _kill(self.proc)
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def start_postgres(port: int | None = None, timeout: float = START_TIMEOUT) -> PostgresServer:
+    """Initialise a private cluster in a new temporary directory and start it on ``port`` (a free one if None)."""
+    bindir = postgres_bin()
+    if bindir is None or not (bindir / "initdb").exists() or not (bindir / "postgres").exists():
+        raise ServiceUnavailable(
+            "PostgreSQL's server binaries (initdb, postgres) were not found on PATH, under /usr/lib/postgresql/*/bin "
+            "or at $SPECULATIVE_PG_BIN: `make services` installs Debian's postgresql (as root), or install your "
+            "distribution's PostgreSQL server package")
+    user = _server_user()
+    directory = Path(tempfile.mkdtemp(prefix="speculative-pg-"))
+    data, log = directory / "data", directory / "postgres.log"
+    as_user = ["runuser", "-u", user, "--"] if user else []
+    if user:
+        # The directory must be the server user's own; mkdtemp made it 0700 for root.
+        info = pwd.getpwnam(user)
+        os.chown(directory, info.pw_uid, info.pw_gid)
+    try:
+        init = subprocess.run([*as_user, str(bindir / "initdb"), "-D", str(data), "-U", PG_SUPERUSER,
+                               "--auth=trust", "-E", "UTF8", "--locale=C", "--no-sync"],
+                              capture_output=True, text=True, timeout=120, cwd=directory)
+        if init.returncode != 0:
+            raise ServiceUnavailable(f"initdb failed ({init.returncode}): {init.stderr.strip()[-2000:]}")
+        port = port or free_port()
+        argv = [*as_user, str(bindir / "postgres"), "-D", str(data), "-p", str(port), "-k", str(directory),
+                "-c", f"listen_addresses={LOOPBACK}", "-c", f"max_connections={PG_MAX_CONNECTIONS}",
+                "-c", "fsync=off", "-c", "full_page_writes=off", "-c", "synchronous_commit=off"]
+        with open(log, "ab") as out:
+            proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    start_new_session=True, cwd=directory)
+        _wait_listening(proc, port, "PostgreSQL", log, timeout)
+    except BaseException:
+        shutil.rmtree(directory, ignore_errors=True)
+        raise
+    return PostgresServer(port=port, directory=directory, proc=proc)
+
+
+# -- Redis --------------------------------------------------------------------------------------
+
+
+@dataclass
+class RedisServer:
+    """A running throw-away Redis on ``127.0.0.1:port`` (no persistence, no password)."""
+
+    port: int
+    directory: Path
+    proc: subprocess.Popen[bytes]
+    host: str = LOOPBACK
+
+    def url(self, db: int = 0, host: str | None = None) -> str:
+        """A ``redis://`` URL for database ``db`` (``host`` overrides the address, e.g. a bridge's)."""
+        return f"redis://{host or self.host}:{self.port}/{db}"
+
+    @property
+    def alive(self) -> bool:
+        """True while the server process runs."""
+        return self.proc.poll() is None
+
+    def stop(self) -> None:
+        """Stop the server and remove its directory."""
+        _kill(self.proc)
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def start_redis(port: int | None = None, timeout: float = START_TIMEOUT) -> RedisServer:
+    """Start ``redis-server`` on ``port`` (a free one if None), bound to 127.0.0.1, persisting nothing."""
+    binary = os.environ.get("SPECULATIVE_REDIS_SERVER") or shutil.which("redis-server")
+    if not binary:
+        raise ServiceUnavailable("redis-server was not found on PATH or at $SPECULATIVE_REDIS_SERVER: `make services` "
+                                 "installs Debian's redis-server (as root), or install your distribution's package")
+    directory = Path(tempfile.mkdtemp(prefix="speculative-redis-"))
+    log = directory / "redis.log"
+    port = port or free_port()
+    argv = [binary, "--port", str(port), "--bind", LOOPBACK, "--save", "", "--appendonly", "no",
+            "--dir", str(directory), "--daemonize", "no", "--protected-mode", "no"]
+    try:
+        with open(log, "ab") as out:
+            proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    start_new_session=True, cwd=directory)
+        _wait_listening(proc, port, "redis-server", log, timeout)
+    except BaseException:
+        shutil.rmtree(directory, ignore_errors=True)
+        raise
+    return RedisServer(port=port, directory=directory, proc=proc)
