@@ -32,6 +32,10 @@ class StoreError(SpeculativeError, RuntimeError):
     """The store cannot be read or written; the message names the path."""
 
 
+class UnsafeStorePathError(StoreError):
+    """A store path reached through a symlink, or not a regular file of its own: refused, never read."""
+
+
 class StoreFullError(StoreError):
     """The store has no space left."""
 

@@ -334,7 +334,7 @@ def logs(args: Any) -> None:
         while True:
             # Read once more after the end is recorded: the last lines may land just before it.
             ended = attempt_ended(root, log)
-            offset, text = read_from(log.path, offset)
+            offset, text = read_from(root, log.path, offset)
             if text:
                 sys.stdout.write(clean_text(text))
                 sys.stdout.flush()

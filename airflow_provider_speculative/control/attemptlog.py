@@ -13,11 +13,11 @@ import shlex
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from airflow_provider_speculative.core.states import Attempt
-from airflow_provider_speculative.exceptions import NotFoundError
-from airflow_provider_speculative.store.files import read_json
+from airflow_provider_speculative.exceptions import NotFoundError, UnsafeStorePathError
+from airflow_provider_speculative.store.files import open_in_store, read_json
 from airflow_provider_speculative.store.layout import StageLayout
 
 # What the UI and CLI show by default: the end of a driver log is where the error is.
@@ -55,9 +55,9 @@ class AttemptLog:
                 "start": self.start, "truncated": self.truncated, "text": self.text}
 
 
-def read_tail(path: Path, max_bytes: int) -> tuple[int, int, str]:
-    """(size, start offset, text) of the last ``max_bytes`` of ``path``; a cut first line is dropped."""
-    with open(path, "rb") as log:
+def read_tail(root: Path, path: Path, max_bytes: int) -> tuple[int, int, str]:
+    """(size, start offset, text) of the last ``max_bytes`` of the store file ``path``; a cut first line is dropped."""
+    with open_in_store(root, path) as log:
         size = os.fstat(log.fileno()).st_size
         start = max(0, size - max_bytes)
         log.seek(start)
@@ -95,11 +95,24 @@ def attempt_log(root: Path, dag_id: str, run_id: str, stage: str, subtask: int, 
                             f"{attempt} (attempts: {', '.join(map(str, numbers)) or 'none'})")
     path = layout.log(subtask, attempt)
     try:
-        size, start, text = read_tail(path, max_bytes)
+        size, start, text = read_tail(root, path, max_bytes)
         exists = True
     except FileNotFoundError:  # claimed, not started yet (or removed by gc with the attempt's output)
         size, start, text, exists = 0, 0, "", False
+    except UnsafeStorePathError as exc:
+        raise NotFoundError(f"DAG {dag_id!r} run {run_id!r} stage {stage!r} subtask {subtask} attempt {attempt}: "
+                            f"its log is not served ({exc})") from None
     return AttemptLog(dag_id, run_id, stage, subtask, attempt, path, size, start, text, exists)
+
+
+def open_attempt_log(root: Path, log: AttemptLog) -> BinaryIO:
+    """The whole log of ``log``'s attempt, opened under the store's rules (see :func:`open_in_store`)."""
+    try:
+        return open_in_store(root, log.path)
+    except (FileNotFoundError, UnsafeStorePathError) as exc:
+        reason = "it has written no log yet" if isinstance(exc, FileNotFoundError) else f"its log is not served ({exc})"
+        raise NotFoundError(f"DAG {log.dag_id!r} run {log.run_id!r} stage {log.stage!r} subtask {log.subtask} "
+                            f"attempt {log.attempt}: {reason}") from None
 
 
 def logs_command(dag_id: str, run_id: str, stage: str, subtask: int | str, attempt: int | str) -> str:
@@ -117,8 +130,8 @@ def failure_log_lines(layout: StageLayout, failed: list[tuple[int, int]]) -> lis
              f"print one with: {logs_command(layout.dag_id, layout.run_id, layout.stage, *failed[0])}"]
     subtask, attempt = failed[0]
     try:
-        _, _, text = read_tail(layout.log(subtask, attempt), 16 * 1024)
-    except OSError:
+        _, _, text = read_tail(Path(layout.root), layout.log(subtask, attempt), 16 * 1024)
+    except (OSError, UnsafeStorePathError):
         return lines
     tail = [line if len(line) <= FAILURE_LINE_CHARS else line[:FAILURE_LINE_CHARS] + " [...]"
             for line in text.splitlines()[-FAILURE_TAIL_LINES:]]
@@ -134,13 +147,13 @@ def attempt_ended(root: Path, log: AttemptLog) -> bool:
     return isinstance(status, dict) and status.get("end_at") is not None
 
 
-def read_from(path: Path, offset: int, max_bytes: int = 1024 * 1024) -> tuple[int, str]:
-    """(new offset, text) of what ``path`` holds past ``offset`` (at most ``max_bytes``; a cut line waits)."""
+def read_from(root: Path, path: Path, offset: int, max_bytes: int = 1024 * 1024) -> tuple[int, str]:
+    """(new offset, text) of store file ``path`` past ``offset`` (at most ``max_bytes``; a cut line waits)."""
     try:
-        with open(path, "rb") as log:
+        with open_in_store(root, path) as log:
             log.seek(offset)
             data = log.read(max_bytes)
-    except FileNotFoundError:
+    except (FileNotFoundError, UnsafeStorePathError):
         return offset, ""
     if len(data) == max_bytes and b"\n" in data:
         data = data[:data.rindex(b"\n") + 1]  # a line cut at the buffer's end is printed whole next time

@@ -10,21 +10,27 @@ from __future__ import annotations
 import html
 import logging
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 from urllib.parse import urlsplit
 
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.exception_handlers import http_exception_handler
-from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse, Response
+from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse, Response, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from airflow_provider_speculative.control.attemptlog import DEFAULT_TAIL_BYTES, attempt_ended, attempt_log
+from airflow_provider_speculative.control.attemptlog import (
+    DEFAULT_TAIL_BYTES,
+    attempt_ended,
+    attempt_log,
+    open_attempt_log,
+)
 from airflow_provider_speculative.control.rerun import request_rerun
 from airflow_provider_speculative.core.urls import safe_http_url
-from airflow_provider_speculative.exceptions import NotFoundError
+from airflow_provider_speculative.exceptions import NotFoundError, StoreError, UnsafeStorePathError
 from airflow_provider_speculative.links import spark_history_url
 from airflow_provider_speculative.plugin.model import (
     TERMINAL_RUN_STATES,
@@ -33,7 +39,8 @@ from airflow_provider_speculative.plugin.model import (
     run_view,
     stage_view,
 )
-from airflow_provider_speculative.store.layout import safe_component
+from airflow_provider_speculative.store.files import check_store_directory
+from airflow_provider_speculative.store.layout import StageLayout, safe_component
 
 log = logging.getLogger(__name__)
 
@@ -56,16 +63,19 @@ def create_app(store: Path | None = None) -> FastAPI:
 
     read_run = requires_access_dag("GET", DagAccessEntity.RUN)
     read_task = requires_access_dag("GET", DagAccessEntity.TASK_INSTANCE)
+    # Attempt logs: the right Airflow's own task-log endpoint asks for.
+    read_logs = requires_access_dag("GET", DagAccessEntity.TASK_LOGS)
     # A rerun clears task instances: the same right Airflow's own "Clear" asks for.
     edit_task = requires_access_dag("PUT", DagAccessEntity.TASK_INSTANCE)
     # The schema (routes and parameters, no data) is served for API clients and the schemathesis test.
     app = FastAPI(title="Speculative stages", docs_url=None, redoc_url=None, openapi_url="/openapi.json")
     app.state.store = store
     # Exposed so tests can replace exactly these dependencies (FastAPI overrides are keyed by callable).
-    app.state.access = {"run": read_run, "task_instance": read_task, "edit_task_instance": edit_task,
-                        "user": get_user}
+    app.state.access = {"run": read_run, "task_instance": read_task, "task_logs": read_logs,
+                        "edit_task_instance": edit_task, "user": get_user}
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     app.add_exception_handler(StarletteHTTPException, _login_redirect)  # type: ignore[arg-type]
+    app.add_exception_handler(StoreError, _damaged_store)  # type: ignore[arg-type]
 
     @app.middleware("http")
     async def security_headers(request: Request, call_next: Any) -> Response:
@@ -77,8 +87,15 @@ def create_app(store: Path | None = None) -> FastAPI:
     @app.get("/api/run", dependencies=[Depends(read_run)])
     def api_run(request: Request, dag_id: str, run_id: str) -> dict[str, Any]:
         """Stages of a DAG run: graph edges, per-stage progress, restarts and notable journal events."""
+        root = _store(request)
         try:
-            view = run_view(_store(request), dag_id, run_id, spark_history_url=spark_history_url())
+            check_store_directory(root, StageLayout(root, dag_id, run_id, "-").run_dir)
+        except UnsafeStorePathError:
+            raise _not_found(f"run {run_id!r}: its records in the store are not served", dag_id, run_id) from None
+        except OSError:
+            pass  # not there (yet): run_view says so
+        try:
+            view = run_view(root, dag_id, run_id, spark_history_url=spark_history_url())
         except (FileNotFoundError, NotFoundError) as exc:
             raise _not_found(str(exc), dag_id, run_id) from None
         return _finish(view, dag_id, run_id)
@@ -90,7 +107,7 @@ def create_app(store: Path | None = None) -> FastAPI:
                           spark_history_url=spark_history_url())
         return _finish(view, dag_id, run_id)
 
-    @app.get("/api/log", dependencies=[Depends(read_task)])
+    @app.get("/api/log", dependencies=[Depends(read_logs)])
     def api_log(request: Request, dag_id: str, run_id: str, task_id: str, subtask: int,
                 attempt: int | None = None, tail_bytes: int = DEFAULT_TAIL_BYTES) -> dict[str, Any]:
         """The end of one attempt's driver log (default: the subtask's latest attempt), as JSON text."""
@@ -106,22 +123,21 @@ def create_app(store: Path | None = None) -> FastAPI:
         return {**log.to_json(), "path": _relative(log.path, _store(request)), "ended": ended, "done": ended,
                 "refresh_seconds": REFRESH_SECONDS, "now": time.time()}
 
-    @app.get("/api/log/download", dependencies=[Depends(read_task)], response_class=FileResponse)
+    @app.get("/api/log/download", dependencies=[Depends(read_logs)], response_class=StreamingResponse)
     def api_log_download(request: Request, dag_id: str, run_id: str, task_id: str, subtask: int,
-                         attempt: int | None = None) -> FileResponse:
+                         attempt: int | None = None) -> StreamingResponse:
         """The whole log of one attempt as a download (streamed from disk, whatever its size)."""
         stage = _stage_or_404(request, dag_id, run_id, task_id)
         try:
             log = attempt_log(_store(request), dag_id, run_id, stage, subtask, attempt, max_bytes=1)
+            # The file opened under the store's rules is the one streamed: no second open by name.
+            handle = open_attempt_log(_store(request), log)
         except NotFoundError as exc:
             raise _not_found(str(exc), dag_id, run_id) from None
-        if not log.exists:
-            raise _not_found(f"stage {stage!r} subtask {subtask} attempt {log.attempt} has written no log yet",
-                             dag_id, run_id)
         name = safe_component(f"{dag_id}-{stage}-subtask{subtask}-attempt{log.attempt}") + ".log"
         # text/plain with nosniff (the middleware): a browser never renders an attempt's output as a page.
-        return FileResponse(log.path, media_type="text/plain; charset=utf-8", filename=name,
-                            headers=_NO_STORE)
+        return StreamingResponse(_chunks(handle), media_type="text/plain; charset=utf-8",
+                                 headers={**_NO_STORE, "Content-Disposition": f'attachment; filename="{name}"'})
 
     @app.post("/api/rerun", dependencies=[Depends(edit_task), Depends(_refuse_cross_site)])
     def api_rerun(request: Request, dag_id: str, run_id: str, task_id: str, body: RerunBody,
@@ -147,7 +163,7 @@ def create_app(store: Path | None = None) -> FastAPI:
         """The stage view page (task-instance tab); it polls ``/api/stage``."""
         return FileResponse(STATIC / "stage.html", headers=_NO_STORE)
 
-    @app.get("/ui/log", dependencies=[Depends(read_task)], response_class=FileResponse)
+    @app.get("/ui/log", dependencies=[Depends(read_logs)], response_class=FileResponse)
     def ui_log() -> FileResponse:
         """The attempt log page (linked from the stage view); it polls ``/api/log`` until the attempt ends."""
         return FileResponse(STATIC / "log.html", headers=_NO_STORE)
@@ -171,6 +187,22 @@ def create_app(store: Path | None = None) -> FastAPI:
                             f"<h1>Spark history of stage {html.escape(view['stage'])}</h1><ul>{items}</ul>")
 
     return app
+
+
+def _chunks(handle: BinaryIO, size: int = 1 << 16) -> Iterator[bytes]:
+    """The bytes of an open file in blocks, closing it at the end (or when the client goes away)."""
+    with handle:
+        while block := handle.read(size):
+            yield block
+
+
+async def _damaged_store(request: Request, exc: StoreError) -> Response:
+    """A store file that cannot be read (damaged, or not a regular file): 409 naming it relative to the store."""
+    from fastapi.responses import JSONResponse
+
+    root = str(_store(request)).rstrip("/") + "/"
+    return JSONResponse({"detail": {"message": str(exc).replace(root, ""), "damaged_store": True}}, status_code=409,
+                        headers=_NO_STORE)
 
 
 def _store(request: Request) -> Path:
@@ -229,10 +261,16 @@ def _relative(path: Path, root: Path) -> str:
 
 
 def _stage_or_404(request: Request, dag_id: str, run_id: str, task_id: str) -> str:
-    stage = resolve_stage(_store(request), dag_id, run_id, task_id)
+    root = _store(request)
+    stage = resolve_stage(root, dag_id, run_id, task_id)
     if stage is None:
         raise _not_found(f"task {task_id!r} has no speculative stage recorded in run {run_id!r} "
                          "(not a stage task, or not planned yet)", dag_id, run_id)
+    try:
+        # The run's and stage's directories must be this DAG's own, not links to another DAG's.
+        check_store_directory(root, StageLayout(root, dag_id, run_id, stage).dir)
+    except (OSError, UnsafeStorePathError):
+        raise _not_found(f"task {task_id!r}: its stage's records in the store are not served", dag_id, run_id) from None
     return stage
 
 

@@ -10,7 +10,8 @@ from urllib.parse import quote
 
 from airflow_provider_speculative.control.readmodel import run_report
 from airflow_provider_speculative.core.urls import safe_http_url
-from airflow_provider_speculative.store.files import read_json, read_jsonl
+from airflow_provider_speculative.exceptions import UnsafeStorePathError
+from airflow_provider_speculative.store.files import open_in_store, read_json, read_jsonl
 from airflow_provider_speculative.store.layout import StageLayout
 
 # Journal events every healthy stage writes; everything else is worth showing (blocks, cancels, restarts...).
@@ -144,9 +145,9 @@ def _live_spark_ui(layout: StageLayout, subtask: int, attempt: dict[str, Any]) -
     """The driver's Spark UI of a running attempt, read from the head of its spark-submit log."""
     path = layout.log(subtask, attempt["attempt"])
     try:
-        with open(path, "rb") as f:
+        with open_in_store(layout.root, path) as f:
             head = f.read(_LOG_HEAD_BYTES).decode(errors="replace")
-    except OSError:
+    except (OSError, UnsafeStorePathError):  # a link or a FIFO in place of the log shows no link, never blocks
         return None
     port = _SPARK_UI_PORT.search(head)
     if not port:

@@ -7,13 +7,23 @@ import errno
 import hashlib
 import json
 import os
+import stat
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
-from airflow_provider_speculative.exceptions import StoreError, StoreFullError, StoreNotWritableError
+from airflow_provider_speculative.exceptions import (
+    StoreError,
+    StoreFullError,
+    StoreNotWritableError,
+    UnsafeStorePathError,
+)
+
+# A link where a directory or file of the store should be: open(2) with O_NOFOLLOW answers ELOOP
+# (or ENOTDIR for O_DIRECTORY on some kernels) instead of following it.
+_LINK_ERRNOS = (errno.ELOOP, errno.ENOTDIR, errno.EMLINK)
 
 
 def _raise_for(path: Path, exc: OSError) -> None:
@@ -72,10 +82,86 @@ def create_exclusive_json(path: str | Path, obj: Any) -> bool:
     return False  # unreachable: _raise_for always raises
 
 
+def _store_parts(root: str | Path, path: str | Path) -> tuple[str, ...]:
+    try:
+        parts = Path(path).relative_to(Path(root)).parts
+    except ValueError:
+        raise UnsafeStorePathError("a path outside the store was refused") from None
+    if not parts or any(part in ("", ".", "..") for part in parts):
+        raise UnsafeStorePathError("a path outside the store was refused")
+    return parts
+
+
+def _open_directories(root: str | Path, parts: tuple[str, ...]) -> int:
+    """A descriptor of ``root/parts...``, each component opened with O_NOFOLLOW relative to its parent."""
+    directory = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for part in parts:
+            child = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=directory)
+            os.close(directory)
+            directory = child
+    except OSError as exc:
+        os.close(directory)
+        if exc.errno in _LINK_ERRNOS:
+            raise UnsafeStorePathError("a symbolic link in the store was refused") from None
+        raise
+    return directory
+
+
+def check_store_directory(root: str | Path, path: str | Path) -> None:
+    """Raise UnsafeStorePathError if any component of directory ``path`` below ``root`` is a symlink.
+
+    A stage's run, stage or subtask directory linked to another DAG's would show that DAG's attempts to
+    a user allowed to read this one. FileNotFoundError when a component does not exist.
+    """
+    os.close(_open_directories(root, _store_parts(root, path)))
+
+
+def open_in_store(root: str | Path, path: str | Path) -> BinaryIO:
+    """Open ``path`` for reading only if it is a regular file under ``root`` reached without any symlink.
+
+    Attempt logs and records are written by stage applications (DAG authors' code on Spark hosts): one
+    could replace its log with a link to the api-server's airflow.cfg, link an ``attempt=N`` directory
+    elsewhere, or leave a FIFO that blocks a reader for ever. So every component below ``root`` is
+    opened with O_NOFOLLOW relative to its parent's descriptor (no check-then-open race), the file
+    without blocking, and only a regular file with one link is returned. FileNotFoundError when it
+    does not exist; UnsafeStorePathError, naming no path, for everything refused.
+    """
+    parts = _store_parts(root, path)
+    directory = _open_directories(root, parts[:-1])
+    try:
+        fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY, dir_fd=directory)
+    except OSError as exc:
+        if exc.errno in _LINK_ERRNOS:
+            raise UnsafeStorePathError("a symbolic link in the store was refused") from None
+        raise
+    finally:
+        os.close(directory)
+    info = os.fstat(fd)
+    # A hard link shares the inode of a file someone else wrote (it may be airflow.cfg): refused as well.
+    if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
+        os.close(fd)
+        raise UnsafeStorePathError("a store entry that is not a regular file of its own was refused")
+    return os.fdopen(fd, "rb")
+
+
+def _open_regular(path: str | Path) -> Any:
+    """``path`` opened as UTF-8 text without blocking; OSError(EINVAL) unless it is a regular file.
+
+    A FIFO or device where a record should be (an attempt's code can make one) would block the reader,
+    the controller or an api-server thread, for ever.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a regular file")
+    return os.fdopen(fd, encoding="utf-8")
+
+
 def read_json(path: str | Path, default: Any = None) -> Any:
     """Read JSON from ``path``; return ``default`` if it does not exist, else raise StoreError naming it."""
     try:
-        with open(path) as handle:
+        with _open_regular(path) as handle:
             return json.load(handle)
     except (FileNotFoundError, NotADirectoryError):  # a file where a directory should be: not there either
         return default
@@ -105,7 +191,7 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
     """Read every complete JSON line of ``path`` (a torn last line is ignored)."""
     records = []
     try:
-        with open(path) as handle:
+        with _open_regular(path) as handle:
             for line in handle:
                 with contextlib.suppress(json.JSONDecodeError):
                     records.append(json.loads(line))

@@ -32,9 +32,9 @@ def test_the_task_log_lists_every_attempt_with_target_state_and_log(tmp_path: Pa
 def test_a_tail_starts_at_a_whole_line_and_never_reads_more_than_asked(tmp_path: Path) -> None:
     log = tmp_path / "spark-submit.log"
     log.write_bytes(b"first line\n" + "é".encode() * 10 + b"\nlast line\n")
-    size, start, text = read_tail(log, 15)
+    size, start, text = read_tail(tmp_path, log, 15)
     assert size == log.stat().st_size and text == "last line\n" and start == size - len(b"last line\n")
-    assert read_tail(log, 10_000) == (size, 0, log.read_text())
+    assert read_tail(tmp_path, log, 10_000) == (size, 0, log.read_text())
 
 
 def test_the_logs_command_is_safe_to_paste_whatever_the_ids() -> None:
