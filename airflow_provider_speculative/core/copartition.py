@@ -4,8 +4,10 @@ Producers hash every key column as its string form (``cast(k as string)``) befor
 ``int`` 5, a ``bigint`` 5 and a ``decimal(12,0)`` 5 land in the same subpartition (Spark's own
 ``xxhash64`` hashes an int and a long of equal value differently). What the cast cannot make equal is
 refused here, from the schema each producer recorded in its manifest: key columns of different
-families at the same position, decimals of different scales, and floating-point keys (``-0.0`` and
-``0.0`` are equal in a Spark join but print differently).
+families at the same position, decimals of different scales, floating-point keys (``-0.0`` and
+``0.0`` are equal in a Spark join but print differently), strings with a non-binary collation (equal
+under ``UTF8_LCASE`` but different bytes), and timestamp keys written under different session time
+zones (their text differs for one instant).
 """
 
 from __future__ import annotations
@@ -57,6 +59,17 @@ def key_types(schema: Mapping[str, Any] | None, key: Sequence[str]) -> list[Any]
     return [by_name.get(k) for k in key]
 
 
+def _collation(schema: Mapping[str, Any], column: str) -> str | None:
+    """The non-binary collation of ``column`` (or of a string nested in it) a StructType JSON records, if any."""
+    for field in schema.get("fields") or []:
+        if isinstance(field, dict) and field.get("name") == column:
+            collations = (field.get("metadata") or {}).get("__COLLATIONS") or {}
+            for name in collations.values() if isinstance(collations, dict) else ():
+                if str(name).rsplit(".", 1)[-1].upper() != "UTF8_BINARY":
+                    return str(name).rsplit(".", 1)[-1]
+    return None
+
+
 def _type_name(spark_type: Any) -> str:
     return spark_type.get("type", "complex") if isinstance(spark_type, dict) else str(spark_type)
 
@@ -80,6 +93,13 @@ def check_key_types(where: str, inputs: Mapping[str, tuple[Sequence[str], Sequen
                     raise PlanError(f"{where}, input {name!r}: key column {column!r} is not in the producer's "
                                     f"output (columns: {columns})")
                 family = key_family(spark_type)
+                collation = _collation(schema, column)
+                if collation is not None:
+                    raise PlanError(
+                        f"{where}, input {name!r}: key column {column!r} has collation {collation}; the exchange "
+                        f"hashes a string's exact bytes, so strings equal under {collation} would land in different "
+                        f"subtasks. Partition on a binary-collated key (e.g. lower({column}) or "
+                        f"collate({column}, 'UTF8_BINARY')) in the producer")
                 if family == "floating":
                     raise PlanError(
                         f"{where}, input {name!r}: key column {column!r} is {_type_name(spark_type)}; floating-point "
@@ -119,3 +139,31 @@ def check_partitioning(where: str, inputs: Mapping[str, tuple[int, Sequence[Mapp
         described = ", ".join(f"{scheme} ({name!r})" for scheme, name in schemes.items())
         raise PlanError(f"{where}: inputs were hash-partitioned by different schemes: {described}; rerun the "
                         f"producers with this provider version")
+
+
+def check_time_zones(where: str, inputs: Mapping[str, tuple[Sequence[str],
+                                                            Sequence[tuple[Mapping[str, Any] | None,
+                                                                           Mapping[str, Any] | None]]]]) -> None:
+    """Refuse timestamp keys that producers hashed under different session time zones.
+
+    ``inputs`` maps input name -> (its key columns, (schema, partitioning record) per producer subtask).
+    A timestamp hashes as its text, which depends on ``spark.sql.session.timeZone`` (a stage's
+    ``spark_conf``, or each Spark server's default): one instant written in two zones would hash apart.
+    Records without a zone (older results) are not compared. Cost O(inputs x producer subtasks x key columns).
+    """
+    zones: dict[str, tuple[str, str]] = {}  # zone -> (input, column)
+    for name, (key, parts) in inputs.items():
+        for schema, record in parts:
+            zone = (record or {}).get("session_time_zone")
+            types = key_types(schema, key)
+            if zone is None or types is None:
+                continue
+            for column, spark_type in zip(key, types, strict=True):
+                if spark_type == "timestamp":
+                    zones.setdefault(str(zone), (name, column))
+    if len(zones) > 1:
+        described = ", ".join(f"{name!r}.{column} in {zone}" for zone, (name, column) in sorted(zones.items()))
+        raise PlanError(f"{where}: timestamp key columns were hashed under different session time zones ({described}); "
+                        f"one instant would land in different subtasks. Give the producers one "
+                        f"spark.sql.session.timeZone (e.g. UTC in each stage's spark_conf), or partition on "
+                        f"unix_micros(<column>)")

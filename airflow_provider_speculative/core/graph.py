@@ -220,14 +220,16 @@ class PipelineGraph:
                  or (isinstance(s, ExchangeSpec) and s.distribution == "pointwise")]
         broadcast = [n for n, s in stage.inputs.items() if (isinstance(s, SourceSpec) and s.broadcast)
                      or (isinstance(s, ExchangeSpec) and s.distribution == "broadcast")]
-        if partitioned and split:
+        # One subtask reads every split input whole (all files, every producer): nothing can miss a partner.
+        single = not stage.auto and stage.parallelism == 1
+        if partitioned and split and not single:
             (name, split_spec), (other, hashed) = split[0], partitioned[0]
             raise PipelineError(
                 f"{where}: input {name!r} is {_split_kind(split_spec)} while input {other!r} is hash-partitioned on "
                 f"{list(hashed.key)}, so each subtask would see only its own part of {name!r} and rows would "
                 f"miss their partners. Declare it broadcast({_broadcast_hint(split_spec)}) to give every subtask "
                 f"all of it, or hash-partition it too: all_to_all(<its stage>, key=...)")
-        if len(split) > 1:
+        if len(split) > 1 and not single:
             (name, spec), (other, other_spec) = split[0], split[1]
             raise PipelineError(
                 f"{where}: inputs {name!r} ({_split_kind(spec)}) and {other!r} ({_split_kind(other_spec)}) are "
@@ -248,6 +250,14 @@ class PipelineGraph:
                     f"{where}: all_to_all inputs {first!r} (key {list(first_spec.key)}) and {name!r} (key "
                     f"{list(spec.key)}) have keys of different length; co-partitioned inputs are matched key "
                     f"column by key column, in order")
+            moved = [column for position, column in enumerate(spec.key)
+                     if column in first_spec.key and first_spec.key.index(column) != position]
+            if moved:
+                raise PipelineError(
+                    f"{where}: all_to_all inputs {first!r} (key {list(first_spec.key)}) and {name!r} (key "
+                    f"{list(spec.key)}) name column {moved[0]!r} at different positions; co-partitioned inputs are "
+                    f"hashed key column by key column in order, so a join by name would miss partners. List the "
+                    f"key columns in the same order on both inputs")
             producer = self.stages.get(spec.upstream)
             if first_producer is not None and producer is not None \
                     and producer.max_parallelism != first_producer.max_parallelism:

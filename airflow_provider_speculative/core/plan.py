@@ -9,7 +9,12 @@ from itertools import accumulate
 from typing import Any, TypedDict, cast
 
 from airflow_provider_speculative.core.config import SpeculativeConfig
-from airflow_provider_speculative.core.copartition import HASH_SCHEME, check_key_types, check_partitioning
+from airflow_provider_speculative.core.copartition import (
+    HASH_SCHEME,
+    check_key_types,
+    check_partitioning,
+    check_time_zones,
+)
 from airflow_provider_speculative.core.graph import ExchangeSpec, PipelineGraph, SourceSpec, split_files
 from airflow_provider_speculative.core.parallelism import decide_parallelism, exchange_ranges, skew_message
 from airflow_provider_speculative.exceptions import PlanError
@@ -225,6 +230,8 @@ def check_copartitioned(graph: PipelineGraph, stage_name: str, upstream_committe
              for name, spec in partitioned.items()}
     check_key_types(where, {name: (spec.key, [p.get("schema") for p in parts[name]])
                             for name, spec in partitioned.items()})
+    check_time_zones(where, {name: (spec.key, [(p.get("schema"), p.get("partitioning")) for p in parts[name]])
+                             for name, spec in partitioned.items()})
     check_partitioning(where, {name: (graph.stages[spec.upstream].max_parallelism,
                                       [p.get("partitioning") for p in parts[name]])
                                for name, spec in partitioned.items()

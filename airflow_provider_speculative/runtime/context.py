@@ -320,8 +320,11 @@ class StageContext:
                                   node=self.node, schema=schema_json, input_bytes=self.input_bytes,
                                   written_at=time.time(), sink=sink_info)
         if key and not output.get("sink"):
+            # A timestamp key hashes as its text in the session time zone: the consumer's plan compares the
+            # zones its producers wrote in (core/copartition.py) and refuses a mix.
             manifest["partitioning"] = {"key": list(key), "max_parallelism": int(output["max_parallelism"]),
-                                        "hash": output.get("hash") or "legacy"}
+                                        "hash": output.get("hash") or "legacy",
+                                        "session_time_zone": self.spark.conf.get("spark.sql.session.timeZone")}
         manifest["records"], written_schema = _read_footers(data_dir, manifest["files"])
         if manifest["schema"] is None:
             # No file (an empty output) has no footer: only then ask the server.

@@ -73,14 +73,19 @@ def join(left: Any, right: Any, *, left_max: int | None = None, right_max: int |
     b = p.stage("b", application=APP, parallelism=2, inputs={"rows": parquet_source("/data/b")},
                 max_parallelism=right_max)
     pick = {"a": all_to_all(a, key="id"), "b": all_to_all(b, key="id"), "a2": all_to_all(a, key=["id", "x"]),
+            "b2": all_to_all(b, key=["x", "id"]),
             "pa": pointwise(a), "bb": broadcast(b)}
     p.stage("j", application=APP, parallelism=parallelism,
             inputs={"l": pick.get(left, left), "r": pick.get(right, right)})
     p.graph()
 
 
-def join_plan(tmp: Path, left_type: str, right_type: str) -> None:
-    """Plan (the real operator) a join whose two producers committed key 'id' with these Spark types."""
+def join_plan(tmp: Path, left_type: str, right_type: str, *, collation: str | None = None,
+              zones: tuple[str, str] = ("UTC", "UTC")) -> None:
+    """Plan (the real operator) a join whose two producers committed key 'id' with these Spark types.
+
+    ``collation`` is recorded on both key columns; ``zones`` are the producers' session time zones.
+    """
     from airflow_provider_speculative.operators.stage import SparkStageOperator
     from airflow_provider_speculative.store.files import atomic_write_json
     from airflow_provider_speculative.store.layout import StageLayout
@@ -91,12 +96,16 @@ def join_plan(tmp: Path, left_type: str, right_type: str) -> None:
     p.stage("j", application=APP, parallelism=2, inputs={"l": all_to_all(a, key="id"), "r": all_to_all(b, key="k")})
     run_id = f"run_{tmp.name}"
     own_store(store_root())  # as the producers' planning would have: their commits are written by hand below
-    for stage, column, spark_type in (("a", "id", left_type), ("b", "k", right_type)):
-        schema = {"type": "struct", "fields": [{"name": column, "type": spark_type, "nullable": True, "metadata": {}}]}
+    for (stage, column, spark_type), zone in zip((("a", "id", left_type), ("b", "k", right_type)), zones,
+                                                 strict=True):
+        metadata = {"__COLLATIONS": {column: f"spark.{collation}"}} if collation else {}
+        schema = {"type": "struct", "fields": [{"name": column, "type": spark_type, "nullable": True,
+                                                "metadata": metadata}]}
         atomic_write_json(StageLayout(store_root(), "validation_dag", run_id, stage).committed, {
             "stage": stage, "parallelism": 1, "fingerprint": stage, "subtasks": {"0": {
                 "attempt": 0, "bytes": 1, "schema": schema, "subpartition_bytes": {"0": 1},
-                "partitioning": {"key": [column], "max_parallelism": 32, "hash": "xxhash64-of-string-v1"}}}})
+                "partitioning": {"key": [column], "max_parallelism": 32, "hash": "xxhash64-of-string-v1",
+                                 "session_time_zone": zone}}}})
     operator = SparkStageOperator(task_id="j", graph=p.graph(), stage="j")
     operator.execute({"dag": SimpleNamespace(dag_id="validation_dag"), "run_id": run_id,
                       "ti": SimpleNamespace(try_number=1), "logical_date": None, "dag_run": None})
@@ -301,6 +310,9 @@ CASES = [
     Case("join-key-arity-differs", lambda t: join("a2", "b"), PipelineError,
          r"stage 'j': all_to_all inputs 'l' \(key \['id', 'x'\]\) and 'r' \(key \['id'\]\) have keys of "
          r"different length"),
+    Case("join-key-order-differs", lambda t: join("a2", "b2"), PipelineError,
+         r"stage 'j': all_to_all inputs 'l' \(key \['id', 'x'\]\) and 'r' \(key \['x', 'id'\]\) name column 'x' "
+         r"at different positions; .* List the key columns in the same order on both inputs"),
     Case("broadcast-only-parallel", lambda t: join("bb", broadcast(parquet_source("/data/y"))), PipelineError,
          r"stage 'j': every input \('l', 'r'\) is broadcast, so each of its subtasks would read and write the "
          r"same rows; use parallelism=1"),
@@ -452,6 +464,12 @@ CASES = [
          r"rendered empty"),
     Case("join-key-types-differ", lambda t: join_plan(t, "string", "long"), PlanError,
          r"pipeline 'p', stage 'j': key column 1 differs in type between inputs: 'l'.id is string, 'r'.k is long"),
+    Case("join-key-collation", lambda t: join_plan(t, "string", "string", collation="UTF8_LCASE"), PlanError,
+         r"stage 'j', input 'l': key column 'id' has collation UTF8_LCASE; the exchange hashes a string's exact "
+         r"bytes"),
+    Case("join-key-time-zones", lambda t: join_plan(t, "timestamp", "timestamp", zones=("UTC", "Asia/Tokyo")),
+         PlanError, r"stage 'j': timestamp key columns were hashed under different session time zones \('r'.k in "
+         r"Asia/Tokyo, 'l'.id in UTC\)"),
     Case("join-key-floating", lambda t: join_plan(t, "double", "double"), PlanError,
          r"pipeline 'p', stage 'j', input 'l': key column 'id' is double; floating-point keys are refused"),
     Case("join-key-decimal-scales", lambda t: join_plan(t, "decimal(12,2)", "decimal(12,3)"), PlanError,
@@ -509,6 +527,11 @@ def test_bad_input_fails_early_naming_pipeline_stage_and_input(
     assert exit_info.value.code == 1
     assert err.startswith("error: ") and err.count("\n") == 1 and "Traceback" not in err, err
     assert re.search(message, err), err
+
+
+def test_one_subtask_reads_split_inputs_whole_so_they_are_not_refused() -> None:
+    join(parquet_source("/data/nation"), parquet_source("/data/region"), parallelism=1)
+    join(parquet_source("/data/dim"), "b", parallelism=1)
 
 
 def test_docs_table_lists_every_case() -> None:
