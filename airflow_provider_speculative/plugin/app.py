@@ -10,13 +10,13 @@ from __future__ import annotations
 import html
 import logging
 import time
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 from urllib.parse import urlsplit
 
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.exception_handlers import http_exception_handler
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse, Response, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, ConfigDict, Field
@@ -31,6 +31,7 @@ from airflow_provider_speculative.control.attemptlog import (
 from airflow_provider_speculative.control.rerun import request_rerun
 from airflow_provider_speculative.core.urls import safe_http_url
 from airflow_provider_speculative.exceptions import NotFoundError, StoreError, UnsafeStorePathError
+from airflow_provider_speculative.hooks.masking import redact_lines, redact_text
 from airflow_provider_speculative.links import spark_history_url
 from airflow_provider_speculative.plugin.model import (
     TERMINAL_RUN_STATES,
@@ -39,7 +40,7 @@ from airflow_provider_speculative.plugin.model import (
     run_view,
     stage_view,
 )
-from airflow_provider_speculative.store.files import check_store_directory
+from airflow_provider_speculative.store.files import check_store_directory, read_json
 from airflow_provider_speculative.store.layout import StageLayout, safe_component
 
 log = logging.getLogger(__name__)
@@ -47,6 +48,8 @@ log = logging.getLogger(__name__)
 STATIC = Path(__file__).resolve().parent / "static"
 REFRESH_SECONDS = 2
 _NO_STORE = {"Cache-Control": "no-store"}
+# The largest request body (a rerun of 100,000 subtasks is ~700 KB of JSON).
+MAX_BODY_BYTES = 1024 * 1024
 # Pages and API alike: no inline script or style, no plugins, no <base> rewriting, framed only by the
 # Airflow UI itself. Data the pages show comes from DAG authors' strings, so the browser is the last guard.
 CONTENT_SECURITY_POLICY = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
@@ -77,10 +80,13 @@ def create_app(store: Path | None = None) -> FastAPI:
     app.add_exception_handler(StarletteHTTPException, _login_redirect)  # type: ignore[arg-type]
     app.add_exception_handler(StoreError, _damaged_store)  # type: ignore[arg-type]
 
+    app.add_exception_handler(RequestValidationError, _invalid_request)  # type: ignore[arg-type]
+
     @app.middleware("http")
     async def security_headers(request: Request, call_next: Any) -> Response:
         """Send the security headers with every response: pages, static files, JSON and errors."""
-        response = await call_next(request)
+        refused = _oversized(request)
+        response = refused if refused is not None else await call_next(request)
         response.headers.update(SECURITY_HEADERS)
         return response
 
@@ -119,8 +125,10 @@ def create_app(store: Path | None = None) -> FastAPI:
         except ValueError as exc:
             raise HTTPException(422, str(exc)) from None
         ended = attempt_ended(_store(request), log)
+        plan = read_json(StageLayout(_store(request), dag_id, run_id, stage).plan)
         # The store path is the operator's business, not every DAG reader's: the page shows it as a relative path.
-        return {**log.to_json(), "path": _relative(log.path, _store(request)), "ended": ended, "done": ended,
+        return {**log.to_json(), "text": redact_text(log.text, plan), "path": _relative(log.path, _store(request)),
+                "ended": ended, "done": ended,
                 "refresh_seconds": REFRESH_SECONDS, "now": time.time()}
 
     @app.get("/api/log/download", dependencies=[Depends(read_logs)], response_class=StreamingResponse)
@@ -136,7 +144,8 @@ def create_app(store: Path | None = None) -> FastAPI:
             raise _not_found(str(exc), dag_id, run_id) from None
         name = safe_component(f"{dag_id}-{stage}-subtask{subtask}-attempt{log.attempt}") + ".log"
         # text/plain with nosniff (the middleware): a browser never renders an attempt's output as a page.
-        return StreamingResponse(_chunks(handle), media_type="text/plain; charset=utf-8",
+        plan = read_json(StageLayout(_store(request), dag_id, run_id, stage).plan)
+        return StreamingResponse(redact_lines(handle, plan), media_type="text/plain; charset=utf-8",
                                  headers={**_NO_STORE, "Content-Disposition": f'attachment; filename="{name}"'})
 
     @app.post("/api/rerun", dependencies=[Depends(edit_task), Depends(_refuse_cross_site)])
@@ -189,11 +198,27 @@ def create_app(store: Path | None = None) -> FastAPI:
     return app
 
 
-def _chunks(handle: BinaryIO, size: int = 1 << 16) -> Iterator[bytes]:
-    """The bytes of an open file in blocks, closing it at the end (or when the client goes away)."""
-    with handle:
-        while block := handle.read(size):
-            yield block
+def _oversized(request: Request) -> Response | None:
+    """413 for a body over MAX_BODY_BYTES, 411 for one without a length: refused before anything parses it."""
+    from fastapi.responses import JSONResponse
+
+    if request.method in ("GET", "HEAD", "OPTIONS"):
+        return None
+    length = request.headers.get("content-length")
+    if length is None:
+        return JSONResponse({"detail": "a request body needs a Content-Length"}, status_code=411)
+    if not length.isdigit() or int(length) > MAX_BODY_BYTES:
+        return JSONResponse({"detail": f"a request body may hold at most {MAX_BODY_BYTES} bytes"}, status_code=413)
+    return None
+
+
+async def _invalid_request(request: Request, exc: RequestValidationError) -> Response:
+    """422 naming what is wrong, without echoing the input (NaN or Infinity cannot be JSON, a big body is big)."""
+    from fastapi.responses import JSONResponse
+
+    errors = [{"loc": [str(part) for part in error.get("loc", ())], "msg": str(error.get("msg", ""))}
+              for error in exc.errors()[:20]]
+    return JSONResponse({"detail": errors}, status_code=422)
 
 
 async def _damaged_store(request: Request, exc: StoreError) -> Response:

@@ -346,6 +346,9 @@ def test_rerun_endpoint_previews_then_invalidates_the_region(store: Path, monkey
     ('{"subtasks": [7]}', {"Content-Type": "application/json"}, 422, "no subtask [7]"),
     ('{"subtasks": [1], "force": true}', {"Content-Type": "application/json"}, 422, "force"),
     ('{"subtasks": "1"}', {"Content-Type": "application/json"}, 422, "subtasks"),
+    ('{"subtasks": [NaN]}', {"Content-Type": "application/json"}, 422, "subtasks"),
+    ('{"subtasks": [Infinity], "dry_run": false}', {"Content-Type": "application/json"}, 422, "subtasks"),
+    ('{"subtasks": [' + "1," * 600_000 + '1]}', {"Content-Type": "application/json"}, 413, "at most 1048576 bytes"),
 ])
 def test_rerun_endpoint_refuses_cross_site_and_bad_requests(store: Path, body: str, headers: dict[str, str],
                                                             status: int, words: str):

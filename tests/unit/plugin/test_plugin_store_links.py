@@ -8,6 +8,7 @@ block every reader.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import threading
@@ -140,3 +141,19 @@ def test_paths_outside_the_store_are_refused_before_any_open(tmp_path: Path) -> 
     for path in (tmp_path.parent / "x", tmp_path / ".." / "x", tmp_path):
         with pytest.raises(UnsafeStorePathError):
             open_in_store(tmp_path, path)
+
+
+def test_a_connection_password_in_a_log_is_masked_as_airflow_masks_task_logs(
+        store: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    root, _ = store
+    password = "pw-" + os.urandom(6).hex()
+    monkeypatch.setenv("AIRFLOW_CONN_MASKED_PG", f"postgresql://etl:{password}@db.invalid:5432/dw")
+    layout = StageLayout(root, DAG, RUN, "scan")
+    plan = read_json(layout.plan)
+    plan["output"] = {"sink": {"kind": "postgres", "postgres_conn_id": "masked_pg"}}
+    layout.plan.write_text(json.dumps(plan))
+    layout.log(0, 0).write_text(f"connecting with password={password}\nok\n")
+    shown = _served(root, "/api/log", **LOG).json()["text"]
+    download = _served(root, "/api/log/download", **LOG).text
+    for text in (shown, download):
+        assert password not in text and "password=***" in text and text.endswith("ok\n"), text
