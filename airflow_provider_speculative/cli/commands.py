@@ -94,6 +94,8 @@ def slot_lines(stage: dict[str, Any], now: float | None = None) -> list[str]:
         lines.append(str(stage["slot_status"]))
     if stage.get("speed_line"):
         lines.append(str(stage["speed_line"]))
+    if stage.get("breakdown_line"):
+        lines.append(str(stage["breakdown_line"]))
     return lines
 
 

@@ -22,6 +22,7 @@ from airflow_provider_speculative.backends.base import Backend
 from airflow_provider_speculative.backends.registry import attempt_observer
 from airflow_provider_speculative.backends.supervised import SupervisedBackend
 from airflow_provider_speculative.control.lifecycle import read_expired
+from airflow_provider_speculative.core.breakdown import attempt_phases, breakdown_line, stage_breakdown
 from airflow_provider_speculative.core.graph import producers_first
 from airflow_provider_speculative.core.parallelism import describe_decision, skew_message
 from airflow_provider_speculative.core.speed import SLOW_FACTOR
@@ -148,11 +149,17 @@ def stage_report(layout: StageLayout, plan: Mapping[str, Any], *, liveness: str 
     summary = read_json(layout.summary) or {}
     committed = read_json(layout.committed)
     subtasks = []
+    admitted_phases = []
     for subtask in range(plan["parallelism"]):
         attempts = [backend.poll(subtask, n, now) for n in layout.attempt_numbers(subtask)
                     if layout.claim(subtask, n).exists()]
         marker = read_json(layout.admitted(subtask))
         current = current_attempt(attempts)
+        phases = {a.number: attempt_phases(a.created_at, a.deploying_at, a.end_at,
+                                           (read_json(layout.manifest(subtask, a.number)) or {}).get("timings"))
+                  for a in attempts if a.end_at is not None}
+        if marker and marker["attempt"] in phases:
+            admitted_phases.append(phases[marker["attempt"]])
         subtasks.append({
             "subtask": subtask,
             "admitted": marker["attempt"] if marker else None,
@@ -166,6 +173,7 @@ def stage_report(layout: StageLayout, plan: Mapping[str, Any], *, liveness: str 
                 "cause": a.cause, "admitted": bool(marker and marker["attempt"] == a.number),
                 "app_id": a.app_id, "launched_at": a.launched_at, "startup_seconds": a.startup_seconds,
                 "duration": ((a.end_at or now) - a.deploying_at) if a.deploying_at else None,
+                "phases": phases.get(a.number),
                 "last_seen": last_sign_of_life(read_json(layout.status(subtask, a.number)) or {},
                                                read_json(layout.heartbeat(subtask, a.number)) or {}),
             } for a in attempts],
@@ -193,6 +201,8 @@ def stage_report(layout: StageLayout, plan: Mapping[str, Any], *, liveness: str 
         "subtasks": subtasks, "journal_events": len(read_jsonl(layout.journal)),
         "hybrid_inputs": summary.get("hybrid_inputs") or {}, "input_waits": input_wait_lines(summary),
         "speed_line": speed_line(summary),
+        "breakdown": stage_breakdown(admitted_phases),
+        "breakdown_line": breakdown_line(stage_breakdown(admitted_phases), len(admitted_phases)),
         "failed": _stage_failed(layout, committed is not None),
     }
 

@@ -72,6 +72,7 @@ class StageContext:
         self.config = SpeculativeConfig.from_json(plan["config"])
         self._spec = plan["subtasks"][subtask]
         self._spark: SparkSession | None = None
+        self._entered_at: float | None = None
         self._written = False
         self._remote = False
         self._session_info: dict[str, Any] = {}
@@ -139,6 +140,7 @@ class StageContext:
     # -- life cycle -------------------------------------------------------------------------
 
     def __enter__(self) -> StageContext:
+        self._entered_at = time.time()
         self._heartbeat.start()
         self._notify()  # now RUNNING
         try:
@@ -291,6 +293,7 @@ class StageContext:
         # server for df.schema first is one more analysis of the whole plan, ~0.5 s per attempt on Connect.
         schema_json = df.schema.jsonValue() if output.get("sink") else None
         sink_info: dict[str, Any] | None = None
+        write_started = time.time()
         try:
             if output.get("sink"):
                 sink_info = self._sink_writer(output["sink"], data_dir).write(df)
@@ -316,6 +319,7 @@ class StageContext:
                 raise
             raise store_error from exc
         self._inject_faults()
+        spark_done = time.time()
         manifest = build_manifest(data_dir, stage=self.stage, subtask=self.subtask, attempt=self.attempt,
                                   node=self.node, schema=schema_json, input_bytes=self.input_bytes,
                                   written_at=time.time(), sink=sink_info)
@@ -331,8 +335,22 @@ class StageContext:
             manifest["schema"] = written_schema if written_schema is not None else df.schema.jsonValue()
         if sink_info and sink_info.get("records") is not None and not manifest["files"]:
             manifest["records"] = sink_info["records"]
+        manifest["timings"] = self._timings(write_started, spark_done)
         self._written = True
         write_manifest(self.layout.manifest(self.subtask, self.attempt), manifest)
+
+    def _timings(self, write_started: float, spark_done: float) -> dict[str, float | None]:
+        """Where this attempt's time went, as epoch times and seconds (core/breakdown.py reads them).
+
+        Spark evaluates lazily: the application's reads and transformations run inside the write's job,
+        so ``write_s`` is compute and exchange write together; ``app_s`` is the application's own Python
+        before it called ``ctx.write`` (planning its query, verifying inputs: ``verify_s``).
+        """
+        now = time.time()
+        ready = self._session_info.get("session_ready_at")
+        return {"entered_at": self._entered_at, "session_ready_at": ready, "write_started_at": write_started,
+                "verify_s": round(self._inputs.verify_seconds, 4),
+                "write_s": round(spark_done - write_started, 4), "manifest_s": round(now - spark_done, 4)}
 
     def _sink_writer(self, sink_json: dict[str, Any], data_dir: Path) -> Any:
         from airflow_provider_speculative.sinks.base import InitializationContext, Sink

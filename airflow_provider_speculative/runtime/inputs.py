@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_speculative.core.config import SpeculativeConfig
@@ -39,6 +40,8 @@ class StageInputs:
         self.heartbeat = heartbeat
         self.notify = notify
         self.spark = spark
+        # Seconds spent checking producer files against their manifests (the attempt's time breakdown).
+        self.verify_seconds = 0.0
         # Hybrid inputs: producer stage -> {producer subtask: admitted attempt read}; in every heartbeat,
         # so the controller restarts exactly the attempts that read a partition later withdrawn (FLIP-1).
         self.reads: dict[str, dict[str, int]] = {}
@@ -124,6 +127,13 @@ class StageInputs:
             time.sleep(delay)
             delay = min(1.0, delay * 2)
 
+    def _verify(self, data: Path, files: list[dict[str, Any]], stage: str, producer: int, attempt: int) -> None:
+        started = time.monotonic()
+        try:
+            verify_files(data, files, stage=stage, subtask=producer, attempt=attempt)
+        finally:
+            self.verify_seconds += time.monotonic() - started
+
     def _files_of(self, name: str, attempts: dict[int, int]) -> list[str]:
         """Verified files of these producer attempts within this subtask's subpartition range."""
         shared, mine = self.plan["inputs"][name], self.spec["inputs"][name]
@@ -132,7 +142,7 @@ class StageInputs:
         for producer, attempt in sorted(attempts.items()):
             files = files_in_range(committed_files(upstream, producer, attempt), mine["subpartitions"])
             data = upstream.data(producer, attempt)
-            verify_files(data, files, stage=shared["upstream"], subtask=producer, attempt=attempt)
+            self._verify(data, files, shared["upstream"], producer, attempt)
             paths += [str(data / f["path"]) for f in files]
         return paths
 
@@ -207,7 +217,7 @@ class StageInputs:
             part = committed["subtasks"][str(producer)]
             files = files_in_range(committed_files(upstream, producer, part["attempt"]), mine["subpartitions"])
             data = upstream.data(producer, part["attempt"])
-            verify_files(data, files, stage=shared["upstream"], subtask=producer, attempt=part["attempt"])
+            self._verify(data, files, shared["upstream"], producer, part["attempt"])
             paths += [str(data / f["path"]) for f in files]
         return paths
 
