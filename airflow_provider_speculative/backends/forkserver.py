@@ -12,11 +12,11 @@ What stays as without it:
 
 * The supervisor detaches (double fork, ``setsid``) into a session and process group of its own and
   records pid, pgid and start ticks in ``status.json`` before the launch returns; the application runs
-  in that group, so cancel and kill reach it as before.
+  in that group, so cancel and kill reach it.
 * The attempt gets the launcher's environment and working directory (sent with the request; the forked
   child replaces its own) and sees ``sys.argv`` and ``sys.path[0]`` as ``python app.py`` would.
 * Only a command of this interpreter running a ``.py`` file runs warm; anything else (spark-submit) is
-  started by the warm supervisor with ``subprocess``, as before.
+  started by the warm supervisor with ``subprocess``.
 
 Safety:
 

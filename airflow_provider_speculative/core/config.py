@@ -621,7 +621,7 @@ OPTIONS: tuple[Option, ...] = (
                   "who may create asset events, or extra `token`); a stage started in the triggerer then records "
                   "its sink's asset event through the REST API and ends there, instead of resuming on a worker "
                   "(saves a scheduler round trip and a worker start per run). If the default connection is not "
-                  "defined, or the option is empty, the worker records it as before; a connection named here "
+                  "defined, or the option is empty, the worker records it; a connection named here "
                   "that does not exist fails the stage at plan. See [Asset events without a "
                   "worker](running.md#asset-events-without-a-worker)"),
     Option("targets", _targets, DEFAULT_TARGETS,

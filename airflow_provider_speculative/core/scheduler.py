@@ -117,7 +117,7 @@ class StageScheduler:
     _check_stragglers: bool = True
     _admit_version: int = 0
     _baseline_version: int = -1
-    # FLIP-159: the last TargetsObserved (None: never observed, fixed per-stage slots as before).
+    # FLIP-159: the last TargetsObserved (None: never observed, fixed per-stage slots).
     free_slots: dict[str, int] | None = None
     capacity: dict[str, int] = field(default_factory=dict)
     lost_targets: dict[str, str] = field(default_factory=dict)

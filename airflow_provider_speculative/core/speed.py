@@ -21,7 +21,7 @@ slow; a slow target runs one original at a time while a faster one is usable; an
 attempt back from a slow free target when waiting for a slot on a faster one ends sooner: the held
 subtask's finish on the faster target is simulated from that target's slots (its running attempts'
 remaining time, then one expected duration per subtask queued before it). Targets whose slowness differs
-by less than :data:`SLOW_FACTOR` count as equal, so equal targets are filled as before and none is
+by less than :data:`SLOW_FACTOR` count as equal, so equal targets are filled in turn and none is
 starved; nothing is held when one of the faster target's running attempts has outlived its expected time
 by that factor (its end is not predictable any more), so a hold ends at the latest when the faster
 target's attempts end or overrun.
