@@ -279,6 +279,9 @@ def test_stage_view_in_the_task_instance_tab(api_server: ApiServer, finished_run
     speculative = view.locator(".attempt.speculative")
     assert speculative.count() >= 1 and speculative.first.locator(".badge-spec").inner_text() == "speculative"
     assert view.locator(".attempt.CANCELED").count() >= 1  # the loser of the race, drawn as cancelled
+    # Every admitted attempt shows where its time went, and the stage its medians (core/breakdown.py).
+    assert view.locator(".phase-spark").count() >= 3 and view.locator(".phase-start").count() >= 3
+    assert view.locator("#breakdown-line").inner_text().startswith("time per admitted attempt (median of 3, s):")
     for metric, words in (("numSlowExecutionVertices", "slow subtasks now"),
                           ("numEffectiveSpeculativeExecutions", "copies that won")):
         card = view.locator(f"#metric-{metric}")

@@ -173,6 +173,7 @@
         + (d.expired.reason ? ` (${d.expired.reason})` : "") + "; a consumer rerun would have to recompute them."));
     }
     frag.append(h("h2", null, "Attempts over time"), legend(), timeline(d));
+    if (d.breakdown_line) frag.append(h("p", {class: "sub", id: "breakdown-line"}, d.breakdown_line));
     frag.append(h("h2", null, "Slots"), slotTable(d));
     frag.append(h("h2", null, "Blocked nodes"), blockedTable(d));
     frag.append(h("h2", null, "Attempts"), attemptTable(d));
@@ -185,7 +186,8 @@
     const item = (cls, text) => h("span", null, h("i", {class: "swatch " + cls}), text);
     return h("div", {class: "legend"}, item("FINISHED", "finished"), item("RUNNING", "running"),
              item("FAILED", "failed"), item("CANCELED", "cancelled"), item("spec", "speculative attempt"),
-             item("admitted", "admitted (committed) attempt"), item("baseline", "slow-task baseline"));
+             item("admitted", "admitted (committed) attempt"), item("baseline", "slow-task baseline"),
+             ...["start", "app", "spark", "commit", "exit"].map(p => item("phase-" + p, p)));
   }
 
   function timeline(d) {
@@ -232,6 +234,18 @@
             a.restart ? h("span", {class: "tag badge-restart"}, "restart") : null,
             a.node && blocked.has(a.node) ? h("span", {class: "tag badge-blocked", title: "node is blocked"},
                                               "node blocked") : null));
+          // Where the attempt's time went (core/breakdown.py), as segments on the same time axis.
+          if (a.phases && a.start) {
+            let at = a.start;
+            for (const phase of ["start", "app", "spark", "commit", "exit"]) {
+              const span = a.phases[phase];
+              if (typeof span !== "number") continue;
+              lane.append(h("div", {class: "phase phase-" + phase, "data-phase": phase,
+                                    title: `${phase} ${seconds(span)}`,
+                                    style: {left: pct(at) + "%", width: Math.max(pct(at + span) - pct(at), 0.1) + "%"}}));
+              at += span;
+            }
+          }
           if (d.baseline_seconds && a.start && a.duration > d.baseline_seconds) {
             lane.append(h("div", {class: "baseline-tick", style: {left: pct(a.start + d.baseline_seconds) + "%"},
                                   title: "slow-task baseline " + seconds(d.baseline_seconds) + " after start"}));
