@@ -21,7 +21,7 @@ import pytest
 
 from airflow_provider_speculative.control.readmodel import run_report
 from airflow_provider_speculative.devtools.localcluster import application_id
-from airflow_provider_speculative.store.files import read_json
+from airflow_provider_speculative.store.files import read_json, read_jsonl
 from airflow_provider_speculative.store.layout import StageLayout
 from tests.conftest import TEST_ENV
 from tests.integration.q1 import assert_q1_equal, duckdb_q1, read_q1_output
@@ -68,6 +68,27 @@ def test_q1_on_connect_equals_spark_submit(airflow_db, tpch_data, connect_pool):
             assert attempt["startup_seconds"] is not None and attempt["startup_seconds"] > 0, (dag_id, attempt)
             # On Connect the application is the server's; on spark-submit each attempt is its own.
             assert (attempt["app_id"] in connect_apps) == (dag_id == "connect_q1"), (dag_id, attempt)
+    # Where each admitted attempt's time went adds up to its claim-to-end time, and agrees with the journal:
+    # the controller launched it before it started, admitted it after it ended.
+    for dag_id, run in (("connect_q1", connect_run), ("small_q1", submit_run)):
+        report = run_report(STORE, dag_id, run.run_id)
+        for stage in report["stages"]:
+            events = read_jsonl(StageLayout(STORE, dag_id, run.run_id, stage["stage"]).journal)
+            assert stage["breakdown_line"] and stage["breakdown"]["spark"] > 0, stage["stage"]
+            for sub in stage["subtasks"]:
+                a = next(a for a in sub["attempts"] if a["admitted"])
+                phases = a["phases"]
+                assert all(phases[k] is not None and phases[k] >= 0 for k in ("queue", "start", "app", "spark",
+                                                                              "commit", "exit")), phases
+                claimed = read_json(StageLayout(STORE, dag_id, run.run_id, stage["stage"]).claim(
+                    sub["subtask"], a["attempt"]))["created_at"]
+                total = sum(phases[k] for k in ("queue", "start", "app", "spark", "commit", "exit"))
+                assert abs(total - (a["end"] - claimed)) < 0.05, (phases, a)
+                launched = next(e["at"] for e in events if e["event"] == "launch"
+                                and (e["subtask"], e["attempt"]) == (sub["subtask"], a["attempt"]))
+                admitted = next(e["at"] for e in events if e["event"] == "admit"
+                                and (e["subtask"], e["attempt"]) == (sub["subtask"], a["attempt"]))
+                assert claimed - 0.5 <= launched <= a["start"] + 0.5 and admitted >= a["end"] - 0.5, (a, events)
     # The CLI prints the same read model.
     import subprocess
     import sys
