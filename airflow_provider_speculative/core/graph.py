@@ -371,24 +371,29 @@ def producers_first(names: list[str], upstreams: Callable[[str], list[str]], whe
     Upstreams not among ``names`` are skipped; a cycle raises :class:`PipelineError` naming it.
     """
     order: list[str] = []
-    state: dict[str, int] = {}
+    state: dict[str, int] = {}  # 1: on the current path, 2: placed
     known = set(names)
-
-    def visit(name: str, path: list[str]) -> None:
-        if state.get(name) == 2:
-            return
-        if state.get(name) == 1:
-            cycle = [*path[path.index(name):], name]
-            raise PipelineError(f"{where}: cyclic stage graph: {' -> '.join(cycle)}")
-        state[name] = 1
-        for upstream in upstreams(name):
-            if upstream in known:
-                visit(upstream, [*path, name])
-        state[name] = 2
-        order.append(name)
-
-    for name in names:
-        visit(name, [])
+    # Iterative depth-first search: a chain of thousands of stages must not hit Python's recursion limit.
+    for root in names:
+        if state.get(root) == 2:
+            continue
+        state[root] = 1
+        path = [root]
+        pending = [iter(upstreams(root))]
+        while pending:
+            upstream = next((u for u in pending[-1] if u in known and state.get(u) != 2), None)
+            if upstream is None:
+                pending.pop()
+                name = path.pop()
+                state[name] = 2
+                order.append(name)
+                continue
+            if state.get(upstream) == 1:
+                cycle = [*path[path.index(upstream):], upstream]
+                raise PipelineError(f"{where}: cyclic stage graph: {' -> '.join(cycle)}")
+            state[upstream] = 1
+            path.append(upstream)
+            pending.append(iter(upstreams(upstream)))
     return order
 
 

@@ -43,6 +43,8 @@ def resolve_targets(config: SpeculativeConfig, *, application: str, spark_conf: 
         except TargetError as exc:
             raise TargetError(f"{where}: {exc}") from None
         conf = {**target.conf, **spark_conf}
+        if kind == "spark_connect":
+            connect_address(conn, f"{where}: target {target.name!r}: connection {target.conn_id!r}")
         if kind == "spark_submit":
             command = _spark_submit_command(target, conf, application, app_name)
         else:
@@ -87,14 +89,26 @@ def _spark_submit_command(target: Target, conf: dict[str, str], application: str
     return cmd
 
 
-def connect_url(conn: Any) -> str:
-    """``sc://host:port/;user_id=..;token=..`` from a ``spark_connect`` connection (SparkConnectHook's rules)."""
-    host = str(conn.host or "")
+def connect_address(conn: Any, where: str) -> str:
+    """``host:port`` of a ``spark_connect`` connection; TargetError (naming no secret) when it has no host."""
+    host = str(conn.host or "").strip()
     if "://" not in host:
         host = f"sc://{host}"
-    if conn.port:
-        host = f"{host}:{conn.port}"
-    url = urlparse(host)
+    try:
+        url = urlparse(host)
+        port = conn.port or url.port
+    except ValueError:
+        url, port = None, None
+    if url is None or not url.hostname:
+        raise TargetError(f"{where} is a spark_connect connection without a host (expected host sc://<server> "
+                          "and a port); its token, if any, was not used")
+    name = f"[{url.hostname}]" if ":" in url.hostname else url.hostname
+    return f"{name}:{port}" if port else name
+
+
+def connect_url(conn: Any) -> str:
+    """``sc://host:port/;user_id=..;token=..`` from a ``spark_connect`` connection (SparkConnectHook's rules)."""
+    address = connect_address(conn, f"connection {getattr(conn, 'conn_id', None)!r}")
     params = []
     if conn.login:
         params.append(f"user_id={quote(conn.login)}")
@@ -103,7 +117,7 @@ def connect_url(conn: Any) -> str:
     extra = conn.extra_dejson if hasattr(conn, "extra_dejson") else {}
     if extra.get("use_ssl") is not None:
         params.append(f"use_ssl={quote(str(extra['use_ssl']))}")
-    return f"sc://{url.netloc}/" + (";" + ";".join(params) if params else "")
+    return f"sc://{address}/" + (";" + ";".join(params) if params else "")
 
 
 async def connect_env(plan: StagePlan) -> dict[str, dict[str, str]]:

@@ -335,4 +335,16 @@ async def _login_redirect(request: Request, exc: StarletteHTTPException) -> Resp
             return RedirectResponse(get_auth_manager().get_url_login(next_url=str(request.url)))
         except Exception:  # no auth manager initialised (tests): plain 401
             log.debug("no login redirect", exc_info=True)
+    if exc.status_code == 404 and isinstance(exc, HTTPException):
+        # Where the store lives on the api-server's host is the operator's business, not every reader's.
+        exc = HTTPException(404, _without_root(exc.detail, str(_store(request)).rstrip("/") + "/"), exc.headers)
     return await http_exception_handler(request, exc)
+
+
+def _without_root(detail: Any, root: str) -> Any:
+    """``detail`` (a string or a dict of them) with the store root's absolute path removed."""
+    if isinstance(detail, str):
+        return detail.replace(root, "").replace(root.rstrip("/"), "<store>")
+    if isinstance(detail, dict):
+        return {key: _without_root(value, root) for key, value in detail.items()}
+    return detail

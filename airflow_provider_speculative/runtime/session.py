@@ -72,8 +72,9 @@ def open_session(app_name: str, spark_conf: dict[str, str], tag: str) -> OpenedS
         try:
             spark.conf.set(key, value)
         except Exception as exc:  # static confs (executor memory...) belong to the server, not a session
-            print(f"[speculative] spark_conf {key}={value} ignored on a Spark Connect target: {exc}",
-                  file=sys.stderr)
+            # The key only: a conf value may be a credential, and the server's message may quote it.
+            reason = str(exc).replace(str(value), "***") if str(value) else str(exc)
+            print(f"[speculative] spark_conf {key} ignored on a Spark Connect target: {reason}", file=sys.stderr)
     try:
         app_id = spark.conf.get("spark.app.id")
     except Exception:

@@ -27,3 +27,19 @@ def test_column_expression_before_the_first_read(shared_connect_pool: ConnectPoo
     rows = sorted(committed_table(tmp_path / "store", "expr_first", "run1", "double").to_pylist(),
                   key=lambda r: r["id"])
     assert rows == [{"id": i, "doubled": 2 * i} for i in (0, 1, 2, 10, 11, 12)]
+
+
+def test_a_static_conf_refused_by_the_server_is_named_without_its_value(
+        shared_connect_pool: ConnectPool, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from airflow_provider_speculative.runtime import session
+
+    monkeypatch.setenv(session.REMOTE_ENV, shared_connect_pool.servers[0].url + "/")
+    secret = "s3cr3t-token-value-42"
+    opened = session.open_session("refused-conf", {"spark.executor.memory": secret,
+                                                   "spark.hadoop.fs.s3a.secret.key.unused": secret}, "t-refused")
+    try:
+        err = capsys.readouterr().err
+        assert "spark_conf spark.executor.memory ignored on a Spark Connect target" in err, err
+        assert secret not in err
+    finally:
+        opened.spark.stop()

@@ -266,6 +266,14 @@ def unknown_target(tmp: Path) -> None:
     plan(tmp, config={"targets": '[{"name": "gpu", "conn_id": "no_such_connection"}]'})
 
 
+def hostless_connect_target(tmp: Path) -> None:
+    os.environ["AIRFLOW_CONN_SC_NO_HOST"] = '{"conn_type": "spark_connect", "password": "tok-SECRET"}'
+    try:
+        plan(tmp, config={"targets": '[{"name": "remote", "conn_id": "sc_no_host"}]'})
+    finally:
+        os.environ.pop("AIRFLOW_CONN_SC_NO_HOST", None)
+
+
 CASES = [
     # -- DAG parse time: no I/O ---------------------------------------------------------------------
     Case("parallelism-bool", lambda t: stage(parallelism=True), PipelineError,
@@ -501,6 +509,9 @@ CASES = [
          r"entries that are not provider run files \('dags/', 'projects/'\)"),
     Case("target-unknown-connection", unknown_target, TargetError,
          r"pipeline 'p', stage 's': target 'gpu' uses connection 'no_such_connection', which cannot be found"),
+    Case("target-connect-without-host", hostless_connect_target, TargetError,
+         r"pipeline 'p', stage 's': target 'remote': connection 'sc_no_host' is a spark_connect connection "
+         r"without a host \(expected host sc://<server> and a port\); its token, if any, was not used$"),
 ]
 # (id, command, corrupt plan.json?, message): the CLI prints NotFoundError / StoreError as one line.
 CLI_CASES = [

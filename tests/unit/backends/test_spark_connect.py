@@ -88,3 +88,23 @@ def test_taken_port_names_its_owner():
         port = sock.getsockname()[1]
         assert f"pid {os.getpid()}" in (port_owner(port) or "")
     assert port_owner(port) is None
+
+
+def test_a_connect_connection_without_a_host_is_refused_without_its_token() -> None:
+    import pytest
+
+    from airflow_provider_speculative.exceptions import TargetError
+    from airflow_provider_speculative.hooks.targets import connect_address
+
+    class NoHost:
+        conn_id, host, port, login, password, extra_dejson = "sc_broken", "", 15002, "u", "tok-SECRET", {}
+
+    with pytest.raises(TargetError) as refused:
+        connect_url(NoHost())
+    assert "'sc_broken' is a spark_connect connection without a host" in str(refused.value)
+    assert "tok-SECRET" not in str(refused.value)
+
+    class V6(NoHost):
+        host = "sc://[::1]"
+
+    assert connect_address(V6(), "w") == "[::1]:15002"

@@ -157,3 +157,15 @@ def test_a_connection_password_in_a_log_is_masked_as_airflow_masks_task_logs(
     download = _served(root, "/api/log/download", **LOG).text
     for text in (shown, download):
         assert password not in text and "password=***" in text and text.endswith("ok\n"), text
+
+
+def test_not_found_answers_never_show_the_store_path(store: tuple[Path, Path]) -> None:
+    root, _ = store
+    client = _client(root)
+    for path, params in (("/api/run", {"dag_id": DAG, "run_id": "no-such-run"}),
+                         ("/api/stage", {**PARAMS, "task_id": "nothing"}),
+                         ("/api/log", {**PARAMS, "subtask": 9}),
+                         ("/api/log/download", {**PARAMS, "subtask": 0, "attempt": 7})):
+        response = client.get(path, params=params)
+        assert response.status_code == 404, (path, response.text)
+        assert str(root) not in response.text and str(root.parent) not in response.text, (path, response.text)
