@@ -37,8 +37,8 @@ with DAG(
 ):
     with Pipeline("tpch_q3", spark_conf={"spark.sql.shuffle.partitions": "4"}) as pipeline:
         # Both sides of a join must have the same max_parallelism to share key ranges. 8, not the default 32:
-        # every producer attempt writes one file per subpartition, and no consumer here runs more than 4
-        # subtasks (measured: a scan attempt's write 0.50 s with 32 subpartitions, 0.27 s with 8).
+        # every producer task writes one file per subpartition, and no consumer here runs more than 4
+        # subtasks (bench/README.md measures the write with 8 and 32 subpartitions).
         customers = pipeline.stage("scan_customer", application=str(APPS / "q3_scan_customer.py"), parallelism=2,
                                    max_parallelism=8, inputs={"customer": parquet_source(TPCH + "/customer")})
         orders = pipeline.stage("scan_orders", application=str(APPS / "q3_scan_orders.py"), parallelism=4,

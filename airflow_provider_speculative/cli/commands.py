@@ -94,8 +94,6 @@ def slot_lines(stage: dict[str, Any], now: float | None = None) -> list[str]:
         lines.append(str(stage["slot_status"]))
     if stage.get("speed_line"):
         lines.append(str(stage["speed_line"]))
-    if stage.get("breakdown_line"):
-        lines.append(str(stage["breakdown_line"]))
     return lines
 
 
@@ -118,6 +116,8 @@ def report_lines(report: dict[str, Any], now: float | None = None, tz: tzinfo | 
         lines += [f"  warning: {w}" for w in stage.get("plan_warnings") or []]
         lines += [f"  skew: {note}" for note in stage.get("skew_splits") or []]
         lines += [f"  inputs: {note}" for note in stage.get("input_waits") or []]
+        if stage.get("breakdown_line"):
+            lines.append(f"  {stage['breakdown_line']}")
     return lines
 
 

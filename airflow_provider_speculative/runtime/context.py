@@ -301,7 +301,9 @@ class StageContext:
                 # Hashed as strings (core/copartition.py): an int and a bigint of one value meet in one subpartition.
                 sp = F.pmod(F.xxhash64(*[F.col(k).cast("string") for k in key]),
                             F.lit(int(output["max_parallelism"])))
-                partitioned = df.withColumn(SUBPARTITION_COLUMN, sp).repartition(SUBPARTITION_COLUMN)
+                # No repartition: Spark's writer sorts each task's rows by subpartition and writes one file per
+                # subpartition it holds, so the output is not shuffled once more before it is written.
+                partitioned = df.withColumn(SUBPARTITION_COLUMN, sp)
                 try:
                     partitioned.write.partitionBy(SUBPARTITION_COLUMN).parquet(str(data_dir))
                 except Exception as exc:
