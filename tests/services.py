@@ -8,37 +8,36 @@ install): the suite provides these servers, so their absence is never a skip.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
+from typing import Any, cast
 
 from airflow_provider_speculative.devtools.services import PostgresServer, RedisServer, start_postgres, start_redis
 
 _lock = threading.Lock()
-_postgres: PostgresServer | None = None
-_redis: RedisServer | None = None
+_running: dict[str, Any] = {}
+
+
+def _started(name: str, start: Callable[[], Any]) -> Any:
+    with _lock:
+        server = _running.get(name)
+        if server is None or not server.alive:
+            server = _running[name] = start()
+        return server
 
 
 def postgres() -> PostgresServer:
     """The session's PostgreSQL server (started on the first call)."""
-    global _postgres
-    with _lock:
-        if _postgres is None or not _postgres.alive:
-            _postgres = start_postgres()
-        return _postgres
+    return cast(PostgresServer, _started("postgres", start_postgres))
 
 
 def redis() -> RedisServer:
     """The session's Redis server (started on the first call)."""
-    global _redis
-    with _lock:
-        if _redis is None or not _redis.alive:
-            _redis = start_redis()
-        return _redis
+    return cast(RedisServer, _started("redis", start_redis))
 
 
 def stop_all() -> None:
     """Stop whatever this session started."""
-    global _postgres, _redis
     with _lock:
-        for server in (_postgres, _redis):
-            if server is not None:
-                server.stop()
-        _postgres = _redis = None
+        for server in _running.values():
+            server.stop()
+        _running.clear()

@@ -74,6 +74,16 @@ def _wait_listening(proc: subprocess.Popen[bytes], port: int, what: str, log: Pa
     raise ServiceUnavailable(f"{what} did not listen on {LOOPBACK}:{port} within {timeout:.0f} s:\n{_tail(log)}")
 
 
+def _launch(argv: list[str], directory: Path, log: Path, port: int, what: str,
+            timeout: float) -> subprocess.Popen[bytes]:
+    """Start a server in its own session, logging to ``log``, and wait until it listens on ``port``."""
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True, cwd=directory)
+    _wait_listening(proc, port, what, log, timeout)
+    return proc
+
+
 def _kill(proc: subprocess.Popen[bytes], grace: float = 10.0) -> None:
     """SIGTERM the server's process group (a fast shutdown for both servers), SIGKILL it after ``grace``."""
     if proc.poll() is None:
@@ -85,6 +95,25 @@ def _kill(proc: subprocess.Popen[bytes], grace: float = 10.0) -> None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=30)
+
+
+@dataclass
+class _Server:
+    """A server process this module started, with the directory it owns."""
+
+    port: int
+    directory: Path
+    proc: subprocess.Popen[bytes]
+
+    @property
+    def alive(self) -> bool:
+        """True while the server process runs."""
+        return self.proc.poll() is None
+
+    def stop(self) -> None:
+        """Stop the server and remove its directory."""
+        _kill(self.proc)
+        shutil.rmtree(self.directory, ignore_errors=True)
 
 
 # -- PostgreSQL ---------------------------------------------------------------------------------
@@ -114,12 +143,9 @@ def _server_user() -> str | None:
 
 
 @dataclass
-class PostgresServer:
+class PostgresServer(_Server):
     """A running throw-away PostgreSQL: trust authentication for ``postgres`` on ``127.0.0.1:port``."""
 
-    port: int
-    directory: Path
-    proc: subprocess.Popen[bytes]
     host: str = LOOPBACK
     user: str = PG_SUPERUSER
 
@@ -150,16 +176,6 @@ class PostgresServer:
         finally:
             conn.close()
 
-    @property
-    def alive(self) -> bool:
-        """True while the server process runs."""
-        return self.proc.poll() is None
-
-    def stop(self) -> None:
-        """Stop the server (a fast shutdown) and remove its data directory."""
-        _kill(self.proc)
-        shutil.rmtree(self.directory, ignore_errors=True)
-
 
 def start_postgres(port: int | None = None, timeout: float = START_TIMEOUT) -> PostgresServer:
     """Initialise a private cluster in a new temporary directory and start it on ``port`` (a free one if None)."""
@@ -187,10 +203,7 @@ def start_postgres(port: int | None = None, timeout: float = START_TIMEOUT) -> P
         argv = [*as_user, str(bindir / "postgres"), "-D", str(data), "-p", str(port), "-k", str(directory),
                 "-c", f"listen_addresses={LOOPBACK}", "-c", f"max_connections={PG_MAX_CONNECTIONS}",
                 "-c", "fsync=off", "-c", "full_page_writes=off", "-c", "synchronous_commit=off"]
-        with open(log, "ab") as out:
-            proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    start_new_session=True, cwd=directory)
-        _wait_listening(proc, port, "PostgreSQL", log, timeout)
+        proc = _launch(argv, directory, log, port, "PostgreSQL", timeout)
     except BaseException:
         shutil.rmtree(directory, ignore_errors=True)
         raise
@@ -201,27 +214,14 @@ def start_postgres(port: int | None = None, timeout: float = START_TIMEOUT) -> P
 
 
 @dataclass
-class RedisServer:
+class RedisServer(_Server):
     """A running throw-away Redis on ``127.0.0.1:port`` (no persistence, no password)."""
 
-    port: int
-    directory: Path
-    proc: subprocess.Popen[bytes]
     host: str = LOOPBACK
 
     def url(self, db: int = 0, host: str | None = None) -> str:
         """A ``redis://`` URL for database ``db`` (``host`` overrides the address, e.g. a bridge's)."""
         return f"redis://{host or self.host}:{self.port}/{db}"
-
-    @property
-    def alive(self) -> bool:
-        """True while the server process runs."""
-        return self.proc.poll() is None
-
-    def stop(self) -> None:
-        """Stop the server and remove its directory."""
-        _kill(self.proc)
-        shutil.rmtree(self.directory, ignore_errors=True)
 
 
 def start_redis(port: int | None = None, timeout: float = START_TIMEOUT) -> RedisServer:
@@ -236,10 +236,7 @@ def start_redis(port: int | None = None, timeout: float = START_TIMEOUT) -> Redi
     argv = [binary, "--port", str(port), "--bind", LOOPBACK, "--save", "", "--appendonly", "no",
             "--dir", str(directory), "--daemonize", "no", "--protected-mode", "no"]
     try:
-        with open(log, "ab") as out:
-            proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    start_new_session=True, cwd=directory)
-        _wait_listening(proc, port, "redis-server", log, timeout)
+        proc = _launch(argv, directory, log, port, "redis-server", timeout)
     except BaseException:
         shutil.rmtree(directory, ignore_errors=True)
         raise

@@ -15,7 +15,7 @@ SAMPLE = '''
 import pytest
 
 def test_missing_server():
-    pytest.skip("no PostgreSQL on 127.0.0.1:5432")
+    pytest.skip("the metadata database server is missing")
 
 def test_host_limit():
     pytest.skip("cgroup-v1 is not writable here (available: cgroup-v2)")
@@ -39,14 +39,15 @@ def _run(tmp_path: Path, ci: str | None) -> subprocess.CompletedProcess[str]:
 def test_under_ci_a_skip_for_a_missing_prerequisite_fails_and_a_host_limit_does_not(tmp_path: Path) -> None:
     done = _run(tmp_path, "true")
     assert "1 failed, 1 skipped, 1 error" in done.stdout, done.stdout  # a skipif fails at setup: an error
-    assert "skipped under CI=true, where every prerequisite must be there: no PostgreSQL" in done.stdout
+    assert ("skipped under CI=true, where every prerequisite must be there: the metadata database server is missing"
+            in done.stdout)
     assert "skipped under CI=true, where every prerequisite must be there: TPC-H data missing" in done.stdout
 
 
 def test_outside_ci_skips_stay_skips_and_are_listed_with_their_reasons(tmp_path: Path) -> None:
     done = _run(tmp_path, None)
     assert "3 skipped" in done.stdout, done.stdout
-    assert "SKIPPED [1]" in done.stdout and "no PostgreSQL on 127.0.0.1:5432" in done.stdout
+    assert "SKIPPED [1]" in done.stdout and "the metadata database server is missing" in done.stdout
 
 
 def test_the_allowed_reasons_are_few_and_each_documented() -> None:
