@@ -412,3 +412,126 @@ def test_c_int32_and_int64_keys_meet_and_string_against_integer_is_refused_at_pl
     # The producers ran and committed; the consumer was refused before any attempt.
     assert read_json(StageLayout(tmp_path / "store", "string_key", "r2", "scan_dim").committed) is not None
     assert not StageLayout(tmp_path / "store", "string_key", "r2", "join").plan.exists()
+
+
+# -- the three wrong joins of issue 38 --------------------------------------------------------------
+
+EXPRS = str(APPS / "select_exprs.py")
+
+
+def _sides(directory: Path, left: pa.Table, right: pa.Table) -> dict[str, Path]:
+    """``left`` as three Parquet files, ``right`` as two."""
+    return {"left": _write(directory, "left", left, 3), "right": _write(directory, "right", right, 2)}
+
+
+def _pair_pipeline(paths: dict[str, Path], name: str, left_key: list[str], right_key: list[str], on: list[str],
+                   select: list[str] | None = None, left_conf: dict[str, str] | None = None,
+                   right_conf: dict[str, str] | None = None) -> Pipeline:
+    """scan_left (2) and scan_right (2), each hash-partitioned into 8, -> join (2) on ``on`` by name.
+
+    ``select`` projects both scans (SQL expressions); ``left_conf`` and ``right_conf`` are the scans'
+    own ``spark_conf``. The join writes the left columns and the right side's row id ``rid``.
+    """
+    p = Pipeline(name, spark_conf={"spark.sql.shuffle.partitions": "2"})
+    scans = []
+    for side, conf in (("left", left_conf), ("right", right_conf)):
+        args = {"input": "rows", "select": select} if select else {"input": "rows"}
+        scans.append(p.stage(f"scan_{side}", application=EXPRS if select else SELECT, parallelism=2,
+                             max_parallelism=8, inputs={"rows": parquet_source(str(paths[side]))},
+                             application_args=[json.dumps(args)], spark_conf=conf))
+    p.stage("join", application=JOIN, parallelism=2,
+            inputs={"l": all_to_all(scans[0], key=left_key), "r": all_to_all(scans[1], key=right_key)},
+            application_args=[json.dumps({"left": "l", "right": "r", "left_on": on, "right_on": on,
+                                          "how": "inner", "keep": ["rid"]})])
+    return p
+
+
+def _pairs_duckdb(paths: dict[str, Path], on: str) -> list[tuple]:
+    """The (lid, rid) pairs of the inner join ``on`` (SQL over ``l`` and ``r``), computed by DuckDB."""
+    import duckdb
+
+    with duckdb.connect() as con:
+        return sorted(con.execute(f"SELECT l.lid, r.rid FROM read_parquet('{paths['left']}/*.parquet') AS l "
+                                  f"JOIN read_parquet('{paths['right']}/*.parquet') AS r ON {on}").fetchall())
+
+
+def _pairs_committed(root: Path, name: str, run_id: str) -> list[tuple]:
+    return sorted((row["lid"], row["rid"]) for row in committed_table(root, name, run_id, "join").to_pylist())
+
+
+def _no_attempt(root: Path, name: str, run_id: str, stage: str) -> None:
+    """The stage was refused before planning: no plan.json and no attempt directory under it."""
+    layout = StageLayout(root, name, run_id, stage)
+    assert not layout.plan.exists()
+    assert not (layout.dir.exists() and any(p.name.startswith("attempt=") for p in layout.dir.rglob("*"))), \
+        sorted(layout.dir.rglob("*"))
+
+
+def test_issue38_a_two_column_key_in_another_order_is_refused_at_parse_and_one_order_is_right(
+        shared_connect_pool: ConnectPool, tmp_path: Path) -> None:
+    # Same column names on both sides, joined by name: listed in two orders, (k1, k2) and (k2, k1) would hash
+    # apart (55 rows instead of 232 in the issue's reproduction).
+    n = 120
+    left = pa.table({"k1": pa.array([i % 7 for i in range(n)], pa.int64()),
+                     "k2": pa.array([i % 5 for i in range(n)], pa.int32()), "lid": pa.array(range(n), pa.int64())})
+    right = pa.table({"k1": pa.array([i % 5 for i in range(40)], pa.int32()),
+                      "k2": pa.array([i % 7 for i in range(40)], pa.int64()), "rid": pa.array(range(40), pa.int64())})
+    paths = _sides(tmp_path / "data", left, right)
+    with pytest.raises(PipelineError) as refused:
+        _pair_pipeline(paths, "key_order", ["k1", "k2"], ["k2", "k1"], ["k1", "k2"]).graph()
+    message = str(refused.value)
+    assert "pipeline 'key_order', stage 'join'" in message and "'l'" in message and "'r'" in message, message
+    assert "different positions" in message and "same order" in message, message
+
+    graph = _pair_pipeline(paths, "key_order_same", ["k1", "k2"], ["k1", "k2"], ["k1", "k2"]).graph()
+    run_pipeline(shared_connect_pool, graph, tmp_path / "store", "r1")
+    want = _pairs_duckdb(paths, "l.k1 = r.k1 AND l.k2 = r.k2")
+    assert len(want) > 100 and _pairs_committed(tmp_path / "store", "key_order_same", "r1") == want
+
+
+def test_issue38_b_collated_string_keys_are_refused_at_plan_before_any_attempt(
+        shared_connect_pool: ConnectPool, tmp_path: Path) -> None:
+    # Under UTF8_LCASE 'Ab' = 'aB', but the exchange hashes the exact bytes (108 rows instead of 153).
+    words = ["ab", "Ab", "AB", "xy", "Xy", "mn", "MN", "q"]
+    left = pa.table({"raw": pa.array([words[i % len(words)] for i in range(60)]),
+                     "lid": pa.array(range(60), pa.int64())})
+    right = pa.table({"raw": pa.array([w.swapcase() for w in words]), "rid": pa.array(range(len(words)), pa.int64())})
+    paths = _sides(tmp_path / "data", left, right)
+    graph = _pair_pipeline(paths, "collated", ["k"], ["k"], ["k"],
+                           select=["collate(raw, 'UTF8_LCASE') AS k", "*"]).graph()
+    root = tmp_path / "store"
+    with pytest.raises(PlanError) as refused:
+        run_pipeline(shared_connect_pool, graph, root, "r1")
+    message = str(refused.value)
+    assert "pipeline 'collated', stage 'join'" in message and "input 'l'" in message, message
+    assert "collation UTF8_LCASE" in message, message
+    assert read_json(StageLayout(root, "collated", "r1", "scan_right").committed) is not None
+    _no_attempt(root, "collated", "r1", "join")
+
+
+def test_issue38_c_timestamp_keys_in_two_session_zones_are_refused_and_one_zone_is_right(
+        shared_connect_pool: ConnectPool, tmp_path: Path) -> None:
+    # A timestamp key hashes as its text in the session zone: one instant written under UTC and under
+    # Asia/Tokyo hashes apart (26 rows instead of 100 in the issue's reproduction).
+    base = 1_700_000_000_000_000
+    instants = [base + i * 3_600_000_000 for i in range(50)]
+    left = pa.table({"ts": pa.array(instants * 2, pa.timestamp("us", tz="UTC")),
+                     "lid": pa.array(range(100), pa.int64())})
+    right = pa.table({"ts": pa.array(instants, pa.timestamp("us", tz="UTC")), "rid": pa.array(range(50), pa.int64())})
+    paths = _sides(tmp_path / "data", left, right)
+    root = tmp_path / "store"
+    zone = "spark.sql.session.timeZone"
+    graph = _pair_pipeline(paths, "zones", ["ts"], ["ts"], ["ts"], left_conf={zone: "UTC"},
+                           right_conf={zone: "Asia/Tokyo"}).graph()
+    with pytest.raises(PlanError) as refused:
+        run_pipeline(shared_connect_pool, graph, root, "r1")
+    message = str(refused.value)
+    assert "pipeline 'zones', stage 'join'" in message and "'l'.ts in UTC" in message, message
+    assert "'r'.ts in Asia/Tokyo" in message, message
+    _no_attempt(root, "zones", "r1", "join")
+
+    graph = _pair_pipeline(paths, "one_zone", ["ts"], ["ts"], ["ts"], left_conf={zone: "Asia/Tokyo"},
+                           right_conf={zone: "Asia/Tokyo"}).graph()
+    run_pipeline(shared_connect_pool, graph, root, "r2")
+    want = _pairs_duckdb(paths, "l.ts = r.ts")
+    assert len(want) == 100 and _pairs_committed(root, "one_zone", "r2") == want

@@ -3,12 +3,14 @@
 Each DAG file builds its pipeline with a function; the test calls it on a scale factor 0.01 copy of
 the tables (8 Parquet parts each, like ``make data-tpch``), runs the stages through devtools/runner.py on
 the session's Connect pool, and compares the last stage's committed rows with the official query run
-by DuckDB on the same files (exact decimals and dates, in the query's order).
+by DuckDB on the same files (exact decimals and dates, in the query's order). A one-subtask stage
+joining the 1-file sources nation and region in itself is accepted and equal to DuckDB as well.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import subprocess
 import sys
 from collections.abc import Callable
@@ -17,6 +19,8 @@ from typing import Any
 
 import pytest
 
+from airflow_provider_speculative import Pipeline, parquet_source
+from airflow_provider_speculative.exceptions import PipelineError
 from airflow_provider_speculative.store.files import read_json
 from airflow_provider_speculative.store.layout import StageLayout
 from tests.integration.connect_runner import ConnectPool, committed_table, run_pipeline
@@ -24,7 +28,8 @@ from tests.integration.connect_runner import ConnectPool, committed_table, run_p
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(600)]
 
 DAGS = Path(__file__).resolve().parents[2] / "dags"
-TABLES = ("nation", "part", "supplier", "partsupp", "customer", "orders", "lineitem")
+APPS = Path(__file__).resolve().parent / "apps"
+TABLES = ("region", "nation", "part", "supplier", "partsupp", "customer", "orders", "lineitem")
 
 Q10_SQL = """
 SELECT c_custkey, c_name, sum(l_extendedprice * (1 - l_discount)) AS revenue, c_acctbal, n_name, c_address,
@@ -61,7 +66,7 @@ ORDER BY nation, o_year DESC
 
 @pytest.fixture(scope="module")
 def tpch(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The seven tables Q9, Q10 and Q18 read at scale factor 0.01, 8 Parquet parts each (nation: one)."""
+    """The tables Q9, Q10 and Q18 read, and region, at scale factor 0.01: 8 Parquet parts each (nation, region: one)."""
     root = tmp_path_factory.mktemp("tpch-joins-sf0.01")
     subprocess.run([str(Path(sys.executable).parent / "tpchgen-cli"), "parquet", "-s", "0.01", "--tables",
                     ",".join(TABLES), "--parts", "8", "--output-dir", str(root)], check=True, capture_output=True)
@@ -128,3 +133,29 @@ def test_q9_equals_duckdb(shared_connect_pool: ConnectPool, tpch: Path, tmp_path
                      lambda r: (r[0], -r[1]))
     assert len(want) > 100 and got == want  # 25 nations x 7 years
     _copartitioned(tmp_path / "store", "tpch_q9", "join_partsupp", ("lineitem", "partsupp"))
+
+
+def _nation_region(tpch: Path, name: str, parallelism: int) -> Pipeline:
+    """One stage joining the two 1-file sources nation and region in itself (no exchange)."""
+    p = Pipeline(name, spark_conf={"spark.sql.shuffle.partitions": "2"})
+    p.stage("nation_region", application=str(APPS / "join_inputs.py"), parallelism=parallelism,
+            inputs={"nation": parquet_source(str(tpch / "nation")), "region": parquet_source(str(tpch / "region"))},
+            application_args=[json.dumps({"left": "nation", "right": "region", "left_on": ["n_regionkey"],
+                                          "right_on": ["r_regionkey"], "how": "inner", "keep": ["r_name"]})])
+    return p
+
+
+def test_one_subtask_joining_two_one_file_sources_is_accepted_and_equals_duckdb(
+        shared_connect_pool: ConnectPool, tpch: Path, tmp_path: Path) -> None:
+    # One subtask reads every split input whole, so two sources may meet in it (issue 38's false refusal).
+    assert [len(list((tpch / t).glob("*.parquet"))) for t in ("nation", "region")] == [1, 1]
+    with pytest.raises(PipelineError, match="split independently"):
+        _nation_region(tpch, "nation_region_2", 2).graph()  # two subtasks would see unrelated parts
+    graph = _nation_region(tpch, "nation_region", 1).graph()
+    run_pipeline(shared_connect_pool, graph, tmp_path / "store", "r1")
+    columns, want = _duckdb("SELECT n.*, r_name FROM nation AS n JOIN region ON n_regionkey = r_regionkey "
+                            "ORDER BY n_nationkey", tpch)
+    table = committed_table(tmp_path / "store", "nation_region", "r1", "nation_region")
+    assert table.column_names == columns, (table.column_names, columns)
+    got = sorted(tuple(row[c] for c in columns) for row in table.to_pylist())
+    assert len(want) == 25 and got == want
