@@ -22,7 +22,7 @@ DEMO_ENV := AIRFLOW_HOME=$(DEMO)/airflow \
 	AIRFLOW__SPECULATIVE__BASELINE_LOWER_BOUND=5s \
 	AIRFLOW__SPECULATIVE__FAULT_INJECTION='{"targets": {"local-b": {"factor": 4}}}'
 
-.PHONY: demo run test unit install java-check data data-q3 data-tpch lint bench clean browser ui docs services
+.PHONY: demo run test test-long unit install java-check data data-q3 data-tpch lint bench clean browser ui docs services jars
 
 $(VENV)/.installed: setup.cfg pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found (Python 3.11 is required)"; exit 1; }
@@ -113,8 +113,25 @@ services:
 			|| { echo "error: apt-get install$$missing failed"; exit 1; }; \
 	fi
 
-test: install java-check data-q3 browser services
+# hadoop-aws and the AWS SDK bundle (about 700 MB) from Maven Central, pinned in jars/s3a/pom.xml to the
+# Hadoop that pyspark bundles: what Spark needs to read and write s3:// (docs/store.md).
+JARS := $(CURDIR)/.jars/s3a
+jars: $(JARS)/.done
+$(JARS)/.done: jars/s3a/pom.xml
+	@command -v mvn >/dev/null || { echo "error: Maven (mvn) is required to fetch the s3a jars"; exit 1; }
+	rm -rf $(JARS)
+	mvn -q -B -f jars/s3a/pom.xml dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory=$(JARS)
+	touch $@
+
+test: install java-check data-q3 browser services jars
 	$(PY) -m pytest -ra --durations=25
+
+# The DuckDB differential join tests (tests/integration/test_differential_joins.py) under the `long`
+# profile: hundreds of fresh Hypothesis examples per test instead of the few fixed ones `make test` runs
+# (about an hour on 2 cores; each example runs real Spark stages).
+test-long: install java-check
+	SPECULATIVE_HYPOTHESIS_PROFILE=long $(PY) -m pytest tests/integration/test_differential_joins.py -ra \
+		--hypothesis-show-statistics
 
 # The fast tests alone (pure core, store, backends' file mapping, controller on a fake backend): seconds.
 unit: install

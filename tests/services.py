@@ -1,6 +1,6 @@
-"""The suite's PostgreSQL and Redis: started on first use on free loopback ports, stopped when the session ends.
+"""The suite's PostgreSQL, Redis and S3 endpoint: started on first use on free loopback ports, stopped at the end.
 
-A test or fixture asks for them (``postgres()``, ``redis()``); nothing assumes a server that was running
+A test or fixture asks for them (``postgres()``, ``redis()``, ``s3()``); nothing assumes a server that was running
 before, nor port 5432 or 6379. When a server cannot start, the test fails with the reason (what to
 install): the suite provides these servers, so their absence is never a skip.
 """
@@ -11,7 +11,14 @@ import threading
 from collections.abc import Callable
 from typing import Any, cast
 
-from airflow_provider_speculative.devtools.services import PostgresServer, RedisServer, start_postgres, start_redis
+from airflow_provider_speculative.devtools.services import (
+    PostgresServer,
+    RedisServer,
+    S3Server,
+    start_postgres,
+    start_redis,
+    start_s3,
+)
 
 _lock = threading.Lock()
 _running: dict[str, Any] = {}
@@ -33,6 +40,11 @@ def postgres() -> PostgresServer:
 def redis() -> RedisServer:
     """The session's Redis server (started on the first call)."""
     return cast(RedisServer, _started("redis", start_redis))
+
+
+def s3() -> S3Server:
+    """The session's S3 endpoint (started on the first call)."""
+    return cast(S3Server, _started("s3", start_s3))
 
 
 def stop_all() -> None:

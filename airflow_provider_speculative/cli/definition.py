@@ -92,6 +92,14 @@ def get_cli_commands() -> list[Any]:
                           Arg(("--cores",), help="cores per server (master local[N])", type=int, default=2),
                           Arg(("--directory",), default=None,
                               help="pid files and logs (default $AIRFLOW_HOME/speculative-local-cluster)"),
+                          Arg(("--conf",), action="append", default=[], metavar="KEY=VALUE",
+                              help="a Spark setting for every server (repeatable)"),
+                          Arg(("--jars",), default=None,
+                              help="jars for every server: a directory (its *.jar) or a comma-separated list"),
+                          Arg(("--s3",), action="store_true",
+                              help="serve s3:// and s3a:// paths: the s3a jars (--jars, else "
+                                   "$SPECULATIVE_S3A_JARS, else .jars/s3a from `make jars`) and the endpoint "
+                                   "of the AWS environment; keys stay in the servers' environment"),
                           output),
                 ),
                 ActionCommand(

@@ -9,6 +9,25 @@ from typing import Any
 from airflow_provider_speculative.cli.output import emit
 
 
+def server_conf(pairs: list[str], jars: str | None, s3: bool) -> dict[str, str]:
+    """Spark settings for the servers from ``--conf``, ``--jars`` and ``--s3``; LocalClusterError if bad."""
+    from airflow_provider_speculative.devtools.localcluster import LocalClusterError, jar_paths, s3a_jars
+    from airflow_provider_speculative.hooks.objectstore import settings_from_environment, spark_s3_conf
+
+    conf: dict[str, str] = {}
+    if s3:
+        conf.update(spark_s3_conf(settings_from_environment()))
+        jars = jars or s3a_jars()
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise LocalClusterError(f"--conf {pair.split('=', 1)[0]!r}: expected KEY=VALUE")
+        conf[key.strip()] = value
+    if jars:
+        conf["spark.jars"] = ",".join(jar_paths(jars))
+    return conf
+
+
 def local_cluster(args: Any) -> None:
     """CLI entry: start, stop or list the local Connect servers (see devtools/localcluster.py)."""
     from airflow_provider_speculative.devtools.localcluster import (
@@ -21,8 +40,10 @@ def local_cluster(args: Any) -> None:
     cluster = LocalCluster(args.directory)
     try:
         if args.action == "start":
+            conf = server_conf(getattr(args, "conf", None) or [], getattr(args, "jars", None),
+                               bool(getattr(args, "s3", False)))
             started, already = cluster.start(servers=args.servers, base_port=args.base_port,
-                                             ui_base_port=args.ui_base_port, cores=args.cores)
+                                             ui_base_port=args.ui_base_port, cores=args.cores, conf=conf or None)
             for info in already:
                 print(f"{info.name}: already running (pid {info.pid}, port {info.port})")
             for info in started:

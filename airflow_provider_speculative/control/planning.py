@@ -30,6 +30,7 @@ from airflow_provider_speculative.core.hybrid import (
     producer_plan_usable,
     producer_record,
 )
+from airflow_provider_speculative.core.paths import is_object_url
 from airflow_provider_speculative.core.plan import StagePlan, plan_stage
 from airflow_provider_speculative.exceptions import (
     PlanError,
@@ -278,14 +279,16 @@ class StagePlanner:
         self.sink.validate_plan(PlanContext(
             dag_id=self.run.dag_id, run_id=self.run.run_id, stage=self.stage,
             where=f"{self.where}, sink {type(self.sink).__name__}", store_root=self.layout.root,
-            source_paths=tuple(source_root(src) for src in spec.inputs.values() if isinstance(src, SourceSpec)),
+            # A local sink cannot overlap an object-store source: only local sources are compared.
+            source_paths=tuple(source_root(src) for src in spec.inputs.values()
+                               if isinstance(src, SourceSpec) and not is_object_url(src.path)),
             declared=self.declared_sink))
 
     def decide(self, hybrid: dict[str, dict[str, Any]]) -> StagePlan:
         """Decide the plan from sources and committed upstreams (checks included); writes nothing."""
         spec = self.graph.stages[self.stage]
         application = self.application()
-        source_files = list_sources(spec, self.where)
+        source_files = list_sources(spec, self.where, self.config.s3_conn_id)
         self.validate_sink()
         # A hybrid producer is planned on its plan (always, so a retry plans the same ranges), others on commits.
         upstream = {name: hybrid[name] if name in hybrid else read_committed(self.layout_of(name))

@@ -11,12 +11,13 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from airflow_provider_speculative.core.graph import SourceSpec, StageSpec
+from airflow_provider_speculative.core.paths import fixed_part, is_object_url, split_object_url
 from airflow_provider_speculative.exceptions import PlanError
 
 
-def list_sources(spec: StageSpec, where: str) -> dict[str, list[tuple[str, int]]]:
+def list_sources(spec: StageSpec, where: str, s3_conn_id: str = "") -> dict[str, list[tuple[str, int]]]:
     """(path, size) of every source input's files, by input name; raise :class:`PlanError` naming the input."""
-    return {name: list_source_files(src, f"{where}, input {name!r}")
+    return {name: list_source_files(src, f"{where}, input {name!r}", s3_conn_id)
             for name, src in spec.inputs.items() if isinstance(src, SourceSpec)}
 
 
@@ -70,9 +71,11 @@ def parquet_problem(path: Path, size: int) -> str | None:
     return None
 
 
-def list_source_files(source: SourceSpec, where: str) -> list[tuple[str, int]]:
+def list_source_files(source: SourceSpec, where: str, s3_conn_id: str = "") -> list[tuple[str, int]]:
     """List a source's data files (a directory, a file or a glob) with their sizes; check they are Parquet."""
     path = source.path
+    if is_object_url(path):
+        return list_object_files(source, where, s3_conn_id)
     if any(ch in path for ch in "*?["):
         candidates = [Path(p) for p in glob.glob(path, recursive=True)]
     elif Path(path).is_dir():
@@ -91,3 +94,83 @@ def list_source_files(source: SourceSpec, where: str) -> list[tuple[str, int]]:
         more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
         raise PlanError(f"{where}: source {path!r}: {first} is not a Parquet file: {problem}{more}")
     return sorted(files)
+
+
+# Footer checks of object-store files are round trips, not disk reads: a few in flight at once.
+OBJECT_CHECK_THREADS = 16
+
+
+def list_object_files(source: SourceSpec, where: str, s3_conn_id: str = "") -> list[tuple[str, int]]:
+    """An ``s3://`` source's data files with their sizes (a prefix, one object or a glob on keys), checked."""
+    import fnmatch
+    from concurrent.futures import ThreadPoolExecutor
+
+    from pyarrow.fs import FileSelector, FileType
+
+    from airflow_provider_speculative.hooks.objectstore import fs_path, s3_filesystem, s3_settings
+
+    url = source.path
+    scheme = url.split("://", 1)[0]
+    fs = s3_filesystem(s3_settings(s3_conn_id, where))
+    bucket, key = split_object_url(url)
+    wildcard = any(ch in key for ch in "*?[")
+    base = fixed_part("/" + key).lstrip("/") if wildcard else key.rstrip("/")
+    root = f"{bucket}/{base}".rstrip("/")
+    single = False
+    try:
+        info = fs.get_file_info(root)
+        if info.type == FileType.File and not wildcard:
+            entries, single = [info], True
+        elif info.type == FileType.Directory or wildcard or not base:
+            entries = fs.get_file_info(FileSelector(root, recursive=True, allow_not_found=True))
+        else:
+            raise PlanError(f"{where}: source {url!r} does not exist")
+    except PlanError:
+        raise
+    except OSError as exc:
+        # pyarrow's message names bucket and key (never the credentials); the type says which failure.
+        raise PlanError(f"{where}: source {url!r} cannot be listed: {exc}") from None
+    pattern = fs_path(url) if wildcard else None
+    files = []
+    for entry in entries:
+        name = entry.path.rsplit("/", 1)[-1]
+        if entry.type != FileType.File or name.startswith((".", "_")):
+            continue
+        if pattern is not None and not fnmatch.fnmatchcase(entry.path, pattern):
+            continue
+        if not single and pattern is None and not name.endswith(f".{source.format}"):
+            continue
+        files.append((f"{scheme}://{entry.path}", int(entry.size or 0)))
+    if not files:
+        raise PlanError(f"{where}: source {url!r} has no {source.format} files")
+
+    def check(item: tuple[str, int]) -> tuple[str, str | None]:
+        return item[0], object_parquet_problem(fs, fs_path(item[0]), item[1])
+
+    with ThreadPoolExecutor(max_workers=min(OBJECT_CHECK_THREADS, len(files))) as pool:
+        bad = [(f, problem) for f, problem in pool.map(check, files) if problem]
+    if bad:
+        first, problem = bad[0]
+        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+        raise PlanError(f"{where}: source {url!r}: {first} is not a Parquet file: {problem}{more}")
+    return sorted(files)
+
+
+def object_parquet_problem(fs: object, path: str, size: int) -> str | None:
+    """Like :func:`parquet_problem` for an object in ``fs`` (magic bytes and footer, two ranged reads)."""
+    import pyarrow.parquet as pq
+
+    if size < 2 * len(PARQUET_MAGIC) + 4:
+        return "empty" if size == 0 else f"only {size} bytes"
+    try:
+        with fs.open_input_file(path) as handle:  # type: ignore[attr-defined]
+            head = handle.read_at(len(PARQUET_MAGIC), 0)
+            tail = handle.read_at(len(PARQUET_MAGIC), size - len(PARQUET_MAGIC))
+            if head != PARQUET_MAGIC or tail != PARQUET_MAGIC:
+                return "no Parquet magic bytes (PAR1) at its start and end"
+            pq.read_metadata(handle)
+    except OSError as exc:
+        return f"unreadable ({exc})"
+    except Exception as exc:  # pyarrow raises ArrowInvalid or others for a bad footer
+        return f"its Parquet footer cannot be read ({type(exc).__name__}: {exc})"
+    return None

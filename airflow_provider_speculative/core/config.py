@@ -624,6 +624,14 @@ OPTIONS: tuple[Option, ...] = (
                   "defined, or the option is empty, the worker records it; a connection named here "
                   "that does not exist fails the stage at plan. See [Asset events without a "
                   "worker](running.md#asset-events-without-a-worker)"),
+    Option("s3_conn_id", _conn_id, "",
+           "Airflow aws connection for s3:// sources (login, password, extras endpoint_url and region_name); "
+           "empty: the standard AWS environment variables.",
+           readme_default="empty", annotation="str",
+           manual="an `aws` connection for `s3://` sources, listed and checked at plan (login = access key id, "
+                  "password = secret key, extras `endpoint_url`, `region_name`, `aws_session_token`); empty: the "
+                  "standard AWS environment (`AWS_ACCESS_KEY_ID`, `AWS_ENDPOINT_URL_S3`, ...). Spark reads the "
+                  "files with its own credentials; see [Sources on S3](store.md#sources-on-s3)"),
     Option("targets", _targets, DEFAULT_TARGETS,
            "JSON list of targets: name, conn_id, slots (a number, or 'auto' with master_ui), node, conf.",
            default_string=json.dumps([asdict(t) for t in DEFAULT_TARGETS]), readme_default="two local targets",
@@ -701,6 +709,7 @@ class SpeculativeConfig:
     store_path: str = ""
     spark_history_url: str = ""
     asset_events_conn_id: str = DEFAULT_ASSET_EVENTS_CONN_ID
+    s3_conn_id: str = ""
     targets: tuple[Target, ...] = DEFAULT_TARGETS
     fault_injection: FaultInjection = field(default_factory=FaultInjection)
 

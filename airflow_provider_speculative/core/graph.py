@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from airflow_provider_speculative.core.config import SpeculativeConfig
 from airflow_provider_speculative.core.parallelism import AUTO
-from airflow_provider_speculative.core.paths import source_root_problem
+from airflow_provider_speculative.core.paths import source_root_problem, source_url_problem, url_scheme
 from airflow_provider_speculative.exceptions import ConfigError, PipelineError
 
 Distribution = Literal["all_to_all", "pointwise", "broadcast"]
@@ -481,7 +481,12 @@ def _check_source(where: str, source: SourceSpec) -> None:
         raise PipelineError(f"{where}: source path is empty; give the absolute path of a Parquet directory, file "
                             "or glob")
     fixed = path.split(TEMPLATE_START, 1)[0]
-    if fixed and not posixpath.isabs(fixed):
+    if url_scheme(fixed) is not None:
+        # s3://bucket/prefix: its own rules (and a message that never repeats credentials in the URL).
+        problem = source_url_problem(fixed) if TEMPLATE_START not in path else None
+        if problem:
+            raise PipelineError(f"{where}: {problem}")
+    elif fixed and not posixpath.isabs(fixed):
         raise PipelineError(f"{where}: source path {path!r} is relative; it would be read against the worker's "
                             "current directory. Give an absolute path")
     if source.format != "parquet":

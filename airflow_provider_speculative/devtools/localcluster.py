@@ -421,3 +421,34 @@ def _tail(path: str, lines: int = 15) -> str:
     with contextlib.suppress(OSError):
         return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:])
     return "(no log)"
+
+
+# Where `make jars` puts hadoop-aws and the AWS SDK (jars/s3a/pom.xml pins them to pyspark's Hadoop).
+S3A_JARS_ENV = "SPECULATIVE_S3A_JARS"
+
+
+def s3a_jars() -> str:
+    """The s3a jar directory: ``$SPECULATIVE_S3A_JARS``, else ``.jars/s3a`` of this checkout (`make jars`)."""
+    configured = os.environ.get(S3A_JARS_ENV)
+    if configured:
+        return configured
+    checkout = Path(__file__).resolve().parents[2] / ".jars" / "s3a"
+    if not checkout.is_dir():
+        raise LocalClusterError(f"no s3a jars: set ${S3A_JARS_ENV} to a directory with hadoop-aws and the AWS SDK "
+                                f"bundle for pyspark's Hadoop, or run `make jars` in a checkout ({checkout})")
+    return str(checkout)
+
+
+def jar_paths(spec: str) -> list[str]:
+    """Absolute jar paths from a directory (its ``*.jar``) or a comma-separated list; each must exist."""
+    if os.path.isdir(spec):
+        found = sorted(str(p.resolve()) for p in Path(spec).glob("*.jar"))
+        if not found:
+            raise LocalClusterError(f"jar directory {spec} has no *.jar files")
+        return found
+    paths = [p.strip() for p in spec.split(",") if p.strip()]
+    missing = [p for p in paths if not os.path.isfile(p)]
+    if missing:
+        raise LocalClusterError(f"jar {missing[0]} does not exist" + (f" (and {len(missing) - 1} more)"
+                                                                      if len(missing) > 1 else ""))
+    return [os.path.abspath(p) for p in paths]

@@ -1,4 +1,4 @@
-"""Throw-away PostgreSQL and Redis servers on free loopback ports, for the tests, `make ui`, `make run` and bench/.
+"""Throw-away PostgreSQL, Redis and S3 servers on free loopback ports, for the tests, `make ui`, `make run` and bench/.
 
 Nothing here assumes a server that already runs, nor a port: each ``start_*`` call initialises a private
 data directory, starts the server bound to 127.0.0.1 on a port the kernel just handed out, waits until it
@@ -241,3 +241,80 @@ def start_redis(port: int | None = None, timeout: float = START_TIMEOUT) -> Redi
         shutil.rmtree(directory, ignore_errors=True)
         raise
     return RedisServer(port=port, directory=directory, proc=proc)
+
+
+# -- S3 ------------------------------------------------------------------------------------------
+
+
+@dataclass
+class S3Server(_Server):
+    """A running throw-away S3 endpoint (moto's server) on ``127.0.0.1:port`` with its own random keys.
+
+    moto keeps objects in memory and implements S3's conditional create (``If-None-Match: *``: one
+    writer of a key wins, the others get 412), which is what a store on object storage relies on.
+    """
+
+    access_key: str = ""
+    secret_key: str = ""
+    host: str = LOOPBACK
+    region: str = "us-east-1"
+
+    @property
+    def endpoint_url(self) -> str:
+        """``http://127.0.0.1:port``."""
+        return f"http://{self.host}:{self.port}"
+
+    def environment(self) -> dict[str, str]:
+        """The standard AWS variables that point a client (boto3, pyarrow, Spark's s3a) at this server."""
+        return {"AWS_ACCESS_KEY_ID": self.access_key, "AWS_SECRET_ACCESS_KEY": self.secret_key,
+                "AWS_ENDPOINT_URL_S3": self.endpoint_url, "AWS_REGION": self.region,
+                "AWS_DEFAULT_REGION": self.region}
+
+    def client(self) -> object:
+        """A boto3 S3 client for this server."""
+        import boto3
+
+        return boto3.client("s3", endpoint_url=self.endpoint_url, region_name=self.region,
+                            aws_access_key_id=self.access_key, aws_secret_access_key=self.secret_key)
+
+    def create_bucket(self, name: str) -> None:
+        """Create bucket ``name`` (an existing one is kept)."""
+        client = self.client()
+        try:
+            client.create_bucket(Bucket=name)  # type: ignore[attr-defined]
+        except client.exceptions.BucketAlreadyOwnedByYou:  # type: ignore[attr-defined]
+            pass
+
+    def upload_tree(self, local: str | Path, bucket: str, prefix: str) -> int:
+        """Upload every file under ``local`` to ``s3://bucket/prefix/<relative path>``; returns the count."""
+        client = self.client()
+        count = 0
+        for path in sorted(Path(local).rglob("*")):
+            if path.is_file() and not path.name.startswith("."):
+                key = f"{prefix.rstrip('/')}/{path.relative_to(local).as_posix()}"
+                client.upload_file(str(path), bucket, key)  # type: ignore[attr-defined]
+                count += 1
+        return count
+
+
+def start_s3(port: int | None = None, timeout: float = START_TIMEOUT) -> S3Server:
+    """Start moto's S3 server on ``port`` (a free one if None), bound to 127.0.0.1, with fresh random keys."""
+    import importlib.util
+    import secrets
+    import sys
+
+    if importlib.util.find_spec("moto") is None or importlib.util.find_spec("flask") is None:
+        raise ServiceUnavailable("moto's server is not installed in this Python: pip install 'moto[server]' "
+                                 "(the provider's [test] extra has it)")
+    directory = Path(tempfile.mkdtemp(prefix="speculative-s3-"))
+    log = directory / "s3.log"
+    port = port or free_port()
+    argv = [sys.executable, "-m", "moto.server", "-H", LOOPBACK, "-p", str(port)]
+    try:
+        proc = _launch(argv, directory, log, port, "moto S3 server", timeout)
+    except BaseException:
+        shutil.rmtree(directory, ignore_errors=True)
+        raise
+    # moto accepts any key pair; random ones let a test prove that no secret reaches a file or a log.
+    return S3Server(port=port, directory=directory, proc=proc, access_key="AKIA" + secrets.token_hex(8).upper(),
+                    secret_key=secrets.token_urlsafe(30))

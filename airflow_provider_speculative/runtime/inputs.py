@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_provider_speculative.core.config import SpeculativeConfig
 from airflow_provider_speculative.core.failover import files_in_range
+from airflow_provider_speculative.core.paths import is_object_url
 from airflow_provider_speculative.core.plan import StagePlan
 from airflow_provider_speculative.runtime.heartbeat import Heartbeat
 from airflow_provider_speculative.store.files import read_json
@@ -60,7 +61,8 @@ class StageInputs:
         # A broadcast source lists its files once, for every subtask.
         paths = [f["path"] for f in (shared["files"] if mine.get("broadcast") else mine["files"])]
         for path in paths:
-            if not os.path.exists(path):
+            # An object-store file is checked by Spark's own read (its credentials, not this driver's).
+            if not is_object_url(path) and not os.path.exists(path):
                 raise FileNotFoundError(f"stage {self.stage!r} input {name!r}: source file {path} is missing")
         reader = self.spark().read.format(shared.get("format", "parquet"))
         if not paths:

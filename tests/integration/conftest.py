@@ -12,8 +12,12 @@ from airflow_provider_speculative.devtools.localcluster import (
     LocalCluster,
     connection_definitions,
     free_base_port,
+    jar_paths,
     port_owner,
+    s3a_jars,
 )
+from airflow_provider_speculative.hooks.objectstore import settings_from_environment, spark_s3_conf
+from tests import services
 from tests.integration.connect_runner import ConnectPool
 
 # Not used by any benchmark (bench 15120-15140/4120-4140,
@@ -39,7 +43,11 @@ def shared_connect_pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Co
     """
     cluster = LocalCluster(tmp_path_factory.mktemp("shared-connect-pool"))
     base_port, ui_base_port = _ports()
-    started, _ = cluster.start(servers=SERVERS, base_port=base_port, ui_base_port=ui_base_port, cores=1)
+    # The servers serve s3:// from the session's S3 endpoint (test_s3_sources.py): its keys reach s3a through
+    # the servers' environment, its address through configuration, as `local-cluster start --s3` does.
+    os.environ.update(services.s3().environment())
+    conf = {**spark_s3_conf(settings_from_environment()), "spark.jars": ",".join(jar_paths(s3a_jars()))}
+    started, _ = cluster.start(servers=SERVERS, base_port=base_port, ui_base_port=ui_base_port, cores=1, conf=conf)
     env = {name.replace("LOCAL", "SHARED"): value for name, value in connection_definitions(started).items()}
     os.environ.update(env)
     try:

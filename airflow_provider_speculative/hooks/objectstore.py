@@ -1,0 +1,126 @@
+"""S3 access for sources: credentials, a ``pyarrow.fs`` file system and the Spark (s3a) settings.
+
+Credentials come from the Airflow connection named by ``[speculative] s3_conn_id`` (an ``aws``
+connection: login = access key id, password = secret access key, extras ``endpoint_url``,
+``region_name``, ``aws_session_token``) or, when that option is empty, from the standard AWS
+environment (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``,
+``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL``, ``AWS_REGION`` / ``AWS_DEFAULT_REGION``).
+Secrets live only in :class:`S3Settings` (hidden from ``repr``) and in the file system object built
+from them: nothing here logs, formats or returns them, and :func:`spark_s3_conf` (what is handed to
+Spark as configuration, which Spark shows in its UI and event logs) carries no secret: Spark's s3a
+reads the keys from the environment of its own process.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from airflow_provider_speculative.core.paths import split_object_url
+from airflow_provider_speculative.exceptions import PlanError
+
+if TYPE_CHECKING:
+    from pyarrow.fs import FileSystem
+
+
+@dataclass(frozen=True)
+class S3Settings:
+    """Where the S3 endpoint is and who we are there (secrets never shown by ``repr``)."""
+
+    endpoint_url: str | None = None
+    region: str | None = None
+    access_key: str | None = field(default=None, repr=False)
+    secret_key: str | None = field(default=None, repr=False)
+    session_token: str | None = field(default=None, repr=False)
+    source: str = "environment"
+
+    @property
+    def secrets(self) -> tuple[str, ...]:
+        """The secret values, so a caller can check that none of them appears in what it writes."""
+        return tuple(s for s in (self.secret_key, self.session_token) if s)
+
+
+def settings_from_environment(environ: dict[str, str] | None = None) -> S3Settings:
+    """The standard AWS environment variables as :class:`S3Settings`."""
+    env = os.environ if environ is None else environ
+    return S3Settings(
+        endpoint_url=env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL") or None,
+        region=env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or None,
+        access_key=env.get("AWS_ACCESS_KEY_ID") or None,
+        secret_key=env.get("AWS_SECRET_ACCESS_KEY") or None,
+        session_token=env.get("AWS_SESSION_TOKEN") or None,
+        source="environment")
+
+
+def settings_from_connection(conn: Any, conn_id: str) -> S3Settings:
+    """An Airflow ``aws`` connection as :class:`S3Settings` (extras as the Amazon provider names them)."""
+    extra = conn.extra_dejson if isinstance(getattr(conn, "extra_dejson", None), dict) else {}
+    return S3Settings(
+        endpoint_url=extra.get("endpoint_url") or None,
+        region=extra.get("region_name") or None,
+        access_key=conn.login or extra.get("aws_access_key_id") or None,
+        secret_key=conn.password or extra.get("aws_secret_access_key") or None,
+        session_token=extra.get("aws_session_token") or None,
+        source=f"connection {conn_id!r}")
+
+
+def s3_settings(conn_id: str, where: str) -> S3Settings:
+    """Settings from the Airflow connection ``conn_id``, or from the environment when it is empty."""
+    if not conn_id:
+        return settings_from_environment()
+    from airflow.sdk import BaseHook
+
+    try:
+        conn = BaseHook.get_connection(conn_id)
+    except Exception as exc:  # Airflow raises AirflowNotFoundException (or a backend's own error)
+        # The exception text can quote the connection's URI, secrets included: name only its type.
+        raise PlanError(f"{where}: the S3 connection {conn_id!r} ([speculative] s3_conn_id) cannot be read "
+                        f"({type(exc).__name__})") from None
+    return settings_from_connection(conn, conn_id)
+
+
+def s3_filesystem(settings: S3Settings) -> FileSystem:
+    """A ``pyarrow.fs.S3FileSystem`` for ``settings`` (path-style addressing with a custom endpoint)."""
+    from urllib.parse import urlsplit
+
+    from pyarrow.fs import S3FileSystem
+
+    kwargs: dict[str, Any] = {"region": settings.region or "us-east-1"}
+    if settings.access_key and settings.secret_key:
+        kwargs.update(access_key=settings.access_key, secret_key=settings.secret_key,
+                      session_token=settings.session_token)
+    if settings.endpoint_url:
+        endpoint = urlsplit(settings.endpoint_url)
+        kwargs.update(endpoint_override=endpoint.netloc or endpoint.path, scheme=endpoint.scheme or "https",
+                      force_virtual_addressing=False)
+    return S3FileSystem(**kwargs)
+
+
+def spark_s3_conf(settings: S3Settings) -> dict[str, str]:
+    """Spark settings that let s3a serve ``s3://`` and ``s3a://`` paths at ``settings``' endpoint (no secret).
+
+    The keys reach s3a through the environment of the Spark process (its default credential chain reads
+    ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY``), never through Spark configuration.
+    """
+    from urllib.parse import urlsplit
+
+    conf = {"spark.hadoop.fs.s3.impl": "org.apache.hadoop.fs.s3a.S3AFileSystem"}
+    if settings.region:
+        conf["spark.hadoop.fs.s3a.endpoint.region"] = settings.region
+    if settings.endpoint_url:
+        endpoint = urlsplit(settings.endpoint_url)
+        conf.update({
+            "spark.hadoop.fs.s3a.endpoint": settings.endpoint_url,
+            # A private endpoint (MinIO, Ceph, a test server) serves buckets as paths, not as host names.
+            "spark.hadoop.fs.s3a.path.style.access": "true",
+            "spark.hadoop.fs.s3a.connection.ssl.enabled": "true" if endpoint.scheme == "https" else "false",
+        })
+        conf.setdefault("spark.hadoop.fs.s3a.endpoint.region", settings.region or "us-east-1")
+    return conf
+
+
+def fs_path(url: str) -> str:
+    """The ``bucket/key`` path ``pyarrow.fs`` takes for an ``s3://`` or ``s3a://`` URL."""
+    bucket, key = split_object_url(url)
+    return f"{bucket}/{key}".rstrip("/")

@@ -1,0 +1,56 @@
+"""The s3a jars match pyspark's Hadoop; `local-cluster start --s3/--jars/--conf` builds the servers' settings."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pyspark
+import pytest
+
+from airflow_provider_speculative.cli.local_cluster import server_conf
+from airflow_provider_speculative.devtools.localcluster import LocalClusterError, jar_paths
+from airflow_provider_speculative.hooks.objectstore import S3Settings, spark_s3_conf
+
+POM = Path(__file__).resolve().parents[2] / "jars" / "s3a" / "pom.xml"
+
+
+def test_hadoop_aws_version_is_pysparks_hadoop():
+    bundled = [p.name for p in (Path(pyspark.__file__).parent / "jars").glob("hadoop-client-api-*.jar")]
+    assert len(bundled) == 1, bundled
+    hadoop = re.fullmatch(r"hadoop-client-api-(.+)\.jar", bundled[0]).group(1)
+    pinned = re.search(r"<artifactId>hadoop-aws</artifactId>\s*<version>([^<]+)</version>", POM.read_text()).group(1)
+    assert pinned == hadoop, f"jars/s3a/pom.xml pins hadoop-aws {pinned}, pyspark bundles Hadoop {hadoop}"
+
+
+def test_spark_conf_has_endpoint_and_no_secret():
+    settings = S3Settings(endpoint_url="http://127.0.0.1:9000", region="eu-west-1", access_key="AKIAX",
+                          secret_key="s3cr3t-value", session_token="tok3n-value")
+    conf = spark_s3_conf(settings)
+    assert conf["spark.hadoop.fs.s3a.endpoint"] == "http://127.0.0.1:9000"
+    assert conf["spark.hadoop.fs.s3a.path.style.access"] == "true"
+    assert conf["spark.hadoop.fs.s3a.connection.ssl.enabled"] == "false"
+    assert conf["spark.hadoop.fs.s3.impl"] == "org.apache.hadoop.fs.s3a.S3AFileSystem"
+    text = repr(conf) + repr(settings)
+    assert "s3cr3t-value" not in text and "tok3n-value" not in text and "AKIAX" not in repr(settings)
+    # AWS itself: no endpoint override, no path-style access.
+    assert "spark.hadoop.fs.s3a.endpoint" not in spark_s3_conf(S3Settings(region="us-east-1"))
+
+
+def test_server_conf_from_cli_options(tmp_path, monkeypatch):
+    (tmp_path / "b.jar").write_bytes(b"")
+    (tmp_path / "a.jar").write_bytes(b"")
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", "http://127.0.0.1:9100")
+    monkeypatch.setenv("SPECULATIVE_S3A_JARS", str(tmp_path))
+    conf = server_conf(["spark.sql.shuffle.partitions=4", "spark.x=a=b"], None, s3=True)
+    assert conf["spark.jars"] == f"{tmp_path / 'a.jar'},{tmp_path / 'b.jar'}"
+    assert conf["spark.hadoop.fs.s3a.endpoint"] == "http://127.0.0.1:9100"
+    assert conf["spark.sql.shuffle.partitions"] == "4" and conf["spark.x"] == "a=b"
+    with pytest.raises(LocalClusterError, match="expected KEY=VALUE"):
+        server_conf(["no-equals-sign"], None, s3=False)
+    with pytest.raises(LocalClusterError, match="does not exist"):
+        jar_paths(str(tmp_path / "missing.jar"))
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(LocalClusterError, match="has no"):
+        jar_paths(str(empty))
