@@ -41,6 +41,15 @@ def dataset_of_uri(uri: str | None) -> LineageDataset | None:
     return LineageDataset(f"{parsed.scheme}://{parsed.netloc}", parsed.path.lstrip("/"))
 
 
+def source_dataset(path: str) -> LineageDataset:
+    """A source path as a dataset: a local path is (file, path); ``s3://b/k`` (or s3a) is (s3://b, k)."""
+    parsed = urlsplit(path)
+    if parsed.scheme.lower() in ("s3", "s3a") and "://" in path:
+        # OpenLineage's naming spec: namespace s3://{bucket}, name {key}; s3a is the same object.
+        return LineageDataset(f"s3://{parsed.netloc.rsplit('@', 1)[-1]}", parsed.path.strip("/"))
+    return LineageDataset("file", posixpath.normpath(path))
+
+
 def exchange_dataset(dag_id: str, stage: str) -> LineageDataset:
     """The dataset standing for ``stage``'s exchange output in every run of the DAG."""
     return LineageDataset("speculative", f"{dag_id}/{stage}")
@@ -54,7 +63,7 @@ def stage_lineage(plans: Mapping[str, Mapping[str, Any]], stage: str,
     inputs: set[LineageDataset] = set()
     for entry in (plan.get("inputs") or {}).values():
         if entry.get("kind") == "source" and entry.get("path"):
-            inputs.add(LineageDataset("file", posixpath.normpath(str(entry["path"]))))
+            inputs.add(source_dataset(str(entry["path"])))
         elif entry.get("kind") == "exchange" and entry.get("upstream"):
             inputs.add(exchange_dataset(dag_id, str(entry["upstream"])))
     if sink is None:
@@ -68,7 +77,7 @@ def stage_lineage(plans: Mapping[str, Mapping[str, Any]], stage: str,
         seen.add(upstream)
         for entry in (plans[upstream].get("inputs") or {}).values():
             if entry.get("kind") == "source" and entry.get("path"):
-                inputs.add(LineageDataset("file", posixpath.normpath(str(entry["path"]))))
+                inputs.add(source_dataset(str(entry["path"])))
             elif entry.get("kind") == "exchange" and entry.get("upstream"):
                 pending.append(str(entry["upstream"]))
     return sorted(inputs), [sink]

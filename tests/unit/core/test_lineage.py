@@ -6,7 +6,13 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_speculative.core.lineage import LineageDataset, dataset_of_uri, exchange_dataset, stage_lineage
+from airflow_provider_speculative.core.lineage import (
+    LineageDataset,
+    dataset_of_uri,
+    exchange_dataset,
+    source_dataset,
+    stage_lineage,
+)
 
 
 def _plan(stage: str, **inputs: dict[str, Any]) -> dict[str, Any]:
@@ -59,3 +65,12 @@ def test_the_sink_stage_names_every_source_upstream_once() -> None:
 ])
 def test_asset_uris_become_openlineage_names(uri: str | None, dataset: LineageDataset | None) -> None:
     assert dataset_of_uri(uri) == dataset
+
+
+@pytest.mark.parametrize(("path", "dataset"), [
+    ("/data/tpch/orders", LineageDataset("file", "/data/tpch/orders")),
+    ("s3://lake/tpch/orders/", LineageDataset("s3://lake", "tpch/orders")),
+    ("s3a://lake/tpch/orders/part-0.parquet", LineageDataset("s3://lake", "tpch/orders/part-0.parquet")),
+])
+def test_sources_follow_openlineage_naming(path: str, dataset: LineageDataset) -> None:
+    assert source_dataset(path) == dataset
