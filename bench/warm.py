@@ -25,6 +25,11 @@ and for each of the scenarios:
   f  as d, with the api-server connection ``speculative_api`` defined: a sink stage records its asset
      event through the REST API and ends in the triggerer, instead of resuming on a worker to record
      it (docs/running.md, "Asset events without a worker")
+  s  as c, with the sources (customer, orders, lineitem) on S3: an S3 endpoint started on loopback
+     (devtools/services.py, moto's server), the same files uploaded before the runs (not counted), the
+     pool started with the s3a jars (`make jars`) and endpoint; planning lists and checks the objects,
+     attempts read them through s3a. With s, c runs on the same S3-capable pool, so s/c is the cost
+     of the sources being on S3 (docs/store.md, "Sources on S3")
 
 b and c run with ``airflow dags test`` in their own fresh AIRFLOW_HOME and store; speculation is off
 (this measures overhead, not speculation). Both use 2 cores of Spark task slots in total: b two
@@ -40,7 +45,7 @@ Spark work = ready to end), resume (``stage_complete`` to the resumed task's fin
 (finalize) and exit (last commit to the end of ``airflow dags test``). Each scenario runs under the
 contention sampler of speculation.py (foreign CPU use on the machine).
 
-    .venv/bin/python bench/warm.py [--data .data/tpch] [--pipelines q1,q3] [--repeat N] [--scenarios a,b,c,d,e,f]
+    .venv/bin/python bench/warm.py [--data .data/tpch] [--pipelines q1,q3] [--repeat N] [--scenarios a,b,c,d,e,f,s]
 """
 
 from __future__ import annotations
@@ -67,14 +72,19 @@ import speculation as shared  # noqa: E402  (bench/speculation.py: output reader
 from airflow_provider_speculative.devtools.localcluster import (  # noqa: E402
     LocalCluster,
     connection_definitions,
+    jar_paths,
+    s3a_jars,
     spark_submit,
 )
+from airflow_provider_speculative.devtools.services import S3Server, start_s3  # noqa: E402
+from airflow_provider_speculative.hooks.objectstore import settings_from_environment, spark_s3_conf  # noqa: E402
 from tests.integration.q3 import duckdb_q3, q3_difference, read_q3_output  # noqa: E402
 
 DATE = "2026-01-01"
 GOAL_C_OVER_A = 2.0
 GOAL_C_OVER_A_SF1 = 1.3
 GOAL_STARTUP = 2.0
+GOAL_S_OVER_C = 1.3
 SHUFFLE = {"spark.sql.shuffle.partitions": "4"}
 SUBMIT_CONF = {"spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false"}
 
@@ -292,11 +302,22 @@ def main() -> int:
     pool = LocalCluster(results_dir / "local-cluster")
     results: list[dict[str, Any]] = []
     pool_started = None
+    s3: S3Server | None = None
+    s3_url = ""
     try:
-        if {"c", "d", "e", "f"} & set(scenarios):
+        pool_conf: dict[str, str] = {}
+        if "s" in scenarios:
+            s3, s3_url = start_s3(), "s3://tpch/data"
+            s3.create_bucket("tpch")
+            for table in ("customer", "orders", "lineitem"):
+                s3.upload_tree(tpch / table, "tpch", f"data/{table}")
+            os.environ.update(s3.environment())  # the pool's servers and the dags-test processes inherit it
+            pool_conf = {**spark_s3_conf(settings_from_environment()), "spark.jars": ",".join(jar_paths(s3a_jars()))}
+            print(f"S3 endpoint {s3.endpoint_url}: customer, orders, lineitem uploaded to {s3_url}", flush=True)
+        if {"c", "d", "e", "f", "s"} & set(scenarios):
             t0 = time.time()
             servers, _ = pool.start(servers=2, base_port=args.base_port, ui_base_port=args.ui_base_port,
-                                      cores=args.server_cores)
+                                      cores=args.server_cores, conf=pool_conf or None)
             pool_started = round(time.time() - t0, 2)
             print(f"Connect pool: 2 servers ready in {pool_started}s (not counted in c)", flush=True)
             conns = {k.replace("LOCAL", "BENCH"): v for k, v in connection_definitions(servers).items()}
@@ -317,6 +338,10 @@ def main() -> int:
                         if scenario == "b":
                             targets = [{"name": n, "conn_id": "spark_default", "slots": 1, "conf": SUBMIT_CONF}
                                        for n in ("local-a", "local-b")]
+                        elif scenario == "s":
+                            env.update(conns)
+                            env.update(SPECULATIVE_EXAMPLE_TPCH=s3_url, SPECULATIVE_EXAMPLE_DATA=f"{s3_url}/lineitem")
+                            targets = connect_targets(args.slots)
                         else:
                             env.update(conns)
                             targets = connect_targets(args.slots)
@@ -331,14 +356,18 @@ def main() -> int:
                     print(f"  r{repeat} {bench.name} {scenario}: wall {row[scenario]['wall']:.1f}s, output equal "
                           f"to the reference; foreign CPU mean {load.get('foreign_cores_mean')} cores"
                           f"{' (contended)' if load.get('contended') else ''}", flush=True)
-                for s in ("b", "c", "d", "e", "f"):
+                for s in ("b", "c", "d", "e", "f", "s"):
                     if "a" in row and s in row:
                         row[f"{s}/a"] = round(row[s]["wall"] / row["a"]["wall"], 2)
+                if "c" in row and "s" in row:
+                    row["s/c"] = round(row["s"]["wall"] / row["c"]["wall"], 2)
                 results.append(row)
                 (results_dir / "results.json").write_text(json.dumps(
                     {"pool_start": pool_started, "runs": results}, indent=1, default=str))
     finally:
         pool.stop()
+        if s3 is not None:
+            s3.stop()
     print(report(results))
     print(f"\nresults: {results_dir / 'results.json'}")
     return 0
@@ -352,14 +381,15 @@ def report(results: list[dict[str, Any]]) -> str:
         lines += ["", f"== {name} ==", "wall seconds: " + "; ".join(
             f"r{r['repeat']}: " + ", ".join(
                 f"{s}={r[s]['wall']:.1f}{'*' if r[s]['load'].get('contended') else ''}"
-                for s in ("a", "b", "c", "d", "e", "f") if s in r) for r in runs) + "   (* = contended)"]
-        for ratio in ("b/a", "c/a", "d/a", "e/a", "f/a"):
+                for s in ("a", "b", "c", "d", "e", "f", "s") if s in r) for r in runs) + "   (* = contended)"]
+        for ratio in ("b/a", "c/a", "d/a", "e/a", "f/a", "s/a", "s/c"):
             values = [r[ratio] for r in runs if ratio in r]
             if values:
                 goal = (f" (goals: <= {GOAL_C_OVER_A:g} at SF 0.1, <= {GOAL_C_OVER_A_SF1:g} at SF 1)"
-                        if ratio in ("c/a", "d/a", "e/a", "f/a") else "")
+                        if ratio in ("c/a", "d/a", "e/a", "f/a") else
+                        f" (goal: <= {GOAL_S_OVER_C:g}, sources on S3 vs local)" if ratio == "s/c" else "")
                 lines.append(f"{ratio}: {values}, median {statistics.median(values):.2f}{goal}")
-        for s in ("b", "c", "d", "e", "f"):
+        for s in ("b", "c", "d", "e", "f", "s"):
             for r in runs:
                 if s not in r:
                     continue
