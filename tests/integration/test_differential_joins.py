@@ -16,8 +16,11 @@ hash-partitioned input, producers with unequal max_parallelism, and join keys of
 
 from __future__ import annotations
 
+import datetime
 import itertools
 import json
+import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
@@ -26,7 +29,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from hypothesis import HealthCheck, event, example, given, settings
+from hypothesis import HealthCheck, event, example, given, seed, settings
 from hypothesis import strategies as st
 
 from airflow_provider_speculative import Pipeline, all_to_all, broadcast, parquet_source, pointwise
@@ -40,6 +43,29 @@ pytestmark = [pytest.mark.spark, pytest.mark.timeout(600)]
 APPS = Path(__file__).resolve().parent / "apps"
 SELECT, JOIN, GROUP_SUM = str(APPS / "select_rows.py"), str(APPS / "join_inputs.py"), str(APPS / "group_sum.py")
 _runs = itertools.count()
+
+# `make test-long` sets SPECULATIVE_HYPOTHESIS_PROFILE=long: hundreds of examples per test, drawn afresh
+# on every run, instead of the few fixed ones `make test` runs (each example runs real Spark stages).
+PROFILE = os.environ.get("SPECULATIVE_HYPOTHESIS_PROFILE", "default")
+
+
+def differential_settings(examples: int, long_examples: int,
+                          fixed_seed: int | None = None) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """Hypothesis settings: ``examples`` fixed examples, or ``long_examples`` fresh ones under ``long``.
+
+    The fixed examples are Hypothesis's derandomized ones, or those of ``fixed_seed`` (chosen for a spread of
+    cases: a derandomized run starts with the simplest draws).
+    """
+    long = PROFILE == "long"
+
+    def apply(test: Callable[..., None]) -> Callable[..., None]:
+        test = settings(max_examples=long_examples if long else examples, deadline=None,
+                        derandomize=not long and fixed_seed is None, database=None,
+                        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])(test)
+        return seed(fixed_seed)(test) if fixed_seed is not None and not long else test
+
+    return apply
+
 
 # -- data ----------------------------------------------------------------------------------------
 
@@ -294,8 +320,7 @@ def _broadcast_shape() -> Shape:
         JoinShape(DIMENSIONS[2], "broadcast_source", "all_to_all", 1, "left", 1)], None, final_input="pointwise")
 
 
-@settings(max_examples=6, deadline=None, derandomize=True, database=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@differential_settings(examples=6, long_examples=100)
 @given(shape=shapes(), data=tables())
 @example(shape=_seeded_shape(), data=_seeded_data())
 @example(shape=_broadcast_shape(), data={**_seeded_data(), "fact": (_seeded_data()["fact"][0], [0, 6, 2]),
@@ -535,3 +560,192 @@ def test_issue38_c_timestamp_keys_in_two_session_zones_are_refused_and_one_zone_
     run_pipeline(shared_connect_pool, graph, root, "r2")
     want = _pairs_duckdb(paths, "l.ts = r.ts")
     assert len(want) == 100 and _pairs_committed(root, "one_zone", "r2") == want
+
+
+# -- key type families, collations, session time zones, key orders ----------------------------------
+
+# (pyarrow type, key family as core/copartition.py sees it once Spark has read it); integer widths and
+# decimal(p,0) are one family, timestamp (an instant) and timestamp_ntz (wall-clock) are two.
+KEY_TYPES: dict[str, tuple[pa.DataType, str]] = {
+    "int32": (pa.int32(), "integer"), "int64": (pa.int64(), "integer"),
+    "decimal(12,0)": (pa.decimal128(12, 0), "integer"), "decimal(12,2)": (pa.decimal128(12, 2), "decimal2"),
+    "decimal(10,3)": (pa.decimal128(10, 3), "decimal3"), "string": (pa.string(), "string"),
+    "date": (pa.date32(), "date"), "timestamp": (pa.timestamp("us", tz="UTC"), "timestamp"),
+    "timestamp_ntz": (pa.timestamp("us"), "timestamp_ntz"),
+}
+BY_FAMILY = {family: [name for name, (_, f) in KEY_TYPES.items() if f == family]
+             for _, family in KEY_TYPES.values()}
+SAME_FAMILY = {name: BY_FAMILY[family] for name, (_, family) in KEY_TYPES.items()}
+FAMILIES = ("integer", "string", "timestamp", "date", "decimal2", "timestamp_ntz", "decimal3")
+ZONES = ("UTC", "Asia/Tokyo", "America/Los_Angeles")
+COLLATIONS = (None, None, "UTF8_LCASE", "UNICODE_CI")
+WORDS = ("ab", "Ab", "xy", "XY", "", "q")
+
+
+def key_value(type_name: str, v: int | None) -> Any:
+    """Value ``v`` (a small integer, or None) as a key of ``type_name``; equal ``v`` give equal keys."""
+    if v is None:
+        return None
+    if type_name in ("int32", "int64"):
+        return v
+    if type_name.startswith("decimal"):
+        scale = int(type_name.rstrip(")").split(",")[1])
+        return Decimal(v * 25).scaleb(-2).quantize(Decimal(1).scaleb(-scale)) if scale else Decimal(v)
+    if type_name == "string":
+        return WORDS[v % len(WORDS)]
+    if type_name == "date":
+        return datetime.date(2024, 2, 27) + datetime.timedelta(days=v)
+    # Around midnight in every zone drawn, so the text of one instant differs by zone (date and hour).
+    return datetime.datetime(2024, 3, 10, 23, 30) + datetime.timedelta(hours=7 * v)
+
+
+@dataclass(frozen=True)
+class KeySide:
+    """One producer of a keyed join: its key column types and collations, session zone, rows and layout."""
+
+    types: tuple[str, ...]
+    collations: tuple[str | None, ...]
+    zone: str
+    keys: tuple[tuple[int | None, ...], ...]  # one tuple of small integers per row
+    files: tuple[int, ...]  # row counts of its Parquet files
+    parallelism: int
+
+    def table(self, row_id: str) -> pa.Table:
+        """Its rows: key columns k1.. and a unique row id column."""
+        columns = {f"k{i + 1}": pa.array([key_value(t, row[i]) for row in self.keys], KEY_TYPES[t][0])
+                   for i, t in enumerate(self.types)}
+        columns[row_id] = pa.array(range(len(self.keys)), pa.int64())
+        return pa.table(columns)
+
+
+@dataclass(frozen=True)
+class KeyCase:
+    """Two producers joined by name on k1.. (the right side's key maybe listed in another order)."""
+
+    left: KeySide
+    right: KeySide
+    swapped: bool
+    how: str
+    parallelism: int
+    max_parallelism: int
+
+    def refusal(self) -> tuple[str, set[str]] | None:
+        """('parse' | 'plan', the message fragments one of which the refusal must contain), or None."""
+        if self.swapped:
+            return "parse", {"different positions"}
+        reasons = set()
+        for i, (lt, rt) in enumerate(zip(self.left.types, self.right.types, strict=True)):
+            if KEY_TYPES[lt][1] != KEY_TYPES[rt][1]:
+                reasons.add(f"key column {i + 1} differs in type")
+            for side in (self.left, self.right):
+                if side.collations[i] is not None:
+                    reasons.add(f"has collation {side.collations[i]}")
+            if "timestamp" in (lt, rt) and self.left.zone != self.right.zone:
+                reasons.add("different session time zones")
+        return ("plan", reasons) if reasons else None
+
+
+@st.composite
+def key_sides(draw: st.DrawFn, types: tuple[str, ...], max_rows: int) -> KeySide:
+    """A producer with key columns of ``types``: NULLs, duplicates, maybe no row, maybe empty files."""
+    rows = draw(st.integers(0, max_rows))
+    value = st.one_of(st.integers(0, 4), st.none())
+    keys = tuple(tuple(draw(value) for _ in types) for _ in range(rows))
+    collations = tuple(draw(st.sampled_from(COLLATIONS)) if t == "string" else None for t in types)
+    return KeySide(types, collations, draw(st.sampled_from(ZONES)), keys, tuple(_cuts(draw, rows)),
+                   draw(st.integers(1, 3)))
+
+
+@st.composite
+def key_cases(draw: st.DrawFn) -> KeyCase:
+    """Key type families, collations, zones and orders, mostly joinable, sometimes refused."""
+    arity = draw(st.integers(1, 2))
+    left_types = tuple(draw(st.sampled_from(BY_FAMILY[draw(st.sampled_from(FAMILIES))])) for _ in range(arity))
+    # Mostly one family per position (integer widths and decimal(p,0) mixed), sometimes another.
+    right_types = tuple(draw(st.sampled_from(sorted(KEY_TYPES) if draw(st.integers(0, 3)) == 3 else SAME_FAMILY[t]))
+                        for t in left_types)
+    left = draw(key_sides(left_types, 24))
+    right = draw(key_sides(right_types, 12))
+    if "timestamp" in left_types + right_types and not draw(st.booleans()):
+        right = KeySide(right.types, right.collations, left.zone, right.keys, right.files, right.parallelism)
+    return KeyCase(left, right, arity == 2 and draw(st.integers(0, 7)) == 0,
+                   draw(st.sampled_from(["inner", "left", "full"])), draw(st.integers(1, 3)),
+                   draw(st.sampled_from([4, 8])))
+
+
+def _key_pipeline(case: KeyCase, paths: dict[str, Path], name: str) -> Pipeline:
+    """scan_left and scan_right (each its own zone, collations and parallelism) -> join by name on k1.."""
+    p = Pipeline(name, spark_conf={"spark.sql.shuffle.partitions": "2"})
+    columns = [f"k{i + 1}" for i in range(len(case.left.types))]
+    scans = []
+    for side_name, side, row_id in (("left", case.left, "lid"), ("right", case.right, "rid")):
+        select = [f"collate({c}, '{collation}') AS {c}" if collation else c
+                  for c, collation in zip(columns, side.collations, strict=True)]
+        scans.append(p.stage(f"scan_{side_name}", application=EXPRS, parallelism=side.parallelism,
+                             max_parallelism=case.max_parallelism,
+                             inputs={"rows": parquet_source(str(paths[side_name]))},
+                             spark_conf={"spark.sql.session.timeZone": side.zone},
+                             application_args=[json.dumps({"input": "rows", "select": [*select, row_id]})]))
+    right_key = columns[::-1] if case.swapped else columns
+    p.stage("join", application=JOIN, parallelism=case.parallelism,
+            inputs={"l": all_to_all(scans[0], key=columns), "r": all_to_all(scans[1], key=right_key)},
+            application_args=[json.dumps({"left": "l", "right": "r", "left_on": columns, "right_on": columns,
+                                          "how": case.how, "keep": ["rid"]})])
+    return p
+
+
+def check_key_case(pool: ConnectPool, case: KeyCase, directory: Path) -> None:
+    """Refused where the contract refuses (at parse or plan, naming the join), else equal to DuckDB."""
+    paths = write_tables({"left": (case.left.table("lid"), list(case.left.files)),
+                          "right": (case.right.table("rid"), list(case.right.files))}, directory / "data")
+    refusal = case.refusal()
+    event(f"key families {'+'.join(KEY_TYPES[t][1] for t in case.left.types)} / "
+          f"{'+'.join(KEY_TYPES[t][1] for t in case.right.types)}")
+    event(f"refused at {refusal[0]}" if refusal else "ran")
+    name, run_id, root = "keys", f"run-{next(_runs)}", directory / "store"
+    try:
+        graph = _key_pipeline(case, paths, name).graph()
+        run_pipeline(pool, graph, root, run_id)
+    except (PipelineError, PlanError) as exc:
+        when = "parse" if isinstance(exc, PipelineError) else "plan"
+        assert refusal is not None, f"refused a joinable case at {when}: {exc}"
+        assert refusal[0] == when, f"refused at {when}, expected at {refusal[0]}: {exc}"
+        message = str(exc)
+        assert "pipeline 'keys', stage 'join'" in message, message
+        assert any(reason in message for reason in refusal[1]), (refusal, message)
+        _no_attempt(root, name, run_id, "join")
+        return
+    assert refusal is None, f"accepted a case the contract refuses ({refusal}): its result may be wrong"
+    on = " AND ".join(f"l.k{i + 1} = r.k{i + 1}" for i in range(len(case.left.types)))
+    import duckdb
+
+    with duckdb.connect() as con:
+        want = con.execute(f"SELECT l.lid, r.rid FROM read_parquet('{paths['left']}/*.parquet') AS l "
+                           f"{case.how.upper()} JOIN read_parquet('{paths['right']}/*.parquet') AS r "
+                           f"ON {on}").fetchall()
+    got = [(row["lid"], row["rid"]) for row in committed_table(root, name, run_id, "join").to_pylist()]
+    assert ordered(got) == ordered(want)
+
+
+def _timestamp_case() -> KeyCase:
+    # Two-column key (timestamp, integer widths) in one zone, NULLs, an empty file and a producer subtask
+    # without a file, a full join: accepted and equal to DuckDB.
+    keys = ((0, 1), (1, None), (2, 2), (None, 0), (3, 3), (0, 1))
+    return KeyCase(KeySide(("timestamp", "int32"), (None, None), "Asia/Tokyo", keys, (0, 4, 2), 3),
+                   KeySide(("timestamp", "decimal(12,0)"), (None, None), "Asia/Tokyo", keys[:3], (3,), 2),
+                   False, "full", 3, 8)
+
+
+def _empty_producer_case() -> KeyCase:
+    # An empty producer with a collated key beside a binary one: refused at plan from its schema alone.
+    return KeyCase(KeySide(("string",), ("UTF8_LCASE",), "UTC", (), (0,), 2),
+                   KeySide(("string",), (None,), "UTC", ((1,), (2,)), (2,), 1), False, "inner", 2, 4)
+
+
+@differential_settings(examples=24, long_examples=300, fixed_seed=1)
+@given(case=key_cases())
+@example(case=_timestamp_case())
+@example(case=_empty_producer_case())
+def test_key_families_collations_zones_and_orders_are_refused_or_equal_duckdb(
+        shared_connect_pool: ConnectPool, tmp_path_factory: pytest.TempPathFactory, case: KeyCase) -> None:
+    check_key_case(shared_connect_pool, case, tmp_path_factory.mktemp("keys"))
