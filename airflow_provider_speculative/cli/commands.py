@@ -493,3 +493,47 @@ def rerun(args: Any) -> None:
         emit(args.output, rows=[], document=result)
         return
     print(format_rerun(result))
+
+
+def parse_sets(values: list[str] | None) -> dict[str, str]:
+    """``--set key=value`` arguments as a dict; a value without ``=`` fails naming it."""
+    out: dict[str, str] = {}
+    for item in values or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            _fail(f"--set {item!r}: expected KEY=VALUE, e.g. --set baseline_multiplier=2")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def whatif_rows(result: dict[str, Any]) -> list[dict[str, str]]:
+    """Recorded, replayed (the run's settings) and what-if (with --set) figures side by side."""
+    rows = []
+    for label, key in (("recorded", "recorded"), ("replayed (own settings)", "replayed"), ("what-if", "whatif")):
+        figures = result[key]
+        rows.append({"run": label, "makespan": format_duration(figures["makespan"]),
+                     "attempt-seconds": f"{figures['attempt_seconds']:.1f}",
+                     "copies (won)": f"{figures['copies']} ({figures['copies_won']})",
+                     "failed": figures["failed"] or ""})
+    return rows
+
+
+def whatif(args: Any) -> None:
+    """CLI entry: replay a finished run in the simulator with ``--set`` overrides (devtools/simulator.py)."""
+    from airflow_provider_speculative.control.readmodel import latest_run_id
+    from airflow_provider_speculative.devtools.simulator import whatif as replay
+    from airflow_provider_speculative.exceptions import SpeculativeError
+    from airflow_provider_speculative.settings import airflow_config, store_root
+
+    overrides = parse_sets(args.overrides)
+    root = store_root(airflow_config())
+    try:
+        if not args.run_id:
+            args.run_id = latest_run_id(root, args.dag_id)
+            print(f"DAG {args.dag_id}: latest run in the store is {args.run_id}", file=sys.stderr)
+        result = replay(root, args.dag_id, args.run_id, overrides)
+    except (SpeculativeError, OSError) as exc:
+        _fail(str(exc))
+    header = [f"DAG {args.dag_id} run {args.run_id}: simulated from the store (stages one after the other)",
+              "--set " + (", ".join(f"{k}={v}" for k, v in overrides.items()) or "(none)")]
+    emit(args.output, rows=whatif_rows(result), document=result, header=header)

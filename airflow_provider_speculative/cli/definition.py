@@ -79,6 +79,17 @@ def get_cli_commands() -> list[Any]:
                           output),
                 ),
                 ActionCommand(
+                    name="whatif",
+                    help="Replay a finished DAG run in the simulator under other settings: predicted makespan, "
+                         "copies and attempt-seconds next to what really happened",
+                    func=lazy_load_command("airflow_provider_speculative.cli.commands.whatif"),
+                    args=(dag_id, latest_run_id,
+                          Arg(("--set",), dest="overrides", action="append", default=None, metavar="KEY=VALUE",
+                              help="a [speculative] option for the replay, e.g. --set baseline_multiplier=2 "
+                                   "(repeatable; unknown options are refused)"),
+                          output),
+                ),
+                ActionCommand(
                     name="local-cluster",
                     help="Start, stop or list a local pool of Spark Connect servers to use as targets",
                     func=lazy_load_command("airflow_provider_speculative.cli.local_cluster.local_cluster"),

@@ -118,6 +118,8 @@ class Scenario:
     losses: tuple[NodeLoss, ...] = ()
     # Time one speed-check query on every target at once before the first stage (Spark Connect pools).
     speed_check: float | None = None
+    # Seconds between a stage's completion and the next stage's start (commit, planning: off the targets).
+    stage_gap: float = 0.0
 
     def healthy(self) -> Scenario:
         """The same trace without slow spells, node losses or slow base speeds: the no-slow-node ideal."""
@@ -719,7 +721,9 @@ class Simulator:
         waited = self._speed_check()
         self.now = waited
         results = []
-        for stage in self.scenario.stages:
+        for index, stage in enumerate(self.scenario.stages):
+            if index:
+                self._drain(self.now + self.scenario.stage_gap)
             results.append(self._run_stage(stage, max_time))
             if results[-1].failed:
                 break

@@ -1,0 +1,266 @@
+"""Benchmark (issue 43): speculation policies compared on simulated traces, around the real scheduler core.
+
+Every decision comes from ``StageScheduler`` (airflow_provider_speculative/devtools/simulator.py); this
+script only builds the traces, runs each policy on the same trace, and prints markdown tables:
+
+- **policies**: makespan / no-slow-node ideal (the same trace with every node at full speed and no
+  speculation), extra attempt-seconds against no speculation on the same trace, wasted attempt-seconds
+  (attempts not kept) in % of no speculation's attempt-seconds, copies launched (won);
+- **calibration**: the slow-node benchmark's setups (bench/slow_node.py: 2 Connect servers of one core
+  and 2 slots, one at 1/4 or 1/8 core) against the medians measured there (bench/README.md);
+- **scale**: how far a 1,000-node x 10,000-subtask stage gets in ``--scale-budget`` wall seconds.
+
+    .venv/bin/python bench/simulate.py                       # everything (about 3 minutes on a quiet core)
+    .venv/bin/python bench/simulate.py --only policies --scenarios slow10-q
+    .venv/bin/python bench/simulate.py --only calibration
+    .venv/bin/python bench/simulate.py --only scale --scale-budget 60
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import random
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from airflow_provider_speculative.devtools.simulator import (
+    POLICIES,
+    NodeLoss,
+    NodeSpec,
+    RunResult,
+    Scenario,
+    Simulator,
+    StageSpec,
+    cluster,
+    lognormal_work,
+    pareto_work,
+    simulate,
+    skewed,
+    slow_spells,
+)
+
+NODES = 100
+SLOTS = 2
+SUBTASKS = 400
+WORK = 30.0
+STARTUP = 1.0
+
+
+def _base(rng: random.Random, nodes: int = NODES, subtasks: int = SUBTASKS) -> tuple[tuple[NodeSpec, ...], StageSpec]:
+    all_nodes = cluster(nodes, slots=SLOTS)
+    work = skewed(lognormal_work(subtasks, rng, WORK, 0.3), rng, share=0.05, factor=2.0)
+    return all_nodes, StageSpec("stage", work)
+
+
+def scenarios(seed: int) -> dict[str, Callable[[], Scenario]]:
+    """The named traces (each built from ``seed``, so every policy sees the same one)."""
+
+    def slow(share: float, factor: float, start: float = 0.0, end: float = math.inf) -> Callable[[], Scenario]:
+        def build() -> Scenario:
+            rng = random.Random(seed)
+            nodes, stage = _base(rng)
+            spells = slow_spells(nodes, share, factor, rng, start, end)
+            return Scenario(f"{NODES} nodes, {share:.0%} at 1/{round(1 / factor)}"
+                            + (f" from {start:g} to {end:g} s" if start or end < math.inf else ""),
+                            nodes, (stage,), startup=STARTUP, spells=spells)
+        return build
+
+    def heavy() -> Scenario:
+        rng = random.Random(seed)
+        nodes = cluster(NODES, slots=SLOTS)
+        return Scenario(f"{NODES} nodes, heavy tail (Pareto 1.9 on 10 %), no slow node", nodes,
+                        (StageSpec("stage", pareto_work(SUBTASKS, rng, WORK)),), startup=STARTUP)
+
+    def loss() -> Scenario:
+        rng = random.Random(seed)
+        nodes, stage = _base(rng)
+        lost = tuple(NodeLoss(n.name, 20.0) for n in rng.sample(list(nodes), 5))
+        return Scenario(f"{NODES} nodes, 5 lost at 20 s", nodes, (stage,), startup=STARTUP, losses=lost)
+
+    def late() -> Scenario:
+        # LATE §5.1: hosts shared by 1-7 VMs, so a VM's speed varies; here speeds drawn from 1, 1/2, 1/3, 1/5.
+        rng = random.Random(seed)
+        nodes, stage = _base(rng)
+        speeds = [1.0] * 50 + [0.5] * 25 + [1 / 3] * 15 + [0.2] * 10
+        rng.shuffle(speeds)
+        hetero = tuple(replace(n, speed=s) for n, s in zip(nodes, speeds, strict=True))
+        return Scenario(f"{NODES} nodes, LATE-style heterogeneous speeds", hetero, (stage,), startup=STARTUP)
+
+    def two_stages() -> Scenario:
+        rng = random.Random(seed)
+        nodes, stage = _base(rng)
+        second = StageSpec("second", lognormal_work(100, rng, WORK, 0.3))
+        spells = slow_spells(nodes, 0.1, 0.25, rng)
+        return Scenario(f"{NODES} nodes, 10 % at 1/4, two stages (400 then 100)", nodes, (stage, second),
+                        startup=STARTUP, spells=spells)
+
+    return {
+        "slow10-q": slow(0.10, 0.25),
+        "slow5-h": slow(0.05, 0.5),
+        "slow10-e": slow(0.10, 0.125),
+        "slow20-q": slow(0.20, 0.25),
+        "slow20-e": slow(0.20, 0.125),
+        "spell": slow(0.10, 0.25, 15.0, 60.0),
+        "heavy": heavy,
+        "loss": loss,
+        "late": late,
+        "two-stages": two_stages,
+    }
+
+
+def policy_rows(names: list[str], seed: int, policies: list[str]) -> list[str]:
+    """One row per scenario and policy."""
+    rows = ["| scenario | policy | makespan / ideal | extra att-s vs none | wasted att-s | copies (won) |",
+            "|---|---|---|---|---|---|"]
+    builders = scenarios(seed)
+    for name in names:
+        scenario = builders[name]()
+        ideal = simulate(scenario.healthy(), "none").makespan
+        results: dict[str, RunResult] = {p: simulate(scenario, p) for p in policies}
+        plain = results.get("none") or simulate(scenario, "none")
+        for policy, result in results.items():
+            extra = 100.0 * (result.attempt_seconds - plain.attempt_seconds) / plain.attempt_seconds
+            wasted = 100.0 * result.wasted_seconds / plain.attempt_seconds
+            rows.append(f"| {scenario.name} | {policy} | {result.makespan / ideal:.2f} | {extra:+.1f} % | "
+                        f"{wasted:.1f} % | {result.copies} ({result.copies_won}) |"
+                        + (f" FAILED: {result.failed} |" if result.failed else ""))
+        print(f"  {name}: done", file=sys.stderr, flush=True)
+    return rows
+
+
+# -- calibration against bench/slow_node.py ---------------------------------------------------------
+
+# Medians of the last full slow_node.py run in bench/README.md (2026-11-26, slow-node-20261126-151150).
+MEASURED = {
+    ("q1", None): 12.75, ("q1", 0.25): 14.35, ("q1", 0.125): 15.7,
+    ("q3", None): 14.7, ("q3", 0.25): 19.75, ("q3", 0.125): 22.55,
+}
+MEASURED_B = {("q1", 0.25): 13.5, ("q1", 0.125): 25.05, ("q3", 0.25): 18.8, ("q3", 0.125): 22.4}
+# Q1's scan attempt alone on a warm local[1] server: 1.45 s; start-up on a warm server 0.19-0.35 s.
+SCAN_WORK = 1.45
+# Q1's aggregate reads 8 small partial aggregates: assumed 0.5 s of work per subtask.
+AGG_WORK = 0.5
+CAL_STARTUP = 0.25
+CHECK_WORK = 0.15
+# Q3's stages, run one after the other here (the real run overlaps the three scans): subtasks, work in
+# units of Q1's scan attempt (assumed).
+Q3 = (("scan_customer", 2, 0.7), ("scan_orders", 4, 1.0), ("scan_lineitem", 8, 1.0),
+      ("join_orders", 2, 1.0), ("join_lineitem", 4, 1.0), ("top", 1, 0.3))
+
+
+def pool(share: float | None) -> tuple[NodeSpec, ...]:
+    """Two one-core Connect servers with 2 slots each; ``local-b`` at ``share`` of its core."""
+    return (NodeSpec("local-a", slots=2, cores=1.0),
+            NodeSpec("local-b", slots=2, cores=1.0, speed=share if share is not None else 1.0))
+
+
+def query(name: str, gap: float, share: float | None) -> Scenario:
+    """Q1 (scan 8 -> aggregate 2) or Q3 (six stages) on the pool, ``gap`` s between stages (fitted)."""
+    if name == "q1":
+        stages: tuple[StageSpec, ...] = (StageSpec("scan", (SCAN_WORK,) * 8), StageSpec("aggregate", (AGG_WORK,) * 2))
+    else:
+        stages = tuple(StageSpec(s, (SCAN_WORK * w,) * n) for s, n, w in Q3)
+    return Scenario(f"{name} share {share}", pool(share), stages, startup=CAL_STARTUP, speed_check=CHECK_WORK,
+                    stage_gap=gap)
+
+
+def fit(name: str) -> float:
+    """The gap between stages that makes the provider's row a (no slow node) equal its measured median."""
+    low, high = 0.0, 10.0
+    for _ in range(30):
+        mid = (low + high) / 2
+        if simulate(query(name, mid, None), "provider").makespan < MEASURED[(name, None)]:
+            low = mid
+        else:
+            high = mid
+    return (low + high) / 2
+
+
+def calibration_rows() -> list[str]:
+    """Simulated rows a, b, c against bench/slow_node.py's medians."""
+    rows = ["| query | share | row | simulated makespan | measured median | sim / measured | copies (won) |",
+            "|---|---|---|---|---|---|---|"]
+    for name in ("q1", "q3"):
+        unit = fit(name)
+        for share in (None, 0.25, 0.125):
+            for row, policy in (("a", "provider"), ("b", "none"), ("c", "provider")):
+                if (share is None) != (row == "a"):
+                    continue
+                result = simulate(query(name, unit, share), policy)
+                measured = MEASURED[(name, share)] if row != "b" else MEASURED_B[(name, share)]
+                rows.append(f"| {name.upper()} | {'-' if share is None else f'1/{round(1 / share)}'} | {row} | "
+                            f"{result.makespan:.1f} | {measured:.1f} | {result.makespan / measured:.2f} | "
+                            f"{result.copies} ({result.copies_won}) |")
+        rows.append(f"| {name.upper()} | | fitted gap between stages | {unit:.2f} s | | | |")
+    return rows
+
+
+# -- scale ----------------------------------------------------------------------------------------
+
+
+class _Budget(Exception):
+    pass
+
+
+def scale_rows(budget: float, nodes: int = 1000, subtasks: int = 10_000) -> list[str]:
+    """How far one ``nodes`` x ``subtasks`` stage gets in ``budget`` wall seconds (per policy none/provider)."""
+    rows = ["| nodes x subtasks | policy | wall s | steps | simulated s | admitted | done |",
+            "|---|---|---|---|---|---|---|"]
+    for policy in ("provider", "none"):
+        rng = random.Random(1)
+        all_nodes = cluster(nodes, slots=SLOTS)
+        scenario = Scenario(f"{nodes}x{subtasks}", all_nodes, (StageSpec("stage", lognormal_work(subtasks, rng)),),
+                            startup=STARTUP, spells=slow_spells(all_nodes, 0.1, 0.25, rng))
+        sim = Simulator(scenario, POLICIES[policy])
+        started = time.perf_counter()
+
+        def bounded(original: Callable[[], list] = sim.step, since: float = started) -> list:  # type: ignore[type-arg]
+            if time.perf_counter() - since > budget:
+                raise _Budget
+            return original()
+
+        sim.step = bounded  # type: ignore[method-assign]
+        done = True
+        try:
+            sim.run()
+        except _Budget:
+            done = False
+        wall = time.perf_counter() - started
+        admitted = len(sim.sched.admitted) if sim.sched else 0
+        rows.append(f"| {nodes} x {subtasks} | {policy} | {wall:.1f} | {sim.steps} | {sim.now:.1f} | {admitted} | "
+                    f"{'yes' if done else 'no'} |")
+    return rows
+
+
+def main() -> None:
+    """Parse arguments, run the chosen parts, print markdown tables."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", choices=("policies", "calibration", "scale"), action="append")
+    parser.add_argument("--scenarios", default=",".join(scenarios(0)))
+    parser.add_argument("--policies", default=",".join(POLICIES))
+    parser.add_argument("--seed", type=int, default=43)
+    parser.add_argument("--scale-budget", type=float, default=60.0)
+    args = parser.parse_args()
+    parts = args.only or ["policies", "calibration", "scale"]
+    started = time.perf_counter()
+    if "policies" in parts:
+        print(f"### Policies ({NODES} nodes x {SLOTS} slots, {SUBTASKS} subtasks, lognormal work median {WORK:g} s "
+              f"sigma 0.3, 5 % of subtasks 2x skewed, start-up {STARTUP:g} s, seed {args.seed})\n")
+        print("\n".join(policy_rows(args.scenarios.split(","), args.seed, args.policies.split(","))) + "\n")
+    if "calibration" in parts:
+        print("### Calibration against bench/slow_node.py (medians of slow-node-20261126-151150)\n")
+        print("\n".join(calibration_rows()) + "\n")
+    if "scale" in parts:
+        print(f"### Scale (wall budget {args.scale_budget:g} s per policy)\n")
+        print("\n".join(scale_rows(args.scale_budget)) + "\n")
+    print(f"(total {time.perf_counter() - started:.0f} s wall)", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,202 @@
+"""The simulator drives the real scheduler core (no copy of its rules); determinism, node loss, what-if replay."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from airflow_provider_speculative.core import scheduler as core_scheduler
+from airflow_provider_speculative.core.scheduler import StageScheduler
+from airflow_provider_speculative.devtools import simulator
+from airflow_provider_speculative.devtools.simulator import (
+    POLICIES,
+    NodeLoss,
+    NodeSpec,
+    Scenario,
+    Simulator,
+    StageSpec,
+    check_overrides,
+    cluster,
+    lognormal_work,
+    simulate,
+    slow_spells,
+    whatif,
+)
+from airflow_provider_speculative.exceptions import ConfigError
+
+
+def small(seed: int = 7, *, nodes: int = 6, subtasks: int = 10, slow: float = 0.125) -> Scenario:
+    rng = random.Random(seed)
+    specs = cluster(nodes, slots=1)
+    return Scenario("small", specs, (StageSpec("s", lognormal_work(subtasks, rng, 10.0, 0.2)),), startup=0.5,
+                    spells=slow_spells(specs, 0.2, slow, rng))
+
+
+def test_every_action_is_the_cores_answer_to_the_same_stimuli(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[tuple[tuple[Any, ...], list[Any]]] = []
+    original = StageScheduler.handle
+
+    def recording(self: StageScheduler, *stimuli: Any) -> list[Any]:
+        actions = original(self, *stimuli)
+        calls.append((stimuli, list(actions)))
+        return actions
+
+    monkeypatch.setattr(StageScheduler, "handle", recording)
+    sim = Simulator(small(), POLICIES["provider"])
+    result = sim.run()
+    monkeypatch.setattr(StageScheduler, "handle", original)
+    assert result.copies > 0 and calls
+    assert type(sim.sched) is StageScheduler
+    # The same stimuli fed directly to a fresh core scheduler give the same actions, call by call.
+    fresh = StageScheduler(parallelism=10, config=sim.config, input_bytes=dict(sim.sched.input_bytes),
+                           label=sim.sched.label, target_history={}, history_source={})
+    for stimuli, actions in calls:
+        assert fresh.handle(*stimuli) == actions
+    assert fresh.completed and fresh.admitted == sim.sched.admitted
+
+
+def test_the_provider_policy_uses_the_cores_detector_rule(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[int] = []
+    judge = core_scheduler.judge_slow
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        seen.append(1)
+        return judge(*args, **kwargs)
+
+    monkeypatch.setattr(core_scheduler, "judge_slow", spy)
+    result = simulate(small(), "provider")
+    assert seen and result.copies > 0
+    # No copy of the rule in the simulator: it neither defines nor imports the core's detector functions.
+    for name in ("judge_slow", "find_slow", "compute_baseline", "derived_floor", "required_finished"):
+        assert not hasattr(simulator, name), name
+    assert POLICIES["provider"].rule is None and POLICIES["flink"].rule is None and POLICIES["none"].rule is None
+
+
+def test_with_judge_slow_broken_the_provider_policy_cannot_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("core detector called")
+
+    monkeypatch.setattr(core_scheduler, "judge_slow", broken)
+    with pytest.raises(RuntimeError, match="core detector called"):
+        simulate(small(), "provider")
+
+
+def test_same_seed_same_result_other_seed_other_trace() -> None:
+    def figures(seed: int) -> tuple[Any, ...]:
+        r = simulate(small(seed), "provider")
+        return (r.makespan, r.attempt_seconds, r.copies, r.copies_won, r.steps)
+
+    assert figures(3) == figures(3)
+    assert figures(3) != figures(4)
+
+
+def test_speculation_beats_none_on_a_slow_node_and_costs_nothing_without_one() -> None:
+    scenario = small(slow=0.125)
+    assert simulate(scenario, "provider").makespan < simulate(scenario, "none").makespan
+    healthy = simulate(scenario.healthy(), "provider")
+    assert healthy.copies == 0 and healthy.wasted_seconds == 0
+
+
+def test_a_lost_node_reruns_its_attempts_elsewhere_without_counting_failures() -> None:
+    rng = random.Random(1)
+    nodes = cluster(4, slots=1)
+    scenario = Scenario("loss", nodes, (StageSpec("s", lognormal_work(12, rng, 10.0, 0.1)),), startup=0.5,
+                        losses=(NodeLoss(nodes[0].name, 5.0),))
+    sim = Simulator(scenario, POLICIES["provider"])
+    result = sim.run()
+    assert result.failed is None and sim.sched is not None and sim.sched.completed
+    on_lost = [a for a in sim.sched.all_attempts() if a.target == nodes[0].name]
+    assert on_lost and all(a.created_at is not None and a.created_at < 5.0 for a in on_lost)
+    assert sim.sched.target_lost and sim.sched.stage_failures() == 0
+    assert result.makespan > simulate(scenario.healthy(), "provider").makespan
+
+
+def test_alternative_rules_run_through_the_core_placement() -> None:
+    for name in ("spark", "late", "mantri"):
+        sim = Simulator(small(slow=0.125), POLICIES[name])
+        result = sim.run()
+        assert isinstance(sim.sched, simulator.RuleScheduler) and result.failed is None, name
+        assert sim.sched.completed
+
+
+def test_unknown_or_bad_overrides_are_refused_naming_the_option() -> None:
+    with pytest.raises(ConfigError, match="baseline_multipler"):
+        check_overrides({"baseline_multipler": "2"})
+    with pytest.raises(ConfigError, match="baseline_multiplier"):
+        check_overrides({"baseline_multiplier": "0.5"})
+    assert check_overrides({"max_concurrent_executions": "3"}) == {"max_concurrent_executions": 3}
+
+
+# -- what-if on a small store written as the controller and backends write it ----------------------------
+
+
+def write_store(root: Path, *, slow: float = 4.0) -> tuple[str, str]:
+    """A finished 4-subtask stage on targets fast (2 slots) and slow (1 slot, ``slow`` x slower), one copy."""
+    dag, run, stage = "dag", "run1", "scan"
+    base = root / dag / run / stage
+    base.mkdir(parents=True)
+    config = {"enabled": True, "targets": [{"name": "fast", "slots": 2}, {"name": "slow", "slots": 1}],
+              "check_interval": 1.0}
+    plan = {"stage": stage, "parallelism": 4, "store_root": str(root), "dag_id": dag, "run_id": run,
+            "config": config, "subtasks": [{"input_bytes": 1000}] * 4, "upstreams": []}
+    (base / "plan.json").write_text(json.dumps(plan))
+    t0 = 1000.0
+    # (subtask, attempt, target, speculative, launched, ready, end, state, admitted)
+    rows = [(0, 0, "fast", False, 0.0, 0.5, 5.5, "FINISHED", True),
+            (1, 0, "fast", False, 0.0, 0.5, 5.5, "FINISHED", True),
+            (2, 0, "slow", False, 0.0, 0.5 * slow, 0.5 * slow + 5 * slow, "CANCELED", False),
+            (3, 0, "fast", False, 5.6, 6.1, 11.1, "FINISHED", True),
+            (2, 1, "fast", True, 5.6, 6.1, 11.1, "FINISHED", True)]
+    journal = []
+    for subtask, number, target, spec, launched, ready, end, state, admitted in rows:
+        if state == "CANCELED":
+            end = 11.2
+        d = base / f"subtask={subtask}" / f"attempt={number}"
+        d.mkdir(parents=True)
+        (d / "claim.json").write_text(json.dumps({"target": target, "speculative": spec,
+                                                  "created_at": t0 + launched}))
+        (d / "status.json").write_text(json.dumps({"state": state, "launched_at": t0 + launched,
+                                                   "deploying_at": t0 + launched, "end_at": t0 + end,
+                                                   "exit_code": 0 if state == "FINISHED" else None}))
+        (d / "heartbeat.json").write_text(json.dumps({"session_ready_at": t0 + ready, "node": target,
+                                                      "input_bytes": 1000}))
+        if admitted:
+            (base / f"subtask={subtask}" / "admitted.json").write_text(json.dumps({"attempt": number}))
+        journal.append({"at": t0 + launched, "event": "launch", "subtask": subtask, "attempt": number,
+                        "target": target, "speculative": spec})
+    journal.append({"at": t0 + 11.3, "event": "stage_complete", "admitted": {"0": 0, "1": 0, "2": 1, "3": 0}})
+    (base / "journal.jsonl").write_text("".join(json.dumps(line) + "\n" for line in journal))
+    return dag, run
+
+
+def test_whatif_replays_a_recorded_run_and_applies_overrides(tmp_path: Path) -> None:
+    dag, run = write_store(tmp_path)
+    result = whatif(tmp_path, dag, run, {})
+    recorded, replayed = result["recorded"], result["replayed"]
+    assert recorded["copies"] == 1 and recorded["copies_won"] == 1
+    assert recorded["makespan"] == pytest.approx(11.3)
+    assert abs(replayed["makespan"] - recorded["makespan"]) <= 0.15 * recorded["makespan"]
+    assert result["model"]["target_speeds"]["slow"] < 0.5 < result["model"]["target_speeds"]["fast"]
+    off = whatif(tmp_path, dag, run, {"enabled": "false"})
+    assert off["whatif"]["copies"] == 0 and off["overrides"] == {"enabled": "false"}
+    with pytest.raises(ConfigError, match="unknown option"):
+        whatif(tmp_path, dag, run, {"no_such_option": "1"})
+
+
+def test_whatif_cli_refuses_a_set_without_equals(capsys: pytest.CaptureFixture[str]) -> None:
+    from airflow_provider_speculative.cli.commands import parse_sets
+
+    assert parse_sets(["baseline_multiplier=2", " max_concurrent_executions = 3"]) == {
+        "baseline_multiplier": "2", "max_concurrent_executions": "3"}
+    with pytest.raises(SystemExit):
+        parse_sets(["baseline_multiplier"])
+    assert "expected KEY=VALUE" in capsys.readouterr().err
+
+
+def test_node_specs_default_to_one_core_per_slot() -> None:
+    sim = Simulator(Scenario("x", (NodeSpec("a", slots=2),), (StageSpec("s", (1.0, 1.0)),)), POLICIES["none"])
+    assert sim.run().makespan == pytest.approx(1.0 + 1.0, abs=0.2)
