@@ -140,6 +140,7 @@ unit: install
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
 	$(PY) -m airflow_provider_speculative.devtools.configdoc --check
 
 # docs/configuration.md's option table, generated from the option declarations in core/config.py.

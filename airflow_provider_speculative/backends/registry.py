@@ -17,9 +17,10 @@ from airflow_provider_speculative.store.layout import StageLayout
 
 # Backend kind (as recorded in plan.json) -> "module:class" (imported on first use: a triggerer running
 # only Connect stages never imports the spark-submit backend).
+CONNECT_KIND = "spark_connect"
 IMPLEMENTATIONS: dict[str, str] = {
     "spark_submit": "airflow_provider_speculative.backends.spark_submit:SparkSubmitBackend",
-    "spark_connect": "airflow_provider_speculative.backends.spark_connect:SparkConnectBackend",
+    CONNECT_KIND: "airflow_provider_speculative.backends.spark_connect:SparkConnectBackend",
 }
 # Airflow connection type -> backend kind.
 CONN_TYPE_KINDS: dict[str, str] = {"spark": "spark_submit", "spark_connect": "spark_connect"}
@@ -73,3 +74,24 @@ def attempt_observer(layout: StageLayout) -> Backend:
     from airflow_provider_speculative.backends.supervised import SupervisedBackend
 
     return SupervisedBackend(layout)
+
+
+def heartbeat_observer(layout: StageLayout) -> Backend:
+    """A reader that judges liveness from the store's timestamps alone (the UI's; no pid lookups)."""
+    from airflow_provider_speculative.backends.supervised import HeartbeatObserver
+
+    return HeartbeatObserver(layout)
+
+
+def prestart_fork_server() -> None:
+    """Start this host's fork server in the background (warm attempt starts)."""
+    from airflow_provider_speculative.backends import forkserver
+
+    forkserver.prestart()
+
+
+def connect_speed_check(url: str) -> float:
+    """Seconds one Spark Connect server takes for the speed probe (backends/spark_connect.py)."""
+    from airflow_provider_speculative.backends.spark_connect import speed_check
+
+    return speed_check(url)

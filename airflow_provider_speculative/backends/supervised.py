@@ -22,7 +22,7 @@ import psutil
 from airflow_provider_speculative.backends.base import LaunchSpec
 from airflow_provider_speculative.backends.identity import same_process
 from airflow_provider_speculative.core.contract import LAUNCHED_AT_ENV
-from airflow_provider_speculative.core.states import Attempt, AttemptState
+from airflow_provider_speculative.core.states import HEARTBEAT_STALE_AFTER, Attempt, AttemptState, heartbeat_alive
 from airflow_provider_speculative.store import changes
 from airflow_provider_speculative.store.files import atomic_write_json, create_exclusive_json, read_json
 from airflow_provider_speculative.store.layout import StageLayout
@@ -273,3 +273,21 @@ class SupervisedBackend:
                     return True
         return False
 
+
+class HeartbeatObserver(SupervisedBackend):
+    """Reads attempts like the backends do, but decides liveness from heartbeat age, never from a pid."""
+
+    def __init__(self, layout: StageLayout, stale_after: float = HEARTBEAT_STALE_AFTER) -> None:
+        super().__init__(layout)
+        self.stale_after = stale_after
+
+    def attempt_alive(self, status: dict[str, Any], heartbeat: dict[str, Any], now: float) -> bool:
+        """Alive while the last sign of life is younger than ``stale_after``."""
+        return heartbeat_alive(status, heartbeat, now, self.stale_after)
+
+    def poll(self, subtask: int, attempt: int, now: float | None = None) -> Attempt:
+        """The attempt as the store shows it; a stale one is reported as presumed lost, not as killed."""
+        out = super().poll(subtask, attempt, now)
+        if out.cause == "attempt process disappeared (killed or crashed)":
+            out.cause = f"presumed lost: no heartbeat for {self.stale_after:.0f} s"
+        return out

@@ -14,10 +14,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from airflow_provider_speculative.backends import forkserver
 from airflow_provider_speculative.backends.base import Backend, LaunchSpec
-from airflow_provider_speculative.backends.registry import attempt_observer, plan_backends
-from airflow_provider_speculative.backends.spark_connect import SparkConnectBackend
+from airflow_provider_speculative.backends.registry import (
+    CONNECT_KIND,
+    attempt_observer,
+    plan_backends,
+    prestart_fork_server,
+)
 from airflow_provider_speculative.control.attemptlog import attempt_lines
 from airflow_provider_speculative.control.hybrid import HybridInputWatcher
 from airflow_provider_speculative.control.liveness import TargetWatcher
@@ -177,7 +180,7 @@ class StageController:
         """
         names = [t.name for t in self.config.targets]
         kinds = {name: spec.get("kind") for name, spec in (self.plan.get("targets") or {}).items()}
-        urls = {name: url for name in names if kinds.get(name) == SparkConnectBackend.kind
+        urls = {name: url for name in names if kinds.get(name) == CONNECT_KIND
                 and (url := self.target_env.get(name, {}).get(REMOTE_ENV))}
         now = self.clock()
         records = read_records(self.layout.root, names, now)
@@ -256,7 +259,7 @@ class StageController:
             # Only a controller that will launch starts the fork server (not one built to kill_all on a
             # worker): it imports while this first step restores and places the first attempts.
             if any(b.fork_server for b in self.backends.values()):
-                forkserver.prestart()
+                prestart_fork_server()
         if self.result is not None:
             # Decided, but a cancelled loser may still be dying: keep reaping it, or `done` never turns true.
             self._reap(self.clock())

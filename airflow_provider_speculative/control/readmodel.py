@@ -13,66 +13,36 @@ Two ways to decide whether an attempt that has not recorded its end is still ali
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from airflow_provider_speculative.backends.base import Backend
-from airflow_provider_speculative.backends.registry import attempt_observer
-from airflow_provider_speculative.backends.supervised import SupervisedBackend
+from airflow_provider_speculative.backends.registry import attempt_observer, heartbeat_observer
 from airflow_provider_speculative.control.lifecycle import read_expired
 from airflow_provider_speculative.core.breakdown import attempt_phases, breakdown_line, stage_breakdown
 from airflow_provider_speculative.core.graph import producers_first
 from airflow_provider_speculative.core.parallelism import describe_decision, skew_message
 from airflow_provider_speculative.core.speed import SLOW_FACTOR
-from airflow_provider_speculative.core.states import Attempt, current_attempt
+from airflow_provider_speculative.core.states import (  # noqa: F401  (the liveness rule, re-exported for the CLI)
+    HEARTBEAT_STALE_AFTER,
+    current_attempt,
+    heartbeat_alive,
+    last_sign_of_life,
+)
 from airflow_provider_speculative.exceptions import NotFoundError, PipelineError, StoreError
 from airflow_provider_speculative.store.files import read_json, read_jsonl
 from airflow_provider_speculative.store.layout import StageLayout, safe_component
 
-# Six missed supervisor refreshes (5 s) or fifteen missed heartbeats (2 s): long enough for a loaded
-# machine's GC pause or a slow shared file system, short enough for a user watching the page.
-HEARTBEAT_STALE_AFTER = 30.0
 LIVENESS_MODES = ("process", "heartbeat")
-
-
-def last_sign_of_life(status: dict[str, Any], heartbeat: dict[str, Any]) -> float | None:
-    """The newest time the attempt was seen alive: heartbeat ``at``, supervisor ``alive_at`` or its start."""
-    seen = [float(v) for v in (heartbeat.get("at"), status.get("alive_at"), status.get("deploying_at")) if v]
-    return max(seen) if seen else None
-
-
-def heartbeat_alive(status: dict[str, Any], heartbeat: dict[str, Any], now: float,
-                    stale_after: float = HEARTBEAT_STALE_AFTER) -> bool:
-    """Whether an attempt that has not ended is alive, judged by the age of its last sign of life only."""
-    seen = last_sign_of_life(status, heartbeat)
-    return seen is not None and now - seen < stale_after
-
-
-class HeartbeatObserver(SupervisedBackend):
-    """Reads attempts like the backends do, but decides liveness from heartbeat age, never from a pid."""
-
-    def __init__(self, layout: StageLayout, stale_after: float = HEARTBEAT_STALE_AFTER) -> None:
-        super().__init__(layout)
-        self.stale_after = stale_after
-
-    def attempt_alive(self, status: dict[str, Any], heartbeat: dict[str, Any], now: float) -> bool:
-        """Alive while the last sign of life is younger than ``stale_after``."""
-        return heartbeat_alive(status, heartbeat, now, self.stale_after)
-
-    def poll(self, subtask: int, attempt: int, now: float | None = None) -> Attempt:
-        """The attempt as the store shows it; a stale one is reported as presumed lost, not as killed."""
-        out = super().poll(subtask, attempt, now)
-        if out.cause == "attempt process disappeared (killed or crashed)":
-            out.cause = f"presumed lost: no heartbeat for {self.stale_after:.0f} s"
-        return out
 
 
 def observer(layout: StageLayout, liveness: str = "process") -> Backend:
     """The attempt reader for a liveness mode (see the module docstring)."""
     if liveness == "heartbeat":
-        return HeartbeatObserver(layout)
+        return heartbeat_observer(layout)
     if liveness != "process":
         raise ValueError(f"unknown liveness mode {liveness!r}; expected one of {', '.join(LIVENESS_MODES)}")
     return attempt_observer(layout)
@@ -150,10 +120,16 @@ def stage_report(layout: StageLayout, plan: Mapping[str, Any], *, liveness: str 
     committed = read_json(layout.committed)
     subtasks = []
     admitted_phases = []
+    # One listing of the stage directory: a subtask without a directory has no attempt and no admission, so
+    # its paths are not built and probed one by one (32,768 of them took seconds on every poll).
+    present = _subtask_dirs(layout)
     for subtask in range(plan["parallelism"]):
-        attempts = [backend.poll(subtask, n, now) for n in layout.attempt_numbers(subtask)
-                    if layout.claim(subtask, n).exists()]
-        marker = read_json(layout.admitted(subtask))
+        if subtask not in present:
+            attempts, marker = [], None
+        else:
+            attempts = [backend.poll(subtask, n, now) for n in layout.attempt_numbers(subtask)
+                        if layout.claim(subtask, n).exists()]
+            marker = read_json(layout.admitted(subtask))
         current = current_attempt(attempts)
         phases = {a.number: attempt_phases(a.created_at, a.deploying_at, a.end_at,
                                            (read_json(layout.manifest(subtask, a.number)) or {}).get("timings"))
@@ -205,6 +181,22 @@ def stage_report(layout: StageLayout, plan: Mapping[str, Any], *, liveness: str 
         "breakdown_line": breakdown_line(stage_breakdown(admitted_phases), len(admitted_phases)),
         "failed": _stage_failed(layout, committed is not None),
     }
+
+
+def _subtask_dirs(layout: StageLayout) -> set[int]:
+    """The subtask numbers that have a directory in the stage's directory."""
+    try:
+        names = os.listdir(layout.dir)
+    except OSError:
+        return set()
+    present = set()
+    for name in names:
+        if name.startswith("subtask="):
+            try:
+                present.add(int(name.split("=", 1)[1]))
+            except ValueError:
+                continue
+    return present
 
 
 def speed_line(summary: dict[str, Any]) -> str | None:

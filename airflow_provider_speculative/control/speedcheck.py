@@ -44,9 +44,9 @@ class CheckResult:
 
 
 def _default_check(url: str) -> float:
-    from airflow_provider_speculative.backends.spark_connect import speed_check
+    from airflow_provider_speculative.backends.registry import connect_speed_check
 
-    return speed_check(url)
+    return connect_speed_check(url)
 
 
 def check_speeds(urls: Mapping[str, str], check: Callable[[str], float] | None = None,

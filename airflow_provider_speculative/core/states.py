@@ -147,3 +147,23 @@ def current_attempt(attempts: list[Attempt]) -> Attempt | None:
     if not attempts:
         return None
     return min(attempts, key=lambda a: (state_rank(a.state), a.number))
+
+
+# -- liveness from the store's timestamps alone (the UI's reader) ------------------------------------
+
+# Six missed supervisor refreshes (5 s) or fifteen missed heartbeats (2 s): long enough for a loaded
+# machine's GC pause or a slow shared file system, short enough for a user watching the page.
+HEARTBEAT_STALE_AFTER = 30.0
+
+
+def last_sign_of_life(status: dict[str, Any], heartbeat: dict[str, Any]) -> float | None:
+    """The newest time the attempt was seen alive: heartbeat ``at``, supervisor ``alive_at`` or its start."""
+    seen = [float(v) for v in (heartbeat.get("at"), status.get("alive_at"), status.get("deploying_at")) if v]
+    return max(seen) if seen else None
+
+
+def heartbeat_alive(status: dict[str, Any], heartbeat: dict[str, Any], now: float,
+                    stale_after: float = HEARTBEAT_STALE_AFTER) -> bool:
+    """Whether an attempt that has not ended is alive, judged by the age of its last sign of life only."""
+    seen = last_sign_of_life(status, heartbeat)
+    return seen is not None and now - seen < stale_after

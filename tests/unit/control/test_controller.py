@@ -285,7 +285,7 @@ def test_the_wake_up_after_a_step_follows_its_cpu_time(tmp_path: Path) -> None:
 def test_only_a_controller_that_steps_with_fork_server_backends_starts_the_fork_server(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     started: list[bool] = []
-    monkeypatch.setattr(controller_module.forkserver, "prestart", lambda: started.append(True))
+    monkeypatch.setattr(controller_module, "prestart_fork_server", lambda: started.append(True))
     h = harness(tmp_path, parallelism=1)
     h.step()
     assert started == []  # backends that do not launch through it (this fake) never start it
