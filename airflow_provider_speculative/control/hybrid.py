@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from airflow_provider_speculative.core.copartition import KeyedParts, hybrid_key_refusal
 from airflow_provider_speculative.core.hybrid import HybridEdge
 from airflow_provider_speculative.core.messages import InputFailed, InputsAdmitted, InputWithdrawn
 from airflow_provider_speculative.core.plan import StagePlan
@@ -41,6 +42,7 @@ class _Producer:
     last_change: float = 0.0
     reported_waiting: int = -1
     reported_committed: bool = False
+    keys_checked: bool = False
 
 
 class HybridInputWatcher:
@@ -62,6 +64,12 @@ class HybridInputWatcher:
                 StageLayout(root, plan["dag_id"], plan["run_id"], edge.upstream), edge.producer_parallelism,
                 entry.get("upstream_fingerprint"), [name], last_change=now)
         self._first = True
+        self._root = root
+        self._dag_run = (plan["dag_id"], plan["run_id"])
+        # all_to_all inputs: their key types are checked again when a hybrid producer's first subtask is admitted.
+        self._keyed = {name: (entry["upstream"], entry.get("mode")) for name, entry in (plan["inputs"] or {}).items()
+                       if entry.get("kind") == "exchange" and entry.get("distribution") == "all_to_all"}
+        self._known: dict[str, KeyedParts] | None = None
 
     def poll(self, now: float) -> list[Any]:
         """Stimuli for what changed at the producers since the last poll (everything, the first time)."""
@@ -126,6 +134,10 @@ class HybridInputWatcher:
             # Re-checked on any producer change: a rerun withdraws a commit (rerun_invalidated).
             committed = read_json(producer.layout.committed) if os.path.exists(producer.layout.committed) else None
             producer.committed = bool(committed and committed.get("fingerprint") == producer.fingerprint)
+        if delta and not producer.keys_checked:
+            refusal = self._check_keys(stage, producer, min(delta), delta[min(delta)])
+            if refusal is not None:
+                return [InputFailed(stage, refusal)]
         waiting = max(0, producer.parallelism - len(producer.launched | set(producer.admitted)))
         if delta or self._first or waiting != producer.reported_waiting \
                 or producer.committed != producer.reported_committed:
@@ -136,6 +148,44 @@ class HybridInputWatcher:
             return [self._failure(stage, producer, f"changed nothing for {now - producer.last_change:.0f}s "
                                                    "(hybrid_input_timeout); is its task still running?")]
         return stimuli
+
+    def _check_keys(self, stage: str, producer: _Producer, subtask: int, attempt: int) -> str | None:
+        """Refusal of the first admitted output of a hybrid producer next to the other keyed inputs, or None.
+
+        Its schema exists only now (none was committed when this stage was planned); no consumer attempt has
+        read it yet, since every consumer subtask waits for at least one admitted producer of each hybrid input.
+        """
+        producer.keys_checked = True
+        names = [name for name in producer.inputs if name in self._keyed]
+        if not names:
+            return None
+        if self._known is None:
+            self._known = self._blocking_keyed()
+        manifest = read_json(producer.layout.manifest(subtask, attempt)) or {}
+        partitioning = manifest.get("partitioning")
+        key = (partitioning or {}).get("key") or self._output_key(producer.layout)
+        for name in names:
+            self._known[name] = (list(key), [(manifest.get("schema"), partitioning)])
+        return hybrid_key_refusal(self.where, names[0], stage, self._known)
+
+    def _blocking_keyed(self) -> dict[str, KeyedParts]:
+        """The blocking all_to_all inputs' committed (schema, partitioning) per producer subtask, with their keys."""
+        known: dict[str, KeyedParts] = {}
+        for name, (upstream, mode) in self._keyed.items():
+            if mode == "hybrid":
+                continue
+            layout = StageLayout(self._root, *self._dag_run, upstream)
+            committed = read_json(layout.committed) or {}
+            parts = [(p.get("schema"), p.get("partitioning")) for p in (committed.get("subtasks") or {}).values()]
+            key = next(((r or {}).get("key") for _, r in parts if (r or {}).get("key")), None)
+            known[name] = (list(key or self._output_key(layout)), parts)
+        return known
+
+    @staticmethod
+    def _output_key(layout: StageLayout) -> list[str]:
+        """The key a producer's plan hashes its output on."""
+        plan = read_json(layout.plan) or {}
+        return list((plan.get("output") or {}).get("key") or [])
 
     @staticmethod
     def _read_journal(producer: _Producer) -> tuple[set[int], bool, int]:

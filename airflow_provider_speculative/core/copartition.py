@@ -167,3 +167,25 @@ def check_time_zones(where: str, inputs: Mapping[str, tuple[Sequence[str],
                         f"one instant would land in different subtasks. Give the producers one "
                         f"spark.sql.session.timeZone (e.g. UTC in each stage's spark_conf), or partition on "
                         f"unix_micros(<column>)")
+
+
+# One keyed input as the checks see it: (key columns, (schema, partitioning record) per producer subtask).
+KeyedParts = tuple[Sequence[str], Sequence[tuple[Mapping[str, Any] | None, Mapping[str, Any] | None]]]
+
+
+def hybrid_key_refusal(where: str, hybrid_input: str, upstream: str, inputs: Mapping[str, KeyedParts]) -> str | None:
+    """Why a hybrid producer's first admitted output cannot be read with the consumer's other inputs, or None.
+
+    A hybrid producer has committed nothing when its consumer is planned, so the plan-time checks
+    (:func:`check_key_types`, :func:`check_time_zones`) run again when its first subtask is admitted,
+    before any consumer attempt may read it. ``inputs`` maps every all_to_all input whose producer output
+    is known to (key columns, (schema, partitioning record) per producer subtask known): blocking inputs
+    with every committed subtask, hybrid ones with the subtask checked so far (``hybrid_input`` included).
+    """
+    try:
+        check_key_types(where, {name: (key, [schema for schema, _ in parts]) for name, (key, parts) in inputs.items()})
+        check_time_zones(where, inputs)
+    except PlanError as exc:
+        return (f"{exc} (input {hybrid_input!r} is a hybrid exchange: producer {upstream!r} was checked when its "
+                f"first subtask was admitted, before any attempt of this stage read it)")
+    return None

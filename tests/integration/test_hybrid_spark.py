@@ -8,19 +8,25 @@ finishes its other chains first, asserted from the attempts' timestamps in the s
 incrementally (``ctx.read_incremental``); (b) a producer
 partition invalidated while a consumer that read it is still running restarts exactly that consumer,
 and only once the partition is re-produced; (c) the same chain as an Airflow DAG under ``dag.test()``
-(trigger rule ``always``, the consumer waiting for its producer's plan in a trigger) succeeds.
+(trigger rule ``always``, the consumer waiting for its producer's plan in a trigger) succeeds; (d) a
+hybrid producer whose key type cannot meet a blocking input's is refused when its first subtask is
+admitted, before any consumer attempt.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import threading
+import time
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from airflow_provider_speculative import Pipeline, all_to_all, parquet_source
+from airflow_provider_speculative.control.controller import StageController, wait_for_next_step
 from airflow_provider_speculative.control.rerun import invalidate_region, plan_rerun
 from airflow_provider_speculative.core.config import SpeculativeConfig
 from airflow_provider_speculative.core.graph import ExchangeSpec, PipelineGraph, SourceSpec, StageSpec
@@ -181,3 +187,44 @@ def test_dag_test_runs_a_hybrid_chain(airflow_db, source: Path, servers: dict[st
     # Each copy subtask read its producer's admitted attempt.
     assert [read_json(copy.heartbeat(i, 0))["reads"] for i in range(2)] == [{"scan": {"0": 0}}, {"scan": {"1": 0}}]
 
+
+
+def test_a_hybrid_producers_key_type_is_refused_at_its_first_commit(
+        tmp_path: Path, source: Path, servers: dict[str, str]) -> None:
+    # 'dim' (blocking, committed first) hashes an integer key; the hybrid producer 'scan' writes the key as a
+    # string. Its schema does not exist when 'join' is planned, so the join is refused when scan's first
+    # subtask is admitted, before any join attempt reads it; scan itself runs to the end.
+    apps = APP.parent
+    p = Pipeline("hybrid_keys")
+    dim = p.stage("dim", application=str(APP), parallelism=1, inputs={"rows": parquet_source(str(source))})
+    scan = p.stage("scan", application=str(apps / "select_exprs.py"), parallelism=2,
+                   inputs={"rows": parquet_source(str(source))},
+                   application_args=[json.dumps({"input": "rows", "select": ["cast(k AS string) AS k", "v"]})])
+    p.stage("join", application=str(apps / "join_inputs.py"), parallelism=2,
+            inputs={"dim": all_to_all(dim, key="k"), "rows": all_to_all(scan, key="k", mode="hybrid")},
+            application_args=[json.dumps({"left": "rows", "right": "dim", "left_on": ["k"], "right_on": ["k"],
+                                          "keep": []})])
+    graph, root = p.graph(), tmp_path / "store"
+
+    def plan(stage: str) -> dict:
+        written = plan_connect_stage(graph, stage, root, "hybrid", "r4", _config(servers))
+        write_plan(written)
+        return written
+
+    run_stages([plan("dim")], target_env=_env(servers), timeout=600)
+    controllers = {stage: StageController(plan(stage), target_env=_env(servers)) for stage in ("scan", "join")}
+    deadline = time.monotonic() + 600
+    while not all(c.done for c in controllers.values()):
+        assert time.monotonic() < deadline, "scan and join not decided within 600 s"
+        for c in controllers.values():
+            if not c.done:
+                c.step()
+        wait_for_next_step([c for c in controllers.values() if not c.done])
+    reason = controllers["join"].event_payload()["reason"]
+    assert controllers["join"].event_payload()["status"] != "success"
+    assert reason.startswith("pipeline 'hybrid_keys', stage 'join': key column 1 differs in type between inputs: "
+                             "'dim'.k is long, 'rows'.k is string"), reason
+    assert "input 'rows' is a hybrid exchange: producer 'scan'" in reason, reason
+    join = StageLayout(root, "hybrid", "r4", "join")
+    assert not any(p.name.startswith("attempt=") for p in join.dir.rglob("*")), sorted(join.dir.rglob("*"))
+    assert controllers["scan"].event_payload()["status"] == "success"

@@ -20,7 +20,13 @@ import pyarrow.parquet as pq
 import pytest
 
 from airflow_provider_speculative.core.graph import ExchangeSpec
-from airflow_provider_speculative.exceptions import ConfigError, PipelineError, PlanError, TargetError
+from airflow_provider_speculative.exceptions import (
+    ConfigError,
+    PipelineError,
+    PlanError,
+    StageFailedError,
+    TargetError,
+)
 from airflow_provider_speculative.pipeline import Pipeline, all_to_all, broadcast, parquet_source, pointwise
 from airflow_provider_speculative.sinks import ParquetSink, PostgresSink
 from airflow_provider_speculative.store.identity import own_store
@@ -109,6 +115,19 @@ def join_plan(tmp: Path, left_type: str, right_type: str, *, collation: str | No
     operator = SparkStageOperator(task_id="j", graph=p.graph(), stage="j")
     operator.execute({"dag": SimpleNamespace(dag_id="validation_dag"), "run_id": run_id,
                       "ti": SimpleNamespace(try_number=1), "logical_date": None, "dag_run": None})
+
+
+def hybrid_key_mismatch(tmp: Path) -> None:
+    """A hybrid producer's first admitted subtask hashes a string key beside a committed long key.
+
+    The consumer's controller fails the stage (what its task then raises, StageFailedError) before any attempt.
+    """
+    from tests.unit.control.test_controller import Clock
+    from tests.unit.control.test_hybrid_inputs import join_controller
+
+    ctrl, backend, _ = join_controller(tmp / "store", Clock(), "string")
+    assert ctrl.result is not None and backend.launched == []
+    raise StageFailedError(ctrl.result.reason)
 
 
 def deployment(**options: Any) -> Any:
@@ -478,6 +497,10 @@ CASES = [
     Case("join-key-time-zones", lambda t: join_plan(t, "timestamp", "timestamp", zones=("UTC", "Asia/Tokyo")),
          PlanError, r"stage 'j': timestamp key columns were hashed under different session time zones \('r'.k in "
          r"Asia/Tokyo, 'l'.id in UTC\)"),
+    Case("join-key-hybrid-first-commit", hybrid_key_mismatch, StageFailedError,
+         r"pipeline 'p', stage 'enrich': key column 1 differs in type between inputs: 'dim'.id is long, 'rows'.k "
+         r"is string; .* \(input 'rows' is a hybrid exchange: producer 'scan' was checked when its first subtask "
+         r"was admitted, before any attempt of this stage read it\)"),
     Case("join-key-floating", lambda t: join_plan(t, "double", "double"), PlanError,
          r"pipeline 'p', stage 'j', input 'l': key column 'id' is double; floating-point keys are refused"),
     Case("join-key-decimal-scales", lambda t: join_plan(t, "decimal(12,2)", "decimal(12,3)"), PlanError,

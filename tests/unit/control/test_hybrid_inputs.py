@@ -161,3 +161,64 @@ def test_read_incremental_yields_each_admitted_producer_once(tmp_path: Path) -> 
                 producer.finish(p, 0)
                 break
     assert batches[0] == [2] and sorted(p for b in batches for p in b) == [0, 1, 2]
+
+
+def _keyed_schema(column: str, spark_type: str) -> dict[str, Any]:
+    return {"type": "struct", "fields": [{"name": column, "type": spark_type, "nullable": True, "metadata": {}}]}
+
+
+def join_controller(root: Path, clock: Clock, hybrid_type: str) -> tuple[StageController, FakeBackend, Producer]:
+    """A join of a blocking input 'dim' (committed, key id: long) and a hybrid input 'rows' from 'scan' (key k)."""
+    producer = Producer(root)
+    dim = StageLayout(root, "d", "r", "dimscan")
+    atomic_write_json(dim.plan, {"stage": "dimscan", "parallelism": 1, "fingerprint": "dfp",
+                                 "output": {"key": ["id"], "max_parallelism": 8}})
+    atomic_write_json(dim.committed, {"fingerprint": "dfp", "subtasks": {"0": {
+        "attempt": 0, "schema": _keyed_schema("id", "long"),
+        "partitioning": {"key": ["id"], "max_parallelism": 8, "hash": "xxhash64-of-string-v1"}}}})
+    plan = consumer_plan(root, distribution="all_to_all")
+    plan["inputs"]["dim"] = {"kind": "exchange", "upstream": "dimscan", "distribution": "all_to_all",
+                             "mode": "blocking", "producer_parallelism": 1, "max_parallelism": 8,
+                             "upstream_fingerprint": "dfp", "schema": _keyed_schema("id", "long")}
+    for sub in plan["subtasks"]:
+        sub["inputs"]["dim"] = {"producers": [0, 1], "subpartitions": [0, 8]}
+    layout = StageLayout(root, "d", "r", "enrich")
+    atomic_write_json(layout.plan, plan)
+    backend = FakeBackend(layout, clock)
+    ctrl = StageController(plan, clock=clock, backends={"local-a": backend}, observer=backend)
+    ctrl.step()
+    # The hybrid producer's first subtask commits: its schema exists only now.
+    data = producer.layout.data(0, 0)
+    data.mkdir(parents=True)
+    (data / "part-0.parquet").write_bytes(b"rows")
+    manifest = build_manifest(data, schema=_keyed_schema("k", hybrid_type))
+    manifest["partitioning"] = {"key": ["k"], "max_parallelism": 8, "hash": "xxhash64-of-string-v1",
+                                "session_time_zone": "UTC"}
+    write_manifest(producer.layout.manifest(0, 0), manifest)
+    atomic_write_json(producer.layout.admitted(0), {"attempt": 0})
+    journal.record(producer.layout.journal, "admit", subtask=0, attempt=0)
+    clock.now += 1
+    ctrl.step()
+    return ctrl, backend, producer
+
+
+def test_a_hybrid_producers_key_type_is_checked_at_its_first_commit_before_any_consumer_reads(
+        tmp_path: Path) -> None:
+    ctrl, backend, _ = join_controller(tmp_path / "store", Clock(), "string")
+    assert ctrl.done and ctrl.result is not None and backend.launched == []
+    assert ctrl.result.reason.startswith(
+        "pipeline 'p', stage 'enrich': key column 1 differs in type between inputs: 'dim'.id is long, 'rows'.k is "
+        "string"), ctrl.result.reason
+    assert "input 'rows' is a hybrid exchange: producer 'scan' was checked when its first subtask was admitted" \
+        in ctrl.result.reason
+
+
+def test_a_hybrid_producer_whose_key_type_matches_is_read(tmp_path: Path) -> None:
+    clock = Clock()
+    ctrl, backend, producer = join_controller(tmp_path / "store", clock, "integer")
+    assert not ctrl.done and ctrl.result is None
+    producer.finish(1, 0)
+    producer.finish(2, 0)
+    clock.now += 1
+    ctrl.step()
+    assert not ctrl.done and sorted((s.subtask, s.attempt) for s in backend.launched) == [(0, 0), (1, 0)]

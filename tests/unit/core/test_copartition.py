@@ -8,6 +8,7 @@ from airflow_provider_speculative.core.copartition import (
     HASH_SCHEME,
     check_key_types,
     check_partitioning,
+    hybrid_key_refusal,
     key_family,
 )
 from airflow_provider_speculative.exceptions import PlanError
@@ -80,3 +81,35 @@ def test_pipeline_aligns_default_max_parallelism_of_joined_producers() -> None:
     # a and b: no declared value, the larger default (40); j joins c, which declares 64.
     assert graph.stages["a"].max_parallelism == graph.stages["b"].max_parallelism == 40
     assert graph.stages["j"].max_parallelism == graph.stages["c"].max_parallelism == 64
+
+
+def _zone(zone: str) -> dict:
+    return {"key": ["ts"], "max_parallelism": 8, "hash": HASH_SCHEME, "session_time_zone": zone}
+
+
+def test_a_hybrid_producer_is_checked_against_the_other_inputs_when_it_first_commits() -> None:
+    blocking = (["id"], [(schema(id="long"), None), (schema(id="integer"), None)])
+    where = "pipeline 'p', stage 'j'"
+    # Integer widths mix; a producer output without a schema yet is skipped.
+    assert hybrid_key_refusal(where, "r", "b", {"l": blocking, "r": (["k"], [(schema(k="short"), None)])}) is None
+    assert hybrid_key_refusal(where, "r", "b", {"l": blocking, "r": (["k"], [(None, None)])}) is None
+    refusal = hybrid_key_refusal(where, "r", "b", {"l": blocking, "r": (["k"], [(schema(k="string"), None)])})
+    assert refusal == (
+        "pipeline 'p', stage 'j': key column 1 differs in type between inputs: 'l'.id is long, 'r'.k is string; "
+        "equal values would not meet in one subtask. Cast one side in its producer (integer widths mix freely; "
+        "decimals need the same scale) (input 'r' is a hybrid exchange: producer 'b' was checked when its first "
+        "subtask was admitted, before any attempt of this stage read it)")
+
+
+def test_a_hybrid_producer_alone_is_checked_for_collations_floats_and_zones() -> None:
+    collated = schema(k="string")
+    collated["fields"][0]["metadata"] = {"__COLLATIONS": {"k": "spark.UTF8_LCASE"}}
+    refusal = hybrid_key_refusal("w", "r", "b", {"r": (["k"], [(collated, None)])})
+    assert refusal is not None and refusal.startswith("w, input 'r': key column 'k' has collation UTF8_LCASE")
+    refusal = hybrid_key_refusal("w", "r", "b", {"r": (["k"], [(schema(k="double"), None)])})
+    assert refusal is not None and "floating-point keys are refused" in refusal and "producer 'b'" in refusal
+    ts = schema(ts="timestamp")
+    zones = {"l": (["ts"], [(ts, _zone("UTC"))]), "r": (["ts"], [(ts, _zone("Asia/Tokyo"))])}
+    refusal = hybrid_key_refusal("w", "r", "b", zones)
+    assert refusal is not None and "('r'.ts in Asia/Tokyo, 'l'.ts in UTC)" in refusal
+    assert hybrid_key_refusal("w", "r", "b", {**zones, "r": (["ts"], [(ts, _zone("UTC"))])}) is None
