@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi import Depends, FastAPI, HTTPException, Query, Request
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse, Response, StreamingResponse
@@ -48,6 +48,11 @@ log = logging.getLogger(__name__)
 STATIC = Path(__file__).resolve().parent / "static"
 REFRESH_SECONDS = 2
 _NO_STORE = {"Cache-Control": "no-store"}
+# /api/stage lists this many subtasks per page by default (500 subtasks with one attempt each are ~0.3 MB
+# of JSON where the whole stage was 16 MB); totals by state always cover every subtask.
+DEFAULT_SUBTASK_PAGE = 500
+MAX_SUBTASK_PAGE = 2000
+MAX_SUBTASK_OFFSET = 32768  # the largest parallelism
 # The largest request body (a rerun of 100,000 subtasks is ~700 KB of JSON).
 MAX_BODY_BYTES = 1024 * 1024
 # Pages and API alike: no inline script or style, no plugins, no <base> rewriting, framed only by the
@@ -107,10 +112,12 @@ def create_app(store: Path | None = None) -> FastAPI:
         return _finish(view, dag_id, run_id)
 
     @app.get("/api/stage", dependencies=[Depends(read_task)])
-    def api_stage(request: Request, dag_id: str, run_id: str, task_id: str) -> dict[str, Any]:
-        """One stage (by its task id): subtasks, attempts, blocked nodes, baseline and metrics."""
+    def api_stage(request: Request, dag_id: str, run_id: str, task_id: str,
+                  offset: int = Query(0, ge=0, le=MAX_SUBTASK_OFFSET),
+                  limit: int = Query(DEFAULT_SUBTASK_PAGE, ge=1, le=MAX_SUBTASK_PAGE)) -> dict[str, Any]:
+        """One stage (by its task id): totals by state, one page of subtasks with attempts, blocked nodes, metrics."""
         view = stage_view(_store(request), dag_id, run_id, _stage_or_404(request, dag_id, run_id, task_id),
-                          spark_history_url=spark_history_url())
+                          spark_history_url=spark_history_url(), offset=offset, limit=limit)
         return _finish(view, dag_id, run_id)
 
     @app.get("/api/log", dependencies=[Depends(read_logs)])

@@ -19,6 +19,9 @@ ROUTINE_EVENTS = frozenset({"launch", "admit"})
 RESTART_REASON = "restart after failure"
 LIVE_STATES = frozenset({"CREATED", "SCHEDULED", "DEPLOYING", "INITIALIZING", "RUNNING", "CANCELING"})
 TERMINAL_RUN_STATES = frozenset({"success", "failed"})
+SUBTASK_STATES = ("admitted", "running", "failed", "waiting")
+# The stage view lists at most this many controller events (the latest); events_total counts them all.
+MAX_EVENTS = 200
 _LOG_HEAD_BYTES = 256 * 1024
 _SPARK_UI_PORT = re.compile(r"Successfully started service '?SparkUI'? on port (\d+)")
 _DRIVER_HOST = re.compile(r"(?:Server created on |Starting executor ID driver on host )([^\s:]+)")
@@ -56,17 +59,49 @@ def run_view(root: Path, dag_id: str, run_id: str, *, spark_history_url: str = "
 
 
 def stage_view(root: Path, dag_id: str, run_id: str, stage: str, *, spark_history_url: str = "",
-               now: float | None = None) -> dict[str, Any]:
-    """One stage with its subtasks, attempts, blocked nodes, baseline and metrics."""
+               now: float | None = None, offset: int = 0, limit: int | None = None) -> dict[str, Any]:
+    """One stage with its blocked nodes, baseline, metrics and the subtasks ``[offset, offset + limit)``.
+
+    Totals by state (``subtask_totals``) and the stage's aggregates cover every subtask; only the page's
+    subtasks are listed with their attempts (``subtask_page`` says which), and only the last
+    ``MAX_EVENTS`` controller events (``events_total`` counts them all), so a 32,768-subtask stage is not
+    one document of megabytes on every poll. ``limit=None`` lists every subtask.
+    """
     now = time.time() if now is None else now
     report = run_report(root, dag_id, run_id, stage, liveness="heartbeat", now=now)
-    return {"dag_id": dag_id, "run_id": run_id, "now": now,
-            **_enrich(root, dag_id, run_id, report["stages"][0], spark_history_url, now)}
+    stop = None if limit is None else offset + limit
+    view = _enrich(root, dag_id, run_id, report["stages"][0], spark_history_url, now, page=(offset, stop))
+    subtasks = view["subtasks"]
+    page = subtasks[offset:stop]
+    view.update(subtasks=page, subtask_totals=subtask_totals(subtasks),
+                subtask_page={"offset": offset, "limit": limit, "count": len(page), "total": len(subtasks)},
+                events=view["events"][-MAX_EVENTS:], events_total=len(view["events"]))
+    return {"dag_id": dag_id, "run_id": run_id, "now": now, **view}
+
+
+def subtask_state(subtask: dict[str, Any]) -> str:
+    """One word for a subtask: admitted (or reused), running (a live attempt), failed (attempts, none live), waiting."""
+    if subtask["admitted"] is not None or subtask["reused"]:
+        return "admitted"
+    if any(a["state"] in LIVE_STATES for a in subtask["attempts"]):
+        return "running"
+    return "failed" if subtask["attempts"] else "waiting"
+
+
+def subtask_totals(subtasks: list[dict[str, Any]]) -> dict[str, int]:
+    """How many subtasks are in each state of :func:`subtask_state` (every state present, summing to the count)."""
+    totals = dict.fromkeys(SUBTASK_STATES, 0)
+    for sub in subtasks:
+        totals[subtask_state(sub)] += 1
+    return totals
 
 
 def _enrich(root: Path, dag_id: str, run_id: str, stage: dict[str, Any], history: str,
-            now: float) -> dict[str, Any]:
-    """Add to run_report's stage what the views need: reasons, inputs, progress, restarts, events, window."""
+            now: float, page: tuple[int, int | None] = (0, None)) -> dict[str, Any]:
+    """Add to run_report's stage what the views need: reasons, inputs, progress, restarts, events, window.
+
+    Links (Spark UI, history) are looked up only for the subtasks of ``page`` ([start, stop)), the ones listed.
+    """
     layout = StageLayout(root, dag_id, run_id, stage["stage"])
     plan = read_json(layout.plan) or {}
     summary = read_json(layout.summary) or {}
@@ -77,7 +112,9 @@ def _enrich(root: Path, dag_id: str, run_id: str, stage: dict[str, Any], history
     own = (plan.get("config") or {}).get("spark_history_url")
     stage_history = (safe_http_url(own) or "") if own else history
     starts, ends, restarts = [], [], []
+    first, stop = page
     for sub in stage["subtasks"]:
+        listed = sub["subtask"] >= first and (stop is None or sub["subtask"] < stop)
         for a in sub["attempts"]:
             claim = read_json(layout.claim(sub["subtask"], a["attempt"])) or {}
             a["reason"] = claim.get("reason")
@@ -88,8 +125,8 @@ def _enrich(root: Path, dag_id: str, run_id: str, stage: dict[str, Any], history
             # Liveness comes from the store's timestamps (the read model's heartbeat mode), never from a
             # pid lookup on the api-server's host, which knows nothing of attempts on other machines.
             a["heartbeat_age"] = (now - a["last_seen"]) if a["live"] and a["last_seen"] else None
-            a["spark_ui"] = _live_spark_ui(layout, sub["subtask"], a) if a["live"] else None
-            a["spark_history"] = _history_link(layout, sub["subtask"], a, stage_history)
+            a["spark_ui"] = _live_spark_ui(layout, sub["subtask"], a) if a["live"] and listed else None
+            a["spark_history"] = _history_link(layout, sub["subtask"], a, stage_history) if listed else None
             if begin:
                 starts.append(begin)
                 ends.append(a["end"] or now)

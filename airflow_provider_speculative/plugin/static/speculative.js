@@ -71,20 +71,27 @@
     return "stage?" + query({task_id: stage});
   }
 
-  /* Fetch `url` every refresh_seconds and render, until the payload says done. */
+  /* Fetch `url` (a string, or a function giving one) every refresh_seconds and render, until the payload
+     says done. Returns a function that fetches again at once (e.g. for another page of subtasks). */
   function poll(url, render) {
     const root = document.getElementById("content");
     let refreshes = 0;
+    let timer = null;
+    let generation = 0;  // a tick started before refresh() drops its answer: one poll loop at a time
     async function tick() {
+      const mine = generation;
       let response;
       try {
-        response = await fetch(url, {credentials: "same-origin", headers: {Accept: "application/json"},
-                                     cache: "no-store"});
+        response = await fetch(typeof url === "function" ? url() : url,
+                               {credentials: "same-origin", headers: {Accept: "application/json"},
+                                cache: "no-store"});
       } catch (err) {
+        if (mine !== generation) return;
         setLive("error", "cannot reach the api-server; retrying");
-        window.setTimeout(tick, NOT_FOUND_RETRY_MS);
+        timer = window.setTimeout(tick, NOT_FOUND_RETRY_MS);
         return;
       }
+      if (mine !== generation) return;
       if (response.status === 401 || response.status === 403) {
         setLive("error", response.status === 401 ? "session expired: reload the page to log in again"
                                                  : "you may not read this DAG");
@@ -102,15 +109,16 @@
           return;
         }
         setLive("live", "nothing recorded yet; checking again");
-        window.setTimeout(tick, NOT_FOUND_RETRY_MS);
+        timer = window.setTimeout(tick, NOT_FOUND_RETRY_MS);
         return;
       }
       if (!response.ok) {
         setLive("error", "error " + response.status + "; retrying");
-        window.setTimeout(tick, NOT_FOUND_RETRY_MS);
+        timer = window.setTimeout(tick, NOT_FOUND_RETRY_MS);
         return;
       }
       const data = await response.json();
+      if (mine !== generation) return;
       refreshes += 1;
       document.body.dataset.refreshes = String(refreshes);
       root.replaceChildren(render(data));
@@ -120,10 +128,15 @@
                 + ": auto-refresh stopped at " + clock(data.now));
       } else {
         setLive("live", "live: refreshing every " + data.refresh_seconds + " s (last " + clock(data.now) + ")");
-        window.setTimeout(tick, data.refresh_seconds * 1000);
+        timer = window.setTimeout(tick, data.refresh_seconds * 1000);
       }
     }
     tick();
+    return function refresh() {
+      generation += 1;
+      window.clearTimeout(timer);
+      tick();
+    };
   }
 
   function card(id, label, value, title) {
@@ -172,7 +185,7 @@
         `Results expired: gc removed the committed output of ${subs.length} subtask(s) at ${datetime(d.expired.at)}`
         + (d.expired.reason ? ` (${d.expired.reason})` : "") + "; a consumer rerun would have to recompute them."));
     }
-    frag.append(h("h2", null, "Attempts over time"), legend(), timeline(d));
+    frag.append(h("h2", null, "Attempts over time"), subtaskPager(d), legend(), timeline(d));
     if (d.breakdown_line) frag.append(h("p", {class: "sub", id: "breakdown-line"}, d.breakdown_line));
     frag.append(h("h2", null, "Slots"), slotTable(d));
     frag.append(h("h2", null, "Blocked nodes"), blockedTable(d));
@@ -180,6 +193,31 @@
     frag.append(h("h2", null, "Controller events"), eventsTable(d.events, false));
     rerunPanel(d);
     return frag;
+  }
+
+  /* A big stage is served a page of subtasks at a time (offset, limit); totals by state cover all of them. */
+  const subtaskPage = {offset: 0, limit: 500};
+  let refreshStage = null;
+  function subtaskPager(d) {
+    const p = d.subtask_page, totals = d.subtask_totals || {};
+    const box = h("div", {class: "sub pager", id: "subtask-pager"});
+    if (!p) return box;
+    const last = p.offset + p.count;
+    box.append(h("span", {id: "subtask-range"},
+                 p.count ? `subtasks ${p.offset}-${last - 1} of ${p.total}` : `no subtask here (${p.total} in all)`),
+               " · ", h("span", {id: "subtask-totals"},
+                        Object.entries(totals).map(([state, n]) => `${n} ${state}`).join(", ")));
+    if (p.total <= p.count && p.offset === 0) return box;  // one page holds the stage
+    const go = (offset) => {
+      subtaskPage.offset = offset;
+      if (refreshStage) refreshStage();
+    };
+    const prev = h("button", {type: "button", id: "subtasks-prev", disabled: p.offset === 0}, "previous");
+    const next = h("button", {type: "button", id: "subtasks-next", disabled: last >= p.total}, "next");
+    prev.addEventListener("click", () => go(Math.max(0, p.offset - subtaskPage.limit)));
+    next.addEventListener("click", () => go(p.offset + subtaskPage.limit));
+    box.append(" ", prev, " ", next);
+    return box;
   }
 
   function legend() {
@@ -587,6 +625,9 @@
     const which = {task_id: TASK_ID, subtask: params.get("subtask") || "0"};
     if (params.get("attempt")) which.attempt = params.get("attempt");  // else the subtask's latest attempt
     poll("../api/log?" + query(which), renderLog);
-  } else if (page === "stage") poll("../api/stage?" + query({task_id: TASK_ID}), renderStage);
+  } else if (page === "stage") {
+    refreshStage = poll(() => "../api/stage?" + query({task_id: TASK_ID, offset: subtaskPage.offset,
+                                                       limit: subtaskPage.limit}), renderStage);
+  }
   else poll("../api/run?" + query(), renderRun);
 })();
