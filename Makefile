@@ -113,15 +113,17 @@ services:
 			|| { echo "error: apt-get install$$missing failed"; exit 1; }; \
 	fi
 
-# hadoop-aws and the AWS SDK bundle (about 700 MB) from Maven Central, pinned in jars/s3a/pom.xml to the
-# Hadoop that pyspark bundles: what Spark needs to read and write s3:// (docs/store.md).
-JARS := $(CURDIR)/.jars/s3a
-jars: $(JARS)/.done
-$(JARS)/.done: jars/s3a/pom.xml
-	@command -v mvn >/dev/null || { echo "error: Maven (mvn) is required to fetch the s3a jars"; exit 1; }
-	rm -rf $(JARS)
-	mvn -q -B -f jars/s3a/pom.xml dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory=$(JARS)
-	touch $@
+# hadoop-aws and the AWS SDK bundle (about 700 MB) from Maven Central at the Hadoop version the installed
+# pyspark bundles (jars/s3a/pom.xml): what Spark needs to read and write s3:// (docs/store.md).
+HADOOP_VERSION = $(shell $(PY) -c 'from airflow_provider_speculative.devtools.localcluster import pyspark_hadoop_version as v; print(v())' 2>/dev/null)
+jars: install
+	@test -n "$(HADOOP_VERSION)" || { echo "error: cannot tell pyspark's Hadoop version (is the venv installed?)"; exit 1; }
+	@test -f .jars/s3a-$(HADOOP_VERSION)/.done || { \
+		command -v mvn >/dev/null || { echo "error: Maven (mvn) is required to fetch the s3a jars"; exit 1; }; \
+		rm -rf .jars/s3a-$(HADOOP_VERSION) && \
+		mvn -q -B -f jars/s3a/pom.xml -Dhadoop.version=$(HADOOP_VERSION) dependency:copy-dependencies \
+			-DincludeScope=runtime -DoutputDirectory=$(CURDIR)/.jars/s3a-$(HADOOP_VERSION) && \
+		touch .jars/s3a-$(HADOOP_VERSION)/.done; }
 
 test: install java-check data-q3 browser services jars
 	$(PY) -m pytest -ra --durations=25

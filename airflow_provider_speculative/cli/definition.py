@@ -109,8 +109,8 @@ def get_cli_commands() -> list[Any]:
                               help="jars for every server: a directory (its *.jar) or a comma-separated list"),
                           Arg(("--s3",), action="store_true",
                               help="serve s3:// and s3a:// paths: the s3a jars (--jars, else "
-                                   "$SPECULATIVE_S3A_JARS, else .jars/s3a from `make jars`) and the endpoint "
-                                   "of the AWS environment; keys stay in the servers' environment"),
+                                   "$SPECULATIVE_S3A_JARS, else .jars/s3a-<pyspark's Hadoop> from `make jars`) "
+                                   "and the endpoint of the AWS environment; keys stay in the servers' environment"),
                           output),
                 ),
                 ActionCommand(

@@ -423,16 +423,26 @@ def _tail(path: str, lines: int = 15) -> str:
     return "(no log)"
 
 
-# Where `make jars` puts hadoop-aws and the AWS SDK (jars/s3a/pom.xml pins them to pyspark's Hadoop).
+# Where `make jars` puts hadoop-aws and the AWS SDK (jars/s3a/pom.xml, at pyspark's Hadoop version).
 S3A_JARS_ENV = "SPECULATIVE_S3A_JARS"
 
 
+def pyspark_hadoop_version() -> str:
+    """The Hadoop version the installed pyspark bundles (from its ``hadoop-client-api-<version>.jar``)."""
+    import pyspark
+
+    jars = sorted((Path(pyspark.__file__).parent / "jars").glob("hadoop-client-api-*.jar"))
+    if not jars:
+        raise LocalClusterError(f"pyspark at {Path(pyspark.__file__).parent} bundles no hadoop-client-api jar")
+    return jars[-1].name[len("hadoop-client-api-"):-len(".jar")]
+
+
 def s3a_jars() -> str:
-    """The s3a jar directory: ``$SPECULATIVE_S3A_JARS``, else ``.jars/s3a`` of this checkout (`make jars`)."""
+    """The s3a jar directory: ``$SPECULATIVE_S3A_JARS``, else ``.jars/s3a-<pyspark's Hadoop>`` (`make jars`)."""
     configured = os.environ.get(S3A_JARS_ENV)
     if configured:
         return configured
-    checkout = Path(__file__).resolve().parents[2] / ".jars" / "s3a"
+    checkout = Path(__file__).resolve().parents[2] / ".jars" / f"s3a-{pyspark_hadoop_version()}"
     if not checkout.is_dir():
         raise LocalClusterError(f"no s3a jars: set ${S3A_JARS_ENV} to a directory with hadoop-aws and the AWS SDK "
                                 f"bundle for pyspark's Hadoop, or run `make jars` in a checkout ({checkout})")

@@ -9,18 +9,36 @@ import pyspark
 import pytest
 
 from airflow_provider_speculative.cli.local_cluster import server_conf
-from airflow_provider_speculative.devtools.localcluster import LocalClusterError, jar_paths
+from airflow_provider_speculative.devtools.localcluster import LocalClusterError, jar_paths, pyspark_hadoop_version
 from airflow_provider_speculative.hooks.objectstore import S3Settings, spark_s3_conf
 
 POM = Path(__file__).resolve().parents[2] / "jars" / "s3a" / "pom.xml"
 
 
-def test_hadoop_aws_version_is_pysparks_hadoop():
+def s3a_jars_default() -> str:
+    """Where the provider looks for the s3a jars without $SPECULATIVE_S3A_JARS."""
+    import os
+
+    from airflow_provider_speculative.devtools import localcluster
+
+    saved = os.environ.pop(localcluster.S3A_JARS_ENV, None)
+    try:
+        return localcluster.s3a_jars()
+    except LocalClusterError as exc:  # not fetched on this machine: the message names the directory
+        return str(exc).rsplit("(", 1)[1].rstrip(")")
+    finally:
+        if saved is not None:
+            os.environ[localcluster.S3A_JARS_ENV] = saved
+
+
+def test_hadoop_aws_follows_pysparks_hadoop():
     bundled = [p.name for p in (Path(pyspark.__file__).parent / "jars").glob("hadoop-client-api-*.jar")]
     assert len(bundled) == 1, bundled
     hadoop = re.fullmatch(r"hadoop-client-api-(.+)\.jar", bundled[0]).group(1)
-    pinned = re.search(r"<artifactId>hadoop-aws</artifactId>\s*<version>([^<]+)</version>", POM.read_text()).group(1)
-    assert pinned == hadoop, f"jars/s3a/pom.xml pins hadoop-aws {pinned}, pyspark bundles Hadoop {hadoop}"
+    assert pyspark_hadoop_version() == hadoop
+    # `make jars` sets the property; the pom's hadoop-aws must take its version from it.
+    assert re.search(r"<artifactId>hadoop-aws</artifactId>\s*<version>\$\{hadoop.version\}</version>", POM.read_text())
+    assert Path(s3a_jars_default()).name == f"s3a-{hadoop}"
 
 
 def test_spark_conf_has_endpoint_and_no_secret():
