@@ -40,7 +40,10 @@ def run_view(root: Path, dag_id: str, run_id: str, *, spark_history_url: str = "
     """Every stage of a run with the stage graph's edges; raises NotFoundError when none is recorded."""
     now = time.time() if now is None else now
     report = run_report(root, dag_id, run_id, liveness="heartbeat", now=now)
-    stages = [_enrich(root, dag_id, run_id, s, spark_history_url, now) for s in report["stages"]]
+    # The run page shows stages, not subtasks: each stage comes with its totals by state instead of its
+    # subtask list (a 32,768-subtask stage would make every poll of the run page megabytes too).
+    stages = [_compact(_enrich(root, dag_id, run_id, s, spark_history_url, now, page=(0, 0)))
+              for s in report["stages"]]
     names = {s["stage"] for s in stages}
     edges, sources = [], []
     for s in stages:
@@ -77,6 +80,15 @@ def stage_view(root: Path, dag_id: str, run_id: str, stage: str, *, spark_histor
                 subtask_page={"offset": offset, "limit": limit, "count": len(page), "total": len(subtasks)},
                 events=view["events"][-MAX_EVENTS:], events_total=len(view["events"]))
     return {"dag_id": dag_id, "run_id": run_id, "now": now, **view}
+
+
+def _compact(stage: dict[str, Any]) -> dict[str, Any]:
+    """A stage for the run view: totals by state for its subtasks, the latest events and first restarts."""
+    subtasks = stage.pop("subtasks")
+    stage.update(subtask_totals=subtask_totals(subtasks), events=stage["events"][-MAX_EVENTS:],
+                 events_total=len(stage["events"]), restarts=stage["restarts"][:MAX_EVENTS],
+                 restarts_total=len(stage["restarts"]))
+    return stage
 
 
 def subtask_state(subtask: dict[str, Any]) -> str:

@@ -468,7 +468,7 @@
         s("rect", {class: "bar", x: 12, y: 32, width: (W - 24) * frac, height: 8, rx: 4}),
         s("text", {x: 12, y: 58, class: "progress"}, `${st.progress.admitted}/${st.progress.parallelism} admitted`),
         s("text", {class: "muted", x: 12, y: 78},
-          `${st.attempts_total} attempts · ${st.speculative_attempts} spec · ${st.restarts.length} restarts`));
+          `${st.attempts_total} attempts · ${st.speculative_attempts} spec · ${(st.restarts_total ?? st.restarts.length)} restarts`));
       svg.append(s("a", {href: stageHref(st.stage)}, g));
     }
     return svg;
@@ -487,7 +487,7 @@
           ? `${i.name} ← ${i.upstream} (${i.distribution}, ${i.mode})` : `${i.name} (${i.kind} ${i.format || ""})`)
           .join("; ")),
         h("td", null, st.attempts_total), h("td", null, st.speculative_attempts),
-        h("td", null, st.numEffectiveSpeculativeExecutions), h("td", null, st.restarts.length),
+        h("td", null, st.numEffectiveSpeculativeExecutions), h("td", null, (st.restarts_total ?? st.restarts.length)),
         h("td", null, st.blocked.filter((b) => !b.expired).map((b) => b.node).join(", ") || "-",
           st.expired ? h("span", {class: "tag badge-expired", title: "gc removed the committed results"},
                          "results expired") : null))));

@@ -126,3 +126,14 @@ def test_a_bad_page_is_a_422_naming_the_field(client: TestClient, params: dict[s
     response = client.get("/api/stage", params={"dag_id": DAG, "run_id": RUN, "task_id": STAGE, **params})
     assert response.status_code == 422, response.text
     assert next(iter(params)) in response.text
+
+
+def test_the_run_view_carries_totals_not_subtasks(client: TestClient) -> None:
+    from airflow_provider_speculative.plugin.model import MAX_EVENTS
+
+    response = client.get("/api/run", params={"dag_id": DAG, "run_id": RUN})
+    assert response.status_code == 200 and len(response.content) < 128 * 1024, len(response.content)
+    (stage,) = response.json()["stages"]
+    assert "subtasks" not in stage and sum(stage["subtask_totals"].values()) == N
+    assert stage["subtask_totals"]["admitted"] == len(ADMITTED) == stage["progress"]["admitted"]
+    assert len(stage["events"]) == MAX_EVENTS and stage["events_total"] == 1000 and stage["restarts_total"] == 0
