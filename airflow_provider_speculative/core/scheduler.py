@@ -9,10 +9,13 @@ Stimuli are named for what happened (past tense), actions for what to do (impera
 
 from __future__ import annotations
 
+import bisect
 import functools
+import heapq
+import math
 import re
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 
 from airflow_provider_speculative.core.blocklist import Blocklist
@@ -53,7 +56,7 @@ from airflow_provider_speculative.core.messages import (
     TargetsObserved,
     Tick,
 )
-from airflow_provider_speculative.core.speed import HoldPlanner, Speeds, observe
+from airflow_provider_speculative.core.speed import SLOW_FACTOR, HoldPlanner, Speeds, observe
 from airflow_provider_speculative.core.states import LIVE, TERMINAL, Attempt, AttemptState, current_attempt
 
 # A failure storm reports this many causes in full, the rest as counts (the journal stays small).
@@ -114,6 +117,11 @@ class StageScheduler:
     # placement looks only at these, so a quiet tick costs O(changes), not O(subtasks).
     _dirty: set[int] = field(default_factory=set)
     _wanting: set[int] = field(default_factory=set)
+    # Subtasks of _wanting whose want was decided and has not changed since (anything that could change it
+    # marks them dirty): subtask -> why it wants an original. With the sorted order, a round whose slots run
+    # out stops there instead of walking every waiting subtask again, so a full cluster's tick is O(changes).
+    _queued: dict[int, str] = field(default_factory=dict, repr=False)
+    _queue_order: list[int] = field(default_factory=list, repr=False)
     _check_stragglers: bool = True
     _admit_version: int = 0
     _baseline_version: int = -1
@@ -138,6 +146,10 @@ class StageScheduler:
     # Subtask -> (since, why) while its original is held back for a faster target's slot (not a slot held).
     held_back: dict[int, tuple[float, str]] = field(default_factory=dict)
     speeds: Speeds | None = None
+    # What one placement round computes once instead of per waiting subtask (None between rounds).
+    _round: _Round | None = field(default=None, init=False, repr=False, compare=False)
+    _positions: dict[str, int] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _positions_of: tuple[Target, ...] | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         for subtask in range(self.parallelism):
@@ -358,6 +370,7 @@ class StageScheduler:
         if self.free_slots is not None:
             self.free_slots[lost.target] = 0
         self._wanting.add(lost.subtask)
+        self._dirty.add(lost.subtask)
 
     def _inputs_admitted(self, report: InputsAdmitted) -> None:
         """Producer partitions became available: consumers waiting on them are placed again."""
@@ -578,6 +591,7 @@ class StageScheduler:
             readers = set(self.input_readers.get(key, frozenset())) | {attempt.subtask}
             for reader in readers - set(self.admitted) - set(self.reused):
                 self.waiting.setdefault(reader, set()).add(key)
+                self._dirty.add(reader)  # a queued reader must leave the queue
             if key not in self.recovering:
                 self.recovering.add(key)
                 lost_attempt = (attempt.failure or {}).get("attempt") if producer == lost else None
@@ -621,7 +635,9 @@ class StageScheduler:
         if self.baseline is None and not forced:
             self.slow_subtasks = frozenset()  # nothing can be slow before the baseline exists
             return []
-        candidates = [a for a in self.all_attempts()
+        # Whole subtasks are skipped, not attempt by attempt: the admitted majority of a big stage costs O(1) each.
+        candidates = [a for subtask, per in self.attempts.items()
+                      if subtask not in self.admitted and subtask not in self.reused for a in per.values()
                       if a.subtask not in self.admitted and a.subtask not in self.reused]
         judged = judge_slow(candidates, self.baseline, now, self.input_bytes)
         slow = [a for a, _ in judged]
@@ -641,15 +657,26 @@ class StageScheduler:
         return actions
 
     def _target(self, name: str) -> Target:
-        for target in self.targets:
-            if target.name == name:
-                return target
-        return Target(name=name)
+        position = self._position(name)
+        return self.targets[position] if position is not None else Target(name=name)
+
+    def _position(self, name: str) -> int | None:
+        """The target's place in the configuration (ties in placement go to the earlier one); None if unknown."""
+        if self._positions_of is not self.targets:
+            # Target names are unique (config.py checks), so a name stands for its position.
+            self._positions = {t.name: i for i, t in reversed(list(enumerate(self.targets)))}
+            self._positions_of = self.targets
+        return self._positions.get(name)
 
     def _place(self, now: float) -> list[Action]:
-        wanted: list[tuple[int, bool, str]] = []
-        candidates, self._dirty = self._dirty | self._wanting, set()
-        self._wanting = set()
+        fresh: list[tuple[int, str]] = []
+        candidates, self._dirty = self._dirty | self._wanting.difference(self._queued), set()
+        if self.hybrid:
+            # Hybrid inputs can be withdrawn without a dirty mark: decide every waiting subtask again.
+            candidates |= self._queued.keys()
+        for subtask in candidates.intersection(self._queued):
+            del self._queued[subtask]
+        self._wanting = set(self._queued)
         for subtask in sorted(candidates):
             if subtask in self.admitted or subtask in self.reused or self.waiting.get(subtask):
                 continue
@@ -665,14 +692,20 @@ class StageScheduler:
                     reason = ("rerun after lost input" if last.lost_partition
                               else "rerun after its target or node was lost"
                               if (subtask, last.number) in self.target_lost else "restart after failure")
-                wanted.append((subtask, False, reason))
+                fresh.append((subtask, reason))
+        if fresh:
+            for subtask, reason in fresh:
+                self._queued[subtask] = reason
+                self._wanting.add(subtask)
+            self._queue_order = sorted(self._queued)
+        speculative: list[tuple[int, str]] = []
         for subtask in sorted(self.slow_subtasks):
             live = [a for a in self.attempts[subtask].values() if a.possible_to_finish]
             if live and len(live) < self.config.max_concurrent_executions:
                 why = self.slow_reasons.get(subtask)
-                wanted.append((subtask, True, "speculative copy of a slow attempt" + (f": {why}" if why else "")))
-        self._update_slot_wait(bool(wanted), now)
-        if not wanted:
+                speculative.append((subtask, "speculative copy of a slow attempt" + (f": {why}" if why else "")))
+        self._update_slot_wait(bool(self._queued or speculative), now)
+        if not (self._queued or speculative):
             return []
         if self._slot_wait_expired(now):
             since = self.waiting_for_slot_since if self.waiting_for_slot_since is not None else now
@@ -685,7 +718,6 @@ class StageScheduler:
             for attempt in self.all_attempts():
                 if attempt.live and attempt.target in load:
                     load[attempt.target] += 1
-        actions: list[Action] = []
         # FLIP-235's fallback: while producers of a hybrid input still wait for a slot, keep that many free.
         # With slots shared through the store the producers draw from the same free count.
         free_total = (sum(max(0, n) for n in self.free_slots.values()) if self.free_slots is not None
@@ -693,13 +725,36 @@ class StageScheduler:
         budget = consumer_slots(free_total, sum(self.producers_waiting.values())) if self.hybrid else None
         speeds = self.speeds = observe(self.all_attempts(), self.input_bytes, now, self.target_history,
                                            self.history_source)
+        self._round = _Round(self, load, now, speeds)
+        try:
+            actions = self._place_wanted(self._wanted(speculative), load, budget, speeds, now)
+        finally:
+            self._round = None
+        if len(self._queue_order) > 2 * len(self._queued) + 64:
+            self._queue_order = [subtask for subtask in self._queue_order if subtask in self._queued]
+        return actions
+
+    def _wanted(self, speculative: list[tuple[int, str]]) -> Iterator[tuple[int, bool, str]]:
+        """The queued originals in subtask order, then the speculative copies: what a round tries to place."""
+        for subtask in self._queue_order:
+            reason = self._queued.get(subtask)
+            if reason is not None:  # launched subtasks leave the dict; the list is pruned now and then
+                yield subtask, False, reason
+        for subtask, reason in speculative:
+            yield subtask, True, reason
+
+    def _place_wanted(self, wanted: Iterator[tuple[int, bool, str]], load: dict[str, int], budget: int | None,
+                      speeds: Speeds, now: float) -> list[Action]:
+        """One placement round over ``wanted`` (in order): launch, hold back, or leave waiting for a slot."""
+        assert self._round is not None
+        placement = self._round
+        actions: list[Action] = []
         holds: HoldPlanner | None = None
         tried: set[str] = set()
         for subtask, speculative, reason in wanted:
-            if budget is not None and budget <= 0:
-                if not speculative:
-                    self._wanting.add(subtask)
-                continue
+            if (budget is not None and budget <= 0) or placement.exhausted():
+                # No slot left for anyone: the queued originals stay queued (and in _wanting), copies wait.
+                break
             avoid = {a.target for a in self.attempts[subtask].values() if a.live} if speculative else set()
             target = self._pick_target(load, now, avoid, allow_blocked=not speculative, speeds=speeds)
             if target is None:
@@ -714,25 +769,30 @@ class StageScheduler:
                 # fixed is measured again instead of being avoided until its record expires.
                 probe = (speeds.source.get(target.name) == "history" and target.name not in tried
                          and target.name in self.probe_targets)
-                held = None if probe else holds.hold_for(target.name, self._placeable(now))
+                held = None if probe else placement.hold_for(holds, target.name)
                 if held is not None:
                     faster, finish, here = held
-                    self.held_back.setdefault(subtask, (now, f"for faster target {faster} (expected to end in "
-                                                             f"{finish:.1f} there vs {here:.1f} on {target.name}, "
-                                                             f"{speeds.of(target.name):.1f}x slower, "
-                                                             f"{speeds.source.get(target.name, 'run')})"))
+                    if subtask not in self.held_back:
+                        self.held_back[subtask] = (now, f"for faster target {faster} (expected to end in "
+                                                        f"{finish:.1f} there vs {here:.1f} on {target.name}, "
+                                                        f"{speeds.of(target.name):.1f}x slower, "
+                                                        f"{speeds.source.get(target.name, 'run')})")
                     self._wanting.add(subtask)
                     continue
                 if not probe and self._busy_slow(target, speeds, now, load):
-                    self.held_back.setdefault(subtask, (now, f"for a faster target ({target.name} is "
-                                                             f"{speeds.of(target.name):.1f}x slower, "
-                                                             f"{speeds.source.get(target.name, 'run')}, and runs "
-                                                             "one attempt at a time)"))
+                    if subtask not in self.held_back:
+                        self.held_back[subtask] = (now, f"for a faster target ({target.name} is "
+                                                        f"{speeds.of(target.name):.1f}x slower, "
+                                                        f"{speeds.source.get(target.name, 'run')}, and runs "
+                                                        "one attempt at a time)")
                     self._wanting.add(subtask)
                     continue
             if subtask in self.held_back:
                 since, why = self.held_back.pop(subtask)
                 reason += f"; held {now - since:.1f}s {why}"
+            if not speculative:
+                del self._queued[subtask]
+                self._wanting.discard(subtask)
             if self.free_slots is not None:
                 self.free_slots[target.name] -= 1
             number = max(self.attempts[subtask], default=-1) + 1
@@ -740,6 +800,7 @@ class StageScheduler:
                 subtask=subtask, number=number, target=target.name, speculative=speculative,
                 state=AttemptState.CREATED, created_at=now, input_bytes=self.input_bytes.get(subtask))
             load[target.name] += 1
+            placement.took(target.name)
             tried.add(target.name)
             if budget is not None:
                 budget -= 1
@@ -775,24 +836,18 @@ class StageScheduler:
             return {t.name: self.capacity.get(t.name, t.slots) for t in self.targets if t.name not in self.lost_targets}
         return {t.name: t.slots for t in self.targets}
 
-    def _placeable(self, now: float) -> list[str]:
-        """Targets an original may wait for: neither blocked nor lost."""
-        return [t.name for t in self.targets
-                if t.name not in self.lost_targets and not self.blocklist.is_blocked(t.node_label, now)]
-
     def _pick_target(self, load: dict[str, int], now: float, avoid: set[str], allow_blocked: bool,
                      speeds: Speeds | None = None) -> Target | None:
-        if self.free_slots is not None:
-            return self._pick_free_target(now, avoid, allow_blocked, speeds)
-        free = [t for t in self.targets if load[t.name] < t.slots and t.name not in avoid]
-        unblocked = [t for t in free if not self.blocklist.is_blocked(t.node_label, now)]
-        if not unblocked and allow_blocked and all(self.blocklist.is_blocked(t.node_label, now) for t in self.targets):
-            # Every node is blocked: an original attempt still runs rather than stall the stage.
-            unblocked = free
-        if not unblocked:
-            return None
-        return min(unblocked, key=lambda t: (speeds is not None and speeds.is_slow(t.name), load[t.name] / t.slots,
-                                             self.targets.index(t)))
+        """The free target a new attempt goes to, or None: not slow first, then the largest free share, then order.
+
+        With slots shared through the store the share is free / capacity, not the free count, so targets of
+        different sizes fill evenly, as the per-stage rule (no TargetsObserved: load / slots) does. A target
+        known to be slow (core/speed.py) comes last; a blocked node is avoided unless every node is.
+        """
+        placement = self._round
+        if placement is None or not placement.serves(load, now, speeds):
+            placement = _Round(self, load, now, speeds)
+        return placement.pick(avoid, allow_blocked)
 
     def _busy_slow(self, target: Target, speeds: Speeds, now: float, load: dict[str, int]) -> bool:
         """A slow target that runs something takes no further original while a faster one is usable.
@@ -805,29 +860,175 @@ class StageScheduler:
                 if self.free_slots is not None else load[target.name] > 0)
         if not busy:
             return False
-        return any(not speeds.is_slow(t.name) and t.name not in self.lost_targets
-                   and not self.blocklist.is_blocked(t.node_label, now) for t in self.targets)
+        placement = self._round
+        if placement is None or not placement.serves(load, now, speeds):
+            placement = _Round(self, load, now, speeds)
+        return placement.fast_usable()
 
-    def _pick_free_target(self, now: float, avoid: set[str], allow_blocked: bool,
-                          speeds: Speeds | None = None) -> Target | None:
-        """Slots shared through the store: the unblocked target with the largest free share (then config order).
 
-        The share (free / capacity), not the free count, so targets of different sizes fill evenly, as the
-        per-stage rule did (load / slots). A target known to be slow (core/speed.py) comes last.
-        """
-        assert self.free_slots is not None
-        free = [t for t in self.targets if self.free_slots.get(t.name, 0) > 0 and t.name not in avoid
-                and t.name not in self.lost_targets]
-        unblocked = [t for t in free if not self.blocklist.is_blocked(t.node_label, now)]
-        if not unblocked and allow_blocked and all(self.blocklist.is_blocked(t.node_label, now) for t in self.targets):
-            unblocked = free
-        if not unblocked:
+class _Round:
+    """One placement round's view of the targets: each waiting subtask costs O(log targets), not O(targets).
+
+    Blocks, lost targets and speeds do not change within a round; only the slots it takes do. So the
+    pickable targets sit in a heap in the order placement prefers them, and a launch re-keys only the
+    target it took a slot of; once no slot is free the heap is empty and every pick is O(1).
+    """
+
+    def __init__(self, sched: StageScheduler, load: dict[str, int], now: float, speeds: Speeds | None) -> None:
+        self.sched, self.load, self.now, self.speeds = sched, load, now, speeds
+        self.targets = sched.targets
+        blocked = [sched.blocklist.is_blocked(t.node_label, now) for t in self.targets]
+        # Every node blocked: an original still runs anywhere free rather than stall the stage; copies wait.
+        self.all_blocked = all(blocked)
+        self.pickable = {i for i in range(len(self.targets)) if self.all_blocked or not blocked[i]}
+        if sched.free_slots is not None:
+            self.pickable -= {i for i in self.pickable if self.targets[i].name in sched.lost_targets}
+        self.placeable = [t.name for t, b in zip(self.targets, blocked, strict=True)
+                          if t.name not in sched.lost_targets and not b]
+        self._keys: dict[int, tuple[bool, float, int]] = {}
+        self._heap: list[tuple[bool, float, int]] = []
+        for position in sorted(self.pickable):
+            self._rekey(position)
+        self._fast_usable: bool | None = None
+        self._holds: _HoldIndex | None = None
+
+    def serves(self, load: dict[str, int], now: float, speeds: Speeds | None) -> bool:
+        """True if this round was built for the same load, clock and speeds."""
+        return load is self.load and now == self.now and speeds is self.speeds
+
+    def _rekey(self, position: int) -> None:
+        target = self.targets[position]
+        slow = self.speeds is not None and self.speeds.is_slow(target.name)
+        free_slots = self.sched.free_slots
+        key: tuple[bool, float, int] | None = None
+        if free_slots is not None:
+            free = free_slots.get(target.name, 0)
+            if free > 0:
+                key = (slow, -free / max(1, self.sched.capacity.get(target.name, target.slots), free), position)
+        elif self.load[target.name] < target.slots:
+            key = (slow, self.load[target.name] / target.slots, position)
+        if key is None:
+            self._keys.pop(position, None)
+        elif self._keys.get(position) != key:
+            self._keys[position] = key
+            heapq.heappush(self._heap, key)
+
+    def exhausted(self) -> bool:
+        """True once no pickable target has a free slot: nothing more can be placed this round."""
+        heap = self._heap
+        while heap and self._keys.get(heap[0][2]) != heap[0]:
+            heapq.heappop(heap)
+        return not heap
+
+    def pick(self, avoid: set[str], allow_blocked: bool) -> Target | None:
+        """The preferred pickable target with a free slot that is not in ``avoid``, or None."""
+        if self.all_blocked and not allow_blocked:
             return None
-        free_slots = self.free_slots
-        return min(unblocked, key=lambda t: (speeds is not None and speeds.is_slow(t.name),
-                                             -free_slots.get(t.name, 0) / max(1, self.capacity.get(t.name, t.slots),
-                                                                             free_slots.get(t.name, 0)),
-                                             self.targets.index(t)))
+        skipped: list[tuple[bool, float, int]] = []
+        chosen: Target | None = None
+        while self._heap:
+            key = self._heap[0]
+            if self._keys.get(key[2]) != key:
+                heapq.heappop(self._heap)  # re-keyed or full since it was pushed
+                continue
+            if self.targets[key[2]].name in avoid:
+                skipped.append(heapq.heappop(self._heap))
+                continue
+            chosen = self.targets[key[2]]
+            break
+        for key in skipped:
+            heapq.heappush(self._heap, key)
+        return chosen
+
+    def took(self, name: str) -> None:
+        """A slot of ``name`` was taken: its place in the order changes (or it leaves it when full)."""
+        position = self.sched._position(name)
+        if position is not None and position in self.pickable:
+            self._rekey(position)
+
+    def fast_usable(self) -> bool:
+        """Some target that is not slow is neither lost nor blocked."""
+        if self._fast_usable is None:
+            speeds = self.speeds
+            self._fast_usable = any(speeds is None or not speeds.is_slow(name) for name in self.placeable)
+        return self._fast_usable
+
+    def hold_for(self, holds: HoldPlanner, slow: str) -> tuple[str, float, float] | None:
+        """``holds.hold_for(slow, placeable targets)``, answered in O(log targets)."""
+        if self._holds is None or self._holds.planner is not holds:
+            self._holds = _HoldIndex(holds, self.placeable)
+        return self._holds.hold_for(slow)
+
+
+class _HoldIndex:
+    """The candidate :meth:`HoldPlanner.hold_for` would choose, found in O(log targets) instead of O(targets).
+
+    ``hold_for`` takes, among candidates at least SLOW_FACTOR faster than the slow target, the one whose
+    earliest slot ends first (the first in order on a tie). Sorted by slowness those candidates are a
+    prefix, so a segment tree of (finish, order) finds it; the planner itself still judges and reserves,
+    given only that candidate. A reservation only delays a queue, so once the planner places now for a
+    slow target it does so for the rest of the round, and is not asked again.
+    """
+
+    def __init__(self, planner: HoldPlanner, candidates: list[str]) -> None:
+        self.planner = planner
+        self.candidates = candidates
+        speeds = planner.speeds
+        order = sorted(range(len(candidates)), key=lambda k: (speeds.of(candidates[k]), k))
+        self.leaf = {candidates[k]: j for j, k in enumerate(order)}
+        self.scaled = [SLOW_FACTOR * speeds.of(candidates[k]) for k in order]
+        self.none = (math.inf, len(candidates))
+        self.size = 1
+        while self.size < len(candidates):
+            self.size *= 2
+        self.tree = [self.none] * (2 * self.size)
+        for j, k in enumerate(order):
+            self.tree[self.size + j] = self._finish(k)
+        for node in range(self.size - 1, 0, -1):
+            self.tree[node] = min(self.tree[2 * node], self.tree[2 * node + 1])
+        self.placing_now: set[str] = set()
+
+    def _finish(self, k: int) -> tuple[float, int]:
+        target = self.candidates[k]
+        queue = self.planner.queues.get(target)
+        if not queue or queue[0] == float("inf"):
+            return self.none
+        scale = self.planner.unit if self.planner.unit is not None else 1.0
+        # The same expression as HoldPlanner.hold_for, so ties and rounding come out the same.
+        return (queue[0] + scale * self.planner.speeds.of(target), k)
+
+    def _best(self, count: int) -> tuple[float, int]:
+        """The smallest (finish, order) among the first ``count`` leaves."""
+        best = self.none
+        low, high = self.size, self.size + count
+        while low < high:
+            if low & 1:
+                best = min(best, self.tree[low])
+                low += 1
+            if high & 1:
+                high -= 1
+                best = min(best, self.tree[high])
+            low //= 2
+            high //= 2
+        return best
+
+    def hold_for(self, slow: str) -> tuple[str, float, float] | None:
+        """The planner's answer for ``slow`` over every candidate; a reservation updates the tree."""
+        if slow in self.placing_now:
+            return None
+        eligible = bisect.bisect_right(self.scaled, self.planner.speeds.of(slow))
+        finish, k = self._best(eligible)
+        held = self.planner.hold_for(slow, [] if finish == math.inf else [self.candidates[k]])
+        if held is None:
+            self.placing_now.add(slow)
+            return None
+        node = self.size + self.leaf[held[0]]
+        self.tree[node] = self._finish(k)  # the planner reserved a slot of the one candidate it was given
+        node //= 2
+        while node:
+            self.tree[node] = min(self.tree[2 * node], self.tree[2 * node + 1])
+            node //= 2
+        return held
 
 
 def _cause_class(cause: str | None) -> str:
