@@ -174,8 +174,10 @@ def judge_slow(
         if elapsed >= threshold:
             slow.append((attempt, f"ran {elapsed:.1f}s >= {threshold:.1f}s ({baseline.source} baseline)"))
             continue
+        if elapsed < baseline.floor:
+            continue
         share = progress_share(attempt, baseline.read_ratio)
-        if share is None or share < MIN_PROGRESS or elapsed < baseline.floor:
+        if share is None or share < MIN_PROGRESS:
             continue
         projected = elapsed / share
         # The time a copy started now needs: its start-up and the work the baseline expects of it.
