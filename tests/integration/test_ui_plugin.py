@@ -343,6 +343,63 @@ def _rerun(server: ApiServer, run_id: str, token: str | None, body: dict[str, An
                       json=body, headers={**auth, **(headers or {})}, timeout=60)
 
 
+POLLERS = 45
+BOUND = 0.5  # seconds: each answer of Airflow's own API while the pollers run
+
+
+def test_45_pollers_of_a_fifo_log_leave_airflows_own_api_answering(api_server: ApiServer, finished_run: str):
+    """45 stage pages polling a stage whose attempt log is a FIFO: Airflow's own routes still answer at once."""
+    import statistics
+    import threading
+
+    log = StageLayout(STORE, "spec_q1", finished_run, "scan").log(0, 0)
+    original = log.read_bytes()
+    log.unlink()
+    os.mkfifo(log)  # what a stage application could leave behind (SECURITY.md): never to be opened blocking
+    token = api_server.token("tester")
+    headers = {"Authorization": f"Bearer {token}"}
+    params = {"dag_id": "spec_q1", "run_id": finished_run, "task_id": "scan"}
+    stop = threading.Event()
+    done = [0] * POLLERS
+    bad: list[Any] = []
+
+    def poller(i: int) -> None:
+        with httpx.Client(base_url=api_server.url, headers=headers, timeout=60) as client:
+            while not stop.is_set():
+                stage = client.get("/speculative/api/stage", params=params)
+                served = client.get("/speculative/api/log", params={**params, "subtask": 0, "attempt": 0})
+                if stage.status_code != 200 or served.status_code != 404:
+                    bad.append((stage.status_code, served.status_code, served.text[:200]))
+                done[i] += 1
+                stop.wait(2.0)  # the stage page's cadence
+
+    threads = [threading.Thread(target=poller, args=(i,), daemon=True) for i in range(POLLERS)]
+    try:
+        for t in threads:
+            t.start()
+        wait_for(lambda: min(done) >= 1, 120, "every poller answered once")
+        timings: dict[str, list[float]] = {"/api/v2/monitor/health": [], "/api/v2/dags/spec_q1": [],
+                                           f"/api/v2/dags/spec_q1/dagRuns/{quote(finished_run, safe='')}": []}
+        with httpx.Client(base_url=api_server.url, headers=headers, timeout=60) as client:
+            for _ in range(10):
+                for route, samples in timings.items():
+                    started = time.monotonic()
+                    response = client.get(route)
+                    samples.append(time.monotonic() - started)
+                    assert response.status_code == 200, (route, response.status_code, response.text[:200])
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=90)
+        log.unlink()
+        log.write_bytes(original)
+    assert not [t for t in threads if t.is_alive()], "a poller is still blocked"
+    assert not bad, bad[:3]  # the FIFO is refused (404), never read
+    medians = {route: round(statistics.median(samples), 3) for route, samples in timings.items()}
+    slowest = {route: round(max(samples), 3) for route, samples in timings.items()}
+    assert all(m < BOUND for m in medians.values()), (medians, slowest, sum(done))
+
+
 def test_rerun_needs_the_right_to_clear_tasks_and_a_same_origin_request(api_server: ApiServer, finished_run: str):
     assert _rerun(api_server, finished_run, None, {}).status_code == 401
     assert _rerun(api_server, finished_run, api_server.token("tester"), {}).status_code == 403  # a reader only
