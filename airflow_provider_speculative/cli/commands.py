@@ -446,7 +446,7 @@ def gc(args: Any) -> None:
     items = plan_gc(root, now=time.time(), run_states=facts.run_states, retention=retention, dag_id=args.dag_id,
                     deleted_runs=facts.deleted_runs, known_dags=facts.known_dags, deleted_dags=facts.deleted_dags,
                     older_than=older_than, sink_staging=list_sink_staging, kept=kept)
-    summary = None if args.dry_run else execute_gc(items)
+    summary = None if args.dry_run else execute_gc(items, root=root)
     document = {"store": str(root), "dry_run": bool(args.dry_run), "items": [i.to_json() for i in items],
                 "bytes": sum(i.bytes for i in items), "summary": summary, "kept": kept}
     emit(args.output, rows=gc_rows(str(root), items), document=document, header=[f"store {root}"],

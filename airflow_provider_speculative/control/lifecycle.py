@@ -41,10 +41,10 @@ from typing import Any
 from airflow_provider_speculative.backends.registry import attempt_observer
 from airflow_provider_speculative.core.config import SpeculativeConfig
 from airflow_provider_speculative.core.states import Attempt, AttemptState
-from airflow_provider_speculative.exceptions import StoreError
+from airflow_provider_speculative.exceptions import StoreError, UnsafeStorePathError
 from airflow_provider_speculative.sinks.base import Sink, StagingObject, StagingScope
 from airflow_provider_speculative.store import journal
-from airflow_provider_speculative.store.files import atomic_write_json, read_json
+from airflow_provider_speculative.store.files import atomic_write_json, check_store_directory, read_json
 from airflow_provider_speculative.store.identity import provider_plan
 from airflow_provider_speculative.store.layout import StageLayout, safe_component
 
@@ -262,12 +262,14 @@ def _staging_items(stages: dict[str, _Stage], sink_staging: SinkStaging | None, 
     return items
 
 
-def execute_gc(items: Iterable[GcItem], *, now: float | None = None) -> dict[str, Any]:
+def execute_gc(items: Iterable[GcItem], *, now: float | None = None, root: str | Path | None = None) -> dict[str, Any]:
     """Remove the planned items; mark expired stages and journal every removal in its stage.
 
     An expired stage is marked (``expired.json``) before its data goes, so a crash half-way leaves
     the stage reported as expired rather than silently incomplete. Manifests are removed before
-    their data for the same reason: a manifest never describes data that is gone.
+    their data for the same reason: a manifest never describes data that is gone. With ``root``, an
+    item whose directory is reached through a symlink below it is refused (an error in the summary):
+    a stage application can link its ``subtask=`` directory to data that is not the provider's.
     """
     now = time.time() if now is None else now
     items = list(items)
@@ -299,7 +301,13 @@ def execute_gc(items: Iterable[GcItem], *, now: float | None = None) -> dict[str
                 if str(item.path) not in staged:
                     continue
             else:
+                if root is not None:
+                    check_store_directory(root, Path(item.path).parent)
                 _remove(Path(item.path))
+        except UnsafeStorePathError:
+            summary["errors"].append({"path": str(item.path), "error": "refused: reached through a symbolic link "
+                                                                       "in the store (not removed)"})
+            continue
         except OSError as exc:
             summary["errors"].append({"path": str(item.path), "error": f"{type(exc).__name__}: {exc}"})
             continue

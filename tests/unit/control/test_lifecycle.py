@@ -510,3 +510,20 @@ def test_sink_staging_of_a_finished_stage_run_is_removed_by_the_sink(tmp_path: P
     summary = execute_gc(items, now=NOW)
     assert summary["by_reason"][SINK_STAGING]["removed"] == 1 and not summary["errors"]
     assert not orphan.exists() and users.is_dir()
+
+
+def test_gc_never_deletes_through_a_symlinked_directory(store: Store, tmp_path: Path) -> None:
+    """A stage application links its subtask directory to someone else's data: gc refuses, deletes nothing there."""
+    extract = store.finished_stage("extract", committed_at=NOW - 10 * HOUR, data=1000, consumers=("load",))
+    load = store.finished_stage("load", committed_at=NOW - 5 * HOUR, upstreams=("extract",))
+    assert load is not None
+    foreign = tmp_path / "someone-elses" / "subtask=0"
+    real = extract.attempt_dir(0, 0).parent
+    foreign.parent.mkdir()
+    real.rename(foreign)  # the same files, now outside the store, reached through a link in it
+    real.symlink_to(foreign, target_is_directory=True)
+    items = plan_gc(store.root, now=NOW, run_states={(DAG, RUN): "success"}, retention=HOUR)
+    assert extract.data(0, 0) in paths(items)  # planned by path, as before
+    summary = execute_gc(items, now=NOW, root=store.root)
+    assert (foreign / "attempt=0" / "data").is_dir() and any((foreign / "attempt=0" / "data").iterdir())
+    assert [e["error"] for e in summary["errors"]] and all("symbolic link" in e["error"] for e in summary["errors"])
