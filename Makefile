@@ -22,7 +22,7 @@ DEMO_ENV := AIRFLOW_HOME=$(DEMO)/airflow \
 	AIRFLOW__SPECULATIVE__BASELINE_LOWER_BOUND=5s \
 	AIRFLOW__SPECULATIVE__FAULT_INJECTION='{"targets": {"local-b": {"factor": 4}}}'
 
-.PHONY: demo run test test-long unit install java-check data data-q3 data-tpch lint bench clean browser ui docs services jars
+.PHONY: demo run test test-fast test-long unit install java-check data data-q3 data-tpch lint bench clean browser ui docs services jars
 
 $(VENV)/.installed: setup.cfg pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found (Python 3.11 is required)"; exit 1; }
@@ -138,6 +138,9 @@ test-long: install java-check
 # The fast tests alone (pure core, store, backends' file mapping, controller on a fake backend): seconds.
 unit: install
 	$(PY) -m pytest tests/unit -q
+
+# The inner loop's name for the same: no Spark, no servers.
+test-fast: unit
 
 lint: install
 	$(VENV)/bin/ruff check .
