@@ -21,7 +21,8 @@ not a Flink task that lasts minutes:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from operator import itemgetter
 from statistics import median
 
 from airflow_provider_speculative.core.states import Attempt, AttemptState
@@ -76,11 +77,42 @@ def required_finished(parallelism: int, ratio: float) -> int:
 
 def derived_floor(finished: list[Attempt], lower_bound: float | None) -> tuple[float, str, float | None]:
     """The lower bound in force, where it came from, and the median start-up time it was derived from."""
-    startups = [a.startup_seconds for a in finished if a.startup_seconds is not None]
+    return _floor([a.startup_seconds for a in finished], lower_bound)
+
+
+def _floor(startup_times: list[float | None], lower_bound: float | None) -> tuple[float, str, float | None]:
+    startups = [s for s in startup_times if s is not None]
     startup = median(startups) if startups else None
     if lower_bound is not None:
         return lower_bound, "configured", startup
     return max(MIN_FLOOR, 2.0 * (startup or 0.0)), "startup", startup
+
+
+# What compute_baseline reads of one finished attempt: the attempt, (end, subtask), execution time,
+# start-up time, share of its planned bytes read.
+_Facts = tuple[Attempt, tuple[float, int], float, float | None, float | None]
+
+
+@dataclass
+class FinishedFacts:
+    """What :func:`compute_baseline` reads of each finished attempt, kept per attempt between calls.
+
+    A stage recomputes its baseline at every step that admits an attempt; deriving every finished
+    attempt's times again made each such step O(finished) attribute walks. A finished attempt is replaced,
+    never changed in place (StageScheduler's rule), so the same object means the same facts.
+    """
+
+    facts: dict[tuple[int, int], _Facts] = field(default_factory=dict)
+
+    def of(self, attempt: Attempt) -> _Facts:
+        """The attempt's facts, derived again only if another object stands for it now."""
+        known = self.facts.get((attempt.subtask, attempt.number))
+        if known is None or known[0] is not attempt:
+            end = attempt.end_at or 0.0
+            known = (attempt, (end, attempt.subtask), attempt.execution_time(end), attempt.startup_seconds,
+                     raw_share(attempt))
+            self.facts[(attempt.subtask, attempt.number)] = known
+        return known
 
 
 def compute_baseline(
@@ -93,6 +125,7 @@ def compute_baseline(
     input_bytes: dict[int, int] | None = None,
     normalize_by_input_bytes: bool = True,
     early: bool = True,
+    facts: FinishedFacts | None = None,
 ) -> Baseline | None:
     """Return the baseline once N·R subtasks have finished (or, ``early``, once one has), else None.
 
@@ -110,16 +143,18 @@ def compute_baseline(
         source, count, factor = "early", len(finished), max(multiplier, EARLY_MULTIPLIER)
     else:
         return None
-    earliest = sorted(finished, key=lambda a: (a.end_at or 0.0, a.subtask))[:count]
-    times = [a.execution_time(a.end_at or 0.0) for a in earliest]
-    floor, floor_source, startup = derived_floor(finished, lower_bound)
+    known = facts if facts is not None else FinishedFacts()
+    rows = [known.of(a) for a in finished]
+    earliest = sorted(rows, key=itemgetter(1))[:count]
+    times = [row[2] for row in earliest]
+    floor, floor_source, startup = _floor([row[3] for row in rows], lower_bound)
     seconds = max(median(times) * factor, floor)
     per_byte = None
     if normalize_by_input_bytes and input_bytes:
-        sizes = [input_bytes.get(a.subtask) or a.input_bytes or 0 for a in earliest]
+        sizes = [input_bytes.get(row[0].subtask) or row[0].input_bytes or 0 for row in earliest]
         if all(size > 0 for size in sizes):
             per_byte = median(t / s for t, s in zip(times, sizes, strict=True)) * factor
-    ratios = [r for r in (raw_share(a) for a in finished) if r]
+    ratios = [r for r in (row[4] for row in rows) if r]
     return Baseline(seconds=seconds, per_byte=per_byte, source=source, floor=floor, floor_source=floor_source,
                     startup=startup, finished=count, factor=factor, read_ratio=median(ratios) if ratios else None)
 

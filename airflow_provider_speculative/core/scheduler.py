@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 
 from airflow_provider_speculative.core.blocklist import Blocklist
 from airflow_provider_speculative.core.config import SpeculativeConfig, Target
-from airflow_provider_speculative.core.detector import Baseline, compute_baseline, judge_slow
+from airflow_provider_speculative.core.detector import Baseline, FinishedFacts, compute_baseline, judge_slow
 from airflow_provider_speculative.core.failover import InputReaders
 from airflow_provider_speculative.core.hybrid import (
     HybridEdge,
@@ -125,6 +125,7 @@ class StageScheduler:
     _check_stragglers: bool = True
     _admit_version: int = 0
     _baseline_version: int = -1
+    _finished_facts: FinishedFacts = field(default_factory=FinishedFacts, repr=False, compare=False)
     # FLIP-159: the last TargetsObserved (None: never observed, fixed per-stage slots).
     free_slots: dict[str, int] | None = None
     capacity: dict[str, int] = field(default_factory=dict)
@@ -630,7 +631,7 @@ class StageScheduler:
                 self.parallelism, finished,
                 ratio=self.config.baseline_ratio, multiplier=self.config.baseline_multiplier,
                 lower_bound=self.config.baseline_lower_bound, input_bytes=self.input_bytes,
-                normalize_by_input_bytes=self.config.normalize_by_input_bytes)
+                normalize_by_input_bytes=self.config.normalize_by_input_bytes, facts=self._finished_facts)
         forced = self.config.fault_injection.force_speculation
         if self.baseline is None and not forced:
             self.slow_subtasks = frozenset()  # nothing can be slow before the baseline exists
@@ -877,18 +878,28 @@ class _Round:
     def __init__(self, sched: StageScheduler, load: dict[str, int], now: float, speeds: Speeds | None) -> None:
         self.sched, self.load, self.now, self.speeds = sched, load, now, speeds
         self.targets = sched.targets
-        blocked = [sched.blocklist.is_blocked(t.node_label, now) for t in self.targets]
+        targets = self.targets
+        # Most rounds have no block at all: then no target needs a look-up.
+        blocked = ([sched.blocklist.is_blocked(t.node_label, now) for t in targets] if sched.blocklist.until
+                   else [False] * len(targets))
         # Every node blocked: an original still runs anywhere free rather than stall the stage; copies wait.
         self.all_blocked = all(blocked)
-        self.pickable = {i for i in range(len(self.targets)) if self.all_blocked or not blocked[i]}
-        if sched.free_slots is not None:
-            self.pickable -= {i for i in self.pickable if self.targets[i].name in sched.lost_targets}
-        self.placeable = [t.name for t, b in zip(self.targets, blocked, strict=True)
-                          if t.name not in sched.lost_targets and not b]
+        lost = sched.lost_targets
+        shared = sched.free_slots is not None
+        self.pickable = {i for i, t in enumerate(targets)
+                         if (self.all_blocked or not blocked[i]) and not (shared and t.name in lost)}
+        self.placeable = [t.name for t, b in zip(targets, blocked, strict=True) if t.name not in lost and not b]
+        free_slots = sched.free_slots
+        with_room = (i for i in self.pickable
+                     if (free_slots.get(targets[i].name, 0) > 0 if free_slots is not None
+                         else load[targets[i].name] < targets[i].slots))
         self._keys: dict[int, tuple[bool, float, int]] = {}
-        self._heap: list[tuple[bool, float, int]] = []
-        for position in sorted(self.pickable):
-            self._rekey(position)
+        for position in with_room:
+            key = self._key(position)
+            if key is not None:
+                self._keys[position] = key
+        self._heap: list[tuple[bool, float, int]] = list(self._keys.values())
+        heapq.heapify(self._heap)
         self._fast_usable: bool | None = None
         self._holds: _HoldIndex | None = None
 
@@ -896,17 +907,21 @@ class _Round:
         """True if this round was built for the same load, clock and speeds."""
         return load is self.load and now == self.now and speeds is self.speeds
 
-    def _rekey(self, position: int) -> None:
+    def _key(self, position: int) -> tuple[bool, float, int] | None:
+        """Where the target stands in the pick order now (smallest first), or None without a free slot."""
         target = self.targets[position]
         slow = self.speeds is not None and self.speeds.is_slow(target.name)
         free_slots = self.sched.free_slots
-        key: tuple[bool, float, int] | None = None
         if free_slots is not None:
             free = free_slots.get(target.name, 0)
             if free > 0:
-                key = (slow, -free / max(1, self.sched.capacity.get(target.name, target.slots), free), position)
+                return (slow, -free / max(1, self.sched.capacity.get(target.name, target.slots), free), position)
         elif self.load[target.name] < target.slots:
-            key = (slow, self.load[target.name] / target.slots, position)
+            return (slow, self.load[target.name] / target.slots, position)
+        return None
+
+    def _rekey(self, position: int) -> None:
+        key = self._key(position)
         if key is None:
             self._keys.pop(position, None)
         elif self._keys.get(position) != key:
