@@ -55,6 +55,7 @@ class SupervisedBackend:
         # plan's fork_server option by create_backend.
         self.fork_server = False
         self._dirs: dict[tuple[int, int], str] = {}
+        self._stage_dir: str | None = None
 
     def cleanup_pending(self, subtask: int, attempt: int) -> bool:
         """False: a supervised attempt leaves nothing to stop once its process group is gone."""
@@ -182,7 +183,10 @@ class SupervisedBackend:
         key = (subtask, attempt)
         path = self._dirs.get(key)
         if path is None:
-            path = self._dirs[key] = str(self.layout.attempt_dir(subtask, attempt))
+            # layout.attempt_dir as a string, without its pathlib and safe_component work per attempt.
+            if self._stage_dir is None:
+                self._stage_dir = str(self.layout.dir)
+            path = self._dirs[key] = os.path.join(self._stage_dir, f"subtask={subtask}", f"attempt={attempt}")
         return path
 
     def attempt_alive(self, status: dict[str, Any], heartbeat: dict[str, Any], now: float) -> bool:
