@@ -13,8 +13,13 @@ Two ways to decide whether an attempt that has not recorded its end is still ali
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import random
+import stat
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -28,12 +33,13 @@ from airflow_provider_speculative.core.parallelism import describe_decision, ske
 from airflow_provider_speculative.core.speed import SLOW_FACTOR
 from airflow_provider_speculative.core.states import (  # noqa: F401  (the liveness rule, re-exported for the CLI)
     HEARTBEAT_STALE_AFTER,
+    Attempt,
     current_attempt,
     heartbeat_alive,
     last_sign_of_life,
 )
 from airflow_provider_speculative.exceptions import NotFoundError, PipelineError, StoreError
-from airflow_provider_speculative.store.files import read_json, read_jsonl
+from airflow_provider_speculative.store.files import read_json
 from airflow_provider_speculative.store.layout import StageLayout, safe_component
 
 LIVENESS_MODES = ("process", "heartbeat")
@@ -90,8 +96,8 @@ def latest_run_id(root: Path, dag_id: str) -> str:
 
 
 def run_report(root: Path, dag_id: str, run_id: str, stage: str | None = None, *,
-               liveness: str = "process", now: float | None = None) -> dict[str, Any]:
-    """Stages (in plan order) -> subtasks -> attempts for one DAG run."""
+               liveness: str = "process", now: float | None = None, with_claims: bool = False) -> dict[str, Any]:
+    """Stages (in plan order) -> subtasks -> attempts for one DAG run (``with_claims``: see stage_report)."""
     run_dir = Path(root) / safe_component(dag_id) / safe_component(run_id)
     if not run_dir.is_dir():
         raise NotFoundError(f"no speculative stages recorded for dag {dag_id!r} run {run_id!r} under {root}")
@@ -101,7 +107,7 @@ def run_report(root: Path, dag_id: str, run_id: str, stage: str | None = None, *
         if stage and plan["stage"] != stage:
             continue
         stages.append(stage_report(StageLayout(Path(plan["store_root"]), dag_id, run_id, plan["stage"]), plan,
-                                   liveness=liveness, now=now))
+                                   liveness=liveness, now=now, with_claims=with_claims))
     if stage and not stages:
         raise NotFoundError(f"stage {stage!r} not found in dag {dag_id!r} run {run_id!r}")
     order = {s["stage"]: i for i, s in enumerate(stages)}
@@ -112,48 +118,49 @@ def run_report(root: Path, dag_id: str, run_id: str, stage: str | None = None, *
 
 
 def stage_report(layout: StageLayout, plan: Mapping[str, Any], *, liveness: str = "process",
-                 now: float | None = None) -> dict[str, Any]:
-    """One stage: summary, committed flag and every subtask's attempts with the current one."""
+                 now: float | None = None, with_claims: bool = False) -> dict[str, Any]:
+    """One stage: summary, committed flag and every subtask's attempts with the current one.
+
+    ``with_claims`` adds each attempt's claim ``reason`` and ``created`` (what the UI shows), read with the
+    attempt instead of once more per poll.
+    """
     now = time.time() if now is None else now
     backend = observer(layout, liveness)
     summary = read_json(layout.summary) or {}
     committed = read_json(layout.committed)
+    journal = journal_records(layout.journal)
+    reused = set(summary.get("reused") or [])
+    input_waits = summary.get("input_waits") or {}
     subtasks = []
     admitted_phases = []
+    reader = _AttemptReader(layout, backend, liveness, now)
     # One listing of the stage directory: a subtask without a directory has no attempt and no admission, so
     # its paths are not built and probed one by one (32,768 of them took seconds on every poll).
     present = _subtask_dirs(layout)
     for subtask in range(plan["parallelism"]):
-        if subtask not in present:
-            attempts, marker = [], None
-        else:
-            attempts = [backend.poll(subtask, n, now) for n in layout.attempt_numbers(subtask)
-                        if layout.claim(subtask, n).exists()]
-            marker = read_json(layout.admitted(subtask))
-        current = current_attempt(attempts)
-        phases = {a.number: attempt_phases(a.created_at, a.deploying_at, a.end_at,
-                                           (read_json(layout.manifest(subtask, a.number)) or {}).get("timings"))
-                  for a in attempts if a.end_at is not None}
-        if marker and marker["attempt"] in phases:
-            admitted_phases.append(phases[marker["attempt"]])
+        rows, marker = reader.subtask(subtask) if subtask in present else ([], None)
+        current = current_attempt([row.attempt for row in rows])
+        chosen = marker["attempt"] if marker else None
+        for row in rows:
+            if row.phases is not None and row.attempt.number == chosen:
+                admitted_phases.append(row.phases)
+        attempts = []
+        for row in rows:
+            entry = dict(row.report)
+            entry["admitted"] = bool(marker and chosen == row.attempt.number)
+            if with_claims:
+                entry["reason"], entry["created"] = row.reason, row.created
+            attempts.append(entry)
         subtasks.append({
             "subtask": subtask,
-            "admitted": marker["attempt"] if marker else None,
+            "admitted": chosen,
             "current": current.number if current else None,
-            "reused": subtask in (summary.get("reused") or []),
+            "reused": subtask in reused,
             # Hybrid inputs: what a subtask without an attempt yet waits for (the first few, from the summary).
-            "waiting_for": (summary.get("input_waits") or {}).get(str(subtask)),
-            "attempts": [{
-                "attempt": a.number, "state": a.state.value, "target": a.target, "node": a.node,
-                "speculative": a.speculative, "start": a.deploying_at, "end": a.end_at, "exit_code": a.exit_code,
-                "cause": a.cause, "admitted": bool(marker and marker["attempt"] == a.number),
-                "app_id": a.app_id, "launched_at": a.launched_at, "startup_seconds": a.startup_seconds,
-                "duration": ((a.end_at or now) - a.deploying_at) if a.deploying_at else None,
-                "phases": phases.get(a.number),
-                "last_seen": last_sign_of_life(read_json(layout.status(subtask, a.number)) or {},
-                                               read_json(layout.heartbeat(subtask, a.number)) or {}),
-            } for a in attempts],
+            "waiting_for": input_waits.get(str(subtask)),
+            "attempts": attempts,
         })
+    breakdown = stage_breakdown(admitted_phases)
     return {
         "stage": plan["stage"], "parallelism": plan["parallelism"], "upstreams": plan.get("upstreams", []),
         "parallelism_decision": plan.get("parallelism_decision"),
@@ -174,13 +181,263 @@ def stage_report(layout: StageLayout, plan: Mapping[str, Any], *, liveness: str 
         "slots_observed_at": summary.get("updated_at"),
         "lost_nodes": summary.get("lost_nodes") or {},
         "target_lost_attempts": summary.get("target_lost_attempts", 0),
-        "subtasks": subtasks, "journal_events": len(read_jsonl(layout.journal)),
+        "subtasks": subtasks, "journal_events": len(journal),
         "hybrid_inputs": summary.get("hybrid_inputs") or {}, "input_waits": input_wait_lines(summary),
         "speed_line": speed_line(summary),
-        "breakdown": stage_breakdown(admitted_phases),
-        "breakdown_line": breakdown_line(stage_breakdown(admitted_phases), len(admitted_phases)),
-        "failed": _stage_failed(layout, committed is not None),
+        "breakdown": breakdown,
+        "breakdown_line": breakdown_line(breakdown, len(admitted_phases)),
+        "failed": _stage_failed(journal, committed is not None),
     }
+
+
+# -- the ended-attempt cache ----------------------------------------------------------------------------
+#
+# The UI polls a stage every 2 s, and a stage of 32,768 subtasks has ~10 small files per attempt: reading
+# them all took tens of seconds per poll. An attempt whose status.json records a terminal state and its end
+# changes only when a file in its directory is created, replaced (every JSON file is renamed over) or
+# removed (invalidated.json, a loser's manifest, gc), and each of those changes the directory's mtime and
+# ctime. So its report row is kept per process, keyed by its directory's stat, and a poll costs one stat
+# per ended attempt plus one per subtask directory (new attempts, admitted.json created, replaced or
+# removed). Rows of attempts that have not ended are never kept: their answer depends on the clock.
+ENDED_CACHE_ENTRIES = 200_000
+# A directory changed within this many seconds of being read may change again within the same tick of the
+# file system's clock (coarse on Linux, 1-2 s on some file systems) and keep its mtime: not cached yet.
+RACY_SECONDS = 2.0
+# Every cached row is re-read in full after 150-300 s (spread, so a big stage is not re-read in one poll):
+# a bound on what a client's attribute cache (NFS) or a skewed server clock could hide.
+MAX_AGE_SECONDS = 300.0
+
+
+class _Row:
+    """One attempt as the report shows it; kept in the cache only once the attempt has ended."""
+
+    __slots__ = ("attempt", "created", "phases", "reason", "report")
+
+    def __init__(self, attempt: Attempt, report: dict[str, Any], phases: dict[str, float | None] | None,
+                 reason: Any, created: Any) -> None:
+        self.attempt, self.report, self.phases, self.reason, self.created = attempt, report, phases, reason, created
+
+
+class _Listing:
+    """What a subtask directory held: its attempt numbers and its admitted.json marker."""
+
+    __slots__ = ("marker", "numbers")
+
+    def __init__(self, numbers: list[int], marker: Any) -> None:
+        self.numbers, self.marker = numbers, marker
+
+
+class _Cache:
+    """A bounded LRU of stat-keyed entries, shared by the api-server's threads."""
+
+    def __init__(self, entries: int) -> None:
+        self.entries = entries
+        self._items: OrderedDict[tuple[str, str], tuple[tuple[int, int, int], float, Any]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple[str, str], seen: tuple[int, int, int], now_mono: float) -> Any:
+        """The value cached for ``key`` under the same directory stat and not expired, else None."""
+        with self._lock:
+            item = self._items.get(key)
+            if item is None:
+                return None
+            if item[0] != seen or now_mono >= item[1]:
+                del self._items[key]
+                return None
+            self._items.move_to_end(key)
+            return item[2]
+
+    def put(self, key: tuple[str, str], seen: tuple[int, int, int], value: Any, now_mono: float) -> None:
+        """Keep ``value`` for ``key`` while its directory's stat is ``seen``; evicts the least recently used."""
+        expires = now_mono + MAX_AGE_SECONDS * (0.5 + random.random() / 2)  # spreading expiries, not a secret
+        with self._lock:
+            self._items[key] = (seen, expires, value)
+            self._items.move_to_end(key)
+            while len(self._items) > self.entries:
+                self._items.popitem(last=False)
+
+    def clear(self) -> None:
+        """Forget everything (tests)."""
+        with self._lock:
+            self._items.clear()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+_CACHE = _Cache(ENDED_CACHE_ENTRIES)
+_ENDED_STATES = frozenset({"FINISHED", "FAILED", "CANCELED"})
+
+
+def clear_cache() -> None:
+    """Forget every cached attempt row and subtask listing of this process."""
+    _CACHE.clear()
+
+
+def _dir_stat(path: str) -> tuple[tuple[int, int, int], int] | None:
+    """(inode, mtime, ctime) of a directory and its mtime, or None when it is not a directory."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    if not stat.S_ISDIR(info.st_mode):
+        return None
+    return (info.st_ino, info.st_mtime_ns, info.st_ctime_ns), info.st_mtime_ns
+
+
+class _AttemptReader:
+    """Reads one stage's subtasks for a report, through the process-wide cache of ended attempts."""
+
+    def __init__(self, layout: StageLayout, backend: Backend, liveness: str, now: float) -> None:
+        self.layout, self.backend, self.liveness, self.now = layout, backend, liveness, now
+        # Plain strings: pathlib and safe_component per path cost more than the stats of a cached poll.
+        self.stage_dir = str(layout.dir)
+        self.mono = time.monotonic()
+        # Compared with file system timestamps, so the real clock, never the caller's ``now``.
+        self.racy_before_ns = time.time_ns() - int(RACY_SECONDS * 1e9)
+
+    def subtask(self, subtask: int) -> tuple[list[_Row], Any]:
+        """The attempts (with a claim) of ``subtask`` in ascending order, and its admitted.json marker."""
+        base = os.path.join(self.stage_dir, f"subtask={subtask}")
+        seen = _dir_stat(base)
+        if seen is None:
+            return [], None
+        key = (base, "listing")
+        listing = _CACHE.get(key, seen[0], self.mono)
+        if listing is None:
+            names = os.listdir(base)
+            numbers = []
+            for name in names:
+                if name.startswith("attempt="):
+                    with contextlib.suppress(ValueError):
+                        numbers.append(int(name.split("=", 1)[1]))
+            marker = read_json(os.path.join(base, "admitted.json")) if "admitted.json" in names else None
+            listing = _Listing(sorted(numbers), marker)
+            if seen[1] < self.racy_before_ns:
+                _CACHE.put(key, seen[0], listing, self.mono)
+        rows = []
+        for number in listing.numbers:
+            row = self._attempt(subtask, number, os.path.join(base, f"attempt={number}"))
+            if row is not None:
+                rows.append(row)
+        return rows, listing.marker
+
+    def _attempt(self, subtask: int, number: int, base: str) -> _Row | None:
+        """One attempt's row (None without a claim); from the cache if it ended and its directory is unchanged."""
+        seen = _dir_stat(base)
+        key = (base, self.liveness)
+        if seen is not None:
+            row = _CACHE.get(key, seen[0], self.mono)
+            if row is not None:
+                return row  # type: ignore[no-any-return]
+        claim = read_json(os.path.join(base, "claim.json"))
+        if claim is None:
+            return None
+        a = self.backend.poll(subtask, number, self.now)
+        status = read_json(os.path.join(base, "status.json")) or {}
+        phases = (attempt_phases(a.created_at, a.deploying_at, a.end_at,
+                                 (read_json(os.path.join(base, "_SUCCESS")) or {}).get("timings"))
+                  if a.end_at is not None else None)
+        report = {
+            "attempt": a.number, "state": a.state.value, "target": a.target, "node": a.node,
+            "speculative": a.speculative, "start": a.deploying_at, "end": a.end_at, "exit_code": a.exit_code,
+            "cause": a.cause, "admitted": False,
+            "app_id": a.app_id, "launched_at": a.launched_at, "startup_seconds": a.startup_seconds,
+            "duration": ((a.end_at or self.now) - a.deploying_at) if a.deploying_at else None,
+            "phases": phases,
+            "last_seen": last_sign_of_life(status, read_json(os.path.join(base, "heartbeat.json")) or {}),
+        }
+        row = _Row(a, report, phases, claim.get("reason"), claim.get("created_at"))
+        # The stat was taken before the reads: a change made while reading leaves a stale key, never a stale row.
+        if (seen is not None and seen[1] < self.racy_before_ns and status.get("state") in _ENDED_STATES
+                and status.get("end_at") is not None and a.end_at is not None):
+            _CACHE.put(key, seen[0], row, self.mono)
+        return row
+
+
+class _Journal:
+    """The parsed lines of one journal.jsonl and where the next read starts (it only grows)."""
+
+    __slots__ = ("inode", "offset", "records", "tail")
+
+    def __init__(self, inode: int) -> None:
+        self.inode = inode
+        self.offset = 0
+        self.records: list[dict[str, Any]] = []
+        # The records of a last line still without its newline: returned, read again next time.
+        self.tail: list[dict[str, Any]] = []
+
+
+_JOURNALS: OrderedDict[str, _Journal] = OrderedDict()
+_JOURNALS_LOCK = threading.Lock()
+# Journals kept parsed (one per stage the UI looked at recently).
+JOURNAL_CACHE_ENTRIES = 64
+
+
+def journal_records(path: Path | str) -> list[dict[str, Any]]:
+    """Every complete JSON line of a journal, as ``read_jsonl`` reads it, parsing only what was appended since."""
+    path = str(path)
+    try:
+        info = os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    except OSError as exc:
+        raise StoreError(f"cannot read {path!r}: {exc}") from exc
+    with _JOURNALS_LOCK:
+        cached = _JOURNALS.pop(path, None)
+    if cached is None or cached.inode != info.st_ino or info.st_size < cached.offset:
+        cached = _Journal(info.st_ino)  # replaced or truncated: read it from the start
+    if info.st_size != cached.offset or cached.tail:
+        _read_appended(path, cached)
+    with _JOURNALS_LOCK:
+        _JOURNALS[path] = cached
+        while len(_JOURNALS) > JOURNAL_CACHE_ENTRIES:
+            _JOURNALS.popitem(last=False)
+    return cached.records + cached.tail
+
+
+def _read_appended(path: str, journal: _Journal) -> None:
+    """Parse the lines appended since ``journal.offset``; a last line without its newline is parsed, not consumed."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+    except (FileNotFoundError, NotADirectoryError):
+        journal.records, journal.offset, journal.tail = [], 0, []
+        return
+    except OSError as exc:
+        raise StoreError(f"cannot read {path!r}: {exc}") from exc
+    try:
+        info = os.fstat(fd)
+        # A FIFO in place of the journal would block an api-server thread for ever (store/files.py).
+        if not stat.S_ISREG(info.st_mode):
+            raise StoreError(f"cannot read {path!r}: not a regular file")
+        if info.st_ino != journal.inode or info.st_size < journal.offset:
+            journal.inode, journal.offset, journal.records = info.st_ino, 0, []
+        os.lseek(fd, journal.offset, os.SEEK_SET)
+        chunks = []
+        while block := os.read(fd, 1 << 20):
+            chunks.append(block)
+    finally:
+        os.close(fd)
+    data = b"".join(chunks)
+    end = data.rfind(b"\n") + 1
+    journal.records.extend(_json_lines(path, data[:end]))
+    journal.offset += end
+    journal.tail = _json_lines(path, data[end:])
+
+
+def _json_lines(path: str, data: bytes) -> list[dict[str, Any]]:
+    """The records of whole lines as ``read_jsonl`` takes them: a torn or blank line is skipped."""
+    records = []
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise StoreError(f"cannot read {path!r}: {exc}") from exc
+    # Text-mode line ends, as read_jsonl's iteration sees them (\n, \r\n and \r).
+    for line in text.replace("\r\n", "\n").replace("\r", "\n").split("\n"):
+        if line.strip():
+            with contextlib.suppress(json.JSONDecodeError):
+                records.append(json.loads(line))
+    return records
 
 
 def _subtask_dirs(layout: StageLayout) -> set[int]:
@@ -231,11 +488,11 @@ def input_wait_lines(summary: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _stage_failed(layout: StageLayout, committed: bool) -> bool:
+def _stage_failed(journal: list[dict[str, Any]], committed: bool) -> bool:
     """The controller's last notable journal event is ``stage_failed`` and nothing was committed since."""
     if committed:
         return False
-    events = [e for e in read_jsonl(layout.journal) if e.get("event") not in ("launch", "admit")]
+    events = [e for e in journal if e.get("event") not in ("launch", "admit")]
     return bool(events) and events[-1].get("event") == "stage_failed"
 
 

@@ -8,10 +8,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from airflow_provider_speculative.control.readmodel import run_report
+from airflow_provider_speculative.control.readmodel import journal_records, run_report
 from airflow_provider_speculative.core.urls import safe_http_url
 from airflow_provider_speculative.exceptions import UnsafeStorePathError
-from airflow_provider_speculative.store.files import open_in_store, read_json, read_jsonl
+from airflow_provider_speculative.store.files import open_in_store, read_json
 from airflow_provider_speculative.store.layout import StageLayout
 
 # Journal events every healthy stage writes; everything else is worth showing (blocks, cancels, restarts...).
@@ -39,7 +39,7 @@ def run_view(root: Path, dag_id: str, run_id: str, *, spark_history_url: str = "
              now: float | None = None) -> dict[str, Any]:
     """Every stage of a run with the stage graph's edges; raises NotFoundError when none is recorded."""
     now = time.time() if now is None else now
-    report = run_report(root, dag_id, run_id, liveness="heartbeat", now=now)
+    report = run_report(root, dag_id, run_id, liveness="heartbeat", now=now, with_claims=True)
     # The run page shows stages, not subtasks: each stage comes with its totals by state instead of its
     # subtask list (a 32,768-subtask stage would make every poll of the run page megabytes too).
     stages = [_compact(_enrich(root, dag_id, run_id, s, spark_history_url, now, page=(0, 0)))
@@ -71,7 +71,7 @@ def stage_view(root: Path, dag_id: str, run_id: str, stage: str, *, spark_histor
     one document of megabytes on every poll. ``limit=None`` lists every subtask.
     """
     now = time.time() if now is None else now
-    report = run_report(root, dag_id, run_id, stage, liveness="heartbeat", now=now)
+    report = run_report(root, dag_id, run_id, stage, liveness="heartbeat", now=now, with_claims=True)
     stop = None if limit is None else offset + limit
     view = _enrich(root, dag_id, run_id, report["stages"][0], spark_history_url, now, page=(offset, stop))
     subtasks = view["subtasks"]
@@ -117,7 +117,7 @@ def _enrich(root: Path, dag_id: str, run_id: str, stage: dict[str, Any], history
     layout = StageLayout(root, dag_id, run_id, stage["stage"])
     plan = read_json(layout.plan) or {}
     summary = read_json(layout.summary) or {}
-    journal = read_jsonl(layout.journal)
+    journal = journal_records(layout.journal)
     # The stage's own config (pipeline and stage overrides applied) wins over the global one. It was
     # validated when the DAG was parsed, but the plan is a file: one written before that check, or by
     # hand, must not turn into a javascript: link, so an unsafe value means no link at all.
@@ -128,9 +128,7 @@ def _enrich(root: Path, dag_id: str, run_id: str, stage: dict[str, Any], history
     for sub in stage["subtasks"]:
         listed = sub["subtask"] >= first and (stop is None or sub["subtask"] < stop)
         for a in sub["attempts"]:
-            claim = read_json(layout.claim(sub["subtask"], a["attempt"])) or {}
-            a["reason"] = claim.get("reason")
-            a["created"] = claim.get("created_at")
+            # run_report(with_claims=True) set reason and created from the claim, cached with ended attempts.
             a["restart"] = a["reason"] == RESTART_REASON
             a["live"] = a["state"] in LIVE_STATES
             begin = a["start"] or a["created"]
