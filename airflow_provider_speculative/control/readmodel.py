@@ -199,7 +199,9 @@ def stage_report(layout: StageLayout, plan: Mapping[str, Any], *, liveness: str 
 # ctime. So its report row is kept per process, keyed by its directory's stat, and a poll costs one stat
 # per ended attempt plus one per subtask directory (new attempts, admitted.json created, replaced or
 # removed). Rows of attempts that have not ended are never kept: their answer depends on the clock.
-ENDED_CACHE_ENTRIES = 200_000
+# A row is a few KB: two stages of the 32,768-subtask maximum, bounded to a couple of hundred MB of an
+# api-server's memory; beyond it the least recently polled rows are read again.
+ENDED_CACHE_ENTRIES = 65_536
 # A directory changed within this many seconds of being read may change again within the same tick of the
 # file system's clock (coarse on Linux, 1-2 s on some file systems) and keep its mtime: not cached yet.
 RACY_SECONDS = 2.0
