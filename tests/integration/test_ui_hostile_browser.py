@@ -7,8 +7,6 @@ this test binds, with Airflow's access check replaced (test_ui_plugin.py covers 
 from __future__ import annotations
 
 import json
-import socket
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +16,7 @@ import pytest
 
 from airflow_provider_speculative.store.files import atomic_write_json
 from airflow_provider_speculative.store.layout import StageLayout
+from tests.plugin_app import served_plugin
 from tests.unit.plugin.test_plugin_hostile import DAG, EVIL, PARAMS, RUN, hostile_store
 
 pytestmark = [pytest.mark.timeout(60)]
@@ -31,9 +30,7 @@ SCRIPT_TEXT = "<img src=x onerror=alert(2)><script>alert(3)</script>"
 @pytest.fixture(scope="module")
 def plugin_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The plugin app on a hostile store, served on a socket that listens before the server thread starts."""
-    import uvicorn
 
-    from airflow_provider_speculative.plugin.app import create_app
 
     root = hostile_store(tmp_path_factory.mktemp("hostile-store"), history=EVIL, app_id=SCRIPT_TEXT)
     layout = StageLayout(root, DAG, RUN, "scan")
@@ -42,21 +39,8 @@ def plugin_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     atomic_write_json(layout.claim(0, 0), {**claim, "node": SCRIPT_TEXT, "reason": SCRIPT_TEXT})
     atomic_write_json(layout.committed, {"subtasks": {"0": {"attempt": 0}}, "sink": None})
     layout.log(0, 0).write_text(f"INFO starting\n{SCRIPT_TEXT}\n</pre>{SCRIPT_TEXT}\nERROR the end\n")
-    app = create_app(store=root)
-    for dependency in app.state.access.values():
-        app.dependency_overrides[dependency] = lambda: None
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(16)  # connections queue in the backlog until uvicorn accepts: no readiness wait needed
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=20)
-        sock.close()
+    with served_plugin(root, backlog=16) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

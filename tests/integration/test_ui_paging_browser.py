@@ -7,8 +7,6 @@ test_ui_hostile_browser.py, whose Chromium fixtures this module reuses) on a sto
 from __future__ import annotations
 
 import json
-import socket
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +16,7 @@ import pytest
 
 from airflow_provider_speculative.store.layout import StageLayout
 from tests.integration.test_ui_hostile_browser import browser, page  # noqa: F401  (fixtures)
+from tests.plugin_app import served_plugin
 
 pytestmark = [pytest.mark.timeout(120)]
 
@@ -34,9 +33,7 @@ def _write(path: Path, obj: Any) -> None:
 @pytest.fixture(scope="module")
 def plugin_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The plugin app on a committed stage of 1,200 subtasks (one finished, admitted attempt each)."""
-    import uvicorn
 
-    from airflow_provider_speculative.plugin.app import create_app
 
     root = tmp_path_factory.mktemp("paged-store")
     layout = StageLayout(root, DAG, RUN, STAGE)
@@ -51,21 +48,8 @@ def plugin_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         _write(layout.admitted(i), {"attempt": 0})
     _write(layout.summary, {"speculation": "on", "blocked_nodes": {}})
     _write(layout.committed, {"subtasks": {}, "sink": None})
-    app = create_app(store=root)
-    for dependency in app.state.access.values():
-        app.dependency_overrides[dependency] = lambda: None
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(16)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=20)
-        sock.close()
+    with served_plugin(root, backlog=16) as url:
+        yield url
 
 
 def _rows(page: Any) -> list[int]:  # noqa: F811

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import errno
 import os
-import socket
 import statistics
 import threading
 import time
@@ -23,6 +22,7 @@ import httpx
 import pytest
 
 from airflow_provider_speculative.store.layout import StageLayout
+from tests.plugin_app import served_plugin
 from tests.unit.plugin.test_plugin_hostile import DAG, PARAMS, RUN, hostile_store
 
 POLLERS = 45
@@ -32,29 +32,14 @@ BOUND = 0.5  # seconds, for each request to another route while the pollers run
 @pytest.fixture
 def served(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     """(URL, FIFO): the plugin app on a store whose running attempt (subtask 1) has a FIFO as its log."""
-    import uvicorn
 
-    from airflow_provider_speculative.plugin.app import create_app
 
     root = hostile_store(tmp_path / "store", history="", log_host="10.1.2.3")
     fifo = StageLayout(root, DAG, RUN, "scan").log(1, 0)
     fifo.unlink()
     os.mkfifo(fifo)
-    app = create_app(store=root)
-    for dependency in app.state.access.values():
-        app.dependency_overrides[dependency] = lambda: None
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(128)  # connections queue in the backlog until uvicorn accepts: no readiness wait needed
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}", fifo
-    finally:
-        server.should_exit = True
-        thread.join(timeout=20)
-        sock.close()
+    with served_plugin(root, backlog=128) as url:
+        yield url, fifo
 
 
 def _has_reader(fifo: Path) -> bool:
