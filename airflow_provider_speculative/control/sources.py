@@ -11,7 +11,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from airflow_provider_speculative.core.graph import SourceSpec, StageSpec
-from airflow_provider_speculative.core.paths import fixed_part, is_object_url, split_object_url
+from airflow_provider_speculative.core.paths import fixed_part, glob_match, is_object_url, split_object_url
 from airflow_provider_speculative.exceptions import PlanError
 
 
@@ -102,7 +102,6 @@ OBJECT_CHECK_THREADS = 16
 
 def list_object_files(source: SourceSpec, where: str, s3_conn_id: str = "") -> list[tuple[str, int]]:
     """An ``s3://`` source's data files with their sizes (a prefix, one object or a glob on keys), checked."""
-    import fnmatch
     from concurrent.futures import ThreadPoolExecutor
 
     from pyarrow.fs import FileSelector, FileType
@@ -136,7 +135,7 @@ def list_object_files(source: SourceSpec, where: str, s3_conn_id: str = "") -> l
         name = entry.path.rsplit("/", 1)[-1]
         if entry.type != FileType.File or name.startswith((".", "_")):
             continue
-        if pattern is not None and not fnmatch.fnmatchcase(entry.path, pattern):
+        if pattern is not None and not glob_match(pattern, entry.path):
             continue
         if not single and pattern is None and not name.endswith(f".{source.format}"):
             continue

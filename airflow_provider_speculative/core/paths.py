@@ -102,3 +102,23 @@ def source_url_problem(path: str) -> str | None:
         return object_url_problem(path)
     return (f"source scheme {scheme + '://'!r} is not supported (supported: an absolute local path and s3:// or "
             "s3a:// URLs; see docs/store.md)")
+
+
+def glob_match(pattern: str, path: str) -> bool:
+    """Whether ``path`` matches ``pattern`` as Python's ``glob(recursive=True)`` would on a local disk.
+
+    ``*``, ``?`` and ``[...]`` match within one ``/``-separated segment and ``**`` matches any number of
+    segments, so an object-store source selects the same files as the same glob on a file system.
+    """
+    import fnmatch
+
+    parts, names = pattern.split("/"), path.split("/")
+
+    def match(i: int, j: int) -> bool:
+        if i == len(parts):
+            return j == len(names)
+        if parts[i] == "**":
+            return any(match(i + 1, k) for k in range(j, len(names) + 1))
+        return j < len(names) and fnmatch.fnmatchcase(names[j], parts[i]) and match(i + 1, j + 1)
+
+    return match(0, 0)

@@ -6,6 +6,7 @@ import pytest
 
 from airflow_provider_speculative import Pipeline, parquet_source
 from airflow_provider_speculative.core.paths import (
+    glob_match,
     is_object_url,
     object_url_problem,
     redact_url,
@@ -60,3 +61,17 @@ def test_parse_accepts_an_s3_source_and_refuses_a_bad_one_naming_the_input():
     assert "TopSecret" not in message
     with pytest.raises(PipelineError, match="not supported"):
         _pipeline("abfs://container@account.dfs.core.windows.net/x").graph()
+
+
+@pytest.mark.parametrize(("pattern", "path", "matches"), [
+    ("lake/tpch/*.parquet", "lake/tpch/a.parquet", True),
+    # `*` stays within one segment, as a local glob: a nested dataset is not read by accident.
+    ("lake/tpch/*.parquet", "lake/tpch/old/a.parquet", False),
+    ("lake/*/*.1.parquet", "lake/orders/orders.1.parquet", True),
+    ("lake/**/*.parquet", "lake/a.parquet", True),
+    ("lake/**/*.parquet", "lake/x/y/a.parquet", True),
+    ("lake/part-?.parquet", "lake/part-10.parquet", False),
+    ("lake/part-[0-3].parquet", "lake/part-2.parquet", True),
+])
+def test_object_globs_match_like_local_globs(pattern, path, matches):
+    assert glob_match(pattern, path) is matches
