@@ -125,8 +125,13 @@ jars: install
 			-DincludeScope=runtime -DoutputDirectory=$(CURDIR)/.jars/s3a-$(HADOOP_VERSION) && \
 		touch .jars/s3a-$(HADOOP_VERSION)/.done; }
 
+# The unit tests first, spread over UNIT_WORKERS processes (pytest-xdist): pure Python and CPU-bound. The
+# integration tests after them, one at a time: several measure attempt speeds (slow node, speculation) and
+# share the session's Spark Connect pool, so they must not compete with other tests for the cores.
+UNIT_WORKERS ?= 2
 test: install java-check data-q3 browser services jars
-	$(PY) -m pytest -ra --durations=25
+	$(PY) -m pytest tests/unit -n $(UNIT_WORKERS) -ra --durations=10
+	$(PY) -m pytest tests/integration -ra --durations=25
 
 # The DuckDB differential join tests (tests/integration/test_differential_joins.py) under the `long`
 # profile: hundreds of fresh Hypothesis examples per test instead of the few fixed ones `make test` runs
@@ -137,7 +142,7 @@ test-long: install java-check
 
 # The fast tests alone (pure core, store, backends' file mapping, controller on a fake backend): seconds.
 unit: install
-	$(PY) -m pytest tests/unit -q
+	$(PY) -m pytest tests/unit -q -n $(UNIT_WORKERS)
 
 # The inner loop's name for the same: no Spark, no servers.
 test-fast: unit
