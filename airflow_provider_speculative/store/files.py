@@ -7,6 +7,7 @@ import errno
 import hashlib
 import json
 import os
+import shutil
 import stat
 import tempfile
 import time
@@ -34,15 +35,30 @@ def _raise_for(path: Path, exc: OSError) -> None:
     raise StoreError(f"cannot write {path}: {exc}") from exc
 
 
-def atomic_write_json(path: str | Path, obj: Any) -> None:
-    """Write JSON to a temporary file in the same directory, fsync it, then rename over ``path``."""
+def json_document(obj: Any) -> bytes:
+    """The bytes :func:`atomic_write_json` writes for ``obj`` (indented, sorted keys): every backend writes these."""
+    return json.dumps(obj, indent=1, sort_keys=True, default=str).encode()
+
+
+def json_claim(obj: Any) -> bytes:
+    """The bytes :func:`create_exclusive_json` writes for ``obj`` (compact, sorted keys)."""
+    return json.dumps(obj, sort_keys=True, default=str).encode()
+
+
+def json_line(record: dict[str, Any]) -> bytes:
+    """One journal line for ``record``, newline included."""
+    return (json.dumps(record, sort_keys=True, default=str) + "\n").encode()
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    """Write ``data`` to a temporary file in the same directory, fsync it, then rename over ``path``."""
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         try:
-            with os.fdopen(fd, "w") as handle:
-                json.dump(obj, handle, indent=1, sort_keys=True, default=str)
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(data)
                 handle.flush()
                 os.fsync(handle.fileno())
             os.replace(tmp, path)
@@ -54,8 +70,13 @@ def atomic_write_json(path: str | Path, obj: Any) -> None:
         _raise_for(path, exc)
 
 
-def create_exclusive_json(path: str | Path, obj: Any) -> bool:
-    """Create ``path`` with JSON content only if it does not exist; return False if it did.
+def atomic_write_json(path: str | Path, obj: Any) -> None:
+    """Write JSON to a temporary file in the same directory, fsync it, then rename over ``path``."""
+    atomic_write_bytes(path, json_document(obj))
+
+
+def create_exclusive_bytes(path: str | Path, data: bytes) -> bool:
+    """Create ``path`` holding ``data`` only if it does not exist; return False if it did.
 
     The content is written to a temporary file first and hard-linked into place, so a reader
     never sees an empty or partial claim even though creation is exclusive.
@@ -65,8 +86,8 @@ def create_exclusive_json(path: str | Path, obj: Any) -> bool:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         try:
-            with os.fdopen(fd, "w") as handle:
-                json.dump(obj, handle, sort_keys=True, default=str)
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(data)
                 handle.flush()
                 os.fsync(handle.fileno())
             try:
@@ -80,6 +101,11 @@ def create_exclusive_json(path: str | Path, obj: Any) -> bool:
     except OSError as exc:
         _raise_for(path, exc)
     return False  # unreachable: _raise_for always raises
+
+
+def create_exclusive_json(path: str | Path, obj: Any) -> bool:
+    """Create ``path`` with JSON content only if it does not exist; return False if it did (a hard link)."""
+    return create_exclusive_bytes(path, json_claim(obj))
 
 
 def _store_parts(root: str | Path, path: str | Path) -> tuple[str, ...]:
@@ -145,17 +171,86 @@ def open_in_store(root: str | Path, path: str | Path) -> BinaryIO:
     return os.fdopen(fd, "rb")
 
 
+def read_json_in_store(root: str | Path, path: str | Path) -> Any:
+    """JSON of ``path`` under ``root`` reached without any symlink (None if missing); for ownership markers.
+
+    Unlike :func:`open_in_store` a second link is allowed: an exclusively created file has two for a moment.
+    """
+    parts = _store_parts(root, path)
+    try:
+        directory = _open_directories(root, parts[:-1])
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    try:
+        fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY, dir_fd=directory)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as exc:
+        if exc.errno in _LINK_ERRNOS:
+            raise UnsafeStorePathError("a symbolic link in the store was refused") from None
+        raise StoreError(f"cannot read {path}: {exc.strerror or exc}") from None
+    finally:
+        os.close(directory)
+    with os.fdopen(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+            raise UnsafeStorePathError("a store entry that is not a regular file was refused")
+        data = handle.read()
+    try:
+        return json.loads(data)
+    except ValueError as exc:
+        raise StoreError(f"corrupt JSON in {path}: {exc}") from None
+
+
+def remove_in_store(root: str | Path, path: str | Path, *, tree: bool = False) -> bool:
+    """Remove file ``path`` (or, with ``tree``, directory ``path`` and all below it) under ``root``; False if missing.
+
+    Every directory on the way is opened with O_NOFOLLOW relative to its parent and the removal is done
+    relative to that descriptor, so a directory swapped for a symlink never redirects a delete outside.
+    """
+    parts = _store_parts(root, path)
+    try:
+        directory = _open_directories(root, parts[:-1])
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    try:
+        mode = os.lstat(parts[-1], dir_fd=directory).st_mode
+        if tree and stat.S_ISLNK(mode):
+            raise UnsafeStorePathError("a symbolic link in the store was refused")
+        if tree and stat.S_ISDIR(mode):
+            shutil.rmtree(parts[-1], dir_fd=directory)
+        else:
+            os.unlink(parts[-1], dir_fd=directory)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    except OSError as exc:
+        if exc.errno in _LINK_ERRNOS:
+            raise UnsafeStorePathError("a symbolic link in the store was refused") from None
+        _raise_for(Path(path), exc)
+    finally:
+        os.close(directory)
+    return True
+
+
+def _open_regular_fd(path: str | Path) -> int:
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a regular file")
+    return fd
+
+
 def _open_regular(path: str | Path) -> Any:
     """``path`` opened as UTF-8 text without blocking; OSError(EINVAL) unless it is a regular file.
 
     A FIFO or device where a record should be (an attempt's code can make one) would block the reader,
     the controller or an api-server thread, for ever.
     """
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise OSError(errno.EINVAL, "not a regular file")
-    return os.fdopen(fd, encoding="utf-8")
+    return os.fdopen(_open_regular_fd(path), encoding="utf-8")
+
+
+def open_regular_bytes(path: str | Path) -> BinaryIO:
+    """``path`` opened for reading bytes without blocking; OSError(EINVAL) unless it is a regular file."""
+    return os.fdopen(_open_regular_fd(path), "rb")
 
 
 def read_json(path: str | Path, default: Any = None) -> Any:
@@ -175,7 +270,7 @@ def read_json(path: str | Path, default: Any = None) -> Any:
 def append_jsonl(path: str | Path, record: dict[str, Any]) -> None:
     """Append one JSON line; a single ``write`` on an O_APPEND file keeps concurrent lines whole."""
     path = Path(path)
-    line = (json.dumps(record, sort_keys=True, default=str) + "\n").encode()
+    line = json_line(record)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)

@@ -1,0 +1,705 @@
+"""The store's backends: the six guarantees of docs/store.md behind one interface, for POSIX and for S3.
+
+A store is addressed by **names**: ``/``-separated keys relative to the store root (``dag/run/stage/plan.json``).
+Every backend gives:
+
+1. **exclusive create** (:meth:`StoreBackend.create_exclusive`): of N writers of one name exactly one
+   wins, and readers see the winner whole or not at all;
+2. **atomic replace** (:meth:`StoreBackend.replace`): a reader sees the old or the new content;
+3. **read-after-write**: what a call wrote is seen by the next read, from any process or host;
+4. **read of a named object** (:meth:`StoreBackend.read`): data is found by name (a manifest names its
+   files); :meth:`StoreBackend.list_names` is for discovering names, never proof that data is complete;
+5. **ordered journal** (:meth:`StoreBackend.append_record`, :meth:`StoreBackend.read_journal`):
+   concurrent appenders lose no record, and readers get one total order in which each writer's records
+   keep the order it wrote them;
+6. **owned deletes** (:meth:`StoreBackend.delete`, :meth:`StoreBackend.delete_prefix`): only under a
+   prefix whose ownership marker (``_owner.json``, created exclusively by :meth:`StoreBackend.claim`)
+   names this store; never the marker itself, never below a prefix another store claimed.
+
+:class:`PosixBackend` uses exactly the calls the store always used (``store/files.py``: a hard link of a
+complete temporary file, ``rename``, one ``write`` to an ``O_APPEND`` file). :class:`S3Backend` uses
+``PutObject`` with ``If-None-Match: *``, a plain ``PutObject``, and one object per journal record.
+"""
+
+from __future__ import annotations
+
+import abc
+import json
+import os
+import re
+import threading
+import time
+import unicodedata
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+from urllib.parse import quote, unquote, urlsplit
+
+from airflow_provider_speculative.exceptions import StoreError, StoreNotWritableError, UnsafeStorePathError
+from airflow_provider_speculative.store import files
+
+if TYPE_CHECKING:
+    from botocore.client import BaseClient
+
+OWNER_FILE = "_owner.json"
+# Longest segment most file systems take (NAME_MAX), and the longest key S3 takes.
+MAX_SEGMENT_BYTES = 255
+MAX_S3_KEY_BYTES = 1024
+# S3 journal records: ``<journal>/<seq>.json``, zero-padded so that key order is sequence order.
+_SEQ_DIGITS = 12
+_SEQ_NAME = re.compile(rf"^(\d{{{_SEQ_DIGITS}}})\.json$")
+# After this many taken sequence numbers in a row an appender lists the journal again to skip ahead.
+_RELIST_AFTER = 8
+_CONFLICT_RETRIES = 10
+_READ_THREADS = 16
+_TEMP_NAME = re.compile(r"^\..+\.tmp$")
+
+
+class UnsafeStoreNameError(UnsafeStorePathError):
+    """A store name that could leave its prefix or mean different objects on different backends: refused."""
+
+
+class StoreNotOwnedError(StoreError):
+    """A delete outside a prefix this store owns (no ownership marker, or another store's): refused."""
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    """What :meth:`StoreBackend.stat` knows about an object: its name, size in bytes and modification time."""
+
+    name: str
+    size: int
+    mtime: float
+
+
+class S3Credentials(Protocol):
+    """Where an S3 endpoint is and who we are there (``hooks/objectstore.py``'s ``S3Settings`` is one)."""
+
+    @property
+    def endpoint_url(self) -> str | None:
+        """The endpoint (None: AWS's)."""
+
+    @property
+    def region(self) -> str | None:
+        """The region (None: us-east-1)."""
+
+    @property
+    def access_key(self) -> str | None:
+        """The access key id (None: the SDK's default credential chain)."""
+
+    @property
+    def secret_key(self) -> str | None:
+        """The secret access key."""
+
+    @property
+    def session_token(self) -> str | None:
+        """A session token of temporary credentials."""
+
+
+def _refuse(name: str, why: str) -> UnsafeStoreNameError:
+    # repr() shows control characters escaped: the message is readable whatever the name holds.
+    return UnsafeStoreNameError(f"store name {name!r} refused: {why}")
+
+
+def check_name(name: str, *, prefix: bool = False) -> str:
+    """Return ``name`` if it is a valid store name (a prefix may be ``""``, the root); raise UnsafeStoreNameError.
+
+    Valid: ``/``-separated segments, none empty, ``.`` or ``..``, no leading ``/``, no backslash, no control
+    character, each segment at most 255 bytes. Such a name means the same object on every backend and
+    can never reach outside the store.
+    """
+    if not isinstance(name, str):
+        raise UnsafeStoreNameError(f"store name {name!r} refused: not a string")
+    if name == "":
+        if prefix:
+            return name
+        raise _refuse(name, "empty")
+    if name.startswith("/"):
+        raise _refuse(name, "absolute (starts with '/')")
+    if "\\" in name:
+        raise _refuse(name, "contains a backslash")
+    if any(unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp") for c in name):
+        raise _refuse(name, "contains a control or format character")
+    for segment in name.split("/"):
+        if segment == "":
+            raise _refuse(name, "has an empty segment ('//' or a trailing '/')")
+        if segment in (".", ".."):
+            raise _refuse(name, f"has a {segment!r} segment")
+        if len(segment.encode()) > MAX_SEGMENT_BYTES:
+            raise _refuse(name, f"has a segment longer than {MAX_SEGMENT_BYTES} bytes")
+    return name
+
+
+def _join(prefix: str, name: str) -> str:
+    return f"{prefix}/{name}" if prefix else name
+
+
+def _ancestors(name: str) -> Iterator[str]:
+    """``a/b/c`` -> ``a/b``, ``a``, ``""``: the prefixes above a name, nearest first."""
+    parts = name.split("/")
+    for end in range(len(parts) - 1, -1, -1):
+        yield "/".join(parts[:end])
+
+
+class StoreBackend(abc.ABC):
+    """One store root on one kind of storage, offering the six guarantees (module docstring)."""
+
+    #: What names this store's owner in ownership markers (the root URL unless given).
+    owner: str
+
+    @property
+    @abc.abstractmethod
+    def url(self) -> str:
+        """The root as a URL (``file:///…``, ``s3://bucket/prefix``), without any credential."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.url!r})"
+
+    def describe(self, name: str) -> str:
+        """How errors show object ``name``: its full URL or path."""
+        return _join(self.url, name)
+
+    # -- the primitives each backend implements ------------------------------------------------------
+
+    @abc.abstractmethod
+    def _create_exclusive(self, name: str, data: bytes) -> bool:
+        """Create ``name`` holding ``data`` unless it exists (False then); readers never see it partial."""
+
+    @abc.abstractmethod
+    def _replace(self, name: str, data: bytes) -> None:
+        """Replace ``name`` with ``data`` atomically."""
+
+    @abc.abstractmethod
+    def _read(self, name: str) -> bytes | None:
+        """The content of ``name``, or None if there is none."""
+
+    @abc.abstractmethod
+    def _stat(self, name: str) -> ObjectInfo | None:
+        """Size and mtime of ``name``, or None if there is none."""
+
+    @abc.abstractmethod
+    def _list(self, prefix: str) -> list[str]:
+        """Names of every object below ``prefix``, sorted."""
+
+    @abc.abstractmethod
+    def _children(self, prefix: str) -> list[str]:
+        """Entries right below ``prefix``, sorted: objects by name, sub-prefixes with a trailing ``/``."""
+
+    @abc.abstractmethod
+    def _append(self, journal: str, record: dict[str, Any]) -> None:
+        """Append ``record`` to ``journal``."""
+
+    @abc.abstractmethod
+    def _read_journal(self, journal: str) -> list[dict[str, Any]]:
+        """Every complete record of ``journal`` in its order."""
+
+    @abc.abstractmethod
+    def _read_marker(self, prefix: str) -> Any:
+        """The ownership marker of ``prefix`` (None if there is none), read without following links."""
+
+    @abc.abstractmethod
+    def _delete(self, name: str) -> bool:
+        """Delete object ``name``; False if it was not there."""
+
+    @abc.abstractmethod
+    def _delete_tree(self, prefix: str, names: list[str]) -> int:
+        """Delete ``names`` (all below ``prefix``) and ``prefix`` itself; return how many objects went."""
+
+    # -- the interface -----------------------------------------------------------------------------
+
+    def create_exclusive(self, name: str, data: bytes) -> bool:
+        """Create ``name`` holding ``data`` only if it does not exist; True for the one writer that did."""
+        return self._create_exclusive(self._writable(name), data)
+
+    def create_exclusive_json(self, name: str, obj: Any) -> bool:
+        """:meth:`create_exclusive` of ``obj`` as JSON (the bytes ``store/files.py`` writes for a claim)."""
+        return self.create_exclusive(name, files.json_claim(obj))
+
+    def replace(self, name: str, data: bytes) -> None:
+        """Make ``data`` the content of ``name`` atomically: readers see the old or the new, never a mix."""
+        self._replace(self._writable(name), data)
+
+    def replace_json(self, name: str, obj: Any) -> None:
+        """:meth:`replace` with ``obj`` as JSON (the bytes ``store/files.py`` writes for a document)."""
+        self.replace(name, files.json_document(obj))
+
+    def read(self, name: str) -> bytes | None:
+        """The content of the object named ``name``, or None if it does not exist."""
+        return self._read(check_name(name))
+
+    def read_json(self, name: str, default: Any = None) -> Any:
+        """The JSON document ``name``; ``default`` if it does not exist; StoreError naming it if corrupt."""
+        data = self.read(name)
+        if data is None:
+            return default
+        try:
+            return json.loads(data)
+        except ValueError as exc:
+            raise StoreError(f"corrupt JSON in {self.describe(name)}: {exc}") from None
+
+    def stat(self, name: str) -> ObjectInfo | None:
+        """Size and modification time of ``name``, or None if it does not exist."""
+        return self._stat(check_name(name))
+
+    def exists(self, name: str) -> bool:
+        """True if object ``name`` exists."""
+        return self.stat(name) is not None
+
+    def list_names(self, prefix: str = "") -> list[str]:
+        """Names of all objects below ``prefix``, sorted: for finding names, never as proof data is whole."""
+        return self._list(check_name(prefix, prefix=True))
+
+    def children(self, prefix: str = "") -> list[str]:
+        """Entries right below ``prefix``, sorted; a sub-prefix ends with ``/`` (one listing, no reads)."""
+        return self._children(check_name(prefix, prefix=True))
+
+    def append_record(self, journal: str, record: dict[str, Any]) -> None:
+        """Append ``record`` to the journal ``journal``; concurrent appenders never lose one."""
+        self._append(self._writable(journal), record)
+
+    def read_journal(self, journal: str) -> list[dict[str, Any]]:
+        """Every complete record of ``journal``, in one total order that keeps each writer's order."""
+        return self._read_journal(check_name(journal))
+
+    # -- ownership and deletes -----------------------------------------------------------------------
+
+    def claim(self, prefix: str = "") -> dict[str, Any]:
+        """Own ``prefix`` (``""``: the root): create its marker exclusively, or find it already ours.
+
+        Raises :class:`StoreNotOwnedError` naming the prefix when another store's marker is there.
+        """
+        if prefix:
+            self._writable(prefix)
+        marker_name = _join(prefix, OWNER_FILE)
+        record = {"owner": self.owner, "prefix": prefix, "token": uuid.uuid4().hex, "at": time.time()}
+        self._create_exclusive(marker_name, files.json_claim(record))
+        found = self._read_marker(prefix)
+        if not self._ours(found, prefix):
+            raise StoreNotOwnedError(f"prefix {self.describe(prefix)!r} is owned by another store "
+                                     f"({_owner_of(found)}), not by {self.owner!r}")
+        return dict(found)
+
+    def owns(self, prefix: str) -> bool:
+        """True if the nearest ownership marker at or above ``prefix`` is this store's."""
+        try:
+            self._require_owned(check_name(prefix, prefix=True), parent_only=False)
+        except StoreNotOwnedError:
+            return False
+        return True
+
+    def delete(self, name: str) -> bool:
+        """Delete object ``name`` if this store owns a prefix above it (see :meth:`claim`); False if missing."""
+        self._writable(name)
+        self._require_owned(name, parent_only=True)
+        return self._delete(name)
+
+    def delete_prefix(self, prefix: str) -> int:
+        """Delete everything below ``prefix`` (its own marker last); return the number of objects deleted.
+
+        Refused (nothing deleted) unless this store owns ``prefix`` and no prefix below it is claimed by
+        another store; the root itself is never deleted this way.
+        """
+        self._writable(prefix)
+        self._require_owned(prefix, parent_only=False)
+        names = self._list(prefix)
+        for name in names:
+            if name.rsplit("/", 1)[-1] == OWNER_FILE and name != _join(prefix, OWNER_FILE):
+                below = name[:-len(OWNER_FILE) - 1]
+                marker = self._read_marker(below)
+                if not self._ours(marker, below):
+                    raise StoreNotOwnedError(
+                        f"cannot delete {self.describe(prefix)!r}: {self.describe(below)!r} below it is owned by "
+                        f"another store ({_owner_of(marker)}); nothing was deleted")
+        return self._delete_tree(prefix, names)
+
+    def _ours(self, marker: Any, prefix: str) -> bool:
+        return isinstance(marker, dict) and marker.get("owner") == self.owner and marker.get("prefix") == prefix
+
+    def _require_owned(self, name: str, *, parent_only: bool) -> None:
+        candidates = list(_ancestors(name)) if parent_only else [name, *_ancestors(name)]
+        for prefix in candidates:
+            marker = self._read_marker(prefix)
+            if marker is None:
+                continue
+            if self._ours(marker, prefix):
+                return
+            raise StoreNotOwnedError(f"cannot delete {self.describe(name)!r}: {self.describe(prefix)!r} is owned by "
+                                     f"another store ({_owner_of(marker)}), not by {self.owner!r}")
+        raise StoreNotOwnedError(f"cannot delete {self.describe(name)!r}: no ownership marker ({OWNER_FILE}) of "
+                                 f"this store at or above it")
+
+    def _writable(self, name: str) -> str:
+        check_name(name)
+        if name.rsplit("/", 1)[-1] == OWNER_FILE:
+            raise _refuse(name, f"{OWNER_FILE} is the ownership marker: only claim() creates it")
+        return name
+
+
+def _owner_of(marker: Any) -> str:
+    if isinstance(marker, dict) and isinstance(marker.get("owner"), str):
+        return f"its marker names {marker['owner']!r}"
+    return "its marker is not this provider's"
+
+
+# -- POSIX ----------------------------------------------------------------------------------------------
+
+
+class PosixBackend(StoreBackend):
+    """A store in a local or shared POSIX directory: the calls of ``store/files.py``, unchanged."""
+
+    def __init__(self, root: str | Path, *, owner: str | None = None) -> None:
+        self.root = Path(root)
+        self.owner = owner or self.url
+
+    @property
+    def url(self) -> str:
+        """``file://`` and the absolute root."""
+        return "file://" + quote(os.path.abspath(self.root))
+
+    def describe(self, name: str) -> str:
+        """The path of ``name`` (what ``store/files.py`` names in its errors)."""
+        return str(self.root / name)
+
+    def path(self, name: str) -> Path:
+        """The local path of object ``name`` (for what still needs a path: Spark, attempt logs)."""
+        return self.root / check_name(name, prefix=True) if name else self.root
+
+    def name_of(self, path: str | Path) -> str:
+        """The store name of ``path``, a path under the root; UnsafeStoreNameError if it is not one."""
+        try:
+            relative = Path(path).relative_to(self.root)
+        except ValueError:
+            raise UnsafeStoreNameError(f"{str(path)!r} is not under the store root {str(self.root)!r}") from None
+        return check_name(relative.as_posix())
+
+    def _create_exclusive(self, name: str, data: bytes) -> bool:
+        return files.create_exclusive_bytes(self.root / name, data)
+
+    def _replace(self, name: str, data: bytes) -> None:
+        files.atomic_write_bytes(self.root / name, data)
+
+    def _read(self, name: str) -> bytes | None:
+        try:
+            with files.open_regular_bytes(self.root / name) as handle:
+                data: bytes = handle.read()
+                return data
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        except OSError as exc:
+            raise StoreError(f"cannot read {self.root / name}: {exc.strerror or exc}") from exc
+
+    def read_json(self, name: str, default: Any = None) -> Any:
+        """``store/files.py``'s :func:`~files.read_json` of the object's path (never blocks on a FIFO)."""
+        return files.read_json(self.root / check_name(name), default)
+
+    def _stat(self, name: str) -> ObjectInfo | None:
+        try:
+            info = os.stat(self.root / name)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        except OSError as exc:
+            raise StoreError(f"cannot stat {self.root / name}: {exc.strerror or exc}") from exc
+        return ObjectInfo(name, info.st_size, info.st_mtime)
+
+    def _list(self, prefix: str) -> list[str]:
+        base = self.root / prefix if prefix else self.root
+        names = []
+        # os.walk does not descend into symlinked directories: a link never widens a listing.
+        for current, _dirs, entries in os.walk(base):
+            relative = Path(current).relative_to(self.root).as_posix()
+            for entry in entries:
+                if not _TEMP_NAME.match(entry):
+                    names.append(entry if relative == "." else f"{relative}/{entry}")
+        return sorted(names)
+
+    def _children(self, prefix: str) -> list[str]:
+        try:
+            with os.scandir(self.root / prefix if prefix else self.root) as entries:
+                return sorted(e.name + ("/" if e.is_dir(follow_symlinks=False) else "")
+                              for e in entries if not _TEMP_NAME.match(e.name))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+
+    def _append(self, journal: str, record: dict[str, Any]) -> None:
+        files.append_jsonl(self.root / journal, record)
+
+    def _read_journal(self, journal: str) -> list[dict[str, Any]]:
+        return files.read_jsonl(self.root / journal)
+
+    def _read_marker(self, prefix: str) -> Any:
+        return files.read_json_in_store(self.root, self.root / _join(prefix, OWNER_FILE))
+
+    def _delete(self, name: str) -> bool:
+        return files.remove_in_store(self.root, self.root / name)
+
+    def _delete_tree(self, prefix: str, names: list[str]) -> int:
+        return len(names) if files.remove_in_store(self.root, self.root / prefix, tree=True) else 0
+
+
+# -- S3 -------------------------------------------------------------------------------------------------
+
+
+def _error_code(exc: Exception) -> str:
+    response = getattr(exc, "response", None)
+    if isinstance(response, dict):
+        error = response.get("Error") or {}
+        status = (response.get("ResponseMetadata") or {}).get("HTTPStatusCode")
+        return f"{error.get('Code') or 'error'} (HTTP {status})" if status else str(error.get("Code") or "error")
+    return type(exc).__name__
+
+
+def _status(exc: Exception) -> int | None:
+    response = getattr(exc, "response", None)
+    if isinstance(response, dict):
+        status = (response.get("ResponseMetadata") or {}).get("HTTPStatusCode")
+        return int(status) if status else None
+    return None
+
+
+class S3Backend(StoreBackend):
+    """A store under ``s3://bucket/prefix`` (boto3): conditional create, whole-object replace, one object per record.
+
+    Credentials stay in the boto3 client: ``repr`` shows the URL only, and errors name the object and the
+    service's error code, never the service's message, the request or a key.
+    """
+
+    def __init__(self, url: str, credentials: S3Credentials | None = None, *, owner: str | None = None,
+                 client: BaseClient | None = None) -> None:
+        parts = urlsplit(url)
+        if parts.scheme not in ("s3", "s3a") or not parts.netloc or "@" in parts.netloc or parts.query \
+                or parts.fragment:
+            raise StoreError(f"not an s3://bucket/prefix URL for a store: {_shown_url(url)!r}")
+        self.bucket = parts.netloc
+        self.base = unquote(parts.path).strip("/")
+        if self.base:
+            check_name(self.base)
+        self.owner = owner or self.url
+        self._client = client if client is not None else _client(credentials)
+        self._next_seq: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def url(self) -> str:
+        """``s3://bucket/prefix``."""
+        return f"s3://{self.bucket}/{self.base}".rstrip("/")
+
+    def _key(self, name: str) -> str:
+        key = _join(self.base, name)
+        if len(key.encode()) > MAX_S3_KEY_BYTES:
+            raise _refuse(name, f"its key is longer than the {MAX_S3_KEY_BYTES} bytes S3 takes")
+        return key
+
+    def _fail(self, name: str, action: str, exc: Exception) -> StoreError:
+        what = f"cannot {action} {self.describe(name)}: {_error_code(exc)}"
+        if _status(exc) == 403 and action in ("create", "write", "delete"):
+            return StoreNotWritableError(f"store is not writable: {what}")
+        return StoreError(what)
+
+    def _create_exclusive(self, name: str, data: bytes) -> bool:
+        key = self._key(name)
+        for attempt in range(_CONFLICT_RETRIES):
+            try:
+                self._client.put_object(Bucket=self.bucket, Key=key, Body=data, IfNoneMatch="*")
+                return True
+            except Exception as exc:  # botocore's ClientError and transport errors
+                status = _status(exc)
+                if status == 412:
+                    return False
+                if status == 409 and attempt + 1 < _CONFLICT_RETRIES:
+                    # ConditionalRequestConflict: another conditional write of the key is in flight; ask again.
+                    time.sleep(0.05 * (attempt + 1))
+                    continue
+                raise self._fail(name, "create", exc) from None
+        return False  # unreachable: the last attempt returns or raises
+
+    def _replace(self, name: str, data: bytes) -> None:
+        try:
+            self._client.put_object(Bucket=self.bucket, Key=self._key(name), Body=data)
+        except Exception as exc:
+            raise self._fail(name, "write", exc) from None
+
+    def _read(self, name: str) -> bytes | None:
+        try:
+            body = self._client.get_object(Bucket=self.bucket, Key=self._key(name))["Body"]
+            try:
+                data: bytes = body.read()
+            finally:
+                body.close()
+            return data
+        except Exception as exc:
+            if _status(exc) == 404 and _error_code(exc).startswith("NoSuchKey"):
+                return None
+            raise self._fail(name, "read", exc) from None
+
+    def _stat(self, name: str) -> ObjectInfo | None:
+        try:
+            head = self._client.head_object(Bucket=self.bucket, Key=self._key(name))
+        except Exception as exc:
+            # HEAD has no body, so no error code: a 404 is a missing key once the bucket is known to exist.
+            if _status(exc) == 404 and self._bucket_exists():
+                return None
+            raise self._fail(name, "stat", exc) from None
+        return ObjectInfo(name, int(head["ContentLength"]), head["LastModified"].timestamp())
+
+    def _bucket_exists(self) -> bool:
+        try:
+            self._client.head_bucket(Bucket=self.bucket)
+            return True
+        except Exception:
+            return False
+
+    def _pages(self, prefix: str, **extra: Any) -> Iterator[dict[str, Any]]:
+        key_prefix = self._key(prefix) + "/" if prefix else (self.base + "/" if self.base else "")
+        try:
+            yield from self._client.get_paginator("list_objects_v2").paginate(
+                Bucket=self.bucket, Prefix=key_prefix, **extra)
+        except Exception as exc:
+            raise self._fail(prefix, "list", exc) from None
+
+    def _relative(self, key: str) -> str:
+        return key[len(self.base) + 1:] if self.base else key
+
+    def _list(self, prefix: str) -> list[str]:
+        return sorted(self._relative(o["Key"]) for page in self._pages(prefix) for o in page.get("Contents", []))
+
+    def _children(self, prefix: str) -> list[str]:
+        out = []
+        for page in self._pages(prefix, Delimiter="/"):
+            out += [self._relative(o["Key"]).rsplit("/", 1)[-1] for o in page.get("Contents", [])]
+            out += [self._relative(p["Prefix"]).rstrip("/").rsplit("/", 1)[-1] + "/"
+                    for p in page.get("CommonPrefixes", [])]
+        return sorted(out)
+
+    # The journal: record n is the object ``<journal>/<n>.json``, created exclusively. n is tried only once
+    # n - 1 is known to exist (written by this appender, found taken, or listed), so numbers have no gaps
+    # and a record's number is above every number its writer had written or seen: key order is one total
+    # order keeping each writer's order, and a reader that saw n never later finds a new record below n.
+
+    @staticmethod
+    def journal_prefix(journal: str) -> str:
+        """Where the records of ``journal`` live: ``x/journal.jsonl`` -> ``x/journal`` (one object per record)."""
+        return journal[:-len(".jsonl")] if journal.endswith(".jsonl") else journal
+
+    def _sequence_numbers(self, prefix: str) -> list[int]:
+        numbers = []
+        for name in self._list(prefix):
+            match = _SEQ_NAME.match(name.rsplit("/", 1)[-1])
+            if match and name.count("/") == prefix.count("/") + 1:
+                numbers.append(int(match.group(1)))
+        return sorted(numbers)
+
+    def _append(self, journal: str, record: dict[str, Any]) -> None:
+        prefix = self.journal_prefix(journal)
+        check_name(prefix)
+        body = files.json_line(record)
+        with self._lock:
+            seq = self._next_seq.get(prefix)
+        if seq is None:
+            seq = (self._sequence_numbers(prefix) or [0])[-1] + 1
+        taken = 0
+        while True:
+            if seq >= 10 ** _SEQ_DIGITS:
+                raise StoreError(f"journal {self.describe(prefix)} is full ({10 ** _SEQ_DIGITS - 1} records)")
+            if self._create_exclusive(f"{prefix}/{seq:0{_SEQ_DIGITS}d}.json", body):
+                with self._lock:
+                    self._next_seq[prefix] = max(self._next_seq.get(prefix, 0), seq + 1)
+                return
+            taken += 1
+            seq += 1
+            if taken % _RELIST_AFTER == 0:
+                seq = max(seq, (self._sequence_numbers(prefix) or [0])[-1] + 1)
+
+    def _read_journal(self, journal: str) -> list[dict[str, Any]]:
+        prefix = self.journal_prefix(journal)
+        names = [f"{prefix}/{n:0{_SEQ_DIGITS}d}.json" for n in self._sequence_numbers(prefix)]
+        with ThreadPoolExecutor(max_workers=min(_READ_THREADS, max(1, len(names)))) as pool:
+            bodies = list(pool.map(self._read, names))
+        records = []
+        for body in bodies:
+            try:
+                record = json.loads(body) if body is not None else None
+            except ValueError:
+                continue  # as a torn line of a POSIX journal: not a complete record
+            if isinstance(record, dict):
+                records.append(record)
+        return records
+
+    def _read_marker(self, prefix: str) -> Any:
+        name = _join(prefix, OWNER_FILE)
+        data = self._read(name)
+        if data is None:
+            return None
+        try:
+            return json.loads(data)
+        except ValueError:
+            return {"owner": None}  # unreadable: not ours, and not nobody's either
+
+    def _delete(self, name: str) -> bool:
+        existed = self._stat(name) is not None
+        try:
+            self._client.delete_object(Bucket=self.bucket, Key=self._key(name))
+        except Exception as exc:
+            raise self._fail(name, "delete", exc) from None
+        return existed
+
+    def _delete_tree(self, prefix: str, names: list[str]) -> int:
+        marker = _join(prefix, OWNER_FILE)
+        # The prefix's own marker goes last: a delete that stops half-way leaves the prefix still owned.
+        ordered = [n for n in names if n != marker] + [n for n in names if n == marker]
+        deleted = 0
+        for start in range(0, len(ordered), 1000):
+            batch = ordered[start:start + 1000]
+            try:
+                answer = self._client.delete_objects(Bucket=self.bucket, Delete={
+                    "Objects": [{"Key": self._key(n)} for n in batch], "Quiet": True})
+            except Exception as exc:
+                raise self._fail(prefix, "delete", exc) from None
+            errors = answer.get("Errors") or []
+            if errors:
+                first = errors[0]
+                raise StoreError(f"cannot delete {self.describe(self._relative(first.get('Key', '')))}: "
+                                 f"{first.get('Code') or 'error'} ({len(errors)} objects not deleted)")
+            deleted += len(batch)
+        return deleted
+
+
+def _shown_url(url: str) -> str:
+    """``url`` with any ``user:password@`` replaced, for messages."""
+    parts = urlsplit(url)
+    if "@" in parts.netloc:
+        return parts._replace(netloc="***@" + parts.netloc.rsplit("@", 1)[1]).geturl()
+    return url
+
+
+def _client(credentials: S3Credentials | None) -> BaseClient:
+    """A boto3 S3 client for ``credentials`` (path-style addressing with a custom endpoint)."""
+    try:
+        import boto3
+        from botocore.config import Config
+    except ImportError:
+        raise StoreError("a store on S3 needs boto3: pip install 'airflow-provider-speculative[s3]'") from None
+    kwargs: dict[str, Any] = {}
+    if credentials is not None:
+        kwargs["region_name"] = credentials.region or "us-east-1"
+        if credentials.endpoint_url:
+            kwargs["endpoint_url"] = credentials.endpoint_url
+        if credentials.access_key and credentials.secret_key:
+            kwargs.update(aws_access_key_id=credentials.access_key, aws_secret_access_key=credentials.secret_key,
+                          aws_session_token=credentials.session_token)
+    config = Config(max_pool_connections=64, retries={"mode": "standard", "max_attempts": 4},
+                    s3={"addressing_style": "path"} if credentials is not None and credentials.endpoint_url else {})
+    return boto3.session.Session().client("s3", config=config, **kwargs)
+
+
+def open_backend(store_path: str | Path, credentials: S3Credentials | None = None) -> StoreBackend:
+    """The backend of a store root: ``s3://``/``s3a://`` on S3 (with ``credentials``), else a POSIX directory."""
+    text = str(store_path)
+    scheme = urlsplit(text).scheme
+    if scheme in ("s3", "s3a"):
+        return S3Backend(text, credentials)
+    if scheme == "file":
+        return PosixBackend(unquote(urlsplit(text).path))
+    return PosixBackend(Path(text))

@@ -1,0 +1,148 @@
+"""The store backend interface on POSIX: the conformance suite (conformance.py) and what only POSIX has.
+
+The same suite runs against the S3 endpoint in tests/integration/test_store_backends.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from airflow_provider_speculative.exceptions import StoreError, StoreNotWritableError, UnsafeStorePathError
+from airflow_provider_speculative.store import files
+from airflow_provider_speculative.store.backend import (
+    OWNER_FILE,
+    PosixBackend,
+    S3Backend,
+    StoreBackend,
+    StoreNotOwnedError,
+    UnsafeStoreNameError,
+    check_name,
+    open_backend,
+)
+from tests.unit.store.conformance import BackendConformance
+
+
+class TestPosixConformance(BackendConformance):
+    """Every guarantee, on a local directory."""
+
+    @pytest.fixture
+    def make_backend(self, tmp_path: Path) -> Callable[..., StoreBackend]:
+        """A POSIX backend on this test's directory (``owner=`` names another store there)."""
+        return lambda owner=None: PosixBackend(tmp_path / "store", owner=owner)
+
+
+def test_posix_writes_the_bytes_store_files_writes(tmp_path: Path) -> None:
+    backend = PosixBackend(tmp_path)
+    doc = {"b": [1, 2], "a": {"z": None}}
+    backend.replace_json("x/plan.json", doc)
+    files.atomic_write_json(tmp_path / "y" / "plan.json", doc)
+    assert (tmp_path / "x/plan.json").read_bytes() == (tmp_path / "y/plan.json").read_bytes()
+    backend.create_exclusive_json("x/claim.json", doc)
+    files.create_exclusive_json(tmp_path / "y" / "claim.json", doc)
+    assert (tmp_path / "x/claim.json").read_bytes() == (tmp_path / "y/claim.json").read_bytes()
+    backend.append_record("x/journal.jsonl", doc)
+    files.append_jsonl(tmp_path / "y" / "journal.jsonl", doc)
+    assert (tmp_path / "x/journal.jsonl").read_bytes() == (tmp_path / "y/journal.jsonl").read_bytes()
+    assert backend.read_journal("x/journal.jsonl") == [doc]
+    assert json.loads((tmp_path / "x/plan.json").read_text()) == doc
+
+
+def test_posix_paths_and_names(tmp_path: Path) -> None:
+    backend = PosixBackend(tmp_path)
+    assert backend.path("a/b.json") == tmp_path / "a" / "b.json" and backend.path("") == tmp_path
+    assert backend.name_of(tmp_path / "a" / "b.json") == "a/b.json"
+    with pytest.raises(UnsafeStoreNameError, match="not under the store root"):
+        backend.name_of(tmp_path.parent / "elsewhere.json")
+    with pytest.raises(UnsafeStoreNameError, match=r"'\.\.' segment"):
+        backend.name_of(tmp_path / ".." / "x")
+    assert backend.url == "file://" + str(tmp_path) and backend.owner == backend.url
+    assert repr(backend) == f"PosixBackend('file://{tmp_path}')"
+    assert isinstance(open_backend(str(tmp_path)), PosixBackend)
+    assert open_backend(f"file://{tmp_path}").root == tmp_path  # type: ignore[attr-defined]
+
+
+def test_temporary_files_of_a_write_in_flight_are_not_listed(tmp_path: Path) -> None:
+    backend = PosixBackend(tmp_path)
+    backend.replace("d/plan.json", b"{}")
+    (tmp_path / "d" / ".plan.json.abc123.tmp").write_text("{")
+    assert backend.list_names("d") == ["d/plan.json"] and backend.children("d") == ["plan.json"]
+
+
+def test_a_symlink_never_redirects_a_delete_or_a_marker(tmp_path: Path) -> None:
+    root, outside = tmp_path / "store", tmp_path / "outside"
+    outside.mkdir()
+    (outside / "precious.json").write_text("{}")
+    backend = PosixBackend(root)
+    backend.claim("runs")
+    (root / "runs" / "linked").symlink_to(outside)
+    with pytest.raises(UnsafeStorePathError):
+        backend.delete("runs/linked/precious.json")
+    with pytest.raises(UnsafeStorePathError):
+        backend.delete_prefix("runs/linked")
+    assert (outside / "precious.json").exists()
+    # A marker reached through a link proves nothing.
+    (outside / OWNER_FILE).write_text(json.dumps({"owner": backend.owner, "prefix": "runs/linked"}))
+    (root / "runs" / "linked").unlink()
+    (root / "other").symlink_to(outside)
+    with pytest.raises(UnsafeStorePathError):
+        backend.delete("other/precious.json")
+    assert (outside / "precious.json").exists()
+    # The listing does not follow the link either.
+    assert backend.list_names("") == [f"runs/{OWNER_FILE}"]
+
+
+def test_a_fifo_where_an_object_should_be_is_refused_without_blocking(tmp_path: Path) -> None:
+    backend = PosixBackend(tmp_path)
+    os.mkfifo(tmp_path / "status.json")
+    with pytest.raises(StoreError, match=r"status\.json"):
+        backend.read("status.json")
+    with pytest.raises(StoreError, match=r"status\.json"):
+        backend.read_json("status.json")
+
+
+def test_write_errors_name_the_path(tmp_path: Path) -> None:
+    backend = PosixBackend(tmp_path)
+    backend.replace("a", b"{}")
+    with pytest.raises(StoreError, match=r"cannot write .*/a/b\.json"):
+        backend.replace("a/b.json", b"{}")  # a file where a directory should be
+    if os.geteuid() != 0:  # root writes anywhere
+        (tmp_path / "ro").mkdir(mode=0o555)
+        with pytest.raises(StoreNotWritableError, match=r"ro/x\.json"):
+            backend.replace("ro/x.json", b"{}")
+
+
+def test_an_unreadable_marker_is_nobodys_proof(tmp_path: Path) -> None:
+    backend = PosixBackend(tmp_path)
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / OWNER_FILE).write_text("{not json")
+    backend.replace("runs/plan.json", b"{}")
+    with pytest.raises(StoreError):
+        backend.delete("runs/plan.json")
+    assert backend.read("runs/plan.json") == b"{}"
+    (tmp_path / "runs" / OWNER_FILE).write_text(json.dumps({"owner": backend.owner, "prefix": "elsewhere"}))
+    with pytest.raises(StoreNotOwnedError, match="owned by another store"):
+        backend.delete("runs/plan.json")
+
+
+@pytest.mark.parametrize("name", ["plan.json", "dag/run/stage/subtask=3/attempt=12/_SUCCESS", "_targets/t/slots",
+                                  "d/run_2026-01-01T00_00_00_00_00-1a2b3c4d/s", "ünïcode/名前.json"])
+def test_names_the_layout_makes_are_valid(name: str) -> None:
+    assert check_name(name) == name
+
+
+def test_s3_urls_are_checked_and_shown_without_credentials() -> None:
+    for url in ("s3://", "gs://bucket/x", "s3://user:secret@bucket/x", "s3://bucket/x?versionId=1"):
+        with pytest.raises(StoreError) as err:
+            S3Backend(url, client=object())  # type: ignore[arg-type]
+        assert "secret" not in str(err.value)
+    backend = S3Backend("s3://bucket/some/prefix/", client=object())  # type: ignore[arg-type]
+    assert backend.url == "s3://bucket/some/prefix" and backend.base == "some/prefix"
+    assert repr(backend) == "S3Backend('s3://bucket/some/prefix')"
+    assert S3Backend.journal_prefix("d/r/s/journal.jsonl") == "d/r/s/journal"
+    with pytest.raises(UnsafeStoreNameError):
+        S3Backend("s3://bucket/a/../b", client=object())  # type: ignore[arg-type]
