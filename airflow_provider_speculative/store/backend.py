@@ -147,8 +147,12 @@ def _ancestors(name: str) -> Iterator[str]:
 class StoreBackend(abc.ABC):
     """One store root on one kind of storage, offering the six guarantees (module docstring)."""
 
-    #: What names this store's owner in ownership markers (the root URL unless given).
-    owner: str
+    _owner: str | None = None
+
+    @property
+    def owner(self) -> str:
+        """What names this store in ownership markers (the root URL unless given)."""
+        return self._owner or self.url
 
     @property
     @abc.abstractmethod
@@ -352,7 +356,7 @@ class PosixBackend(StoreBackend):
 
     def __init__(self, root: str | Path, *, owner: str | None = None) -> None:
         self.root = Path(root)
-        self.owner = owner or self.url
+        self._owner = owner
 
     @property
     def url(self) -> str:
@@ -476,7 +480,7 @@ class S3Backend(StoreBackend):
         self.base = unquote(parts.path).strip("/")
         if self.base:
             check_name(self.base)
-        self.owner = owner or self.url
+        self._owner = owner
         self._client = client if client is not None else _client(credentials)
         self._next_seq: dict[str, int] = {}
         self._lock = threading.Lock()

@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from airflow_provider_speculative.exceptions import StoreError
-from airflow_provider_speculative.store.files import atomic_write_json, create_exclusive_json, read_json
+from airflow_provider_speculative.store.backend import PosixBackend
+from airflow_provider_speculative.store.files import read_json
 from airflow_provider_speculative.store.layout import safe_component
 
 STORE_FILE = "store.json"
@@ -117,15 +118,15 @@ def own_store(root: str | Path) -> dict[str, Any]:
     naming what is there otherwise.
     """
     root = Path(root)
-    path = root / STORE_FILE
-    record = read_json(path)
+    store = PosixBackend(root)
+    record = store.read_json(STORE_FILE)
     if isinstance(record, dict):
         return record
     if root.exists() and not root.is_dir():
         raise StoreNotOwnedError(f"store root {str(root)!r} is not a directory")
     foreign = foreign_entries(root)
     if foreign:
-        record = read_json(path)
+        record = store.read_json(STORE_FILE)
         if isinstance(record, dict):
             # Another stage created the store between our two looks (stages plan concurrently, e.g. at a run's
             # start in the triggerer): its marker came first, then the run directory we just saw.
@@ -140,8 +141,8 @@ def own_store(root: str | Path) -> dict[str, Any]:
         root.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise StoreError(f"cannot create store root {root}: {exc}") from None
-    create_exclusive_json(path, {"provider": PROVIDER, "created_at": time.time()})
-    return read_json(path) or {}
+    store.create_exclusive_json(STORE_FILE, {"provider": PROVIDER, "created_at": time.time()})
+    return store.read_json(STORE_FILE) or {}
 
 
 def db_identity(url: str) -> dict[str, str]:
@@ -156,7 +157,7 @@ def db_identity(url: str) -> dict[str, str]:
 
 def read_store_identity(root: str | Path) -> dict[str, Any] | None:
     """The store's record of its metadata database, or None if it has none."""
-    record: dict[str, Any] | None = read_json(Path(root) / STORE_FILE)
+    record: dict[str, Any] | None = PosixBackend(root).read_json(STORE_FILE)
     return record
 
 
@@ -169,7 +170,7 @@ def claim_store(root: str | Path, identity: dict[str, str]) -> dict[str, Any]:
     if not record.get("metadata_db"):
         # Written by a process that did not know the database (an Airflow 3 task): add it now.
         record = {**record, "provider": PROVIDER, "metadata_db": identity}
-        atomic_write_json(Path(root) / STORE_FILE, record)
+        PosixBackend(root).replace_json(STORE_FILE, record)
     return record
 
 

@@ -1,7 +1,8 @@
 """The journal: every decision of a stage run, one JSON line each, always with a timestamp.
 
 The only writer of ``journal.jsonl``: the controller, partition recovery, finalize, reruns and gc
-all record through :func:`record`, so every line has ``at`` (epoch seconds) and ``event``.
+all record through :func:`record` (or :func:`append`, the same on any store backend), so every line has
+``at`` (epoch seconds) and ``event``.
 """
 
 from __future__ import annotations
@@ -11,19 +12,30 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from airflow_provider_speculative.store.files import append_jsonl, read_jsonl
+from airflow_provider_speculative.store.backend import PosixBackend, StoreBackend
+
+
+def append(store: StoreBackend, name: str, event: str, *, at: float | None = None, **fields: Any) -> dict[str, Any]:
+    """Append one event to the journal ``name`` of ``store``; return the record written."""
+    line = {"at": time.time() if at is None else at, "event": event, **fields}
+    store.append_record(name, line)
+    return line
+
+
+def _posix(path: str | Path) -> tuple[PosixBackend, str]:
+    path = Path(path)
+    return PosixBackend(path.parent), path.name
 
 
 def record(path: str | Path, event: str, *, at: float | None = None, **fields: Any) -> dict[str, Any]:
     """Append one event to the journal at ``path``; return the line written."""
-    line = {"at": time.time() if at is None else at, "event": event, **fields}
-    append_jsonl(path, line)
-    return line
+    return append(*_posix(path), event, at=at, **fields)
 
 
 def read(path: str | Path) -> list[dict[str, Any]]:
     """Every complete line of a journal (a torn last line is ignored)."""
-    return read_jsonl(path)
+    store, name = _posix(path)
+    return store.read_journal(name)
 
 
 class Journal:
@@ -31,9 +43,10 @@ class Journal:
 
     def __init__(self, path: str | Path, clock: Callable[[], float] = time.time, **common: Any) -> None:
         self.path = Path(path)
+        self.store, self.name = _posix(self.path)
         self.clock = clock
         self.common = common
 
     def __call__(self, event: str, **fields: Any) -> dict[str, Any]:
         """Record ``event`` with this journal's common fields and the clock's time."""
-        return record(self.path, event, at=self.clock(), **self.common, **fields)
+        return append(self.store, self.name, event, at=self.clock(), **self.common, **fields)

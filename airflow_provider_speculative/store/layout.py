@@ -6,7 +6,10 @@ import hashlib
 import os
 import re
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
+
+from airflow_provider_speculative.store.backend import PosixBackend
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
@@ -43,6 +46,15 @@ class StageLayout:
     dag_id: str
     run_id: str
     stage: str
+
+    @cached_property
+    def store(self) -> PosixBackend:
+        """The store these paths are in, as a backend (names relative to ``root``)."""
+        return PosixBackend(self.root)
+
+    def name(self, path: Path) -> str:
+        """The store name of ``path``, one of this layout's paths."""
+        return self.store.name_of(path)
 
     @property
     def run_dir(self) -> Path:
@@ -126,12 +138,10 @@ class StageLayout:
     def attempt_numbers(self, subtask: int) -> list[int]:
         """Attempt numbers that exist (claimed) for ``subtask``, ascending."""
         numbers = []
-        base = self.subtask_dir(subtask)
-        if base.is_dir():
-            for entry in base.iterdir():
-                if entry.name.startswith("attempt="):
-                    try:
-                        numbers.append(int(entry.name.split("=", 1)[1]))
-                    except ValueError:
-                        continue
+        for entry in self.store.children(self.name(self.subtask_dir(subtask))):
+            if entry.startswith("attempt="):
+                try:
+                    numbers.append(int(entry.rstrip("/").split("=", 1)[1]))
+                except ValueError:
+                    continue
         return sorted(numbers)

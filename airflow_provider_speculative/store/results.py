@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Any
 
 from airflow_provider_speculative.exceptions import PartitionError, StoreError
-from airflow_provider_speculative.store.files import atomic_write_json, read_json
 from airflow_provider_speculative.store.layout import StageLayout
 from airflow_provider_speculative.store.manifest import read_manifest, verify_files
 
@@ -51,7 +50,7 @@ def compact(entry: dict[str, Any]) -> dict[str, Any]:
 def write_committed(layout: StageLayout, record: dict[str, Any]) -> None:
     """Atomically publish the stage's committed results (compact: file lists stay in the manifests)."""
     subtasks = {k: compact(v) for k, v in (record.get("subtasks") or {}).items()}
-    atomic_write_json(layout.committed, {**record, "subtasks": subtasks})
+    layout.store.replace_json(layout.name(layout.committed), {**record, "subtasks": subtasks})
 
 
 def committed_files(layout: StageLayout, subtask: int, attempt: int) -> list[dict[str, Any]]:
@@ -66,14 +65,17 @@ def committed_files(layout: StageLayout, subtask: int, attempt: int) -> list[dic
 
 def read_committed(layout: StageLayout) -> dict[str, Any]:
     """Read a stage's committed results or raise naming the stage that has none."""
-    record: dict[str, Any] | None = read_json(layout.committed)
+    record: dict[str, Any] | None = layout.store.read_json(layout.name(layout.committed))
     if record is None:
         raise StoreError(f"stage {layout.stage!r} has no committed result at {layout.committed}")
     return record
 
 
 def remove_attempt_output(layout: StageLayout, subtask: int, attempt: int) -> bool:
-    """Delete a losing attempt's data and manifest (its status stays for the record)."""
+    """Delete a losing attempt's data and manifest (its status stays for the record).
+
+    POSIX calls, not the backend's owned deletes: run prefixes carry no ownership marker yet.
+    """
     removed = False
     for path in (layout.manifest(subtask, attempt), layout.data(subtask, attempt)):
         if path.is_dir():
@@ -89,7 +91,7 @@ def broken_admissions(layout: StageLayout, parallelism: int) -> list[tuple[int, 
     """Admitted attempts whose output is gone or damaged (manifest missing, file missing or resized)."""
     broken = []
     for subtask in range(parallelism):
-        marker = read_json(layout.admitted(subtask))
+        marker = layout.store.read_json(layout.name(layout.admitted(subtask)))
         if marker is None:
             continue
         attempt = marker["attempt"]

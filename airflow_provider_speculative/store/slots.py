@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from airflow_provider_speculative.core.slots import holder_gone
-from airflow_provider_speculative.store.files import create_exclusive_json, read_json
+from airflow_provider_speculative.store.backend import PosixBackend
+from airflow_provider_speculative.store.files import read_json
 from airflow_provider_speculative.store.layout import StageLayout, safe_component
 
 TARGETS_DIR = "_targets"
@@ -34,19 +35,22 @@ class TargetSlots:
     def __init__(self, root: Path, target: str) -> None:
         self.root = Path(root)
         self.target = target
-        self.dir = self.root / TARGETS_DIR / safe_component(target) / "slots"
+        self.store = PosixBackend(self.root)
+        self.prefix = f"{TARGETS_DIR}/{safe_component(target)}/slots"
+        self.dir = self.root / self.prefix
 
     def path(self, index: int) -> Path:
         """The claim file of slot ``index``."""
-        return self.dir / f"slot-{index}.json"
+        return self.dir / self.name(index)
+
+    @staticmethod
+    def name(index: int) -> str:
+        """The claim's name within the slots directory."""
+        return f"slot-{index}.json"
 
     def indexes(self) -> list[int]:
         """Indexes of the slots held now (one directory listing, no file read)."""
-        try:
-            with os.scandir(self.dir) as entries:
-                return sorted(int(m.group(1)) for e in entries if (m := _SLOT.match(e.name)))
-        except FileNotFoundError:
-            return []
+        return sorted(int(m.group(1)) for e in self.store.children(self.prefix) if (m := _SLOT.match(e)))
 
     def count(self) -> int:
         """How many slots are held now, by any stage or run."""
@@ -56,7 +60,7 @@ class TargetSlots:
         """Slot index -> holder record (reads each claim: used for reclaims and the status view only)."""
         out = {}
         for index in self.indexes():
-            record = read_json(self.path(index))
+            record = self.store.read_json(f"{self.prefix}/{self.name(index)}")
             if record is not None:
                 out[index] = record
         return out
@@ -68,20 +72,22 @@ class TargetSlots:
         for index in range(capacity):
             if index in held:
                 continue
-            if create_exclusive_json(self.path(index), {**holder, "token": token}):
+            if self.store.create_exclusive_json(f"{self.prefix}/{self.name(index)}", {**holder, "token": token}):
                 return index, token
         return None
 
     def release(self, index: int, token: str) -> bool:
         """Remove slot ``index`` if it is still ours (its token); True if it was."""
-        path = self.path(index)
-        record = read_json(path)
+        record = self.store.read_json(f"{self.prefix}/{self.name(index)}")
         if record is None or record.get("token") != token:
             return False  # reclaimed already (we were presumed gone): the file is someone else's now
-        return self._remove_if(path, token)
+        return self._remove_if(self.path(index), token)
 
     def _remove_if(self, path: Path, token: str) -> bool:
-        """Rename then check: a claim created after our read is put back, never deleted."""
+        """Rename then check: a claim created after our read is put back, never deleted.
+
+        POSIX only (rename and link): the store backend interface has no conditional delete yet.
+        """
         tomb = path.with_name(f".{path.name}.{uuid.uuid4().hex}.released")
         try:
             os.rename(path, tomb)
@@ -122,5 +128,5 @@ def _gone(root: Path, holder: dict[str, Any], now: float) -> str | None:
         subtask, attempt = int(holder["subtask"]), int(holder["attempt"])
     except (KeyError, TypeError, ValueError):
         return "unreadable holder record"
-    status = read_json(layout.status(subtask, attempt))
-    return holder_gone(holder, status, layout.claim(subtask, attempt).exists(), now)
+    status = layout.store.read_json(layout.name(layout.status(subtask, attempt)))
+    return holder_gone(holder, status, layout.store.exists(layout.name(layout.claim(subtask, attempt))), now)

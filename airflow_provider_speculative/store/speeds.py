@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from airflow_provider_speculative.exceptions import StoreError
-from airflow_provider_speculative.store.files import atomic_write_json, create_exclusive_json, read_json
+from airflow_provider_speculative.store.backend import PosixBackend
 from airflow_provider_speculative.store.layout import safe_component
 from airflow_provider_speculative.store.slots import TARGETS_DIR
 
@@ -30,9 +30,14 @@ SPEED_CHECK = "speed-check"
 _PROBE_NAME = re.compile(r"^[0-9a-f]{24}\.json$")
 
 
+def speed_name(target: str) -> str:
+    """The store name of ``target``'s speed record."""
+    return f"{TARGETS_DIR}/{safe_component(target)}/speed.json"
+
+
 def speed_path(root: Path, target: str) -> Path:
     """The speed record of ``target`` in the store at ``root``."""
-    return Path(root) / TARGETS_DIR / safe_component(target) / "speed.json"
+    return Path(root) / speed_name(target)
 
 
 @dataclass(frozen=True)
@@ -56,9 +61,10 @@ class SpeedRecord:
 def read_records(root: Path, targets: Iterable[str], now: float) -> dict[str, SpeedRecord]:
     """Each target's record if readable, valid and not older than :data:`MAX_AGE` (the others are left out)."""
     out: dict[str, SpeedRecord] = {}
+    store = PosixBackend(root)
     for target in targets:
         try:
-            record = read_json(speed_path(root, target))
+            record = store.read_json(speed_name(target))
         except (StoreError, OSError, ValueError):
             continue  # a damaged record only costs the first wave its hint
         if not isinstance(record, dict):
@@ -82,9 +88,10 @@ def read_history(root: Path, targets: Iterable[str], now: float,
 
 def record_speeds(root: Path, slowness: Mapping[str, float], now: float, where: str) -> None:
     """Keep what a completed stage run measured; a store that cannot take it must not fail the stage."""
+    store = PosixBackend(root)
     for target, factor in slowness.items():
         with contextlib.suppress(StoreError, OSError):
-            atomic_write_json(speed_path(root, target), {"slowness": round(factor, 3), "at": now, "from": where})
+            store.replace_json(speed_name(target), {"slowness": round(factor, 3), "at": now, "from": where})
 
 
 def _check_claim(targets: Iterable[str], run: str) -> tuple[str, str] | None:
@@ -108,15 +115,14 @@ def speed_check_claimed_at(root: Path, targets: Iterable[str], run: str) -> floa
     if claim is None:
         return None
     with contextlib.suppress(StoreError, OSError, ValueError):
-        record = read_json(_probe_path(root, claim[0], claim[1]))
+        record = PosixBackend(root).read_json(_probe_name(claim[0], claim[1]))
         if isinstance(record, dict) and isinstance(record.get("at"), int | float):
             return float(record["at"])
     return None
 
 
-def _probe_path(root: Path, target: str, run: str) -> Path:
-    return Path(root) / TARGETS_DIR / safe_component(target) / "probes" / (
-        hashlib.sha256(run.encode()).hexdigest()[:24] + ".json")
+def _probe_name(target: str, run: str) -> str:
+    return f"{TARGETS_DIR}/{safe_component(target)}/probes/{hashlib.sha256(run.encode()).hexdigest()[:24]}.json"
 
 
 def claim_probe(root: Path, target: str, run: str, now: float) -> bool:
@@ -125,14 +131,15 @@ def claim_probe(root: Path, target: str, run: str, now: float) -> bool:
     Exclusive create, so of several stages of a run starting at once exactly one probes; claims older
     than :data:`MAX_AGE` are pruned on the way (at most one file per DAG run and slow target).
     """
-    path = _probe_path(root, target, run)
-    probes, name = path.parent, path.name
+    store, claim = PosixBackend(root), _probe_name(target, run)
+    probes, name = claim.rsplit("/", 1)
+    # Pruning unlinks directly: the backend's owned deletes need a marker that target directories lack.
     with contextlib.suppress(OSError):
-        for entry in os.scandir(probes):
+        for entry in os.scandir(store.path(probes)):
             with contextlib.suppress(OSError):
                 if _PROBE_NAME.match(entry.name) and entry.name != name and now - entry.stat().st_mtime > MAX_AGE:
                     os.unlink(entry.path)
     try:
-        return create_exclusive_json(probes / name, {"run": run, "at": now})
+        return store.create_exclusive_json(claim, {"run": run, "at": now})
     except (StoreError, OSError):
         return False  # a store that cannot take it: no probe, history stays until it expires

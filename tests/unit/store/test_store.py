@@ -250,7 +250,7 @@ def test_a_marker_written_between_the_two_looks_is_accepted(tmp_path, monkeypatc
 
     def concurrent_stage(path):  # another stage: marker first, then its run directory, while we look
         root.mkdir(exist_ok=True)
-        identity.create_exclusive_json(root / identity.STORE_FILE, {"provider": identity.PROVIDER, "created_at": 1.0})
+        create_exclusive_json(root / identity.STORE_FILE, {"provider": identity.PROVIDER, "created_at": 1.0})
         (root / "dag").mkdir()
         return ["dag/"]
 
