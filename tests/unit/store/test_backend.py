@@ -146,3 +146,45 @@ def test_s3_urls_are_checked_and_shown_without_credentials() -> None:
     assert S3Backend.journal_prefix("d/r/s/journal.jsonl") == "d/r/s/journal"
     with pytest.raises(UnsafeStoreNameError):
         S3Backend("s3://bucket/a/../b", client=object())  # type: ignore[arg-type]
+
+
+class _ServiceError(Exception):
+    """What botocore's ClientError carries that S3Backend looks at: the parsed response."""
+
+    def __init__(self, status: int, code: str, message: str = "") -> None:
+        super().__init__(f"An error occurred ({code}): {message}")
+        self.response = {"Error": {"Code": code, "Message": message}, "ResponseMetadata": {"HTTPStatusCode": status}}
+
+
+class _ScriptedClient:
+    """A stand-in boto3 client whose put_object answers from a script (an exception or a success)."""
+
+    def __init__(self, *answers: Exception | None) -> None:
+        self.answers = list(answers)
+        self.calls = 0
+
+    def put_object(self, **kwargs: object) -> dict[str, object]:
+        self.calls += 1
+        answer = self.answers.pop(0)
+        if answer is not None:
+            raise answer
+        return {}
+
+
+def test_s3_conditional_create_asks_again_after_a_conflict_and_loses_on_412() -> None:
+    conflict = _ServiceError(409, "ConditionalRequestConflict")
+    client = _ScriptedClient(conflict, conflict, None)
+    assert S3Backend("s3://b/p", client=client).create_exclusive("claim.json", b"{}") is True  # type: ignore[arg-type]
+    assert client.calls == 3
+    client = _ScriptedClient(conflict, _ServiceError(412, "PreconditionFailed"))
+    assert S3Backend("s3://b/p", client=client).create_exclusive("claim.json", b"{}") is False  # type: ignore[arg-type]
+
+
+def test_s3_errors_carry_the_code_not_the_services_message() -> None:
+    secret_echo = _ServiceError(403, "SignatureDoesNotMatch", "StringToSign ... wJalrXUtnFEMI/K7MDENG")
+    backend = S3Backend("s3://b/p", client=_ScriptedClient(secret_echo))  # type: ignore[arg-type]
+    with pytest.raises(StoreNotWritableError) as err:
+        backend.replace("d/plan.json", b"{}")
+    assert str(err.value) == ("store is not writable: cannot write s3://b/p/d/plan.json: "
+                              "SignatureDoesNotMatch (HTTP 403)")
+    assert err.value.__cause__ is None and err.value.__suppress_context__
