@@ -188,3 +188,22 @@ def test_s3_errors_carry_the_code_not_the_services_message() -> None:
     assert str(err.value) == ("store is not writable: cannot write s3://b/p/d/plan.json: "
                               "SignatureDoesNotMatch (HTTP 403)")
     assert err.value.__cause__ is None and err.value.__suppress_context__
+
+
+def test_store_modules_reach_the_store_through_the_layouts_backend(tmp_path: Path) -> None:
+    from airflow_provider_speculative.store import journal
+    from airflow_provider_speculative.store.layout import StageLayout
+
+    layout = StageLayout(tmp_path, "dag", "manual__2026-01-01T00:00:00+00:00", "scan")
+    assert layout.store.root == tmp_path and layout.store is layout.store
+    assert layout.name(layout.plan) == f"dag/{layout.run_dir.name}/scan/plan.json"
+    with pytest.raises(UnsafeStoreNameError):
+        layout.name(tmp_path.parent / "plan.json")
+    journal.append(layout.store, layout.name(layout.journal), "launched", at=1.0, subtask=0)
+    journal.Journal(layout.journal, lambda: 2.0, subtask=1)("won")
+    assert journal.read(layout.journal) == [{"at": 1.0, "event": "launched", "subtask": 0},
+                                            {"at": 2.0, "event": "won", "subtask": 1}]
+    layout.store.create_exclusive_json(layout.name(layout.claim(0, 3)), {})
+    (layout.subtask_dir(0) / "attempt=x").mkdir()
+    (layout.subtask_dir(0) / "admitted.json").write_text("{}")
+    assert layout.attempt_numbers(0) == [3] and layout.attempt_numbers(7) == []
