@@ -8,14 +8,20 @@ from typing import Any
 
 from airflow_provider_speculative.exceptions import PartitionError, StoreError
 from airflow_provider_speculative.store.layout import StageLayout
-from airflow_provider_speculative.store.manifest import read_manifest, verify_files
+from airflow_provider_speculative.store.manifest import verify_files
+
+
+def _manifest(layout: StageLayout, subtask: int, attempt: int) -> dict[str, Any] | None:
+    """An attempt's manifest by name (``manifest.read_manifest`` on the layout's backend)."""
+    manifest: dict[str, Any] | None = layout.store.read_json(layout.name(layout.manifest(subtask, attempt)))
+    return manifest
 
 
 def admitted_results(layout: StageLayout, admitted: dict[int, int]) -> dict[str, Any]:
     """Build the committed record: for every subtask its admitted attempt, data dir and manifest."""
     subtasks = {}
     for subtask, attempt in sorted(admitted.items()):
-        manifest = read_manifest(layout.manifest(subtask, attempt))
+        manifest = _manifest(layout, subtask, attempt)
         if manifest is None:
             raise PartitionError(
                 f"stage {layout.stage!r} subtask {subtask} attempt {attempt} was admitted but has no manifest "
@@ -55,7 +61,7 @@ def write_committed(layout: StageLayout, record: dict[str, Any]) -> None:
 
 def committed_files(layout: StageLayout, subtask: int, attempt: int) -> list[dict[str, Any]]:
     """The files of a committed attempt, from its manifest (raises PartitionError if it is gone)."""
-    manifest = read_manifest(layout.manifest(subtask, attempt))
+    manifest = _manifest(layout, subtask, attempt)
     if manifest is None:
         raise PartitionError(f"stage {layout.stage!r} subtask {subtask} attempt {attempt} is committed but its "
                              f"manifest {layout.manifest(subtask, attempt)} is missing",
@@ -95,7 +101,7 @@ def broken_admissions(layout: StageLayout, parallelism: int) -> list[tuple[int, 
         if marker is None:
             continue
         attempt = marker["attempt"]
-        manifest = read_manifest(layout.manifest(subtask, attempt))
+        manifest = _manifest(layout, subtask, attempt)
         if manifest is None:
             broken.append((subtask, attempt, "manifest missing"))
             continue
