@@ -20,11 +20,15 @@ not a Flink task that lasts minutes:
 
 from __future__ import annotations
 
+import bisect
+import heapq
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from operator import itemgetter
 from statistics import median
 
+from airflow_provider_speculative.core.speed import sorted_median
 from airflow_provider_speculative.core.states import Attempt, AttemptState
 
 # The smallest derived lower bound: below it scheduling noise of the controller (its ~0.1-1 s steps)
@@ -159,6 +163,103 @@ def compute_baseline(
                     startup=startup, finished=count, factor=factor, read_ratio=median(ratios) if ratios else None)
 
 
+class BaselineView:
+    """:func:`compute_baseline` over a stage's admitted attempts, kept sorted between admissions.
+
+    Recomputing the baseline from every finished attempt at each step that admits one made a 10,000-subtask
+    stage O(subtasks) per step (O(subtasks²) in all). Here each admitted subtask's facts are inserted once
+    into sorted lists: all rows by (end, subtask), the execution times and seconds per byte of the earliest
+    rows the baseline uses, all start-up times and all read shares; a median is then an index. Only the
+    subtasks :meth:`update` is told of are looked at again; :meth:`baseline` equals ``compute_baseline``.
+    """
+
+    def __init__(self, input_bytes: dict[int, int]) -> None:
+        self.input_bytes = input_bytes
+        self._rows: dict[int, _Facts] = {}
+        self._order: list[tuple[float, int]] = []
+        self._startups: list[float] = []
+        self._ratios: list[float] = []
+        # The rows of _order[:_prefix] are in these: the earliest rows, the ones the baseline reads.
+        self._prefix = 0
+        self._times: list[float] = []
+        self._per_byte: list[float] = []
+        self._unsized = 0
+
+    def update(self, subtask: int, attempt: Attempt | None) -> None:
+        """``subtask``'s admitted attempt now (None: not admitted, or not started): its row is replaced."""
+        old = self._rows.pop(subtask, None)
+        if old is not None:
+            position = bisect.bisect_left(self._order, old[1])
+            del self._order[position]
+            if position < self._prefix:
+                self._prefix -= 1
+                self._earliest(old, add=False)
+            _remove(self._startups, old[3])
+            _remove(self._ratios, old[4] or None)
+        if attempt is None:
+            return
+        end = attempt.end_at or 0.0
+        row = (attempt, (end, attempt.subtask), attempt.execution_time(end), attempt.startup_seconds,
+               raw_share(attempt))
+        self._rows[subtask] = row
+        position = bisect.bisect_left(self._order, row[1])
+        self._order.insert(position, row[1])
+        if position < self._prefix:
+            self._prefix += 1
+            self._earliest(row, add=True)
+        if row[3] is not None:
+            bisect.insort(self._startups, row[3])
+        if row[4]:
+            bisect.insort(self._ratios, row[4])
+
+    def _earliest(self, row: _Facts, add: bool) -> None:
+        """Add ``row`` to (or remove it from) the earliest rows' sorted times and seconds per byte."""
+        attempt = row[0]
+        size = self.input_bytes.get(attempt.subtask) or attempt.input_bytes or 0
+        change = bisect.insort if add else _remove
+        change(self._times, row[2])
+        if size > 0:
+            change(self._per_byte, row[2] / size)
+        else:
+            self._unsized += 1 if add else -1
+
+    def baseline(self, parallelism: int, *, ratio: float, multiplier: float, lower_bound: float | None,
+                 normalize_by_input_bytes: bool = True, early: bool = True) -> Baseline | None:
+        """``compute_baseline`` of the rows recorded, with the same options: O(rows that moved in or out)."""
+        finished = len(self._rows)
+        needed = required_finished(parallelism, ratio)
+        if finished >= needed:
+            source, count, factor = "run", needed, multiplier
+        elif early and finished and parallelism > 1:
+            source, count, factor = "early", finished, max(multiplier, EARLY_MULTIPLIER)
+        else:
+            return None
+        while self._prefix < count:
+            self._earliest(self._rows[self._order[self._prefix][1]], add=True)
+            self._prefix += 1
+        while self._prefix > count:
+            self._prefix -= 1
+            self._earliest(self._rows[self._order[self._prefix][1]], add=False)
+        startup = sorted_median(self._startups) if self._startups else None
+        if lower_bound is not None:
+            floor, floor_source = lower_bound, "configured"
+        else:
+            floor, floor_source = max(MIN_FLOOR, 2.0 * (startup or 0.0)), "startup"
+        seconds = max(sorted_median(self._times) * factor, floor)
+        per_byte = None
+        if normalize_by_input_bytes and self.input_bytes and not self._unsized:
+            per_byte = sorted_median(self._per_byte) * factor
+        return Baseline(seconds=seconds, per_byte=per_byte, source=source, floor=floor, floor_source=floor_source,
+                        startup=startup, finished=count, factor=factor,
+                        read_ratio=sorted_median(self._ratios) if self._ratios else None)
+
+
+def _remove(ordered: list[float], value: float | None) -> None:
+    """Remove one ``value`` from a sorted list (nothing for None)."""
+    if value is not None:
+        del ordered[bisect.bisect_left(ordered, value)]
+
+
 def raw_share(attempt: Attempt) -> float | None:
     """Bytes an attempt reported read (Spark's input metrics) over its planned input bytes, None if unknown."""
     progress = attempt.progress or {}
@@ -201,23 +302,158 @@ def judge_slow(
         return []
     slow = []
     for attempt in attempts:
-        if attempt.state not in (AttemptState.DEPLOYING, AttemptState.INITIALIZING, AttemptState.RUNNING):
-            continue
-        size = (input_bytes or {}).get(attempt.subtask) or attempt.input_bytes
-        threshold = baseline.threshold(size)
-        elapsed = attempt.execution_time(now)
-        if elapsed >= threshold:
-            slow.append((attempt, f"ran {elapsed:.1f}s >= {threshold:.1f}s ({baseline.source} baseline)"))
-            continue
-        if elapsed < baseline.floor:
-            continue
-        share = progress_share(attempt, baseline.read_ratio)
-        if share is None or share < MIN_PROGRESS:
-            continue
-        projected = elapsed / share
-        # The time a copy started now needs: its start-up and the work the baseline expects of it.
-        copy = (baseline.startup or 0.0) + threshold / max(1.0, baseline.factor)
-        if projected >= threshold and projected - elapsed > copy:
-            slow.append((attempt, f"projected {projected:.1f}s from {share:.0%} read in {elapsed:.1f}s; "
-                                  f"a copy needs ~{copy:.1f}s"))
+        why = judge_one(attempt, baseline, now, input_bytes)
+        if why is not None:
+            slow.append((attempt, why))
     return slow
+
+
+def judge_one(attempt: Attempt, baseline: Baseline, now: float, input_bytes: dict[int, int] | None = None
+              ) -> str | None:
+    """Why one attempt is slow now (:func:`judge_slow`'s rule), or None if it is not."""
+    if attempt.state not in _EXECUTING:
+        return None
+    size = (input_bytes or {}).get(attempt.subtask) or attempt.input_bytes
+    threshold = baseline.threshold(size)
+    elapsed = attempt.execution_time(now)
+    if elapsed >= threshold:
+        return f"ran {elapsed:.1f}s >= {threshold:.1f}s ({baseline.source} baseline)"
+    if elapsed < baseline.floor:
+        return None
+    share = progress_share(attempt, baseline.read_ratio)
+    if share is None or share < MIN_PROGRESS:
+        return None
+    projected = elapsed / share
+    # The time a copy started now needs: its start-up and the work the baseline expects of it.
+    copy = (baseline.startup or 0.0) + threshold / max(1.0, baseline.factor)
+    if projected >= threshold and projected - elapsed > copy:
+        return f"projected {projected:.1f}s from {share:.0%} read in {elapsed:.1f}s; a copy needs ~{copy:.1f}s"
+    return None
+
+
+_EXECUTING = frozenset({AttemptState.DEPLOYING, AttemptState.INITIALIZING, AttemptState.RUNNING})
+# Relative slack on the clock when deciding an attempt cannot have run long enough yet: far above float
+# rounding of epoch seconds (1e-16 relative), far below any threshold that matters.
+_SLACK = 1e-9
+# SlowWatch orders waiting attempts by bounds this share under the baseline's seconds and seconds per byte,
+# and orders them again only when the baseline leaves that margin (a few times per stage, not each step).
+_MARGIN = 0.1
+
+# One watched attempt: the attempt, its place among its subtask's attempts, deploying_at + input_wait
+# (None: not known, judged every step), its input bytes, and the share of them it reported read (or None).
+_Watched = tuple[Attempt, int, float | None, int, float | None]
+
+
+class SlowWatch:
+    """:func:`judge_slow` over a stage's candidate attempts, without judging every one of them each step.
+
+    An attempt's execution time is at most ``now - start`` (``start`` = deploying_at + input_wait). Unless
+    its progress can be projected it can be slow only once that reaches its threshold, at least
+    ``max(seconds, per_byte * size)`` of the baseline; with progress, once it reaches the floor (the
+    projection needs no more). Progress is projected from a reported share of at least MIN_PROGRESS times
+    the baseline's read ratio, so that ratio is bounded too. So attempts
+    wait in heaps by the time they could first be slow, computed from bounds a margin under the baseline's
+    (the heaps are rebuilt only when the baseline leaves that margin), and only those past it are judged,
+    with :func:`judge_one` itself, every step. :meth:`update` is told each subtask whose attempts changed,
+    or that stopped being a candidate.
+    """
+
+    def __init__(self, input_bytes: dict[int, int] | None = None) -> None:
+        self.input_bytes = input_bytes
+        self._entries: dict[tuple[int, int], _Watched] = {}
+        self._numbers: dict[int, list[int]] = {}
+        # (when it could first be slow, push order, key, attempt): without progress, by its threshold's
+        # bound; with progress, by its start (judged once it has run the floor).
+        self._plain: list[tuple[float, int, tuple[int, int], Attempt]] = []
+        self._reporting: list[tuple[float, int, tuple[int, int], Attempt]] = []
+        self._pushed = 0
+        # Lower bounds of the baseline's seconds, seconds per byte and read ratio (None: no projection) that
+        # the heaps are ordered by.
+        self._bounds: tuple[float, float, float | None] = (0.0, 0.0, None)
+        self._judged: dict[tuple[int, int], _Watched] = {}
+        # The last answer and its baseline and clock: a controller step often ticks twice at one clock.
+        self._last: tuple[Baseline, float, list[tuple[Attempt, str]]] | None = None
+
+    def update(self, subtask: int, attempts: Iterable[Attempt]) -> None:
+        """Replace ``subtask``'s candidates with its executing ``attempts`` (none once it is admitted)."""
+        self._last = None
+        for number in self._numbers.pop(subtask, ()):
+            key = (subtask, number)
+            del self._entries[key]
+            self._judged.pop(key, None)
+        numbers = []
+        for place, attempt in enumerate(attempts):
+            if attempt.state not in _EXECUTING:
+                continue
+            key = (subtask, attempt.number)
+            start = attempt.deploying_at + attempt.input_wait if attempt.deploying_at is not None else None
+            size = (self.input_bytes or {}).get(subtask) or attempt.input_bytes or 0
+            watched = (attempt, place, start, size, raw_share(attempt))
+            self._entries[key] = watched
+            numbers.append(attempt.number)
+            self._wait(key, watched)
+        if numbers:
+            self._numbers[subtask] = numbers
+        if len(self._plain) + len(self._reporting) > 2 * len(self._entries) + 64:
+            self._rebuild(self._bounds)
+
+    def _wait(self, key: tuple[int, int], watched: _Watched) -> None:
+        """Queue an attempt by when it could first be slow (or judge it every step if that is unknown)."""
+        attempt, _, start, size, share = watched
+        if start is None:
+            self._judged[key] = watched
+            return
+        self._pushed += 1
+        seconds, per_byte, ratio = self._bounds
+        if share is not None and ratio is not None and share / ratio >= MIN_PROGRESS * (1 - _SLACK):
+            heapq.heappush(self._reporting, (start, self._pushed, key, attempt))
+        else:
+            heapq.heappush(self._plain, (start + max(seconds, per_byte * size), self._pushed, key, attempt))
+
+    def _rebuild(self, bounds: tuple[float, float, float | None]) -> None:
+        """Order every attempt by ``bounds`` again; those judged so far wait again too (judge pops them at once)."""
+        self._bounds = bounds
+        self._plain, self._reporting, self._judged = [], [], {}
+        for key, watched in self._entries.items():
+            self._wait(key, watched)
+
+    def _current(self, entry: tuple[float, int, tuple[int, int], Attempt]) -> bool:
+        known = self._entries.get(entry[2])
+        return known is not None and known[0] is entry[3] and entry[2] not in self._judged
+
+    def judge(self, baseline: Baseline | None, now: float) -> list[tuple[Attempt, str]]:
+        """``judge_slow`` of every candidate, in subtask order and each subtask's attempt order."""
+        if baseline is None:
+            return []
+        last = self._last
+        if last is not None and last[0] is baseline and last[1] == now:
+            return list(last[2])
+        seconds, per_byte = baseline.seconds, baseline.per_byte if baseline.per_byte is not None else 0.0
+        ratio = baseline.read_ratio or None
+        low, high, least_ratio = self._bounds
+        # Bounds over the baseline's, or so far under them that too many attempts would be judged: reorder.
+        off = low > seconds or high > per_byte or (ratio is not None and (least_ratio is None or least_ratio > ratio))
+        loose = (low < (1 - 2 * _MARGIN) * seconds or high < (1 - 2 * _MARGIN) * per_byte
+                 or (ratio is not None and least_ratio is not None and least_ratio < (1 - 2 * _MARGIN) * ratio))
+        if off or loose:
+            self._rebuild(((1 - _MARGIN) * seconds, (1 - _MARGIN) * per_byte,
+                           (1 - _MARGIN) * ratio if ratio is not None else None))
+        slack = _SLACK * (abs(now) + abs(seconds) + 1.0)
+        floor = min(seconds, baseline.floor)
+        # Execution time is never negative: with a bound of 0 every attempt may be slow now.
+        plain_until = now + slack if self._bounds[0] > 0 else math.inf
+        reporting_until = now - floor + slack if floor > 0 else math.inf
+        for heap, until in ((self._plain, plain_until), (self._reporting, reporting_until)):
+            while heap and heap[0][0] <= until + _SLACK * abs(heap[0][0]):
+                entry = heapq.heappop(heap)
+                if self._current(entry):
+                    self._judged[entry[2]] = self._entries[entry[2]]
+        slow = []
+        for key, (attempt, place, *_) in self._judged.items():
+            why = judge_one(attempt, baseline, now, self.input_bytes)
+            if why is not None:
+                slow.append((key[0], place, attempt, why))
+        slow.sort(key=itemgetter(0, 1))
+        judged = [(attempt, why) for _, _, attempt, why in slow]
+        self._last = (baseline, now, judged)
+        return list(judged)

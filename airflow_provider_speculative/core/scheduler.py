@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 
 from airflow_provider_speculative.core.blocklist import Blocklist
 from airflow_provider_speculative.core.config import SpeculativeConfig, Target
-from airflow_provider_speculative.core.detector import Baseline, FinishedFacts, compute_baseline, judge_slow
+from airflow_provider_speculative.core.detector import Baseline, BaselineView, SlowWatch
 from airflow_provider_speculative.core.failover import InputReaders
 from airflow_provider_speculative.core.hybrid import (
     HybridEdge,
@@ -56,7 +56,7 @@ from airflow_provider_speculative.core.messages import (
     TargetsObserved,
     Tick,
 )
-from airflow_provider_speculative.core.speed import SLOW_FACTOR, HoldPlanner, Speeds, observe
+from airflow_provider_speculative.core.speed import SLOW_FACTOR, HoldPlanner, Speeds, SpeedView
 from airflow_provider_speculative.core.states import LIVE, TERMINAL, Attempt, AttemptState, current_attempt
 
 # A failure storm reports this many causes in full, the rest as counts (the journal stays small).
@@ -125,7 +125,15 @@ class StageScheduler:
     _check_stragglers: bool = True
     _admit_version: int = 0
     _baseline_version: int = -1
-    _finished_facts: FinishedFacts = field(default_factory=FinishedFacts, repr=False, compare=False)
+    # What the baseline, the slow judgement and the speed observation read, kept between steps: each is told
+    # the subtasks whose attempts changed (the dirty marks placement gets), so a step costs O(changes), not
+    # O(attempts).
+    _baseline_view: BaselineView | None = field(default=None, init=False, repr=False, compare=False)
+    _baseline_pending: set[int] = field(default_factory=set, init=False, repr=False, compare=False)
+    _slow_watch: SlowWatch | None = field(default=None, init=False, repr=False, compare=False)
+    _watch_pending: set[int] = field(default_factory=set, init=False, repr=False, compare=False)
+    _speed_view: SpeedView | None = field(default=None, init=False, repr=False, compare=False)
+    _speed_pending: set[int] = field(default_factory=set, init=False, repr=False, compare=False)
     # FLIP-159: the last TargetsObserved (None: never observed, fixed per-stage slots).
     free_slots: dict[str, int] | None = None
     capacity: dict[str, int] = field(default_factory=dict)
@@ -547,8 +555,11 @@ class StageScheduler:
         # admission and cancel, this catches siblings of admitted subtasks that still run.
         actions: list[Action] = []
         for subtask, winner in self.admitted.items():
-            actions += self._cancel_live(self.attempts.get(subtask, {}).values(), f"attempt {winner} was admitted",
-                                         keep=winner)
+            cancelled = self._cancel_live(self.attempts.get(subtask, {}).values(), f"attempt {winner} was admitted",
+                                          keep=winner)
+            if cancelled:
+                self._dirty.add(subtask)  # their state changed: what the speed view and the slow watch keep
+            actions += cancelled
         return actions
 
     def _on_failed(self, attempt: Attempt, now: float) -> list[Action]:
@@ -619,34 +630,27 @@ class StageScheduler:
                 f"exit code {a.exit_code}, {a.cause or 'no cause reported'}" for a in attempts]
 
     def _detect_slow(self, now: float) -> list[Action]:
+        self._watch_pending |= self._dirty
+        self._baseline_pending |= self._dirty
         if not self.speculation_enabled:
             self.slow_subtasks = frozenset()
             return []
         if self._baseline_version != self._admit_version:
             # Admitted attempts never change, so the baseline only moves when admissions do: no re-sort per tick.
             self._baseline_version = self._admit_version
-            finished = [self.attempts[s][n] for s, n in self.admitted.items()
-                        if n in self.attempts[s] and self.attempts[s][n].deploying_at is not None]
-            self.baseline = compute_baseline(
-                self.parallelism, finished,
-                ratio=self.config.baseline_ratio, multiplier=self.config.baseline_multiplier,
-                lower_bound=self.config.baseline_lower_bound, input_bytes=self.input_bytes,
-                normalize_by_input_bytes=self.config.normalize_by_input_bytes, facts=self._finished_facts)
+            self.baseline = self._compute_baseline()
         forced = self.config.fault_injection.force_speculation
         if self.baseline is None and not forced:
             self.slow_subtasks = frozenset()  # nothing can be slow before the baseline exists
             return []
-        # Whole subtasks are skipped, not attempt by attempt: the admitted majority of a big stage costs O(1) each.
-        candidates = [a for subtask, per in self.attempts.items()
-                      if subtask not in self.admitted and subtask not in self.reused for a in per.values()
-                      if a.subtask not in self.admitted and a.subtask not in self.reused]
-        judged = judge_slow(candidates, self.baseline, now, self.input_bytes)
+        judged = self._judge(now)
         slow = [a for a, _ in judged]
         for attempt, why in judged:
             # Why the latest copy of each subtask was asked for (status, UI and journal show it).
             self.slow_reasons[attempt.subtask] = why
         self.slow_subtasks = frozenset(a.subtask for a in slow) | frozenset(
-            a.subtask for a in candidates if a.subtask in forced and a.possible_to_finish)
+            s for s in forced if s in self.attempts and s not in self.admitted and s not in self.reused
+            and any(a.possible_to_finish for a in self.attempts[s].values()))
         self.peak_slow = max(self.peak_slow, len(self.slow_subtasks))
         actions: list[Action] = []
         until = now + self.config.block_slow_node_duration
@@ -656,6 +660,49 @@ class StageScheduler:
                 actions.append(BlockNode(node, until, f"subtask {attempt.subtask} attempt {attempt.number} is slow "
                                                       f"({attempt.execution_time(now):.1f}s)"))
         return actions
+
+    def _compute_baseline(self) -> Baseline | None:
+        """``compute_baseline`` of the admitted attempts that started, from the baseline view brought up to date."""
+        view = self._baseline_view
+        if view is None or view.input_bytes is not self.input_bytes:
+            view = self._baseline_view = BaselineView(self.input_bytes)
+            self._baseline_pending = set(self.attempts) | set(self.admitted)
+        for subtask in self._baseline_pending:
+            number = self.admitted.get(subtask)
+            attempt = self.attempts.get(subtask, {}).get(number) if number is not None else None
+            view.update(subtask, attempt if attempt is not None and attempt.deploying_at is not None else None)
+        self._baseline_pending = set()
+        return view.baseline(self.parallelism, ratio=self.config.baseline_ratio,
+                             multiplier=self.config.baseline_multiplier, lower_bound=self.config.baseline_lower_bound,
+                             normalize_by_input_bytes=self.config.normalize_by_input_bytes)
+
+    def _judge(self, now: float) -> list[tuple[Attempt, str]]:
+        """``judge_slow`` of the attempts of subtasks not admitted nor reused, in subtask and attempt order."""
+        watch = self._slow_watch
+        if watch is None or watch.input_bytes is not self.input_bytes:
+            watch = self._slow_watch = SlowWatch(self.input_bytes)
+            self._watch_pending = set(self.attempts)
+        for subtask in self._watch_pending:
+            candidate = subtask not in self.admitted and subtask not in self.reused
+            watch.update(subtask, self.attempts.get(subtask, {}).values() if candidate else ())
+        self._watch_pending = set()
+        return watch.judge(self.baseline, now)
+
+    def _observe_speeds(self, now: float) -> Speeds:
+        """``observe`` of every attempt, from the speed view brought up to date with the subtasks that changed."""
+        view = self._speed_view
+        if view is None or view.input_bytes is not self.input_bytes:
+            view = self._speed_view = SpeedView(self.input_bytes)
+            self._speed_pending = set(self.attempts)
+        for subtask in self._speed_pending:
+            view.update(subtask, self.attempts.get(subtask, {}).values())
+        self._speed_pending = set()
+        return view.speeds(now, self.target_history, self.history_source)
+
+    def _hold_inputs(self) -> tuple[list[Attempt], set[str]]:
+        """The live attempts and the targets any attempt went to, for a round's hold planner."""
+        assert self._speed_view is not None  # _observe_speeds ran earlier in the same round
+        return self._speed_view.live(), self._speed_view.targets()
 
     def _target(self, name: str) -> Target:
         position = self._position(name)
@@ -671,6 +718,7 @@ class StageScheduler:
 
     def _place(self, now: float) -> list[Action]:
         fresh: list[tuple[int, str]] = []
+        self._speed_pending |= self._dirty
         candidates, self._dirty = self._dirty | self._wanting.difference(self._queued), set()
         if self.hybrid:
             # Hybrid inputs can be withdrawn without a dirty mark: decide every waiting subtask again.
@@ -724,8 +772,7 @@ class StageScheduler:
         free_total = (sum(max(0, n) for n in self.free_slots.values()) if self.free_slots is not None
                       else sum(max(0, t.slots - load[t.name]) for t in self.targets))
         budget = consumer_slots(free_total, sum(self.producers_waiting.values())) if self.hybrid else None
-        speeds = self.speeds = observe(self.all_attempts(), self.input_bytes, now, self.target_history,
-                                           self.history_source)
+        speeds = self.speeds = self._observe_speeds(now)
         self._round = _Round(self, load, now, speeds)
         try:
             actions = self._place_wanted(self._wanted(speculative), load, budget, speeds, now)
@@ -764,8 +811,8 @@ class StageScheduler:
                 continue
             if not speculative and speeds.is_slow(target.name):
                 if holds is None:
-                    holds = HoldPlanner.build(speeds, self.live_attempts(), self._slot_counts(), self.input_bytes, now)
-                    tried = {a.target for a in self.all_attempts()}
+                    live, tried = self._hold_inputs()
+                    holds = HoldPlanner.build(speeds, live, self._slot_counts(), self.input_bytes, now)
                 # A target only an earlier DAG run calls slow gets one original per DAG run: a node that was
                 # fixed is measured again instead of being avoided until its record expires.
                 probe = (speeds.source.get(target.name) == "history" and target.name not in tried
@@ -800,6 +847,9 @@ class StageScheduler:
             self.attempts[subtask][number] = Attempt(
                 subtask=subtask, number=number, target=target.name, speculative=speculative,
                 state=AttemptState.CREATED, created_at=now, input_bytes=self.input_bytes.get(subtask))
+            self._speed_pending.add(subtask)
+            if self._speed_view is not None:  # a later hold in this round counts the new attempt as live
+                self._speed_view.update(subtask, self.attempts[subtask].values())
             load[target.name] += 1
             placement.took(target.name)
             tried.add(target.name)

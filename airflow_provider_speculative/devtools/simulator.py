@@ -23,7 +23,8 @@ another rule); placement, admission and cancelling stay the core's. The provider
 and "no speculation" use :class:`StageScheduler` itself with core options (:data:`POLICIES`).
 
 Cost: events go through one heap; each controller step costs what the core costs for one tick
-(O(attempts) for the detector, O(targets) per placement) plus O(changed attempts) here.
+(O(targets + executing attempts + changed attempts): core/speed.py's SpeedView and core/detector.py's
+BaselineView and SlowWatch are told what changed) plus O(targets + changed or ended attempts) here.
 """
 
 from __future__ import annotations
@@ -498,6 +499,8 @@ class Simulator:
         self._seq = 0
         self._runs: dict[tuple[int, int], _Run] = {}
         self._changed: set[tuple[int, int]] = set()
+        # Runs of this stage that ended while holding their slot (what _release looks at).
+        self._ended: set[tuple[int, int]] = set()
         self._next_step = math.inf
         self._last_step = -math.inf
         self.sched: StageScheduler | None = None
@@ -548,6 +551,7 @@ class Simulator:
         else:
             run.state = AttemptState.FINISHED
             run.end_at = self.now
+            self._ended.add(key)
             del node.running[key]
             self._rerate(node)
         self._changed.add(key)
@@ -564,6 +568,7 @@ class Simulator:
         for key, run in list(node.running.items()):
             run.done = run.progressed(self.now)
             run.state, run.end_at, run.cause = AttemptState.FAILED, self.now, f"node {name} lost"
+            self._ended.add(key)
             del node.running[key]
             self._changed.add(key)
         self._notice()
@@ -571,6 +576,7 @@ class Simulator:
     def _reaped(self, key: tuple[int, int]) -> None:
         run = self._runs[key]
         run.state, run.end_at = AttemptState.CANCELED, self.now
+        self._ended.add(key)
         self._changed.add(key)
         self._notice()
 
@@ -611,13 +617,18 @@ class Simulator:
         """Give back the slots of attempts the scheduler knows are over (the slot ledger's release_over)."""
         assert self.sched is not None
         released = 0
-        for run in self._runs.values():
-            if run.holds_slot and run.end_at is not None:
-                known = self.sched.attempts.get(run.subtask, {}).get(run.number)
-                if known is not None and not known.live:
-                    run.holds_slot = False
-                    self.nodes[run.node].held -= 1
-                    released += 1
+        # Only ended processes can give a slot back: O(ended, not yet released), not O(every attempt).
+        for key in list(self._ended):
+            run = self._runs[key]
+            if not run.holds_slot:
+                self._ended.discard(key)
+                continue
+            known = self.sched.attempts.get(run.subtask, {}).get(run.number)
+            if known is not None and not known.live:
+                run.holds_slot = False
+                self.nodes[run.node].held -= 1
+                released += 1
+                self._ended.discard(key)
         return released
 
     def step(self) -> list[Action]:
@@ -656,6 +667,7 @@ class Simulator:
                 self._changed.add(key)
                 if node.lost:
                     run.state, run.end_at, run.cause = AttemptState.FAILED, self.now, "launch failed: node lost"
+                    self._ended.add(key)
                     continue
                 node.running[key] = run
                 self._rerate(node)
@@ -749,6 +761,7 @@ class Simulator:
         self.sched = sched = self._new_scheduler(stage)
         self._runs = {}
         self._changed = set()
+        self._ended = set()
         start = self.now
         self._next_step = self.now
         while not (sched.completed or sched.failed):

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_speculative.core import scheduler as core_scheduler
+from airflow_provider_speculative.core import detector as core_detector
 from airflow_provider_speculative.core.scheduler import StageScheduler
 from airflow_provider_speculative.devtools import simulator
 from airflow_provider_speculative.devtools.simulator import (
@@ -61,26 +61,27 @@ def test_every_action_is_the_cores_answer_to_the_same_stimuli(monkeypatch: pytes
 
 def test_the_provider_policy_uses_the_cores_detector_rule(monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[int] = []
-    judge = core_scheduler.judge_slow
+    judge = core_detector.judge_one
 
     def spy(*args: Any, **kwargs: Any) -> Any:
         seen.append(1)
         return judge(*args, **kwargs)
 
-    monkeypatch.setattr(core_scheduler, "judge_slow", spy)
+    monkeypatch.setattr(core_detector, "judge_one", spy)
     result = simulate(small(), "provider")
     assert seen and result.copies > 0
     # No copy of the rule in the simulator: it neither defines nor imports the core's detector functions.
-    for name in ("judge_slow", "find_slow", "compute_baseline", "derived_floor", "required_finished"):
+    for name in ("judge_slow", "judge_one", "SlowWatch", "find_slow", "compute_baseline", "derived_floor",
+                 "required_finished"):
         assert not hasattr(simulator, name), name
     assert POLICIES["provider"].rule is None and POLICIES["flink"].rule is None and POLICIES["none"].rule is None
 
 
-def test_with_judge_slow_broken_the_provider_policy_cannot_run(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_with_the_core_rule_broken_the_provider_policy_cannot_run(monkeypatch: pytest.MonkeyPatch) -> None:
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("core detector called")
 
-    monkeypatch.setattr(core_scheduler, "judge_slow", broken)
+    monkeypatch.setattr(core_detector, "judge_one", broken)
     with pytest.raises(RuntimeError, match="core detector called"):
         simulate(small(), "provider")
 
