@@ -52,11 +52,14 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import itertools
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -131,15 +134,71 @@ def base_env(run_dir: Path, tpch: Path) -> dict[str, str]:
     return env
 
 
-def timed(cmd: list[str], run_dir: Path, log_name: str, env: dict[str, str]) -> dict[str, Any]:
-    """Run ``cmd`` under the contention sampler; its wall time and the sampler's summary."""
+def process_cpu(pid: int) -> float:
+    """CPU seconds (user + system) process ``pid`` has used so far, all its threads; 0 when it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def children_cpu() -> float:
+    """CPU seconds of this process's waited-for children and their waited-for descendants."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def timed(cmd: list[str], run_dir: Path, log_name: str, env: dict[str, str],
+          server_pids: tuple[int, ...] = ()) -> dict[str, Any]:
+    """Run ``cmd`` under the contention sampler; its wall time, CPU seconds and the sampler's summary.
+
+    ``cpu_process`` is the command's own process tree (the plain JVM for a; ``airflow dags test``, its
+    controller and the attempts' Connect clients for b and c), ``cpu_servers`` what the pool's Connect
+    servers used meanwhile (they run c's Spark work), ``cpu`` their sum.
+    """
+    servers_before = sum(process_cpu(pid) for pid in server_pids)
+    children_before = children_cpu()
+    samples: list[tuple[float, float]] = []  # (time, the servers' CPU so far): per-stage CPU in breakdown()
+    done = threading.Event()
+
+    def sample() -> None:
+        while True:
+            samples.append((time.time(), sum(process_cpu(pid) for pid in server_pids) - servers_before))
+            if done.wait(0.25):
+                return
+
+    sampler_thread = threading.Thread(target=sample, daemon=True)
     with shared.LoadSampler(str(run_dir)) as sampler, open(run_dir / log_name, "wb") as log:
         started = time.time()
+        if server_pids:
+            sampler_thread.start()
         code = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
         wall = time.time() - started
+        done.set()
+        if server_pids:
+            sampler_thread.join()
     if code != 0:
         raise RuntimeError(f"{cmd[0]} failed ({code}); see {run_dir / log_name}")
-    return {"wall": round(wall, 2), "started": started, "load": sampler.summary()}
+    cpu_process = children_cpu() - children_before
+    cpu_servers = sum(process_cpu(pid) for pid in server_pids) - servers_before
+    return {"wall": round(wall, 2), "started": started, "load": sampler.summary(),
+            "cpu_process": round(cpu_process, 1), "cpu_servers": round(cpu_servers, 1),
+            "cpu": round(cpu_process + cpu_servers, 1), "cpu_samples": samples}
+
+
+def cpu_between(samples: list[tuple[float, float]], start: float, end: float) -> float | None:
+    """The servers' CPU seconds between two times, interpolated from the samples (None without samples)."""
+    if len(samples) < 2:
+        return None
+
+    def at(moment: float) -> float:
+        for (t0, c0), (t1, c1) in itertools.pairwise(samples):
+            if t0 <= moment <= t1:
+                return c0 + (c1 - c0) * (moment - t0) / max(t1 - t0, 1e-9)
+        return samples[0][1] if moment < samples[0][0] else samples[-1][1]
+
+    return round(at(end) - at(start), 1)
 
 
 def connect_targets(slots: int) -> list[dict[str, Any]]:
@@ -160,17 +219,18 @@ def run_plain(bench: Bench, run_dir: Path, tpch: Path) -> dict[str, Any]:
     return result
 
 
-def run_pipeline(bench: Bench, run_dir: Path, env: dict[str, str]) -> dict[str, Any]:
+def run_pipeline(bench: Bench, run_dir: Path, env: dict[str, str], server_pids: tuple[int, ...] = ()) -> dict[str, Any]:
     """Scenarios b and c: ``airflow dags test`` of the pipeline, then its breakdown from the store."""
     run_dir.mkdir(parents=True)
     (run_dir / "env.json").write_text(json.dumps({k: v for k, v in env.items()
                                                   if k.startswith(("AIRFLOW", "SPECULATIVE_"))}, indent=1))
     airflow = shared.airflow_bin()
     subprocess.run([airflow, "db", "migrate"], env=env, cwd=REPO, check=True, capture_output=True)
-    result = timed([airflow, "dags", "test", bench.dag_id, DATE], run_dir, "dags-test.log", env)
+    result = timed([airflow, "dags", "test", bench.dag_id, DATE], run_dir, "dags-test.log", env, server_pids)
     started = result.pop("started")
+    samples = result.pop("cpu_samples")
     store = Path(env["AIRFLOW__SPECULATIVE__STORE_PATH"])
-    return {**result, **breakdown(store / bench.dag_id, started, result["wall"])}
+    return {**result, **breakdown(store / bench.dag_id, started, result["wall"], samples)}
 
 
 def run_scheduled(bench: Bench, run_dir: Path, tpch: Path, extra_env: dict[str, str],
@@ -226,7 +286,8 @@ def _first_events(stage_dir: Path) -> dict[str, float]:
     return first
 
 
-def breakdown(dag_store: Path, started: float, wall: float) -> dict[str, Any]:
+def breakdown(dag_store: Path, started: float, wall: float,
+              cpu_samples: list[tuple[float, float]] | None = None) -> dict[str, Any]:
     """Where the wall time of one pipeline run went, from the store (stages in the order they ran)."""
     (run,) = [p for p in dag_store.iterdir() if p.is_dir()]
     rows = []
@@ -269,7 +330,8 @@ def breakdown(dag_store: Path, started: float, wall: float) -> dict[str, Any]:
             "attempts": len(startups),
             "startup_mean": round(statistics.mean(startups), 2) if startups else None,
             "startup_max": round(max(startups), 2) if startups else None,
-            "work_mean": round(statistics.mean(works), 2) if works else None}
+            "work_mean": round(statistics.mean(works), 2) if works else None,
+            "server_cpu": cpu_between(cpu_samples or [], launch, complete)}
         finalized.append(finalize_done)
     totals["exit"] = started + wall - max(finalized, default=started)
     out = {k: round(v, 2) for k, v in totals.items()}
@@ -302,6 +364,7 @@ def main() -> int:
     pool = LocalCluster(results_dir / "local-cluster")
     results: list[dict[str, Any]] = []
     pool_started = None
+    servers: list[Any] = []
     s3: S3Server | None = None
     s3_url = ""
     try:
@@ -346,19 +409,28 @@ def main() -> int:
                             env.update(conns)
                             targets = connect_targets(args.slots)
                         env["AIRFLOW__SPECULATIVE__TARGETS"] = json.dumps(targets)
-                        row[scenario] = run_pipeline(bench, run_dir, env)
+                        row[scenario] = run_pipeline(bench, run_dir, env,
+                                                     tuple(server.pid for server in servers) if scenario != "b" else ())
                     got = bench.output(run_dir)
                     problem = bench.difference(got, want[bench.name])
                     if problem:
                         raise RuntimeError(f"{bench.name} scenario {scenario} (repeat {repeat}) has a different "
                                            f"result: {problem}")
                     load = row[scenario]["load"]
-                    print(f"  r{repeat} {bench.name} {scenario}: wall {row[scenario]['wall']:.1f}s, output equal "
+                    cpu = row[scenario].get("cpu")
+                    print(f"  r{repeat} {bench.name} {scenario}: wall {row[scenario]['wall']:.1f}s"
+                          + (f", CPU {cpu}s (process {row[scenario]['cpu_process']}s, Connect servers "
+                             f"{row[scenario]['cpu_servers']}s)" if cpu is not None else "") + ", output equal "
                           f"to the reference; foreign CPU mean {load.get('foreign_cores_mean')} cores"
                           f"{' (contended)' if load.get('contended') else ''}", flush=True)
                 for s in ("b", "c", "d", "e", "f", "s"):
                     if "a" in row and s in row:
                         row[f"{s}/a"] = round(row[s]["wall"] / row["a"]["wall"], 2)
+                for s in ("b", "c", "s"):
+                    if "a" in row and s in row and row["a"].get("cpu"):
+                        row[f"{s}/a cpu"] = round(row[s]["cpu"] / row["a"]["cpu"], 2)
+                        row[f"{s}/a spark cpu"] = round(
+                            (row[s]["cpu_servers"] or row[s]["cpu_process"]) / row["a"]["cpu"], 2)
                 if "c" in row and "s" in row:
                     row["s/c"] = round(row["s"]["wall"] / row["c"]["wall"], 2)
                 results.append(row)
@@ -382,7 +454,7 @@ def report(results: list[dict[str, Any]]) -> str:
             f"r{r['repeat']}: " + ", ".join(
                 f"{s}={r[s]['wall']:.1f}{'*' if r[s]['load'].get('contended') else ''}"
                 for s in ("a", "b", "c", "d", "e", "f", "s") if s in r) for r in runs) + "   (* = contended)"]
-        for ratio in ("b/a", "c/a", "d/a", "e/a", "f/a", "s/a", "s/c"):
+        for ratio in ("b/a", "c/a", "d/a", "e/a", "f/a", "s/a", "s/c", "c/a cpu", "c/a spark cpu", "s/a cpu"):
             values = [r[ratio] for r in runs if ratio in r]
             if values:
                 goal = (f" (goals: <= {GOAL_C_OVER_A:g} at SF 0.1, <= {GOAL_C_OVER_A_SF1:g} at SF 1)"
@@ -420,7 +492,8 @@ def _stage_lines(m: dict[str, Any]) -> list[str]:
         lines.append(f"   {stage:14} before {st['before']:5.1f}s  deferral {st['deferral']:4.1f}s  span "
                      f"{st['span']:5.1f}s (tail {st['tail']}s)  {st['attempts']:2} attempts: start-up "
                      f"mean {st['startup_mean']}s (max {st['startup_max']}s), work mean "
-                     f"{st['work_mean']}s  resume {st['resume']}s  commit {st['commit']}s")
+                     f"{st['work_mean']}s  resume {st['resume']}s  commit {st['commit']}s"
+                     + (f"  server CPU {st['server_cpu']}s" if st.get("server_cpu") is not None else ""))
     return lines
 
 
