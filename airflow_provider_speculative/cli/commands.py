@@ -118,6 +118,8 @@ def report_lines(report: dict[str, Any], now: float | None = None, tz: tzinfo | 
         lines += [f"  inputs: {note}" for note in stage.get("input_waits") or []]
         if stage.get("breakdown_line"):
             lines.append(f"  {stage['breakdown_line']}")
+    if report.get("critical_path_line"):
+        lines.append(str(report["critical_path_line"]))
     return lines
 
 
@@ -171,7 +173,10 @@ def json_report(report: dict[str, Any], now: float | None = None, tz: tzinfo | N
                        "blocked_nodes_epoch": dict(blocked),
                        "expired": {**expired, "at": iso_time(expired.get("at"), tz), "at_epoch": expired.get("at")}
                        if expired else expired})
-    return {**report, "generated_at": iso_time(now, tz), "stages": stages}
+    path = [{**entry, "start": iso_time(entry["start"], tz), "start_epoch": entry["start"],
+             "end": iso_time(entry["end"], tz), "end_epoch": entry["end"]}
+            for entry in report.get("critical_path") or []]
+    return {**report, "generated_at": iso_time(now, tz), "stages": stages, "critical_path": path}
 
 
 def format_progress(report: dict[str, Any], progress: dict[str, Any], now: float, tz: tzinfo | None = None,

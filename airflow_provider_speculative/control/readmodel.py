@@ -27,7 +27,13 @@ from typing import Any
 from airflow_provider_speculative.backends.base import Backend
 from airflow_provider_speculative.backends.registry import attempt_observer, heartbeat_observer
 from airflow_provider_speculative.control.lifecycle import read_expired
-from airflow_provider_speculative.core.breakdown import attempt_phases, breakdown_line, stage_breakdown
+from airflow_provider_speculative.core.breakdown import (
+    attempt_phases,
+    breakdown_line,
+    critical_path,
+    critical_path_line,
+    stage_breakdown,
+)
 from airflow_provider_speculative.core.graph import producers_first
 from airflow_provider_speculative.core.parallelism import describe_decision, skew_message
 from airflow_provider_speculative.core.speed import SLOW_FACTOR
@@ -114,7 +120,9 @@ def run_report(root: Path, dag_id: str, run_id: str, stage: str | None = None, *
     for s in stages:
         order[s["stage"]] = max([order.get(u, 0) + 1 for u in s["upstreams"]] + [0])
     stages.sort(key=lambda s: (order[s["stage"]], s["stage"]))
-    return {"dag_id": dag_id, "run_id": run_id, "stages": stages}
+    path = critical_path(stages) if not stage else []
+    return {"dag_id": dag_id, "run_id": run_id, "stages": stages, "critical_path": path,
+            "critical_path_line": critical_path_line(path)}
 
 
 def stage_report(layout: StageLayout, plan: Mapping[str, Any], *, liveness: str = "process",

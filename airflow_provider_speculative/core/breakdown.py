@@ -11,12 +11,14 @@ wrote):
   (Spark evaluates lazily, so these are one job and are not told apart);
 - ``commit``: describing the written files (checksums, footers) and writing the manifest;
 - ``exit``: the manifest until the launcher recorded the attempt's end (session close, process exit).
+
+Across stages, the run's critical path is the chain of stages its end waited for (``critical_path``).
 """
 
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 PHASES = ("queue", "start", "app", "spark", "commit", "exit")
@@ -70,3 +72,72 @@ def breakdown_line(medians: Mapping[str, float], attempts: int) -> str | None:
             extra = f" (verify {medians['verify']:.2f})" if phase == "app" and "verify" in medians else ""
             parts.append(f"{phase} {medians[phase]:.2f}{extra}")
     return f"time per admitted attempt (median of {attempts}, s): " + ", ".join(parts)
+
+
+def stage_span(stage: Mapping[str, Any]) -> tuple[float, float] | None:
+    """A stage report's first attempt start and its last admitted attempt's end (None until both exist).
+
+    Reused subtasks (no attempt in this run) do not count; a stage with no admitted attempt has no span.
+    """
+    starts: list[float] = []
+    ends: list[float] = []
+    for sub in stage.get("subtasks") or []:
+        for attempt in sub.get("attempts") or []:
+            if isinstance(attempt.get("start"), int | float):
+                starts.append(float(attempt["start"]))
+            if attempt.get("admitted") and isinstance(attempt.get("end"), int | float):
+                ends.append(float(attempt["end"]))
+    if not starts or not ends:
+        return None
+    return min(starts), max(ends)
+
+
+def critical_path(stages: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The chain of stages the run's end waited for, first stage first.
+
+    From the stage that ended last, step to the upstream that ended last, until a stage has no upstream
+    with a span: what made each stage start when it did. Each entry has the stage, its span in seconds
+    and ``gap``: its first start minus that upstream's end (hand-over and scheduling; negative when it
+    started before the upstream ended, as a hybrid consumer does; None for the first stage).
+    """
+    spans: dict[str, tuple[float, float]] = {}
+    upstreams: dict[str, list[str]] = {}
+    for stage in stages:
+        span = stage_span(stage)
+        if span is not None:
+            spans[str(stage["stage"])] = span
+            upstreams[str(stage["stage"])] = [str(u) for u in stage.get("upstreams") or []]
+    if not spans:
+        return []
+    current = max(spans, key=lambda name: (spans[name][1], name))
+    chain = [current]
+    seen = {current}
+    while True:
+        before = [u for u in upstreams[current] if u in spans and u not in seen]
+        if not before:
+            break
+        current = max(before, key=lambda name: (spans[name][1], name))
+        chain.append(current)
+        seen.add(current)
+    chain.reverse()
+    path: list[dict[str, Any]] = []
+    for i, name in enumerate(chain):
+        start, end = spans[name]
+        gap = None if i == 0 else round(start - spans[chain[i - 1]][1], 3)
+        path.append({"stage": name, "span": round(end - start, 3), "gap": gap, "start": start, "end": end})
+    return path
+
+
+def critical_path_line(path: Sequence[Mapping[str, Any]]) -> str | None:
+    """One line for the status CLI: the critical path's stages and the gaps between them, in seconds."""
+    if not path:
+        return None
+    parts = []
+    for entry in path:
+        if entry["gap"] is not None:
+            parts.append(f"+{entry['gap']:.2f}" if entry["gap"] >= 0 else f"overlap {-entry['gap']:.2f}")
+        parts.append(f"{entry['stage']} {entry['span']:.2f}")
+    total = path[-1]["end"] - path[0]["start"]
+    in_stages = sum(entry["span"] for entry in path)
+    return (f"critical path (s): {' -> '.join(parts)}; {total:.2f} from its first attempt to its last end, "
+            f"{in_stages:.2f} in stages")

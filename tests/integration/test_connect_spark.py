@@ -90,6 +90,16 @@ def test_q1_on_connect_equals_spark_submit(airflow_db, tpch_data, connect_pool):
                 admitted = next(e["at"] for e in events if e["event"] == "admit"
                                 and (e["subtask"], e["attempt"]) == (sub["subtask"], a["attempt"]))
                 assert claimed - 0.5 <= launched <= a["start"] + 0.5 and admitted >= a["end"] - 0.5, (a, events)
+        # The critical path ends at the last stage and steps back through the stage it read, each stage's
+        # span bounded by its journal's first launch and its last admission.
+        path = report["critical_path"]
+        assert [e["stage"] for e in path] == [s["stage"] for s in report["stages"]], path  # scan -> aggregate
+        for entry in path:
+            events = read_jsonl(StageLayout(STORE, dag_id, run.run_id, entry["stage"]).journal)
+            first_launch = min(e["at"] for e in events if e["event"] == "launch")
+            last_admit = max(e["at"] for e in events if e["event"] == "admit")
+            assert first_launch - 0.5 <= entry["start"] and entry["end"] <= last_admit + 0.5, (entry, dag_id)
+        assert path[1]["gap"] >= 0 and report["critical_path_line"].startswith("critical path (s): "), path
     # The CLI prints the same read model.
     import subprocess
     import sys
@@ -101,6 +111,7 @@ def test_q1_on_connect_equals_spark_submit(airflow_db, tpch_data, connect_pool):
     assert [a["app_id"] for a in cli_attempts] == [a["app_id"] for a in _attempts(
         run_report(STORE, "connect_q1", connect_run.run_id))]
     assert all(a["startup_seconds"] for a in cli_attempts)
+    assert [e["stage"] for e in json.loads(out[out.index("{"):])["critical_path"]] == ["scan", "aggregate"]
     # Both kinds of session write through the raw local filesystem (runtime/session.py SESSION_DEFAULTS):
     # no Hadoop .crc beside any file of either run's exchange and sink outputs.
     for dag_id, run in (("connect_q1", connect_run), ("small_q1", submit_run)):

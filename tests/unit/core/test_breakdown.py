@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from airflow_provider_speculative.core.breakdown import attempt_phases, breakdown_line, stage_breakdown
+from airflow_provider_speculative.core.breakdown import (
+    attempt_phases,
+    breakdown_line,
+    critical_path,
+    critical_path_line,
+    stage_breakdown,
+)
 
 TIMINGS = {"entered_at": 100.2, "session_ready_at": 100.5, "write_started_at": 101.0, "verify_s": 0.1,
            "write_s": 3.0, "manifest_s": 0.25}
@@ -32,3 +38,33 @@ def test_the_stage_line_shows_medians_of_what_was_recorded() -> None:
     assert line is not None and line.startswith("time per admitted attempt (median of 2, s): queue 1.50")
     assert "app 0.50 (verify 0.10)" in line and "spark 3.00" in line
     assert breakdown_line({}, 0) is None
+
+
+def _stage(name: str, upstreams: list[str], *attempts: tuple[float, float | None, bool]) -> dict:
+    return {"stage": name, "upstreams": upstreams, "subtasks": [
+        {"attempts": [{"start": start, "end": end, "admitted": admitted}]} for start, end, admitted in attempts]}
+
+
+def test_the_critical_path_follows_the_upstream_that_ended_last() -> None:
+    stages = [
+        _stage("scan_a", [], (0.0, 10.0, True), (0.5, 30.0, False)),  # an unadmitted loser does not end a stage
+        _stage("scan_b", [], (0.0, 20.0, True)),
+        _stage("join", ["scan_a", "scan_b"], (21.0, 35.0, True), (21.5, 40.0, True)),
+        _stage("side", [], (1.0, 5.0, True)),
+        _stage("top", ["join", "side"], (41.0, 42.0, True)),
+    ]
+    path = critical_path(stages)
+    assert [(e["stage"], e["span"], e["gap"]) for e in path] == [
+        ("scan_b", 20.0, None), ("join", 19.0, 1.0), ("top", 1.0, 1.0)]
+    line = critical_path_line(path)
+    assert line is not None and "scan_b 20.00 -> +1.00 -> join 19.00 -> +1.00 -> top 1.00" in line
+    assert "42.00 from its first attempt to its last end, 40.00 in stages" in line
+
+
+def test_a_hybrid_consumer_that_started_early_shows_an_overlap() -> None:
+    path = critical_path([_stage("p", [], (0.0, 10.0, True)), _stage("c", ["p"], (4.0, 12.0, True))])
+    assert path[1]["gap"] == -6.0 and "overlap 6.00" in (critical_path_line(path) or "")
+
+
+def test_no_critical_path_before_any_stage_has_an_admitted_attempt() -> None:
+    assert critical_path([_stage("p", [], (0.0, None, False))]) == [] and critical_path_line([]) is None
