@@ -30,6 +30,10 @@ def _free_udp_port() -> int:
 
 
 STATSD_PORT = _free_udp_port()
+# Every JVM the suite starts does seconds of work on tiny data, so its cost is start-up and JIT: the C1-only
+# JIT and the serial GC halve it on a 2-core machine (bench/README.md, "Spark conf of every target").
+# Nothing the tests check depends on the JVM's compiler or collector.
+LIGHT_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 TEST_ENV = {
     "AIRFLOW_HOME": str(SESSION_DIR / "airflow"),
     "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "tests" / "integration" / "dags"),
@@ -51,6 +55,11 @@ TEST_ENV = {
         for name in ("local-a", "local-b")]),
     # The fork servers the tests start (backends/forkserver.py) are the session's: stopped at its end.
     "XDG_RUNTIME_DIR": str(SESSION_DIR / "run"),
+    # Light JVMs for what spark-submit starts (attempt drivers, Connect servers, the attempts of Airflow
+    # deployments: they inherit this environment) and for standalone masters and workers. Options the caller
+    # set come after these, so they win.
+    **{name: " ".join(filter(None, (LIGHT_JVM_OPTIONS, os.environ.get(name))))
+       for name in ("SPARK_SUBMIT_OPTS", "SPARK_DAEMON_JAVA_OPTS")},
 }
 (SESSION_DIR / "run").mkdir()
 os.environ.update(TEST_ENV)
