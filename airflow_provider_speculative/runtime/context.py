@@ -305,7 +305,8 @@ class StageContext:
                 # subpartition it holds, so the output is not shuffled once more before it is written.
                 partitioned = df.withColumn(SUBPARTITION_COLUMN, sp)
                 try:
-                    partitioned.write.partitionBy(SUBPARTITION_COLUMN).parquet(str(data_dir))
+                    partitioned.write.options(**EXCHANGE_WRITE_OPTIONS).partitionBy(SUBPARTITION_COLUMN) \
+                        .parquet(str(data_dir))
                 except Exception as exc:
                     missing = [k for k in key if k not in df.columns]
                     if missing:
@@ -313,7 +314,7 @@ class StageContext:
                                          f"(columns: {df.columns})") from exc
                     raise
             else:
-                df.coalesce(1).write.parquet(str(data_dir))
+                df.coalesce(1).write.options(**EXCHANGE_WRITE_OPTIONS).parquet(str(data_dir))
         except Exception as exc:
             # Spark reports a full disk as a long Java trace; name the store and the cause instead.
             store_error = store_write_error(data_dir, exc)
@@ -367,6 +368,11 @@ class StageContext:
         inject_faults(self.config, self.target, self.subtask, self.attempt, self._heartbeat, self.layout,
                       lambda: self._node_lost)
 
+
+# An exchange is written once and read once, like a Spark shuffle file, which has no dictionaries. Its
+# columns are mostly join keys and measures with few repeats, so Parquet's dictionary is built for every
+# file and column chunk and then abandoned (bench/README.md, exchange_write.py). Sinks keep the defaults.
+EXCHANGE_WRITE_OPTIONS = {"parquet.enable.dictionary": "false"}
 
 _FULL_MESSAGES = ("No space left on device", "Disk quota exceeded")
 _DENIED_MESSAGES = ("Permission denied", "Read-only file system", "Mkdirs failed to create")
