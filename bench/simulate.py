@@ -8,12 +8,14 @@ script only builds the traces, runs each policy on the same trace, and prints ma
   (attempts not kept) in % of no speculation's attempt-seconds, copies launched (won);
 - **calibration**: the slow-node benchmark's setups (bench/slow_node.py: 2 Connect servers of one core
   and 2 slots, one at 1/4 or 1/8 core) against the medians measured there (bench/README.md);
-- **scale**: how far a 1,000-node x 10,000-subtask stage gets in ``--scale-budget`` wall seconds.
+- **scale**: how far a 1,000-node x 10,000-subtask stage (``--scale-sizes``) gets in ``--scale-budget`` wall
+  seconds per policy.
 
     .venv/bin/python bench/simulate.py                       # everything (about 3 minutes on a quiet core)
     .venv/bin/python bench/simulate.py --only policies --scenarios slow10-q
     .venv/bin/python bench/simulate.py --only calibration
     .venv/bin/python bench/simulate.py --only scale --scale-budget 60
+    .venv/bin/python bench/simulate.py --only scale --scale-sizes 100x1000,1000x10000
 """
 
 from __future__ import annotations
@@ -246,6 +248,7 @@ def main() -> None:
     parser.add_argument("--policies", default=",".join(POLICIES))
     parser.add_argument("--seed", type=int, default=43)
     parser.add_argument("--scale-budget", type=float, default=60.0)
+    parser.add_argument("--scale-sizes", default="1000x10000", help="nodes x subtasks, comma-separated")
     args = parser.parse_args()
     parts = args.only or ["policies", "calibration", "scale"]
     started = time.perf_counter()
@@ -258,7 +261,11 @@ def main() -> None:
         print("\n".join(calibration_rows()) + "\n")
     if "scale" in parts:
         print(f"### Scale (wall budget {args.scale_budget:g} s per policy)\n")
-        print("\n".join(scale_rows(args.scale_budget)) + "\n")
+        rows: list[str] = []
+        for size in args.scale_sizes.split(","):
+            nodes, subtasks = (int(n) for n in size.lower().split("x"))
+            rows += scale_rows(args.scale_budget, nodes, subtasks)[0 if not rows else 2:]
+        print("\n".join(rows) + "\n")
     print(f"(total {time.perf_counter() - started:.0f} s wall)", file=sys.stderr)
 
 
