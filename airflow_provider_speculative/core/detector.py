@@ -335,8 +335,8 @@ _EXECUTING = frozenset({AttemptState.DEPLOYING, AttemptState.INITIALIZING, Attem
 # Relative slack on the clock when deciding an attempt cannot have run long enough yet: far above float
 # rounding of epoch seconds (1e-16 relative), far below any threshold that matters.
 _SLACK = 1e-9
-# SlowWatch orders waiting attempts by bounds this share under the baseline's seconds and seconds per byte,
-# and orders them again only when the baseline leaves that margin (a few times per stage, not each step).
+# SlowWatch orders waiting attempts by bounds this share under the baseline's seconds, seconds per byte and
+# read ratio, and orders them again only when the baseline leaves that margin (a few times per stage).
 _MARGIN = 0.1
 
 # One watched attempt: the attempt, its place among its subtask's attempts, deploying_at + input_wait
@@ -351,11 +351,11 @@ class SlowWatch:
     its progress can be projected it can be slow only once that reaches its threshold, at least
     ``max(seconds, per_byte * size)`` of the baseline; with progress, once it reaches the floor (the
     projection needs no more). Progress is projected from a reported share of at least MIN_PROGRESS times
-    the baseline's read ratio, so that ratio is bounded too. So attempts
-    wait in heaps by the time they could first be slow, computed from bounds a margin under the baseline's
-    (the heaps are rebuilt only when the baseline leaves that margin), and only those past it are judged,
-    with :func:`judge_one` itself, every step. :meth:`update` is told each subtask whose attempts changed,
-    or that stopped being a candidate.
+    the baseline's read ratio, so that ratio is bounded too. So attempts wait in heaps by the time they
+    could first be slow, computed from bounds a margin under the baseline's (the heaps are rebuilt only
+    when the baseline leaves that margin), and only those past it are judged, with :func:`judge_one`
+    itself, every step. :meth:`update` is told each subtask whose attempts changed, or that stopped being
+    a candidate.
     """
 
     def __init__(self, input_bytes: dict[int, int] | None = None) -> None:
