@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import getpass
 import sys
 import time
 from collections.abc import Callable
@@ -482,6 +483,14 @@ def format_rerun(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _os_user() -> str | None:
+    """The operating-system user running the CLI, for Airflow's audit log (None when it has no name)."""
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no USER/LOGNAME and no passwd entry, as in some containers
+        return None
+
+
 def rerun(args: Any) -> None:
     """CLI entry: print the affected region, invalidate exactly it and clear its stage tasks."""
     from airflow_provider_speculative.control.rerun import request_rerun
@@ -491,7 +500,7 @@ def rerun(args: Any) -> None:
     try:
         result = request_rerun(store_root(airflow_config()), args.dag_id, args.run_id, args.stage, args.subtask,
                                downstream=not getattr(args, "no_downstream", False), dry_run=bool(args.dry_run),
-                               by=f"airflow speculative rerun --stage {args.stage}")
+                               by=f"airflow speculative rerun --stage {args.stage}", owner=_os_user())
     except (SpeculativeError, OSError, ValueError) as exc:  # unknown run/stage/subtask, corrupt plan.json
         _fail(str(exc))
     if args.output in ("json", "yaml"):

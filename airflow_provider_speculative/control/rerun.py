@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,9 @@ from airflow_provider_speculative.store import journal
 from airflow_provider_speculative.store.files import read_json
 from airflow_provider_speculative.store.layout import StageLayout
 from airflow_provider_speculative.store.results import remove_attempt_output
+
+# The event of the audit-log rows a rerun writes (Airflow's Log.event, at most 60 characters).
+AUDIT_EVENT = "speculative_rerun"
 
 
 def graph_from_plans(root: Path, dag_id: str, run_id: str) -> tuple[PipelineGraph, dict[str, dict[str, Any]]]:
@@ -112,10 +116,11 @@ def plans_parallelism(graph: PipelineGraph, stage: str) -> int:
 
 
 def request_rerun(root: Path, dag_id: str, run_id: str, stage: str, subtasks: list[int] | None, *,
-                  downstream: bool, dry_run: bool, by: str) -> dict[str, Any]:
+                  downstream: bool, dry_run: bool, by: str, owner: str | None = None) -> dict[str, Any]:
     """A rerun as the CLI and the UI ask for it: the region, and unless ``dry_run`` its invalidation and cleared tasks.
 
     ``by`` says who asked (the CLI command or the UI user); it goes into every invalidated stage's journal.
+    ``owner`` is the user Airflow's audit log names for each cleared task.
     """
     region = plan_rerun(root, dag_id, run_id, stage, subtasks, downstream=downstream)
     affected = {name: sorted(subs) for name, subs in region.subtasks.items()}
@@ -127,17 +132,21 @@ def request_rerun(root: Path, dag_id: str, run_id: str, stage: str, subtasks: li
         "no_downstream": not downstream, "dry_run": dry_run}
     if not dry_run:
         result["invalidated"] = invalidate_region(root, dag_id, run_id, region, by)
-        result["stage_tasks"] = clear_stage_tasks(dag_id, run_id, list(affected))
+        result["stage_tasks"] = clear_stage_tasks(dag_id, run_id, list(affected), owner=owner, region=affected)
         result["cleared_tasks"] = sorted(result["stage_tasks"].values())
     return result
 
 
-def clear_stage_tasks(dag_id: str, run_id: str, stages: list[str]) -> dict[str, str]:
+def clear_stage_tasks(dag_id: str, run_id: str, stages: list[str], *, owner: str | None = None,
+                      region: dict[str, list[int]] | None = None) -> dict[str, str]:
     """Clear exactly the task instances that run ``stages`` in the run (stage -> task id cleared).
 
     Only these: no downstream task, no other run. The run goes back to queued if it had finished, so
-    the scheduler runs them again.
+    the scheduler runs them again. Each cleared task gets a ``speculative_rerun`` row in Airflow's audit
+    log (the Audit Log view) in the same transaction, naming ``owner`` and the rerun subtasks, as
+    Airflow's own Clear records its action.
     """
+    from airflow.models.log import Log
     from airflow.models.taskinstance import TaskInstance, clear_task_instances
     from airflow.utils.session import create_session
     from sqlalchemy import select
@@ -151,4 +160,8 @@ def clear_stage_tasks(dag_id: str, run_id: str, stages: list[str]) -> dict[str, 
             TaskInstance.task_id.in_(list(chosen.values())), TaskInstance.map_index == -1)))
         clear_task_instances(tis, session)
         cleared = {ti.task_id for ti in tis}
-        return {name: task for name, task in chosen.items() if task in cleared}
+        result = {name: task for name, task in chosen.items() if task in cleared}
+        for name, task in sorted(result.items()):
+            session.add(Log(event=AUDIT_EVENT, owner=owner, dag_id=dag_id, run_id=run_id, task_id=task,
+                            extra=json.dumps({"stage": name, "subtasks": (region or {}).get(name)})))
+        return result

@@ -163,7 +163,7 @@ def create_app(store: Path | None = None) -> FastAPI:
         name = _user_name(user)
         try:
             return request_rerun(_store(request), dag_id, run_id, stage, body.subtasks, downstream=body.downstream,
-                                 dry_run=body.dry_run, by=f"rerun from the UI by {name}")
+                                 dry_run=body.dry_run, by=f"rerun from the UI by {name}", owner=name)
         except NotFoundError as exc:
             raise _not_found(str(exc), dag_id, run_id) from None
         except ValueError as exc:

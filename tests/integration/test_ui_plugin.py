@@ -441,6 +441,21 @@ def test_rerun_button_reruns_the_chosen_region(api_server: ApiServer, finished_r
     assert read_jsonl(scan.journal)[-1]["reason"] == "rerun from the UI by editor"
     states = _task_states(finished_run)
     assert states["scan"] is None and states["aggregate"] is None  # cleared: the scheduler runs them again
+    # Airflow's audit log has the clear, by whom and which subtasks, as Airflow's own Clear records it.
+    assert _audit_rows(finished_run) == [("aggregate", "editor", {"stage": "aggregate", "subtasks": [0]}),
+                                         ("scan", "editor", {"stage": "scan", "subtasks": [2]})]
+
+
+def _audit_rows(run_id: str) -> list[tuple[str | None, str | None, Any]]:
+    """The run's speculative_rerun rows of Airflow's audit log: task, owner and extra, by task."""
+    from airflow.models.log import Log
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    with create_session() as session:
+        rows = session.scalars(select(Log).where(Log.dag_id == "spec_q1", Log.run_id == run_id,
+                                                 Log.event == "speculative_rerun")).all()
+        return sorted((row.task_id, row.owner, json.loads(row.extra or "null")) for row in rows)
 
 
 def _task_states(run_id: str) -> dict[str, str | None]:

@@ -319,7 +319,7 @@ def test_rerun_endpoint_previews_then_invalidates_the_region(store: Path, monkey
     _rerun_store(store)
     cleared: list[list[str]] = []
     monkeypatch.setattr("airflow_provider_speculative.control.rerun.clear_stage_tasks",
-                        lambda dag_id, run_id, stages: cleared.append(stages) or {s: s for s in stages})
+                        lambda dag_id, run_id, stages, **audit: cleared.append(stages) or {s: s for s in stages})
     client = _app(store, authorized=True)
     url = "/api/rerun?" + urlencode({"dag_id": DAG, "run_id": RUN, "task_id": "group.scan"})
     preview = client.post(url, json={"subtasks": [1]})  # dry_run is the default
