@@ -309,7 +309,8 @@ def start_s3(port: int | None = None, timeout: float = START_TIMEOUT) -> S3Serve
     directory = Path(tempfile.mkdtemp(prefix="speculative-s3-"))
     log = directory / "s3.log"
     port = port or free_port()
-    argv = [sys.executable, "-m", "moto.server", "-H", LOOPBACK, "-p", str(port)]
+    # moto's server through a wrapper that makes its conditional writes atomic (devtools/moto_s3.py).
+    argv = [sys.executable, "-m", "airflow_provider_speculative.devtools.moto_s3", "-H", LOOPBACK, "-p", str(port)]
     try:
         proc = _launch(argv, directory, log, port, "moto S3 server", timeout)
     except BaseException:

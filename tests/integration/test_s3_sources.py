@@ -20,6 +20,7 @@ import pytest
 
 from airflow_provider_speculative.control.sources import list_object_files
 from airflow_provider_speculative.core.graph import SourceSpec
+from airflow_provider_speculative.devtools import services as services_module
 from airflow_provider_speculative.exceptions import PlanError
 from airflow_provider_speculative.store.files import read_json
 from airflow_provider_speculative.store.layout import StageLayout
@@ -146,3 +147,35 @@ def test_the_endpoint_gives_one_winner_to_racing_conditional_creates():
     assert sorted(set(codes)) == [200, 412] and codes.count(200) == 1, codes
     winner = client.get_object(Bucket="claims", Key="subtask=0/admitted.json")["Body"].read().decode()
     assert codes[int(winner)] == 200
+
+
+def test_racing_conditional_creates_stay_exclusive_when_the_server_switches_threads_often(monkeypatch):
+    """moto alone checks If-None-Match and stores later, unlocked: with threads switching every microsecond
+    two racers could both win. The suite's endpoint (devtools/moto_s3.py) serializes puts, as S3 is atomic."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import botocore.exceptions
+
+    from airflow_provider_speculative.devtools.moto_s3 import SWITCH_INTERVAL_ENV
+
+    monkeypatch.setenv(SWITCH_INTERVAL_ENV, "0.000001")
+    server = services_module.start_s3()
+    try:
+        server.create_bucket("claims")
+        client = server.client()
+
+        def put(args: tuple[int, int]) -> int:
+            round_, i = args
+            try:
+                client.put_object(Bucket="claims", Key=f"r{round_}/admitted.json", Body=str(i).encode(),
+                                  IfNoneMatch="*")
+                return 200
+            except botocore.exceptions.ClientError as exc:
+                return int(exc.response["ResponseMetadata"]["HTTPStatusCode"])
+
+        with ThreadPoolExecutor(32) as pool:
+            for round_ in range(20):
+                codes = list(pool.map(put, [(round_, i) for i in range(32)]))
+                assert codes.count(200) == 1 and set(codes) <= {200, 412}, (round_, codes)
+    finally:
+        server.stop()
