@@ -204,10 +204,32 @@ def start_postgres(port: int | None = None, timeout: float = START_TIMEOUT) -> P
                 "-c", f"listen_addresses={LOOPBACK}", "-c", f"max_connections={PG_MAX_CONNECTIONS}",
                 "-c", "fsync=off", "-c", "full_page_writes=off", "-c", "synchronous_commit=off"]
         proc = _launch(argv, directory, log, port, "PostgreSQL", timeout)
+        _wait_accepting_sessions(bindir, proc, port, log, timeout)
     except BaseException:
         shutil.rmtree(directory, ignore_errors=True)
         raise
     return PostgresServer(port=port, directory=directory, proc=proc)
+
+
+def _wait_accepting_sessions(bindir: Path, proc: subprocess.Popen[bytes], port: int, log: Path,
+                             timeout: float) -> None:
+    """Wait until PostgreSQL accepts sessions, not only connections (``pg_isready`` exits 0 then).
+
+    It listens while it still answers "the database system is starting up", and a client connecting
+    in that window fails.
+    """
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise ServiceUnavailable(f"PostgreSQL exited with {proc.returncode} while starting:\n{_tail(log)}")
+        ready = subprocess.run([str(bindir / "pg_isready"), "-q", "-h", LOOPBACK, "-p", str(port),
+                                "-U", PG_SUPERUSER, "-t", "2"], capture_output=True, timeout=30)
+        if ready.returncode == 0:
+            return
+        time.sleep(0.05)
+    _kill(proc)
+    raise ServiceUnavailable(f"PostgreSQL listened on {LOOPBACK}:{port} but did not accept sessions within "
+                             f"{timeout:.0f} s:\n{_tail(log)}")
 
 
 # -- Redis --------------------------------------------------------------------------------------
