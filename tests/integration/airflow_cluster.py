@@ -4,9 +4,9 @@ and restart individually.
 
 Used by ``test_e2e_scheduler.py`` and ``test_e2e_recovery.py``::
 
-    db = PostgresDatabase(); db.create()
+    db = PostgresDatabase(); db.create_migrated()
     cluster = AirflowCluster(tmp_path, db.url, dags_folder=..., data=...)
-    cluster.migrate(); cluster.start_all(); cluster.wait_healthy()
+    cluster.start_all(); cluster.wait_healthy()
     ...
     cluster.kill("triggerer"); cluster.start("triggerer"); cluster.wait_component_restarted("triggerer", since)
     ...
@@ -22,6 +22,8 @@ import secrets
 import signal
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -126,6 +128,20 @@ class PostgresDatabase:
         """Create the database."""
         self.server.create_database(self.name)
 
+    def create_migrated(self) -> None:
+        """Create the database with Airflow's schema: a copy of the session's migrated template (no ``migrate``)."""
+        import psycopg2
+
+        template = migrated_template(self.server)
+        conn = psycopg2.connect(self.server.dsn(), connect_timeout=5)
+        try:
+            conn.autocommit = True  # CREATE DATABASE cannot run in a transaction
+            with conn.cursor() as cur:
+                # PostgreSQL copies the template's files: no interpreter start, no Alembic run.
+                cur.execute(f'CREATE DATABASE "{self.name}" TEMPLATE "{template}"')
+        finally:
+            conn.close()
+
     def drop(self) -> None:
         """Drop the database, closing any connection left open by a killed component."""
         self.server.drop_database(self.name)
@@ -139,6 +155,34 @@ class PostgresDatabase:
     def dsn(self) -> str:
         """libpq connection string of the database."""
         return self.server.dsn(self.name)
+
+
+_template_lock = threading.Lock()
+_templates: dict[int, str] = {}
+
+
+def migrated_template(server: PostgresServer) -> str:
+    """The name of a database of ``server`` that ``airflow db migrate`` ran on, once per session and server.
+
+    Every deployment of the suite needs the same schema, and one migration is a fresh Airflow interpreter plus
+    Alembic's whole history. Nothing connects to the template afterwards, as ``CREATE DATABASE ... TEMPLATE``
+    requires.
+    """
+    with _template_lock:
+        name = _templates.get(server.port)
+        if name is None:
+            name = f"airflow_template_{secrets.token_hex(6)}"
+            server.create_database(name)
+            home = Path(tempfile.mkdtemp(prefix="airflow-template-"))
+            env = cluster_env(home, server.url(name), free_port(), dags_folder=home, data=LINEITEM)
+            result = subprocess.run([AIRFLOW, "db", "migrate"], env=env, capture_output=True, text=True,
+                                    timeout=600, stdin=subprocess.DEVNULL)
+            if result.returncode != 0:
+                server.drop_database(name)
+                raise AssertionError(f"airflow db migrate of the template exited {result.returncode}\n"
+                                     f"stdout:\n{result.stdout[-3000:]}\nstderr:\n{result.stderr[-3000:]}")
+            _templates[server.port] = name
+        return name
 
 
 # -- the deployment -----------------------------------------------------------------------------
@@ -326,7 +370,7 @@ class AirflowCluster:
     def wait_healthy(self, timeout: float = 240) -> None:
         """Wait until :meth:`healthy`."""
         wait_until(self.healthy, timeout, "api-server, scheduler, dag-processor and triggerer to be healthy",
-                   interval=2, on_timeout=self.diagnostics)
+                   interval=1, on_timeout=self.diagnostics)
 
     def heartbeat(self, name: str) -> datetime | None:
         """Latest heartbeat of a component's job as the health endpoint reports it."""
@@ -341,7 +385,7 @@ class AirflowCluster:
             latest = self.heartbeat(name)
             return latest is not None and latest > since
 
-        wait_until(beating, timeout, f"the restarted {name} to heartbeat", interval=2,
+        wait_until(beating, timeout, f"the restarted {name} to heartbeat", interval=1,
                    on_timeout=lambda: tail(self.logs / f"{name}.log"))
 
     # -- REST API -------------------------------------------------------------------------------
@@ -385,22 +429,42 @@ class AirflowCluster:
             chosen = {r: runs[r] for r in run_ids}
             return chosen if all(r["state"] in ("success", "failed") for r in chosen.values()) else None
 
-        return wait_until(finished, timeout, f"runs {run_ids} of {dag_id} to finish", interval=3)
+        return wait_until(finished, timeout, f"runs {run_ids} of {dag_id} to finish", interval=1)
+
+    # The helpers below go through the REST API, not the CLI: every ``airflow`` command is a fresh interpreter
+    # importing Airflow, seconds of CPU on the cores the deployment's components and Spark attempts share.
+    # Tests that check the CLI itself call ``cli`` directly.
+
+    def dag(self, dag_id: str) -> dict[str, Any] | None:
+        """The DAG as the REST API lists it, or None while the dag-processor has not serialized it."""
+        request = urllib.request.Request(f"{self.base_url}/api/v2/dags/{quote(dag_id, safe='')}",
+                                         headers={"Authorization": f"Bearer {self.token()}"})
+        try:
+            with urllib.request.urlopen(request, timeout=60) as r:
+                return json.load(r)
+        except urllib.error.HTTPError as exc:
+            if exc.code == 404:
+                return None
+            raise AssertionError(f"GET /dags/{dag_id} answered {exc.code}: {exc.read()[:2000]!r}") from exc
 
     def wait_dag(self, dag_id: str, timeout: float = 240) -> None:
         """Wait until the dag-processor serialized ``dag_id``."""
         def serialized() -> bool:
             self.check_alive()
-            return any(d.get("dag_id") == dag_id for d in self.cli_json("dags", "list"))
+            return self.dag(dag_id) is not None
 
-        wait_until(serialized, timeout, f"the dag-processor to serialize {dag_id}", interval=2,
+        wait_until(serialized, timeout, f"the dag-processor to serialize {dag_id}", interval=1,
                    on_timeout=lambda: self.cli("dags", "list-import-errors", check=False).stdout)
 
+    def unpause(self, dag_id: str) -> None:
+        """Unpause ``dag_id`` (as ``airflow dags unpause`` does)."""
+        answer = self.api("PATCH", f"/dags/{quote(dag_id, safe='')}", {"is_paused": False})
+        assert answer["is_paused"] is False, answer
+
     def trigger(self, dag_id: str, logical_date: str) -> str:
-        """``airflow dags trigger``; returns the run id."""
-        triggered = self.cli_json("dags", "trigger", dag_id, "--logical-date", logical_date)
-        run = triggered[0] if isinstance(triggered, list) else triggered
-        return run.get("dag_run_id") or run["run_id"]
+        """Trigger a manual run of ``dag_id`` at ``logical_date`` (as ``airflow dags trigger`` does); its run id."""
+        run = self.api("POST", f"/dags/{quote(dag_id, safe='')}/dagRuns", {"logical_date": logical_date})
+        return str(run["dag_run_id"])
 
     # -- diagnostics ----------------------------------------------------------------------------
 

@@ -97,7 +97,7 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
     for part in parts:
         shutil.copy(part, data / part.name)
     db = PostgresDatabase()
-    db.create()
+    db.create_migrated()
     cluster = AirflowCluster(root, db.url, dags_folder=E2E_DAGS, data=data, extra_env={
         # The REST API hands out admin tokens without credentials (mark failed, polling).
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",
@@ -112,12 +112,11 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
     })
     started = time.monotonic()
     try:
-        cluster.migrate()
         cluster.start_all()
         cluster.wait_healthy()
         for dag_id in (DAG, BARRIER_DAG, COMMIT_DAG, PUBLISH_DAG, EAGER_DAG, BROKEN_DAG):
             cluster.wait_dag(dag_id)
-            cluster.cli("dags", "unpause", dag_id)
+            cluster.unpause(dag_id)
         DURATIONS["cluster start"] = time.monotonic() - started
         yield Deployment(cluster, data, duckdb_q1(data), control)
     except BaseException:
@@ -293,7 +292,7 @@ def check_backfill(dep: Deployment) -> None:
     cluster.cli("backfill", "create", "--dag-id", DAG, "--from-date", BACKFILL_DATES[0],
                 "--to-date", BACKFILL_DATES[-1])
     runs = wait_until(lambda: (r := backfill_runs(cluster)) and len(r) == len(BACKFILL_DATES) and r, 120,
-                      "the backfill to create its runs", interval=2)
+                      "the backfill to create its runs", interval=1)
     final = cluster.wait_runs_finished(DAG, list(runs.values()), RUN_TIMEOUT)
     DURATIONS[f"backfill ({len(BACKFILL_DATES)} dates)"] = time.monotonic() - started
     assert {ds: r["state"] for ds, r in zip(runs, final.values(), strict=True)} == dict.fromkeys(runs, "success")
@@ -314,7 +313,7 @@ def check_backfill(dep: Deployment) -> None:
         answer = cluster.api("GET", f"/backfills?dag_id={DAG}")
         return bool(answer["backfills"]) and all(b["completed_at"] for b in answer["backfills"])
 
-    wait_until(backfills_complete, 180, "the scheduler to mark the backfill complete", interval=2)
+    wait_until(backfills_complete, 180, "the scheduler to mark the backfill complete", interval=1)
     old_expected = dep.expected
     replace_part(dep)
     assert dep.expected != old_expected, "the changed source must change Q1, or the test proves nothing"
@@ -330,7 +329,7 @@ def check_backfill(dep: Deployment) -> None:
                 if current[r]["state"] in ("success", "failed") and current[r]["end_date"] != final[r]["end_date"]}
         return done if len(done) == len(runs) else None
 
-    again = wait_until(reprocessed, RUN_TIMEOUT, "the reprocessed runs to finish", interval=3)
+    again = wait_until(reprocessed, RUN_TIMEOUT, "the reprocessed runs to finish", interval=1)
     DURATIONS["reprocess (3 dates)"] = time.monotonic() - started
     # Airflow reprocesses a completed date by clearing its run (same run id) and running it again.
     assert backfill_runs(cluster) == runs, "reprocessing must rerun the existing runs, not add runs"

@@ -59,7 +59,7 @@ def lineitem() -> Path:
 @pytest.fixture
 def postgres_db() -> Iterator[PostgresDatabase]:
     db = PostgresDatabase()
-    db.create()
+    db.create_migrated()
     yield db
     db.drop()
 
@@ -94,7 +94,6 @@ def deployment(tmp_path: Path, postgres_db: PostgresDatabase, tpch: Path,
                                     **connection_definitions(servers),
                                     "AIRFLOW__SPECULATIVE__TARGETS": targets_json(servers)})
     try:
-        dep.migrate()
         dep.start_all()
         dep.wait_healthy()
         yield dep
@@ -124,18 +123,11 @@ def run_and_check(dep: AirflowCluster, lineitem: Path, tmp_path: Path) -> None:
     """Trigger the example DAG, wait for its run, check output, store, XCom and asset event."""
     started = time.monotonic()
 
-    def dag_serialized() -> bool:
-        dep.check_alive()
-        return any(d.get("dag_id") == DAG_ID for d in dep.cli_json("dags", "list"))
-
-    def import_errors() -> str:
-        return dep.cli("dags", "list-import-errors", check=False).stdout
-
-    wait_until(dag_serialized, 240, f"the dag-processor to serialize {DAG_ID}", interval=2, on_timeout=import_errors)
+    dep.wait_dag(DAG_ID)
 
     # The downstream report first: its sensor must wait (deferred, in the triggerer) for the commit.
     dep.wait_dag(REPORT_DAG_ID)
-    dep.cli("dags", "unpause", REPORT_DAG_ID)
+    dep.unpause(REPORT_DAG_ID)
     report_run_id = dep.trigger(REPORT_DAG_ID, LOGICAL_DATE)
 
     def sensor_deferred() -> bool:
@@ -144,20 +136,15 @@ def run_and_check(dep: AirflowCluster, lineitem: Path, tmp_path: Path) -> None:
         assert state not in ("success", "failed", "skipped"), f"the sensor ended ({state}) before tpch_q1 ran"
         return state == "deferred"
 
-    wait_until(sensor_deferred, 240, "the StageOutputSensor to defer", interval=2)
+    wait_until(sensor_deferred, 240, "the StageOutputSensor to defer", interval=1)
 
+    # The example as a user starts it: unpaused and triggered through the CLI (the other DAGs through the API).
     dep.cli("dags", "unpause", DAG_ID)
     triggered = dep.cli_json("dags", "trigger", DAG_ID, "--logical-date", LOGICAL_DATE)
     run = triggered[0] if isinstance(triggered, list) else triggered
     run_id = run.get("dag_run_id") or run["run_id"]
 
-    def run_finished() -> dict[str, Any] | None:
-        dep.check_alive()
-        runs = {r["run_id"]: r for r in dep.cli_json("dags", "list-runs", DAG_ID)}
-        assert run_id in runs, f"run {run_id} not listed: {sorted(runs)}"
-        return runs[run_id] if runs[run_id]["state"] in ("success", "failed") else None
-
-    final = wait_until(run_finished, 600, f"run {run_id} to finish", interval=5)
+    final = dep.wait_runs_finished(DAG_ID, [run_id], 600)[run_id]
     print(f"\n{DAG_ID} run {run_id}: {final['state']} after {time.monotonic() - started:.0f}s "
           f"(trigger to finish, including DAG parsing)")
     assert final["state"] == "success", f"run {run_id} is {final['state']}"
@@ -225,7 +212,7 @@ def run_q3_and_check_boundaries(dep: AirflowCluster, tpch: Path, tmp_path: Path)
     # resumed on a worker). The triggerer reads it when the stage is planned: no restart.
     dep.cli("connections", "add", "speculative_api", "--conn-type", "http", "--conn-host", dep.base_url,
             "--conn-login", "publisher", "--conn-password", "not-checked-with-all-admins")
-    dep.cli("dags", "unpause", Q3_DAG_ID)
+    dep.unpause(Q3_DAG_ID)
     run_id = dep.trigger(Q3_DAG_ID, LOGICAL_DATE)
     final = dep.wait_runs_finished(Q3_DAG_ID, [run_id], 900)[run_id]
     assert final["state"] == "success", f"{Q3_DAG_ID} run {run_id} is {final['state']}"
