@@ -173,7 +173,7 @@ def deployment(tmp_path: Path) -> Iterator[Deployment]:
         stack.enter_context(network.forward(pg_server.port))
 
         # The servers' addresses and ports are known before they run (one per host, the same ports on each):
-        # Airflow's targets are defined from them, and the JVMs start while Airflow migrates and starts.
+        # Airflow's targets are defined from them, and the JVMs start while Airflow starts.
         spark_dir = tmp_path / "spark"
         spark_hosts = [network[name] for name in SPARK_HOSTS]
         planned = [ServerInfo(name=h.name, port=15002, ui_port=4040, master="local[1]", host=h.address)
@@ -198,7 +198,7 @@ def deployment(tmp_path: Path) -> Iterator[Deployment]:
         _redis_flush()
         stack.callback(_redis_flush)
         db = PostgresDatabase()
-        db.create()
+        db.create_migrated()
         stack.callback(db.drop)
         # Workers dial PostgreSQL on the bridge address (the forwarder); the root components use loopback.
         bridge_db = f"{pg_server.user}@{hosts.ROOT_ADDRESS}:{pg_server.port}/{db.name}"
@@ -222,8 +222,6 @@ def deployment(tmp_path: Path) -> Iterator[Deployment]:
         cluster = BridgeCluster(tmp_path, db.url, dags_folder=REPO / "dags", data=TPCH / "lineitem", extra_env=extra)
         stack.callback(_stop_fork_servers, runtime)
         stack.callback(cluster.shutdown)
-        cluster.migrate()
-
         cluster.start_all()
         worker_env = {**cluster.env, "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"postgresql+psycopg2://{bridge_db}"}
         workers: list[CeleryWorker] = []
@@ -282,7 +280,7 @@ def run_and_check(deployment: Deployment, tmp_path: Path) -> None:
     """Trigger the Q3 example, wait for its run; check the result, where its tasks and attempts ran."""
     cluster = deployment.cluster
     cluster.wait_dag(DAG_ID)
-    cluster.cli("dags", "unpause", DAG_ID)
+    cluster.unpause(DAG_ID)
     run_id = cluster.trigger(DAG_ID, LOGICAL_DATE)
 
     def finished() -> dict[str, Any] | None:
@@ -292,7 +290,7 @@ def run_and_check(deployment: Deployment, tmp_path: Path) -> None:
         run = cluster.dag_runs(DAG_ID)[run_id]
         return run if run["state"] in ("success", "failed") else None
 
-    final = wait_until(finished, 600, f"run {run_id} of {DAG_ID} to finish", interval=3)
+    final = wait_until(finished, 600, f"run {run_id} of {DAG_ID} to finish", interval=1)
     assert final["state"] == "success", f"{DAG_ID} run {run_id} is {final['state']}"
 
     problem = q3_difference(read_q3_output(tmp_path / "output" / DAG_ID / DS), duckdb_q3(TPCH))
