@@ -26,7 +26,7 @@ from airflow_provider_speculative.devtools.runner import plan_local_stage, run_s
 from airflow_provider_speculative.store.files import read_json, read_jsonl
 from airflow_provider_speculative.store.layout import StageLayout
 from airflow_provider_speculative.store.results import read_committed
-from tests.conftest import TEST_ENV
+from tests.conftest import LIGHT_JVM_OPTIONS, TEST_ENV
 from tests.integration.q1 import assert_q1_equal, duckdb_q1, read_q1_output
 from tests.integration.spark_helpers import HERE, load_dag, processes_mentioning, wait_for
 from tests.integration.standalone_cluster import StandaloneCluster
@@ -35,9 +35,11 @@ pytestmark = [pytest.mark.spark, pytest.mark.timeout(1500)]
 
 APPS = Path(__file__).resolve().parents[2] / "dags" / "apps"
 SHUFFLE = {"spark.sql.shuffle.partitions": "4"}
-# Drivers run here in client mode: bind them to loopback; executors are small (a worker has 1 GiB).
+# Drivers run here in client mode: bind them to loopback; executors are small (a worker has 1 GiB) and as
+# light as the drivers (tests/conftest.py).
 DRIVER_CONF = {"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1",
-               "spark.executor.memory": "512m", "spark.ui.enabled": "false"}
+               "spark.executor.memory": "512m", "spark.ui.enabled": "false",
+               "spark.executor.extraJavaOptions": LIGHT_JVM_OPTIONS}
 
 
 def cluster_targets(nodes: list[str], conn_id: str = "spark_cluster") -> list[dict[str, Any]]:
