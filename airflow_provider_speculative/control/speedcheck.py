@@ -80,8 +80,11 @@ def check_speeds(urls: Mapping[str, str], check: Callable[[str], float] | None =
                 except Exception as exc:  # an unreachable or refusing server is not a slow one
                     failed[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
             if totals:
-                # Compared whole check with whole check: a server still busy then is slow.
-                deadline = min(deadline, started + CHECK_WAIT_FACTOR * min(totals.values()))
+                # Compared whole check with whole check: a server still busy then is slow. Not capped by
+                # the timeout, which is for no answer at all: a first answer late in it (a slow machine,
+                # a cold session) must still leave the others CHECK_WAIT_FACTOR times as long, else a
+                # throttled server still busy would read as a healthy one. Bounded by the factor x timeout.
+                deadline = started + CHECK_WAIT_FACTOR * min(totals.values())
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
     waited = time.monotonic() - started

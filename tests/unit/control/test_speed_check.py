@@ -75,6 +75,25 @@ def test_the_wait_ends_a_few_fastest_answers_after_the_start_not_when_the_slow_s
     assert result.slowness["local-a"] == 1.0 and result.slowness["local-b"] >= 2.0
 
 
+def test_a_first_answer_late_in_the_timeout_still_leaves_the_others_the_full_wait() -> None:
+    release = threading.Event()
+
+    def check(url: str) -> float:
+        if url == URLS["local-a"]:
+            release.wait(0.15)  # the fast server's whole check (a cold session) takes most of the timeout
+            return 0.15
+        release.wait(10)  # the throttled server: still busy
+        return 9.9
+
+    try:
+        result = check_speeds(URLS, check, timeout=0.2)
+    finally:
+        release.set()
+    assert result.durations == {"local-a": 0.15, "local-b": None}
+    # Waited twice the fast answer, past the 0.2 s timeout: the busy server reads as slow, not as noise.
+    assert result.waited >= 0.3 and result.slowness["local-b"] >= 2.0, result
+
+
 def test_a_server_that_refuses_is_a_failure_not_a_speed(servers) -> None:
     fake = servers({"sc://a:15002/": 0.01, "sc://b:15002/": -1.0})
     result = check_speeds(URLS, fake)
