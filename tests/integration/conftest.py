@@ -34,6 +34,10 @@ def _ports() -> tuple[int, int]:
     return free_base_port(SERVERS), free_base_port(SERVERS)
 
 
+# The JVM's default tiered compilation (C1 then C2), overriding LIGHT_JVM_OPTIONS' C1-only setting.
+PRODUCTION_JIT_OPTION = "-XX:TieredStopAtLevel=4"
+
+
 @pytest.fixture(scope="session")
 def shared_connect_pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ConnectPool]:
     """Two Connect servers of one core each for the whole session (a server costs ~15 s to start).
@@ -47,6 +51,10 @@ def shared_connect_pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Co
     # the servers' environment, its address through configuration, as `local-cluster start --s3` does.
     os.environ.update(services.s3().environment())
     conf = {**spark_s3_conf(settings_from_environment()), "spark.jars": ",".join(jar_paths(s3a_jars()))}
+    # The pool's servers compile hot code as users' JVMs do (C2), not with the suite's light C1-only JIT: the
+    # speed check and the slow-node and speculation tests time their answers against production constants.
+    # A later -XX option wins, and the driver's extra options follow SPARK_SUBMIT_OPTS on the command line.
+    conf["spark.driver.extraJavaOptions"] = PRODUCTION_JIT_OPTION
     started, _ = cluster.start(servers=SERVERS, base_port=base_port, ui_base_port=ui_base_port, cores=1, conf=conf)
     env = {name.replace("LOCAL", "SHARED"): value for name, value in connection_definitions(started).items()}
     os.environ.update(env)
