@@ -32,7 +32,7 @@ def _free_udp_port() -> int:
 STATSD_PORT = _free_udp_port()
 # Every JVM the suite starts does seconds of work on tiny data, so its cost is start-up and JIT: the C1-only
 # JIT and the serial GC halve it on a 2-core machine (bench/README.md, "Spark conf of every target").
-# Nothing the tests check depends on the JVM's compiler or collector.
+# The shared Connect pool, whose answers the speed check times, keeps C2 (tests/integration/conftest.py).
 LIGHT_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 TEST_ENV = {
     "AIRFLOW_HOME": str(SESSION_DIR / "airflow"),
