@@ -191,6 +191,9 @@ class LocalCluster:
 
     def __init__(self, directory: str | Path | None = None) -> None:
         self.dir = cluster_dir(directory)
+        # The servers this object launched, by name: their exit is read from the child itself, because
+        # /proc/<pid>/cmdline reads empty while a launcher execs the next program (ip -> bash -> java).
+        self._children: dict[str, subprocess.Popen[bytes]] = {}
 
     def pid_file(self, name: str) -> Path:
         """The JSON pid file of server ``name``."""
@@ -310,6 +313,7 @@ class LocalCluster:
             proc = subprocess.Popen([*(prefix or []), *server_command(info, conf)], stdin=subprocess.DEVNULL,
                                     stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
                                     close_fds=True)
+        self._children[info.name] = proc
         info.pid = proc.pid
         info.create_time = psutil.Process(proc.pid).create_time()
         info.start_ticks = start_ticks(proc.pid)
@@ -319,10 +323,12 @@ class LocalCluster:
 
     def _wait_ready(self, info: ServerInfo, timeout: float) -> None:
         deadline = time.monotonic() + timeout
+        child = self._children.get(info.name)
         while time.monotonic() < deadline:
-            if self.process(info) is None:
-                raise LocalClusterError(f"Connect server {info.name} (port {info.port}) exited during start-up; "
-                                        f"last lines of {info.log}:\n{_tail(info.log)}")
+            code = child.poll() if child is not None else (None if self.process(info) else "unknown")
+            if code is not None:
+                raise LocalClusterError(f"Connect server {info.name} (port {info.port}) exited during start-up "
+                                        f"(exit code {code}); last lines of {info.log}:\n{_tail(info.log)}")
             if _accepts(info.port, info.host) and _log_has(info.log, "Spark Connect server started"):
                 info.ui_port = _actual_ui_port(info.log) or info.ui_port
                 info.ready_at = info.ready_at or time.time()
@@ -335,6 +341,16 @@ class LocalCluster:
         raise LocalClusterError(f"Connect server {info.name} did not accept clients on port {info.port} within "
                                 f"{timeout:.0f}s; see {info.log}")
 
+    def _own_child(self, info: ServerInfo) -> psutil.Process | None:
+        # A server this object launched that is still running, even while its cmdline does not name it yet.
+        child = self._children.get(info.name)
+        if child is None or child.poll() is not None:
+            return None
+        try:
+            return psutil.Process(child.pid)
+        except psutil.Error:
+            return None
+
     def stop(self) -> list[tuple[ServerInfo, str]]:
         """Stop every recorded server; returns (server, what happened) pairs."""
         return self.stop_servers(self.recorded())
@@ -343,7 +359,7 @@ class LocalCluster:
         """Stop these servers (only processes that still are them), SIGTERM then SIGKILL after ``grace``."""
         out: list[tuple[ServerInfo, str]] = []
         for info in servers:
-            proc = self.process(info)
+            proc = self.process(info) or self._own_child(info)
             if proc is None:
                 out.append((info, "not running"))
             else:
