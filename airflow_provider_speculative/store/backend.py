@@ -396,8 +396,17 @@ class PosixBackend(StoreBackend):
             raise StoreError(f"cannot read {self.root / name}: {exc.strerror or exc}") from exc
 
     def read_json(self, name: str, default: Any = None) -> Any:
-        """``store/files.py``'s :func:`~files.read_json` of the object's path (never blocks on a FIFO)."""
-        return files.read_json(self.root / check_name(name), default)
+        """JSON of the object, reached from the root without following any symlink; ``default`` if missing."""
+        path = self.root / check_name(name)
+        try:
+            found = files.read_json_in_store(self.root, path)
+        except UnsafeStorePathError as exc:
+            # The object's own name, never where a link points.
+            raise UnsafeStorePathError(f"cannot read {name}: {exc}") from None
+        except StoreError:
+            # Every other failure (a directory, a name too long, corrupt bytes) as files.read_json reports it.
+            return files.read_json(path, default)
+        return default if found is None else found
 
     def _stat(self, name: str) -> ObjectInfo | None:
         try:

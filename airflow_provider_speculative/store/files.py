@@ -232,7 +232,12 @@ def remove_in_store(root: str | Path, path: str | Path, *, tree: bool = False) -
 
 
 def _open_regular_fd(path: str | Path) -> int:
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_NOFOLLOW)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise OSError(errno.ELOOP, "a symbolic link in the store was refused") from None
+        raise
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
         raise OSError(errno.EINVAL, "not a regular file")
@@ -240,10 +245,11 @@ def _open_regular_fd(path: str | Path) -> int:
 
 
 def _open_regular(path: str | Path) -> Any:
-    """``path`` opened as UTF-8 text without blocking; OSError(EINVAL) unless it is a regular file.
+    """``path`` opened as UTF-8 text without blocking; OSError unless it is a regular file, not a link.
 
     A FIFO or device where a record should be (an attempt's code can make one) would block the reader,
-    the controller or an api-server thread, for ever.
+    the controller or an api-server thread, for ever; a record replaced by a symlink would show another
+    file's content (a secret of the api-server's host) as if the attempt had written it.
     """
     return os.fdopen(_open_regular_fd(path), encoding="utf-8")
 
@@ -254,7 +260,11 @@ def open_regular_bytes(path: str | Path) -> BinaryIO:
 
 
 def read_json(path: str | Path, default: Any = None) -> Any:
-    """Read JSON from ``path``; return ``default`` if it does not exist, else raise StoreError naming it."""
+    """Read JSON from ``path``; ``default`` if it does not exist, StoreError naming it if it is not a plain file.
+
+    The file itself must not be a symlink; a reader that knows the store's root and must not follow a
+    linked directory either uses :func:`read_json_in_store`.
+    """
     try:
         with _open_regular(path) as handle:
             return json.load(handle)
