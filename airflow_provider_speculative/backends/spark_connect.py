@@ -41,6 +41,7 @@ from urllib.parse import quote, unquote, urlparse
 from airflow_provider_speculative.backends.base import LaunchSpec
 from airflow_provider_speculative.backends.supervised import SupervisedBackend
 from airflow_provider_speculative.core.contract import REMOTE_ENV
+from airflow_provider_speculative.core.events import Event
 from airflow_provider_speculative.store import journal
 from airflow_provider_speculative.store.files import atomic_write_json, read_json
 from airflow_provider_speculative.store.layout import StageLayout
@@ -309,7 +310,7 @@ class SparkConnectBackend(SupervisedBackend):
                 # No server on that port: the session and its queries ended with the server's process.
                 state.update(server_gone_at=state.get("server_gone_at") or time.time(), running=[],
                              error=down[1])
-                journal.record(self.layout.journal, "connect_server_gone", subtask=subtask, attempt=attempt,
+                journal.record(self.layout.journal, Event.CONNECT_SERVER_GONE, subtask=subtask, attempt=attempt,
                                server=record["server"], error=down[1])
                 atomic_write_json(path, state)
                 return True
@@ -338,11 +339,11 @@ class SparkConnectBackend(SupervisedBackend):
                 state["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
                 state["errors"] = int(state.get("errors") or 0) + 1
                 if first:
-                    journal.record(self.layout.journal, "connect_unreachable", subtask=subtask, attempt=attempt,
+                    journal.record(self.layout.journal, Event.CONNECT_UNREACHABLE, subtask=subtask, attempt=attempt,
                                    server=record["server"], error=state["error"])
                 if release and now - float(state.get("started_at") or now) >= UNREACHABLE_GIVE_UP:
                     state["gave_up_at"] = time.time()
-                    journal.record(self.layout.journal, "connect_cancel_gave_up", subtask=subtask, attempt=attempt,
+                    journal.record(self.layout.journal, Event.CONNECT_CANCEL_GAVE_UP, subtask=subtask, attempt=attempt,
                                    server=record["server"], error=state["error"])
                     done = True
         atomic_write_json(path, state)

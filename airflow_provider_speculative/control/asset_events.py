@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from airflow_provider_speculative.core.asset_events import KEY_FIELD
+from airflow_provider_speculative.core.events import Event
 from airflow_provider_speculative.store import journal as journals
 from airflow_provider_speculative.store.files import atomic_write_json, read_json
 from airflow_provider_speculative.store.layout import StageLayout
@@ -64,6 +65,6 @@ def publish_asset_events(api: AssetApi, layout: StageLayout, assets: list[dict[s
         event = found or api.create_event(asset_id, body, partition_key)
         recorded[uri] = int(event.get("id", 0) or 0)
         atomic_write_json(path, {**state, "events": recorded})
-        journals.record(layout.journal, "asset_event_recorded", uri=uri, event_id=recorded[uri],
+        journals.record(layout.journal, Event.ASSET_EVENT_RECORDED, uri=uri, event_id=recorded[uri],
                         found_earlier=found is not None, by="triggerer")
     return recorded

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from airflow_provider_speculative.core.events import Event
 from airflow_provider_speculative.core.plan import StagePlan
 from airflow_provider_speculative.sinks.base import AttemptResult, FinalizationContext, Sink, StagingScope
 from airflow_provider_speculative.store import journal as journals
@@ -61,10 +62,10 @@ def cleanup_sink_staging(plan: StagePlan, layout: StageLayout, attempts: tuple[t
     except Exception as exc:  # clean-up must not hide the stage's own outcome; gc finds what is left
         (logger or log).warning("stage %s: sink staging clean-up failed (airflow speculative gc will retry): %s",
                                 plan["stage"], exc)
-        journals.record(layout.journal, "sink_staging_cleanup_failed", error=f"{type(exc).__name__}: {exc}")
+        journals.record(layout.journal, Event.SINK_STAGING_CLEANUP_FAILED, error=f"{type(exc).__name__}: {exc}")
         return
     if removed:
-        journals.record(layout.journal, "sink_staging_removed", objects=removed,
+        journals.record(layout.journal, Event.SINK_STAGING_REMOVED, objects=removed,
                         scope="stage run" if attempts is None else "losers")
 
 
@@ -82,13 +83,13 @@ def commit_admitted(plan: StagePlan, layout: StageLayout, event: dict[str, Any],
     """
     admitted = admitted_of(event)
     record = admitted_results(layout, admitted)
-    journals.record(layout.journal, "finalize_started", admitted=event["admitted"], try_number=try_number, by=by)
+    journals.record(layout.journal, Event.FINALIZE_STARTED, admitted=event["admitted"], try_number=try_number, by=by)
     sink_result = finalize_sink(admitted, record) if finalize_sink is not None else None
     # try and clear number: a consumer waiting in the triggerer takes a commit of this clear of the DAG run.
     record.update(fingerprint=plan["fingerprint"], committed_at=time.time(), sink=sink_result,
                   summary=event.get("summary", {}), try_number=try_number, clear_number=clear_number)
     write_committed(layout, record)
-    journals.record(layout.journal, "finalize_done", sink=sink_result, by=by)
+    journals.record(layout.journal, Event.FINALIZE_DONE, sink=sink_result, by=by)
     record_task_state(layout, "committed", try_number=try_number, clear_number=clear_number)
     return record, sink_result
 

@@ -30,6 +30,7 @@ from airflow_provider_speculative.control.speedcheck import CHECK_TIMEOUT, check
 from airflow_provider_speculative.control.summary import stage_summary
 from airflow_provider_speculative.core.config import SpeculativeConfig
 from airflow_provider_speculative.core.contract import HOLD_END_ENV, REMOTE_ENV
+from airflow_provider_speculative.core.events import Event
 from airflow_provider_speculative.core.failover import input_readers
 from airflow_provider_speculative.core.hybrid import hybrid_edges
 from airflow_provider_speculative.core.messages import (
@@ -192,7 +193,7 @@ class StageController:
             started = self.clock()
             result = check_speeds(urls, check)
             slowness = result.slowness
-            self.journal("speed_check", started=started, waited=round(result.waited, 3),
+            self.journal(Event.SPEED_CHECK, started=started, waited=round(result.waited, 3),
                          seconds={k: None if v is None else round(v, 3) for k, v in result.durations.items()},
                          slowness={k: round(v, 2) for k, v in slowness.items()}, failed=result.failed)
             record_speeds(self.layout.root, slowness, self.clock(), f"{run_key}/{SPEED_CHECK}")
@@ -229,7 +230,7 @@ class StageController:
         self.scheduler.handle(Restored(tuple(attempts), admitted, self._shared_blocks()))
         self.slots.restore()
         if attempts:
-            self.journal("restored", attempts=len(attempts), admitted=admitted)
+            self.journal(Event.RESTORED, attempts=len(attempts), admitted=admitted)
 
     def _shared_blocks(self) -> dict[str, float]:
         blocked = (read_json(self.layout.blocklist) or {}).get("until", {})
@@ -435,7 +436,7 @@ class StageController:
 
         The plan names producers and ranges, not files, so nothing in it changes.
         """
-        self.journal("input_restored", stage=stage, subtask=producer, attempt=part["attempt"])
+        self.journal(Event.INPUT_RESTORED, stage=stage, subtask=producer, attempt=part["attempt"])
 
     def _carry_out(self, action: Action, now: float) -> list[Action]:
         """Do what one action says; return the actions its outcome led to (e.g. a lost admission)."""
@@ -449,24 +450,24 @@ class StageController:
             self._backend(self._target_of(action.subtask, action.attempt)).cancel(
                 action.subtask, action.attempt, action.reason)
             self.reaping.add((action.subtask, action.attempt))
-            self.journal("cancel", subtask=action.subtask, attempt=action.attempt, reason=action.reason)
+            self.journal(Event.CANCEL, subtask=action.subtask, attempt=action.attempt, reason=action.reason)
         elif isinstance(action, Discard):
             remove_attempt_output(self.layout, action.subtask, action.attempt)
             self._cleanup_sink_staging(action.subtask, action.attempt)
-            self.journal("discard", subtask=action.subtask, attempt=action.attempt, reason=action.reason)
+            self.journal(Event.DISCARD, subtask=action.subtask, attempt=action.attempt, reason=action.reason)
         elif isinstance(action, BlockNode):
-            self.journal("block_node", node=action.node, until=action.until, reason=action.reason)
+            self.journal(Event.BLOCK_NODE, node=action.node, until=action.until, reason=action.reason)
         elif isinstance(action, Invalidate):
             self.observer.invalidate(action.subtask, action.attempt, action.reason)
             remove_attempt_output(self.layout, action.subtask, action.attempt)
-            self.journal("invalidate", subtask=action.subtask, attempt=action.attempt, reason=action.reason)
+            self.journal(Event.INVALIDATE, subtask=action.subtask, attempt=action.attempt, reason=action.reason)
         elif isinstance(action, FailStage):
             self.result = action
-            self.journal("stage_failed", reason=action.reason, causes=list(action.causes),
+            self.journal(Event.STAGE_FAILED, reason=action.reason, causes=list(action.causes),
                          failed_attempts=action.failed_attempts, counts_by_cause=dict(action.counts_by_cause))
         elif isinstance(action, CompleteStage):
             self.result = action
-            self.journal("stage_complete", admitted=action.admitted)
+            self.journal(Event.STAGE_COMPLETE, admitted=action.admitted)
             # What this run measured of its targets seeds the next run's first wave (core/speed.py).
             record_speeds(self.layout.root, run_slowness(self.scheduler.all_attempts(), self.scheduler.input_bytes),
                           self.clock(), f"{self.plan['dag_id']}/{self.plan['run_id']}/{self.plan['stage']}")
@@ -479,7 +480,7 @@ class StageController:
         return known.target if known is not None else "?"
 
     def _recover(self, action: RecoverPartition) -> list[Action]:
-        self.journal("recover_partition", stage=action.stage, subtask=action.subtask, reason=action.reason)
+        self.journal(Event.RECOVER_PARTITION, stage=action.stage, subtask=action.subtask, reason=action.reason)
         recovery = PartitionRecovery(
             self.layout.root, self.plan["dag_id"], self.plan["run_id"], action.stage, action.subtask,
             env=self.extra_env, target_env=self.target_env,
@@ -500,13 +501,13 @@ class StageController:
         slot = self.slots.claim(target.name, view.capacity if view else target.slots, key, now)
         if slot is None:
             # Another stage or run took the slot since the observation: like ClaimLost, nothing started.
-            self.journal("slot_lost", subtask=action.subtask, attempt=action.attempt, target=target.name)
+            self.journal(Event.SLOT_LOST, subtask=action.subtask, attempt=action.attempt, target=target.name)
             return self.scheduler.handle(SlotLost(action.subtask, action.attempt, target.name))
         record = {"target": target.name, "node": target.node_label, "speculative": action.speculative,
                   "created_at": now, "reason": action.reason, "kind": backend.kind, "slot": slot[0]}
         if not backend.claim(action.subtask, action.attempt, record):
             # Another controller instance owns this number: adopt what it launched (it holds its own slot).
-            self.journal("claim_lost", subtask=action.subtask, attempt=action.attempt)
+            self.journal(Event.CLAIM_LOST, subtask=action.subtask, attempt=action.attempt)
             self.slots.release(key)
             return self.scheduler.handle(ClaimLost(self.observer.poll(action.subtask, action.attempt, now)))
         command = attempt_command(self.plan, self.layout, action.subtask, action.attempt, target.name)
@@ -524,11 +525,11 @@ class StageController:
             atomic_write_json(self.layout.status(action.subtask, action.attempt),
                               {"state": "FAILED", "end_at": self.clock(), "exit_code": None,
                                "cause": f"launch failed: {exc}"})
-            self.journal("launch_failed", subtask=action.subtask, attempt=action.attempt, target=target.name,
+            self.journal(Event.LAUNCH_FAILED, subtask=action.subtask, attempt=action.attempt, target=target.name,
                          cause=str(exc))
             self._launch_failures.append(LaunchFailed(action.subtask, action.attempt, str(exc), self.clock()))
             return []
-        self.journal("launch", subtask=action.subtask, attempt=action.attempt, target=target.name,
+        self.journal(Event.LAUNCH, subtask=action.subtask, attempt=action.attempt, target=target.name,
                      speculative=action.speculative, reason=action.reason, slot=slot[0])
         return []
 
@@ -538,9 +539,9 @@ class StageController:
             winner = read_json(self.layout.admitted(action.subtask))["attempt"]
             if winner != action.attempt:
                 # A concurrent controller admitted another attempt first: its choice stands.
-                self.journal("admit_lost", subtask=action.subtask, attempt=action.attempt, winner=winner)
+                self.journal(Event.ADMIT_LOST, subtask=action.subtask, attempt=action.attempt, winner=winner)
                 return self.scheduler.handle(AdmissionLost(action.subtask, action.attempt, winner))
-        self.journal("admit", subtask=action.subtask, attempt=action.attempt,
+        self.journal(Event.ADMIT, subtask=action.subtask, attempt=action.attempt,
                      speculative=self.scheduler.attempts[action.subtask][action.attempt].speculative)
         return []
 
@@ -561,11 +562,11 @@ class StageController:
         try:
             removed = Sink.from_json(self.sink_json).cleanup_staging(scope)
         except Exception as exc:  # the sink may be unreachable; finalize or gc removes it later
-            self.journal("sink_staging_cleanup_failed", subtask=subtask, attempt=attempt,
+            self.journal(Event.SINK_STAGING_CLEANUP_FAILED, subtask=subtask, attempt=attempt,
                          error=f"{type(exc).__name__}: {exc}")
             return
         if removed:
-            self.journal("sink_staging_removed", subtask=subtask, attempt=attempt, objects=removed)
+            self.journal(Event.SINK_STAGING_REMOVED, subtask=subtask, attempt=attempt, objects=removed)
 
     def kill_all(self, reason: str) -> None:
         """Cancel every live attempt and wait (bounded) until their process groups are gone."""
@@ -580,7 +581,7 @@ class StageController:
             time.sleep(0.2)
         self.slots.release_gone([k for k in self.held if k not in self.reaping],
                                 live=lambda key: self._backend(self.held[key][0]).poll(*key).live)
-        self.journal("killed_all", reason=reason, left=sorted(self.reaping))
+        self.journal(Event.KILLED_ALL, reason=reason, left=sorted(self.reaping))
 
     # -- records ----------------------------------------------------------------------------
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from airflow_provider_speculative.core.copartition import KeyedParts, hybrid_key_refusal
+from airflow_provider_speculative.core.events import ADMISSION_EVENTS, Event
 from airflow_provider_speculative.core.hybrid import HybridEdge
 from airflow_provider_speculative.core.messages import InputFailed, InputsAdmitted, InputWithdrawn
 from airflow_provider_speculative.core.plan import StagePlan
@@ -22,9 +23,6 @@ from airflow_provider_speculative.exceptions import StoreError
 from airflow_provider_speculative.store.files import read_json
 from airflow_provider_speculative.store.layout import StageLayout
 from airflow_provider_speculative.store.task_state import task_state_path
-
-# Journal events of a producer that can change which of its attempts is admitted.
-_ADMISSION_EVENTS = frozenset({"admit", "admit_lost", "invalidate", "recovered", "discard"})
 
 
 @dataclass
@@ -212,12 +210,12 @@ class HybridInputWatcher:
             except ValueError:
                 continue
             event = line.get("event")
-            if event == "plan_decided":
+            if event == Event.PLAN_DECIDED:
                 replanned = True
-            elif event == "launch" and line.get("subtask") is not None:
+            elif event == Event.LAUNCH and line.get("subtask") is not None:
                 producer.launched.add(int(line["subtask"]))
-            if event in _ADMISSION_EVENTS and line.get("subtask") is not None:
+            if event in ADMISSION_EVENTS and line.get("subtask") is not None:
                 touched.add(int(line["subtask"]))
-            elif event == "rerun_invalidated":
+            elif event == Event.RERUN_INVALIDATED:
                 touched.update(int(s) for s in line.get("subtasks") or ())
         return touched, replanned, len(lines)

@@ -40,6 +40,7 @@ from typing import Any
 
 from airflow_provider_speculative.backends.registry import attempt_observer
 from airflow_provider_speculative.core.config import SpeculativeConfig
+from airflow_provider_speculative.core.events import Event
 from airflow_provider_speculative.core.states import Attempt, AttemptState
 from airflow_provider_speculative.exceptions import StoreError, UnsafeStorePathError
 from airflow_provider_speculative.sinks.base import Sink, StagingObject, StagingScope
@@ -326,7 +327,7 @@ def execute_gc(items: Iterable[GcItem], *, now: float | None = None, root: str |
         if not stage_dir.is_dir():
             continue
         try:
-            journal.record(stage_dir / "journal.jsonl", "gc", at=now, bytes=sum(i.bytes for i in removed),
+            journal.record(stage_dir / "journal.jsonl", Event.GC, at=now, bytes=sum(i.bytes for i in removed),
                            removed=[{**i.to_json(), "path": i.display(stage_dir)} for i in removed])
         except StoreError as exc:
             summary["errors"].append({"path": str(stage_dir / "journal.jsonl"), "error": str(exc)})

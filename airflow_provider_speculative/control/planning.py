@@ -21,6 +21,7 @@ from airflow_provider_speculative.backends.registry import attempt_observer
 from airflow_provider_speculative.control.controller import StageController, wipe_stage_attempts
 from airflow_provider_speculative.control.sources import application_path, list_sources, source_root
 from airflow_provider_speculative.core.config import SpeculativeConfig
+from airflow_provider_speculative.core.events import Event
 from airflow_provider_speculative.core.graph import ExchangeSpec, PipelineGraph, RenderedStage, SourceSpec, render_stage
 from airflow_provider_speculative.core.hybrid import (
     PRODUCER_FAILED_STATES,
@@ -319,13 +320,13 @@ class StagePlanner:
             observer = attempt_observer(layout)
             for subtask, attempt, reason in broken_admissions(layout, plan["parallelism"]):
                 observer.invalidate(subtask, attempt, f"committed output no longer valid: {reason}")
-                journals.record(layout.journal, "invalidate", subtask=subtask, attempt=attempt, reason=reason)
+                journals.record(layout.journal, Event.INVALIDATE, subtask=subtask, attempt=attempt, reason=reason)
         atomic_write_json(layout.plan, plan)
-        journals.record(layout.journal, "plan_decided", parallelism=plan["parallelism"],
+        journals.record(layout.journal, Event.PLAN_DECIDED, parallelism=plan["parallelism"],
                         decision=plan["parallelism_decision"])
         for warning in plan["warnings"]:
             self.log.warning("stage %s: %s", self.stage, warning)
-            journals.record(layout.journal, "plan_warning", message=warning)
+            journals.record(layout.journal, Event.PLAN_WARNING, message=warning)
         self.log.info("stage %s: %d subtasks, speculation %s, plan %s", self.stage, plan["parallelism"],
                       "blocked: " + plan["speculation_blocker"] if plan["speculation_blocker"] else
                       ("enabled" if self.config.enabled else "disabled"), layout.plan)

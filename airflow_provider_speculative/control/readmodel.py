@@ -34,6 +34,7 @@ from airflow_provider_speculative.core.breakdown import (
     critical_path_line,
     stage_breakdown,
 )
+from airflow_provider_speculative.core.events import Event, is_routine
 from airflow_provider_speculative.core.graph import producers_first
 from airflow_provider_speculative.core.parallelism import describe_decision, skew_message
 from airflow_provider_speculative.core.speed import SLOW_FACTOR
@@ -502,8 +503,8 @@ def _stage_failed(journal: list[dict[str, Any]], committed: bool) -> bool:
     """The controller's last notable journal event is ``stage_failed`` and nothing was committed since."""
     if committed:
         return False
-    events = [e for e in journal if e.get("event") not in ("launch", "admit")]
-    return bool(events) and events[-1].get("event") == "stage_failed"
+    events = [e for e in journal if not is_routine(e.get("event"))]
+    return bool(events) and events[-1].get("event") == Event.STAGE_FAILED
 
 
 LIVE_STATES = frozenset({"CREATED", "SCHEDULED", "DEPLOYING", "INITIALIZING", "RUNNING", "CANCELING"})

@@ -10,6 +10,7 @@ from typing import Any
 from airflow_provider_speculative.backends.base import LaunchSpec
 from airflow_provider_speculative.backends.registry import attempt_observer, plan_backends
 from airflow_provider_speculative.core.config import SpeculativeConfig, Target
+from airflow_provider_speculative.core.events import Event
 from airflow_provider_speculative.core.plan import StagePlan, load_plan
 from airflow_provider_speculative.core.states import AttemptState
 from airflow_provider_speculative.exceptions import PartitionError
@@ -81,7 +82,7 @@ class PartitionRecovery:
                                        attempt_command(self.plan, self.layout, self.subtask, number, target.name),
                                        env))
         self.attempt = number
-        self._journal("recovery_launch", attempt=number, target=target.name)
+        self._journal(Event.RECOVERY_LAUNCH, attempt=number, target=target.name)
 
     def step(self) -> tuple[str, str | None]:
         """Advance; return ("running", None), ("done", None) or ("failed", reason)."""
@@ -97,7 +98,7 @@ class PartitionRecovery:
             return "done", None
         if status.state in (AttemptState.FAILED, AttemptState.CANCELED):
             self.failures += 1
-            self._journal("recovery_failed", attempt=self.attempt, cause=status.cause)
+            self._journal(Event.RECOVERY_FAILED, attempt=self.attempt, cause=status.cause)
             if self.failures > self.config.max_failures_per_subtask:
                 return "failed", f"{self.failures} recovery attempts failed; last: {status.cause}"
             self.attempt = None
@@ -117,11 +118,11 @@ class PartitionRecovery:
         record.setdefault("recovered", []).append(
             {"subtask": self.subtask, "attempt": number, "replaces": self.lost_attempt, "at": self.clock()})
         write_committed(self.layout, record)
-        self._journal("recovered", attempt=number, replaces=self.lost_attempt)
+        self._journal(Event.RECOVERED, attempt=number, replaces=self.lost_attempt)
 
     def committed_part(self) -> dict[str, Any]:
         """The re-committed result of the subtask (attempt, data dir, files)."""
         return read_committed(self.layout)["subtasks"][str(self.subtask)]
 
-    def _journal(self, event: str, **fields: Any) -> None:
+    def _journal(self, event: Event, **fields: Any) -> None:
         Journal(self.layout.journal, self.clock, subtask=self.subtask)(event, **fields)

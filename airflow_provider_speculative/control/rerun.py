@@ -8,6 +8,7 @@ from typing import Any
 
 from airflow_provider_speculative.backends.registry import attempt_observer
 from airflow_provider_speculative.control.readmodel import run_plans
+from airflow_provider_speculative.core.events import Event
 from airflow_provider_speculative.core.failover import Region, rerun_region
 from airflow_provider_speculative.core.graph import ExchangeSpec, PipelineGraph, SourceSpec, StageSpec
 from airflow_provider_speculative.exceptions import NotFoundError
@@ -103,7 +104,7 @@ def invalidate_region(root: Path, dag_id: str, run_id: str, region: Region, reas
             done.setdefault(stage, []).append(subtask)
         # The stage must commit again; consumers re-plan from the new commit.
         layout.committed.unlink(missing_ok=True)
-        journal.record(layout.journal, "rerun_invalidated", subtasks=sorted(subtasks), reason=reason)
+        journal.record(layout.journal, Event.RERUN_INVALIDATED, subtasks=sorted(subtasks), reason=reason)
     return done
 
 

@@ -13,6 +13,7 @@ from dataclasses import replace
 from typing import Any
 
 from airflow_provider_speculative.core.config import SpeculativeConfig
+from airflow_provider_speculative.core.events import Event
 from airflow_provider_speculative.core.slots import TargetView
 from airflow_provider_speculative.core.states import TERMINAL, Attempt
 from airflow_provider_speculative.store.layout import StageLayout
@@ -89,6 +90,6 @@ class SlotLedger:
         for name in starved:
             # This stage's own slots are released by release_over once it sees the attempt end.
             for index, holder, why in self.stores[name].reclaim_gone(now, skip=self.owns):
-                self.journal("slot_reclaimed", target=name, slot=index, why=why,
+                self.journal(Event.SLOT_RECLAIMED, target=name, slot=index, why=why,
                              holder={k: holder.get(k) for k in ("dag_id", "run_id", "stage", "subtask", "attempt")})
                 views[name] = replace(views[name], held=views[name].held - 1)

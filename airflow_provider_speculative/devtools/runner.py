@@ -12,6 +12,7 @@ from airflow_provider_speculative.control.commit import admitted_of, commit_admi
 from airflow_provider_speculative.control.controller import StageController, wait_for_next_step, wipe_stage_attempts
 from airflow_provider_speculative.control.planning import HybridWait, RunInfo, StagePlanner, TargetResolver
 from airflow_provider_speculative.core.config import SpeculativeConfig
+from airflow_provider_speculative.core.events import Event
 from airflow_provider_speculative.core.graph import PipelineGraph
 from airflow_provider_speculative.core.plan import StagePlan
 from airflow_provider_speculative.exceptions import StoreError
@@ -77,7 +78,7 @@ def write_plan(plan: StagePlan) -> StageLayout:
     """Write a stage's plan and journal it, as the operator does (hybrid consumers may plan on it then)."""
     layout = StageLayout(Path(plan["store_root"]), plan["dag_id"], plan["run_id"], plan["stage"])
     atomic_write_json(layout.plan, plan)
-    journal.record(layout.journal, "plan_decided", parallelism=plan["parallelism"],
+    journal.record(layout.journal, Event.PLAN_DECIDED, parallelism=plan["parallelism"],
                    decision=plan.get("parallelism_decision"))
     record_task_state(layout, "deferred")
     return layout
@@ -124,10 +125,10 @@ def run_stage(plan: StagePlan, timeout: float = 1800.0, fresh: bool = False) -> 
     if fresh:
         wipe_stage_attempts(layout)
     atomic_write_json(layout.plan, plan)
-    journal.record(layout.journal, "plan_decided", parallelism=plan["parallelism"],
+    journal.record(layout.journal, Event.PLAN_DECIDED, parallelism=plan["parallelism"],
                    decision=plan.get("parallelism_decision"))
     for warning in plan.get("warnings") or []:
-        journal.record(layout.journal, "plan_warning", message=warning)
+        journal.record(layout.journal, Event.PLAN_WARNING, message=warning)
     controller = StageController(plan)
     deadline = time.monotonic() + timeout
     while not controller.done:

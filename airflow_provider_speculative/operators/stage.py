@@ -28,6 +28,7 @@ from airflow_provider_speculative.control.planning import (
     stage_config,
 )
 from airflow_provider_speculative.core.asset_events import asset_event_extra
+from airflow_provider_speculative.core.events import Event
 from airflow_provider_speculative.core.graph import PipelineGraph, RenderedStage
 from airflow_provider_speculative.core.plan import StagePlan, load_plan
 from airflow_provider_speculative.core.readiness import partition_key
@@ -320,7 +321,7 @@ def sink_asset(sink: Sink | None) -> Any:
     return Asset(uri=uri)
 
 
-def journal(layout: StageLayout, event: str, **fields: Any) -> None:
+def journal(layout: StageLayout, event: Event, **fields: Any) -> None:
     """Record a planning or finalize step next to the controller's decisions."""
     journals.record(layout.journal, event, **fields)
 

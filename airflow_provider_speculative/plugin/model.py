@@ -9,13 +9,12 @@ from typing import Any
 from urllib.parse import quote
 
 from airflow_provider_speculative.control.readmodel import journal_records, run_report
+from airflow_provider_speculative.core.events import Event, is_routine
 from airflow_provider_speculative.core.urls import safe_http_url
 from airflow_provider_speculative.exceptions import UnsafeStorePathError
 from airflow_provider_speculative.store.files import open_in_store, read_json
 from airflow_provider_speculative.store.layout import StageLayout
 
-# Journal events every healthy stage writes; everything else is worth showing (blocks, cancels, restarts...).
-ROUTINE_EVENTS = frozenset({"launch", "admit"})
 RESTART_REASON = "restart after failure"
 LIVE_STATES = frozenset({"CREATED", "SCHEDULED", "DEPLOYING", "INITIALIZING", "RUNNING", "CANCELING"})
 TERMINAL_RUN_STATES = frozenset({"success", "failed"})
@@ -144,8 +143,8 @@ def _enrich(root: Path, dag_id: str, run_id: str, stage: dict[str, Any], history
                 restarts.append({"subtask": sub["subtask"], "attempt": a["attempt"], "target": a["target"],
                                  "node": a["node"], "state": a["state"], "cause": a["cause"]})
     done = [s for s in stage["subtasks"] if s["admitted"] is not None or s["reused"]]
-    events = [e for e in journal if e.get("event") not in ROUTINE_EVENTS]
-    failed = bool(events) and events[-1].get("event") == "stage_failed" and not stage["committed"]
+    events = [e for e in journal if not is_routine(e.get("event"))]
+    failed = bool(events) and events[-1].get("event") == Event.STAGE_FAILED and not stage["committed"]
     live = any(a["live"] for s in stage["subtasks"] for a in s["attempts"])
     first_inputs = plan.get("inputs") or {}
     stage.update(

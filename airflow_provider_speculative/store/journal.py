@@ -2,7 +2,7 @@
 
 The only writer of ``journal.jsonl``: the controller, partition recovery, finalize, reruns and gc
 all record through :func:`record` (or :func:`append`, the same on any store backend), so every line has
-``at`` (epoch seconds) and ``event``.
+``at`` (epoch seconds) and ``event``, one of :class:`~airflow_provider_speculative.core.events.Event`.
 """
 
 from __future__ import annotations
@@ -12,12 +12,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from airflow_provider_speculative.core.events import Event
 from airflow_provider_speculative.store.backend import PosixBackend, StoreBackend
 
 
-def append(store: StoreBackend, name: str, event: str, *, at: float | None = None, **fields: Any) -> dict[str, Any]:
+def append(store: StoreBackend, name: str, event: Event, *, at: float | None = None, **fields: Any) -> dict[str, Any]:
     """Append one event to the journal ``name`` of ``store``; return the record written."""
-    line = {"at": time.time() if at is None else at, "event": event, **fields}
+    # A plain string, so the record returned equals the one read back.
+    line = {"at": time.time() if at is None else at, "event": str(event), **fields}
     store.append_record(name, line)
     return line
 
@@ -27,7 +29,7 @@ def _posix(path: str | Path) -> tuple[PosixBackend, str]:
     return PosixBackend(path.parent), path.name
 
 
-def record(path: str | Path, event: str, *, at: float | None = None, **fields: Any) -> dict[str, Any]:
+def record(path: str | Path, event: Event, *, at: float | None = None, **fields: Any) -> dict[str, Any]:
     """Append one event to the journal at ``path``; return the line written."""
     return append(*_posix(path), event, at=at, **fields)
 
@@ -47,6 +49,6 @@ class Journal:
         self.clock = clock
         self.common = common
 
-    def __call__(self, event: str, **fields: Any) -> dict[str, Any]:
+    def __call__(self, event: Event, **fields: Any) -> dict[str, Any]:
         """Record ``event`` with this journal's common fields and the clock's time."""
         return append(self.store, self.name, event, at=self.clock(), **self.common, **fields)

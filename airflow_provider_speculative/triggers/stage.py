@@ -18,6 +18,7 @@ from typing import Any
 from airflow.triggers.base import TriggerEvent
 
 from airflow_provider_speculative.control.planning import HybridWait, RunInfo, StagePlanner, iso_or_none
+from airflow_provider_speculative.core.events import Event
 from airflow_provider_speculative.core.graph import PipelineGraph, RenderedStage
 from airflow_provider_speculative.core.readiness import partition_key
 from airflow_provider_speculative.exceptions import PlanError, UpstreamFailedError, UpstreamSkippedError
@@ -182,7 +183,7 @@ class StageStartTrigger(StageControllerTrigger):
             if asking is not None:
                 asking.cancel()
         if planner.blocking_producers():
-            await asyncio.to_thread(journals.record, planner.layout.journal, "inputs_committed",
+            await asyncio.to_thread(journals.record, planner.layout.journal, Event.INPUTS_COMMITTED,
                                     waited=round(time.monotonic() - started, 3))
 
     def _producer_states(self, planner: StagePlanner, producers: list[str]) -> dict[str, str | None]:
