@@ -230,7 +230,7 @@ class SparkConnectBackend(SupervisedBackend):
 
     def connect_record(self, subtask: int, attempt: int) -> dict[str, Any] | None:
         """The attempt's recorded session (``server``, ``user_id``, ``session_id``), if it was launched here."""
-        return read_json(self.layout.attempt_dir(subtask, attempt) / "connect.json")
+        return read_json(self.layout.connect(subtask, attempt))
 
     def launch(self, spec: LaunchSpec) -> None:
         """Give the attempt its own session on the server, record it, then start the client supervised."""
@@ -242,7 +242,7 @@ class SparkConnectBackend(SupervisedBackend):
         session_id = str(uuid.uuid4())
         url = compose_url(remote, session_id=session_id, user_id=DEFAULT_USER_ID)
         _, params = split_url(url)
-        atomic_write_json(self.layout.attempt_dir(spec.subtask, spec.attempt) / "connect.json",
+        atomic_write_json(self.layout.connect(spec.subtask, spec.attempt),
                           {"server": public_url(url), "user_id": params["user_id"], "session_id": session_id,
                            "at": time.time()})
         super().launch(LaunchSpec(spec.subtask, spec.attempt, spec.target, spec.node, spec.speculative,
@@ -255,10 +255,10 @@ class SparkConnectBackend(SupervisedBackend):
 
     def cancel(self, subtask: int, attempt: int, reason: str) -> None:
         """Record the cancel, interrupt the session's work on the server, then end the client."""
-        base = self.layout.attempt_dir(subtask, attempt)
-        if read_json(base / "cancel.json") is None:
+        path = self.layout.cancel(subtask, attempt)
+        if read_json(path) is None:
             # First, so that a client dying of the interrupt is classified as cancelled, not failed.
-            atomic_write_json(base / "cancel.json", {"reason": reason, "at": time.time()})
+            atomic_write_json(path, {"reason": reason, "at": time.time()})
         record = self.connect_record(subtask, attempt)
         if record is not None and not (self._cancel_state(subtask, attempt).get("interrupted_at")):
             self._server_step(subtask, attempt, record, release=False)
@@ -290,7 +290,7 @@ class SparkConnectBackend(SupervisedBackend):
         return not any(state.get(key) for key in _FINISHED)
 
     def _cancel_state(self, subtask: int, attempt: int) -> dict[str, Any]:
-        return read_json(self.layout.attempt_dir(subtask, attempt) / "connect-cancel.json") or {}
+        return read_json(self.layout.connect_cancel(subtask, attempt)) or {}
 
     def _server_step(self, subtask: int, attempt: int, record: dict[str, Any], *, release: bool,
                      now: float | None = None) -> bool:
@@ -300,7 +300,7 @@ class SparkConnectBackend(SupervisedBackend):
         unreachable past :data:`UNREACHABLE_GIVE_UP`).
         """
         now = time.time() if now is None else now
-        path = self.layout.attempt_dir(subtask, attempt) / "connect-cancel.json"
+        path = self.layout.connect_cancel(subtask, attempt)
         state = read_json(path) or {"server": record["server"], "user_id": record["user_id"],
                                     "session_id": record["session_id"], "started_at": now, "interrupted": []}
         done = False

@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 from airflow_provider_speculative.backends.base import LaunchSpec
 from airflow_provider_speculative.backends.supervised import SupervisedBackend
 from airflow_provider_speculative.core.placement import blocked_nodes_submission
+from airflow_provider_speculative.store.layout import POD_TEMPLATE_FILE
 
 POD_TEMPLATE_KEY = "spark.kubernetes.executor.podTemplateFile"
 
@@ -41,7 +42,7 @@ def with_blocked_nodes(command: list[str], blocked: tuple[str, ...] | list[str],
     Options go right after the ``spark-submit`` executable (spark-submit reads options anywhere before the
     application), later than any the target set, so for the same key they win.
     """
-    template_path = attempt_dir / "pod-template.json"
+    template_path = attempt_dir / POD_TEMPLATE_FILE
     base = None
     existing = conf_value(command, POD_TEMPLATE_KEY)
     if existing and Path(existing).exists():

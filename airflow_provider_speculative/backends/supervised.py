@@ -25,7 +25,15 @@ from airflow_provider_speculative.core.contract import LAUNCHED_AT_ENV
 from airflow_provider_speculative.core.states import HEARTBEAT_STALE_AFTER, Attempt, AttemptState, heartbeat_alive
 from airflow_provider_speculative.store import changes
 from airflow_provider_speculative.store.files import atomic_write_json, create_exclusive_json, read_json
-from airflow_provider_speculative.store.layout import StageLayout
+from airflow_provider_speculative.store.layout import (
+    CANCEL_FILE,
+    CLAIM_FILE,
+    FAILURE_FILE,
+    HEARTBEAT_FILE,
+    INVALIDATED_FILE,
+    STATUS_FILE,
+    StageLayout,
+)
 
 # A claim with no process after this long was lost between claim and launch (controller crash).
 LAUNCH_LOST_AFTER = 60.0
@@ -90,12 +98,12 @@ class SupervisedBackend:
         try:
             return forkserver.launch(args, env, log)
         except forkserver.LaunchUnknown as exc:
-            base = self.layout.attempt_dir(spec.subtask, spec.attempt)
             if read_json(self.layout.status(spec.subtask, spec.attempt)) is not None:
                 return 0  # the supervisor recorded itself before the server died: it runs
             # A supervisor forked just before the server died may still come up: the cancel stops it
             # within a second of its start, and the attempt is reported failed (never started twice).
-            atomic_write_json(base / "cancel.json", {"reason": f"launch lost: {exc}", "at": time.time()})
+            atomic_write_json(self.layout.cancel(spec.subtask, spec.attempt),
+                              {"reason": f"launch lost: {exc}", "at": time.time()})
             raise RuntimeError(f"could not start attempt {spec.attempt} of subtask {spec.subtask}: {exc}") from None
 
     def launch_env(self, spec: LaunchSpec) -> dict[str, str]:
@@ -109,11 +117,11 @@ class SupervisedBackend:
         now = time.time() if now is None else now
         # Plain string paths: a tick may poll thousands of attempts, and pathlib costs more than the reads.
         base = self._dir(subtask, attempt)
-        claim = read_json(os.path.join(base, "claim.json")) or {}
-        status = read_json(os.path.join(base, "status.json")) or {}
+        claim = read_json(os.path.join(base, CLAIM_FILE)) or {}
+        status = read_json(os.path.join(base, STATUS_FILE)) or {}
         launch = status
-        heartbeat = read_json(os.path.join(base, "heartbeat.json")) or {}
-        cancel = read_json(os.path.join(base, "cancel.json"))
+        heartbeat = read_json(os.path.join(base, HEARTBEAT_FILE)) or {}
+        cancel = read_json(os.path.join(base, CANCEL_FILE))
         out = Attempt(subtask=subtask, number=attempt, target=claim.get("target", "?"),
                       speculative=bool(claim.get("speculative")), created_at=claim.get("created_at"),
                       node=heartbeat.get("node") or status.get("node") or claim.get("node"),
@@ -129,7 +137,7 @@ class SupervisedBackend:
             _SEEN.clear()
         _SEEN[base] = launch
         state = status.get("state")
-        invalidated = read_json(os.path.join(base, "invalidated.json"))
+        invalidated = read_json(os.path.join(base, INVALIDATED_FILE))
         if invalidated is not None:
             # Withdrawn by a rerun or failover: history only, never admitted again.
             out.state, out.cause = AttemptState.CANCELED, f"invalidated: {invalidated.get('reason')}"
@@ -137,7 +145,7 @@ class SupervisedBackend:
         if state in ("FINISHED", "FAILED", "CANCELED"):
             out.state = AttemptState(state)
             if state == "FAILED" and status.get("failure_kind") in ("partition", "node_lost"):
-                out.failure = read_json(os.path.join(base, "failure.json")) or {"kind": status["failure_kind"]}
+                out.failure = read_json(os.path.join(base, FAILURE_FILE)) or {"kind": status["failure_kind"]}
             return out
         alive = self.attempt_alive(launch, heartbeat, now)
         if launch and not alive:
@@ -195,9 +203,9 @@ class SupervisedBackend:
 
     def cancel(self, subtask: int, attempt: int, reason: str) -> None:
         """Ask the attempt's process group to stop (SIGTERM); :meth:`reap` escalates to SIGKILL."""
-        base = self.layout.attempt_dir(subtask, attempt)
-        if read_json(base / "cancel.json") is None:
-            atomic_write_json(base / "cancel.json", {"reason": reason, "at": time.time()})
+        path = self.layout.cancel(subtask, attempt)
+        if read_json(path) is None:
+            atomic_write_json(path, {"reason": reason, "at": time.time()})
             changes.notify(self.layout.dir, subtask, attempt)
         launch = read_json(self.layout.status(subtask, attempt)) or {}
         if launch.get("host") not in (None, HOST):
@@ -211,8 +219,7 @@ class SupervisedBackend:
     def reap(self, subtask: int, attempt: int, now: float | None = None) -> bool:
         """SIGKILL a cancelled attempt's group once the grace period is over; True when nothing is left."""
         now = time.time() if now is None else now
-        base = self.layout.attempt_dir(subtask, attempt)
-        cancel = read_json(base / "cancel.json") or {}
+        cancel = read_json(self.layout.cancel(subtask, attempt)) or {}
         launch = read_json(self.layout.status(subtask, attempt)) or {}
         if not launch.get("pgid"):
             return True
@@ -228,7 +235,7 @@ class SupervisedBackend:
 
     def invalidate(self, subtask: int, attempt: int, reason: str) -> None:
         """Withdraw an attempt for good (its admission too, if it had it)."""
-        atomic_write_json(self.layout.attempt_dir(subtask, attempt) / "invalidated.json",
+        atomic_write_json(self.layout.invalidated(subtask, attempt),
                           {"reason": reason, "at": time.time()})
         changes.notify(self.layout.dir, subtask, attempt)
         marker = read_json(self.layout.admitted(subtask))

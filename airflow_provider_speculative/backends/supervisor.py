@@ -22,6 +22,7 @@ from airflow_provider_speculative.backends.identity import start_ticks
 from airflow_provider_speculative.core.contract import EXIT_NODE_LOST, HOLD_END_ENV, LAUNCHED_AT_ENV, STORE_EXIT_CAUSES
 from airflow_provider_speculative.store import changes
 from airflow_provider_speculative.store.files import atomic_write_json, read_json, wait_for_file
+from airflow_provider_speculative.store.layout import CANCEL_FILE, FAILURE_FILE
 
 _READY_FD: list[int] = []
 # How often the supervisor refreshes alive_at and looks for a cancel request written by a controller
@@ -125,7 +126,7 @@ def main(argv: list[str] | None = None, warm: bool = False) -> int:
     elif code == 0 and read_json(args.manifest) is not None:
         status.update(state="FINISHED")
     else:
-        failure = read_json(os.path.join(os.path.dirname(args.status), "failure.json")) or {}
+        failure = read_json(os.path.join(os.path.dirname(args.status), FAILURE_FILE)) or {}
         cause = failure.get("error") or (f"exit code {code} without a manifest" if code == 0 else f"exit code {code}")
         if not failure and code in STORE_EXIT_CAUSES:
             cause = (f"{STORE_EXIT_CAUSES[code]}: the attempt could not write its output under "
@@ -138,7 +139,7 @@ def main(argv: list[str] | None = None, warm: bool = False) -> int:
 
 def _wait(child: Any, status_path: str, status: dict[str, object],
           cancelled: dict[str, int | None]) -> int:
-    cancel_path = os.path.join(os.path.dirname(status_path), "cancel.json")
+    cancel_path = os.path.join(os.path.dirname(status_path), CANCEL_FILE)
     term_sent_at: float | None = None
     while True:
         try:
@@ -167,7 +168,7 @@ def _hold_end(release: str, status_path: str, status: dict[str, object], cancell
     status["held_at"] = time.time()
     # Not a change the controller acts on: the attempt still looks alive to it, as it should.
     _record(status_path, status, notify=False)
-    cancel_path = os.path.join(os.path.dirname(status_path), "cancel.json")
+    cancel_path = os.path.join(os.path.dirname(status_path), CANCEL_FILE)
 
     def cancel_requested() -> bool:
         return cancelled["signal"] is not None or os.path.exists(cancel_path)

@@ -45,7 +45,7 @@ def publish_asset_events(api: AssetApi, layout: StageLayout, assets: list[dict[s
     ``assets``: ``[{"uri": ..., "sink": bool}]``. Raises hooks.asset_events.AssetApiError when the
     api-server refuses or does not answer; what was recorded before stays recorded.
     """
-    path = layout.dir / "asset_events.json"
+    path = layout.asset_events
     state = read_json(path) or {}
     if state.get("key") != key:
         state = {"key": key, "intent_at": time.time(), "events": {}}

@@ -217,7 +217,7 @@ class StageController:
                 if self.layout.claim(subtask, number).exists():
                     attempt = self.observer.poll(subtask, number, now)
                     attempts.append(attempt)
-                    cancelled = read_json(self.layout.attempt_dir(subtask, number) / "cancel.json") is not None
+                    cancelled = read_json(self.layout.cancel(subtask, number)) is not None
                     if cancelled and attempt.live:
                         attempt.state = AttemptState.CANCELING
                         self.reaping.add((subtask, number))
@@ -631,5 +631,5 @@ def wipe_stage_attempts(layout: StageLayout) -> None:
         for entry in layout.dir.iterdir():
             if entry.name.startswith("subtask=") and entry.is_dir():
                 shutil.rmtree(entry, ignore_errors=True)
-        for name in ("summary.json", "committed.json"):
-            (layout.dir / name).unlink(missing_ok=True)
+        for path in (layout.summary, layout.committed):
+            path.unlink(missing_ok=True)

@@ -47,7 +47,13 @@ from airflow_provider_speculative.sinks.base import Sink, StagingObject, Staging
 from airflow_provider_speculative.store import journal
 from airflow_provider_speculative.store.files import atomic_write_json, check_store_directory, read_json
 from airflow_provider_speculative.store.identity import provider_plan
-from airflow_provider_speculative.store.layout import StageLayout, safe_component
+from airflow_provider_speculative.store.layout import (
+    COMMITTED_FILE,
+    EXPIRED_FILE,
+    JOURNAL_FILE,
+    StageLayout,
+    safe_component,
+)
 
 LOSER = "loser"
 EXPIRED = "expired"
@@ -59,7 +65,6 @@ SINK_STAGING = "sink-staging"
 # DagRun states after which nothing of the run writes any more.
 FINISHED_RUN_STATES = frozenset({"success", "failed"})
 
-EXPIRED_MARKER = "expired.json"
 # An atomic write lives for milliseconds; a temporary file this old was orphaned by a crash.
 STALE_TEMP_AFTER = 3600.0
 
@@ -288,7 +293,7 @@ def execute_gc(items: Iterable[GcItem], *, now: float | None = None, root: str |
             except StoreError as exc:
                 # Without the marker a later reader could not tell why the data is gone: keep it.
                 unmarked.add(stage_dir)
-                summary["errors"].append({"path": str(stage_dir / EXPIRED_MARKER), "error": str(exc)})
+                summary["errors"].append({"path": str(stage_dir / EXPIRED_FILE), "error": str(exc)})
     done: dict[Path, list[GcItem]] = {}
     # Sink staging goes first (a deleted run's plan, which names the sink, goes with the run) and
     # only through the sink, which drops exactly its own objects of that stage run.
@@ -327,10 +332,10 @@ def execute_gc(items: Iterable[GcItem], *, now: float | None = None, root: str |
         if not stage_dir.is_dir():
             continue
         try:
-            journal.record(stage_dir / "journal.jsonl", Event.GC, at=now, bytes=sum(i.bytes for i in removed),
+            journal.record(stage_dir / JOURNAL_FILE, Event.GC, at=now, bytes=sum(i.bytes for i in removed),
                            removed=[{**i.to_json(), "path": i.display(stage_dir)} for i in removed])
         except StoreError as exc:
-            summary["errors"].append({"path": str(stage_dir / "journal.jsonl"), "error": str(exc)})
+            summary["errors"].append({"path": str(stage_dir / JOURNAL_FILE), "error": str(exc)})
     return summary
 
 
@@ -356,7 +361,7 @@ def read_expired(layout: StageLayout) -> dict[str, Any] | None:
     A stage rerun commits anew and a partition recovery re-commits a subtask with a new attempt:
     what they committed is present again, so the marker no longer covers it.
     """
-    marker = read_json(layout.dir / EXPIRED_MARKER)
+    marker = read_json(layout.expired)
     committed = read_json(layout.committed)
     if marker is None or committed is None or marker.get("committed_at") != committed.get("committed_at"):
         return None
@@ -540,8 +545,8 @@ def _tree_bytes(path: Path) -> int:
 
 
 def _mark_expired(stage_dir: Path, items: list[GcItem], now: float) -> None:
-    committed = read_json(stage_dir / "committed.json") or {}
-    marker_path = stage_dir / EXPIRED_MARKER
+    committed = read_json(stage_dir / COMMITTED_FILE) or {}
+    marker_path = stage_dir / EXPIRED_FILE
     previous = read_json(marker_path) or {}
     attempts = dict(previous.get("attempts") or {}) if previous.get("committed_at") == committed.get(
         "committed_at") else {}

@@ -233,7 +233,7 @@ class StagePlanner:
                 continue
             producer = self.layout_of(entry.upstream)
             plan = read_json(producer.plan)
-            usable, failure = producer_plan_usable(plan, read_json(producer.dir / "task.json"),
+            usable, failure = producer_plan_usable(plan, read_json(producer.task_state),
                                                    read_json(producer.committed), self.run.clear_number)
             if failure:
                 raise StageFailedError(f"{self.where}, input {name!r}: hybrid producer stage {entry.upstream!r} "
@@ -244,16 +244,16 @@ class StagePlanner:
                 watch[name] = {"stage": entry.upstream, "dir": str(producer.dir)}
         if not watch:
             return records
-        marker = read_json(self.layout.dir / "hybrid_wait.json") or {}
+        marker = read_json(self.layout.hybrid_wait) or {}
         key = {"clear_number": self.run.clear_number, "try_number": self.run.try_number}
         if {k: marker.get(k) for k in key} != key:
             marker = {**key, "since": time.time()}
-            atomic_write_json(self.layout.dir / "hybrid_wait.json", marker)
+            atomic_write_json(self.layout.hybrid_wait, marker)
         # A producer that has not planned yet may itself wait for its own upstreams (blocking or not):
         # fail when one of them failed, and time out only when nothing upstream changed for that long.
         upstream_stages = self.ancestors({w["stage"] for w in watch.values()})
         for stage in sorted(upstream_stages):
-            _, failure = producer_plan_usable(None, read_json(self.layout_of(stage).dir / "task.json"), None,
+            _, failure = producer_plan_usable(None, read_json(self.layout_of(stage).task_state), None,
                                               self.run.clear_number)
             if failure:
                 names = ", ".join(f"{n!r} ({w['stage']})" for n, w in watch.items())
@@ -344,7 +344,7 @@ def stage_config(graph: PipelineGraph, stage: str) -> SpeculativeConfig:
 def _last_change(layout: StageLayout) -> float:
     """When anything of a stage run last changed in the store (its journal, summary or task state)."""
     times = [0.0]
-    for path in (layout.journal, layout.summary, layout.dir / "task.json"):
+    for path in (layout.journal, layout.summary, layout.task_state):
         with contextlib.suppress(OSError):
             times.append(path.stat().st_mtime)
     return max(times)

@@ -47,7 +47,16 @@ from airflow_provider_speculative.core.states import (  # noqa: F401  (the liven
 )
 from airflow_provider_speculative.exceptions import NotFoundError, PipelineError, StoreError
 from airflow_provider_speculative.store.files import read_json
-from airflow_provider_speculative.store.layout import StageLayout, safe_component
+from airflow_provider_speculative.store.layout import (
+    ADMITTED_FILE,
+    CLAIM_FILE,
+    HEARTBEAT_FILE,
+    MANIFEST_FILE,
+    PLAN_FILE,
+    STATUS_FILE,
+    StageLayout,
+    safe_component,
+)
 
 LIVENESS_MODES = ("process", "heartbeat")
 
@@ -109,7 +118,7 @@ def run_report(root: Path, dag_id: str, run_id: str, stage: str | None = None, *
     if not run_dir.is_dir():
         raise NotFoundError(f"no speculative stages recorded for dag {dag_id!r} run {run_id!r} under {root}")
     stages = []
-    plans = [read_plan(p / "plan.json") for p in sorted(run_dir.iterdir()) if (p / "plan.json").is_file()]
+    plans = [read_plan(p / PLAN_FILE) for p in sorted(run_dir.iterdir()) if (p / PLAN_FILE).is_file()]
     for plan in pipeline_order(plans):
         if stage and plan["stage"] != stage:
             continue
@@ -322,7 +331,7 @@ class _AttemptReader:
                 if name.startswith("attempt="):
                     with contextlib.suppress(ValueError):
                         numbers.append(int(name.split("=", 1)[1]))
-            marker = read_json(os.path.join(base, "admitted.json")) if "admitted.json" in names else None
+            marker = read_json(os.path.join(base, ADMITTED_FILE)) if ADMITTED_FILE in names else None
             listing = _Listing(sorted(numbers), marker)
             if seen[1] < self.racy_before_ns:
                 _CACHE.put(key, seen[0], listing, self.mono)
@@ -341,13 +350,13 @@ class _AttemptReader:
             row = _CACHE.get(key, seen[0], self.mono)
             if row is not None:
                 return row  # type: ignore[no-any-return]
-        claim = read_json(os.path.join(base, "claim.json"))
+        claim = read_json(os.path.join(base, CLAIM_FILE))
         if claim is None:
             return None
         a = self.backend.poll(subtask, number, self.now)
-        status = read_json(os.path.join(base, "status.json")) or {}
+        status = read_json(os.path.join(base, STATUS_FILE)) or {}
         phases = (attempt_phases(a.created_at, a.deploying_at, a.end_at,
-                                 (read_json(os.path.join(base, "_SUCCESS")) or {}).get("timings"))
+                                 (read_json(os.path.join(base, MANIFEST_FILE)) or {}).get("timings"))
                   if a.end_at is not None else None)
         report = {
             "attempt": a.number, "state": a.state.value, "target": a.target, "node": a.node,
@@ -356,7 +365,7 @@ class _AttemptReader:
             "app_id": a.app_id, "launched_at": a.launched_at, "startup_seconds": a.startup_seconds,
             "duration": ((a.end_at or self.now) - a.deploying_at) if a.deploying_at else None,
             "phases": phases,
-            "last_seen": last_sign_of_life(status, read_json(os.path.join(base, "heartbeat.json")) or {}),
+            "last_seen": last_sign_of_life(status, read_json(os.path.join(base, HEARTBEAT_FILE)) or {}),
         }
         row = _Row(a, report, phases, claim.get("reason"), claim.get("created_at"))
         # The stat was taken before the reads: a change made while reading leaves a stale key, never a stale row.

@@ -17,7 +17,7 @@ from typing import Any
 from airflow_provider_speculative.core.readiness import Readiness, check_committed, describe_wait, same_instant
 from airflow_provider_speculative.exceptions import StoreError
 from airflow_provider_speculative.store.files import read_json
-from airflow_provider_speculative.store.layout import StageLayout, safe_component
+from airflow_provider_speculative.store.layout import PLAN_FILE, StageLayout, safe_component
 
 
 @dataclass(frozen=True)
@@ -57,11 +57,11 @@ class StageOutputLocator:
 
     def _plan_of_run(self, run_dir: Path) -> dict[str, Any] | None:
         """The stage's plan.json, or a sibling stage's (any stage's plan carries the run's logical date)."""
-        own = read_json(run_dir / safe_component(self.stage) / "plan.json")
+        own = read_json(run_dir / safe_component(self.stage) / PLAN_FILE)
         if own is not None:
             return own
         for child in sorted(run_dir.iterdir()) if run_dir.is_dir() else ():
-            plan = read_json(child / "plan.json") if child.is_dir() else None
+            plan = read_json(child / PLAN_FILE) if child.is_dir() else None
             if plan is not None:
                 return plan
         return None

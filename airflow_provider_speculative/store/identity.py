@@ -25,7 +25,7 @@ from typing import Any
 from airflow_provider_speculative.exceptions import StoreError
 from airflow_provider_speculative.store.backend import PosixBackend
 from airflow_provider_speculative.store.files import read_json
-from airflow_provider_speculative.store.layout import safe_component
+from airflow_provider_speculative.store.layout import PLAN_FILE, TASK_STATE_FILE, safe_component
 
 STORE_FILE = "store.json"
 PROVIDER = "airflow-provider-speculative"
@@ -50,7 +50,7 @@ def provider_plan(run_dir: Path) -> dict[str, Any] | None:
         return None
     for stage_dir in stage_dirs:
         try:
-            plan = read_json(stage_dir / "plan.json")
+            plan = read_json(stage_dir / PLAN_FILE)
         except StoreError:
             continue
         if not isinstance(plan, dict):
@@ -73,7 +73,7 @@ def _task_states_only(run_dir: Path) -> bool:
         return False
     for stage_dir in stage_dirs:
         try:
-            record = read_json(stage_dir / "task.json") if stage_dir.is_dir() else None
+            record = read_json(stage_dir / TASK_STATE_FILE) if stage_dir.is_dir() else None
         except StoreError:
             return False
         if not isinstance(record, dict) or not {"state", "at"} <= set(record):

@@ -17,6 +17,36 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 # Below the 255 bytes of a path component on common file systems, with room for a suffix.
 MAX_COMPONENT_BYTES = 200
 
+# File names in the store (docs/architecture.md, "Store layout"). Old stores are read by these names, so
+# they never change. Code with a StageLayout goes through its methods; the names are for code that has
+# only a directory (a supervisor with its status path, the read model walking a stage directory).
+# In a DAG run's directory:
+BLOCKLIST_FILE = "blocklist.json"
+# In a stage run's directory:
+PLAN_FILE = "plan.json"
+JOURNAL_FILE = "journal.jsonl"
+SUMMARY_FILE = "summary.json"
+COMMITTED_FILE = "committed.json"
+EXPIRED_FILE = "expired.json"
+TASK_STATE_FILE = "task.json"
+HYBRID_WAIT_FILE = "hybrid_wait.json"
+ASSET_EVENTS_FILE = "asset_events.json"
+# In a subtask's directory:
+ADMITTED_FILE = "admitted.json"
+# In an attempt's directory:
+CLAIM_FILE = "claim.json"
+STATUS_FILE = "status.json"
+HEARTBEAT_FILE = "heartbeat.json"
+CANCEL_FILE = "cancel.json"
+FAILURE_FILE = "failure.json"
+INVALIDATED_FILE = "invalidated.json"
+CONNECT_FILE = "connect.json"
+CONNECT_CANCEL_FILE = "connect-cancel.json"
+POD_TEMPLATE_FILE = "pod-template.json"
+MANIFEST_FILE = "_SUCCESS"
+LOG_FILE = "spark-submit.log"
+DATA_DIR = "data"
+
 
 def safe_component(value: str) -> str:
     """Make ``value`` a path component Hadoop and every shell accept, keeping it unique.
@@ -69,27 +99,47 @@ class StageLayout:
     @property
     def plan(self) -> Path:
         """The resolved plan the operator wrote before deferring."""
-        return self.dir / "plan.json"
+        return self.dir / PLAN_FILE
 
     @property
     def journal(self) -> Path:
         """Append-only log of every controller decision."""
-        return self.dir / "journal.jsonl"
+        return self.dir / JOURNAL_FILE
 
     @property
     def committed(self) -> Path:
         """The admitted attempt of every subtask, written atomically by finalize."""
-        return self.dir / "committed.json"
+        return self.dir / COMMITTED_FILE
 
     @property
     def blocklist(self) -> Path:
         """Blocked nodes of the whole run (a slow node stays blocked for the next stage too)."""
-        return self.run_dir / "blocklist.json"
+        return self.run_dir / BLOCKLIST_FILE
 
     @property
     def summary(self) -> Path:
         """Last stage summary (metrics, speculation status) for the CLI and UI."""
-        return self.dir / "summary.json"
+        return self.dir / SUMMARY_FILE
+
+    @property
+    def expired(self) -> Path:
+        """gc's marker of a stage run whose outputs it removed."""
+        return self.dir / EXPIRED_FILE
+
+    @property
+    def task_state(self) -> Path:
+        """The stage task's own state (planning, deferred, failed, committed), which hybrid consumers go by."""
+        return self.dir / TASK_STATE_FILE
+
+    @property
+    def hybrid_wait(self) -> Path:
+        """When a hybrid consumer began waiting for its producers' plans."""
+        return self.dir / HYBRID_WAIT_FILE
+
+    @property
+    def asset_events(self) -> Path:
+        """The asset events recorded through the api-server for this stage run's commit."""
+        return self.dir / ASSET_EVENTS_FILE
 
     def subtask_dir(self, subtask: int) -> Path:
         """Directory of one subtask."""
@@ -105,7 +155,7 @@ class StageLayout:
 
     def admitted(self, subtask: int) -> Path:
         """Marker naming the admitted attempt, created exclusively so only one attempt wins."""
-        return self.subtask_dir(subtask) / "admitted.json"
+        return self.subtask_dir(subtask) / ADMITTED_FILE
 
     def attempt_dir(self, subtask: int, attempt: int) -> Path:
         """Directory of one attempt."""
@@ -113,27 +163,51 @@ class StageLayout:
 
     def claim(self, subtask: int, attempt: int) -> Path:
         """Created exclusively before a launch: no restart or double-run launches a number twice."""
-        return self.attempt_dir(subtask, attempt) / "claim.json"
+        return self.attempt_dir(subtask, attempt) / CLAIM_FILE
 
     def status(self, subtask: int, attempt: int) -> Path:
         """Launcher-side status: pid, target, node, timestamps, exit code."""
-        return self.attempt_dir(subtask, attempt) / "status.json"
+        return self.attempt_dir(subtask, attempt) / STATUS_FILE
 
     def heartbeat(self, subtask: int, attempt: int) -> Path:
         """Runtime-side heartbeat: progress and node."""
-        return self.attempt_dir(subtask, attempt) / "heartbeat.json"
+        return self.attempt_dir(subtask, attempt) / HEARTBEAT_FILE
+
+    def cancel(self, subtask: int, attempt: int) -> Path:
+        """A cancel was requested: the attempt's supervisor, wherever it runs, stops its child."""
+        return self.attempt_dir(subtask, attempt) / CANCEL_FILE
+
+    def failure(self, subtask: int, attempt: int) -> Path:
+        """The error of a failed attempt, written by its runtime."""
+        return self.attempt_dir(subtask, attempt) / FAILURE_FILE
+
+    def invalidated(self, subtask: int, attempt: int) -> Path:
+        """An admitted attempt withdrawn by the controller (its output must not be read)."""
+        return self.attempt_dir(subtask, attempt) / INVALIDATED_FILE
+
+    def connect(self, subtask: int, attempt: int) -> Path:
+        """A Spark Connect attempt's server, session and operation tag (what a cancel needs)."""
+        return self.attempt_dir(subtask, attempt) / CONNECT_FILE
+
+    def connect_cancel(self, subtask: int, attempt: int) -> Path:
+        """How far the interrupt of a Spark Connect attempt's operations on its server got."""
+        return self.attempt_dir(subtask, attempt) / CONNECT_CANCEL_FILE
+
+    def pod_template(self, subtask: int, attempt: int) -> Path:
+        """The Kubernetes pod template of a spark-submit attempt."""
+        return self.attempt_dir(subtask, attempt) / POD_TEMPLATE_FILE
 
     def data(self, subtask: int, attempt: int) -> Path:
         """Attempt-isolated output."""
-        return self.attempt_dir(subtask, attempt) / "data"
+        return self.attempt_dir(subtask, attempt) / DATA_DIR
 
     def manifest(self, subtask: int, attempt: int) -> Path:
         """Manifest (files, sizes, checksums), written last by a successful attempt."""
-        return self.attempt_dir(subtask, attempt) / "_SUCCESS"
+        return self.attempt_dir(subtask, attempt) / MANIFEST_FILE
 
     def log(self, subtask: int, attempt: int) -> Path:
         """spark-submit output of the attempt."""
-        return self.attempt_dir(subtask, attempt) / "spark-submit.log"
+        return self.attempt_dir(subtask, attempt) / LOG_FILE
 
     def attempt_numbers(self, subtask: int) -> list[int]:
         """Attempt numbers that exist (claimed) for ``subtask``, ascending."""

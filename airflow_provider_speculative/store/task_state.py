@@ -21,4 +21,4 @@ def record_task_state(layout: StageLayout, state: str, *, try_number: int | None
 
 def task_state_path(layout: StageLayout) -> Path:
     """Where a stage's operator records its task's state (planning, deferred, failed, committed)."""
-    return layout.dir / "task.json"
+    return layout.task_state

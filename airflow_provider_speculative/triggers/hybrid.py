@@ -16,6 +16,7 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_provider_speculative.core.hybrid import producer_commit_usable, producer_plan_usable
 from airflow_provider_speculative.store.files import read_json
+from airflow_provider_speculative.store.layout import COMMITTED_FILE, PLAN_FILE, TASK_STATE_FILE
 from airflow_provider_speculative.triggers.timing import min_seconds_before_event
 
 POLL_SECONDS = 1.0
@@ -44,9 +45,9 @@ class HybridInputsTrigger(BaseTrigger):
         waiting = []
         for name, entry in self.inputs.items():
             stage_dir = Path(entry["dir"])
-            committed = read_json(stage_dir / "committed.json")
+            committed = read_json(stage_dir / COMMITTED_FILE)
             usable, failure = producer_plan_usable(
-                read_json(stage_dir / "plan.json"), read_json(stage_dir / "task.json"), committed, self.clear_number)
+                read_json(stage_dir / PLAN_FILE), read_json(stage_dir / TASK_STATE_FILE), committed, self.clear_number)
             if entry.get("need") == "commit":  # a blocking producer: its commit, not its plan
                 usable = producer_commit_usable(committed, self.clear_number)
             if failure:
