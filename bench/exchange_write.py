@@ -20,6 +20,9 @@ revenue) is written, in one session on a 1-core Connect server started for the r
     shuffle_noop  the query through a Spark shuffle on the key (what a plain job's join pays to move the
                   rows), then dropped
     readback      reading new_str's output back whole, rows dropped: a consumer's share of the exchange
+    raw_nodict, raw_scan_noop, raw_shuffle_noop   as new_nodict, scan_noop and shuffle_noop with the
+                  columns revenue is made of (l_extendedprice, l_discount) instead of revenue itself
+    raw_nodict_long   as raw_nodict, hashing the key as a bigint
 
 Every variant reports the server's CPU seconds too (user + system of its JVM, from /proc), since on a
 shared machine CPU time is steadier than wall time.
@@ -59,11 +62,18 @@ def variants(spark: Any, files: list[str], out_dir: str) -> dict[str, Callable[[
         rows = spark.read.parquet(*files).where(F.col("l_shipdate") > F.lit("1995-03-15").cast("date"))
         return rows.select("l_orderkey", (F.col("l_extendedprice") * (F.lit(1) - F.col("l_discount"))).alias("revenue"))
 
+    def src_raw() -> Any:
+        # The columns revenue is made of, not revenue itself: decimal(15,2) x decimal(16,2) is a
+        # decimal(32,4), arithmetic on java.math.BigDecimal and 14-byte binary values in Parquet.
+        rows = spark.read.parquet(*files).where(F.col("l_shipdate") > F.lit("1995-03-15").cast("date"))
+        return rows.select("l_orderkey", "l_extendedprice", "l_discount")
+
     def sp(kind: str) -> Any:
         return F.pmod(F.xxhash64(F.col("l_orderkey").cast(kind)), F.lit(SUBPARTITIONS))
 
-    def exchange(out: str, kind: str = "string", shuffle: bool = False, codec: str | None = None) -> None:
-        df = src().withColumn("_sp", sp(kind))
+    def exchange(out: str, kind: str = "string", shuffle: bool = False, codec: str | None = None,
+                 raw: bool = False) -> None:
+        df = (src_raw() if raw else src()).withColumn("_sp", sp(kind))
         if shuffle:
             df = df.repartition("_sp")
         writer = df.write.partitionBy("_sp")
@@ -107,6 +117,11 @@ def variants(spark: Any, files: list[str], out_dir: str) -> dict[str, Callable[[
         "new_conc_unplanned": lambda out: concurrent(out, planned=False),
         "new_nodict": lambda out: with_conf({"parquet.enable.dictionary": "false"}, out),
         "new_nodict_lz4": lambda out: with_conf({"parquet.enable.dictionary": "false"}, out, codec="lz4"),
+        "raw_nodict": lambda out: with_conf({"parquet.enable.dictionary": "false"}, out, raw=True),
+        "raw_nodict_long": lambda out: with_conf({"parquet.enable.dictionary": "false"}, out, raw=True, kind="long"),
+        "raw_scan_noop": lambda out: src_raw().write.format("noop").mode("overwrite").save(),
+        "raw_shuffle_noop": lambda out: src_raw().repartition(SUBPARTITIONS, "l_orderkey").write.format("noop")
+        .mode("overwrite").save(),
         "scan_noop": lambda out: src().write.format("noop").mode("overwrite").save(),
         "shuffle_noop": lambda out: src().repartition(SUBPARTITIONS, "l_orderkey").write.format("noop")
         .mode("overwrite").save(),
