@@ -16,7 +16,7 @@ with StageContext.from_argv() as ctx:
     revenue = (
         lineitem.join(orders, lineitem["l_orderkey"] == orders["o_orderkey"])
         .groupBy("l_orderkey", "o_orderdate", "o_shippriority")
-        .agg(F.sum("revenue").alias("revenue"))
+        .agg(F.sum(F.col("l_extendedprice") * (F.lit(1) - F.col("l_discount"))).alias("revenue"))
     )
     # l_orderkey breaks revenue/date ties so the top 10 is one exact answer.
     top = revenue.orderBy(F.col("revenue").desc(), "o_orderdate", "l_orderkey").limit(10)
