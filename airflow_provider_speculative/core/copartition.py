@@ -1,9 +1,11 @@
 """The co-partitioning contract checked when a consumer is planned: key types and how producers hashed.
 
-Producers hash every key column as its string form (``cast(k as string)``) before ``xxhash64``, so an
-``int`` 5, a ``bigint`` 5 and a ``decimal(12,0)`` 5 land in the same subpartition (Spark's own
-``xxhash64`` hashes an int and a long of equal value differently). What the cast cannot make equal is
-refused here, from the schema each producer recorded in its manifest: key columns of different
+Producers hash every key column of the integer family (``byte`` to ``long``, ``decimal(p,0)``) as a
+``bigint`` and every other key column as its string form (``cast(k as string)``) before ``xxhash64``,
+so an ``int`` 5, a ``bigint`` 5 and a ``decimal(12,0)`` 5 land in the same subpartition (Spark's own
+``xxhash64`` hashes an int and a long of equal value differently), and no integer is formatted as text
+on the way. What the casts cannot make equal is refused here, from the schema each producer recorded
+in its manifest: key columns of different
 families at the same position, decimals of different scales, floating-point keys (``-0.0`` and
 ``0.0`` are equal in a Spark join but print differently), strings with a non-binary collation (equal
 under ``UTF8_LCASE`` but different bytes), and timestamp keys written under different session time
@@ -20,7 +22,9 @@ from airflow_provider_speculative.exceptions import PlanError
 
 # Recorded in every hash-partitioned manifest (``partitioning.hash``) and in the plan's output, so a
 # result hashed another way is never read as if it were co-partitioned with this one.
-HASH_SCHEME = "xxhash64-of-string-v1"
+HASH_SCHEME = "xxhash64-integers-as-bigint-v2"
+# Every key column as its string form: what plans without a ``hash`` and older plans ask of a writer.
+STRING_HASH_SCHEME = "xxhash64-of-string-v1"
 
 _INTEGRAL = {"byte", "short", "integer", "long"}
 _STRING = {"string"}
@@ -49,6 +53,16 @@ def key_family(spark_type: Any) -> str | None:
     if name in _FLOATING:
         return "floating"
     return name
+
+
+def hashes_as_bigint(spark_type: Any, scheme: str | None) -> bool:
+    """Whether a key column of ``spark_type`` (StructType JSON form) is cast to ``bigint`` before hashing.
+
+    Under :data:`HASH_SCHEME` the integer family is; under any other scheme every column hashes as its
+    string form. A ``decimal(p,0)`` outside the ``bigint`` range becomes null (``try_cast``): it can only
+    equal another such decimal, which is null as well, so equal keys still meet.
+    """
+    return scheme == HASH_SCHEME and not isinstance(spark_type, dict) and key_family(spark_type) == "integer"
 
 
 def key_types(schema: Mapping[str, Any] | None, key: Sequence[str]) -> list[Any] | None:

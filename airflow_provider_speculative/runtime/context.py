@@ -27,6 +27,7 @@ from airflow_provider_speculative.core.contract import (
     EXIT_STORE_FULL,
     EXIT_STORE_NOT_WRITABLE,
 )
+from airflow_provider_speculative.core.copartition import hashes_as_bigint
 from airflow_provider_speculative.core.plan import StagePlan, load_plan
 from airflow_provider_speculative.exceptions import StoreError, StoreFullError, StoreNotWritableError
 from airflow_provider_speculative.runtime.faults import inject_faults
@@ -44,7 +45,7 @@ from airflow_provider_speculative.store.manifest import (
 )
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import Column, DataFrame, SparkSession
 
 
 
@@ -298,21 +299,13 @@ class StageContext:
             if output.get("sink"):
                 sink_info = self._sink_writer(output["sink"], data_dir).write(df)
             elif key:
-                # Hashed as strings (core/copartition.py): an int and a bigint of one value meet in one subpartition.
-                sp = F.pmod(F.xxhash64(*[F.col(k).cast("string") for k in key]),
+                sp = F.pmod(F.xxhash64(*self._hashed_key(df, key, output.get("hash"))),
                             F.lit(int(output["max_parallelism"])))
                 # No repartition: Spark's writer sorts each task's rows by subpartition and writes one file per
                 # subpartition it holds, so the output is not shuffled once more before it is written.
                 partitioned = df.withColumn(SUBPARTITION_COLUMN, sp)
-                try:
-                    partitioned.write.options(**EXCHANGE_WRITE_OPTIONS).partitionBy(SUBPARTITION_COLUMN) \
-                        .parquet(str(data_dir))
-                except Exception as exc:
-                    missing = [k for k in key if k not in df.columns]
-                    if missing:
-                        raise ValueError(f"stage {self.stage!r} output lacks exchange key columns {missing} "
-                                         f"(columns: {df.columns})") from exc
-                    raise
+                partitioned.write.options(**EXCHANGE_WRITE_OPTIONS).partitionBy(SUBPARTITION_COLUMN) \
+                    .parquet(str(data_dir))
             else:
                 df.coalesce(1).write.options(**EXCHANGE_WRITE_OPTIONS).parquet(str(data_dir))
         except Exception as exc:
@@ -341,6 +334,29 @@ class StageContext:
         manifest["timings"] = self._timings(write_started, spark_done)
         self._written = True
         write_manifest(self.layout.manifest(self.subtask, self.attempt), manifest)
+
+    def _hashed_key(self, df: DataFrame, key: list[str], scheme: str | None) -> list[Column]:
+        """The key columns as the plan's hash scheme hashes them (core/copartition.py ``hashes_as_bigint``).
+
+        Choosing by type costs one analysis of the query (``df.schema``); formatting every integer key
+        as text would cost more on any but the smallest outputs.
+        """
+        from pyspark.sql import functions as F
+
+        types = {field.name: field.dataType.jsonValue() for field in df.schema.fields}
+        missing = [k for k in key if k not in types]
+        if missing:
+            raise ValueError(f"pipeline {self.plan.get('pipeline')!r}, stage {self.stage!r}: the output lacks "
+                             f"exchange key columns {missing} (columns: {list(types)})")
+        columns = []
+        for k in key:
+            if not hashes_as_bigint(types[k], scheme):
+                columns.append(F.col(k).cast("string"))
+            elif str(types[k]).startswith("decimal"):
+                columns.append(F.col(k).try_cast("bigint"))
+            else:
+                columns.append(F.col(k).cast("bigint"))
+        return columns
 
     def _timings(self, write_started: float, spark_done: float) -> dict[str, float | None]:
         """Where this attempt's time went, as epoch times and seconds (core/breakdown.py reads them).

@@ -6,8 +6,10 @@ import pytest
 
 from airflow_provider_speculative.core.copartition import (
     HASH_SCHEME,
+    STRING_HASH_SCHEME,
     check_key_types,
     check_partitioning,
+    hashes_as_bigint,
     hybrid_key_refusal,
     key_family,
 )
@@ -63,7 +65,7 @@ def test_partitioning_of_another_count_or_scheme_is_refused() -> None:
     with pytest.raises(PlanError, match=r"w, input 'l': its producer committed 8 hash subpartitions, the plan "
                                         r"expects 16"):
         check_partitioning("w", {"l": (16, [current])})
-    with pytest.raises(PlanError, match=r"hash-partitioned by different schemes: xxhash64-of-string-v1 \('l'\), "
+    with pytest.raises(PlanError, match=rf"hash-partitioned by different schemes: {HASH_SCHEME} \('l'\), "
                                         r"legacy \('r'\)"):
         check_partitioning("w", {"l": (8, [current]), "r": (8, [None])})
 
@@ -113,3 +115,17 @@ def test_a_hybrid_producer_alone_is_checked_for_collations_floats_and_zones() ->
     refusal = hybrid_key_refusal("w", "r", "b", zones)
     assert refusal is not None and "('r'.ts in Asia/Tokyo, 'l'.ts in UTC)" in refusal
     assert hybrid_key_refusal("w", "r", "b", {**zones, "r": (["ts"], [(ts, _zone("UTC"))])}) is None
+
+
+@pytest.mark.parametrize(("spark_type", "scheme", "as_bigint"), [
+    ("byte", HASH_SCHEME, True), ("short", HASH_SCHEME, True), ("integer", HASH_SCHEME, True),
+    ("long", HASH_SCHEME, True), ("decimal(12,0)", HASH_SCHEME, True), ("decimal(38,0)", HASH_SCHEME, True),
+    ("decimal(12,2)", HASH_SCHEME, False), ("string", HASH_SCHEME, False), ("date", HASH_SCHEME, False),
+    ("timestamp", HASH_SCHEME, False), ({"type": "array", "elementType": "integer", "containsNull": True},
+                                        HASH_SCHEME, False),
+    # A plan of the string scheme (or none: the oldest) keeps its writers hashing every column as text.
+    ("long", STRING_HASH_SCHEME, False), ("integer", None, False),
+])
+def test_only_the_integer_family_hashes_as_bigint_and_only_under_the_current_scheme(spark_type, scheme,
+                                                                                     as_bigint) -> None:
+    assert hashes_as_bigint(spark_type, scheme) is as_bigint
