@@ -11,6 +11,7 @@ from datetime import datetime, tzinfo
 from typing import IO, Any, NoReturn
 
 from airflow_provider_speculative.cli.output import clean_text, emit
+from airflow_provider_speculative.core.states import FINISHED_RUN_STATES
 from airflow_provider_speculative.core.units import format_bytes
 
 # -- pure formatting (unit-tested) ----------------------------------------------------------------
@@ -202,8 +203,6 @@ def format_progress(report: dict[str, Any], progress: dict[str, Any], now: float
 
 # -- status ---------------------------------------------------------------------------------------
 
-TERMINAL_RUN_STATES = frozenset({"success", "failed"})
-
 
 def watch(root: Any, dag_id: str, run_id: str, *, out: IO[str], interval: float, stage: str | None = None,
           run_state: Callable[[], str | None] = lambda: None, in_place: bool | None = None,
@@ -248,7 +247,7 @@ def _watch_frames(root: Any, dag_id: str, run_id: str, *, out: IO[str], live: An
             report = run_report(root, dag_id, run_id, stage)
         except NotFoundError:
             # A queued run has planned no stage yet: wait for it, unless Airflow does not know it or it is over.
-            if state is None or state in TERMINAL_RUN_STATES:
+            if state is None or state in FINISHED_RUN_STATES:
                 raise
             report = {"dag_id": dag_id, "run_id": run_id, "stages": []}
         progress = run_progress(report)
@@ -261,7 +260,7 @@ def _watch_frames(root: Any, dag_id: str, run_id: str, *, out: IO[str], live: An
             out.write(("\n" if frames else "") + clean_text(frame) + "\n")
             out.flush()
         frames += 1
-        if progress["done"] or state in TERMINAL_RUN_STATES or (max_frames and frames >= max_frames):
+        if progress["done"] or state in FINISHED_RUN_STATES or (max_frames and frames >= max_frames):
             return progress
         sleep(interval)
 

@@ -41,7 +41,7 @@ from typing import Any
 from airflow_provider_speculative.backends.registry import attempt_observer
 from airflow_provider_speculative.core.config import SpeculativeConfig
 from airflow_provider_speculative.core.events import Event
-from airflow_provider_speculative.core.states import Attempt, AttemptState
+from airflow_provider_speculative.core.states import FINISHED_RUN_STATES, Attempt, AttemptState
 from airflow_provider_speculative.exceptions import StoreError, UnsafeStorePathError
 from airflow_provider_speculative.sinks.base import Sink, StagingObject, StagingScope
 from airflow_provider_speculative.store import journal
@@ -62,8 +62,6 @@ DELETED_RUN = "deleted-run"
 STALE_TEMP = "stale-temp"
 STALE_BARRIER = "stale-barrier"
 SINK_STAGING = "sink-staging"
-# DagRun states after which nothing of the run writes any more.
-FINISHED_RUN_STATES = frozenset({"success", "failed"})
 
 # An atomic write lives for milliseconds; a temporary file this old was orphaned by a crash.
 STALE_TEMP_AFTER = 3600.0

@@ -40,6 +40,8 @@ from airflow_provider_speculative.core.parallelism import describe_decision, ske
 from airflow_provider_speculative.core.speed import SLOW_FACTOR
 from airflow_provider_speculative.core.states import (  # noqa: F401  (the liveness rule, re-exported for the CLI)
     HEARTBEAT_STALE_AFTER,
+    LIVE,
+    TERMINAL,
     Attempt,
     current_attempt,
     heartbeat_alive,
@@ -286,7 +288,6 @@ class _Cache:
 
 
 _CACHE = _Cache(ENDED_CACHE_ENTRIES)
-_ENDED_STATES = frozenset({"FINISHED", "FAILED", "CANCELED"})
 
 
 def clear_cache() -> None:
@@ -369,7 +370,7 @@ class _AttemptReader:
         }
         row = _Row(a, report, phases, claim.get("reason"), claim.get("created_at"))
         # The stat was taken before the reads: a change made while reading leaves a stale key, never a stale row.
-        if (seen is not None and seen[1] < self.racy_before_ns and status.get("state") in _ENDED_STATES
+        if (seen is not None and seen[1] < self.racy_before_ns and status.get("state") in TERMINAL
                 and status.get("end_at") is not None and a.end_at is not None):
             _CACHE.put(key, seen[0], row, self.mono)
         return row
@@ -516,12 +517,9 @@ def _stage_failed(journal: list[dict[str, Any]], committed: bool) -> bool:
     return bool(events) and events[-1].get("event") == Event.STAGE_FAILED
 
 
-LIVE_STATES = frozenset({"CREATED", "SCHEDULED", "DEPLOYING", "INITIALIZING", "RUNNING", "CANCELING"})
-
-
 def stage_progress(stage: dict[str, Any]) -> dict[str, Any]:
     """A stage's progress from its report: admitted/total, running, live speculative and slow attempts."""
-    live = [a for s in stage["subtasks"] for a in s["attempts"] if a["state"] in LIVE_STATES]
+    live = [a for s in stage["subtasks"] for a in s["attempts"] if a["state"] in LIVE]
     admitted = sum(1 for s in stage["subtasks"] if s["admitted"] is not None or s["reused"])
     state = ("committed" if stage["committed"] else "failed" if stage.get("failed")
              else "running" if live else "waiting")

@@ -56,6 +56,8 @@ LIVE = frozenset(
     }
 )
 TERMINAL = frozenset({AttemptState.FINISHED, AttemptState.FAILED, AttemptState.CANCELED})
+# Airflow's DagRun states after which nothing of the run writes any more (Airflow's own names).
+FINISHED_RUN_STATES = frozenset({"success", "failed"})
 # Execution time counts from DEPLOYING; states before it have no execution time yet.
 EXECUTING = frozenset({AttemptState.DEPLOYING, AttemptState.INITIALIZING, AttemptState.RUNNING})
 

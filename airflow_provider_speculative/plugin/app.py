@@ -29,12 +29,12 @@ from airflow_provider_speculative.control.attemptlog import (
     open_attempt_log,
 )
 from airflow_provider_speculative.control.rerun import request_rerun
+from airflow_provider_speculative.core.states import FINISHED_RUN_STATES
 from airflow_provider_speculative.core.urls import safe_http_url
 from airflow_provider_speculative.exceptions import NotFoundError, StoreError, UnsafeStorePathError
 from airflow_provider_speculative.hooks.masking import redact_lines, redact_text
 from airflow_provider_speculative.links import spark_history_url
 from airflow_provider_speculative.plugin.model import (
-    TERMINAL_RUN_STATES,
     is_done,
     resolve_stage,
     run_view,
@@ -309,7 +309,7 @@ def _stage_or_404(request: Request, dag_id: str, run_id: str, task_id: str) -> s
 def _not_found(message: str, dag_id: str, run_id: str) -> HTTPException:
     """A 404 that tells the page whether to keep waiting (the run may still plan the stage) or stop."""
     state = airflow_run_state(dag_id, run_id)
-    return HTTPException(404, {"message": message, "run_state": state, "done": state in TERMINAL_RUN_STATES})
+    return HTTPException(404, {"message": message, "run_state": state, "done": state in FINISHED_RUN_STATES})
 
 
 def _finish(view: dict[str, Any], dag_id: str, run_id: str) -> dict[str, Any]:

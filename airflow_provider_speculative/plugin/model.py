@@ -10,14 +10,13 @@ from urllib.parse import quote
 
 from airflow_provider_speculative.control.readmodel import journal_records, run_report
 from airflow_provider_speculative.core.events import Event, is_routine
+from airflow_provider_speculative.core.states import FINISHED_RUN_STATES, LIVE
 from airflow_provider_speculative.core.urls import safe_http_url
 from airflow_provider_speculative.exceptions import UnsafeStorePathError
 from airflow_provider_speculative.store.files import open_in_store, read_json
 from airflow_provider_speculative.store.layout import StageLayout
 
 RESTART_REASON = "restart after failure"
-LIVE_STATES = frozenset({"CREATED", "SCHEDULED", "DEPLOYING", "INITIALIZING", "RUNNING", "CANCELING"})
-TERMINAL_RUN_STATES = frozenset({"success", "failed"})
 SUBTASK_STATES = ("admitted", "running", "failed", "waiting")
 # The stage view lists at most this many controller events (the latest); events_total counts them all.
 MAX_EVENTS = 200
@@ -94,7 +93,7 @@ def subtask_state(subtask: dict[str, Any]) -> str:
     """One word for a subtask: admitted (or reused), running (a live attempt), failed (attempts, none live), waiting."""
     if subtask["admitted"] is not None or subtask["reused"]:
         return "admitted"
-    if any(a["state"] in LIVE_STATES for a in subtask["attempts"]):
+    if any(a["state"] in LIVE for a in subtask["attempts"]):
         return "running"
     return "failed" if subtask["attempts"] else "waiting"
 
@@ -129,7 +128,7 @@ def _enrich(root: Path, dag_id: str, run_id: str, stage: dict[str, Any], history
         for a in sub["attempts"]:
             # run_report(with_claims=True) set reason and created from the claim, cached with ended attempts.
             a["restart"] = a["reason"] == RESTART_REASON
-            a["live"] = a["state"] in LIVE_STATES
+            a["live"] = a["state"] in LIVE
             begin = a["start"] or a["created"]
             # Liveness comes from the store's timestamps (the read model's heartbeat mode), never from a
             # pid lookup on the api-server's host, which knows nothing of attempts on other machines.
@@ -205,7 +204,7 @@ def _live_spark_ui(layout: StageLayout, subtask: int, attempt: dict[str, Any]) -
 
 def is_done(view: dict[str, Any], run_state: str | None) -> bool:
     """True once nothing in the view can change: all committed, or the Airflow run has finished."""
-    if run_state in TERMINAL_RUN_STATES:
+    if run_state in FINISHED_RUN_STATES:
         return True
     return bool(view.get("all_committed", view.get("committed")))
 
