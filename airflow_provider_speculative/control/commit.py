@@ -19,6 +19,7 @@ from typing import Any
 
 from airflow_provider_speculative.core.events import Event
 from airflow_provider_speculative.core.plan import StagePlan
+from airflow_provider_speculative.core.trigger_events import ControllerEvent
 from airflow_provider_speculative.sinks.base import AttemptResult, FinalizationContext, Sink, StagingScope
 from airflow_provider_speculative.store import journal as journals
 from airflow_provider_speculative.store.files import atomic_write_json, wait_for_file
@@ -69,12 +70,12 @@ def cleanup_sink_staging(plan: StagePlan, layout: StageLayout, attempts: tuple[t
                         scope="stage run" if attempts is None else "losers")
 
 
-def admitted_of(event: dict[str, Any]) -> dict[int, int]:
+def admitted_of(event: ControllerEvent) -> dict[int, int]:
     """The controller event's admitted attempt per subtask."""
     return {int(k): int(v) for k, v in event["admitted"].items()}
 
 
-def commit_admitted(plan: StagePlan, layout: StageLayout, event: dict[str, Any], *, try_number: int | None,
+def commit_admitted(plan: StagePlan, layout: StageLayout, event: ControllerEvent, *, try_number: int | None,
                     clear_number: int | None, finalize_sink: SinkFinalizer | None = None,
                     by: str = "worker") -> tuple[dict[str, Any], dict[str, Any] | None]:
     """Publish ``committed.json`` for the admitted attempts (after the sink's global finalize, if any).

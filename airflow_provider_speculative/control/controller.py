@@ -62,6 +62,7 @@ from airflow_provider_speculative.core.scheduler import StageScheduler
 from airflow_provider_speculative.core.slots import TargetView
 from airflow_provider_speculative.core.speed import check_wanted, probe_candidates, run_slowness
 from airflow_provider_speculative.core.states import TERMINAL, Attempt, AttemptState
+from airflow_provider_speculative.core.trigger_events import ControllerEvent, TriggerStatus
 from airflow_provider_speculative.sinks.base import Sink, StagingScope
 from airflow_provider_speculative.store import changes
 from airflow_provider_speculative.store.files import atomic_write_json, create_exclusive_json, read_json
@@ -602,16 +603,16 @@ class StageController:
         """Every attempt of the stage run, one line each, for the task log (control/attemptlog.py)."""
         return attempt_lines(self.layout, self.scheduler.all_attempts(), self.scheduler.admitted)
 
-    def event_payload(self) -> dict[str, Any]:
+    def event_payload(self) -> ControllerEvent:
         """The one trigger event: everything finalize needs (dag.test drops defer kwargs on resume)."""
         summary = self.summary(self.clock())  # fresh: the event is what finalize records
         if isinstance(self.result, FailStage):
-            return {"status": "failed", "plan_path": str(self.layout.plan), "reason": self.result.reason,
+            return {"status": TriggerStatus.FAILED, "plan_path": str(self.layout.plan), "reason": self.result.reason,
                     "causes": list(self.result.causes), "failed_attempts": self.result.failed_attempts,
                     "counts_by_cause": dict(self.result.counts_by_cause),
                     "failed_keys": [list(key) for key in self.result.failed_keys], "summary": summary}
         admitted = self.result.admitted if isinstance(self.result, CompleteStage) else {}
-        return {"status": "success", "plan_path": str(self.layout.plan),
+        return {"status": TriggerStatus.SUCCESS, "plan_path": str(self.layout.plan),
                 "admitted": {str(k): v for k, v in admitted.items()}, "summary": summary}
 
 

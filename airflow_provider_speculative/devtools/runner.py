@@ -15,6 +15,7 @@ from airflow_provider_speculative.core.config import SpeculativeConfig
 from airflow_provider_speculative.core.events import Event
 from airflow_provider_speculative.core.graph import PipelineGraph
 from airflow_provider_speculative.core.plan import StagePlan
+from airflow_provider_speculative.core.trigger_events import TriggerStatus
 from airflow_provider_speculative.exceptions import StoreError
 from airflow_provider_speculative.store import journal
 from airflow_provider_speculative.store.files import atomic_write_json
@@ -112,7 +113,7 @@ def _commit(controller: StageController) -> None:
     """Finalize a decided stage as the operator would (without a sink); raise naming the cause if it failed."""
     payload = controller.event_payload()
     layout = controller.layout
-    if payload["status"] != "success":
+    if payload["status"] != TriggerStatus.SUCCESS:
         record_task_state(layout, "failed", reason=payload["reason"])
         raise RuntimeError(f"stage {controller.plan['stage']!r} failed: {payload['reason']}")
     commit_admitted(controller.plan, layout, payload, try_number=None, clear_number=None, by="runner")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowRescheduleException
@@ -32,6 +32,7 @@ from airflow_provider_speculative.core.events import Event
 from airflow_provider_speculative.core.graph import PipelineGraph, RenderedStage
 from airflow_provider_speculative.core.plan import StagePlan, load_plan
 from airflow_provider_speculative.core.readiness import partition_key
+from airflow_provider_speculative.core.trigger_events import DECIDED, ControllerEvent, TriggerStatus
 from airflow_provider_speculative.exceptions import StageFailedError
 from airflow_provider_speculative.links import SparkHistoryLink, StageViewLink
 from airflow_provider_speculative.metrics import StageMetrics
@@ -155,11 +156,11 @@ class SparkStageOperator(BaseOperator):
     def resume_after_inputs(self, context: Any, event: dict[str, Any]) -> Any:
         """The hybrid producers' plans are there (plan now), or not yet (reschedule), or one failed."""
         status = (event or {}).get("status")
-        if status == "failed":
+        if status == TriggerStatus.FAILED:
             self._planner(context).record_state("failed", reason=event.get("reason"))
             raise StageFailedError(event.get("reason") or f"pipeline {self.graph.name!r}, stage {self.stage!r}: "
                                                           "a hybrid producer failed")
-        if status == "waiting":
+        if status == TriggerStatus.WAITING:
             from airflow.sdk.timezone import utcnow
 
             raise AirflowRescheduleException(utcnow())
@@ -188,7 +189,7 @@ class SparkStageOperator(BaseOperator):
                 # dag.test() runs one task at a time and would run this trigger in line: nothing can change
                 # while it waits, so give way to the producers at once (or fail if one failed).
                 event = trigger.check()
-                if event is not None and event["status"] == "failed":
+                if event is not None and event["status"] == TriggerStatus.FAILED:
                     raise StageFailedError(event["reason"])
                 from airflow.sdk.timezone import utcnow
 
@@ -213,21 +214,21 @@ class SparkStageOperator(BaseOperator):
         """A stage started in the triggerer resumes here only to publish its asset event or to fail."""
         status = (event or {}).get("status")
         where = f"pipeline {self.graph.name!r}, stage {self.stage!r}"
-        if status == "plan_failed":
+        if status == TriggerStatus.PLAN_FAILED:
             reason = str(event.get("reason") or "")
             # The planner's messages name pipeline and stage; anything else gets them in front.
             raise StageFailedError(reason if reason.startswith(where) else f"{where}: {event.get('error')}: {reason}")
-        if status == "commit_failed":
+        if status == TriggerStatus.COMMIT_FAILED:
             raise StageFailedError(f"{where}: {event.get('reason')}")
-        if status == "upstream_failed":
+        if status == TriggerStatus.UPSTREAM_FAILED:
             from airflow.sdk.exceptions import AirflowFailException
 
             raise AirflowFailException(event.get("reason") or f"{where}: a producer stage failed")
-        if status == "upstream_skipped":
+        if status == TriggerStatus.UPSTREAM_SKIPPED:
             from airflow.sdk.exceptions import AirflowSkipException
 
             raise AirflowSkipException(event.get("reason") or f"{where}: a producer stage was skipped")
-        if status == "committed":
+        if status == TriggerStatus.COMMITTED:
             plan = _plan_at(event.get("plan_path"), where)
             layout = StageLayout(Path(plan["store_root"]), plan["dag_id"], plan["run_id"], plan["stage"])
             record = read_committed(layout)  # raises naming the stage if the commit is gone
@@ -240,28 +241,28 @@ class SparkStageOperator(BaseOperator):
 
     def execute_complete(self, context: Any, event: dict[str, Any]) -> dict[str, Any]:
         """Finalize-on-master: commit exactly the admitted attempt of every subtask, then clean losers."""
-        plan = _event_plan(event, self.graph.name, self.stage)
+        plan, decided = _event_plan(event, self.graph.name, self.stage)
         layout = StageLayout(Path(plan["store_root"]), plan["dag_id"], plan["run_id"], plan["stage"])
-        summary = event.get("summary", {})
-        if event["status"] != "success":
+        summary = decided.get("summary", {})
+        if decided["status"] != TriggerStatus.SUCCESS:
             self._cleanup_sink_staging(plan, layout, None)
-            message = "\n".join([_failure_message(self.graph.name, self.stage, event),
-                                 *failure_log_lines(layout, _failed_keys(event))])
+            message = "\n".join([_failure_message(self.graph.name, self.stage, decided),
+                                 *failure_log_lines(layout, _failed_keys(decided))])
             record_task_state(layout, "failed", try_number=context["ti"].try_number,
                               clear_number=_clear_number(context), reason=message.splitlines()[0])
             raise StageFailedError(message)
 
         record, sink_result = commit_admitted(
-            plan, layout, event, try_number=context["ti"].try_number, clear_number=_clear_number(context),
+            plan, layout, decided, try_number=context["ti"].try_number, clear_number=_clear_number(context),
             finalize_sink=sink_finalizer(plan, layout))
         self._publish_asset_event(context, plan, record, summary, sink_result)
-        removed, losers = remove_losers(layout, plan["parallelism"], admitted_of(event))
+        removed, losers = remove_losers(layout, plan["parallelism"], admitted_of(decided))
         if losers:
             self._cleanup_sink_staging(plan, layout, losers)
         StageMetrics.for_plan(plan).emit(summary, only_changed=False)
         self.log.info("stage %s committed %d subtasks (removed %d losing outputs); speculation %s; "
                       "numSlowExecutionVertices=%s numEffectiveSpeculativeExecutions=%s",
-                      self.stage, len(event["admitted"]), removed, summary.get("speculation"),
+                      self.stage, len(decided["admitted"]), removed, summary.get("speculation"),
                       summary.get("numSlowExecutionVertices"), summary.get("numEffectiveSpeculativeExecutions"))
         return commit_summary(self.stage, layout, sink_result, summary)
 
@@ -332,16 +333,16 @@ def _clear_number(context: Any) -> int:
     return int(getattr(dag_run, "clear_number", 0) or 0)
 
 
-def _event_plan(event: Any, pipeline: str, stage: str) -> StagePlan:
-    """The plan an event points at, or a clear error if the event is not one the controller sends."""
+def _event_plan(event: Any, pipeline: str, stage: str) -> tuple[StagePlan, ControllerEvent]:
+    """The plan an event points at and the event, or a clear error if it is not one the controller sends."""
     where = f"pipeline {pipeline!r}, stage {stage!r}"
-    if not isinstance(event, dict) or event.get("status") not in ("success", "failed") or "plan_path" not in event:
+    if not isinstance(event, dict) or event.get("status") not in DECIDED or "plan_path" not in event:
         raise StageFailedError(f"{where}: malformed controller event {event!r} (expected status success|failed "
                                "and plan_path); the trigger and the worker may run different provider versions")
     plan = _plan_at(event["plan_path"], where)
-    if event["status"] == "success" and not isinstance(event.get("admitted"), dict):
+    if event["status"] == TriggerStatus.SUCCESS and not isinstance(event.get("admitted"), dict):
         raise StageFailedError(f"{where}: malformed controller event: 'admitted' missing ({event!r})")
-    return plan
+    return plan, cast(ControllerEvent, event)
 
 
 def _plan_at(plan_path: Any, where: str) -> StagePlan:
@@ -352,7 +353,7 @@ def _plan_at(plan_path: Any, where: str) -> StagePlan:
     return load_plan(plan, f"{where}: plan {plan_path}")
 
 
-def _failed_keys(event: dict[str, Any]) -> list[tuple[int, int]]:
+def _failed_keys(event: ControllerEvent) -> list[tuple[int, int]]:
     """(subtask, attempt) of the failed attempts an event names; an older controller's event names none."""
     keys = event.get("failed_keys")
     if not isinstance(keys, list):
@@ -361,7 +362,7 @@ def _failed_keys(event: dict[str, Any]) -> list[tuple[int, int]]:
             and all(isinstance(v, int) for v in k)]
 
 
-def _failure_message(pipeline: str, stage: str, event: dict[str, Any]) -> str:
+def _failure_message(pipeline: str, stage: str, event: ControllerEvent) -> str:
     causes = event.get("causes") or ["(none recorded)"]
     total = event.get("failed_attempts") or len(causes)
     counts = event.get("counts_by_cause") or {}

@@ -15,6 +15,7 @@ from airflow.sdk.exceptions import AirflowException, AirflowSensorTimeout, Airfl
 
 from airflow_provider_speculative.control.stage_output import OutputObservation
 from airflow_provider_speculative.core.readiness import parse_instant
+from airflow_provider_speculative.core.trigger_events import TriggerStatus
 from airflow_provider_speculative.exceptions import PipelineError
 from airflow_provider_speculative.settings import airflow_config, store_root
 from airflow_provider_speculative.triggers.stage_output import StageOutputTrigger
@@ -133,10 +134,10 @@ class StageOutputSensor(BaseSensorOperator):
         """The trigger fired: succeed, or time out (skipped with soft_fail) naming what is missing."""
         event = event or {}
         status = event.get("status")
-        if status == "success":
+        if status == TriggerStatus.SUCCESS:
             self.log.info("%s", event.get("message"))
             return {k: event.get(k) for k in ("run_id", "committed", "message")}
-        if status == "timeout":
+        if status == TriggerStatus.TIMEOUT:
             # BaseSensorOperator.resume_execution turns this into a skip when soft_fail is set.
             raise AirflowSensorTimeout(self._timeout_message(event.get("message")))
         raise AirflowException(f"{self.task_id}: watching the store failed: {event.get('message') or event!r}")

@@ -24,6 +24,7 @@ from airflow_provider_speculative.control.controller import StageController
 from airflow_provider_speculative.core.asset_events import asset_event_extra, commit_key
 from airflow_provider_speculative.core.contract import EXTRA_CONF_ENV
 from airflow_provider_speculative.core.plan import StagePlan, load_plan
+from airflow_provider_speculative.core.trigger_events import ControllerEvent, TaskEvent, TriggerStatus
 from airflow_provider_speculative.hooks.asset_events import AssetApiConnection, AssetApiError, AssetEventsApi
 from airflow_provider_speculative.hooks.openlineage import openlineage_spark_conf
 from airflow_provider_speculative.hooks.targets import connect_env
@@ -107,8 +108,8 @@ class StageControllerTrigger(BaseTrigger):
                 result = await asyncio.to_thread(self._commit, controller, payload)
             except Exception as exc:  # a sink that cannot finalize: fail the task on a worker, with the cause
                 self.log.exception("stage %s: commit failed", controller.plan["stage"])
-                yield TriggerEvent({"status": "commit_failed", "plan_path": self.plan_path,
-                                    "reason": f"commit failed: {type(exc).__name__}: {exc}"})
+                yield TriggerEvent(TaskEvent(status=TriggerStatus.COMMIT_FAILED, plan_path=self.plan_path,
+                                             reason=f"commit failed: {type(exc).__name__}: {exc}"))
                 return
             publish = bool((self.commit or {}).get("publish"))
             recorded = publish and await self._record_asset_events(controller, result)
@@ -117,7 +118,7 @@ class StageControllerTrigger(BaseTrigger):
                 # killed triggerer leaves to its successor.
                 await asyncio.to_thread(hold_after_commit, controller.layout)
             if publish and not recorded:
-                yield TriggerEvent({"status": "committed", "plan_path": self.plan_path, "result": result})
+                yield TriggerEvent(TaskEvent(status=TriggerStatus.COMMITTED, plan_path=self.plan_path, result=result))
                 return
             yield TaskSuccessEvent(xcoms={"return_value": result})
             return
@@ -168,7 +169,7 @@ class StageControllerTrigger(BaseTrigger):
         """
         return self.commit is not None and not in_line and controller.succeeded
 
-    def _commit(self, controller: StageController, payload: dict[str, Any]) -> dict[str, Any]:
+    def _commit(self, controller: StageController, payload: ControllerEvent) -> dict[str, Any]:
         plan, layout = controller.plan, controller.layout
         assert self.commit is not None  # only called when _ends_here
         finalize = sink_finalizer(plan, layout) if self.commit.get("sink") else None

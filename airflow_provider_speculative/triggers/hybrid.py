@@ -15,6 +15,7 @@ from typing import Any
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_provider_speculative.core.hybrid import producer_commit_usable, producer_plan_usable
+from airflow_provider_speculative.core.trigger_events import TaskEvent, TriggerStatus
 from airflow_provider_speculative.store.files import read_json
 from airflow_provider_speculative.store.layout import COMMITTED_FILE, PLAN_FILE, TASK_STATE_FILE
 from airflow_provider_speculative.triggers.timing import min_seconds_before_event
@@ -40,7 +41,7 @@ class HybridInputsTrigger(BaseTrigger):
                 {"where": self.where, "inputs": self.inputs, "clear_number": self.clear_number,
                  "deferred_at": self.deferred_at, "window": self.window})
 
-    def check(self) -> dict[str, Any] | None:
+    def check(self) -> TaskEvent | None:
         """One look at the producers' stage directories: an event payload, or None to keep waiting."""
         waiting = []
         for name, entry in self.inputs.items():
@@ -52,11 +53,11 @@ class HybridInputsTrigger(BaseTrigger):
                 usable = producer_commit_usable(committed, self.clear_number)
             if failure:
                 kind = "producer" if entry.get("need") == "commit" else "hybrid producer"
-                return {"status": "failed",
-                        "reason": f"{self.where}, input {name!r}: {kind} stage {entry['stage']!r} {failure}"}
+                return TaskEvent(status=TriggerStatus.FAILED,
+                                 reason=f"{self.where}, input {name!r}: {kind} stage {entry['stage']!r} {failure}")
             if not usable:
                 waiting.append(name)
-        return None if waiting else {"status": "ready"}
+        return None if waiting else TaskEvent(status=TriggerStatus.READY)
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         """Poll the store every second; fire when ready, failed, or the window is over (the task reschedules)."""
@@ -65,7 +66,7 @@ class HybridInputsTrigger(BaseTrigger):
             payload = await asyncio.to_thread(self.check)
             elapsed = time.time() - self.deferred_at
             if payload is None and elapsed >= self.window:
-                payload = {"status": "waiting"}
+                payload = TaskEvent(status=TriggerStatus.WAITING)
             if payload is not None and elapsed >= guard:
                 break
             await asyncio.sleep(POLL_SECONDS)

@@ -21,6 +21,7 @@ from airflow_provider_speculative.control.planning import HybridWait, RunInfo, S
 from airflow_provider_speculative.core.events import Event
 from airflow_provider_speculative.core.graph import PipelineGraph, RenderedStage
 from airflow_provider_speculative.core.readiness import partition_key
+from airflow_provider_speculative.core.trigger_events import TaskEvent, TriggerStatus
 from airflow_provider_speculative.exceptions import PlanError, UpstreamFailedError, UpstreamSkippedError
 from airflow_provider_speculative.hooks.asset_events import resolve_asset_api
 from airflow_provider_speculative.sinks.base import Sink
@@ -118,12 +119,12 @@ class StageStartTrigger(StageControllerTrigger):
             await asyncio.to_thread(planner.plan, hybrid)
         except UpstreamSkippedError as exc:
             await asyncio.to_thread(planner.record_state, "skipped", str(exc))  # type: ignore[union-attr]
-            yield TriggerEvent({"status": "upstream_skipped", "reason": str(exc)})
+            yield TriggerEvent(TaskEvent(status=TriggerStatus.UPSTREAM_SKIPPED, reason=str(exc)))
             return
         except UpstreamFailedError as exc:
             await asyncio.to_thread(planner.record_failure, exc)  # type: ignore[union-attr]
             self.log.error("%s", exc)
-            yield TriggerEvent({"status": "upstream_failed", "reason": str(exc)})
+            yield TriggerEvent(TaskEvent(status=TriggerStatus.UPSTREAM_FAILED, reason=str(exc)))
             return
         except Exception as exc:
             # Fail on a worker with the planner's message (it names pipeline, stage and input): the task log
@@ -131,7 +132,7 @@ class StageStartTrigger(StageControllerTrigger):
             if planner is not None:
                 await asyncio.to_thread(planner.record_failure, exc)
             self.log.error("stage %s: planning failed: %s: %s", self.stage, type(exc).__name__, exc)
-            yield TriggerEvent({"status": "plan_failed", "error": type(exc).__name__, "reason": str(exc)})
+            yield TriggerEvent(TaskEvent(status=TriggerStatus.PLAN_FAILED, error=type(exc).__name__, reason=str(exc)))
             return
         run = planner.run
         self.plan_path = str(planner.layout.plan)

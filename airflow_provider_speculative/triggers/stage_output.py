@@ -10,6 +10,7 @@ from typing import Any
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_provider_speculative.control.stage_output import StageOutputLocator
+from airflow_provider_speculative.core.trigger_events import OutputEvent, TriggerStatus
 
 
 class StageOutputTrigger(BaseTrigger):
@@ -48,13 +49,13 @@ class StageOutputTrigger(BaseTrigger):
             try:
                 observation = await asyncio.to_thread(locator.check)
             except Exception as exc:  # a broken store must fail the sensor with its cause, not kill the trigger
-                yield TriggerEvent({"status": "error", "message": f"{type(exc).__name__}: {exc}"})
+                yield TriggerEvent(OutputEvent(status=TriggerStatus.ERROR, message=f"{type(exc).__name__}: {exc}"))
                 return
             if observation.ready:
-                yield TriggerEvent({"status": "success", **observation.payload()})
+                yield TriggerEvent({"status": TriggerStatus.SUCCESS, **observation.payload()})
                 return
             if self.deadline is not None and time.time() >= self.deadline:
-                yield TriggerEvent({"status": "timeout", **observation.payload()})
+                yield TriggerEvent({"status": TriggerStatus.TIMEOUT, **observation.payload()})
                 return
             wait = self.poke_interval
             if self.deadline is not None:
