@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from airflow_provider_speculative.core.plan import StagePlan
@@ -23,7 +24,7 @@ class StageMetrics:
         """The emitter of the stage run a plan describes."""
         return cls(plan["dag_id"], plan["stage"])
 
-    def emit(self, summary: dict[str, Any], *, only_changed: bool = True) -> None:
+    def emit(self, summary: Mapping[str, Any], *, only_changed: bool = True) -> None:
         """Send the gauges found in ``summary`` (by default only those that changed since the last call)."""
         from airflow.sdk.observability.stats import Stats
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from airflow_provider_speculative.core.events import Event
@@ -109,7 +109,7 @@ def remove_losers(layout: StageLayout, parallelism: int,
 
 
 def commit_summary(stage: str, layout: StageLayout, sink_result: dict[str, Any] | None,
-                   summary: dict[str, Any]) -> dict[str, Any]:
+                   summary: Mapping[str, Any]) -> dict[str, Any]:
     """What the stage task returns (its XCom): where the commit is, the sink's result, the controller summary."""
     return {"stage": stage, "committed": str(layout.committed), "sink": sink_result, **summary}
 

@@ -62,6 +62,7 @@ from airflow_provider_speculative.core.scheduler import StageScheduler
 from airflow_provider_speculative.core.slots import TargetView
 from airflow_provider_speculative.core.speed import check_wanted, probe_candidates, run_slowness
 from airflow_provider_speculative.core.states import TERMINAL, Attempt, AttemptState
+from airflow_provider_speculative.core.summary import StageSummary
 from airflow_provider_speculative.core.trigger_events import ControllerEvent, TriggerStatus
 from airflow_provider_speculative.sinks.base import Sink, StagingScope
 from airflow_provider_speculative.store import changes
@@ -164,7 +165,7 @@ class StageController:
         self._prestarted = False
         self._live: list[tuple[int, int]] | None = None
         self._live_stale = True
-        self._summary: dict[str, Any] | None = None
+        self._summary: StageSummary | None = None
         self._summary_at = float("-inf")
         # Rebuilt only when an attempt's sink staging must go: the sink's module may not import everywhere.
         self.sink_json: dict[str, Any] | None = (plan.get("output") or {}).get("sink")
@@ -586,13 +587,13 @@ class StageController:
 
     # -- records ----------------------------------------------------------------------------
 
-    def summary(self, now: float | None = None) -> dict[str, Any]:
+    def summary(self, now: float | None = None) -> StageSummary:
         """Metrics and speculation status of the stage (also written to summary.json); cached between changes."""
         if self._summary is None or now is not None:
             self._summary = self._build_summary(self.clock() if now is None else now)
         return self._summary
 
-    def _build_summary(self, now: float) -> dict[str, Any]:
+    def _build_summary(self, now: float) -> StageSummary:
         return stage_summary(self.plan, self.scheduler, self.views, self.hybrid, now)
 
     def _write_summary(self, now: float) -> None:

@@ -47,6 +47,7 @@ from airflow_provider_speculative.core.states import (  # noqa: F401  (the liven
     heartbeat_alive,
     last_sign_of_life,
 )
+from airflow_provider_speculative.core.summary import StageSummary
 from airflow_provider_speculative.exceptions import NotFoundError, PipelineError, StoreError
 from airflow_provider_speculative.store.files import read_json
 from airflow_provider_speculative.store.layout import (
@@ -146,7 +147,7 @@ def stage_report(layout: StageLayout, plan: Mapping[str, Any], *, liveness: str 
     """
     now = time.time() if now is None else now
     backend = observer(layout, liveness)
-    summary = read_json(layout.summary) or {}
+    summary: StageSummary = read_json(layout.summary) or StageSummary()
     committed = read_json(layout.committed)
     journal = journal_records(layout.journal)
     reused = set(summary.get("reused") or [])
@@ -477,7 +478,7 @@ def _subtask_dirs(layout: StageLayout) -> set[int]:
     return present
 
 
-def speed_line(summary: dict[str, Any]) -> str | None:
+def speed_line(summary: StageSummary) -> str | None:
     """Slow targets (and from what they are known), held originals, and where the baseline came from."""
     parts = []
     slow = {t: v for t, v in (summary.get("target_speeds") or {}).items()
@@ -487,15 +488,16 @@ def speed_line(summary: dict[str, Any]) -> str | None:
                                                    for t, v in sorted(slow.items())))
     if summary.get("held_subtasks"):
         parts.append(f"{summary['held_subtasks']} original attempt(s) waiting for a faster target")
-    if summary.get("baseline_seconds") is not None:
+    baseline = summary.get("baseline_seconds")
+    if baseline is not None:
         floor = summary.get("baseline_floor_seconds")
-        parts.append(f"baseline {float(summary['baseline_seconds']):.1f}s ({summary.get('baseline_source')}"
+        parts.append(f"baseline {float(baseline):.1f}s ({summary.get('baseline_source')}"
                      + (f"; floor {float(floor):.1f}s from {summary.get('baseline_floor_source')}"
                         if floor is not None else "") + ")")
     return "; ".join(parts) or None
 
 
-def input_wait_lines(summary: dict[str, Any]) -> list[str]:
+def input_wait_lines(summary: StageSummary) -> list[str]:
     """Hybrid inputs in words: admitted producer partitions per producer, and what waiting subtasks wait for."""
     lines = [f"hybrid input from {stage}: producer partitions {info.get('admitted')}/{info.get('parallelism')} "
              f"admitted" + (" (committed)" if info.get("committed") else "")

@@ -13,13 +13,14 @@ from airflow_provider_speculative.control.hybrid import HybridInputWatcher
 from airflow_provider_speculative.core.scheduler import StageScheduler
 from airflow_provider_speculative.core.slots import TargetView
 from airflow_provider_speculative.core.states import Attempt, current_attempt
+from airflow_provider_speculative.core.summary import StageSummary
 
 
 def stage_summary(plan: Mapping[str, Any], sched: StageScheduler, views: Mapping[str, TargetView],
-                  hybrid: HybridInputWatcher | None, now: float) -> dict[str, Any]:
+                  hybrid: HybridInputWatcher | None, now: float) -> StageSummary:
     """Metrics and speculation status of one stage run at ``now``."""
     baseline = sched.baseline
-    return {
+    summary: StageSummary = {
         "stage": plan["stage"], "parallelism": plan["parallelism"],
         "speculation": sched.speculation_status,
         "numSlowExecutionVertices": len(sched.slow_subtasks),
@@ -48,11 +49,12 @@ def stage_summary(plan: Mapping[str, Any], sched: StageScheduler, views: Mapping
                            for t, f in sorted(sched.speeds.slowness.items())} if sched.speeds else {}),
         "held_subtasks": len(sched.held_back),
         "updated_at": now,
-        **hybrid_summary(sched, hybrid),
     }
+    summary.update(hybrid_summary(sched, hybrid))
+    return summary
 
 
-def hybrid_summary(sched: StageScheduler, hybrid: HybridInputWatcher | None) -> dict[str, Any]:
+def hybrid_summary(sched: StageScheduler, hybrid: HybridInputWatcher | None) -> StageSummary:
     """Hybrid inputs: admitted producer partitions per producer, and what waiting subtasks wait for."""
     if hybrid is None:
         return {}

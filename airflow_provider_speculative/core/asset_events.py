@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from airflow_provider_speculative.core.plan import StagePlan
@@ -10,7 +11,7 @@ from airflow_provider_speculative.core.plan import StagePlan
 KEY_FIELD = "speculative_commit"
 
 
-def asset_event_extra(plan: StagePlan, record: dict[str, Any], summary: dict[str, Any],
+def asset_event_extra(plan: StagePlan, record: dict[str, Any], summary: Mapping[str, Any],
                       sink_result: dict[str, Any] | None) -> dict[str, Any]:
     """What a consumer needs to know about one commit without reading the store (JSON values only)."""
     subtasks = record.get("subtasks") or {}

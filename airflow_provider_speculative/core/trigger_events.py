@@ -10,6 +10,8 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Any, NotRequired, TypedDict
 
+from airflow_provider_speculative.core.summary import StageSummary
+
 
 class TriggerStatus(StrEnum):
     """The ``status`` of a trigger event; the task method the trigger resumes dispatches on it."""
@@ -44,7 +46,7 @@ class ControllerEvent(TypedDict):
     status: TriggerStatus
     plan_path: str
     # The stage summary at the decision (control/summary.py), recorded by finalize.
-    summary: dict[str, Any]
+    summary: StageSummary
     # SUCCESS: the admitted attempt per subtask, keys as strings (the payload is JSON).
     admitted: NotRequired[dict[str, int]]
     # FAILED: why, failure counts by cause, the first causes in full and where their logs are.

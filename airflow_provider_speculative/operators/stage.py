@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, cast
 
@@ -280,7 +281,7 @@ class SparkStageOperator(BaseOperator):
                                outputs=[Dataset(namespace=d.namespace, name=d.name) for d in outputs])
 
     def _publish_asset_event(self, context: Any, plan: StagePlan, record: dict[str, Any],
-                             summary: dict[str, Any], sink_result: dict[str, Any] | None) -> None:
+                             summary: Mapping[str, Any], sink_result: dict[str, Any] | None) -> None:
         """Describe the commit in the sink asset's event; Airflow records it when the task succeeds."""
         outlet_events = context.get("outlet_events") if hasattr(context, "get") else None
         if self.sink_asset is None or outlet_events is None:

@@ -11,6 +11,7 @@ from urllib.parse import quote
 from airflow_provider_speculative.control.readmodel import journal_records, run_report
 from airflow_provider_speculative.core.events import Event, is_routine
 from airflow_provider_speculative.core.states import FINISHED_RUN_STATES, LIVE
+from airflow_provider_speculative.core.summary import StageSummary
 from airflow_provider_speculative.core.urls import safe_http_url
 from airflow_provider_speculative.exceptions import UnsafeStorePathError
 from airflow_provider_speculative.store.files import open_in_store, read_json
@@ -114,7 +115,7 @@ def _enrich(root: Path, dag_id: str, run_id: str, stage: dict[str, Any], history
     """
     layout = StageLayout(root, dag_id, run_id, stage["stage"])
     plan = read_json(layout.plan) or {}
-    summary = read_json(layout.summary) or {}
+    summary: StageSummary = read_json(layout.summary) or StageSummary()
     journal = journal_records(layout.journal)
     # The stage's own config (pipeline and stage overrides applied) wins over the global one. It was
     # validated when the DAG was parsed, but the plan is a file: one written before that check, or by
