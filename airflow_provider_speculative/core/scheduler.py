@@ -15,7 +15,7 @@ import heapq
 import math
 import re
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from airflow_provider_speculative.core.blocklist import Blocklist
@@ -56,7 +56,7 @@ from airflow_provider_speculative.core.messages import (
     TargetsObserved,
     Tick,
 )
-from airflow_provider_speculative.core.speed import SLOW_FACTOR, HoldPlanner, Speeds, SpeedView
+from airflow_provider_speculative.core.speed import HOLD_MARGIN, SLOW_FACTOR, HoldPlanner, Speeds, SpeedView
 from airflow_provider_speculative.core.states import LIVE, TERMINAL, Attempt, AttemptState, current_attempt
 
 # A failure storm reports this many causes in full, the rest as counts (the journal stays small).
@@ -69,6 +69,20 @@ class _Batch:
 
     actions: list[Action] = field(default_factory=list)
     observed: list[Attempt] = field(default_factory=list)
+
+
+@dataclass
+class _Walk:
+    """What one placement round carries from subtask to subtask: its launches, slot budget and hold planner."""
+
+    load: dict[str, int]
+    speeds: Speeds
+    now: float
+    budget: int | None
+    actions: list[Action] = field(default_factory=list)
+    holds: HoldPlanner | None = None
+    # Targets tried by an attempt of this stage (a probe goes only to a target not tried yet).
+    tried: set[str] = field(default_factory=set)
 
 
 @dataclass
@@ -122,6 +136,9 @@ class StageScheduler:
     # out stops there instead of walking every waiting subtask again, so a full cluster's tick is O(changes).
     _queued: dict[int, str] = field(default_factory=dict, repr=False)
     _queue_order: list[int] = field(default_factory=list, repr=False)
+    # Queued subtasks without a held_back entry yet: past the last of them a round may pass over originals
+    # that would all be held again, since holding them again changes nothing.
+    _unheld: set[int] = field(default_factory=set, repr=False)
     _check_stragglers: bool = True
     _admit_version: int = 0
     _baseline_version: int = -1
@@ -725,6 +742,7 @@ class StageScheduler:
             candidates |= self._queued.keys()
         for subtask in candidates.intersection(self._queued):
             del self._queued[subtask]
+            self._unheld.discard(subtask)
         self._wanting = set(self._queued)
         for subtask in sorted(candidates):
             if subtask in self.admitted or subtask in self.reused or self.waiting.get(subtask):
@@ -746,6 +764,8 @@ class StageScheduler:
             for subtask, reason in fresh:
                 self._queued[subtask] = reason
                 self._wanting.add(subtask)
+                if subtask not in self.held_back:
+                    self._unheld.add(subtask)
             self._queue_order = sorted(self._queued)
         speculative: list[tuple[int, str]] = []
         for subtask in sorted(self.slow_subtasks):
@@ -775,88 +795,156 @@ class StageScheduler:
         speeds = self.speeds = self._observe_speeds(now)
         self._round = _Round(self, load, now, speeds)
         try:
-            actions = self._place_wanted(self._wanted(speculative), load, budget, speeds, now)
+            actions = self._place_wanted(speculative, load, budget, speeds, now)
         finally:
             self._round = None
-        if len(self._queue_order) > 2 * len(self._queued) + 64:
-            self._queue_order = [subtask for subtask in self._queue_order if subtask in self._queued]
+        order = self._queue_order
+        if len(order) > 2 * len(self._queued) + 64:
+            self._queue_order = [subtask for subtask in order if subtask in self._queued]
+        else:
+            # Originals launch from the front of the queue: dropping them there keeps the next walk's start O(1).
+            head = 0
+            while head < len(order) and order[head] not in self._queued:
+                head += 1
+            del order[:head]
         return actions
 
-    def _wanted(self, speculative: list[tuple[int, str]]) -> Iterator[tuple[int, bool, str]]:
-        """The queued originals in subtask order, then the speculative copies: what a round tries to place."""
-        for subtask in self._queue_order:
-            reason = self._queued.get(subtask)
-            if reason is not None:  # launched subtasks leave the dict; the list is pruned now and then
-                yield subtask, False, reason
-        for subtask, reason in speculative:
-            yield subtask, True, reason
-
-    def _place_wanted(self, wanted: Iterator[tuple[int, bool, str]], load: dict[str, int], budget: int | None,
+    def _place_wanted(self, speculative: list[tuple[int, str]], load: dict[str, int], budget: int | None,
                       speeds: Speeds, now: float) -> list[Action]:
-        """One placement round over ``wanted`` (in order): launch, hold back, or leave waiting for a slot."""
+        """One placement round: the queued originals in subtask order, then ``speculative``; launch, hold or wait.
+
+        Every original is decided as if each were tried in turn, but a stretch of originals that are all held
+        already and would all be held again is passed over at once (see :meth:`_held_stretch`): a round costs
+        O(launches + subtasks held for the first time + targets), not O(waiting subtasks).
+        """
         assert self._round is not None
-        placement = self._round
-        actions: list[Action] = []
-        holds: HoldPlanner | None = None
-        tried: set[str] = set()
-        for subtask, speculative, reason in wanted:
-            if (budget is not None and budget <= 0) or placement.exhausted():
-                # No slot left for anyone: the queued originals stay queued (and in _wanting), copies wait.
-                break
-            avoid = {a.target for a in self.attempts[subtask].values() if a.live} if speculative else set()
-            target = self._pick_target(load, now, avoid, allow_blocked=not speculative, speeds=speeds)
-            if target is None:
-                if not speculative:
-                    self._wanting.add(subtask)  # no free slot now: try again next tick
+        walk = _Walk(load, speeds, now, budget)
+        order, queued = self._queue_order, self._queued
+        last_unheld: int | None = None
+        kept = 0  # originals passed that stay queued (held or without a slot)
+        index = 0
+        while index < len(order):
+            subtask = order[index]
+            reason = queued.get(subtask)
+            if reason is None:  # launched subtasks leave the dict; the list is pruned now and then
+                index += 1
                 continue
-            if not speculative and speeds.is_slow(target.name):
-                if holds is None:
-                    live, tried = self._hold_inputs()
-                    holds = HoldPlanner.build(speeds, live, self._slot_counts(), self.input_bytes, now)
-                # A target only an earlier DAG run calls slow gets one original per DAG run: a node that was
-                # fixed is measured again instead of being avoided until its record expires.
-                probe = (speeds.source.get(target.name) == "history" and target.name not in tried
-                         and target.name in self.probe_targets)
-                held = None if probe else placement.hold_for(holds, target.name)
-                if held is not None:
-                    faster, finish, here = held
-                    if subtask not in self.held_back:
-                        self.held_back[subtask] = (now, f"for faster target {faster} (expected to end in "
-                                                        f"{finish:.1f} there vs {here:.1f} on {target.name}, "
-                                                        f"{speeds.of(target.name):.1f}x slower, "
-                                                        f"{speeds.source.get(target.name, 'run')})")
-                    self._wanting.add(subtask)
-                    continue
-                if not probe and self._busy_slow(target, speeds, now, load):
-                    if subtask not in self.held_back:
-                        self.held_back[subtask] = (now, f"for a faster target ({target.name} is "
-                                                        f"{speeds.of(target.name):.1f}x slower, "
-                                                        f"{speeds.source.get(target.name, 'run')}, and runs "
-                                                        "one attempt at a time)")
-                    self._wanting.add(subtask)
-                    continue
-            if subtask in self.held_back:
-                since, why = self.held_back.pop(subtask)
-                reason += f"; held {now - since:.1f}s {why}"
+            if self._no_room(walk):
+                return walk.actions  # no slot left for anyone: the originals stay queued, copies wait
+            target = self._pick_target(load, now, set(), allow_blocked=True, speeds=speeds)
+            if (target is not None and speeds.is_slow(target.name)
+                    and not (target.name in self.probe_targets and speeds.source.get(target.name) == "history")):
+                if last_unheld is None:
+                    last_unheld = max(self._unheld, default=-1)
+                if subtask > last_unheld:
+                    held = self._held_stretch(walk, target, len(queued) - kept)
+                    if held is None:
+                        break  # every original left is held, and was already: nothing would change
+                    if held:
+                        index = self._pass_queued(index, held)
+                        kept += held
+                        continue
+            self._place_one(walk, subtask, False, reason, target)
+            kept += subtask in queued
+            index += 1
+        for subtask, reason in speculative:
+            if self._no_room(walk):
+                break
+            avoid = {a.target for a in self.attempts[subtask].values() if a.live}
+            target = self._pick_target(load, now, avoid, allow_blocked=False, speeds=speeds)
+            self._place_one(walk, subtask, True, reason, target)
+        return walk.actions
+
+    def _no_room(self, walk: _Walk) -> bool:
+        """True once nothing more can be placed this round (the hybrid budget is spent or no slot is free)."""
+        assert self._round is not None
+        return (walk.budget is not None and walk.budget <= 0) or self._round.exhausted()
+
+    def _pass_queued(self, index: int, count: int) -> int:
+        """The index in the queue order just after the next ``count`` queued originals from ``index``."""
+        order, queued = self._queue_order, self._queued
+        while count:
+            count -= order[index] in queued
+            index += 1
+        return index
+
+    def _held_stretch(self, walk: _Walk, target: Target, remaining: int) -> int | None:
+        """How many of the ``remaining`` originals, all held already, are held again before one goes to ``target``.
+
+        ``target`` is slow and stays the first pick until something is launched, so each of them would try
+        it: None when every one would be held (``target`` is busy, or holding pays for all of them), else the
+        number held before holding no longer pays, with their reservations made in the hold planner. Their
+        held-back reasons are kept, so nothing else about them changes.
+        """
+        if self._busy_slow(target, walk.speeds, walk.now, walk.load):
+            return None  # held whatever the hold planner answers
+        assert self._round is not None
+        held = self._round.holds_in_a_row(self._hold_planner(walk), target.name, remaining)
+        return None if held >= remaining else held
+
+    def _hold_planner(self, walk: _Walk) -> HoldPlanner:
+        """The round's hold planner, built when an original first meets a slow target."""
+        if walk.holds is None:
+            live, walk.tried = self._hold_inputs()
+            walk.holds = HoldPlanner.build(walk.speeds, live, self._slot_counts(), self.input_bytes, walk.now)
+        return walk.holds
+
+    def _place_one(self, walk: _Walk, subtask: int, speculative: bool, reason: str, target: Target | None) -> None:
+        """Launch ``subtask`` on ``target`` (the pick for it), hold its original back, or leave it waiting."""
+        assert self._round is not None
+        placement, speeds, now = self._round, walk.speeds, walk.now
+        if target is None:
             if not speculative:
-                del self._queued[subtask]
-                self._wanting.discard(subtask)
-            if self.free_slots is not None:
-                self.free_slots[target.name] -= 1
-            number = max(self.attempts[subtask], default=-1) + 1
-            self.attempts[subtask][number] = Attempt(
-                subtask=subtask, number=number, target=target.name, speculative=speculative,
-                state=AttemptState.CREATED, created_at=now, input_bytes=self.input_bytes.get(subtask))
-            self._speed_pending.add(subtask)
-            if self._speed_view is not None:  # a later hold in this round counts the new attempt as live
-                self._speed_view.update(subtask, self.attempts[subtask].values())
-            load[target.name] += 1
-            placement.took(target.name)
-            tried.add(target.name)
-            if budget is not None:
-                budget -= 1
-            actions.append(Launch(subtask, number, target.name, speculative, reason))
-        return actions
+                self._wanting.add(subtask)  # no free slot now: try again next tick
+            return
+        if not speculative and speeds.is_slow(target.name):
+            holds = self._hold_planner(walk)
+            # A target only an earlier DAG run calls slow gets one original per DAG run: a node that was
+            # fixed is measured again instead of being avoided until its record expires.
+            probe = (speeds.source.get(target.name) == "history" and target.name not in walk.tried
+                     and target.name in self.probe_targets)
+            held = None if probe else placement.hold_for(holds, target.name)
+            if held is not None:
+                faster, finish, here = held
+                if subtask not in self.held_back:
+                    self.held_back[subtask] = (now, f"for faster target {faster} (expected to end in "
+                                                    f"{finish:.1f} there vs {here:.1f} on {target.name}, "
+                                                    f"{speeds.of(target.name):.1f}x slower, "
+                                                    f"{speeds.source.get(target.name, 'run')})")
+                    self._unheld.discard(subtask)
+                self._wanting.add(subtask)
+                return
+            if not probe and self._busy_slow(target, speeds, now, walk.load):
+                if subtask not in self.held_back:
+                    self.held_back[subtask] = (now, f"for a faster target ({target.name} is "
+                                                    f"{speeds.of(target.name):.1f}x slower, "
+                                                    f"{speeds.source.get(target.name, 'run')}, and runs "
+                                                    "one attempt at a time)")
+                    self._unheld.discard(subtask)
+                self._wanting.add(subtask)
+                return
+        if subtask in self.held_back:
+            since, why = self.held_back.pop(subtask)
+            reason += f"; held {now - since:.1f}s {why}"
+        if not speculative:
+            del self._queued[subtask]
+            self._unheld.discard(subtask)
+            self._wanting.discard(subtask)
+        if self.free_slots is not None:
+            self.free_slots[target.name] -= 1
+        number = max(self.attempts[subtask], default=-1) + 1
+        self.attempts[subtask][number] = Attempt(
+            subtask=subtask, number=number, target=target.name, speculative=speculative,
+            state=AttemptState.CREATED, created_at=now, input_bytes=self.input_bytes.get(subtask))
+        self._speed_pending.add(subtask)
+        if self._speed_view is not None:  # a later hold in this round counts the new attempt as live
+            self._speed_view.update(subtask, self.attempts[subtask].values())
+        walk.load[target.name] += 1
+        placement.took(target.name)
+        walk.tried.add(target.name)
+        if walk.budget is not None:
+            walk.budget -= 1
+        walk.actions.append(Launch(subtask, number, target.name, speculative, reason))
 
     def _update_slot_wait(self, wanted: bool, now: float) -> None:
         """Start the wait clock when attempts are wanted and no target has a live slot at all."""
@@ -1020,9 +1108,16 @@ class _Round:
 
     def hold_for(self, holds: HoldPlanner, slow: str) -> tuple[str, float, float] | None:
         """``holds.hold_for(slow, placeable targets)``, answered in O(log targets)."""
+        return self._hold_index(holds).hold_for(slow)
+
+    def holds_in_a_row(self, holds: HoldPlanner, slow: str, limit: int) -> int:
+        """How many of ``limit`` calls of :meth:`hold_for` for ``slow`` in a row would hold (see _HoldIndex)."""
+        return self._hold_index(holds).holds_in_a_row(slow, limit)
+
+    def _hold_index(self, holds: HoldPlanner) -> _HoldIndex:
         if self._holds is None or self._holds.planner is not holds:
             self._holds = _HoldIndex(holds, self.placeable)
-        return self._holds.hold_for(slow)
+        return self._holds
 
 
 class _HoldIndex:
@@ -1040,6 +1135,7 @@ class _HoldIndex:
         self.candidates = candidates
         speeds = planner.speeds
         order = sorted(range(len(candidates)), key=lambda k: (speeds.of(candidates[k]), k))
+        self.order = order
         self.leaf = {candidates[k]: j for j, k in enumerate(order)}
         self.scaled = [SLOW_FACTOR * speeds.of(candidates[k]) for k in order]
         self.none = (math.inf, len(candidates))
@@ -1087,13 +1183,64 @@ class _HoldIndex:
         if held is None:
             self.placing_now.add(slow)
             return None
-        node = self.size + self.leaf[held[0]]
-        self.tree[node] = self._finish(k)  # the planner reserved a slot of the one candidate it was given
+        self._refresh(self.leaf[held[0]], k)  # the planner reserved a slot of the one candidate it was given
+        return held
+
+    def _refresh(self, leaf: int, k: int) -> None:
+        """Candidate ``k`` (at ``leaf``) changed its queue: its finish and the minima above it."""
+        node = self.size + leaf
+        self.tree[node] = self._finish(k)
         node //= 2
         while node:
             self.tree[node] = min(self.tree[2 * node], self.tree[2 * node + 1])
             node //= 2
-        return held
+
+    def holds_in_a_row(self, slow: str, limit: int) -> int:
+        """How many of ``limit`` :meth:`hold_for` calls for ``slow`` in a row would hold, with their reservations.
+
+        Each hold takes the eligible slot whose next finish is earliest and pushes it back by one expected
+        duration, until the earliest finish no longer pays; so the holds are exactly every slot's finishes
+        up to that bound, whatever their order, counted per slot in O(eligible slots + holds). When all
+        ``limit`` would hold, ``limit`` is returned and nothing is reserved (no one is left to see it);
+        otherwise the reservations are made and ``slow`` is placed from then on, as after :meth:`hold_for`.
+        """
+        if slow in self.placing_now:
+            return 0
+        planner = self.planner
+        speeds = planner.speeds
+        if not speeds.is_slow(slow):
+            self.placing_now.add(slow)
+            return 0
+        scale = planner.unit if planner.unit is not None else 1.0
+        # The same expressions as HoldPlanner.hold_for: the same additions, so the same bound is met.
+        bound = (scale * speeds.of(slow)) * (1.0 - HOLD_MARGIN)
+        eligible = bisect.bisect_right(self.scaled, speeds.of(slow))
+        moved: list[tuple[int, int, list[float]]] = []
+        total = 0
+        for leaf in range(eligible):
+            k = self.order[leaf]
+            target = self.candidates[k]
+            queue = planner.queues.get(target)
+            if not queue or queue[0] == float("inf"):
+                continue
+            step = scale * speeds.of(target)
+            if queue[0] + step > bound:
+                continue
+            after = []
+            for free_at in queue:
+                while free_at + step <= bound:
+                    free_at = free_at + step
+                    total += 1
+                after.append(free_at)
+            if total >= limit:
+                return limit
+            moved.append((leaf, k, after))
+        for leaf, k, after in moved:
+            heapq.heapify(after)
+            planner.queues[self.candidates[k]][:] = after
+            self._refresh(leaf, k)
+        self.placing_now.add(slow)
+        return total
 
 
 def _cause_class(cause: str | None) -> str:

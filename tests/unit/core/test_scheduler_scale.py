@@ -20,9 +20,9 @@ import pytest
 from airflow_provider_speculative.core.blocklist import Blocklist
 from airflow_provider_speculative.core.config import SpeculativeConfig, Target
 from airflow_provider_speculative.core.detector import MIN_PROGRESS, Baseline, compute_baseline, progress_share
-from airflow_provider_speculative.core.messages import AttemptObserved, Launch, TargetsObserved, Tick
+from airflow_provider_speculative.core.messages import Action, AttemptObserved, Launch, TargetsObserved, Tick
 from airflow_provider_speculative.core.scheduler import StageScheduler
-from airflow_provider_speculative.core.speed import MAX_SLOWNESS, HoldPlanner, Speeds
+from airflow_provider_speculative.core.speed import MAX_SLOWNESS, SLOW_FACTOR, HoldPlanner, Speeds
 from airflow_provider_speculative.core.states import EXECUTING, Attempt, AttemptState
 from airflow_provider_speculative.devtools.simulator import (
     POLICIES,
@@ -198,8 +198,109 @@ class _Recording(StageScheduler):
         actions = super().handle(*stimuli)
         if not hasattr(self, "log"):
             self.log = []
-        self.log.append((list(actions), self.speeds, self.baseline, self.slow_subtasks, dict(self.slow_reasons)))
+        self.log.append((list(actions), self.speeds, self.baseline, self.slow_subtasks, dict(self.slow_reasons),
+                         dict(self.held_back), sorted(self._wanting)))
         return actions
+
+
+def _reference_pick(sched: StageScheduler, load: dict[str, int], now: float, avoid: set[str], allow_blocked: bool,
+                    speeds: Speeds) -> Target | None:
+    """_pick_target as a scan of every target: not slow first, then the largest free share, then order."""
+    blocked = [sched.blocklist.is_blocked(t.node_label, now) for t in sched.targets]
+    if all(blocked) and not allow_blocked:
+        return None
+    shared = sched.free_slots is not None
+    best: tuple[tuple[bool, float, int], Target] | None = None
+    for position, target in enumerate(sched.targets):
+        if (blocked[position] and not all(blocked)) or (shared and target.name in sched.lost_targets):
+            continue
+        if target.name in avoid:
+            continue
+        if sched.free_slots is not None:
+            free = sched.free_slots.get(target.name, 0)
+            if free <= 0:
+                continue
+            share = -free / max(1, sched.capacity.get(target.name, target.slots), free)
+        elif load[target.name] < target.slots:
+            share = load[target.name] / target.slots
+        else:
+            continue
+        key = (speeds.is_slow(target.name), share, position)
+        if best is None or key < best[0]:
+            best = (key, target)
+    return best[1] if best is not None else None
+
+
+def _reference_place(sched: StageScheduler, speculative: list[tuple[int, str]], load: dict[str, int],
+                     budget: int | None, speeds: Speeds, now: float) -> list[Action]:
+    """One placement round as a walk over every queued original, then the copies, with the plain hold planner."""
+    placeable = [t.name for t in sched.targets
+                 if t.name not in sched.lost_targets and not sched.blocklist.is_blocked(t.node_label, now)]
+    wanted = [(s, False, sched._queued[s]) for s in sorted(sched._queued)] + [(s, True, r) for s, r in speculative]
+    actions: list[Action] = []
+    holds: HoldPlanner | None = None
+    tried: set[str] = set()
+    placing_now: set[str] = set()
+    for subtask, copy, reason in wanted:
+        if (budget is not None and budget <= 0) or _reference_pick(sched, load, now, set(), True, speeds) is None:
+            break
+        avoid = {a.target for a in sched.attempts[subtask].values() if a.live} if copy else set()
+        target = _reference_pick(sched, load, now, avoid, not copy, speeds)
+        if target is None:
+            if not copy:
+                sched._wanting.add(subtask)
+            continue
+        if not copy and speeds.is_slow(target.name):
+            if holds is None:
+                tried = {a.target for a in sched.all_attempts()}
+                holds = HoldPlanner.build(speeds, sched.live_attempts(), sched._slot_counts(), sched.input_bytes, now)
+            probe = (speeds.source.get(target.name) == "history" and target.name not in tried
+                     and target.name in sched.probe_targets)
+            held = None
+            if not probe and target.name not in placing_now:
+                held = holds.hold_for(target.name, placeable)
+                if held is None:
+                    placing_now.add(target.name)
+            if held is not None:
+                faster, finish, here = held
+                if subtask not in sched.held_back:
+                    sched.held_back[subtask] = (now, f"for faster target {faster} (expected to end in "
+                                                     f"{finish:.1f} there vs {here:.1f} on {target.name}, "
+                                                     f"{speeds.of(target.name):.1f}x slower, "
+                                                     f"{speeds.source.get(target.name, 'run')})")
+                sched._wanting.add(subtask)
+                continue
+            busy = (sched.free_slots.get(target.name, 0) < sched.capacity.get(target.name, target.slots)
+                    if sched.free_slots is not None else load[target.name] > 0)
+            if not probe and busy and any(not speeds.is_slow(name) for name in placeable):
+                if subtask not in sched.held_back:
+                    sched.held_back[subtask] = (now, f"for a faster target ({target.name} is "
+                                                     f"{speeds.of(target.name):.1f}x slower, "
+                                                     f"{speeds.source.get(target.name, 'run')}, and runs "
+                                                     "one attempt at a time)")
+                sched._wanting.add(subtask)
+                continue
+        if subtask in sched.held_back:
+            since, why = sched.held_back.pop(subtask)
+            reason += f"; held {now - since:.1f}s {why}"
+        if not copy:
+            del sched._queued[subtask]
+            sched._wanting.discard(subtask)
+        if sched.free_slots is not None:
+            sched.free_slots[target.name] -= 1
+        number = max(sched.attempts[subtask], default=-1) + 1
+        sched.attempts[subtask][number] = Attempt(
+            subtask=subtask, number=number, target=target.name, speculative=copy,
+            state=AttemptState.CREATED, created_at=now, input_bytes=sched.input_bytes.get(subtask))
+        sched._speed_pending.add(subtask)
+        if sched._speed_view is not None:
+            sched._speed_view.update(subtask, sched.attempts[subtask].values())
+        load[target.name] += 1
+        tried.add(target.name)
+        if budget is not None:
+            budget -= 1
+        actions.append(Launch(subtask, number, target.name, copy, reason))
+    return actions
 
 
 class _Reference(_Recording):
@@ -225,6 +326,18 @@ class _Reference(_Recording):
     def _hold_inputs(self) -> tuple[list[Attempt], set[str]]:
         return self.live_attempts(), {a.target for a in self.all_attempts()}
 
+    def _place_wanted(self, speculative: list[tuple[int, str]], load: dict[str, int], budget: int | None,
+                      speeds: Speeds, now: float) -> list[Action]:
+        return _reference_place(self, speculative, load, budget, speeds, now)
+
+
+class _PlacementReference(_Recording):
+    """The incremental views, but every queued original walked and every target scanned each round."""
+
+    def _place_wanted(self, speculative: list[tuple[int, str]], load: dict[str, int], budget: int | None,
+                      speeds: Speeds, now: float) -> list[Action]:
+        return _reference_place(self, speculative, load, budget, speeds, now)
+
 
 class _Sim(Simulator):
     """A simulator whose stages run on ``kind`` (the scheduler under test or the reference)."""
@@ -233,9 +346,12 @@ class _Sim(Simulator):
 
     def _new_scheduler(self, stage: StageSpec) -> StageScheduler:
         built = super()._new_scheduler(stage)
+        # Targets an earlier stage found slow get their probe original, as the controller's claims give them.
+        probes = frozenset(t for t, f in built.target_history.items()
+                           if f >= SLOW_FACTOR and built.history_source.get(t, "history") == "history")
         sched = self.kind(parallelism=built.parallelism, config=built.config, input_bytes=built.input_bytes,
                           label=built.label, target_history=built.target_history,
-                          history_source=built.history_source)
+                          history_source=built.history_source, probe_targets=probes)
         self.logs.append(sched)
         return sched
 
@@ -260,7 +376,13 @@ def _scenarios(seed: int) -> list[Scenario]:
     stages = (StageSpec("first", work), StageSpec("second", lognormal_work(30, rng, 10.0, 0.3)))
     two = Scenario("heterogeneous, two stages", hetero, stages, startup=0.5, speed_check=0.15)
     heavy = Scenario("heavy tail", nodes, (StageSpec("s", pareto_work(60, rng, 10.0)),), startup=0.5)
-    return [slow, spell, two, heavy]
+    # Ten waves and a third of the nodes slow, then a second stage on what the first measured: long queues of
+    # held originals, slow targets left idle, probes of targets history calls slow, and a node lost mid-stage.
+    waves = (StageSpec("waves", lognormal_work(240, rng, 10.0, 0.3)),
+             StageSpec("again", lognormal_work(120, rng, 10.0, 0.3)))
+    queue = Scenario("long queue", nodes, waves, startup=0.5, spells=slow_spells(nodes, 0.34, 0.25, rng),
+                     losses=(NodeLoss(nodes[rng.randrange(12)].name, 30.0),))
+    return [slow, spell, two, heavy, queue]
 
 
 def _run(kind: type[StageScheduler], scenario: Scenario, policy: str, progress: bool) -> list[list[Any]]:
@@ -271,8 +393,18 @@ def _run(kind: type[StageScheduler], scenario: Scenario, policy: str, progress: 
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
-def test_the_incremental_views_decide_exactly_as_the_full_rescans(seed: int) -> None:
-    # Same actions in the same order, from the same speeds, baselines and slow subtasks, step by step.
+def test_the_incremental_views_decide_exactly_as_the_full_rescans(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Same actions in the same order, from the same speeds, baselines, slow subtasks and held-back reasons,
+    # step by step; the reference also walks every waiting original each round, with the plain hold planner.
+    stretches: Counter[str] = Counter()
+    held_stretch = StageScheduler._held_stretch
+
+    def counted(self: StageScheduler, *args: Any) -> int | None:
+        held = held_stretch(self, *args)
+        stretches["all held" if held is None else "some held, then one placed" if held else "placed at once"] += 1
+        return held
+
+    monkeypatch.setattr(StageScheduler, "_held_stretch", counted)
     runs = 0
     for scenario in _scenarios(seed):
         for policy in ("provider", "flink", "none"):
@@ -282,4 +414,17 @@ def test_the_incremental_views_decide_exactly_as_the_full_rescans(seed: int) -> 
                 assert incremental == reference, (scenario.name, policy, progress)
                 assert sum(len(log) for log in incremental) > 20
                 runs += 1
-    assert runs == 24
+    assert runs == 30
+    # The rounds passed over whole stretches of held originals, each way a stretch can end.
+    assert min(stretches[k] for k in ("all held", "some held, then one placed", "placed at once")) > 0, stretches
+
+
+def test_placement_alone_decides_exactly_as_a_walk_over_every_waiting_subtask() -> None:
+    # Only placement differs from the scheduler under test: a mismatch is placement's, not the views'.
+    for seed in (4, 5):
+        scenario = _scenarios(seed)[-1]
+        for policy in ("provider", "none"):
+            incremental = _run(_Recording, scenario, policy, False)
+            assert incremental == _run(_PlacementReference, scenario, policy, False), (seed, policy)
+            held = [log[5] for logs in incremental for log in logs]
+            assert max(len(h) for h in held) > 50  # long queues of held originals were there to pass over
