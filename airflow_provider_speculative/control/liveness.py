@@ -77,7 +77,8 @@ def master_status(url: str, timeout: float = MASTER_TIMEOUT) -> dict[str, Any] |
     """The master's ``/json/`` document, or why it could not be read."""
     try:
         with urllib.request.urlopen(f"{url.rstrip('/')}/json/", timeout=timeout) as response:
-            return json.loads(response.read())
+            document: dict[str, Any] = json.loads(response.read())
+            return document
     except (OSError, ValueError) as exc:
         return f"master web UI {url} does not answer ({type(exc).__name__}: {exc})"
 

@@ -122,7 +122,8 @@ class PartitionRecovery:
 
     def committed_part(self) -> dict[str, Any]:
         """The re-committed result of the subtask (attempt, data dir, files)."""
-        return read_committed(self.layout)["subtasks"][str(self.subtask)]
+        part: dict[str, Any] = read_committed(self.layout)["subtasks"][str(self.subtask)]
+        return part
 
     def _journal(self, event: Event, **fields: Any) -> None:
         Journal(self.layout.journal, self.clock, subtask=self.subtask)(event, **fields)

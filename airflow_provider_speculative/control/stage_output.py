@@ -57,11 +57,11 @@ class StageOutputLocator:
 
     def _plan_of_run(self, run_dir: Path) -> dict[str, Any] | None:
         """The stage's plan.json, or a sibling stage's (any stage's plan carries the run's logical date)."""
-        own = read_json(run_dir / safe_component(self.stage) / PLAN_FILE)
+        own: dict[str, Any] | None = read_json(run_dir / safe_component(self.stage) / PLAN_FILE)
         if own is not None:
             return own
         for child in sorted(run_dir.iterdir()) if run_dir.is_dir() else ():
-            plan = read_json(child / PLAN_FILE) if child.is_dir() else None
+            plan: dict[str, Any] | None = read_json(child / PLAN_FILE) if child.is_dir() else None
             if plan is not None:
                 return plan
         return None
