@@ -15,7 +15,7 @@ import heapq
 import math
 import re
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from airflow_provider_speculative.core.blocklist import Blocklist
@@ -56,7 +56,14 @@ from airflow_provider_speculative.core.messages import (
     TargetsObserved,
     Tick,
 )
-from airflow_provider_speculative.core.speed import HOLD_MARGIN, SLOW_FACTOR, HoldPlanner, Speeds, SpeedView
+from airflow_provider_speculative.core.speed import (
+    HOLD_MARGIN,
+    SLOW_FACTOR,
+    HoldPlanner,
+    Speeds,
+    SpeedView,
+    median_size,
+)
 from airflow_provider_speculative.core.states import LIVE, TERMINAL, Attempt, AttemptState, current_attempt
 
 # A failure storm reports this many causes in full, the rest as counts (the journal stays small).
@@ -81,8 +88,12 @@ class _Walk:
     budget: int | None
     actions: list[Action] = field(default_factory=list)
     holds: HoldPlanner | None = None
-    # Targets tried by an attempt of this stage (a probe goes only to a target not tried yet).
-    tried: set[str] = field(default_factory=set)
+    # Whether an attempt of this stage went to a target (a probe goes only to a target not tried yet), and the
+    # targets this round launched on.
+    tried: Callable[[str], bool] = field(default=lambda target: False)
+    launched_on: set[str] = field(default_factory=set)
+    # Attempts launched after the hold planner was built: its queues are of the attempts live before.
+    since_holds: set[tuple[int, int]] = field(default_factory=set)
 
 
 @dataclass
@@ -151,6 +162,8 @@ class StageScheduler:
     _watch_pending: set[int] = field(default_factory=set, init=False, repr=False, compare=False)
     _speed_view: SpeedView | None = field(default=None, init=False, repr=False, compare=False)
     _speed_pending: set[int] = field(default_factory=set, init=False, repr=False, compare=False)
+    _median_of: tuple[Mapping[int, int], float | None] | None = field(default=None, init=False, repr=False,
+                                                                      compare=False)
     # FLIP-159: the last TargetsObserved (None: never observed, fixed per-stage slots).
     free_slots: dict[str, int] | None = None
     capacity: dict[str, int] = field(default_factory=dict)
@@ -716,10 +729,25 @@ class StageScheduler:
         self._speed_pending = set()
         return view.speeds(now, self.target_history, self.history_source)
 
-    def _hold_inputs(self) -> tuple[list[Attempt], set[str]]:
-        """The live attempts and the targets any attempt went to, for a round's hold planner."""
+    def _hold_inputs(self) -> tuple[Callable[[str], list[Attempt]], Callable[[str], bool]]:
+        """The live attempts on a target, and whether any attempt went to it, for a round's hold planner."""
         assert self._speed_view is not None  # _observe_speeds ran earlier in the same round
-        return self._speed_view.live(), self._speed_view.targets()
+        return self._speed_view.live_on, self._speed_view.went_to
+
+    def _slot_count(self, name: str) -> int | None:
+        """``_slot_counts().get(name)``, without building the whole mapping."""
+        position = self._position(name)
+        if position is None or (self.free_slots is not None and name in self.lost_targets):
+            return None
+        target = self.targets[position]
+        return self.capacity.get(name, target.slots) if self.free_slots is not None else target.slots
+
+    def _median_size(self) -> float | None:
+        """The median input size of the subtasks, computed once per ``input_bytes`` (which is never modified)."""
+        cached = self._median_of
+        if cached is None or cached[0] is not self.input_bytes:
+            cached = self._median_of = (self.input_bytes, median_size(self.input_bytes))
+        return cached[1]
 
     def _target(self, name: str) -> Target:
         position = self._position(name)
@@ -883,10 +911,15 @@ class StageScheduler:
         return None if held >= remaining else held
 
     def _hold_planner(self, walk: _Walk) -> HoldPlanner:
-        """The round's hold planner, built when an original first meets a slow target."""
+        """The round's hold planner, made when an original first meets a slow target; its queues when asked for."""
         if walk.holds is None:
-            live, walk.tried = self._hold_inputs()
-            walk.holds = HoldPlanner.build(walk.speeds, live, self._slot_counts(), self.input_bytes, walk.now)
+            live_on, walk.tried = self._hold_inputs()
+            since = walk.since_holds
+
+            def live_before(target: str) -> list[Attempt]:
+                return [a for a in live_on(target) if (a.subtask, a.number) not in since] if since else live_on(target)
+
+            walk.holds = HoldPlanner.lazy(walk.speeds, self._median_size(), self._slot_count, live_before, walk.now)
         return walk.holds
 
     def _place_one(self, walk: _Walk, subtask: int, speculative: bool, reason: str, target: Target | None) -> None:
@@ -901,8 +934,8 @@ class StageScheduler:
             holds = self._hold_planner(walk)
             # A target only an earlier DAG run calls slow gets one original per DAG run: a node that was
             # fixed is measured again instead of being avoided until its record expires.
-            probe = (speeds.source.get(target.name) == "history" and target.name not in walk.tried
-                     and target.name in self.probe_targets)
+            probe = (speeds.source.get(target.name) == "history" and target.name in self.probe_targets
+                     and target.name not in walk.launched_on and not walk.tried(target.name))
             held = None if probe else placement.hold_for(holds, target.name)
             if held is not None:
                 faster, finish, here = held
@@ -941,7 +974,9 @@ class StageScheduler:
             self._speed_view.update(subtask, self.attempts[subtask].values())
         walk.load[target.name] += 1
         placement.took(target.name)
-        walk.tried.add(target.name)
+        walk.launched_on.add(target.name)
+        if walk.holds is not None:
+            walk.since_holds.add((subtask, number))
         if walk.budget is not None:
             walk.budget -= 1
         walk.actions.append(Launch(subtask, number, target.name, speculative, reason))
@@ -1127,18 +1162,23 @@ class _HoldIndex:
     earliest slot ends first (the first in order on a tie). Sorted by slowness those candidates are a
     prefix, so a segment tree of (finish, order) finds it; the planner itself still judges and reserves,
     given only that candidate. A reservation only delays a queue, so once the planner places now for a
-    slow target it does so for the rest of the round, and is not asked again.
+    slow target it does so for the rest of the round, and is not asked again. The tree, which reads every
+    candidate's queue, is built at the first :meth:`hold_for`; :meth:`holds_in_a_row` reads only as many
+    queues as it needs.
     """
 
     def __init__(self, planner: HoldPlanner, candidates: list[str]) -> None:
         self.planner = planner
         self.candidates = candidates
-        speeds = planner.speeds
-        order = sorted(range(len(candidates)), key=lambda k: (speeds.of(candidates[k]), k))
-        self.order = order
-        self.leaf = {candidates[k]: j for j, k in enumerate(order)}
-        self.scaled = [SLOW_FACTOR * speeds.of(candidates[k]) for k in order]
         self.none = (math.inf, len(candidates))
+        self.placing_now: set[str] = set()
+        self.tree: list[tuple[float, int]] = []
+
+    def _build(self) -> None:
+        candidates, speeds = self.candidates, self.planner.speeds
+        order = sorted(range(len(candidates)), key=lambda k: (speeds.of(candidates[k]), k))
+        self.leaf = {k: j for j, k in enumerate(order)}
+        self.scaled = [SLOW_FACTOR * speeds.of(candidates[k]) for k in order]
         self.size = 1
         while self.size < len(candidates):
             self.size *= 2
@@ -1147,11 +1187,10 @@ class _HoldIndex:
             self.tree[self.size + j] = self._finish(k)
         for node in range(self.size - 1, 0, -1):
             self.tree[node] = min(self.tree[2 * node], self.tree[2 * node + 1])
-        self.placing_now: set[str] = set()
 
     def _finish(self, k: int) -> tuple[float, int]:
         target = self.candidates[k]
-        queue = self.planner.queues.get(target)
+        queue = self.planner.queue(target)
         if not queue or queue[0] == float("inf"):
             return self.none
         scale = self.planner.unit if self.planner.unit is not None else 1.0
@@ -1177,18 +1216,20 @@ class _HoldIndex:
         """The planner's answer for ``slow`` over every candidate; a reservation updates the tree."""
         if slow in self.placing_now:
             return None
+        if not self.tree:
+            self._build()
         eligible = bisect.bisect_right(self.scaled, self.planner.speeds.of(slow))
         finish, k = self._best(eligible)
         held = self.planner.hold_for(slow, [] if finish == math.inf else [self.candidates[k]])
         if held is None:
             self.placing_now.add(slow)
             return None
-        self._refresh(self.leaf[held[0]], k)  # the planner reserved a slot of the one candidate it was given
+        self._refresh(k)  # the planner reserved a slot of the one candidate it was given
         return held
 
-    def _refresh(self, leaf: int, k: int) -> None:
-        """Candidate ``k`` (at ``leaf``) changed its queue: its finish and the minima above it."""
-        node = self.size + leaf
+    def _refresh(self, k: int) -> None:
+        """Candidate ``k`` changed its queue: its finish and the minima above it."""
+        node = self.size + self.leaf[k]
         self.tree[node] = self._finish(k)
         node //= 2
         while node:
@@ -1213,14 +1254,14 @@ class _HoldIndex:
             return 0
         scale = planner.unit if planner.unit is not None else 1.0
         # The same expressions as HoldPlanner.hold_for: the same additions, so the same bound is met.
-        bound = (scale * speeds.of(slow)) * (1.0 - HOLD_MARGIN)
-        eligible = bisect.bisect_right(self.scaled, speeds.of(slow))
-        moved: list[tuple[int, int, list[float]]] = []
+        slowness = speeds.of(slow)
+        bound = (scale * slowness) * (1.0 - HOLD_MARGIN)
+        moved: list[tuple[int, list[float]]] = []
         total = 0
-        for leaf in range(eligible):
-            k = self.order[leaf]
-            target = self.candidates[k]
-            queue = planner.queues.get(target)
+        for k, target in enumerate(self.candidates):
+            if slowness < SLOW_FACTOR * speeds.of(target):
+                continue
+            queue = planner.queue(target)
             if not queue or queue[0] == float("inf"):
                 continue
             step = scale * speeds.of(target)
@@ -1234,11 +1275,12 @@ class _HoldIndex:
                 after.append(free_at)
             if total >= limit:
                 return limit
-            moved.append((leaf, k, after))
-        for leaf, k, after in moved:
+            moved.append((k, after))
+        for k, after in moved:
             heapq.heapify(after)
             planner.queues[self.candidates[k]][:] = after
-            self._refresh(leaf, k)
+            if self.tree:
+                self._refresh(k)
         self.placing_now.add(slow)
         return total
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from statistics import median
 
@@ -158,6 +158,7 @@ class SpeedView:
         # target -> (subtask, number) -> (deploying_at, input_wait, waiting_since, size) of its executing attempts.
         self._executing: dict[str, dict[tuple[int, int], tuple[float, float, float | None, int]]] = {}
         self._live: dict[tuple[int, int], Attempt] = {}
+        self._live_on: dict[str, dict[tuple[int, int], Attempt]] = {}
         self._per_target: dict[str, int] = {}
         # The last answer and what it was computed from: a controller step often ticks twice at one clock.
         self._last: tuple[float, dict[str, float], dict[str, str], Speeds] | None = None
@@ -176,6 +177,7 @@ class SpeedView:
         self._per_target[target] = self._per_target.get(target, 0) + 1
         if attempt.state not in TERMINAL:
             self._live[(attempt.subtask, attempt.number)] = attempt
+            self._live_on.setdefault(target, {})[(attempt.subtask, attempt.number)] = attempt
         size = self.input_bytes.get(attempt.subtask) or attempt.input_bytes or 0
         kind, rate = "", None
         if size > 0 and attempt.deploying_at is not None:
@@ -200,6 +202,10 @@ class SpeedView:
             del self._per_target[target]
         if self._live.get(key) is attempt:
             del self._live[key]
+            on = self._live_on[target]
+            del on[key]
+            if not on:
+                del self._live_on[target]
         if kind == "finished" and rate is not None:
             rates = self._finished[target]
             del rates[bisect.bisect_left(rates, rate)]
@@ -242,9 +248,18 @@ class SpeedView:
         """The recorded attempts that are not FINISHED, FAILED or CANCELED."""
         return list(self._live.values())
 
+    def live_on(self, target: str) -> list[Attempt]:
+        """The recorded attempts on ``target`` that are not FINISHED, FAILED or CANCELED."""
+        on = self._live_on.get(target)
+        return list(on.values()) if on else []
+
     def targets(self) -> set[str]:
         """Targets any recorded attempt went to."""
         return set(self._per_target)
+
+    def went_to(self, target: str) -> bool:
+        """True if any recorded attempt went to ``target``."""
+        return target in self._per_target
 
 
 def check_slowness(durations: Mapping[str, float | None], elapsed: float,
@@ -302,6 +317,12 @@ def run_slowness(attempts: Iterable[Attempt], input_bytes: Mapping[int, int]) ->
     return measured if len(measured) >= 2 else {}
 
 
+def median_size(input_bytes: Mapping[int, int]) -> float | None:
+    """The median input size of the subtasks that report one (a hold planner's unit of work), or None."""
+    sizes = [s for s in input_bytes.values() if s > 0]
+    return median(sizes) if sizes else None
+
+
 @dataclass
 class HoldPlanner:
     """Decides, within one placement round, whether an original should wait for a faster target.
@@ -309,42 +330,66 @@ class HoldPlanner:
     ``queues`` holds per target a heap of when each of its slots frees, in seconds from now (or in
     units of one expected duration before any attempt finished); every subtask held for a target takes
     that target's earliest slot and pushes back its own expected end, so later subtasks see a longer queue.
+    A target's heap is built the first time it is asked for (:meth:`queue`), so a round that asks about a few
+    targets does not read every live attempt.
     """
 
     speeds: Speeds
     # Expected duration on a target of slowness 1.0, in seconds (None: unknown, durations in units).
     unit: float | None
     queues: dict[str, list[float]]
+    now: float = 0.0
+    # A target's slot count (None: not a target of this stage, no queue) and its live attempts, for queues
+    # not built yet.
+    slot_count: Callable[[str], int | None] | None = None
+    live_on: Callable[[str], Iterable[Attempt]] | None = None
 
     @classmethod
     def build(cls, speeds: Speeds, live: Iterable[Attempt], slots: Mapping[str, int],
               input_bytes: Mapping[int, int], now: float) -> HoldPlanner:
         """Queues of each target's slots from this stage's live attempts (others' attempts: a full duration)."""
-        sizes = [s for s in input_bytes.values() if s > 0]
-        per_byte = speeds.fastest_per_byte
-        unit = per_byte * median(sizes) if per_byte is not None and sizes else None
-        queues: dict[str, list[float]] = {}
+        on: dict[str, list[Attempt]] = {}
         for attempt in live:
-            if attempt.target not in slots:
-                continue
+            on.setdefault(attempt.target, []).append(attempt)
+        return cls.lazy(speeds, median_size(input_bytes), slots.get, lambda target: on.get(target, ()), now)
+
+    @classmethod
+    def lazy(cls, speeds: Speeds, size: float | None, slot_count: Callable[[str], int | None],
+             live_on: Callable[[str], Iterable[Attempt]], now: float) -> HoldPlanner:
+        """A planner whose queues come from ``slot_count`` and ``live_on`` when first asked for.
+
+        ``size`` is the median input size (:func:`median_size`); ``live_on`` must not change while the
+        planner is in use (a caller launching attempts leaves them out).
+        """
+        per_byte = speeds.fastest_per_byte
+        unit = per_byte * size if per_byte is not None and size is not None else None
+        return cls(speeds=speeds, unit=unit, queues={}, now=now, slot_count=slot_count, live_on=live_on)
+
+    def queue(self, target: str) -> list[float] | None:
+        """``target``'s heap of slot ends, built on first use; None if it is not a target with slots here."""
+        queue = self.queues.get(target)
+        if queue is not None or self.slot_count is None or self.live_on is None:
+            return queue
+        count = self.slot_count(target)
+        if count is None:
+            return None
+        unit, speeds = self.unit, self.speeds
+        queue = []
+        for attempt in self.live_on(target):
             expected = (unit if unit is not None else 1.0) * speeds.of(attempt.target)
-            elapsed = attempt.execution_time(now) if unit is not None else 0.0
+            elapsed = attempt.execution_time(self.now) if unit is not None else 0.0
             if unit is not None and elapsed >= expected * SLOW_FACTOR:
                 # Clearly overdue: its end cannot be predicted, so nothing may be held for this target.
-                queues[attempt.target] = [float("inf")]
-                continue
-            queue = queues.setdefault(attempt.target, [])
-            if queue != [float("inf")]:
-                # Attempts started together end together, not all "now" when the first of them ends.
-                queue.append(max(expected - elapsed, 0.1 * expected))
-        for target, count in slots.items():
-            queue = queues.setdefault(target, [])
-            if queue == [float("inf")]:
-                continue
+                queue = [float("inf")]
+                break
+            # Attempts started together end together, not all "now" when the first of them ends.
+            queue.append(max(expected - elapsed, 0.1 * expected))
+        if queue != [float("inf")]:
             full = (unit if unit is not None else 1.0) * speeds.of(target)
             queue.extend([full] * max(0, count - len(queue)))  # slots held by other stages' attempts
             heapq.heapify(queue)
-        return cls(speeds=speeds, unit=unit, queues=queues)
+        self.queues[target] = queue
+        return queue
 
     def hold_for(self, slow: str, candidates: Iterable[str]) -> tuple[str, float, float] | None:
         """The faster target to wait for instead of placing on ``slow`` now, and both expected finishes.
@@ -357,7 +402,7 @@ class HoldPlanner:
         here = scale * self.speeds.of(slow)
         best: tuple[str, float] | None = None
         for target in candidates:
-            queue = self.queues.get(target)
+            queue = self.queue(target)
             if target == slow or not queue or queue[0] == float("inf"):
                 continue
             if self.speeds.of(slow) < SLOW_FACTOR * self.speeds.of(target):

@@ -323,9 +323,6 @@ class _Reference(_Recording):
         return _reference_observe(self.all_attempts(), self.input_bytes, now, self.target_history,
                                   self.history_source)
 
-    def _hold_inputs(self) -> tuple[list[Attempt], set[str]]:
-        return self.live_attempts(), {a.target for a in self.all_attempts()}
-
     def _place_wanted(self, speculative: list[tuple[int, str]], load: dict[str, int], budget: int | None,
                       speeds: Speeds, now: float) -> list[Action]:
         return _reference_place(self, speculative, load, budget, speeds, now)
