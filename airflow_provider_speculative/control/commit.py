@@ -19,6 +19,7 @@ from typing import Any
 
 from airflow_provider_speculative.core.events import Event
 from airflow_provider_speculative.core.plan import StagePlan
+from airflow_provider_speculative.core.states import TaskState
 from airflow_provider_speculative.core.trigger_events import ControllerEvent
 from airflow_provider_speculative.sinks.base import AttemptResult, FinalizationContext, Sink, StagingScope
 from airflow_provider_speculative.store import journal as journals
@@ -91,7 +92,7 @@ def commit_admitted(plan: StagePlan, layout: StageLayout, event: ControllerEvent
                   summary=event.get("summary", {}), try_number=try_number, clear_number=clear_number)
     write_committed(layout, record)
     journals.record(layout.journal, Event.FINALIZE_DONE, sink=sink_result, by=by)
-    record_task_state(layout, "committed", try_number=try_number, clear_number=clear_number)
+    record_task_state(layout, TaskState.COMMITTED, try_number=try_number, clear_number=clear_number)
     return record, sink_result
 
 

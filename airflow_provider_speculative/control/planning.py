@@ -33,6 +33,7 @@ from airflow_provider_speculative.core.hybrid import (
 )
 from airflow_provider_speculative.core.paths import is_object_url
 from airflow_provider_speculative.core.plan import StagePlan, plan_stage
+from airflow_provider_speculative.core.states import TaskState
 from airflow_provider_speculative.exceptions import (
     PlanError,
     StageFailedError,
@@ -121,7 +122,7 @@ class StagePlanner:
         """The store directory of ``stage`` in this DAG run."""
         return StageLayout(self.root, self.run.dag_id, self.run.run_id, stage)
 
-    def record_state(self, state: str, reason: str | None = None) -> None:
+    def record_state(self, state: TaskState, reason: str | None = None) -> None:
         """Record the task's state in the store (hybrid consumers read it to fail at once)."""
         fields = {"reason": reason} if reason is not None else {}
         record_task_state(self.layout, state, try_number=self.run.try_number, clear_number=self.run.clear_number,
@@ -130,12 +131,12 @@ class StagePlanner:
     def record_failure(self, exc: BaseException) -> None:
         """Record a planning failure; a full store must not hide the stage's own error."""
         with contextlib.suppress(StoreError):
-            self.record_state("failed", reason=f"{type(exc).__name__}: {exc}")
+            self.record_state(TaskState.FAILED, reason=f"{type(exc).__name__}: {exc}")
 
     def start(self) -> None:
         """Own the store root (before its first write: a foreign directory gets nothing of ours), record 'planning'."""
         self.claim_store()
-        self.record_state("planning")
+        self.record_state(TaskState.PLANNING)
 
     def claim_store(self) -> None:
         """Own the store root (refuse a foreign directory) and record which metadata database it belongs to."""
@@ -330,7 +331,7 @@ class StagePlanner:
         self.log.info("stage %s: %d subtasks, speculation %s, plan %s", self.stage, plan["parallelism"],
                       "blocked: " + plan["speculation_blocker"] if plan["speculation_blocker"] else
                       ("enabled" if self.config.enabled else "disabled"), layout.plan)
-        self.record_state("deferred")
+        self.record_state(TaskState.DEFERRED)
         return plan
 
 

@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from airflow_provider_speculative.core.states import TaskState
+
 
 @dataclass(frozen=True)
 class HybridEdge:
@@ -132,7 +134,7 @@ def producer_plan_usable(plan: Mapping[str, Any] | None, task: Mapping[str, Any]
     is committed (then its output is final and the producer, if it reruns on the same plan, reuses it).
     A producer task that failed after the last clear fails the consumer instead of keeping it waiting.
     """
-    if task and task.get("state") == "failed" and int(task.get("clear_number") or 0) >= clear_number:
+    if task and task.get("state") == TaskState.FAILED and int(task.get("clear_number") or 0) >= clear_number:
         return False, f"failed (try {task.get('try_number')}): {task.get('reason') or 'see its task log'}"
     if plan is None:
         return False, None

@@ -21,6 +21,18 @@ class AttemptState(StrEnum):
     CANCELED = "CANCELED"
 
 
+class TaskState(StrEnum):
+    """The stage task's own state in ``task.json`` (store/task_state.py), which hybrid consumers go by."""
+
+    PLANNING = "planning"
+    # Waiting for producers: their commits (in the triggerer) or a reschedule until they committed.
+    WAITING = "waiting"
+    DEFERRED = "deferred"
+    SKIPPED = "skipped"
+    FAILED = "failed"
+    COMMITTED = "committed"
+
+
 # FLIP-168: a state ranks higher the more likely it is to end in FINISHED.
 STATE_PRIORITY: tuple[AttemptState, ...] = (
     AttemptState.FINISHED,

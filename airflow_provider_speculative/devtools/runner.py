@@ -15,6 +15,7 @@ from airflow_provider_speculative.core.config import SpeculativeConfig
 from airflow_provider_speculative.core.events import Event
 from airflow_provider_speculative.core.graph import PipelineGraph
 from airflow_provider_speculative.core.plan import StagePlan
+from airflow_provider_speculative.core.states import TaskState
 from airflow_provider_speculative.core.trigger_events import TriggerStatus
 from airflow_provider_speculative.exceptions import StoreError
 from airflow_provider_speculative.store import journal
@@ -81,7 +82,7 @@ def write_plan(plan: StagePlan) -> StageLayout:
     atomic_write_json(layout.plan, plan)
     journal.record(layout.journal, Event.PLAN_DECIDED, parallelism=plan["parallelism"],
                    decision=plan.get("parallelism_decision"))
-    record_task_state(layout, "deferred")
+    record_task_state(layout, TaskState.DEFERRED)
     return layout
 
 
@@ -114,7 +115,7 @@ def _commit(controller: StageController) -> None:
     payload = controller.event_payload()
     layout = controller.layout
     if payload["status"] != TriggerStatus.SUCCESS:
-        record_task_state(layout, "failed", reason=payload["reason"])
+        record_task_state(layout, TaskState.FAILED, reason=payload["reason"])
         raise RuntimeError(f"stage {controller.plan['stage']!r} failed: {payload['reason']}")
     commit_admitted(controller.plan, layout, payload, try_number=None, clear_number=None, by="runner")
     remove_losers(layout, controller.plan["parallelism"], admitted_of(payload))

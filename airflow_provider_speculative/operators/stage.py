@@ -33,6 +33,7 @@ from airflow_provider_speculative.core.events import Event
 from airflow_provider_speculative.core.graph import PipelineGraph, RenderedStage
 from airflow_provider_speculative.core.plan import StagePlan, load_plan
 from airflow_provider_speculative.core.readiness import partition_key
+from airflow_provider_speculative.core.states import TaskState
 from airflow_provider_speculative.core.trigger_events import DECIDED, ControllerEvent, TriggerStatus
 from airflow_provider_speculative.exceptions import StageFailedError
 from airflow_provider_speculative.links import SparkHistoryLink, StageViewLink
@@ -147,7 +148,7 @@ class SparkStageOperator(BaseOperator):
             return self._plan_and_defer(planner)
         except AirflowRescheduleException:
             # Giving way to producers (dag.test()) is not a failure: consumers of this stage must keep waiting.
-            planner.record_state("waiting", "rescheduled until its producers committed")
+            planner.record_state(TaskState.WAITING, "rescheduled until its producers committed")
             raise
         except Exception as exc:
             # Hybrid consumers of this stage read this to fail at once instead of waiting (core/hybrid.py).
@@ -158,7 +159,7 @@ class SparkStageOperator(BaseOperator):
         """The hybrid producers' plans are there (plan now), or not yet (reschedule), or one failed."""
         status = (event or {}).get("status")
         if status == TriggerStatus.FAILED:
-            self._planner(context).record_state("failed", reason=event.get("reason"))
+            self._planner(context).record_state(TaskState.FAILED, reason=event.get("reason"))
             raise StageFailedError(event.get("reason") or f"pipeline {self.graph.name!r}, stage {self.stage!r}: "
                                                           "a hybrid producer failed")
         if status == TriggerStatus.WAITING:
@@ -249,7 +250,7 @@ class SparkStageOperator(BaseOperator):
             self._cleanup_sink_staging(plan, layout, None)
             message = "\n".join([_failure_message(self.graph.name, self.stage, decided),
                                  *failure_log_lines(layout, _failed_keys(decided))])
-            record_task_state(layout, "failed", try_number=context["ti"].try_number,
+            record_task_state(layout, TaskState.FAILED, try_number=context["ti"].try_number,
                               clear_number=_clear_number(context), reason=message.splitlines()[0])
             raise StageFailedError(message)
 

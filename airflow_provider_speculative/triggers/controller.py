@@ -24,6 +24,7 @@ from airflow_provider_speculative.control.controller import StageController
 from airflow_provider_speculative.core.asset_events import asset_event_extra, commit_key
 from airflow_provider_speculative.core.contract import EXTRA_CONF_ENV
 from airflow_provider_speculative.core.plan import StagePlan, load_plan
+from airflow_provider_speculative.core.states import TaskState
 from airflow_provider_speculative.core.trigger_events import ControllerEvent, TaskEvent, TriggerStatus
 from airflow_provider_speculative.hooks.asset_events import AssetApiConnection, AssetApiError, AssetEventsApi
 from airflow_provider_speculative.hooks.openlineage import openlineage_spark_conf
@@ -192,5 +193,5 @@ class StageControllerTrigger(BaseTrigger):
         plan = await asyncio.to_thread(self._plan)
         controller = await asyncio.to_thread(StageController, plan)
         await asyncio.to_thread(controller.kill_all, "task killed by user")
-        await asyncio.to_thread(record_task_state, controller.layout, "failed", reason="task killed by user")
+        await asyncio.to_thread(record_task_state, controller.layout, TaskState.FAILED, reason="task killed by user")
 

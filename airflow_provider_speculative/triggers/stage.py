@@ -21,6 +21,7 @@ from airflow_provider_speculative.control.planning import HybridWait, RunInfo, S
 from airflow_provider_speculative.core.events import Event
 from airflow_provider_speculative.core.graph import PipelineGraph, RenderedStage
 from airflow_provider_speculative.core.readiness import partition_key
+from airflow_provider_speculative.core.states import TaskState
 from airflow_provider_speculative.core.trigger_events import TaskEvent, TriggerStatus
 from airflow_provider_speculative.exceptions import PlanError, UpstreamFailedError, UpstreamSkippedError
 from airflow_provider_speculative.hooks.asset_events import resolve_asset_api
@@ -118,7 +119,7 @@ class StageStartTrigger(StageControllerTrigger):
                 raise PlanError(f"{planner.where}: a stage with hybrid inputs cannot start in the triggerer")
             await asyncio.to_thread(planner.plan, hybrid)
         except UpstreamSkippedError as exc:
-            await asyncio.to_thread(planner.record_state, "skipped", str(exc))  # type: ignore[union-attr]
+            await asyncio.to_thread(planner.record_state, TaskState.SKIPPED, str(exc))  # type: ignore[union-attr]
             yield TriggerEvent(TaskEvent(status=TriggerStatus.UPSTREAM_SKIPPED, reason=str(exc)))
             return
         except UpstreamFailedError as exc:
@@ -167,7 +168,7 @@ class StageStartTrigger(StageControllerTrigger):
         if waiting:
             self.log.info("stage %s: waiting for the commits of %s", self.stage, ", ".join(waiting))
             # Visible in `airflow speculative status` and the stage's task.json while the grid says "deferred".
-            await asyncio.to_thread(planner.record_state, "waiting", f"for the commits of {', '.join(waiting)}")
+            await asyncio.to_thread(planner.record_state, TaskState.WAITING, f"for the commits of {', '.join(waiting)}")
         asking: asyncio.Task[dict[str, str | None]] | None = None
         try:
             while waiting:
