@@ -22,7 +22,13 @@ import psutil
 from airflow_provider_speculative.backends.base import LaunchSpec
 from airflow_provider_speculative.backends.identity import same_process
 from airflow_provider_speculative.core.contract import LAUNCHED_AT_ENV
-from airflow_provider_speculative.core.states import HEARTBEAT_STALE_AFTER, Attempt, AttemptState, heartbeat_alive
+from airflow_provider_speculative.core.states import (
+    HEARTBEAT_STALE_AFTER,
+    TERMINAL,
+    Attempt,
+    AttemptState,
+    heartbeat_alive,
+)
 from airflow_provider_speculative.store import changes
 from airflow_provider_speculative.store.files import atomic_write_json, create_exclusive_json, read_json
 from airflow_provider_speculative.store.layout import (
@@ -47,6 +53,8 @@ _VERIFIED: dict[tuple[int, Any, Any], float] = {}
 # The last status read per attempt directory, shared by every backend instance of the process (a
 # controller's observer and its per-target backends): what probe() checks between full polls.
 _SEEN: dict[str, dict[str, Any]] = {}
+# core.states.TERMINAL as a tuple: a status.json's state may be any JSON value, and a tuple never hashes it.
+_ENDED = tuple(TERMINAL)
 
 
 class SupervisedBackend:
@@ -142,9 +150,9 @@ class SupervisedBackend:
             # Withdrawn by a rerun or failover: history only, never admitted again.
             out.state, out.cause = AttemptState.CANCELED, f"invalidated: {invalidated.get('reason')}"
             return out
-        if state in ("FINISHED", "FAILED", "CANCELED"):
+        if state in _ENDED:
             out.state = AttemptState(state)
-            if state == "FAILED" and status.get("failure_kind") in ("partition", "node_lost"):
+            if state == AttemptState.FAILED and status.get("failure_kind") in ("partition", "node_lost"):
                 out.failure = read_json(os.path.join(base, FAILURE_FILE)) or {"kind": status["failure_kind"]}
             return out
         alive = self.attempt_alive(launch, heartbeat, now)
@@ -212,7 +220,7 @@ class SupervisedBackend:
             # Another host's process group id means nothing (or another process) here: the remote
             # supervisor sees cancel.json and stops the attempt itself.
             return
-        if launch.get("state") not in ("FINISHED", "FAILED", "CANCELED") and self._alive(launch):
+        if launch.get("state") not in _ENDED and self._alive(launch):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(launch["pgid"], signal.SIGTERM)
 
@@ -225,7 +233,7 @@ class SupervisedBackend:
             return True
         if launch.get("host") not in (None, HOST):
             # The remote supervisor escalates by itself (cancel.json); done once it recorded the end.
-            return launch.get("state") in ("FINISHED", "FAILED", "CANCELED") or not self._alive(launch, now)
+            return launch.get("state") in _ENDED or not self._alive(launch, now)
         if not self._group_alive(launch["pgid"]):
             return True
         if now - cancel.get("at", now) >= self.kill_grace:
