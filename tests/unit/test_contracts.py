@@ -10,7 +10,8 @@ from airflow_provider_speculative.core.events import Event
 PACKAGE = Path(__file__).resolve().parents[2] / "airflow_provider_speculative"
 EVENT_NAMES = {e.value for e in Event}
 
-# Files that spell a name by hand, each with the name; they go through the shared definition when next changed.
+# Files that spell a name by hand, each with the name; they go through the shared definition when next changed
+# (fixing one needs no change here).
 FILE_NAME_EXCEPTIONS = {
     ("runtime/context.py", "failure.json"),  # StageLayout.failure
 }
@@ -48,7 +49,7 @@ def test_store_file_names_are_spelled_only_in_store() -> None:
                     and node.value.endswith((".json", ".jsonl")) and "/" not in node.value
                     and " " not in node.value):
                 found.add((name, node.value))
-    assert found == FILE_NAME_EXCEPTIONS
+    assert not found - FILE_NAME_EXCEPTIONS, "store file names spelled outside store/"
 
 
 def _reads_event(node: ast.AST) -> bool:
@@ -78,4 +79,4 @@ def test_journal_event_names_are_spelled_only_in_core_events() -> None:
                 called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
                 if called in ("journal", "_journal", "record", "append", "frozenset"):
                     found.update((name, v) for arg in node.args[:3] for v in _event_literals(arg))
-    assert found == EVENT_EXCEPTIONS
+    assert not found - EVENT_EXCEPTIONS, "journal event names spelled outside core/events.py"
