@@ -18,8 +18,9 @@ second ``Tick`` in the same step, as the controller does. The simulator models o
   or ended), no sooner than ``notice_delay`` after it and ``wake_gap`` after the previous step.
 
 Alternative *detector rules* (Spark, LATE, Mantri) are models of those systems' published rules, plugged
-in by :class:`RuleScheduler`, a subclass that replaces only ``_detect_slow`` (the core has no hook for
-another rule); placement, admission and cancelling stay the core's. The provider's own policy, Flink's
+in by :class:`RuleScheduler`, a subclass that replaces ``_detect_slow`` (the core has no hook for
+another rule) and gives copies the rule's node avoidance and order of preference; placement, admission
+and cancelling stay the core's. The provider's own policy, Flink's
 and "no speculation" use :class:`StageScheduler` itself with core options (:data:`POLICIES`).
 
 Cost: events go through one heap; each controller step costs what the core costs for one tick
@@ -228,9 +229,9 @@ class LateRule:
     """LATE (Zaharia et al., OSDI'08), model: copy the task with the longest estimated time left.
 
     Progress rate = progress score / elapsed, time left = (1 - score) / rate. Candidates are tasks whose
-    rate is below the ``slow_task`` percentile (SlowTaskThreshold, 25th); at most ``cap`` x slots copies
-    run at once (SpeculativeCap, 10 %); copies never go to nodes below the ``slow_node`` percentile of work
-    done per slot (SlowNodeThreshold, 25th).
+    rate is below the ``slow_task`` percentile (SlowTaskThreshold, 25th); at most ``cap`` x available slots
+    copies run at once (SpeculativeCap, 10 %); copies never go to nodes below the ``slow_node`` percentile of
+    work done per slot (SlowNodeThreshold, 25th); the task with the most time left gets a free slot first.
     """
 
     name: str = "late"
@@ -240,8 +241,10 @@ class LateRule:
 
     def judge(self, sched: StageScheduler, now: float, progress: Callable[[Attempt], float | None]
               ) -> dict[int, str]:
-        """The slowest-rate tasks with the most time left, within the speculative cap."""
-        slots = sum(t.slots for t in sched.targets)
+        """The slowest-rate tasks with the most time left, within the speculative cap, most time left first."""
+        # Available slots: a lost node's no longer count (TargetsObserved gives it no capacity).
+        slots = (sum(sched.capacity.get(t.name, t.slots) for t in sched.targets) if sched.free_slots is not None
+                 else sum(t.slots for t in sched.targets))
         live_copies = sum(1 for a in sched.live_attempts() if a.speculative)
         budget = max(1, math.floor(self.cap * slots)) - live_copies
         if budget <= 0:
@@ -257,7 +260,7 @@ class LateRule:
         if len(scored) < 2:
             return {}
         cutoff = _percentile([r for _, r, _ in scored], self.slow_task)
-        slow = [(a, left) for a, r, left in scored if r <= cutoff and _live_count(sched, a.subtask) == 1]
+        slow = [(a, left) for a, r, left in scored if r < cutoff and _live_count(sched, a.subtask) == 1]
         slow.sort(key=lambda x: -x[1])
         return {a.subtask: f"late: {left:.1f}s left, rate in the slowest {self.slow_task:.0%}"
                 for a, left in slow[:budget]}
@@ -326,11 +329,13 @@ def _percentile(values: Sequence[float], q: float) -> float:
 
 
 class RuleScheduler(StageScheduler):
-    """The core scheduler with another slow-attempt rule: only ``_detect_slow`` (and copy avoidance) change."""
+    """The core scheduler with another slow-attempt rule: ``_detect_slow``, and which copies get slots where."""
 
     rule: DetectorRule
     progress: Callable[[Attempt], float | None]
     _avoid: set[str]
+    # The subtasks the rule judged this step, in its order of preference.
+    _judged: list[int]
 
     def _detect_slow(self, now: float) -> list[Action]:
         if not self.speculation_enabled:
@@ -338,6 +343,7 @@ class RuleScheduler(StageScheduler):
             return []
         judged = self.rule.judge(self, now, self.progress)
         self.slow_reasons.update(judged)
+        self._judged = list(judged)
         self.slow_subtasks = frozenset(judged)
         self.peak_slow = max(self.peak_slow, len(self.slow_subtasks))
         self._avoid = self.rule.avoid(self, now, self.progress) if judged else set()
@@ -348,6 +354,13 @@ class RuleScheduler(StageScheduler):
         if not allow_blocked:  # a speculative copy: the rule's slow nodes are avoided too
             avoid = avoid | getattr(self, "_avoid", set())
         return super()._pick_target(load, now, avoid, allow_blocked, speeds)
+
+    def _place_wanted(self, speculative: list[tuple[int, str]], load: dict[str, int], budget: int | None,
+                      speeds: Any, now: float) -> list[Action]:
+        # Copies take free slots in the rule's order (LATE: most time left first), not in subtask order.
+        rank = {subtask: i for i, subtask in enumerate(getattr(self, "_judged", ()))}
+        ordered = sorted(speculative, key=lambda wanted: rank.get(wanted[0], len(rank)))
+        return super()._place_wanted(ordered, load, budget, speeds, now)
 
 
 # Spark, LATE and Mantri leave nodes unblocked and copies at their own limits; Flink is FLIP-168's defaults

@@ -10,7 +10,10 @@ from typing import Any
 import pytest
 
 from airflow_provider_speculative.core import detector as core_detector
+from airflow_provider_speculative.core.config import SpeculativeConfig, Target
+from airflow_provider_speculative.core.messages import Launch
 from airflow_provider_speculative.core.scheduler import StageScheduler
+from airflow_provider_speculative.core.states import Attempt, AttemptState
 from airflow_provider_speculative.devtools import simulator
 from airflow_provider_speculative.devtools.simulator import (
     POLICIES,
@@ -201,3 +204,66 @@ def test_whatif_cli_refuses_a_set_without_equals(capsys: pytest.CaptureFixture[s
 def test_node_specs_default_to_one_core_per_slot() -> None:
     sim = Simulator(Scenario("x", (NodeSpec("a", slots=2),), (StageSpec("s", (1.0, 1.0)),)), POLICIES["none"])
     assert sim.run().makespan == pytest.approx(1.0 + 1.0, abs=0.2)
+
+
+def _late_sched(shares: dict[int, float], elapsed: float = 10.0) -> StageScheduler:
+    """A stage on 20 one-slot targets whose subtasks run one attempt each, ``shares`` of their work done."""
+    targets = tuple(Target(name=f"n{i}") for i in range(20))
+    sched = StageScheduler(parallelism=len(shares), config=SpeculativeConfig(enabled=True, targets=targets))
+    for subtask in shares:
+        sched.attempts[subtask][0] = Attempt(subtask=subtask, number=0, target=f"n{subtask}",
+                                             state=AttemptState.RUNNING, deploying_at=0.0, ready_at=1.0)
+    return sched
+
+
+def test_late_speculates_below_the_25th_percentile_rate_most_time_left_first_within_its_cap() -> None:
+    rule = simulator.LateRule()
+    assert (rule.slow_task, rule.slow_node, rule.cap) == (0.25, 0.25, 0.10)  # LATE, OSDI'08, section 4
+    shares = {0: 0.9, 1: 0.8, 2: 0.1, 3: 0.3, 4: 0.2, 5: 0.7, 6: 0.6, 7: 0.5}
+    sched = _late_sched(shares)
+
+    def progress(attempt: Attempt) -> float:
+        return shares[attempt.subtask]
+
+    # Eight rates: the 25th percentile is the third slowest (0.3); strictly below it are 0.1 and 0.2. The cap,
+    # 10 % of 20 slots, allows two copies at once: the most time left first.
+    assert list(rule.judge(sched, 10.0, progress)) == [2, 4]
+    # Available slots: with half the nodes lost (no capacity in TargetsObserved) the cap is one copy.
+    sched.capacity = {f"n{i}": 1 if i < 10 else 0 for i in range(20)}
+    sched.free_slots = dict.fromkeys(sched.capacity, 0)
+    assert list(rule.judge(sched, 10.0, progress)) == [2]
+    sched.capacity, sched.free_slots = {}, None
+    sched.attempts[2][1] = Attempt(subtask=2, number=1, target="n9", speculative=True, state=AttemptState.RUNNING,
+                                   deploying_at=9.0)
+    assert list(rule.judge(sched, 10.0, progress)) == [4]  # one copy runs: one more within the cap
+    sched.attempts[4][1] = Attempt(subtask=4, number=1, target="n8", speculative=True, state=AttemptState.RUNNING,
+                                   deploying_at=9.0)
+    assert rule.judge(sched, 10.0, progress) == {}
+
+
+def test_late_copies_stay_within_the_cap_off_slow_nodes_in_the_rules_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    steps: list[tuple[list[int], set[str], list[Launch], int]] = []
+    place = simulator.RuleScheduler._place_wanted
+
+    def recording(self: simulator.RuleScheduler, *args: Any) -> list[Any]:
+        actions = place(self, *args)
+        copies = [a for a in actions if isinstance(a, Launch) and a.speculative]
+        live = sum(1 for a in self.live_attempts() if a.speculative)
+        steps.append((list(self._judged), set(self._avoid), copies, live))
+        return actions
+
+    monkeypatch.setattr(simulator.RuleScheduler, "_place_wanted", recording)
+    rng = random.Random(3)
+    specs = cluster(20, slots=2)
+    scenario = Scenario("late", specs, (StageSpec("s", lognormal_work(120, rng, 10.0, 0.3)),), startup=0.5,
+                        spells=slow_spells(specs, 0.2, 0.125, rng))
+    result = simulate(scenario, "late")
+    assert result.copies >= 6 and result.failed is None
+    for judged, avoid, copies, live in steps:
+        assert live <= 4  # SpeculativeCap: 10 % of 40 slots
+        assert not {c.target for c in copies} & avoid  # SlowNodeThreshold
+        launched = [c.subtask for c in copies]
+        assert launched == [s for s in judged if s in launched]  # most time left first
+    assert any(avoid for _, avoid, copies, _ in steps if copies)
+    # A free slot went to the task with the most time left, not to the lowest subtask number judged.
+    assert any(copies and copies[0].subtask != min(judged) for judged, _, copies, _ in steps)
