@@ -12,4 +12,5 @@ from airflow_provider_speculative.runtime import StageContext
 with StageContext.from_argv() as ctx:
     orders, lineitem = ctx.read("orders"), ctx.read("lineitem")
     joined = lineitem.join(orders, lineitem["l_orderkey"] == orders["o_orderkey"])
-    ctx.write(joined.groupBy("o_custkey").agg(F.sum(F.col("l_extendedprice") * (F.lit(1) - F.col("l_discount"))).alias("revenue")))
+    revenue = F.col("l_extendedprice") * (F.lit(1) - F.col("l_discount"))
+    ctx.write(joined.groupBy("o_custkey").agg(F.sum(revenue).alias("revenue")))
