@@ -23,6 +23,8 @@ class TriggerStatus(StrEnum):
     COMMITTED = "committed"
     # StageControllerTrigger: the commit in the triggerer raised; the worker fails the task with the cause.
     COMMIT_FAILED = "commit_failed"
+    # StageControllerTrigger: the task's execution_timeout passed; its attempts were stopped.
+    TIMED_OUT = "timed_out"
     # StageStartTrigger, before there is a controller.
     PLAN_FAILED = "plan_failed"
     UPSTREAM_FAILED = "upstream_failed"
@@ -61,7 +63,7 @@ class TaskEvent(TypedDict):
     """Any other event of a stage's triggers: its status and what the resumed task method needs."""
 
     status: TriggerStatus
-    # FAILED (a hybrid producer), PLAN_FAILED, UPSTREAM_*, COMMIT_FAILED: the message the task fails with.
+    # FAILED (a hybrid producer), PLAN_FAILED, UPSTREAM_*, COMMIT_FAILED, TIMED_OUT: the message the task fails with.
     reason: NotRequired[str]
     # PLAN_FAILED: the exception's class name.
     error: NotRequired[str]

@@ -222,6 +222,8 @@ class SparkStageOperator(BaseOperator):
             raise StageFailedError(reason if reason.startswith(where) else f"{where}: {event.get('error')}: {reason}")
         if status == TriggerStatus.COMMIT_FAILED:
             raise StageFailedError(f"{where}: {event.get('reason')}")
+        if status == TriggerStatus.TIMED_OUT:
+            _raise_timed_out(event, where)
         if status == TriggerStatus.UPSTREAM_FAILED:
             from airflow.sdk.exceptions import AirflowFailException
 
@@ -243,6 +245,8 @@ class SparkStageOperator(BaseOperator):
 
     def execute_complete(self, context: Any, event: dict[str, Any]) -> dict[str, Any]:
         """Finalize-on-master: commit exactly the admitted attempt of every subtask, then clean losers."""
+        if (event or {}).get("status") == TriggerStatus.TIMED_OUT:
+            _raise_timed_out(event, f"pipeline {self.graph.name!r}, stage {self.stage!r}")
         plan, decided = _event_plan(event, self.graph.name, self.stage)
         layout = StageLayout(Path(plan["store_root"]), plan["dag_id"], plan["run_id"], plan["stage"])
         summary = decided.get("summary", {})
@@ -375,3 +379,10 @@ def _failure_message(pipeline: str, stage: str, event: ControllerEvent) -> str:
     if total > len(causes):
         lines.append(f"  ... and {total - len(causes)} more failed attempts (see journal.jsonl)")
     return "\n".join(lines)
+
+
+def _raise_timed_out(event: dict[str, Any], where: str) -> None:
+    """Fail the task as Airflow fails a task past its ``execution_timeout``, with the trigger's reason."""
+    from airflow.sdk.exceptions import AirflowTaskTimeout
+
+    raise AirflowTaskTimeout(str(event.get("reason") or f"{where}: the task's execution_timeout passed"))

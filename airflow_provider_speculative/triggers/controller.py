@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import json
 import time
 from collections.abc import AsyncIterator
@@ -50,6 +51,9 @@ class StageControllerTrigger(BaseTrigger):
         self.commit = commit
         # Set by StageStartTrigger at plan when the asset events can be recorded through the api-server.
         self.asset_api: AssetApiConnection | None = None
+        # The stage's controller while run() steps it: cleanup() stops its attempts after a timeout.
+        self._controller: StageController | None = None
+        self._stopped = False
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         """Only the plan path, deferral time and commit right: everything else is rebuilt from the store."""
@@ -86,11 +90,16 @@ class StageControllerTrigger(BaseTrigger):
         env = await self._attempt_env(plan)
         target_env = await connect_env(plan)
         controller = await asyncio.to_thread(StageController, plan, extra_env=env, target_env=target_env)
+        self._controller = controller
         metrics = StageMetrics.for_plan(controller.plan)
         in_line = runs_in_line()
         guard = min_seconds_before_event() if self.needs_guard() else 0.0
         waiting: str | None = None
         while True:
+            if self.timed_out():
+                reason = await self._stop_attempts()
+                yield TriggerEvent(TaskEvent(status=TriggerStatus.TIMED_OUT, plan_path=self.plan_path, reason=reason))
+                return
             await asyncio.to_thread(controller.step)
             summary = controller.summary()
             metrics.emit(summary)
@@ -187,6 +196,38 @@ class StageControllerTrigger(BaseTrigger):
                       len(payload["admitted"]), removed, summary.get("numSlowExecutionVertices"),
                       summary.get("numEffectiveSpeculativeExecutions"))
         return commit_summary(plan["stage"], layout, sink_result, summary)
+
+    def timed_out(self) -> bool:
+        """Whether the task's trigger timeout passed (Airflow sets ``timeout_after`` from ``execution_timeout``)."""
+        deadline: dt.datetime | None = getattr(self, "timeout_after", None)
+        if deadline is None:
+            return False
+        if deadline.tzinfo is None:
+            deadline = deadline.replace(tzinfo=dt.UTC)
+        return dt.datetime.now(dt.UTC) >= deadline
+
+    async def _stop_attempts(self) -> str:
+        """Stop every attempt of the stage and record the task as failed by its timeout; the reason given."""
+        controller = self._controller
+        assert controller is not None
+        plan = controller.plan
+        reason = (f"pipeline {plan.get('pipeline')!r}, stage {plan['stage']!r}: the task's execution_timeout "
+                  f"passed (at {getattr(self, 'timeout_after', None)}); every attempt of the stage was stopped")
+        if not self._stopped:
+            self._stopped = True
+            self.log.error("%s", reason)
+            await asyncio.to_thread(controller.kill_all, "execution_timeout")
+            await asyncio.to_thread(record_task_state, controller.layout, TaskState.FAILED, reason=reason)
+        return reason
+
+    async def cleanup(self) -> None:
+        """After a timeout Airflow cancels the trigger without on_kill: stop the attempts here instead.
+
+        A trigger cancelled for any other reason (a triggerer shutting down hands the stage to another
+        one) leaves its attempts running.
+        """
+        if self._controller is not None and self.timed_out():
+            await self._stop_attempts()
 
     async def on_kill(self) -> None:
         """The user marked the task failed or cleared it: stop every Spark driver of this stage."""

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import datetime
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -71,6 +74,53 @@ def test_cancel_and_on_kill_leave_no_spark_driver(tmp_path, tpch_data):
     assert group_processes(pgids[1]) == []
     assert processes_mentioning(str(layout.dir)) == []
     assert any(e["event"] == "killed_all" and e["left"] == [] for e in read_jsonl(layout.journal))
+
+
+async def _both_running(layout: StageLayout, timeout: float = 180) -> dict[int, int]:
+    """The process group of each subtask's first attempt, once both are running (polled with a deadline)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = {s: (read_json(layout.status(s, 0)) or {}).get("pgid") for s in (0, 1)}
+        if all(found.values()) and all(group_processes(pgid) for pgid in found.values()):
+            return found
+        await asyncio.sleep(0.5)
+    raise AssertionError(f"both attempts did not start within {timeout}s: {found}")
+
+
+@pytest.mark.parametrize("how", ["seen_by_the_trigger", "cancelled_by_airflow"])
+def test_an_execution_timeout_stops_every_attempt(tmp_path, tpch_data, how):
+    # Airflow cancels a timed-out trigger without calling on_kill: the trigger stops the attempts itself,
+    # whether its own loop sees the deadline first or Airflow's cancellation comes first (cleanup()).
+    plan = write_plan(tmp_path, tpch_data, {"fault_injection": {"targets": {
+        "local-a": {"delay": "300s"}, "local-b": {"delay": "300s"}}}})
+    layout = StageLayout(Path(plan["store_root"]), "t", "r1", "scan")
+    trigger = StageControllerTrigger(plan_path=str(layout.plan), deferred_at=time.time())
+    trigger.timeout_after = datetime.datetime.now(datetime.UTC) + datetime.timedelta(hours=1)
+
+    async def scenario() -> tuple[dict[int, int], Any]:
+        events = trigger.run()
+        first = asyncio.ensure_future(anext(events))
+        pgids = await _both_running(layout)
+        assert not first.done(), "the stage ended before its deadline"
+        trigger.timeout_after = datetime.datetime.now(datetime.UTC)
+        if how == "cancelled_by_airflow":
+            first.cancel()  # as the triggerer does at the deadline, then it calls cleanup()
+            with contextlib.suppress(asyncio.CancelledError):
+                await first
+            await trigger.cleanup()
+            return pgids, None
+        return pgids, await asyncio.wait_for(first, 120)
+
+    pgids, event = asyncio.run(scenario())
+    assert all(group_processes(pgid) == [] for pgid in pgids.values()), "an attempt outlived the timeout"
+    assert processes_mentioning(str(layout.dir)) == []
+    assert any(e["event"] == "killed_all" and e["reason"] == "execution_timeout" and e["left"] == []
+               for e in read_jsonl(layout.journal))
+    state = read_json(layout.task_state)
+    assert state["state"] == "failed" and "execution_timeout passed" in state["reason"], state
+    if event is not None:
+        assert event.payload["status"] == "timed_out"
+        assert event.payload["reason"].startswith("pipeline 't', stage 'scan': the task's execution_timeout")
 
 
 def test_restarted_and_doubled_controllers_launch_no_duplicates(tmp_path, tpch_data):

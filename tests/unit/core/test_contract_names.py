@@ -18,7 +18,7 @@ JOURNAL_EVENTS = {
     "connect_cancel_gave_up", "rerun_invalidated", "gc",
 }
 TRIGGER_STATUSES = {"success", "failed", "committed", "commit_failed", "plan_failed", "upstream_failed",
-                    "upstream_skipped", "ready", "waiting", "timeout", "error"}
+                    "upstream_skipped", "ready", "waiting", "timeout", "error", "timed_out"}
 TASK_STATES = {"planning", "waiting", "deferred", "skipped", "failed", "committed"}
 
 
