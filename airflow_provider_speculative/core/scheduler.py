@@ -764,14 +764,16 @@ class StageScheduler:
     def _place(self, now: float) -> list[Action]:
         fresh: list[tuple[int, str]] = []
         self._speed_pending |= self._dirty
-        candidates, self._dirty = self._dirty | self._wanting.difference(self._queued), set()
+        # _wanting is the queued subtasks and those a SlotLost marked, which it marks dirty too: so the dirty
+        # ones are all that is decided again, and what stays wanting is _wanting less them, in O(changes).
+        candidates, self._dirty = self._dirty, set()
         if self.hybrid:
             # Hybrid inputs can be withdrawn without a dirty mark: decide every waiting subtask again.
             candidates |= self._queued.keys()
         for subtask in candidates.intersection(self._queued):
             del self._queued[subtask]
             self._unheld.discard(subtask)
-        self._wanting = set(self._queued)
+        self._wanting -= candidates
         for subtask in sorted(candidates):
             if subtask in self.admitted or subtask in self.reused or self.waiting.get(subtask):
                 continue
@@ -815,11 +817,13 @@ class StageScheduler:
             for attempt in self.all_attempts():
                 if attempt.live and attempt.target in load:
                     load[attempt.target] += 1
-        # FLIP-235's fallback: while producers of a hybrid input still wait for a slot, keep that many free.
-        # With slots shared through the store the producers draw from the same free count.
-        free_total = (sum(max(0, n) for n in self.free_slots.values()) if self.free_slots is not None
-                      else sum(max(0, t.slots - load[t.name]) for t in self.targets))
-        budget = consumer_slots(free_total, sum(self.producers_waiting.values())) if self.hybrid else None
+        budget: int | None = None
+        if self.hybrid:
+            # FLIP-235's fallback: while producers of a hybrid input still wait for a slot, keep that many free.
+            # With slots shared through the store the producers draw from the same free count.
+            free_total = (sum(max(0, n) for n in self.free_slots.values()) if self.free_slots is not None
+                          else sum(max(0, t.slots - load[t.name]) for t in self.targets))
+            budget = consumer_slots(free_total, sum(self.producers_waiting.values()))
         speeds = self.speeds = self._observe_speeds(now)
         self._round = _Round(self, load, now, speeds)
         try:

@@ -373,10 +373,11 @@ class HoldPlanner:
         count = self.slot_count(target)
         if count is None:
             return None
-        unit, speeds = self.unit, self.speeds
+        unit = self.unit
+        # One expected duration on this target; its live attempts are all on it.
+        expected = (unit if unit is not None else 1.0) * self.speeds.of(target)
         queue = []
         for attempt in self.live_on(target):
-            expected = (unit if unit is not None else 1.0) * speeds.of(attempt.target)
             elapsed = attempt.execution_time(self.now) if unit is not None else 0.0
             if unit is not None and elapsed >= expected * SLOW_FACTOR:
                 # Clearly overdue: its end cannot be predicted, so nothing may be held for this target.
@@ -385,8 +386,7 @@ class HoldPlanner:
             # Attempts started together end together, not all "now" when the first of them ends.
             queue.append(max(expected - elapsed, 0.1 * expected))
         if queue != [float("inf")]:
-            full = (unit if unit is not None else 1.0) * speeds.of(target)
-            queue.extend([full] * max(0, count - len(queue)))  # slots held by other stages' attempts
+            queue.extend([expected] * max(0, count - len(queue)))  # slots held by other stages' attempts
             heapq.heapify(queue)
         self.queues[target] = queue
         return queue
