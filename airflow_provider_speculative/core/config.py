@@ -7,8 +7,8 @@ import math
 import os
 import re
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, fields, replace
-from typing import Any
+from dataclasses import MISSING, asdict, dataclass, field, fields, replace
+from typing import Any, TypeVar
 
 from airflow_provider_speculative.exceptions import ConfigError
 
@@ -353,81 +353,11 @@ def store_root_path(value: str, where: str = "configuration") -> str:
     return unquote(url.path)
 
 
-
-
-# -- the option table: each [speculative] option is declared here, once -----------------------------
-
-Parser = Callable[[str, Any, str], Any]
-
-
-@dataclass(frozen=True)
-class Option:
-    """One ``[speculative]`` option: name, parser, default, doc and how Airflow's config declares it."""
-
-    name: str
-    parse: Parser
-    default: Any
-    doc: str
-    # Type in provider info (Airflow's config declares "string", "boolean", "integer" or "float").
-    type: str = "string"
-    # How airflow.cfg shows the default; None: str(default).
-    default_string: str | None = None
-    # What docs/configuration.md's option table shows as the default; None: the default string in backticks.
-    readme_default: str | None = None
-    annotation: str = "Any"
-    # The meaning column of docs/configuration.md (Markdown, may link); None: ``doc`` in the table's style.
-    manual: str | None = None
-
-    def show_default(self) -> str:
-        """The default as the string Airflow's config declares (parses back to ``default``)."""
-        return str(self.default) if self.default_string is None else self.default_string
-
-    def table_row(self) -> str:
-        """This option's row of the option table in docs/configuration.md (generated: ``make docs``)."""
-        meaning = self.manual if self.manual is not None else self.doc[0].lower() + self.doc[1:].rstrip(".")
-        return f"| `{self.name}` | {self.readme_default or f'`{self.show_default()}`'} | {meaning} |"
-
-
-def _bool_option(name: str, default: bool, doc: str, manual: str | None = None) -> Option:
-    return Option(name, _bool, default, doc, "boolean", annotation="bool", manual=manual)
-
-
-def _int_option(name: str, default: int, doc: str, minimum: int, manual: str | None = None) -> Option:
-    return Option(name, lambda n, v, w: _int(n, v, w, minimum), default, doc, "integer", annotation="int",
-                  manual=manual)
-
-
-def _duration_option(name: str, default: float, doc: str, *, positive: bool = False,
-                     readme_default: str | None = None, minimum: float | None = None,
-                     manual: str | None = None) -> Option:
-    def parse(n: str, v: Any, w: str) -> float:
-        seconds = _duration(n, v, w)
-        if positive and seconds <= 0:
-            raise _bad(n, v, w, "must be > 0")
-        if minimum is not None and seconds < minimum:
-            raise _bad(n, v, w, f"must be at least {minimum:g} s")
-        return seconds
-
-    return Option(name, parse, default, doc, "string", f"{default:g}",
-                  readme_default or f"`{default:g}` s", annotation="float", manual=manual)
-
-
 def _auto_duration(name: str, value: Any, where: str) -> float | None:
     """None for 'auto' (derived from what the stage measures), else a duration in seconds."""
     if value is None or (isinstance(value, str) and value.strip().lower() == "auto"):
         return None
     return _duration(name, value, where)
-
-
-def _float_option(name: str, default: float, doc: str, check: Callable[[float], bool], why: str,
-                  manual: str | None = None) -> Option:
-    def parse(n: str, v: Any, w: str) -> float:
-        number = _float(n, v, w)
-        if not check(number):
-            raise _bad(n, v, w, why)
-        return number
-
-    return Option(name, parse, default, doc, "float", annotation="float", manual=manual)
 
 
 def _choice(name: str, value: Any, where: str, choices: tuple[str, ...]) -> str:
@@ -485,170 +415,307 @@ def _text(name: str, value: Any, where: str) -> str:
     return os.fspath(value) if value else ""
 
 
-OPTIONS: tuple[Option, ...] = (
-    _bool_option("enabled", False, "Launch speculative attempts for slow subtasks."),
-    _int_option("max_concurrent_executions", 2, "Live attempts per subtask, original included (>= 1).", 1),
-    _duration_option("block_slow_node_duration", 60.0,
-                     "Seconds a slow node stays blocked for new attempts (>= 0).",
-                     manual="how long a slow node is blocked for new attempts"),
+# -- the options: each [speculative] option is one field of SpeculativeConfig ----------------------
+
+Parser = Callable[[str, Any, str], Any]
+_T = TypeVar("_T")
+
+
+@dataclass(frozen=True)
+class OptionSpec:
+    """What a config field's metadata says of its option: parser, doc and how Airflow and the docs show it."""
+
+    parse: Parser
+    doc: str
+    # Type in provider info (Airflow's config declares "string", "boolean", "integer" or "float").
+    type: str = "string"
+    # How airflow.cfg shows the default; None: str(default).
+    default_string: str | None = None
+    # What docs/configuration.md's option table shows as the default; None: the default string in backticks.
+    readme_default: str | None = None
+    # The meaning column of docs/configuration.md (Markdown, may link); None: ``doc`` in the table's style.
+    manual: str | None = None
+
+
+@dataclass(frozen=True)
+class Option(OptionSpec):
+    """One ``[speculative]`` option: its field's name and default with the spec from the field's metadata."""
+
+    name: str = field(kw_only=True)
+    default: Any = field(kw_only=True)
+
+    def show_default(self) -> str:
+        """The default as the string Airflow's config declares (parses back to ``default``)."""
+        return str(self.default) if self.default_string is None else self.default_string
+
+    def table_row(self) -> str:
+        """This option's row of the option table in docs/configuration.md (generated: ``make docs``)."""
+        meaning = self.manual if self.manual is not None else self.doc[0].lower() + self.doc[1:].rstrip(".")
+        return f"| `{self.name}` | {self.readme_default or f'`{self.show_default()}`'} | {meaning} |"
+
+
+# The metadata key under which a config field keeps its OptionSpec.
+OPTION_SPEC = "speculative_option"
+
+
+def _spec(parse: Parser, doc: str, type: str = "string", *, default_string: str | None = None,
+          readme_default: str | None = None, manual: str | None = None) -> dict[str, OptionSpec]:
+    return {OPTION_SPEC: OptionSpec(parse, doc, type, default_string, readme_default, manual)}
+
+
+# field() is typed as returning its default, so these helpers keep each field's annotation checked
+# against its default while the dataclass receives the Field that carries the spec.
+def _option(default: _T, parse: Parser, doc: str, type: str = "string", *, default_string: str | None = None,
+            readme_default: str | None = None, manual: str | None = None) -> _T:
+    return field(default=default, metadata=_spec(parse, doc, type, default_string=default_string,
+                                                  readme_default=readme_default, manual=manual))
+
+
+def _bool_option(default: bool, doc: str, manual: str | None = None) -> bool:
+    return _option(default, _bool, doc, "boolean", manual=manual)
+
+
+def _int_option(default: int, doc: str, minimum: int, manual: str | None = None) -> int:
+    return _option(default, lambda n, v, w: _int(n, v, w, minimum), doc, "integer", manual=manual)
+
+
+def _duration_option(default: float, doc: str, *, positive: bool = False, readme_default: str | None = None,
+                     minimum: float | None = None, manual: str | None = None) -> float:
+    def parse(n: str, v: Any, w: str) -> float:
+        seconds = _duration(n, v, w)
+        if positive and seconds <= 0:
+            raise _bad(n, v, w, "must be > 0")
+        if minimum is not None and seconds < minimum:
+            raise _bad(n, v, w, f"must be at least {minimum:g} s")
+        return seconds
+
+    return _option(default, parse, doc, default_string=f"{default:g}",
+                   readme_default=readme_default or f"`{default:g}` s", manual=manual)
+
+
+def _float_option(default: float, doc: str, check: Callable[[float], bool], why: str,
+                  manual: str | None = None) -> float:
+    def parse(n: str, v: Any, w: str) -> float:
+        number = _float(n, v, w)
+        if not check(number):
+            raise _bad(n, v, w, why)
+        return number
+
+    return _option(default, parse, doc, "float", manual=manual)
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """All options of the ``[speculative]`` section, after parsing and validation.
+
+    Each field is the option's one declaration: its name, type and default, and in its metadata the
+    parser and documentation (:class:`OptionSpec`); :data:`OPTIONS`, provider info and the docs' option
+    table derive from these fields.
+    """
+
+    enabled: bool = _bool_option(False, "Launch speculative attempts for slow subtasks.")
+    max_concurrent_executions: int = _int_option(2, "Live attempts per subtask, original included (>= 1).", 1)
+    block_slow_node_duration: float = _duration_option(
+        60.0, "Seconds a slow node stays blocked for new attempts (>= 0).",
+        manual="how long a slow node is blocked for new attempts")
     # Below 10 ms a controller only spins in the triggerer every stage of the deployment shares.
-    _duration_option("check_interval", 1.0, "Seconds between controller checks (>= 0.01).", positive=True,
-                     minimum=0.01,
-                     manual="controller check interval (>= 0.01 s); an attempt that starts, gets its Spark session "
-                            "or ends wakes the controller sooner (see [What happens at run "
-                            "time](running.md#what-happens-at-run-time))"),
-    _bool_option("fork_server", True,
-                 "Start attempts from a per-host fork server that has pyspark's Connect client imported "
-                 "(false: a fresh interpreter per attempt).",
-                 manual="start each attempt's supervisor, and a Spark Connect attempt's Python client, by forking a "
-                        "per-host, per-user fork server that has pyspark's Connect client, pandas, pyarrow and grpc "
-                        "imported, instead of two fresh interpreters (saves ~0.6 s of CPU per attempt); `False`: "
-                        "fresh interpreters. See [Warm attempt start](connect.md#warm-attempt-start)"),
-    _bool_option("start_in_triggerer", True,
-                 "Start stage tasks in the triggerer (start_from_trigger): plan, run and commit there, with no "
-                 "worker run per stage (false: plan on a worker, defer, finalize on a worker). Read when the DAG "
-                 "is parsed.",
-                 manual="stage tasks start in the triggerer (Airflow's `start_from_trigger`): when its upstreams "
-                        "succeed, the scheduler defers the task straight into the triggerer, which plans the stage, "
-                        "runs it and commits it (the sink too); no worker process, DAG parse or executor slot per "
-                        "stage. `False`: plan on a worker, defer, finalize on a worker (the behaviour before 0.x; "
-                        "also what `commit_in_triggerer=False` on a stage does). Read when the DAG is parsed; "
-                        "`dag.test()` always plans on the worker. See [Where a stage "
-                        "runs](running.md#where-a-stage-runs)"),
-    Option("baseline_lower_bound", _auto_duration, None,
-           "Lower bound of the slow-task baseline: 'auto' (twice the median start-up time of the stage's finished "
-           "attempts, at least 1 s) or seconds (>= 0).", "string", "auto", "`auto`", annotation="float | None",
-           manual="B, lower bound of the baseline: `auto` = twice the median start-up time (launch to a ready Spark "
-                  "session) of the stage's finished attempts, at least 1 s; or a duration (Flink's default was 60 s, "
-                  "which never calls a seconds-long attempt slow)"),
-    _duration_option("speed_check_age", 3600.0,
-                     "Check the speed of Spark Connect targets when a stage starts if a target's speed record is "
-                     "missing, slow or older than this (0: never check).",
-                     readme_default="`3600` s (1 hour)",
-                     manual="before a stage's first wave, time one tiny query on every Spark Connect target at once "
-                            "when one of them has no speed record from this DAG run and its record is missing, "
-                            "slow or older than this; a server at least 2x slower than the fastest gets fewer "
-                            "originals from the start. `0`: never check (see [Speed-aware "
-                            "placement](running.md#speed-aware-placement))"),
-    _float_option("baseline_ratio", 0.75,
-                  "Fraction of subtasks that must finish before a baseline exists (0 < r <= 1).",
-                  lambda r: 0 < r <= 1, "must be in (0, 1]",
-                  manual="R, fraction of subtasks that must finish before a baseline exists (0 < R <= 1)"),
-    _float_option("baseline_multiplier", 1.5,
-                  "Baseline = median execution time of the earliest finishers times this (>= 1).",
-                  lambda m: m >= 1, "must be >= 1",
-                  manual="M (>= 1)"),
-    _bool_option("normalize_by_input_bytes", True,
-                 "Compare execution time per input byte when input sizes are known.",
-                 manual="also compare execution time per input byte (see above)"),
-    _int_option("max_failures_per_subtask", 3,
-                "Failed attempts a subtask may have before the stage fails (>= 0).", 0,
-                manual="failed attempts a subtask may have before the stage fails with every attempt's cause (a lost "
-                       "input does not count: it is not the subtask's fault)"),
-    _int_option("max_failures_per_stage", 10,
-                "Failed attempts a stage run may have in all before it fails (>= 0).", 0,
-                manual="failed attempts a stage run may have in all, whatever the cause, before it fails with every "
-                       "attempt's cause"),
-    _duration_option("retention", 86400.0,
-                     "How long intermediate results stay after the run succeeded and their consumers committed.",
-                     readme_default="`86400` s (1 day)",
-                     manual="how long intermediate results stay after the run succeeded and their consumers "
-                            "committed (see [Partition life cycle and "
-                            "gc](operations.md#partition-life-cycle-and-gc))"),
-    Option("data_volume_per_subtask", _size, 128 * 1024 ** 2,
-           "Bytes one subtask should read when a stage has parallelism='auto' (e.g. '64MB', '1 GiB').",
-           "string", "134217728", "`134217728` (128 MiB)", annotation="int",
-           manual='bytes one subtask should read when a stage has `parallelism="auto"`; a size such as `64MB` or `1 '
-                  "GiB` (binary units)"),
-    Option("broadcast_max_bytes", _size, 256 * 1024 ** 2,
-           "Largest input a broadcast(...) input may have when its consumer is planned: every consumer subtask "
-           "reads all of it (e.g. '64MB', '1 GiB').",
-           "string", "268435456", "`268435456` (256 MiB)", annotation="int",
-           manual="largest input a `broadcast(...)` input may have, checked when its consumer is planned (every "
-                  "consumer subtask reads all of it); a size such as `64MB`"),
-    _bool_option("balanced_exchange_ranges", True,
-                 "Give all_to_all consumers subpartition ranges of about equal bytes (false: equal counts).",
-                 manual="give `all_to_all` consumers contiguous subpartition ranges of about equal bytes (from the "
-                        "producers' committed sizes); `False`: equal counts `[i·P/M, (i+1)·P/M)`"),
-    Option("failover_strategy", lambda n, v, w: _choice(n, v, w, ("region", "all")), "region",
-           "What reruns when an input partition is lost: 'region' (only the affected region) or 'all'.",
-           annotation="str",
-           manual="what reruns when an input partition is lost: `region` (only the affected region, FLIP-1) or `all` "
-                  "(every subtask of the producer, for comparison)"),
-    _duration_option("slot_wait_timeout", 600.0,
-                     "How long a stage waits for a live slot (every target lost or without capacity) before it "
-                     "fails (> 0).", positive=True,
-                     manual="how long a stage waits for a live slot (every target lost, or a reactive target without "
-                            "an alive worker) before it fails naming pipeline, stage and targets (> 0); see [Targets "
-                            "and slots](#targets-and-slots)"),
-    _float_option("hybrid_min_admitted_share", 0.5,
-                  "A consumer of an all_to_all hybrid exchange starts once this share of its producers is "
-                  "admitted, and reads the rest as they are admitted (0 < s <= 1).",
-                  lambda s: 0 < s <= 1, "must be in (0, 1]",
-                  manual="a consumer of an `all_to_all` hybrid exchange starts once this share of its producers is "
-                         "admitted and reads the rest incrementally (0 < s <= 1); see [Hybrid "
-                         "exchanges](authoring.md#hybrid-exchanges-flip-235)"),
-    _duration_option("hybrid_input_timeout", 3600.0,
-                     "How long a consumer of a hybrid exchange waits for its producer stage's plan, and an "
-                     "attempt's read for its producers' admissions, before failing (> 0).", positive=True,
-                     manual="how long a hybrid consumer waits for its producer stage's plan, and a read for its "
-                            "producers' admissions, before it fails naming pipeline, stage and input (> 0)"),
-    _duration_option("executor_loss_timeout", 60.0,
-                     "On a cluster master: an attempt whose executors are all gone (or never came) for this long "
-                     "fails as 'node lost' and its node is blocked (0: never).",
-                     manual="on a cluster master, an attempt whose executors are all gone (or never came) for this "
-                            'long fails as "node lost" and its node is blocked (`0`: never); see '
-                            "[docs/clusters.md](clusters.md)"),
-    Option("store_path", _store_path, "",
-           "Root of the result store: a local path or file:// URL; empty means $AIRFLOW_HOME/speculative-store.",
-           readme_default="`$AIRFLOW_HOME/speculative-store`", annotation="str",
-           manual="root of the result store: an absolute path or a `file://` URL, shared by every host that runs "
-                  "attempts (other schemes are refused naming the scheme; see [docs/store.md](store.md)); neither "
-                  "`/` nor `$AIRFLOW_HOME` itself, and a directory the provider creates or finds empty (see "
-                  "[Partition life cycle and gc](operations.md#partition-life-cycle-and-gc))"),
-    Option("spark_history_url", _history_url, "",
-           "Spark history server URL for the UI's links to admitted attempts; empty: no link.",
-           readme_default="empty", annotation="str",
-           manual="Spark history server URL, absolute `http://` or `https://` with a host (anything else is refused; "
-                  "see [SECURITY.md](../SECURITY.md)); the UI and the operator extra links then link admitted "
-                  "attempts to it"),
-    Option("asset_events_conn_id", _conn_id, DEFAULT_ASSET_EVENTS_CONN_ID,
-           "HTTP connection to Airflow's api-server through which a stage that ends in the triggerer records its "
-           "sink's asset event (no worker run); when the default connection is not defined, or the option is "
-           "empty, the task resumes on a worker to record it.",
-           annotation="str",
-           manual="an `http` connection to Airflow's api-server (host = its base URL; login and password of a user "
-                  "who may create asset events, or extra `token`); a stage started in the triggerer then records "
-                  "its sink's asset event through the REST API and ends there, instead of resuming on a worker "
-                  "(saves a scheduler round trip and a worker start per run). If the default connection is not "
-                  "defined, or the option is empty, the worker records it; a connection named here "
-                  "that does not exist fails the stage at plan. See [Asset events without a "
-                  "worker](running.md#asset-events-without-a-worker)"),
-    Option("s3_conn_id", _conn_id, "",
-           "Airflow aws connection for s3:// sources (login, password, extras endpoint_url and region_name); "
-           "empty: the standard AWS environment variables.",
-           readme_default="empty", annotation="str",
-           manual="an `aws` connection for `s3://` sources, listed and checked at plan (login = access key id, "
-                  "password = secret key, extras `endpoint_url`, `region_name`, `aws_session_token`); empty: the "
-                  "standard AWS environment (`AWS_ACCESS_KEY_ID`, `AWS_ENDPOINT_URL_S3`, ...). Spark reads the "
-                  "files with its own credentials; see [Sources on S3](store.md#sources-on-s3)"),
-    Option("targets", _targets, DEFAULT_TARGETS,
-           "JSON list of targets: name, conn_id, slots (a number, or 'auto' with master_ui), node, conf.",
-           default_string=json.dumps([asdict(t) for t in DEFAULT_TARGETS]), readme_default="two local targets",
-           annotation="tuple[Target, ...]",
-           manual='JSON list of `{name, conn_id, slots, node, conf}` (`slots` a number, or `"auto"` with '
-                  "`master_ui`); see below. Unset, Airflow gets two local targets `local-a`, `local-b` on "
-                  "`spark_default` with one slot per host core between them (`max(1, cores // 2)` each, the "
-                  "cores this process may run on)"),
-    Option("fault_injection", _faults, FaultInjection(),
-           "JSON: {targets: {name: {factor, delay, fail}}, attempts: [{subtask, attempt, ...}], "
-           "force_speculation: [subtask, ...], barrier: bool, hold_end: bool, hold_commit: bool}. "
-           "Tests and demos only; off when empty.",
-           default_string="", readme_default="off", annotation="FaultInjection",
-           manual='JSON `{"targets": {name: {factor, delay, fail}}, "attempts": [{subtask, attempt, factor, delay, '
-                  'fail}], "force_speculation": [subtask, ...], "barrier": bool, "hold_end": bool, "hold_commit": '
-                  "bool}`"),
-)
+    check_interval: float = _duration_option(
+        1.0, "Seconds between controller checks (>= 0.01).", positive=True, minimum=0.01,
+        manual="controller check interval (>= 0.01 s); an attempt that starts, gets its Spark session or ends wakes "
+               "the controller sooner (see [What happens at run time](running.md#what-happens-at-run-time))")
+    fork_server: bool = _bool_option(
+        True, "Start attempts from a per-host fork server that has pyspark's Connect client imported "
+              "(false: a fresh interpreter per attempt).",
+        manual="start each attempt's supervisor, and a Spark Connect attempt's Python client, by forking a per-host, "
+               "per-user fork server that has pyspark's Connect client, pandas, pyarrow and grpc imported, instead of "
+               "two fresh interpreters (saves ~0.6 s of CPU per attempt); `False`: fresh interpreters. See [Warm "
+               "attempt start](connect.md#warm-attempt-start)")
+    start_in_triggerer: bool = _bool_option(
+        True, "Start stage tasks in the triggerer (start_from_trigger): plan, run and commit there, with no worker "
+              "run per stage (false: plan on a worker, defer, finalize on a worker). Read when the DAG is parsed.",
+        manual="stage tasks start in the triggerer (Airflow's `start_from_trigger`): when its upstreams succeed, the "
+               "scheduler defers the task straight into the triggerer, which plans the stage, runs it and commits it "
+               "(the sink too); no worker process, DAG parse or executor slot per stage. `False`: plan on a worker, "
+               "defer, finalize on a worker (the behaviour before 0.x; also what `commit_in_triggerer=False` on a "
+               "stage does). Read when the DAG is parsed; `dag.test()` always plans on the worker. See [Where a "
+               "stage runs](running.md#where-a-stage-runs)")
+    # None: 'auto', derived from start-up times (core/detector.py).
+    baseline_lower_bound: float | None = _option(
+        None, _auto_duration,
+        "Lower bound of the slow-task baseline: 'auto' (twice the median start-up time of the stage's finished "
+        "attempts, at least 1 s) or seconds (>= 0).",
+        default_string="auto", readme_default="`auto`",
+        manual="B, lower bound of the baseline: `auto` = twice the median start-up time (launch to a ready Spark "
+               "session) of the stage's finished attempts, at least 1 s; or a duration (Flink's default was 60 s, "
+               "which never calls a seconds-long attempt slow)")
+    speed_check_age: float = _duration_option(
+        3600.0, "Check the speed of Spark Connect targets when a stage starts if a target's speed record is missing, "
+                "slow or older than this (0: never check).",
+        readme_default="`3600` s (1 hour)",
+        manual="before a stage's first wave, time one tiny query on every Spark Connect target at once when one of "
+               "them has no speed record from this DAG run and its record is missing, slow or older than this; a "
+               "server at least 2x slower than the fastest gets fewer originals from the start. `0`: never check "
+               "(see [Speed-aware placement](running.md#speed-aware-placement))")
+    baseline_ratio: float = _float_option(
+        0.75, "Fraction of subtasks that must finish before a baseline exists (0 < r <= 1).",
+        lambda r: 0 < r <= 1, "must be in (0, 1]",
+        manual="R, fraction of subtasks that must finish before a baseline exists (0 < R <= 1)")
+    baseline_multiplier: float = _float_option(
+        1.5, "Baseline = median execution time of the earliest finishers times this (>= 1).",
+        lambda m: m >= 1, "must be >= 1", manual="M (>= 1)")
+    normalize_by_input_bytes: bool = _bool_option(
+        True, "Compare execution time per input byte when input sizes are known.",
+        manual="also compare execution time per input byte (see above)")
+    max_failures_per_subtask: int = _int_option(
+        3, "Failed attempts a subtask may have before the stage fails (>= 0).", 0,
+        manual="failed attempts a subtask may have before the stage fails with every attempt's cause (a lost input "
+               "does not count: it is not the subtask's fault)")
+    max_failures_per_stage: int = _int_option(
+        10, "Failed attempts a stage run may have in all before it fails (>= 0).", 0,
+        manual="failed attempts a stage run may have in all, whatever the cause, before it fails with every "
+               "attempt's cause")
+    retention: float = _duration_option(
+        86400.0, "How long intermediate results stay after the run succeeded and their consumers committed.",
+        readme_default="`86400` s (1 day)",
+        manual="how long intermediate results stay after the run succeeded and their consumers committed (see "
+               "[Partition life cycle and gc](operations.md#partition-life-cycle-and-gc))")
+    data_volume_per_subtask: int = _option(
+        128 * 1024 ** 2, _size, "Bytes one subtask should read when a stage has parallelism='auto' (e.g. '64MB', "
+                                "'1 GiB').",
+        default_string="134217728", readme_default="`134217728` (128 MiB)",
+        manual='bytes one subtask should read when a stage has `parallelism="auto"`; a size such as `64MB` or `1 '
+               "GiB` (binary units)")
+    broadcast_max_bytes: int = _option(
+        256 * 1024 ** 2, _size,
+        "Largest input a broadcast(...) input may have when its consumer is planned: every consumer subtask reads "
+        "all of it (e.g. '64MB', '1 GiB').",
+        default_string="268435456", readme_default="`268435456` (256 MiB)",
+        manual="largest input a `broadcast(...)` input may have, checked when its consumer is planned (every "
+               "consumer subtask reads all of it); a size such as `64MB`")
+    balanced_exchange_ranges: bool = _bool_option(
+        True, "Give all_to_all consumers subpartition ranges of about equal bytes (false: equal counts).",
+        manual="give `all_to_all` consumers contiguous subpartition ranges of about equal bytes (from the producers' "
+               "committed sizes); `False`: equal counts `[i·P/M, (i+1)·P/M)`")
+    failover_strategy: str = _option(
+        "region", lambda n, v, w: _choice(n, v, w, ("region", "all")),
+        "What reruns when an input partition is lost: 'region' (only the affected region) or 'all'.",
+        manual="what reruns when an input partition is lost: `region` (only the affected region, FLIP-1) or `all` "
+               "(every subtask of the producer, for comparison)")
+    slot_wait_timeout: float = _duration_option(
+        600.0, "How long a stage waits for a live slot (every target lost or without capacity) before it fails "
+               "(> 0).", positive=True,
+        manual="how long a stage waits for a live slot (every target lost, or a reactive target without an alive "
+               "worker) before it fails naming pipeline, stage and targets (> 0); see [Targets and "
+               "slots](#targets-and-slots)")
+    hybrid_min_admitted_share: float = _float_option(
+        0.5, "A consumer of an all_to_all hybrid exchange starts once this share of its producers is admitted, and "
+             "reads the rest as they are admitted (0 < s <= 1).",
+        lambda s: 0 < s <= 1, "must be in (0, 1]",
+        manual="a consumer of an `all_to_all` hybrid exchange starts once this share of its producers is admitted "
+               "and reads the rest incrementally (0 < s <= 1); see [Hybrid "
+               "exchanges](authoring.md#hybrid-exchanges-flip-235)")
+    hybrid_input_timeout: float = _duration_option(
+        3600.0, "How long a consumer of a hybrid exchange waits for its producer stage's plan, and an attempt's "
+                "read for its producers' admissions, before failing (> 0).", positive=True,
+        manual="how long a hybrid consumer waits for its producer stage's plan, and a read for its producers' "
+               "admissions, before it fails naming pipeline, stage and input (> 0)")
+    executor_loss_timeout: float = _duration_option(
+        60.0, "On a cluster master: an attempt whose executors are all gone (or never came) for this long fails as "
+              "'node lost' and its node is blocked (0: never).",
+        manual='on a cluster master, an attempt whose executors are all gone (or never came) for this long fails as '
+               '"node lost" and its node is blocked (`0`: never); see [docs/clusters.md](clusters.md)')
+    store_path: str = _option(
+        "", _store_path,
+        "Root of the result store: a local path or file:// URL; empty means $AIRFLOW_HOME/speculative-store.",
+        readme_default="`$AIRFLOW_HOME/speculative-store`",
+        manual="root of the result store: an absolute path or a `file://` URL, shared by every host that runs "
+               "attempts (other schemes are refused naming the scheme; see [docs/store.md](store.md)); neither `/` "
+               "nor `$AIRFLOW_HOME` itself, and a directory the provider creates or finds empty (see [Partition "
+               "life cycle and gc](operations.md#partition-life-cycle-and-gc))")
+    spark_history_url: str = _option(
+        "", _history_url, "Spark history server URL for the UI's links to admitted attempts; empty: no link.",
+        readme_default="empty",
+        manual="Spark history server URL, absolute `http://` or `https://` with a host (anything else is refused; "
+               "see [SECURITY.md](../SECURITY.md)); the UI and the operator extra links then link admitted "
+               "attempts to it")
+    asset_events_conn_id: str = _option(
+        DEFAULT_ASSET_EVENTS_CONN_ID, _conn_id,
+        "HTTP connection to Airflow's api-server through which a stage that ends in the triggerer records its "
+        "sink's asset event (no worker run); when the default connection is not defined, or the option is empty, "
+        "the task resumes on a worker to record it.",
+        manual="an `http` connection to Airflow's api-server (host = its base URL; login and password of a user who "
+               "may create asset events, or extra `token`); a stage started in the triggerer then records its "
+               "sink's asset event through the REST API and ends there, instead of resuming on a worker (saves a "
+               "scheduler round trip and a worker start per run). If the default connection is not defined, or the "
+               "option is empty, the worker records it; a connection named here that does not exist fails the "
+               "stage at plan. See [Asset events without a worker](running.md#asset-events-without-a-worker)")
+    s3_conn_id: str = _option(
+        "", _conn_id,
+        "Airflow aws connection for s3:// sources (login, password, extras endpoint_url and region_name); empty: "
+        "the standard AWS environment variables.",
+        readme_default="empty",
+        manual="an `aws` connection for `s3://` sources, listed and checked at plan (login = access key id, "
+               "password = secret key, extras `endpoint_url`, `region_name`, `aws_session_token`); empty: the "
+               "standard AWS environment (`AWS_ACCESS_KEY_ID`, `AWS_ENDPOINT_URL_S3`, ...). Spark reads the files "
+               "with its own credentials; see [Sources on S3](store.md#sources-on-s3)")
+    targets: tuple[Target, ...] = _option(
+        DEFAULT_TARGETS, _targets,
+        "JSON list of targets: name, conn_id, slots (a number, or 'auto' with master_ui), node, conf.",
+        default_string=json.dumps([asdict(t) for t in DEFAULT_TARGETS]), readme_default="two local targets",
+        manual='JSON list of `{name, conn_id, slots, node, conf}` (`slots` a number, or `"auto"` with `master_ui`); '
+               "see below. Unset, Airflow gets two local targets `local-a`, `local-b` on `spark_default` with one "
+               "slot per host core between them (`max(1, cores // 2)` each, the cores this process may run on)")
+    fault_injection: FaultInjection = field(default_factory=FaultInjection, metadata=_spec(
+        _faults,
+        "JSON: {targets: {name: {factor, delay, fail}}, attempts: [{subtask, attempt, ...}], force_speculation: "
+        "[subtask, ...], barrier: bool, hold_end: bool, hold_commit: bool}. Tests and demos only; off when empty.",
+        default_string="", readme_default="off",
+        manual='JSON `{"targets": {name: {factor, delay, fail}}, "attempts": [{subtask, attempt, factor, delay, '
+               'fail}], "force_speculation": [subtask, ...], "barrier": bool, "hold_end": bool, "hold_commit": '
+               "bool}`"))
+
+    def with_overrides(self, overrides: dict[str, Any] | None, where: str) -> SpeculativeConfig:
+        """Return a copy with ``overrides`` applied; ``where`` names the source in error messages."""
+        if not overrides:
+            return self
+        parsed = {name: parse_option(name, value, where) for name, value in overrides.items()}
+        return replace(self, **parsed)
+
+    def to_json(self) -> dict[str, Any]:
+        """Serialise to plain JSON types (for plan.json and trigger kwargs)."""
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["targets"] = [asdict(t) for t in self.targets]
+        out["fault_injection"] = self.fault_injection.to_json()
+        return out
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> SpeculativeConfig:
+        """Inverse of ``to_json``."""
+        return cls().with_overrides(data, "plan")
+
+
+def options_of(config_class: type[Any]) -> tuple[Option, ...]:
+    """The options a config dataclass declares, in field order; a field without its spec or default is refused."""
+    options = []
+    for f in fields(config_class):
+        spec = f.metadata.get(OPTION_SPEC)
+        where = f"{config_class.__name__}.{f.name}"
+        if not isinstance(spec, OptionSpec):
+            raise TypeError(f"{where} has no option spec (parser and doc): declare it with _option() or "
+                            f"field(metadata=_spec(...))")
+        if not callable(spec.parse) or not spec.doc.strip():
+            raise TypeError(f"{where}: its option spec needs a parser and a doc line")
+        if f.default is not MISSING:
+            default = f.default
+        elif f.default_factory is not MISSING:
+            default = f.default_factory()
+        else:
+            raise TypeError(f"{where} has no default")
+        options.append(Option(**{s.name: getattr(spec, s.name) for s in fields(spec)}, name=f.name, default=default))
+    return tuple(options)
+
+
+OPTIONS: tuple[Option, ...] = options_of(SpeculativeConfig)
 OPTION_BY_NAME: dict[str, Option] = {o.name: o for o in OPTIONS}
 OPTION_DOCS: dict[str, str] = {o.name: o.doc for o in OPTIONS}
 
@@ -674,60 +741,3 @@ def options_table() -> str:
 def default_strings() -> dict[str, str]:
     """The defaults as the strings Airflow's config declares (provider info)."""
     return {o.name: o.show_default() for o in OPTIONS}
-
-
-@dataclass(frozen=True)
-class SpeculativeConfig:
-    """All options of the ``[speculative]`` section, after parsing and validation.
-
-    Fields are declared here for readers and type checkers; names and defaults must equal :data:`OPTIONS`
-    (which holds each option's parser and documentation), and a unit test keeps them equal.
-    """
-
-    enabled: bool = False
-    max_concurrent_executions: int = 2
-    block_slow_node_duration: float = 60.0
-    check_interval: float = 1.0
-    fork_server: bool = True
-    start_in_triggerer: bool = True
-    baseline_lower_bound: float | None = None  # None: 'auto', derived from start-up times (core/detector.py)
-    speed_check_age: float = 3600.0
-    baseline_ratio: float = 0.75
-    baseline_multiplier: float = 1.5
-    normalize_by_input_bytes: bool = True
-    max_failures_per_subtask: int = 3
-    max_failures_per_stage: int = 10
-    retention: float = 86400.0
-    data_volume_per_subtask: int = 128 * 1024 ** 2
-    broadcast_max_bytes: int = 256 * 1024 ** 2
-    balanced_exchange_ranges: bool = True
-    failover_strategy: str = "region"
-    slot_wait_timeout: float = 600.0
-    hybrid_min_admitted_share: float = 0.5
-    hybrid_input_timeout: float = 3600.0
-    executor_loss_timeout: float = 60.0
-    store_path: str = ""
-    spark_history_url: str = ""
-    asset_events_conn_id: str = DEFAULT_ASSET_EVENTS_CONN_ID
-    s3_conn_id: str = ""
-    targets: tuple[Target, ...] = DEFAULT_TARGETS
-    fault_injection: FaultInjection = field(default_factory=FaultInjection)
-
-    def with_overrides(self, overrides: dict[str, Any] | None, where: str) -> SpeculativeConfig:
-        """Return a copy with ``overrides`` applied; ``where`` names the source in error messages."""
-        if not overrides:
-            return self
-        parsed = {name: parse_option(name, value, where) for name, value in overrides.items()}
-        return replace(self, **parsed)
-
-    def to_json(self) -> dict[str, Any]:
-        """Serialise to plain JSON types (for plan.json and trigger kwargs)."""
-        out = {f.name: getattr(self, f.name) for f in fields(self)}
-        out["targets"] = [asdict(t) for t in self.targets]
-        out["fault_injection"] = self.fault_injection.to_json()
-        return out
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> SpeculativeConfig:
-        """Inverse of ``to_json``."""
-        return cls().with_overrides(data, "plan")

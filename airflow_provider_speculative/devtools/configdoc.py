@@ -1,4 +1,4 @@
-"""Write the option table of docs/configuration.md from the option declarations (``make docs``)."""
+"""Write the option table of docs/configuration.md from SpeculativeConfig's fields (``make docs``)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 from airflow_provider_speculative.core.config import options_table
 
-BEGIN = "<!-- option table: generated from OPTIONS in core/config.py by `make docs`; edit there -->"
+BEGIN = "<!-- option table: generated from SpeculativeConfig's fields in core/config.py by `make docs`; edit there -->"
 END = "<!-- end of the option table -->"
 DOC = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 
