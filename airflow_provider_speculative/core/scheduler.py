@@ -164,6 +164,8 @@ class StageScheduler:
     _speed_pending: set[int] = field(default_factory=set, init=False, repr=False, compare=False)
     _median_of: tuple[Mapping[int, int], float | None] | None = field(default=None, init=False, repr=False,
                                                                       compare=False)
+    # The speeds the speed view last answered (a round whose speeds are these may read its execution times).
+    _viewed: Speeds | None = field(default=None, init=False, repr=False, compare=False)
     # FLIP-159: the last TargetsObserved (None: never observed, fixed per-stage slots).
     free_slots: dict[str, int] | None = None
     capacity: dict[str, int] = field(default_factory=dict)
@@ -727,7 +729,8 @@ class StageScheduler:
         for subtask in self._speed_pending:
             view.update(subtask, self.attempts.get(subtask, {}).values())
         self._speed_pending = set()
-        return view.speeds(now, self.target_history, self.history_source)
+        self._viewed = view.speeds(now, self.target_history, self.history_source)
+        return self._viewed
 
     def _hold_inputs(self) -> tuple[Callable[[str], list[Attempt]], Callable[[str], bool]]:
         """The live attempts on a target, and whether any attempt went to it, for a round's hold planner."""
@@ -923,7 +926,12 @@ class StageScheduler:
             def live_before(target: str) -> list[Attempt]:
                 return [a for a in live_on(target) if (a.subtask, a.number) not in since] if since else live_on(target)
 
-            walk.holds = HoldPlanner.lazy(walk.speeds, self._median_size(), self._slot_count, live_before, walk.now)
+            view = self._speed_view
+            # The view's execution times are this round's only if the round's speeds came from it.
+            longest = (functools.partial(view.longest, now=walk.now)
+                       if view is not None and self._viewed is walk.speeds else None)
+            walk.holds = HoldPlanner.lazy(walk.speeds, self._median_size(), self._slot_count, live_before, walk.now,
+                                          longest)
         return walk.holds
 
     def _place_one(self, walk: _Walk, subtask: int, speculative: bool, reason: str, target: Target | None) -> None:
@@ -1260,6 +1268,8 @@ class _HoldIndex:
         # The same expressions as HoldPlanner.hold_for: the same additions, so the same bound is met.
         slowness = speeds.of(slow)
         bound = (scale * slowness) * (1.0 - HOLD_MARGIN)
+        if self._at_least(slowness, scale, bound, limit):
+            return limit
         moved: list[tuple[int, list[float]]] = []
         total = 0
         for k, target in enumerate(self.candidates):
@@ -1287,6 +1297,39 @@ class _HoldIndex:
                 self._refresh(k)
         self.placing_now.add(slow)
         return total
+
+    def _at_least(self, slowness: float, scale: float, bound: float, limit: int) -> bool:
+        """True if at least ``limit`` holds up to ``bound`` are sure, counting from slot counts where they tell.
+
+        A queue not built yet whose entries all free within one expected duration (HoldPlanner.sure_slots)
+        takes at least as many holds per slot as an entry one expected duration from now, since holds are
+        repeated additions; a queue already built is counted exactly. No queue is built here.
+        """
+        planner, speeds = self.planner, self.planner.speeds
+        total = 0
+        for target in self.candidates:
+            of = speeds.of(target)
+            if slowness < SLOW_FACTOR * of:
+                continue
+            step = scale * of
+            queue = planner.queues.get(target)
+            if queue is None:
+                slots = planner.sure_slots(target)
+                if not slots:
+                    continue
+                free_at, holds = step, 0
+                while free_at + step <= bound:
+                    free_at = free_at + step
+                    holds += 1
+                total += slots * holds
+            elif queue and queue[0] != float("inf"):
+                for free_at in queue:
+                    while free_at + step <= bound:
+                        free_at = free_at + step
+                        total += 1
+            if total >= limit:
+                return True
+        return False
 
 
 def _cause_class(cause: str | None) -> str:

@@ -159,6 +159,11 @@ class SpeedView:
         self._executing: dict[str, dict[tuple[int, int], tuple[float, float, float | None, int]]] = {}
         self._live: dict[tuple[int, int], Attempt] = {}
         self._live_on: dict[str, dict[tuple[int, int], Attempt]] = {}
+        # target -> executing attempts without an input size (not timed here), and the longest execution time
+        # of each target's timed executing attempts when speeds were last computed (at _longest_at).
+        self._untimed: dict[str, int] = {}
+        self._longest: dict[str, float] = {}
+        self._longest_at: float | None = None
         self._per_target: dict[str, int] = {}
         # The last answer and what it was computed from: a controller step often ticks twice at one clock.
         self._last: tuple[float, dict[str, float], dict[str, str], Speeds] | None = None
@@ -193,6 +198,10 @@ class SpeedView:
                 kind = "executing"
                 self._executing.setdefault(target, {})[(attempt.subtask, attempt.number)] = (
                     attempt.deploying_at, attempt.input_wait, attempt.waiting_since, size)
+                self._longest_at = None
+        elif attempt.state in EXECUTING and attempt.deploying_at is not None:
+            kind = "untimed"
+            self._untimed[target] = self._untimed.get(target, 0) + 1
         return target, kind, rate, attempt
 
     def _drop(self, target: str, kind: str, rate: float | None, attempt: Attempt) -> None:
@@ -223,6 +232,10 @@ class SpeedView:
             del running[key]
             if not running:
                 del self._executing[target]
+        elif kind == "untimed":
+            self._untimed[target] -= 1
+            if not self._untimed[target]:
+                del self._untimed[target]
 
     def speeds(self, now: float, history: Mapping[str, float] | None = None,
                history_source: Mapping[str, str] | None = None) -> Speeds:
@@ -232,14 +245,20 @@ class SpeedView:
         if last is not None and last[0] == now and last[1] == history and last[2] == history_source:
             return last[3]
         running = {target: rates[-1] for target, rates in self._cancelled.items()}
+        longest: dict[str, float] = {}
         for target, executing in self._executing.items():
             # A finished attempt's execution time does not depend on now; an executing one's does.
             rate = running.get(target, 0.0)
+            ran = 0.0
             for deploying_at, input_wait, waiting_since, size in executing.values():
                 # Attempt.execution_time of an executing attempt, inlined: the same operations, so the same value.
                 waited = input_wait + (max(0.0, now - waiting_since) if waiting_since is not None else 0.0)
-                rate = max(rate, max(0.0, now - deploying_at - waited) / size)
+                elapsed = max(0.0, now - deploying_at - waited)
+                rate = max(rate, elapsed / size)
+                ran = max(ran, elapsed)
             running[target] = rate
+            longest[target] = ran
+        self._longest, self._longest_at = longest, now
         speeds = _speeds(self._medians, running, history, history_source)
         self._last = (now, dict(history), dict(history_source), speeds)
         return speeds
@@ -256,6 +275,16 @@ class SpeedView:
     def targets(self) -> set[str]:
         """Targets any recorded attempt went to."""
         return set(self._per_target)
+
+    def longest(self, target: str, now: float) -> float | None:
+        """The longest execution time at ``now`` of ``target``'s live attempts; None if not known here.
+
+        Known once :meth:`speeds` ran at ``now`` and no executing attempt was recorded since, unless one of the
+        target's executing attempts has no input size (it is not timed here).
+        """
+        if self._longest_at != now or target in self._untimed:
+            return None
+        return self._longest.get(target, 0.0)
 
     def went_to(self, target: str) -> bool:
         """True if any recorded attempt went to ``target``."""
@@ -343,6 +372,8 @@ class HoldPlanner:
     # not built yet.
     slot_count: Callable[[str], int | None] | None = None
     live_on: Callable[[str], Iterable[Attempt]] | None = None
+    # The longest execution time of a target's live attempts, None if unknown (then only its queue tells).
+    longest: Callable[[str], float | None] | None = None
 
     @classmethod
     def build(cls, speeds: Speeds, live: Iterable[Attempt], slots: Mapping[str, int],
@@ -355,7 +386,8 @@ class HoldPlanner:
 
     @classmethod
     def lazy(cls, speeds: Speeds, size: float | None, slot_count: Callable[[str], int | None],
-             live_on: Callable[[str], Iterable[Attempt]], now: float) -> HoldPlanner:
+             live_on: Callable[[str], Iterable[Attempt]], now: float,
+             longest: Callable[[str], float | None] | None = None) -> HoldPlanner:
         """A planner whose queues come from ``slot_count`` and ``live_on`` when first asked for.
 
         ``size`` is the median input size (:func:`median_size`); ``live_on`` must not change while the
@@ -363,7 +395,26 @@ class HoldPlanner:
         """
         per_byte = speeds.fastest_per_byte
         unit = per_byte * size if per_byte is not None and size is not None else None
-        return cls(speeds=speeds, unit=unit, queues={}, now=now, slot_count=slot_count, live_on=live_on)
+        return cls(speeds=speeds, unit=unit, queues={}, now=now, slot_count=slot_count, live_on=live_on,
+                   longest=longest)
+
+    def sure_slots(self, target: str) -> int:
+        """How many entries of ``target``'s queue, not built yet, surely free within one expected duration.
+
+        Its slot count when none of its live attempts can be overdue (the longest has run less than
+        SLOW_FACTOR expected durations), since every other entry is at most one expected duration; 0 when
+        that is not known without building the queue.
+        """
+        if target in self.queues or self.slot_count is None:
+            return 0
+        count = self.slot_count(target) or 0
+        if not count or self.unit is None:
+            return count  # without a unit nothing is overdue and every entry is one expected duration
+        expected = self.unit * self.speeds.of(target)
+        longest = self.longest(target) if self.longest is not None else None
+        if longest is None or expected <= 0 or longest >= expected * SLOW_FACTOR:
+            return 0
+        return count
 
     def queue(self, target: str) -> list[float] | None:
         """``target``'s heap of slot ends, built on first use; None if it is not a target with slots here."""

@@ -21,7 +21,7 @@ from airflow_provider_speculative.core.blocklist import Blocklist
 from airflow_provider_speculative.core.config import SpeculativeConfig, Target
 from airflow_provider_speculative.core.detector import MIN_PROGRESS, Baseline, compute_baseline, progress_share
 from airflow_provider_speculative.core.messages import Action, AttemptObserved, Launch, TargetsObserved, Tick
-from airflow_provider_speculative.core.scheduler import StageScheduler
+from airflow_provider_speculative.core.scheduler import StageScheduler, _HoldIndex
 from airflow_provider_speculative.core.speed import MAX_SLOWNESS, SLOW_FACTOR, HoldPlanner, Speeds
 from airflow_provider_speculative.core.states import EXECUTING, Attempt, AttemptState
 from airflow_provider_speculative.devtools.simulator import (
@@ -402,6 +402,14 @@ def test_the_incremental_views_decide_exactly_as_the_full_rescans(seed: int, mon
         return held
 
     monkeypatch.setattr(StageScheduler, "_held_stretch", counted)
+    at_least = _HoldIndex._at_least
+
+    def bounded(self: _HoldIndex, *args: Any) -> bool:
+        sure = at_least(self, *args)
+        stretches["sure from slot counts" if sure else "counted queue by queue"] += 1
+        return sure
+
+    monkeypatch.setattr(_HoldIndex, "_at_least", bounded)
     runs = 0
     for scenario in _scenarios(seed):
         for policy in ("provider", "flink", "none"):
@@ -412,8 +420,10 @@ def test_the_incremental_views_decide_exactly_as_the_full_rescans(seed: int, mon
                 assert sum(len(log) for log in incremental) > 20
                 runs += 1
     assert runs == 30
-    # The rounds passed over whole stretches of held originals, each way a stretch can end.
-    assert min(stretches[k] for k in ("all held", "some held, then one placed", "placed at once")) > 0, stretches
+    # The rounds passed over whole stretches of held originals, each way a stretch can end, and the number
+    # held was known both from slot counts alone and only from the queues.
+    assert min(stretches[k] for k in ("all held", "some held, then one placed", "placed at once",
+                                      "sure from slot counts", "counted queue by queue")) > 0, stretches
 
 
 def test_placement_alone_decides_exactly_as_a_walk_over_every_waiting_subtask() -> None:
