@@ -503,6 +503,12 @@ class Simulator:
         # _differs); True also feeds every running attempt's progress each step (what LATE-style rules read).
         self.report_progress = report_progress
         self.nodes = {n.name: _Node(n) for n in scenario.nodes}
+        # What TargetsObserved says of each node, kept up to date: the nodes whose held slots changed since
+        # the last observation are all that is looked at again.
+        self._free = {n.name: n.slots for n in scenario.nodes}
+        self._capacity = dict(self._free)
+        self._lost: dict[str, str] = {}
+        self._touched: set[str] = set()
         self.history: dict[str, float] = dict(history or {})
         self.history_source: dict[str, str] = {}
         self.blocks: dict[str, float] = {}
@@ -578,6 +584,9 @@ class Simulator:
     def _lose(self, name: str) -> None:
         node = self.nodes[name]
         node.lost = True
+        self._capacity[name] = 0
+        self._lost = {n: "node lost" for n, spec in self.nodes.items() if spec.lost}
+        self._touched.add(name)
         for key, run in list(node.running.items()):
             run.done = run.progressed(self.now)
             run.state, run.end_at, run.cause = AttemptState.FAILED, self.now, f"node {name} lost"
@@ -621,10 +630,11 @@ class Simulator:
         return attempt
 
     def _targets(self) -> TargetsObserved:
-        free = {name: 0 if n.lost else max(0, n.spec.slots - n.held) for name, n in self.nodes.items()}
-        capacity = {name: 0 if n.lost else n.spec.slots for name, n in self.nodes.items()}
-        lost = {name: "node lost" for name, n in self.nodes.items() if n.lost}
-        return TargetsObserved(free=free, capacity=capacity, lost_targets=lost)
+        for name in self._touched:
+            node = self.nodes[name]
+            self._free[name] = 0 if node.lost else max(0, node.spec.slots - node.held)
+        self._touched.clear()
+        return TargetsObserved(free=dict(self._free), capacity=dict(self._capacity), lost_targets=dict(self._lost))
 
     def _release(self) -> int:
         """Give back the slots of attempts the scheduler knows are over (the slot ledger's release_over)."""
@@ -640,6 +650,7 @@ class Simulator:
             if known is not None and not known.live:
                 run.holds_slot = False
                 self.nodes[run.node].held -= 1
+                self._touched.add(run.node)
                 released += 1
                 self._ended.discard(key)
         return released
@@ -677,6 +688,7 @@ class Simulator:
                            work=self.stage.work[action.subtask], since=self.now)
                 self._runs[key] = run
                 node.held += 1
+                self._touched.add(action.target)
                 self._changed.add(key)
                 if node.lost:
                     run.state, run.end_at, run.cause = AttemptState.FAILED, self.now, "launch failed: node lost"
@@ -793,6 +805,7 @@ class Simulator:
             if run.holds_slot:
                 run.holds_slot = False
                 self.nodes[run.node].held -= 1
+                self._touched.add(run.node)
         admitted = {(s, n) for s, n in sched.admitted.items()}
         seconds = {k: (r.end_at if r.end_at is not None else end) - r.launched_at for k, r in self._runs.items()}
         measured = run_slowness(sched.all_attempts(), sched.input_bytes)
