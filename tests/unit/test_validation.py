@@ -122,7 +122,7 @@ def hybrid_key_mismatch(tmp: Path) -> None:
 
     The consumer's controller fails the stage (what its task then raises, StageFailedError) before any attempt.
     """
-    from tests.unit.control.test_controller import Clock
+    from tests.factories import Clock
     from tests.unit.control.test_hybrid_inputs import join_controller
 
     ctrl, backend, _ = join_controller(tmp / "store", Clock(), "string")

@@ -12,23 +12,13 @@ import pytest
 from airflow_provider_speculative.backends.base import LaunchSpec
 from airflow_provider_speculative.control import controller as controller_module
 from airflow_provider_speculative.control.controller import StageController, wait_for_next_step
-from airflow_provider_speculative.core.config import SpeculativeConfig
 from airflow_provider_speculative.core.states import Attempt, AttemptState
 from airflow_provider_speculative.store import changes
 from airflow_provider_speculative.store.files import atomic_write_json, create_exclusive_json, read_json, read_jsonl
 from airflow_provider_speculative.store.layout import StageLayout
+from tests.factories import Clock, stage_plan, write_plan
 
 S = AttemptState
-
-
-class Clock:
-    """A fake clock the test advances."""
-
-    def __init__(self) -> None:
-        self.now = 1_000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class FakeBackend:
@@ -105,18 +95,9 @@ class Harness:
         return [e for e in read_jsonl(self.layout.journal) if e["event"] == name]
 
 
-def make_plan(root: Path, parallelism: int = 2, **config: Any) -> dict[str, Any]:
-    targets = [{"name": "local-a", "slots": 4}, {"name": "local-b", "slots": 4}]
-    cfg = SpeculativeConfig().with_overrides({"targets": targets, **config}, "test")
-    return {"store_root": str(root), "dag_id": "d", "run_id": "r", "stage": "scan", "parallelism": parallelism,
-            "config": cfg.to_json(), "subtasks": [{"inputs": {}, "input_bytes": 0} for _ in range(parallelism)],
-            "targets": {t["name"]: {"kind": "fake", "command": ["app.py"], "env": {}} for t in targets}}
-
-
 def harness(tmp_path: Path, parallelism: int = 2, **config: Any) -> Harness:
-    plan = make_plan(tmp_path / "store", parallelism, **config)
-    layout = StageLayout(Path(plan["store_root"]), "d", "r", "scan")
-    atomic_write_json(layout.plan, plan)
+    plan = stage_plan(tmp_path / "store", parallelism=parallelism, config=config)
+    layout = write_plan(plan)
     clock = Clock()
     backend = FakeBackend(layout, clock)
     # One fake serves both targets: what matters here is the controller's handling, not placement.

@@ -9,7 +9,6 @@ from typing import Any
 
 from airflow_provider_speculative.control.controller import StageController
 from airflow_provider_speculative.control.readmodel import stage_report
-from airflow_provider_speculative.core.config import SpeculativeConfig
 from airflow_provider_speculative.core.states import AttemptState
 from airflow_provider_speculative.runtime.context import StageContext
 from airflow_provider_speculative.store import journal
@@ -17,25 +16,23 @@ from airflow_provider_speculative.store.files import atomic_write_json, read_jso
 from airflow_provider_speculative.store.layout import StageLayout
 from airflow_provider_speculative.store.manifest import build_manifest, write_manifest
 from airflow_provider_speculative.store.task_state import record_task_state
-from tests.unit.control.test_controller import Clock, FakeBackend
+from tests.factories import Clock, stage_plan, write_plan
+from tests.unit.control.test_controller import FakeBackend
 
 S = AttemptState
 
 
 def consumer_plan(root: Path, parallelism: int = 3, distribution: str = "pointwise") -> dict[str, Any]:
-    targets = [{"name": "local-a", "slots": 4}]
-    cfg = SpeculativeConfig().with_overrides({"targets": targets, "hybrid_input_timeout": 30}, "test")
     ranges = [[i, i + 1] for i in range(parallelism)] if distribution == "pointwise" else [[0, parallelism]] * 2
-    return {"store_root": str(root), "dag_id": "d", "run_id": "r", "stage": "enrich", "pipeline": "p",
-            "parallelism": len(ranges), "config": cfg.to_json(),
-            "inputs": {"rows": {"kind": "exchange", "upstream": "scan", "distribution": distribution,
-                                "mode": "hybrid", "producer_parallelism": parallelism, "max_parallelism": 8,
-                                "upstream_fingerprint": "fp", "schema": None}},
-            "upstream_info": {"scan": {"parallelism": parallelism, "deterministic": True}},
-            "subtasks": [{"inputs": {"rows": {"producers": r, "subpartitions": None}}, "input_bytes": 0}
-                         for r in ranges],
-            "output": {"key": [], "max_parallelism": 8, "sink": None},
-            "targets": {"local-a": {"kind": "fake", "command": ["app.py"], "env": {}}}}
+    return stage_plan(
+        root, stage="enrich", parallelism=len(ranges), pipeline="p",
+        config={"targets": [{"name": "local-a", "slots": 4}], "hybrid_input_timeout": 30},
+        inputs={"rows": {"kind": "exchange", "upstream": "scan", "distribution": distribution, "mode": "hybrid",
+                         "producer_parallelism": parallelism, "max_parallelism": 8, "upstream_fingerprint": "fp",
+                         "schema": None}},
+        upstream_info={"scan": {"parallelism": parallelism, "deterministic": True}},
+        subtasks=[{"inputs": {"rows": {"producers": r, "subpartitions": None}}, "input_bytes": 0} for r in ranges],
+        output={"key": [], "max_parallelism": 8, "sink": None})
 
 
 class Producer:
@@ -62,8 +59,7 @@ class Producer:
 
 def controller(root: Path, clock: Clock, **kw: Any) -> tuple[StageController, FakeBackend]:
     plan = consumer_plan(root, **kw)
-    layout = StageLayout(root, "d", "r", "enrich")
-    atomic_write_json(layout.plan, plan)
+    layout = write_plan(plan)
     backend = FakeBackend(layout, clock)
     return StageController(plan, clock=clock, backends={"local-a": backend}, observer=backend), backend
 
@@ -182,8 +178,7 @@ def join_controller(root: Path, clock: Clock, hybrid_type: str) -> tuple[StageCo
                              "upstream_fingerprint": "dfp", "schema": _keyed_schema("id", "long")}
     for sub in plan["subtasks"]:
         sub["inputs"]["dim"] = {"producers": [0, 1], "subpartitions": [0, 8]}
-    layout = StageLayout(root, "d", "r", "enrich")
-    atomic_write_json(layout.plan, plan)
+    layout = write_plan(plan)
     backend = FakeBackend(layout, clock)
     ctrl = StageController(plan, clock=clock, backends={"local-a": backend}, observer=backend)
     ctrl.step()

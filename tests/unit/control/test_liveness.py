@@ -7,14 +7,7 @@ import socket
 from airflow_provider_speculative.control.liveness import ProbeCache, TargetWatcher, connect_address, tcp_probe
 from airflow_provider_speculative.core.config import SpeculativeConfig
 from airflow_provider_speculative.store.slots import TargetSlots
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.factories import Clock
 
 
 def watcher(tmp_path, targets, plan_targets=None, target_env=None, master=None, tcp=None, clock=None):
@@ -30,7 +23,7 @@ def watcher(tmp_path, targets, plan_targets=None, target_env=None, master=None, 
         calls["tcp"] += 1
         return tcp(host, port) if tcp else None
 
-    return TargetWatcher(config, plan_targets or {}, target_env or {}, slots, cache=ProbeCache(clock or FakeClock()),
+    return TargetWatcher(config, plan_targets or {}, target_env or {}, slots, cache=ProbeCache(clock or Clock(0.0)),
                          fetch_master=fetch, probe_tcp=probe), calls, slots
 
 
@@ -41,7 +34,7 @@ def status(*workers):
 
 def test_reactive_target_follows_the_masters_workers(tmp_path):
     state = {"doc": status(("h1", "ALIVE", 1, 0))}
-    clock = FakeClock()
+    clock = Clock(0.0)
     w, calls, slots = watcher(tmp_path, [{"name": "c", "slots": "auto", "master_ui": "http://m:1"}],
                               master=lambda url: state["doc"], clock=clock)
     slots["c"].claim(1, {"who": "x"})
@@ -84,7 +77,7 @@ def test_unreachable_master_or_connect_server_makes_the_target_lost(tmp_path):
 
 
 def test_probe_cache_is_shared_and_expires():
-    clock = FakeClock()
+    clock = Clock(0.0)
     cache = ProbeCache(clock)
     calls = []
     assert cache.get("k", 1.0, lambda: calls.append(1) or "a") == "a"
@@ -109,7 +102,7 @@ def test_a_silent_connect_server_is_lost_only_after_consecutive_unanswered_probe
     from airflow_provider_speculative.control.liveness import SILENT_PROBES
 
     answers: list[str | None] = []
-    clock = FakeClock()
+    clock = Clock(0.0)
     w, calls, _ = watcher(tmp_path, [{"name": "sc", "slots": 2}], plan_targets={"sc": {"kind": "spark_connect"}},
                           target_env={"sc": {"SPECULATIVE_SPARK_REMOTE": "sc://10.0.0.5:15010/"}},
                           tcp=lambda h, p: answers.pop(0), clock=clock)

@@ -18,6 +18,7 @@ from airflow_provider_speculative.control.readmodel import clear_cache, stage_re
 from airflow_provider_speculative.plugin.model import stage_view
 from airflow_provider_speculative.store.layout import StageLayout
 from airflow_provider_speculative.store.results import remove_attempt_output
+from tests.factories import stage_plan, write_plan
 
 DAG, RUN, STAGE = "cache_dag", "manual__2026-11-27T00:00:00+00:00", "scan"
 T0 = 1_700_000_000.0  # long ago: every directory aged to it is past the racy window
@@ -54,13 +55,6 @@ def _age(layout: StageLayout) -> None:
             os.utime(entry, ns=(OLD_NS, OLD_NS))
 
 
-def _plan(layout: StageLayout, parallelism: int) -> dict[str, Any]:
-    plan = {"stage": STAGE, "dag_id": DAG, "run_id": RUN, "store_root": str(layout.root),
-            "parallelism": parallelism, "upstreams": [], "consumers": [], "inputs": {}}
-    _write(layout.plan, plan)
-    return plan
-
-
 @pytest.fixture(autouse=True)
 def _fresh_cache() -> Any:
     clear_cache()
@@ -71,8 +65,8 @@ def _fresh_cache() -> Any:
 @pytest.fixture
 def mixed(tmp_path: Path) -> tuple[StageLayout, dict[str, Any]]:
     """Subtasks with ended, admitted, failed, invalidated, withdrawn, speculative and live attempts."""
-    layout = StageLayout(tmp_path / "store", DAG, RUN, STAGE)
-    plan = _plan(layout, 8)
+    plan = stage_plan(tmp_path / "store", dag_id=DAG, run_id=RUN, stage=STAGE, parallelism=8)
+    layout = write_plan(plan)
     _attempt(layout, 0, 0, "FINISHED", manifest=True)
     _write(layout.admitted(0), {"attempt": 0})
     _attempt(layout, 1, 0, "FAILED")
@@ -167,8 +161,8 @@ def test_a_removed_manifest_a_new_attempt_and_a_replaced_admission_show_at_once(
 
 
 def test_a_directory_changed_within_the_racy_window_is_read_again(tmp_path: Path) -> None:
-    layout = StageLayout(tmp_path / "store", DAG, RUN, STAGE)
-    plan = _plan(layout, 1)
+    plan = stage_plan(tmp_path / "store", dag_id=DAG, run_id=RUN, stage=STAGE, parallelism=1)
+    layout = write_plan(plan)
     _attempt(layout, 0, 0, "FINISHED")  # just written: not aged
     now = time.time()
     stage_report(layout, plan, liveness="heartbeat", now=now)
@@ -208,8 +202,8 @@ def test_the_cache_is_bounded_least_recently_used_first() -> None:
 
 
 def _big_ended_stage(root: Path, n: int) -> tuple[StageLayout, dict[str, Any]]:
-    layout = StageLayout(root, DAG, RUN, STAGE)
-    plan = _plan(layout, n)
+    plan = stage_plan(root, dag_id=DAG, run_id=RUN, stage=STAGE, parallelism=n)
+    layout = write_plan(plan)
     for subtask in range(n):
         base = layout.attempt_dir(subtask, 0)
         base.mkdir(parents=True)

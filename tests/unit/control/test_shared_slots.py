@@ -6,23 +6,18 @@ from pathlib import Path
 from typing import Any
 
 from airflow_provider_speculative.control.controller import StageController
-from airflow_provider_speculative.core.config import SpeculativeConfig
 from airflow_provider_speculative.core.states import AttemptState
-from airflow_provider_speculative.store.files import atomic_write_json, read_jsonl
-from airflow_provider_speculative.store.layout import StageLayout
+from airflow_provider_speculative.store.files import read_jsonl
 from airflow_provider_speculative.store.slots import TargetSlots
-from tests.unit.control.test_controller import Clock, FakeBackend
+from tests.factories import Clock, stage_plan, write_plan
+from tests.unit.control.test_controller import FakeBackend
 
 
 def stage(root: Path, name: str, clock: Clock, parallelism: int = 4,
           **config: Any) -> tuple[StageController, FakeBackend]:
-    targets = [{"name": "host", "slots": 2}]
-    cfg = SpeculativeConfig().with_overrides({"targets": targets, **config}, "test")
-    plan = {"store_root": str(root), "dag_id": "d", "run_id": "r", "stage": name, "parallelism": parallelism,
-            "config": cfg.to_json(), "subtasks": [{"inputs": {}, "input_bytes": 0} for _ in range(parallelism)],
-            "targets": {"host": {"kind": "fake", "command": ["app.py"], "env": {}}}}
-    layout = StageLayout(root, "d", "r", name)
-    atomic_write_json(layout.plan, plan)
+    plan = stage_plan(root, stage=name, parallelism=parallelism,
+                      config={"targets": [{"name": "host", "slots": 2}], **config})
+    layout = write_plan(plan)
     backend = FakeBackend(layout, clock)
     return StageController(plan, clock=clock, backends={"host": backend}, observer=backend), backend
 

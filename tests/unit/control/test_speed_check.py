@@ -11,10 +11,11 @@ import pytest
 from airflow_provider_speculative.control.controller import StageController
 from airflow_provider_speculative.control.speedcheck import check_speeds
 from airflow_provider_speculative.core.contract import REMOTE_ENV
-from airflow_provider_speculative.store.files import atomic_write_json, read_json, read_jsonl
+from airflow_provider_speculative.store.files import read_json, read_jsonl
 from airflow_provider_speculative.store.layout import StageLayout
 from airflow_provider_speculative.store.speeds import claim_speed_check, record_speeds, speed_path
-from tests.unit.control.test_controller import Clock, FakeBackend, make_plan
+from tests.factories import Clock, stage_plan, write_plan
+from tests.unit.control.test_controller import FakeBackend
 
 URLS = {"local-a": "sc://a:15002/", "local-b": "sc://b:15002/"}
 
@@ -54,11 +55,10 @@ def servers() -> Iterator[Callable[[dict[str, float | None]], Servers]]:
 def connect_controller(tmp_path: Path, check: Servers, parallelism: int = 8, stage: str = "scan",
                        kind: str = "spark_connect",
                        **config: object) -> tuple[StageController, FakeBackend, StageLayout]:
-    plan = {**make_plan(tmp_path / "store", parallelism, **config), "stage": stage}
+    plan = stage_plan(tmp_path / "store", stage=stage, parallelism=parallelism, config=config)
     for spec in plan["targets"].values():
         spec["kind"] = kind
-    layout = StageLayout(tmp_path / "store", "d", "r", stage)
-    atomic_write_json(layout.plan, plan)
+    layout = write_plan(plan)
     clock = Clock()
     backend = FakeBackend(layout, clock)
     controller = StageController(plan, clock=clock, backends={"local-a": backend, "local-b": backend},

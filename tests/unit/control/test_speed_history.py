@@ -53,16 +53,14 @@ def test_a_completed_run_records_each_targets_slowness_for_the_next(tmp_path: Pa
 
 def test_of_two_stages_of_a_run_only_one_sends_the_probe(tmp_path: Path) -> None:
     from airflow_provider_speculative.control.controller import StageController
-    from airflow_provider_speculative.store.files import atomic_write_json
-    from airflow_provider_speculative.store.layout import StageLayout
-    from tests.unit.control.test_controller import Clock, FakeBackend, make_plan
+    from tests.factories import Clock, stage_plan, write_plan
+    from tests.unit.control.test_controller import FakeBackend
 
     record_speeds(tmp_path / "store", {"local-a": 1.0, "local-b": 4.0}, now=999.0, where="d/r0/scan")
     h = harness(tmp_path, parallelism=8)
     assert h.controller.scheduler.probe_targets == {"local-b"}
-    plan = {**make_plan(tmp_path / "store", 8), "stage": "other"}
-    layout = StageLayout(tmp_path / "store", "d", "r", "other")
-    atomic_write_json(layout.plan, plan)
+    plan = stage_plan(tmp_path / "store", stage="other", parallelism=8)
+    layout = write_plan(plan)
     clock = Clock()
     backend = FakeBackend(layout, clock)
     other = StageController(plan, clock=clock, backends={"local-a": backend, "local-b": backend}, observer=backend)

@@ -13,10 +13,7 @@ from airflow_provider_speculative.core.lineage import (
     source_dataset,
     stage_lineage,
 )
-
-
-def _plan(stage: str, **inputs: dict[str, Any]) -> dict[str, Any]:
-    return {"stage": stage, "dag_id": "q3", "inputs": inputs}
+from tests.factories import stage_plan
 
 
 def _source(path: str) -> dict[str, Any]:
@@ -29,12 +26,13 @@ def _exchange(upstream: str) -> dict[str, Any]:
 
 # q3's shape: two scans feed a join, a third scan joins later, the top stage commits (a diamond at "join2").
 PLANS = {
-    "customers": _plan("customers", rows=_source("/data/customer/")),
-    "orders": _plan("orders", rows=_source("/data/orders")),
-    "lineitem": _plan("lineitem", rows=_source("/data/lineitem")),
-    "join1": _plan("join1", c=_exchange("customers"), o=_exchange("orders")),
-    "join2": _plan("join2", j=_exchange("join1"), l=_exchange("lineitem"), o=_exchange("orders")),
-    "top": _plan("top", j=_exchange("join2")),
+    "customers": stage_plan(dag_id="q3", stage="customers", inputs={"rows": _source("/data/customer/")}),
+    "orders": stage_plan(dag_id="q3", stage="orders", inputs={"rows": _source("/data/orders")}),
+    "lineitem": stage_plan(dag_id="q3", stage="lineitem", inputs={"rows": _source("/data/lineitem")}),
+    "join1": stage_plan(dag_id="q3", stage="join1", inputs={"c": _exchange("customers"), "o": _exchange("orders")}),
+    "join2": stage_plan(dag_id="q3", stage="join2", inputs={"j": _exchange("join1"), "l": _exchange("lineitem"),
+                                                             "o": _exchange("orders")}),
+    "top": stage_plan(dag_id="q3", stage="top", inputs={"j": _exchange("join2")}),
 }
 SINK = LineageDataset("file", "/out/q3")
 

@@ -15,8 +15,8 @@ from airflow_provider_speculative.core.parallelism import (
     equal_count_ranges,
     exchange_ranges,
 )
-from airflow_provider_speculative.core.plan import plan_stage
 from airflow_provider_speculative.exceptions import ConfigError, PipelineError
+from tests.factories import planned
 
 MiB = 1024**2
 
@@ -178,10 +178,6 @@ def test_auto_graph_rules() -> None:
 
 # -- plans ------------------------------------------------------------------------------------------
 
-CONTEXT = {"dag_id": "d", "run_id": "r", "logical_date": None, "store_root": "/store", "application": "/a.py",
-           "targets": {}}
-
-
 def _committed(stage: str, matrix: list[list[int]]) -> dict[str, Any]:
     return {"stage": stage, "parallelism": len(matrix), "fingerprint": "f" + stage, "subtasks": {
         str(p): {"attempt": 0, "bytes": sum(row), "schema": {"fields": [{"name": "k", "type": "long"}]},
@@ -196,20 +192,14 @@ def _agg_graph(parallelism: Any = 4, splittable: bool = False, producers: Any = 
                       max_parallelism=16, splittable_skew=splittable))
 
 
-def _plan(graph: PipelineGraph, stage: str, config: SpeculativeConfig | None = None, **kw: Any) -> dict[str, Any]:
-    return plan_stage(graph, stage, config or SpeculativeConfig(), source_files=kw.get("sources", {}),
-                      upstream_committed=kw.get("upstream", {}), sink=None, speculation_blocker=None,
-                      context=CONTEXT)
-
-
 def test_auto_source_stage_is_decided_from_bytes_and_bounded_by_files() -> None:
     graph = _graph(scan=_scan())
     files = [(f"/data/{i}.parquet", 100 * MiB) for i in range(10)]
-    plan = _plan(graph, "scan", sources={"src": files})
+    plan = planned(graph, "scan", sources={"src": files})
     assert plan["parallelism"] == len(plan["subtasks"]) == 8  # ceil(1000 MiB / 128 MiB)
     assert plan["parallelism_decision"]["bytes"] == 1000 * MiB and plan["parallelism_decision"]["files"] == 10
     small = SpeculativeConfig().with_overrides({"data_volume_per_subtask": "10MB"}, "t")
-    plan = _plan(graph, "scan", small, sources={"src": files})
+    plan = planned(graph, "scan", small, sources={"src": files})
     assert (plan["parallelism"], plan["parallelism_decision"]["bounded_by"]) == (10, "files")
 
 
@@ -221,19 +211,19 @@ def test_auto_exchange_consumer_from_committed_bytes_and_pointwise_inherits() ->
                       max_parallelism=16, config={"data_volume_per_subtask": "16MB"}),
         post=StageSpec("post", "/c.py", "auto", {"x": ExchangeSpec("agg", "pointwise")}, max_parallelism=16))
     config = SpeculativeConfig().with_overrides({"data_volume_per_subtask": "16MB"}, "stage")
-    agg = _plan(graph, "agg", config, upstream={"scan": _committed("scan", matrix)})
+    agg = planned(graph, "agg", config, upstream={"scan": _committed("scan", matrix)})
     assert agg["parallelism"] == 3 and agg["inputs"]["rows"]["producer_parallelism"] == 3
     assert [s["input_bytes"] for s in agg["subtasks"]] == [15 * MiB, 15 * MiB, 18 * MiB]  # 16 subpartitions of 3 MiB
-    post = _plan(graph, "post", upstream={"agg": _committed("agg", [[1]] * 3)})
+    post = planned(graph, "post", upstream={"agg": _committed("agg", [[1]] * 3)})
     assert post["parallelism"] == 3 and post["parallelism_decision"]["inherited_from"] == ["agg"]
 
 
 def test_plan_uses_byte_balanced_ranges_and_fingerprint_tells_them_apart() -> None:
     matrix = [[100 if sp < 4 else 1 for sp in range(16)] for _ in range(4)]
     upstream = {"scan": _committed("scan", matrix)}
-    balanced = _plan(_agg_graph(), "agg", upstream=upstream)
-    counted = _plan(_agg_graph(), "agg", SpeculativeConfig().with_overrides({"balanced_exchange_ranges": False}, "t"),
-                    upstream=upstream)
+    balanced = planned(_agg_graph(), "agg", upstream=upstream)
+    counted = planned(_agg_graph(), "agg", SpeculativeConfig().with_overrides({"balanced_exchange_ranges": False}, "t"),
+                      upstream=upstream)
     assert [s["inputs"]["rows"]["subpartitions"] for s in counted["subtasks"]] == [[0, 4], [4, 8], [8, 12], [12, 16]]
     assert [s["inputs"]["rows"]["subpartitions"] for s in balanced["subtasks"]] == [[0, 1], [1, 2], [2, 3], [3, 16]]
     assert [s["input_bytes"] for s in balanced["subtasks"]] == [400, 400, 400, 448]
@@ -242,10 +232,10 @@ def test_plan_uses_byte_balanced_ranges_and_fingerprint_tells_them_apart() -> No
 
 def test_plan_warns_about_unsplit_skew_and_splits_when_declared() -> None:
     upstream = {"scan": _committed("scan", _skewed_matrix())}
-    plain = _plan(_agg_graph(), "agg", upstream=upstream)
+    plain = planned(_agg_graph(), "agg", upstream=upstream)
     assert plain["warnings"] == ["input 'rows': subpartition 5 holds 80% of the bytes; not split "
                                  "(stage does not declare splittable_skew)"]
-    split = _plan(_agg_graph(splittable=True), "agg", upstream=upstream)
+    split = planned(_agg_graph(splittable=True), "agg", upstream=upstream)
     assert split["warnings"] == [] and split["exchange_skew"][0]["split"] >= 2
     assert split["fingerprint"] != plain["fingerprint"]  # producer ranges are part of the subtasks' inputs
     hot = [s["inputs"]["rows"] for s in split["subtasks"] if s["inputs"]["rows"]["subpartitions"] == [5, 6]]

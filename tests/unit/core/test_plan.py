@@ -11,6 +11,7 @@ from airflow_provider_speculative.core.config import SpeculativeConfig
 from airflow_provider_speculative.core.graph import ExchangeSpec, PipelineGraph, SourceSpec, StageSpec
 from airflow_provider_speculative.core.plan import PLAN_VERSION, StagePlan, load_plan, plan_stage
 from airflow_provider_speculative.exceptions import PlanError
+from tests.factories import planned
 
 MAX_P = 4  # producer max_parallelism: 4 subpartitions
 SCHEMA = {"type": "struct", "fields": [{"name": "user", "type": "long", "nullable": True, "metadata": {}}]}
@@ -44,12 +45,13 @@ def committed(stage: str, parallelism: int) -> dict[str, Any]:
 RAW = [("/data/raw/a.parquet", 300), ("/data/raw/b.parquet", 200), ("/data/raw/c.parquet", 100)]
 
 
-def plan(stage: str, *, raw: list[tuple[str, int]] = RAW, run_id: str = "manual__1", **overrides) -> dict[str, Any]:
-    context = {"dag_id": "d", "run_id": run_id, "logical_date": "2026-01-01", "store_root": "/store",
-               "application": f"apps/{stage}.py", "targets": {}}
-    upstream = overrides.pop("upstream", {"clean": committed("clean", 2), "agg": committed("agg", 2)})
-    return plan_stage(build_graph(), stage, SpeculativeConfig(), source_files={"raw": raw},
-                      upstream_committed=upstream, sink=None, speculation_blocker=None, context=context)
+def plan(stage: str, *, raw: list[tuple[str, int]] = RAW, run_id: str = "manual__1",
+         upstream: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+    """One stage of this file's graph, its producers committed as :func:`committed` writes them."""
+    if upstream is None:
+        upstream = {"clean": committed("clean", 2), "agg": committed("agg", 2)}
+    return planned(build_graph(), stage, sources={"raw": raw}, upstream=upstream, run_id=run_id,
+                   logical_date="2026-01-01", application=f"apps/{stage}.py")
 
 
 def test_source_files_are_split_per_subtask_with_input_bytes() -> None:

@@ -15,6 +15,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from airflow_provider_speculative.store.layout import StageLayout
+from tests.factories import stage_plan, write_plan
 
 DAG, RUN = "spec_ui", "manual__2026-03-01T00:00:00+00:00"
 T0 = 1_800_000_000.0
@@ -25,16 +26,8 @@ def _write(path: Path, obj: Any) -> None:
     path.write_text(json.dumps(obj))
 
 
-def _plan(root: Path, stage: str, parallelism: int, inputs: dict[str, Any], upstreams: list[str],
-          consumers: list[str]) -> StageLayout:
-    layout = StageLayout(root, DAG, RUN, stage)
-    _write(layout.plan, {
-        "stage": stage, "dag_id": DAG, "run_id": RUN, "store_root": str(root), "parallelism": parallelism,
-        "upstreams": upstreams, "consumers": consumers, "speculation_blocker": None,
-        "targets": {"local-a": {"kind": "spark_submit", "command": ["spark-submit", "--conf", "secret=do-not-leak"]}},
-        "inputs": inputs, "subtasks": [{"inputs": {name: {} for name in inputs}} for _ in range(parallelism)],
-    })
-    return layout
+# A target whose command line carries a secret the UI must not show.
+TARGETS = {"local-a": {"kind": "spark_submit", "command": ["spark-submit", "--conf", "secret=do-not-leak"]}}
 
 
 def _attempt(layout: StageLayout, subtask: int, number: int, *, target: str, state: str | None,
@@ -59,8 +52,11 @@ def _attempt(layout: StageLayout, subtask: int, number: int, *, target: str, sta
 @pytest.fixture
 def store(tmp_path: Path) -> Path:
     """A finished scan (3 subtasks; subtask 1's speculative copy won; a node blocked) and a running aggregate."""
-    scan = _plan(tmp_path, "scan", 3, {"lineitem": {"kind": "source", "format": "parquet", "files": []}},
-                 [], ["aggregate"])
+    scan = write_plan(stage_plan(
+        tmp_path, dag_id=DAG, run_id=RUN, stage="scan", parallelism=3, consumers=["aggregate"],
+        speculation_blocker=None, targets=TARGETS,
+        inputs={"lineitem": {"kind": "source", "format": "parquet", "files": []}},
+        subtasks=[{"inputs": {"lineitem": {}}} for _ in range(3)]))
     _attempt(scan, 0, 0, target="local-a", state="FINISHED", start=T0, end=T0 + 30)
     _attempt(scan, 1, 0, target="local-b", state="CANCELED", start=T0, end=T0 + 95, cause="cancelled (signal 15)")
     _attempt(scan, 1, 1, target="local-a", state="FINISHED", start=T0 + 60, end=T0 + 90, speculative=True,
@@ -81,9 +77,11 @@ def store(tmp_path: Path) -> Path:
     ]) + "\n")
     _write(scan.committed, {"subtasks": {}, "sink": None})
 
-    aggregate = _plan(tmp_path, "aggregate", 2, {"partials": {"kind": "exchange", "upstream": "scan",
-                                                              "distribution": "all_to_all", "mode": "hybrid"}},
-                      ["scan"], [])
+    aggregate = write_plan(stage_plan(
+        tmp_path, dag_id=DAG, run_id=RUN, stage="aggregate", parallelism=2, upstreams=["scan"],
+        speculation_blocker=None, targets=TARGETS,
+        inputs={"partials": {"kind": "exchange", "upstream": "scan", "distribution": "all_to_all", "mode": "hybrid"}},
+        subtasks=[{"inputs": {"partials": {}}} for _ in range(2)]))
     _attempt(aggregate, 0, 0, target="local-a", state="FINISHED", start=T0 + 100, end=T0 + 120)
     _write(aggregate.admitted(0), {"attempt": 0})
     _attempt(aggregate, 1, 0, target="local-a", state=None, start=time.time() - 5, live_pid=os.getpid())

@@ -6,21 +6,22 @@ from pathlib import Path
 
 from airflow_provider_speculative.runtime.heartbeat import Heartbeat
 from airflow_provider_speculative.store.files import read_json
+from tests.factories import Clock
 
 
 def test_waiting_for_input_is_accounted_in_every_beat(tmp_path: Path, monkeypatch) -> None:
-    now = [100.0]
-    monkeypatch.setattr("airflow_provider_speculative.runtime.heartbeat.time.time", lambda: now[0])
+    clock = Clock(100.0)
+    monkeypatch.setattr("airflow_provider_speculative.runtime.heartbeat.time.time", clock)
     path = tmp_path / "heartbeat.json"
     beat = Heartbeat(path, dict)
     beat.set_phase("WAITING_FOR_INPUT")
     assert [read_json(path)[k] for k in ("phase", "waiting_since", "input_wait")] == ["WAITING_FOR_INPUT", 100.0, 0.0]
-    now[0] = 200.0
+    clock.now = 200.0
     beat.set_phase("RUNNING")
     assert [read_json(path)[k] for k in ("phase", "waiting_since", "input_wait")] == ["RUNNING", None, 100.0]
-    now[0] = 250.0
+    clock.now = 250.0
     beat.set_phase("RUNNING")  # no wait going on: nothing more is counted
     beat.set_phase("WAITING_FOR_INPUT")
-    now[0] = 260.0
+    clock.now = 260.0
     beat.set_phase("RUNNING")
     assert read_json(path)["input_wait"] == 110.0

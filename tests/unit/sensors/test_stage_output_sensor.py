@@ -15,20 +15,18 @@ from airflow.sdk.exceptions import AirflowRescheduleException, AirflowSensorTime
 
 from airflow_provider_speculative import StageOutputSensor
 from airflow_provider_speculative.control.stage_output import StageOutputLocator
-from airflow_provider_speculative.store.files import atomic_write_json
 from airflow_provider_speculative.store.layout import StageLayout
 from airflow_provider_speculative.store.results import write_committed
 from airflow_provider_speculative.triggers.stage_output import StageOutputTrigger
+from tests.factories import stage_plan, write_plan
 
 DAY = pendulum.datetime(2026, 1, 1, tz="UTC")
 
 
 def plan(root: Path, run_id: str, logical_date: Any, stage: str = "aggregate", dag_id: str = "up") -> StageLayout:
     """What the operator writes before deferring: the stage's plan.json with the run's logical date."""
-    layout = StageLayout(root, dag_id, run_id, stage)
-    atomic_write_json(layout.plan, {"dag_id": dag_id, "run_id": run_id, "stage": stage,
-                                    "logical_date": logical_date.isoformat() if logical_date else None})
-    return layout
+    return write_plan(stage_plan(root, dag_id=dag_id, run_id=run_id, stage=stage,
+                                 logical_date=logical_date.isoformat() if logical_date else None))
 
 
 def commit(layout: StageLayout, subtasks: int = 2, at: float = 1.0) -> None:
