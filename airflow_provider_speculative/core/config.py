@@ -528,17 +528,17 @@ class SpeculativeConfig:
               "(false: a fresh interpreter per attempt).",
         manual="start each attempt's supervisor, and a Spark Connect attempt's Python client, by forking a per-host, "
                "per-user fork server that has pyspark's Connect client, pandas, pyarrow and grpc imported, instead of "
-               "two fresh interpreters (saves ~0.6 s of CPU per attempt); `False`: fresh interpreters. See [Warm "
-               "attempt start](connect.md#warm-attempt-start)")
+               "two fresh interpreters; `False`: fresh interpreters. See [Warm attempt "
+               "start](connect.md#warm-attempt-start) for what it saves")
     start_in_triggerer: bool = _bool_option(
         True, "Start stage tasks in the triggerer (start_from_trigger): plan, run and commit there, with no worker "
               "run per stage (false: plan on a worker, defer, finalize on a worker). Read when the DAG is parsed.",
         manual="stage tasks start in the triggerer (Airflow's `start_from_trigger`): when its upstreams succeed, the "
                "scheduler defers the task straight into the triggerer, which plans the stage, runs it and commits it "
                "(the sink too); no worker process, DAG parse or executor slot per stage. `False`: plan on a worker, "
-               "defer, finalize on a worker (the behaviour before 0.x; also what `commit_in_triggerer=False` on a "
-               "stage does). Read when the DAG is parsed; `dag.test()` always plans on the worker. See [Where a "
-               "stage runs](running.md#where-a-stage-runs)")
+               "defer, finalize on a worker (also what `commit_in_triggerer=False` on a stage does). Read when the DAG "
+               "is parsed; `dag.test()` always plans on the worker. See [Where a stage "
+               "runs](running.md#where-a-stage-runs)")
     # None: 'auto', derived from start-up times (core/detector.py).
     baseline_lower_bound: float | None = _option(
         None, _auto_duration,
