@@ -53,8 +53,8 @@ def host_default_targets(cores: int) -> tuple[Target, ...]:
     """The two local targets sized for a host with ``cores`` CPUs: one slot per core between them.
 
     Each local attempt is a ``local[1]`` driver JVM of its own; more of them than cores only makes every
-    attempt slower (four at once on two cores took 45-55 s each instead of 12-23 s), and a slow attempt
-    looks like a slow node. A target keeps at least one slot.
+    attempt slower (bench/README.md, "Summary of earlier measurements"), and a slow attempt looks like a slow node. A
+    target keeps at least one slot.
     """
     slots = max(1, cores // 2)
     return tuple(Target(name=t.name, conn_id=t.conn_id, slots=slots, conf=dict(t.conf)) for t in DEFAULT_TARGETS)
