@@ -242,7 +242,7 @@ class LateRule:
     def judge(self, sched: StageScheduler, now: float, progress: Callable[[Attempt], float | None]
               ) -> dict[int, str]:
         """The slowest-rate tasks with the most time left, within the speculative cap, most time left first."""
-        # Available slots: a lost node's no longer count (TargetsObserved gives it no capacity).
+        # Available slots: a lost node's do not count (TargetsObserved gives it no capacity).
         slots = (sum(sched.capacity.get(t.name, t.slots) for t in sched.targets) if sched.free_slots is not None
                  else sum(t.slots for t in sched.targets))
         live_copies = sum(1 for a in sched.live_attempts() if a.speculative)
