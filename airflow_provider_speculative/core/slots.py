@@ -18,13 +18,14 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from airflow_provider_speculative.core.states import TERMINAL
+
 # A holder whose attempt never wrote claim.json nor status.json for this long was never launched
 # (its controller died between the slot claim and the launch): its slot may be reclaimed.
 UNLAUNCHED_GRACE = 30.0
 # A supervisor on any host refreshes alive_at every 5 s; after this long it is presumed gone
 # (the same bound backends/supervised.py uses for remote supervisors).
 HOLDER_ALIVE_TIMEOUT = 30.0
-TERMINAL_STATES = frozenset({"FINISHED", "FAILED", "CANCELED"})
 
 
 @dataclass(frozen=True)
@@ -127,7 +128,7 @@ def holder_gone(holder: Mapping[str, Any], status: Mapping[str, Any] | None, cla
     """
     if status:
         state = str(status.get("state") or "")
-        if state in TERMINAL_STATES:
+        if state in TERMINAL:
             return f"attempt {state}"
         seen = max(float(status.get("alive_at") or 0), float(status.get("deploying_at") or 0),
                    float(status.get("launched_at") or 0))

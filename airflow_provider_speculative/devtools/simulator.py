@@ -39,6 +39,7 @@ from statistics import median
 from typing import Any, Protocol
 
 from airflow_provider_speculative.core.config import SpeculativeConfig, Target
+from airflow_provider_speculative.core.events import Event
 from airflow_provider_speculative.core.messages import (
     Action,
     AttemptObserved,
@@ -915,8 +916,8 @@ def read_stage(root: Any, dag_id: str, run_id: str, plan: Mapping[str, Any]) -> 
         if marker:
             admitted[subtask] = int(marker["attempt"])
     events = read_jsonl(layout.journal)
-    launches = [e for e in events if e.get("event") == "launch"]
-    complete = [float(e["at"]) for e in events if e.get("event") == "stage_complete"]
+    launches = [e for e in events if e.get("event") == Event.LAUNCH]
+    complete = [float(e["at"]) for e in events if e.get("event") == Event.STAGE_COMPLETE]
     first = min((float(e["at"]) for e in launches), default=None)
     makespan = (max(complete) - first) if complete and first is not None else 0.0
     speculative = {(int(e["subtask"]), int(e["attempt"])) for e in launches if e.get("speculative")}

@@ -193,7 +193,7 @@ class StageContext:
             record.update(kind="partition", stage=exc.stage, subtask=exc.subtask, attempt=exc.attempt)
         elif isinstance(exc, NodeLostError):
             record.update(kind="node_lost", node=exc.node)
-        atomic_write_json(self.layout.attempt_dir(self.subtask, self.attempt) / "failure.json", record)
+        atomic_write_json(self.layout.failure(self.subtask, self.attempt), record)
 
     def _on_remote_progress(self, stages: Any = None, inflight_tasks: int = 0, operation_id: str | None = None,
                             done: bool = False, **_: Any) -> None:

@@ -10,15 +10,10 @@ from airflow_provider_speculative.core.events import Event
 PACKAGE = Path(__file__).resolve().parents[2] / "airflow_provider_speculative"
 EVENT_NAMES = {e.value for e in Event}
 
-# Files that spell a name by hand, each with the name; they go through the shared definition when next changed
-# (fixing one needs no change here).
-FILE_NAME_EXCEPTIONS = {
-    ("runtime/context.py", "failure.json"),  # StageLayout.failure
-}
-EVENT_EXCEPTIONS = {
-    ("devtools/simulator.py", "launch"),  # Event.LAUNCH
-    ("devtools/simulator.py", "stage_complete"),  # Event.STAGE_COMPLETE
-}
+# (file, name) pairs allowed to spell a store file or journal event name by hand; empty: every module uses
+# StageLayout and core/events.py.
+FILE_NAME_EXCEPTIONS: set[tuple[str, str]] = set()
+EVENT_EXCEPTIONS: set[tuple[str, str]] = set()
 # The local Spark Connect pool's own registry files, outside any store.
 NOT_STORE_FILES = {"devtools/localcluster.py"}
 
