@@ -17,6 +17,7 @@ in their environment; it is never written to the store.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -208,9 +209,9 @@ class PostgresSink(Sink, SupportsConcurrentExecutionAttempts):
         dsn = (env or {}).get(dsn_env_var(self.postgres_conn_id))
         if dsn:
             return dsn
-        from airflow.sdk import BaseHook
+        from airflow.providers.postgres.hooks.postgres import PostgresHook
 
-        return libpq_dsn(BaseHook.get_connection(self.postgres_conn_id))
+        return libpq_dsn(PostgresHook(postgres_conn_id=self.postgres_conn_id).connection)
 
     def _staging_names(self, cur: Any, scope: StagingScope) -> list[str]:
         prefix = self.staging_prefix(scope.dag_id, scope.run_id, scope.stage)
@@ -438,42 +439,68 @@ def connect(dsn: str) -> Any:
     return psycopg2.connect(dsn)
 
 
-# Connection extras that are libpq connection parameters (PostgresHook passes them to the driver the same way).
-LIBPQ_EXTRAS = frozenset({
-    "sslmode", "sslcert", "sslkey", "sslrootcert", "sslcrl", "sslcrldir", "sslpassword", "sslcompression",
-    "sslsni", "sslnegotiation", "ssl_min_protocol_version", "ssl_max_protocol_version", "sslcertmode",
-    "requiressl", "requirepeer", "require_auth", "channel_binding", "gssencmode", "gsslib", "gssdelegation",
-    "krbsrvname", "options", "application_name", "fallback_application_name", "connect_timeout",
-    "client_encoding", "keepalives", "keepalives_idle", "keepalives_interval", "keepalives_count",
-    "tcp_user_timeout", "target_session_attrs", "load_balance_hosts", "hostaddr", "service", "passfile",
-})
-# Extras PostgresHook understands that are not libpq's: harmless here (the sink does not use them).
-HOOK_ONLY_EXTRAS = frozenset({"cursor", "enable_log_db_messages", "sqlalchemy_scheme", "sqlalchemy_options",
-                              "sqlalchemy_query", "log_sql", "azure_conn_id", "azure_database", "schema"})
-
-
 def libpq_dsn(conn: Any) -> str:
-    """A libpq keyword DSN from an Airflow connection: host, port, schema as dbname, login, password, and
-    the extras that are libpq parameters (``sslmode``, ``sslrootcert``, ``options``, ...), as PostgresHook
-    connects. Cloud IAM authentication is refused: it needs a token the attempts could not refresh.
+    """A libpq keyword DSN with the arguments PostgresHook connects with (host, port, schema as dbname, login,
+    password, and every extra the hook does not use itself: ``sslmode``, ``sslrootcert``, ``options``, ...).
+
+    Runs on the Airflow side; the attempts only read the DSN. Cloud IAM authentication is refused: its token
+    expires while an attempt runs, and the attempts could not ask for another.
     """
-    parts: dict[str, Any] = {"host": conn.host, "port": conn.port, "dbname": conn.schema, "user": conn.login,
-                             "password": conn.password}
+    import psycopg2.extensions
+
     extras = dict(getattr(conn, "extra_dejson", None) or {})
-    if extras.get("iam") in (True, "true", "True", "1", 1):
+    if extras.get("iam"):  # the hook's own test: any truthy value asks it for an IAM token
         raise PlanError(f"PostgresSink: connection {conn.conn_id!r} uses IAM authentication (extra 'iam'), which "
                         "the sink does not support; use a password or a client certificate")
-    unknown = sorted(k for k in extras if k not in LIBPQ_EXTRAS and k not in HOOK_ONLY_EXTRAS and k != "iam")
+    args = _hook_connect_args(conn)
+    unknown = sorted(key for key in args if not _libpq_keyword(key))
     if unknown:
         raise PlanError(f"PostgresSink: connection {conn.conn_id!r} has extras {unknown} that are not libpq "
-                        f"connection parameters (known: {', '.join(sorted(LIBPQ_EXTRAS))})")
-    parts.update({k: v for k, v in extras.items() if k in LIBPQ_EXTRAS})
-    return " ".join(f"{key}={_libpq_quote(value)}" for key, value in parts.items() if value not in (None, ""))
+                        "connection parameters (PostgresHook passes every extra it does not use itself to libpq)")
+    return str(psycopg2.extensions.make_dsn(**{key: value for key, value in args.items() if value not in (None, "")}))
 
 
-def _libpq_quote(value: Any) -> str:
-    escaped = str(value).replace("\\", "\\\\").replace("'", "\\'")
-    return f"'{escaped}'"
+def _hook_connect_args(conn: Any) -> dict[str, Any]:
+    """The keyword arguments PostgresHook.get_conn would hand the driver for ``conn``, without connecting."""
+    hook = _args_hook_class()(postgres_conn_id=conn.conn_id, connection=conn)
+    hook.get_conn()
+    # Cursor classes are Python objects of the hook's driver, not connection parameters.
+    return {key: value for key, value in hook.connect_args.items() if key not in ("cursor_factory", "row_factory")}
+
+
+@functools.cache
+def _args_hook_class() -> type[Any]:
+    # Imported here: attempts import this module without Airflow's postgres provider.
+    from airflow.providers.postgres.hooks.postgres import PostgresHook
+
+    if not callable(getattr(PostgresHook, "_create_connection", None)):
+        # Without it get_conn would connect to the database here (setup.cfg bounds the provider's version).
+        raise RuntimeError("PostgresSink needs apache-airflow-providers-postgres>=7.1 "
+                           "(PostgresHook._create_connection)")
+
+    class _ConnectArgsHook(PostgresHook):
+        """PostgresHook that records the driver's arguments instead of connecting."""
+
+        connect_args: dict[str, Any]
+
+        def _create_connection(self, conn_args: dict[str, Any]) -> Any:
+            self.connect_args = dict(conn_args)
+            return None
+
+    return _ConnectArgsHook
+
+
+@functools.cache
+def _libpq_keyword(key: str) -> bool:
+    """True if libpq knows ``key`` as a connection parameter (asked with a dummy value: no secret in errors)."""
+    import psycopg2
+    import psycopg2.extensions
+
+    try:
+        psycopg2.extensions.parse_dsn(f"{key}=x")
+    except psycopg2.ProgrammingError:
+        return False
+    return True
 
 
 def _name_problem(value: Any, parts: int) -> str | None:
