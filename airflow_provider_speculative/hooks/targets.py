@@ -8,11 +8,12 @@ connection API and hands it to attempts through their environment only (:func:`c
 
 from __future__ import annotations
 
+import functools
 import shutil
 import sys
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote, urlparse
+from urllib.parse import urlparse
 
 from airflow_provider_speculative.backends.registry import kind_for_conn_type
 from airflow_provider_speculative.core.config import SpeculativeConfig, Target
@@ -90,34 +91,57 @@ def _spark_submit_command(target: Target, conf: dict[str, str], application: str
 
 
 def connect_address(conn: Any, where: str) -> str:
-    """``host:port`` of a ``spark_connect`` connection; TargetError (naming no secret) when it has no host."""
+    """``host:port`` of a ``spark_connect`` connection; TargetError (naming no secret) when SparkConnectHook
+    could not build a URL from it: no host, the port given twice, or a path after the host."""
     host = str(conn.host or "").strip()
     if "://" not in host:
         host = f"sc://{host}"
     try:
         url = urlparse(host)
         port = conn.port or url.port
+        twice = bool(conn.port and url.port)
     except ValueError:
-        url, port = None, None
+        url, port, twice = None, None, False
     if url is None or not url.hostname:
         raise TargetError(f"{where} is a spark_connect connection without a host (expected host sc://<server> "
                           "and a port); its token, if any, was not used")
+    if twice:
+        raise TargetError(f"{where} gives the Spark Connect port twice (in host {conn.host!r} and as port "
+                          f"{conn.port}); keep one")
+    if url.path or url.query:
+        # Not echoed: URL parameters there may hold a token.
+        raise TargetError(f"{where} has a path or parameters after the Spark Connect host; give only "
+                          "sc://<server> (user, token and use_ssl go in login, password and extra)")
     name = f"[{url.hostname}]" if ":" in url.hostname else url.hostname
     return f"{name}:{port}" if port else name
 
 
 def connect_url(conn: Any) -> str:
-    """``sc://host:port/;user_id=..;token=..`` from a ``spark_connect`` connection (SparkConnectHook's rules)."""
-    address = connect_address(conn, f"connection {getattr(conn, 'conn_id', None)!r}")
-    params = []
-    if conn.login:
-        params.append(f"user_id={quote(conn.login)}")
-    if conn.password:
-        params.append(f"token={quote(conn.password)}")
-    extra = conn.extra_dejson if hasattr(conn, "extra_dejson") else {}
-    if extra.get("use_ssl") is not None:
-        params.append(f"use_ssl={quote(str(extra['use_ssl']))}")
-    return f"sc://{address}/" + (";" + ";".join(params) if params else "")
+    """``sc://host:port/;user_id=..;token=..`` of a fetched ``spark_connect`` connection, by SparkConnectHook."""
+    conn_id = str(getattr(conn, "conn_id", None) or "spark_connect_default")
+    connect_address(conn, f"connection {conn_id!r}")
+    try:
+        return str(_fetched_connect_hook_class()(conn_id, conn).get_connection_url())
+    except ValueError as exc:
+        raise TargetError(f"connection {conn_id!r}: SparkConnectHook cannot build its URL "
+                          f"({type(exc).__name__})") from None
+
+
+@functools.cache
+def _fetched_connect_hook_class() -> type[Any]:
+    from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
+
+    class _FetchedConnectHook(SparkConnectHook):
+        """SparkConnectHook on a connection already fetched (asynchronously, in the triggerer)."""
+
+        def __init__(self, conn_id: str, conn: Any) -> None:
+            super().__init__(conn_id=conn_id)
+            self._fetched = conn
+
+        def get_connection(self, conn_id: str) -> Any:  # type: ignore[override]
+            return self._fetched
+
+    return _FetchedConnectHook
 
 
 async def connect_env(plan: StagePlan) -> dict[str, dict[str, str]]:
