@@ -440,11 +440,12 @@ def connect(dsn: str) -> Any:
 
 
 def libpq_dsn(conn: Any) -> str:
-    """A libpq keyword DSN with the arguments PostgresHook connects with (host, port, schema as dbname, login,
-    password, and every extra the hook does not use itself: ``sslmode``, ``sslrootcert``, ``options``, ...).
+    """A libpq keyword DSN with the arguments PostgresHook connects with, for the attempts' environment.
 
-    Runs on the Airflow side; the attempts only read the DSN. Cloud IAM authentication is refused: its token
-    expires while an attempt runs, and the attempts could not ask for another.
+    Those are host, port, schema as dbname, login, password, and every extra the hook does not use itself
+    (``sslmode``, ``sslrootcert``, ``options``, ...). Runs on the Airflow side; the attempts only read the DSN.
+    Cloud IAM authentication is refused: its token expires while an attempt runs, and the attempts could not
+    ask for another.
     """
     import psycopg2.extensions
 
