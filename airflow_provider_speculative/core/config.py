@@ -585,6 +585,11 @@ class SpeculativeConfig:
         default_string="134217728", readme_default="`134217728` (128 MiB)",
         manual='bytes one subtask should read when a stage has `parallelism="auto"`; a size such as `64MB` or `1 '
                "GiB` (binary units)")
+    full_waves: bool = _bool_option(
+        True, "Round a parallelism='auto' stage's subtask count to whole waves of the targets' slots.",
+        manual='round a `parallelism="auto"` stage\'s subtask count to a multiple of its targets\' slots (the '
+               "nearer one within the stage's bounds), so its last wave does not leave slots idle; off for "
+               "targets with `slots: auto` (their capacity is not known when the stage is planned)")
     broadcast_max_bytes: int = _option(
         256 * 1024 ** 2, _size,
         "Largest input a broadcast(...) input may have when its consumer is planned: every consumer subtask reads "

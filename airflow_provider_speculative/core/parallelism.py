@@ -15,12 +15,13 @@ AUTO = "auto"
 
 
 def decide_parallelism(*, total_bytes: int, per_subtask: int, minimum: int, maximum: int,
-                       bounds: dict[str, int], files: int | None = None) -> dict[str, Any]:
+                       bounds: dict[str, int], files: int | None = None, slots: int | None = None) -> dict[str, Any]:
     """Subtasks for ``total_bytes`` at ``per_subtask`` bytes each, clamped to [minimum, maximum].
 
     ``bounds`` are further upper bounds by name (``files``: a subtask reads whole source files;
     ``subpartitions of X``: an all_to_all consumer reads at least one subpartition). They win over
-    ``minimum``: a subtask with nothing to read is not worth launching.
+    ``minimum``: a subtask with nothing to read is not worth launching. With ``slots`` (the attempts the
+    stage's targets run at once) the count is then rounded to whole waves (``full_waves``).
     """
     wanted = max(1, math.ceil(total_bytes / per_subtask)) if per_subtask > 0 else 1
     chosen = min(max(wanted, minimum), maximum)
@@ -28,8 +29,36 @@ def decide_parallelism(*, total_bytes: int, per_subtask: int, minimum: int, maxi
     for name, bound in sorted(bounds.items()):
         if bound < chosen:
             chosen, bounded_by = max(1, bound), name
-    return {"mode": AUTO, "bytes": int(total_bytes), "per_subtask": int(per_subtask), "min": minimum,
-            "max": maximum, "files": files, "wanted": wanted, "chosen": chosen, "bounded_by": bounded_by}
+    decision: dict[str, Any] = {
+        "mode": AUTO, "bytes": int(total_bytes), "per_subtask": int(per_subtask), "min": minimum, "max": maximum,
+        "files": files, "wanted": wanted, "chosen": chosen, "bounded_by": bounded_by}
+    if slots is not None and slots > 1:
+        upper = min([maximum, *bounds.values()])
+        waved = full_waves(chosen, slots, lower=min(minimum, chosen), upper=upper,
+                           smallest=total_bytes / (per_subtask / 2) if per_subtask > 0 else None)
+        decision["slots"] = slots
+        if waved != chosen:
+            decision.update(before_waves=chosen, chosen=waved, bounded_by=f"full waves of {slots} slots")
+    return decision
+
+
+def full_waves(chosen: int, slots: int, *, lower: int, upper: int, smallest: float | None = None) -> int:
+    """``chosen`` rounded to a multiple of ``slots`` within [lower, upper], or ``chosen`` if none fits.
+
+    A stage of 9 subtasks on 4 slots runs 3 waves, the last with one attempt and 3 idle slots; 8
+    slightly larger subtasks run 2 full waves. Rounds to the nearer multiple (up on a tie); rounding
+    up never makes more subtasks than ``smallest`` allows (a subtask keeps at least half the bytes
+    it was sized for), and rounding down never drops below one wave.
+    """
+    rest = chosen % slots
+    if rest == 0:
+        return chosen
+    down, up = chosen - rest, chosen + slots - rest
+    down_ok = down >= max(lower, 1)
+    up_ok = up <= upper and (smallest is None or up <= max(smallest, 1))
+    if up_ok and (2 * rest >= slots or not down_ok):
+        return up
+    return down if down_ok else chosen
 
 
 def balanced_ranges(sizes: list[int], n: int) -> list[tuple[int, int]]:
@@ -163,5 +192,7 @@ def describe_decision(decision: dict[str, Any] | None) -> str:
         sources = ", ".join(decision["inherited_from"])
         return f"auto: {decision['chosen']}, inherited through pointwise input from {sources}"
     files = f", {decision['files']} source files" if decision.get("files") is not None else ""
+    waves = f", {decision['before_waves']} before rounding to waves" if "before_waves" in decision else ""
     return (f"auto: {format_bytes(decision['bytes'])} / {format_bytes(decision['per_subtask'])} per subtask -> "
-            f"{decision['wanted']}, {bounds}{files}: {decision['chosen']} (bounded by {decision['bounded_by']})")
+            f"{decision['wanted']}, {bounds}{files}{waves}: {decision['chosen']} (bounded by "
+            f"{decision['bounded_by']})")

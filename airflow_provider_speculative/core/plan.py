@@ -295,7 +295,18 @@ def decide_stage_parallelism(graph: PipelineGraph, stage_name: str, config: Spec
             bounds[f"subpartitions of {spec.upstream}"] = (
                 subpartitions * producers[spec.upstream] if stage.splittable_skew else subpartitions)
     return decide_parallelism(total_bytes=total, per_subtask=config.data_volume_per_subtask, minimum=minimum,
-                              maximum=stage.max_parallelism, bounds=bounds, files=files)
+                              maximum=stage.max_parallelism, bounds=bounds, files=files, slots=wave_slots(config))
+
+
+def wave_slots(config: SpeculativeConfig) -> int | None:
+    """The attempts the stage's targets run at once, for ``full_waves``; None when off or not known at plan.
+
+    A reactive target (``"slots": "auto"``) learns its capacity from its master while the stage runs, so
+    a plan cannot round to it.
+    """
+    if not config.full_waves or any(t.auto_slots for t in config.targets):
+        return None
+    return sum(t.slots for t in config.targets)
 
 
 def _exchange_entry(graph: PipelineGraph, spec: ExchangeSpec, committed: dict[str, Any],

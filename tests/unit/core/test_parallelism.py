@@ -14,6 +14,7 @@ from airflow_provider_speculative.core.parallelism import (
     decide_parallelism,
     equal_count_ranges,
     exchange_ranges,
+    full_waves,
 )
 from airflow_provider_speculative.exceptions import ConfigError, PipelineError
 from tests.factories import planned
@@ -198,9 +199,15 @@ def test_auto_source_stage_is_decided_from_bytes_and_bounded_by_files() -> None:
     plan = planned(graph, "scan", sources={"src": files})
     assert plan["parallelism"] == len(plan["subtasks"]) == 8  # ceil(1000 MiB / 128 MiB)
     assert plan["parallelism_decision"]["bytes"] == 1000 * MiB and plan["parallelism_decision"]["files"] == 10
-    small = SpeculativeConfig().with_overrides({"data_volume_per_subtask": "10MB"}, "t")
+    small = SpeculativeConfig().with_overrides({"data_volume_per_subtask": "10MB", "full_waves": False}, "t")
     plan = planned(graph, "scan", small, sources={"src": files})
     assert (plan["parallelism"], plan["parallelism_decision"]["bounded_by"]) == (10, "files")
+    # On the default targets' 4 slots, 10 files make 3 waves (the last half empty); 12 would exceed the
+    # files, so the stage runs 2 full waves of 8.
+    waved = planned(graph, "scan", small.with_overrides({"full_waves": True}, "t"), sources={"src": files})
+    decision = waved["parallelism_decision"]
+    assert (waved["parallelism"], decision["before_waves"], decision["bounded_by"]) == (
+        8, 10, "full waves of 4 slots")
 
 
 def test_auto_exchange_consumer_from_committed_bytes_and_pointwise_inherits() -> None:
@@ -210,10 +217,14 @@ def test_auto_exchange_consumer_from_committed_bytes_and_pointwise_inherits() ->
         agg=StageSpec("agg", "/b.py", "auto", {"rows": ExchangeSpec("scan", "all_to_all", ("k",))},
                       max_parallelism=16, config={"data_volume_per_subtask": "16MB"}),
         post=StageSpec("post", "/c.py", "auto", {"x": ExchangeSpec("agg", "pointwise")}, max_parallelism=16))
-    config = SpeculativeConfig().with_overrides({"data_volume_per_subtask": "16MB"}, "stage")
+    config = SpeculativeConfig().with_overrides({"data_volume_per_subtask": "16MB", "full_waves": False}, "stage")
     agg = planned(graph, "agg", config, upstream={"scan": _committed("scan", matrix)})
     assert agg["parallelism"] == 3 and agg["inputs"]["rows"]["producer_parallelism"] == 3
     assert [s["input_bytes"] for s in agg["subtasks"]] == [15 * MiB, 15 * MiB, 18 * MiB]  # 16 subpartitions of 3 MiB
+    # 3 subtasks on 4 slots leave one idle: 4 subtasks of 12 MiB (at least half of 16 MiB each) fill the wave.
+    waved = planned(graph, "agg", config.with_overrides({"full_waves": True}, "stage"),
+                    upstream={"scan": _committed("scan", matrix)})
+    assert waved["parallelism"] == 4 and [s["input_bytes"] for s in waved["subtasks"]] == [12 * MiB] * 4
     post = planned(graph, "post", upstream={"agg": _committed("agg", [[1]] * 3)})
     assert post["parallelism"] == 3 and post["parallelism_decision"]["inherited_from"] == ["agg"]
 
@@ -244,3 +255,45 @@ def test_plan_warns_about_unsplit_skew_and_splits_when_declared() -> None:
     # Two runs of ordinary subpartitions need a consumer each; the hot one is halved by producer range.
     assert sum(loads) == 4 * (600 + 15 * 10) and max(loads) == 1200
     assert max(s["input_bytes"] for s in plain["subtasks"]) >= 2400
+
+
+@pytest.mark.parametrize(("chosen", "lower", "upper", "smallest", "want"), [
+    (8, 1, 64, None, 8),     # already whole waves
+    (9, 1, 64, None, 8),     # one attempt alone in a third wave: down
+    (10, 1, 64, None, 12),   # half a wave: up on the tie
+    (11, 1, 64, None, 12),   # up
+    (11, 1, 10, None, 8),    # up exceeds a bound (files, max_parallelism): down
+    (9, 9, 64, None, 12),    # down would go below min_parallelism: up
+    (9, 9, 10, None, 9),     # neither fits: unchanged
+    (3, 1, 64, None, 4),     # less than one wave: up to one
+    (1, 1, 64, 1.0, 1),      # too few bytes to give every slot half a subtask's share: unchanged
+    (3, 3, 64, 2.5, 3),      # up to 4 would halve subtasks below half their share: and down is below min
+    (5, 1, 64, 10.0, 4),     # down
+])
+def test_full_waves_rounds_to_the_nearer_multiple_within_bounds(chosen: int, lower: int, upper: int,
+                                                                smallest: float | None, want: int) -> None:
+    assert full_waves(chosen, 4, lower=lower, upper=upper, smallest=smallest) == want
+
+
+def test_full_waves_is_off_for_reactive_targets_and_when_disabled() -> None:
+    graph = _graph(scan=_scan())
+    files = [(f"/data/{i}.parquet", 100 * MiB) for i in range(10)]
+    small = {"data_volume_per_subtask": "10MB"}
+    reactive = SpeculativeConfig().with_overrides({**small, "targets": [
+        {"name": "cluster", "conn_id": "spark_default", "slots": "auto", "master_ui": "http://m:8080"}]}, "t")
+    plan = planned(graph, "scan", reactive, sources={"src": files})
+    assert plan["parallelism"] == 10 and "slots" not in plan["parallelism_decision"]
+    off = SpeculativeConfig().with_overrides({**small, "full_waves": False}, "t")
+    assert planned(graph, "scan", off, sources={"src": files})["parallelism"] == 10
+
+
+def test_decide_parallelism_records_the_rounding_for_status() -> None:
+    from airflow_provider_speculative.core.parallelism import describe_decision
+
+    d = decide_parallelism(total_bytes=9 * 128 * MiB, per_subtask=128 * MiB, minimum=1, maximum=32, bounds={},
+                           slots=4)
+    assert (d["wanted"], d["before_waves"], d["chosen"], d["slots"]) == (9, 9, 8, 4)
+    assert "9 before rounding to waves: 8 (bounded by full waves of 4 slots)" in describe_decision(d)
+    one_slot = decide_parallelism(total_bytes=9 * 128 * MiB, per_subtask=128 * MiB, minimum=1, maximum=32,
+                                  bounds={}, slots=1)
+    assert one_slot["chosen"] == 9 and "before_waves" not in one_slot
