@@ -31,6 +31,10 @@ and for each of the scenarios:
      attempts read them through s3a. With s, c runs on the same S3-capable pool, so s/c is the cost
      of the sources being on S3 (docs/store.md, "Sources on S3")
 
+  z  Airflow's own floor: ``airflow dags test`` of a DAG with one task that does nothing
+     (bench/dags/bench_floor.py), in the same environment as c. What c costs beyond it is the
+     provider's and Spark's; (c - z)/a is reported beside c/a
+
 b and c run with ``airflow dags test`` in their own fresh AIRFLOW_HOME and store; speculation is off
 (this measures overhead, not speculation). Both use 2 cores of Spark task slots in total: b two
 targets x 1 slot of ``local[1]`` drivers, c two ``local[1]`` servers x 2 slots. Every output must equal
@@ -45,7 +49,7 @@ Spark work = ready to end), resume (``stage_complete`` to the resumed task's fin
 (finalize) and exit (last commit to the end of ``airflow dags test``). Each scenario runs under the
 contention sampler of speculation.py (foreign CPU use on the machine).
 
-    .venv/bin/python bench/warm.py [--data .data/tpch] [--pipelines q1,q3] [--repeat N] [--scenarios a,b,c,d,e,f,s]
+    .venv/bin/python bench/warm.py [--data .data/tpch] [--pipelines q1,q3] [--repeat N] [--scenarios a,b,c,d,e,f,s,z]
 """
 
 from __future__ import annotations
@@ -216,6 +220,18 @@ def run_plain(bench: Bench, run_dir: Path, tpch: Path) -> dict[str, Any]:
            str(out)]
     result = timed(cmd, run_dir, "spark-submit.log", {**os.environ, "PYSPARK_PYTHON": sys.executable})
     result.pop("started")
+    return result
+
+
+def run_floor(run_dir: Path, env: dict[str, str]) -> dict[str, Any]:
+    """Scenario z: ``airflow dags test`` of a one-task DAG that does nothing (Airflow's own cost)."""
+    run_dir.mkdir(parents=True)
+    env = {**env, "AIRFLOW__CORE__DAGS_FOLDER": str(HERE / "dags")}
+    airflow = shared.airflow_bin()
+    subprocess.run([airflow, "db", "migrate"], env=env, cwd=REPO, check=True, capture_output=True)
+    result = timed([airflow, "dags", "test", "bench_floor", DATE], run_dir, "dags-test.log", env)
+    for key in ("started", "cpu_samples"):
+        result.pop(key)
     return result
 
 
@@ -391,6 +407,8 @@ def main() -> int:
                     run_dir = results_dir / f"r{repeat}-{bench.name}-{scenario}"
                     if scenario == "a":
                         row["a"] = run_plain(bench, run_dir, tpch)
+                    elif scenario == "z":
+                        row["z"] = run_floor(run_dir, base_env(run_dir, tpch))
                     elif scenario in ("d", "e", "f"):
                         row[scenario] = run_scheduled(bench, run_dir, tpch, {
                             **conns, "AIRFLOW__SPECULATIVE__TARGETS": json.dumps(connect_targets(args.slots)),
@@ -411,7 +429,7 @@ def main() -> int:
                         env["AIRFLOW__SPECULATIVE__TARGETS"] = json.dumps(targets)
                         row[scenario] = run_pipeline(bench, run_dir, env,
                                                      tuple(server.pid for server in servers) if scenario != "b" else ())
-                    got = bench.output(run_dir)
+                    got = bench.output(run_dir) if scenario != "z" else want[bench.name]
                     problem = bench.difference(got, want[bench.name])
                     if problem:
                         raise RuntimeError(f"{bench.name} scenario {scenario} (repeat {repeat}) has a different "
@@ -420,8 +438,9 @@ def main() -> int:
                     cpu = row[scenario].get("cpu")
                     print(f"  r{repeat} {bench.name} {scenario}: wall {row[scenario]['wall']:.1f}s"
                           + (f", CPU {cpu}s (process {row[scenario]['cpu_process']}s, Connect servers "
-                             f"{row[scenario]['cpu_servers']}s)" if cpu is not None else "") + ", output equal "
-                          f"to the reference; foreign CPU mean {load.get('foreign_cores_mean')} cores"
+                             f"{row[scenario]['cpu_servers']}s)" if cpu is not None else "")
+                          + (", output equal to the reference" if scenario != "z" else ", no output (floor)")
+                          + f"; foreign CPU mean {load.get('foreign_cores_mean')} cores"
                           f"{' (contended)' if load.get('contended') else ''}", flush=True)
                 for s in ("b", "c", "d", "e", "f", "s"):
                     if "a" in row and s in row:
@@ -431,6 +450,8 @@ def main() -> int:
                         row[f"{s}/a cpu"] = round(row[s]["cpu"] / row["a"]["cpu"], 2)
                         row[f"{s}/a spark cpu"] = round(
                             (row[s]["cpu_servers"] or row[s]["cpu_process"]) / row["a"]["cpu"], 2)
+                if "a" in row and "c" in row and "z" in row:
+                    row["(c-z)/a"] = round((row["c"]["wall"] - row["z"]["wall"]) / row["a"]["wall"], 2)
                 if "c" in row and "s" in row:
                     row["s/c"] = round(row["s"]["wall"] / row["c"]["wall"], 2)
                 results.append(row)
@@ -453,8 +474,9 @@ def report(results: list[dict[str, Any]]) -> str:
         lines += ["", f"== {name} ==", "wall seconds: " + "; ".join(
             f"r{r['repeat']}: " + ", ".join(
                 f"{s}={r[s]['wall']:.1f}{'*' if r[s]['load'].get('contended') else ''}"
-                for s in ("a", "b", "c", "d", "e", "f", "s") if s in r) for r in runs) + "   (* = contended)"]
-        for ratio in ("b/a", "c/a", "d/a", "e/a", "f/a", "s/a", "s/c", "c/a cpu", "c/a spark cpu", "s/a cpu"):
+                for s in ("a", "b", "c", "d", "e", "f", "s", "z") if s in r) for r in runs) + "   (* = contended)"]
+        for ratio in ("b/a", "c/a", "(c-z)/a", "d/a", "e/a", "f/a", "s/a", "s/c", "c/a cpu", "c/a spark cpu",
+                      "s/a cpu"):
             values = [r[ratio] for r in runs if ratio in r]
             if values:
                 goal = (f" (goals: <= {GOAL_C_OVER_A:g} at SF 0.1, <= {GOAL_C_OVER_A_SF1:g} at SF 1)"
