@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import getpass
+import json
 import sys
 import time
 from collections.abc import Callable
@@ -10,7 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, tzinfo
 from typing import IO, Any, NoReturn
 
-from airflow_provider_speculative.cli.output import clean_text, emit
+from airflow_provider_speculative.cli.output import clean, clean_text, emit
 from airflow_provider_speculative.core.states import FINISHED_RUN_STATES
 from airflow_provider_speculative.core.units import format_bytes
 
@@ -181,61 +183,137 @@ def json_report(report: dict[str, Any], now: float | None = None, tz: tzinfo | N
     return {**report, "generated_at": iso_time(now, tz), "stages": stages, "critical_path": path}
 
 
-def format_progress(report: dict[str, Any], progress: dict[str, Any], now: float, tz: tzinfo | None = None,
-                    run_state: str | None = None) -> str:
-    """The ``--watch`` frame: one line per stage with admitted/total, running, speculative and slow attempts."""
-    header = ("stage", "state", "admitted", "running", "speculative", "slow", "blocked nodes")
-    rows = []
+PROGRESS_COLUMNS = ("stage", "state", "admitted", "running", "speculative", "slow", "blocked nodes")
+
+
+def progress_title(report: dict[str, Any], now: float, tz: tzinfo | None = None, run_state: str | None = None) -> str:
+    """The line above a ``--watch`` frame: the run, the time of the frame and the Airflow run's state."""
+    state = f", Airflow run {run_state}" if run_state else ""
+    return f"DAG {report['dag_id']} run {report['run_id']} at {format_time(now, now, tz)}{state}"
+
+
+def progress_rows(report: dict[str, Any], progress: dict[str, Any], now: float,
+                  tz: tzinfo | None = None) -> list[dict[str, str]]:
+    """One row per stage with admitted/total, running, speculative and slow attempts; unplanned stages last."""
     by_name = {s["stage"]: s for s in report["stages"]}
+    rows = []
     for p in progress["stages"]:
         blocked = ", ".join(f"{node} {format_until(until, now, tz)}"
                             for node, until in sorted(by_name[p["stage"]]["blocked_nodes"].items()) if until > now)
-        rows.append((p["stage"], p["state"], f"{p['admitted']}/{p['total']}", str(p["running"]),
-                     str(p["speculative"]), str(p["slow"]), blocked or "-"))
-    rows += [(name, "not planned", "-", "-", "-", "-", "-") for name in progress["pending_stages"]]
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
-    state = f", Airflow run {run_state}" if run_state else ""
-    lines = [f"DAG {report['dag_id']} run {report['run_id']} at {format_time(now, now, tz)}{state}",
-             "  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)).rstrip()]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
-    return "\n".join(lines)
+        rows.append(dict(zip(PROGRESS_COLUMNS, (p["stage"], p["state"], f"{p['admitted']}/{p['total']}",
+                                                str(p["running"]), str(p["speculative"]), str(p["slow"]),
+                                                blocked or "-"), strict=True)))
+    rows += [dict(zip(PROGRESS_COLUMNS, (name, "not planned", "-", "-", "-", "-", "-"), strict=True))
+             for name in progress["pending_stages"]]
+    return rows
+
+
+def progress_table(report: dict[str, Any], progress: dict[str, Any], now: float, tz: tzinfo | None = None,
+                   run_state: str | None = None) -> Any:
+    """The ``--watch`` frame: the title line above a rich table of :func:`progress_rows` (Airflow's table style)."""
+    from airflow.cli.simple_table import SimpleTable
+    from rich.console import Group
+    from rich.text import Text
+
+    table = SimpleTable(show_header=True, caption=None)
+    for column in PROGRESS_COLUMNS:
+        table.add_column(column)
+    for row in progress_rows(report, progress, now, tz):
+        table.add_row(*(clean(value) for value in row.values()))
+    # Not the table's title: a title wraps at the table's width.
+    return Group(Text.from_markup(clean(progress_title(report, now, tz, run_state))), table)
+
+
+# Columns a frame written to a pipe may use: as AirflowConsole's tables on a pipe.
+PIPE_WIDTH = 200
+
+
+def format_progress(report: dict[str, Any], progress: dict[str, Any], now: float, tz: tzinfo | None = None,
+                    run_state: str | None = None) -> str:
+    """The ``--watch`` frame's table as plain text, for output that is not a terminal."""
+    import io
+
+    from rich.console import Console
+
+    buffer = io.StringIO()
+    # Wide enough that a pipe never gets a wrapped row; no colour codes in a file.
+    Console(file=buffer, width=PIPE_WIDTH, color_system=None, force_terminal=False).print(
+        progress_table(report, progress, now, tz, run_state))
+    return "\n".join(line.rstrip() for line in buffer.getvalue().strip("\n").splitlines())
+
+
+def progress_document(report: dict[str, Any], progress: dict[str, Any], now: float, tz: tzinfo | None = None,
+                      run_state: str | None = None) -> dict[str, Any]:
+    """A ``--watch`` frame for ``--output json|yaml``: the run, the time (ISO and epoch) and each stage's progress."""
+    by_name = {s["stage"]: s for s in report["stages"]}
+    stages = [{**p, "blocked_nodes": {node: iso_time(until, tz) for node, until in
+                                      sorted(by_name[p["stage"]]["blocked_nodes"].items()) if until > now}}
+              for p in progress["stages"]]
+    return {"dag_id": report["dag_id"], "run_id": report["run_id"], "at": iso_time(now, tz), "at_epoch": now,
+            "airflow_run_state": run_state, **progress, "stages": stages}
+
+
+def write_progress(out: IO[str], output: str, report: dict[str, Any], progress: dict[str, Any], now: float,
+                   tz: tzinfo | None = None, run_state: str | None = None, first: bool = True) -> None:
+    """Write one ``--watch`` frame that is not redrawn in place, in ``output``'s format.
+
+    json: one document per line; yaml: one document per frame (``---``); plain and table: frames separated by
+    a blank line.
+    """
+    if output == "json":
+        out.write(json.dumps(progress_document(report, progress, now, tz, run_state), default=str) + "\n")
+    elif output == "yaml":
+        import yaml
+
+        document = json.loads(json.dumps(progress_document(report, progress, now, tz, run_state), default=str))
+        out.write(yaml.safe_dump(document, sort_keys=False, explicit_start=True))
+    else:
+        out.write("" if first else "\n")
+        if output == "plain":
+            out.write(clean_text(progress_title(report, now, tz, run_state)) + "\n")
+            out.flush()
+            # emit prints plain rows with Airflow's console, to sys.stdout.
+            with contextlib.redirect_stdout(out):
+                emit("plain", rows=progress_rows(report, progress, now, tz), document=None)
+        else:
+            out.write(format_progress(report, progress, now, tz, run_state) + "\n")
+    out.flush()
 
 
 # -- status ---------------------------------------------------------------------------------------
 
 
 def watch(root: Any, dag_id: str, run_id: str, *, out: IO[str], interval: float, stage: str | None = None,
-          run_state: Callable[[], str | None] = lambda: None, in_place: bool | None = None,
+          run_state: Callable[[], str | None] = lambda: None, in_place: bool | None = None, output: str = "table",
           clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep,
           max_frames: int | None = None) -> dict[str, Any]:
     """Redraw the progress table every ``interval`` s until the run ends; return the last progress.
 
     The run ends when every stage committed, a stage failed and nothing else runs, or the Airflow run
-    finished. On a terminal each frame replaces the previous one; otherwise frames follow each other.
+    finished. A table on a terminal replaces the previous frame; otherwise frames follow each other, in
+    ``output``'s format (json: one document per line).
     """
-    in_place = out.isatty() if in_place is None else in_place
+    in_place = output == "table" and (out.isatty() if in_place is None else in_place)
     live = None
     if in_place:
         from rich.console import Console
         from rich.live import Live
 
-        # rich redraws the frame in place (and restores the cursor on exit); a pipe gets frame after frame.
+        # rich redraws the frame in place (and restores the cursor on exit).
         live = Live(console=Console(file=out, force_terminal=True), auto_refresh=False, transient=False)
         live.start()
     try:
-        return _watch_frames(root, dag_id, run_id, out=out, live=live, interval=interval, stage=stage,
+        return _watch_frames(root, dag_id, run_id, out=out, live=live, output=output, interval=interval, stage=stage,
                              run_state=run_state, clock=clock, sleep=sleep, max_frames=max_frames)
     finally:
         if live is not None:
             live.stop()
 
 
-def _watch_frames(root: Any, dag_id: str, run_id: str, *, out: IO[str], live: Any, interval: float,
+def _watch_frames(root: Any, dag_id: str, run_id: str, *, out: IO[str], live: Any, output: str, interval: float,
                   stage: str | None, run_state: Callable[[], str | None], clock: Callable[[], float],
                   sleep: Callable[[float], None], max_frames: int | None) -> dict[str, Any]:
     """The loop of :func:`watch`: read the store, draw a frame, stop when the run ends."""
-    from rich.text import Text
-
     from airflow_provider_speculative.control.readmodel import run_progress, run_report
     from airflow_provider_speculative.exceptions import NotFoundError
 
@@ -253,12 +331,10 @@ def _watch_frames(root: Any, dag_id: str, run_id: str, *, out: IO[str], live: An
         progress = run_progress(report)
         if not report["stages"]:
             progress["done"] = False
-        frame = format_progress(report, progress, now, run_state=state)
         if live is not None:
-            live.update(Text(frame), refresh=True)  # Text: no markup, control characters stripped
+            live.update(progress_table(report, progress, now, run_state=state), refresh=True)
         else:
-            out.write(("\n" if frames else "") + clean_text(frame) + "\n")
-            out.flush()
+            write_progress(out, output, report, progress, now, run_state=state, first=not frames)
         frames += 1
         if progress["done"] or state in FINISHED_RUN_STATES or (max_frames and frames >= max_frames):
             return progress
@@ -295,7 +371,7 @@ def status(args: Any) -> None:
                 _fail("--interval must be > 0")
             try:
                 watch(root, args.dag_id, args.run_id, out=sys.stdout, interval=args.interval, stage=args.stage,
-                      run_state=lambda: _airflow_run_state(args.dag_id, args.run_id))
+                      run_state=lambda: _airflow_run_state(args.dag_id, args.run_id), output=args.output)
             except KeyboardInterrupt:
                 pass
             return

@@ -7,16 +7,14 @@ from typing import Any
 
 def get_cli_commands() -> list[Any]:
     """Return the ``speculative`` command group for Airflow's CLI parser."""
-    from airflow.cli.cli_config import ActionCommand, Arg, GroupCommand, lazy_load_command
+    from airflow.cli.cli_config import ARG_OUTPUT, ActionCommand, Arg, GroupCommand, lazy_load_command
 
     dag_id = Arg(("--dag-id", "-d"), help="DAG id", required=True)
     run_id = Arg(("--run-id", "-r"), help="DAG run id", required=True)
     latest_run_id = Arg(("--run-id", "-r"), default=None,
                         help="DAG run id (default: the DAG's run whose stages were planned last in the store)")
     stage = Arg(("--stage", "-s"), help="only this stage", default=None)
-    # Airflow's own --output (table, json, yaml, plain), as `airflow dags list` has it.
-    output = Arg(("--output", "-o"), help="output format: table, json, yaml or plain (default: table)",
-                 choices=("table", "json", "yaml", "plain"), default="table", metavar="(table, json, yaml, plain)")
+    output = ARG_OUTPUT  # Airflow's own --output (table, json, yaml, plain), as `airflow dags list` has it
     gc_dag_id = Arg(("--dag-id", "-d"), help="only this DAG (default: every DAG in the store)", default=None)
     dry_run = Arg(("--dry-run",), help="print what would be removed and the bytes; remove nothing",
                   action="store_true")
@@ -39,7 +37,8 @@ def get_cli_commands() -> list[Any]:
                     args=(dag_id, latest_run_id, stage, output,
                           Arg(("--watch", "-w"), action="store_true",
                               help="redraw the per-stage progress (admitted/total, running, speculative, slow) "
-                                   "until the run ends"),
+                                   "until the run ends; with --output json one document per line per refresh, "
+                                   "yaml one document per refresh, plain one table per refresh"),
                           Arg(("--interval",), type=float, default=2.0,
                               help="seconds between --watch refreshes (default 2)")),
                 ),

@@ -162,10 +162,25 @@ def test_progress_frame_counts_admitted_running_speculative_and_slow() -> None:
     assert progress["stages"] == [{"stage": "scan", "state": "running", "admitted": 1, "total": 2, "running": 1,
                                    "speculative": 1, "slow": 1}]
     assert progress["pending_stages"] == ["aggregate"] and not progress["done"]
-    frame = format_progress(report, progress, NOW, CET, run_state="running")
-    assert frame.splitlines()[2].split()[:6] == ["scan", "running", "1/2", "1", "1", "1"]
-    assert "local-b until 14:05" in frame and "aggregate  not planned" in frame
-    assert "Airflow run running" in frame.splitlines()[0]
+    frame = format_progress(report, progress, NOW, CET, run_state="running").splitlines()
+    assert cells(frame[1]) == ["stage", "state", "admitted", "running", "speculative", "slow", "blocked nodes"]
+    assert cells(frame[3]) == ["scan", "running", "1/2", "1", "1", "1", "local-b until 14:05 (in 5m 00s)"]
+    assert cells(frame[4])[:2] == ["aggregate", "not planned"]
+    assert frame[0] == f"DAG {DAG} run {RUN} at 14:00:00, Airflow run running"
+
+
+def cells(line: str) -> list[str]:
+    """The cells of a row of Airflow's table style (columns separated by ``|``)."""
+    return [cell.strip() for cell in line.split("|")]
+
+
+def test_progress_cells_show_markup_and_control_characters_as_written() -> None:
+    report = _report()
+    report["stages"][0]["stage"] = progress_stage = "[bold]scan\x1b[2J"
+    progress = run_progress(report)
+    frame = format_progress(report, progress, NOW, CET)
+    assert "[bold]scan\\x1b[2J" in frame and "\x1b" not in frame
+    assert progress["stages"][0]["stage"] == progress_stage
 
 
 def test_rerun_output_names_both_parts_of_the_region() -> None:
@@ -249,7 +264,7 @@ def row(out: Frames, stage: str) -> list[str]:
     """The stage's row of the last frame, split into cells."""
     drawn = frames(out)
     last = drawn[-1] if drawn else ""
-    return next((line.split() for line in last.splitlines() if line.split()[:1] == [stage]), [])
+    return next((cells(line) for line in last.splitlines() if cells(line)[:1] == [stage]), [])
 
 
 def test_watch_follows_a_live_run_until_every_stage_committed(tmp_path: Path) -> None:
@@ -271,7 +286,7 @@ def test_watch_follows_a_live_run_until_every_stage_committed(tmp_path: Path) ->
     _finish(scan, 0, 0, time.time())
     _write(scan.committed, {"subtasks": {}})
     wait_for(lambda: row(out, "scan")[:3] == ["scan", "committed", "2/2"], 10, "scan committed", interval=0.02)
-    assert row(out, "aggregate")[:3] == ["aggregate", "not", "planned"]
+    assert row(out, "aggregate")[:2] == ["aggregate", "not planned"]
     assert thread.is_alive(), "the run is not over while a consumer has not planned"
 
     aggregate = _stage(tmp_path, "aggregate", 1, [])
@@ -302,6 +317,34 @@ def test_watch_stops_when_the_airflow_run_finished_and_waits_for_a_queued_run(tm
     assert "Airflow run failed" in out.text().split("\n\n")[-1]
     with pytest.raises(NotFoundError):  # a run Airflow does not know is an error, not an endless wait
         watch(tmp_path / "empty", DAG, RUN, out=out, interval=0.0, run_state=lambda: None)
+
+
+def test_watch_prints_each_refresh_in_the_output_format(tmp_path: Path) -> None:
+    scan = _stage(tmp_path, "scan", 2, [])
+    _running(scan, 0, 0, time.time())
+    _running(scan, 1, 0, time.time())
+    for output in ("json", "yaml", "plain"):
+        out = Frames()
+        progress = watch(tmp_path, DAG, RUN, out=out, interval=0.0, output=output, in_place=True,
+                         clock=iter([NOW, NOW + 2]).__next__, max_frames=2)
+        text = out.text()
+        assert "\x1b" not in text and not progress["done"]  # never redrawn in place, whatever the terminal
+        if output == "json":
+            documents = [json.loads(line) for line in text.splitlines()]  # one document per line
+            assert [d["at_epoch"] for d in documents] == [NOW, NOW + 2]
+            assert documents[0]["stages"] == [{"stage": "scan", "state": "running", "admitted": 0, "total": 2,
+                                               "running": 2, "speculative": 0, "slow": 0, "blocked_nodes": {}}]
+            assert documents[0]["dag_id"] == DAG and documents[0]["done"] is False
+        elif output == "yaml":
+            import yaml
+
+            documents = list(yaml.safe_load_all(text))
+            assert len(documents) == 2 and documents[1]["stages"][0]["running"] == 2
+        else:
+            first, second = text.split("\n\n")
+            assert first.splitlines()[0].startswith(f"DAG {DAG} run {RUN} at ")
+            assert first.splitlines()[2].split() == ["scan", "running", "0/2", "2", "0", "0", "-"]
+            assert "|" not in first and second.splitlines()[2] == first.splitlines()[2]
 
 
 def test_heartbeat_liveness_uses_the_newest_sign_of_life() -> None:
@@ -427,3 +470,22 @@ def test_logs_prints_the_tail_of_the_latest_attempt_and_follows_until_it_ends(
     with pytest.raises(SystemExit):
         commands.logs(SimpleNamespace(**{**vars(args), "attempt": 5}))
     assert "no attempt 5 (attempts: 0, 1)" in capsys.readouterr().err
+
+
+def test_status_takes_airflows_own_output_argument_and_watch_honours_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from argparse import Namespace
+
+    from airflow.cli.cli_config import ARG_OUTPUT
+
+    from airflow_provider_speculative import settings
+    from airflow_provider_speculative.cli import commands
+    from airflow_provider_speculative.cli.definition import get_cli_commands
+
+    status_command = next(c for c in get_cli_commands()[0].subcommands if c.name == "status")
+    assert ARG_OUTPUT in status_command.args
+    seen: dict[str, Any] = {}
+    monkeypatch.setattr(settings, "store_root", lambda config: tmp_path)
+    monkeypatch.setattr(commands, "watch", lambda *args, **kwargs: seen.update(kwargs))
+    commands.status(Namespace(dag_id=DAG, run_id=RUN, stage=None, output="json", watch=True, interval=1.0))
+    assert seen["output"] == "json"
