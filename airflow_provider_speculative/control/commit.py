@@ -41,7 +41,7 @@ def sink_finalizer(plan: StagePlan, layout: StageLayout) -> SinkFinalizer | None
     def finalize_sink(admitted: dict[int, int], record: dict[str, Any]) -> dict[str, Any] | None:
         sink = Sink.from_json(plan["output"]["sink"])
         ctx = FinalizationContext(
-            parallelism=plan["parallelism"], dag_id=plan["dag_id"], run_id=plan["run_id"], stage=plan["stage"],
+            parallelism=plan["parallelism"], dag_id=plan["dag_id"], run_id=plan["run_id"], stage=layout.stage,
             logical_date=plan.get("logical_date"),
             attempts={s: AttemptResult(subtask=s, attempt=a, data_dir=layout.data(s, a),
                                        files=record["subtasks"][str(s)]["files"],
@@ -58,7 +58,7 @@ def cleanup_sink_staging(plan: StagePlan, layout: StageLayout, attempts: tuple[t
     """Let the sink remove what attempts staged outside the store (all of a failed run, or the losers)."""
     if not (plan.get("output") or {}).get("sink"):
         return
-    scope = StagingScope(plan["dag_id"], plan["run_id"], plan["stage"], attempts)
+    scope = StagingScope(plan["dag_id"], plan["run_id"], layout.stage, attempts)
     try:
         removed = Sink.from_json(plan["output"]["sink"]).cleanup_staging(scope)
     except Exception as exc:  # clean-up must not hide the stage's own outcome; gc finds what is left

@@ -11,7 +11,6 @@ import math
 import shutil
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from airflow_provider_speculative.backends.base import Backend, LaunchSpec
@@ -68,7 +67,7 @@ from airflow_provider_speculative.sinks.base import Sink, StagingScope
 from airflow_provider_speculative.store import changes
 from airflow_provider_speculative.store.files import atomic_write_json, create_exclusive_json, read_json
 from airflow_provider_speculative.store.journal import Journal
-from airflow_provider_speculative.store.layout import StageLayout
+from airflow_provider_speculative.store.layout import StageLayout, stage_key
 from airflow_provider_speculative.store.results import remove_attempt_output
 from airflow_provider_speculative.store.speeds import (
     SPEED_CHECK,
@@ -121,7 +120,7 @@ class StageController:
         self.extra_env = dict(extra_env or {})
         self.target_env = {name: dict(env) for name, env in (target_env or {}).items()}
         self.clock = clock
-        self.layout = StageLayout(Path(plan["store_root"]), plan["dag_id"], plan["run_id"], plan["stage"])
+        self.layout = StageLayout.of_plan(plan)
         self.config = SpeculativeConfig.from_json(plan["config"])
         self.journal = Journal(self.layout.journal, clock)
         # One backend per target (its kind was resolved from the target's connection at plan time);
@@ -472,7 +471,7 @@ class StageController:
             self.journal(Event.STAGE_COMPLETE, admitted=action.admitted)
             # What this run measured of its targets seeds the next run's first wave (core/speed.py).
             record_speeds(self.layout.root, run_slowness(self.scheduler.all_attempts(), self.scheduler.input_bytes),
-                          self.clock(), f"{self.plan['dag_id']}/{self.plan['run_id']}/{self.plan['stage']}")
+                          self.clock(), f"{self.plan['dag_id']}/{self.plan['run_id']}/{self.layout.stage}")
         else:
             raise TypeError(f"StageController: no handler for action {action!r}")
         return []
@@ -484,7 +483,8 @@ class StageController:
     def _recover(self, action: RecoverPartition) -> list[Action]:
         self.journal(Event.RECOVER_PARTITION, stage=action.stage, subtask=action.subtask, reason=action.reason)
         recovery = PartitionRecovery(
-            self.layout.root, self.plan["dag_id"], self.plan["run_id"], action.stage, action.subtask,
+            self.layout.root, self.plan["dag_id"], self.plan["run_id"], stage_key(self.plan, action.stage),
+            action.subtask,
             env=self.extra_env, target_env=self.target_env,
             blocked=lambda node: self.scheduler.blocklist.is_blocked(node, self.clock()),
             clock=self.clock)
@@ -559,7 +559,7 @@ class StageController:
         """Drop what a discarded or cancelled attempt staged in the sink (e.g. its Postgres staging table)."""
         if not self.sink_json:
             return
-        scope = StagingScope(self.plan["dag_id"], self.plan["run_id"], self.plan["stage"], ((subtask, attempt),),
+        scope = StagingScope(self.plan["dag_id"], self.plan["run_id"], self.layout.stage, ((subtask, attempt),),
                              env=self.extra_env)
         try:
             removed = Sink.from_json(self.sink_json).cleanup_staging(scope)

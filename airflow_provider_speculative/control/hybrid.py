@@ -22,7 +22,7 @@ from airflow_provider_speculative.core.plan import StagePlan
 from airflow_provider_speculative.core.states import TaskState
 from airflow_provider_speculative.exceptions import StoreError
 from airflow_provider_speculative.store.files import read_json
-from airflow_provider_speculative.store.layout import StageLayout
+from airflow_provider_speculative.store.layout import StageLayout, stage_key
 from airflow_provider_speculative.store.task_state import task_state_path
 
 
@@ -60,11 +60,12 @@ class HybridInputWatcher:
                 known.inputs.append(name)
                 continue
             self.producers[edge.upstream] = _Producer(
-                StageLayout(root, plan["dag_id"], plan["run_id"], edge.upstream), edge.producer_parallelism,
+                StageLayout.of_plan(plan, edge.upstream, root=root), edge.producer_parallelism,
                 entry.get("upstream_fingerprint"), [name], last_change=now)
         self._first = True
         self._root = root
         self._dag_run = (plan["dag_id"], plan["run_id"])
+        self._prefix = stage_key(plan, "")
         # all_to_all inputs: their key types are checked again when a hybrid producer's first subtask is admitted.
         self._keyed = {name: (entry["upstream"], entry.get("mode")) for name, entry in (plan["inputs"] or {}).items()
                        if entry.get("kind") == "exchange" and entry.get("distribution") == "all_to_all"}
@@ -173,7 +174,7 @@ class HybridInputWatcher:
         for name, (upstream, mode) in self._keyed.items():
             if mode == "hybrid":
                 continue
-            layout = StageLayout(self._root, *self._dag_run, upstream)
+            layout = StageLayout(self._root, *self._dag_run, self._prefix + upstream)
             committed = read_json(layout.committed) or {}
             parts = [(p.get("schema"), p.get("partitioning")) for p in (committed.get("subtasks") or {}).values()]
             key = next(((r or {}).get("key") for _, r in parts if (r or {}).get("key")), None)

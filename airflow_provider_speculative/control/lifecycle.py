@@ -53,6 +53,7 @@ from airflow_provider_speculative.store.layout import (
     JOURNAL_FILE,
     StageLayout,
     safe_component,
+    stage_key,
 )
 
 LOSER = "loser"
@@ -255,7 +256,7 @@ def _staging_items(stages: dict[str, _Stage], sink_staging: SinkStaging | None, 
         sink = ((stage.plan or {}).get("output") or {}).get("sink")
         if not sink or stage.plan is None:
             continue
-        scope = StagingScope(stage.plan["dag_id"], stage.plan["run_id"], stage.plan["stage"])
+        scope = StagingScope(stage.plan["dag_id"], stage.plan["run_id"], stage_key(stage.plan))
         try:
             objects = sink_staging(sink, scope)
         except Exception as exc:  # an unreachable sink must not stop gc of the store

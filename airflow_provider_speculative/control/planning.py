@@ -119,8 +119,8 @@ class StagePlanner:
         self.layout = self.layout_of(stage)
 
     def layout_of(self, stage: str) -> StageLayout:
-        """The store directory of ``stage`` in this DAG run."""
-        return StageLayout(self.root, self.run.dag_id, self.run.run_id, stage)
+        """The store directory of ``stage`` (this stage or one of its pipeline's) in this DAG run."""
+        return StageLayout(self.root, self.run.dag_id, self.run.run_id, self.graph.store_key(stage))
 
     def record_state(self, state: TaskState, reason: str | None = None) -> None:
         """Record the task's state in the store (hybrid consumers read it to fail at once)."""
@@ -279,7 +279,7 @@ class StagePlanner:
             return
         spec = self.graph.stages[self.stage]
         self.sink.validate_plan(PlanContext(
-            dag_id=self.run.dag_id, run_id=self.run.run_id, stage=self.stage,
+            dag_id=self.run.dag_id, run_id=self.run.run_id, stage=self.layout.stage,
             where=f"{self.where}, sink {type(self.sink).__name__}", store_root=self.layout.root,
             # A local sink cannot overlap an object-store source: only local sources are compared.
             source_paths=tuple(source_root(src) for src in spec.inputs.values()
@@ -303,8 +303,9 @@ class StagePlanner:
                      "logical_date": self.run.logical_date, "application": application,
                      "try_number": self.run.try_number, "clear_number": self.run.clear_number,
                      "task_id": self.run.task_id, "run_after": self.run.run_after,
+                     **({"store_prefix": self.graph.store_prefix} if self.graph.store_prefix else {}),
                      "targets": self.targets(self.config, application, spec.spark_conf,
-                                             f"{self.run.dag_id}.{self.stage}", self.where)})
+                                             f"{self.run.dag_id}.{self.layout.stage}", self.where)})
 
     def plan(self, hybrid: dict[str, dict[str, Any]]) -> StagePlan:
         """Decide the plan, reconcile it with a previous plan of this stage run, write plan.json."""

@@ -90,17 +90,26 @@ class PipelineGraph:
     name: str
     stages: dict[str, StageSpec]
     config: dict[str, Any] = field(default_factory=dict)
+    # Put before a stage's name to make its directory in a DAG run's store: empty, or the task group prefix
+    # of a pipeline compiled as a TaskGroup ("p1."), so two pipelines of one DAG may name stages alike.
+    store_prefix: str = ""
+
+    def store_key(self, stage: str) -> str:
+        """The directory name of ``stage`` in a DAG run's store (its task id in a grouped pipeline)."""
+        return self.store_prefix + stage
 
     def to_json(self) -> dict[str, Any]:
         """The whole graph as JSON values (what a stage started in the triggerer rebuilds it from)."""
         return {"name": self.name, "config": self.config,
-                "stages": {name: _stage_to_json(spec) for name, spec in self.stages.items()}}
+                "stages": {name: _stage_to_json(spec) for name, spec in self.stages.items()},
+                **({"store_prefix": self.store_prefix} if self.store_prefix else {})}
 
     @staticmethod
     def from_json(data: dict[str, Any]) -> PipelineGraph:
         """Rebuild a graph serialised by :meth:`to_json` (already validated when it was serialised)."""
         return PipelineGraph(name=data["name"], config=dict(data.get("config") or {}),
-                             stages={name: _stage_from_json(spec) for name, spec in data["stages"].items()})
+                             stages={name: _stage_from_json(spec) for name, spec in data["stages"].items()},
+                             store_prefix=str(data.get("store_prefix") or ""))
 
     def validate(self) -> None:
         """Raise :class:`PipelineError` for unknown inputs, bad parallelism, bad exchanges or cycles."""

@@ -57,19 +57,25 @@ def exchange_dataset(dag_id: str, stage: str) -> LineageDataset:
 
 def stage_lineage(plans: Mapping[str, Mapping[str, Any]], stage: str,
                   sink: LineageDataset | None) -> tuple[list[LineageDataset], list[LineageDataset]]:
-    """(inputs, outputs) of ``stage`` given every planned stage of the run (``plans``) and its sink's dataset."""
+    """(inputs, outputs) of ``stage`` given every planned stage of the run (``plans``) and its sink's dataset.
+
+    ``stage`` and the keys of ``plans`` are store keys (the task id in a pipeline compiled as a TaskGroup),
+    so two pipelines of one DAG with a stage of the same name stand for two datasets.
+    """
     plan = plans[stage]
     dag_id = str(plan.get("dag_id", ""))
+    prefix = str(plan.get("store_prefix") or "")  # a stage reads only stages of its own pipeline
     inputs: set[LineageDataset] = set()
     for entry in (plan.get("inputs") or {}).values():
         if entry.get("kind") == "source" and entry.get("path"):
             inputs.add(source_dataset(str(entry["path"])))
         elif entry.get("kind") == "exchange" and entry.get("upstream"):
-            inputs.add(exchange_dataset(dag_id, str(entry["upstream"])))
+            inputs.add(exchange_dataset(dag_id, prefix + str(entry["upstream"])))
     if sink is None:
         return sorted(inputs), [exchange_dataset(dag_id, stage)]
     seen: set[str] = set()
-    pending = [str(e["upstream"]) for e in (plan.get("inputs") or {}).values() if e.get("kind") == "exchange"]
+    pending = [prefix + str(e["upstream"]) for e in (plan.get("inputs") or {}).values()
+               if e.get("kind") == "exchange"]
     while pending:  # every producer upstream, once each: a diamond is walked once
         upstream = pending.pop()
         if upstream in seen or upstream not in plans:
@@ -79,5 +85,5 @@ def stage_lineage(plans: Mapping[str, Mapping[str, Any]], stage: str,
             if entry.get("kind") == "source" and entry.get("path"):
                 inputs.add(source_dataset(str(entry["path"])))
             elif entry.get("kind") == "exchange" and entry.get("upstream"):
-                pending.append(str(entry["upstream"]))
+                pending.append(prefix + str(entry["upstream"]))
     return sorted(inputs), [sink]

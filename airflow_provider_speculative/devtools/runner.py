@@ -78,7 +78,7 @@ def _decide(graph: PipelineGraph, stage: str, root: Path, dag_id: str, run_id: s
 
 def write_plan(plan: StagePlan) -> StageLayout:
     """Write a stage's plan and journal it, as the operator does (hybrid consumers may plan on it then)."""
-    layout = StageLayout(Path(plan["store_root"]), plan["dag_id"], plan["run_id"], plan["stage"])
+    layout = StageLayout.of_plan(plan)
     atomic_write_json(layout.plan, plan)
     journal.record(layout.journal, Event.PLAN_DECIDED, parallelism=plan["parallelism"],
                    decision=plan.get("parallelism_decision"))
@@ -123,7 +123,7 @@ def _commit(controller: StageController) -> None:
 
 def run_stage(plan: StagePlan, timeout: float = 1800.0, fresh: bool = False) -> StageController:
     """Write the plan, step a controller until the stage is decided, commit it; return the controller."""
-    layout = StageLayout(Path(plan["store_root"]), plan["dag_id"], plan["run_id"], plan["stage"])
+    layout = StageLayout.of_plan(plan)
     if fresh:
         wipe_stage_attempts(layout)
     atomic_write_json(layout.plan, plan)

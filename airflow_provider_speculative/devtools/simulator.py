@@ -901,9 +901,9 @@ def read_stage(root: Any, dag_id: str, run_id: str, plan: Mapping[str, Any]) -> 
 
     from airflow_provider_speculative.control.readmodel import observer
     from airflow_provider_speculative.store.files import read_json, read_jsonl
-    from airflow_provider_speculative.store.layout import StageLayout
+    from airflow_provider_speculative.store.layout import StageLayout, stage_key
 
-    layout = StageLayout(Path(root), dag_id, run_id, str(plan["stage"]))
+    layout = StageLayout(Path(root), dag_id, run_id, stage_key(plan))
     poll = observer(layout, "heartbeat")
     now = max([float(e.get("at") or 0) for e in read_jsonl(layout.journal)] + [0.0])
     attempts = []

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any, cast
 
 from airflow.sdk import BaseOperator
@@ -234,7 +233,7 @@ class SparkStageOperator(BaseOperator):
             raise AirflowSkipException(event.get("reason") or f"{where}: a producer stage was skipped")
         if status == TriggerStatus.COMMITTED:
             plan = _plan_at(event.get("plan_path"), where)
-            layout = StageLayout(Path(plan["store_root"]), plan["dag_id"], plan["run_id"], plan["stage"])
+            layout = StageLayout.of_plan(plan)
             record = read_committed(layout)  # raises naming the stage if the commit is gone
             result = event.get("result") or {}
             self._publish_asset_event(context, plan, record, record.get("summary") or {}, result.get("sink"))
@@ -248,7 +247,7 @@ class SparkStageOperator(BaseOperator):
         if (event or {}).get("status") == TriggerStatus.TIMED_OUT:
             _raise_timed_out(event, f"pipeline {self.graph.name!r}, stage {self.stage!r}")
         plan, decided = _event_plan(event, self.graph.name, self.stage)
-        layout = StageLayout(Path(plan["store_root"]), plan["dag_id"], plan["run_id"], plan["stage"])
+        layout = StageLayout.of_plan(plan)
         summary = decided.get("summary", {})
         if decided["status"] != TriggerStatus.SUCCESS:
             self._cleanup_sink_staging(plan, layout, None)
@@ -281,7 +280,7 @@ class SparkStageOperator(BaseOperator):
         from airflow_provider_speculative.settings import store_root
 
         inputs, outputs = lineage_of_stage(store_root(stage_config(self.graph, self.stage)), task_instance.dag_id,
-                                           task_instance.run_id, self.stage, self.sink)
+                                           task_instance.run_id, self.graph.store_key(self.stage), self.sink)
         return OperatorLineage(inputs=[Dataset(namespace=d.namespace, name=d.name) for d in inputs],
                                outputs=[Dataset(namespace=d.namespace, name=d.name) for d in outputs])
 

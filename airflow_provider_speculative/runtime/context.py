@@ -36,7 +36,7 @@ from airflow_provider_speculative.runtime.inputs import StageInputs
 from airflow_provider_speculative.runtime.session import attempt_tag, open_session
 from airflow_provider_speculative.store import changes
 from airflow_provider_speculative.store.files import atomic_write_json, read_json
-from airflow_provider_speculative.store.layout import StageLayout
+from airflow_provider_speculative.store.layout import StageLayout, stage_key
 from airflow_provider_speculative.store.manifest import (
     SUBPARTITION_COLUMN,
     PartitionError,
@@ -67,7 +67,7 @@ class StageContext:
         self.attempt = attempt
         self.target = target
         self.parallelism: int = plan["parallelism"]
-        self.layout = StageLayout(Path(plan["store_root"]), plan["dag_id"], plan["run_id"], plan["stage"])
+        self.layout = StageLayout.of_plan(plan)
         self._node_label = current_node()
         self.node = self._node_label
         self.config = SpeculativeConfig.from_json(plan["config"])
@@ -126,9 +126,11 @@ class StageContext:
         """The attempt's SparkSession (created on first use)."""
         if self._spark is None:
             target = (self.plan.get("targets") or {}).get(self.target) or {}
-            opened = open_session(f"{self.plan['dag_id']}.{self.stage}[{self.subtask}]#{self.attempt}",
+            # By store key: two grouped pipelines of a DAG may both have this stage name.
+            key = self.layout.stage
+            opened = open_session(f"{self.plan['dag_id']}.{key}[{self.subtask}]#{self.attempt}",
                                   target.get("spark_conf") or {},
-                                  attempt_tag(self.plan["dag_id"], self.stage, self.subtask, self.attempt))
+                                  attempt_tag(self.plan["dag_id"], key, self.subtask, self.attempt))
             self._spark, self._remote = opened.spark, opened.remote
             if opened.remote:
                 self._spark.registerProgressHandler(self._on_remote_progress)  # type: ignore[arg-type]
@@ -190,7 +192,10 @@ class StageContext:
         record = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exception(exc)[-5:],
                   "at": time.time()}
         if isinstance(exc, PartitionError):
-            record.update(kind="partition", stage=exc.stage, subtask=exc.subtask, attempt=exc.attempt)
+            # The controller names producers by stage name; a store read names them by store key.
+            by_key = {stage_key(self.plan, str(u)): str(u) for u in self.plan.get("upstreams") or []}
+            stage = by_key.get(exc.stage, exc.stage) if exc.stage is not None else None
+            record.update(kind="partition", stage=stage, subtask=exc.subtask, attempt=exc.attempt)
         elif isinstance(exc, NodeLostError):
             record.update(kind="node_lost", node=exc.node)
         atomic_write_json(self.layout.failure(self.subtask, self.attempt), record)
@@ -376,7 +381,7 @@ class StageContext:
 
         context = InitializationContext(
             task_number=self.subtask, num_tasks=self.parallelism, attempt_number=self.attempt,
-            dag_id=self.plan["dag_id"], run_id=self.plan["run_id"], stage=self.stage, data_dir=data_dir,
+            dag_id=self.plan["dag_id"], run_id=self.plan["run_id"], stage=self.layout.stage, data_dir=data_dir,
             logical_date=self.logical_date)
         return Sink.from_json(sink_json).create_writer(context)
 

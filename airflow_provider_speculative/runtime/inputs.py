@@ -74,8 +74,7 @@ class StageInputs:
         return self.plan["inputs"][name].get("mode") == "hybrid"
 
     def _upstream(self, name: str) -> StageLayout:
-        return StageLayout(self.layout.root, self.plan["dag_id"], self.plan["run_id"],
-                           self.plan["inputs"][name]["upstream"])
+        return StageLayout.of_plan(self.plan, self.plan["inputs"][name]["upstream"], root=self.layout.root)
 
     def _admitted_producers(self, name: str, producers: Iterable[int]) -> dict[int, int]:
         """Hybrid input: the admitted attempt of each producer in ``producers`` that has one now.
@@ -209,7 +208,7 @@ class StageInputs:
         if self._hybrid(name):
             return self._hybrid_files(name)
         shared, mine = self.plan["inputs"][name], self.spec["inputs"][name]
-        upstream = StageLayout(self.layout.root, self.plan["dag_id"], self.plan["run_id"], shared["upstream"])
+        upstream = StageLayout.of_plan(self.plan, shared["upstream"], root=self.layout.root)
         committed = read_json(upstream.committed)
         if committed is None:
             raise PartitionError(f"stage {self.stage!r} input {name!r}: upstream {shared['upstream']!r} has no "

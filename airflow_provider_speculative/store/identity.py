@@ -25,7 +25,7 @@ from typing import Any
 from airflow_provider_speculative.exceptions import StoreError
 from airflow_provider_speculative.store.backend import PosixBackend
 from airflow_provider_speculative.store.files import read_json
-from airflow_provider_speculative.store.layout import PLAN_FILE, TASK_STATE_FILE, safe_component
+from airflow_provider_speculative.store.layout import PLAN_FILE, TASK_STATE_FILE, safe_component, stage_key
 
 STORE_FILE = "store.json"
 PROVIDER = "airflow-provider-speculative"
@@ -58,7 +58,8 @@ def provider_plan(run_dir: Path) -> dict[str, Any] | None:
         names = (plan.get("dag_id"), plan.get("run_id"), plan.get("stage"))
         if not all(isinstance(n, str) and n for n in names):
             continue
-        dag_id, run_id, stage = (str(n) for n in names)
+        dag_id, run_id = str(names[0]), str(names[1])
+        stage = stage_key(plan)  # the directory is named by store key (a grouped pipeline's task id)
         if (safe_component(dag_id), safe_component(run_id), safe_component(stage)) == (
                 run_dir.parent.name, run_dir.name, stage_dir.name):
             return plan

@@ -5,9 +5,11 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
+from typing import Any
 
 from airflow_provider_speculative.store.backend import PosixBackend
 
@@ -68,14 +70,32 @@ def default_store_root() -> Path:
     return Path(home) / "speculative-store"
 
 
+def stage_key(plan: Mapping[str, Any], stage: str | None = None) -> str:
+    """The store key (directory name) of the plan's stage, or of ``stage`` of the same pipeline.
+
+    A pipeline compiled as a TaskGroup records its ``store_prefix`` in every plan; its stages read only
+    stages of their own pipeline, so the prefix of the plan is the prefix of every producer it names.
+    """
+    return str(plan.get("store_prefix") or "") + (plan["stage"] if stage is None else stage)
+
+
 @dataclass(frozen=True)
 class StageLayout:
-    """Paths of one stage run: ``<root>/<dag_id>/<run_id>/<stage>/...``."""
+    """Paths of one stage run: ``<root>/<dag_id>/<run_id>/<stage>/...``.
+
+    ``stage`` is the stage's store key: its name, or in a pipeline compiled as a TaskGroup its task id.
+    """
 
     root: Path
     dag_id: str
     run_id: str
     stage: str
+
+    @classmethod
+    def of_plan(cls, plan: Mapping[str, Any], stage: str | None = None, root: Path | None = None) -> StageLayout:
+        """The layout of the plan's stage (or of ``stage`` of its pipeline) in the plan's DAG run."""
+        return cls(Path(plan["store_root"]) if root is None else Path(root), str(plan["dag_id"]), str(plan["run_id"]),
+                   stage_key(plan, stage))
 
     @cached_property
     def store(self) -> PosixBackend:

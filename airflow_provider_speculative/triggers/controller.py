@@ -159,7 +159,7 @@ class StageControllerTrigger(BaseTrigger):
         assert self.asset_api is not None and self.commit is not None
         record = read_committed(layout)
         extra = asset_event_extra(plan, record, record.get("summary") or {}, result.get("sink"))
-        key = commit_key(plan["dag_id"], plan["run_id"], plan["stage"], int(self.commit["try_number"]))
+        key = commit_key(plan["dag_id"], plan["run_id"], layout.stage, int(self.commit["try_number"]))
         api = AssetEventsApi(self.asset_api)
         try:
             return publish_asset_events(api, layout, assets, extra, key, self.commit.get("partition_key"))
