@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from airflow_provider_speculative.control.readmodel import find_stage_key, run_plans
 from airflow_provider_speculative.core.states import Attempt
 from airflow_provider_speculative.exceptions import NotFoundError, UnsafeStorePathError
 from airflow_provider_speculative.store.files import open_in_store, read_json
@@ -77,6 +78,11 @@ def attempt_log(root: Path, dag_id: str, run_id: str, stage: str, subtask: int, 
     if not 0 < max_bytes <= MAX_TAIL_BYTES:
         raise ValueError(f"max_bytes must be between 1 and {MAX_TAIL_BYTES}, got {max_bytes}")
     layout = StageLayout(root, dag_id, run_id, stage)
+    if not layout.plan.is_file():
+        # A stage of a pipeline compiled as a TaskGroup is keyed by its task id; its bare name, if no other
+        # grouped pipeline of the DAG has it, names it too.
+        stage = find_stage_key(run_plans(root, dag_id, run_id), stage, f"DAG {dag_id!r} run {run_id!r}")
+        layout = StageLayout(root, dag_id, run_id, stage)
     plan = read_json(layout.plan)
     if not isinstance(plan, dict):
         raise NotFoundError(f"DAG {dag_id!r} run {run_id!r}: no stage {stage!r} is recorded in the store")

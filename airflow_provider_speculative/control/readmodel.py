@@ -59,6 +59,7 @@ from airflow_provider_speculative.store.layout import (
     STATUS_FILE,
     StageLayout,
     safe_component,
+    stage_key,
 )
 
 LIVENESS_MODES = ("process", "heartbeat")
@@ -83,17 +84,40 @@ def read_plan(path: Path) -> dict[str, Any]:
 
 
 def run_plans(root: Path, dag_id: str, run_id: str) -> dict[str, dict[str, Any]]:
-    """Every stage planned in the run (stage -> plan.json), empty when none is."""
+    """Every stage planned in the run (store key -> plan.json), empty when none is.
+
+    Keyed by store key (the stage name, or the task id in a pipeline compiled as a TaskGroup): two grouped
+    pipelines of one DAG may both have a stage of a name.
+    """
     run_dir = Path(root) / safe_component(dag_id) / safe_component(run_id)
     plans = (read_plan(path) for path in sorted(run_dir.glob("*/plan.json")))
-    return {str(plan["stage"]): plan for plan in plans}
+    return {stage_key(plan): plan for plan in plans}
+
+
+def upstream_keys(plan: Mapping[str, Any]) -> list[str]:
+    """The store keys of the stages ``plan``'s stage reads."""
+    return [stage_key(plan, str(u)) for u in plan.get("upstreams") or []]
+
+
+def find_stage_key(plans: Mapping[str, Mapping[str, Any]], stage: str, where: str) -> str:
+    """The store key ``stage`` names among a run's plans: a key, or a stage name only one pipeline has.
+
+    NotFoundError naming the candidates when several grouped pipelines have a stage of that name.
+    """
+    if stage in plans:
+        return stage
+    named = sorted(key for key, plan in plans.items() if plan.get("stage") == stage)
+    if len(named) > 1:
+        raise NotFoundError(f"{where}: stage {stage!r} is ambiguous, pipelines compiled as task groups each have "
+                            f"one ({', '.join(named)}); name it by its task id")
+    return named[0] if named else stage
 
 
 def pipeline_order(plans: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Plans with every stage after its upstreams (then by name): the order a reader follows the pipeline."""
-    by_name = {str(p["stage"]): p for p in plans}
+    by_name = {stage_key(p): p for p in plans}
     try:
-        order = producers_first(sorted(by_name), lambda s: list(by_name[s].get("upstreams") or []), "status")
+        order = producers_first(sorted(by_name), lambda s: upstream_keys(by_name[s]), "status")
     except PipelineError:
         order = sorted(by_name)  # a cycle cannot come from a validated graph; a damaged store still lists all
     return [by_name[name] for name in order]
@@ -122,10 +146,12 @@ def run_report(root: Path, dag_id: str, run_id: str, stage: str | None = None, *
         raise NotFoundError(f"no speculative stages recorded for dag {dag_id!r} run {run_id!r} under {root}")
     stages = []
     plans = [read_plan(p / PLAN_FILE) for p in sorted(run_dir.iterdir()) if (p / PLAN_FILE).is_file()]
+    if stage:
+        stage = find_stage_key({stage_key(p): p for p in plans}, stage, f"dag {dag_id!r} run {run_id!r}")
     for plan in pipeline_order(plans):
-        if stage and plan["stage"] != stage:
+        if stage and stage_key(plan) != stage:
             continue
-        stages.append(stage_report(StageLayout(Path(plan["store_root"]), dag_id, run_id, plan["stage"]), plan,
+        stages.append(stage_report(StageLayout(Path(plan["store_root"]), dag_id, run_id, stage_key(plan)), plan,
                                    liveness=liveness, now=now, with_claims=with_claims))
     if stage and not stages:
         raise NotFoundError(f"stage {stage!r} not found in dag {dag_id!r} run {run_id!r}")
@@ -183,14 +209,17 @@ def stage_report(layout: StageLayout, plan: Mapping[str, Any], *, liveness: str 
         })
     breakdown = stage_breakdown(admitted_phases)
     return {
-        "stage": plan["stage"], "parallelism": plan["parallelism"], "upstreams": plan.get("upstreams", []),
+        # The store key: what the CLI and the UI name a stage by (its task id in a grouped pipeline).
+        "stage": stage_key(plan), "name": plan["stage"], "pipeline": plan.get("pipeline"),
+        "parallelism": plan["parallelism"], "upstreams": upstream_keys(plan),
         "parallelism_decision": plan.get("parallelism_decision"),
         "parallelism_line": describe_decision(plan.get("parallelism_decision")),
         "plan_warnings": list(plan.get("warnings") or []),
         # Skew the plan split (splittable_skew); skew it could not split is among the warnings.
         "skew_splits": [f"input {e['input']!r}: {skew_message(e)}" for e in plan.get("exchange_skew") or []
                         if e.get("split", 1) > 1],
-        "consumers": plan.get("consumers", []), "committed": committed is not None,
+        "consumers": [stage_key(plan, str(c)) for c in plan.get("consumers") or []],
+        "committed": committed is not None,
         # Set once gc removed the committed data (FLIP-1 life cycle): a consumer rerun finds it missing.
         "expired": read_expired(layout),
         "sink": (committed or {}).get("sink"), "speculation": summary.get("speculation"),

@@ -7,14 +7,14 @@ from pathlib import Path
 from typing import Any
 
 from airflow_provider_speculative.backends.registry import attempt_observer
-from airflow_provider_speculative.control.readmodel import run_plans
+from airflow_provider_speculative.control.readmodel import find_stage_key, run_plans
 from airflow_provider_speculative.core.events import Event
 from airflow_provider_speculative.core.failover import Region, rerun_region
 from airflow_provider_speculative.core.graph import ExchangeSpec, PipelineGraph, SourceSpec, StageSpec
 from airflow_provider_speculative.exceptions import NotFoundError
 from airflow_provider_speculative.store import journal
 from airflow_provider_speculative.store.files import read_json
-from airflow_provider_speculative.store.layout import StageLayout
+from airflow_provider_speculative.store.layout import StageLayout, stage_key
 from airflow_provider_speculative.store.results import remove_attempt_output
 
 # The event of the audit-log rows a rerun writes (Airflow's Log.event, at most 60 characters).
@@ -22,7 +22,11 @@ AUDIT_EVENT = "speculative_rerun"
 
 
 def graph_from_plans(root: Path, dag_id: str, run_id: str) -> tuple[PipelineGraph, dict[str, dict[str, Any]]]:
-    """Rebuild the stage graph of a run from its plan.json files (what actually ran)."""
+    """Rebuild the stage graph of a run from its plan.json files (what actually ran).
+
+    Its stages are named by store key (the task id in a pipeline compiled as a TaskGroup), so the stages of
+    every pipeline of the DAG run are one graph without two of them sharing a name.
+    """
     plans = run_plans(root, dag_id, run_id)
     if not plans:
         raise NotFoundError(f"no speculative stages recorded for dag {dag_id!r} run {run_id!r} under {root}")
@@ -30,8 +34,9 @@ def graph_from_plans(root: Path, dag_id: str, run_id: str) -> tuple[PipelineGrap
     for name, plan in plans.items():
         inputs: dict[str, SourceSpec | ExchangeSpec] = {}
         for input_name, entry in (plan.get("inputs") or {}).items():
-            if entry["kind"] == "exchange" and entry["upstream"] in plans:
-                inputs[input_name] = ExchangeSpec(entry["upstream"], entry["distribution"], ("_",),
+            upstream = stage_key(plan, entry["upstream"]) if entry["kind"] == "exchange" else None
+            if upstream is not None and upstream in plans:
+                inputs[input_name] = ExchangeSpec(upstream, entry["distribution"], ("_",),
                                                   entry.get("mode", "blocking"))
             else:
                 inputs[input_name] = SourceSpec(entry.get("schema_file", ""))
@@ -47,6 +52,7 @@ def plan_rerun(root: Path, dag_id: str, run_id: str, stage: str, subtasks: list[
     ``downstream``: include the consumers of the rerun subtasks, transitively (see ``rerun_region``).
     """
     graph, plans = graph_from_plans(root, dag_id, run_id)
+    stage = find_stage_key(plans, stage, f"dag {dag_id!r} run {run_id!r}")
     if stage not in graph.stages:
         raise NotFoundError(f"stage {stage!r} not found in dag {dag_id!r} run {run_id!r} (stages: {', '.join(plans)})")
     parallelism = int(plans[stage]["parallelism"])
@@ -67,6 +73,8 @@ def in_flight_reads(root: Path, dag_id: str, run_id: str, graph: PipelineGraph) 
     hybrid = {c for name in graph.stages for c, _, spec in graph.consumers(name) if spec.mode == "hybrid"}
     for stage in sorted(hybrid):
         layout = StageLayout(Path(root), dag_id, run_id, stage)
+        # An attempt records its producers by stage name; the graph names them by store key.
+        plan = read_json(layout.plan) or {"stage": stage}
         observer = attempt_observer(layout)
         for subtask in range(plans_parallelism(graph, stage)):
             for number in layout.attempt_numbers(subtask):
@@ -74,12 +82,17 @@ def in_flight_reads(root: Path, dag_id: str, run_id: str, graph: PipelineGraph) 
                 if attempt.live and attempt.progress.get("reads"):
                     merged = out.setdefault(stage, {}).setdefault(subtask, {})
                     for producer, reads in attempt.progress["reads"].items():
-                        merged.setdefault(producer, {}).update(reads)
+                        merged.setdefault(stage_key(plan, producer), {}).update(reads)
     return out
 
 
 def stage_task_ids(stages: list[str], task_ids: list[str]) -> dict[str, str]:
-    """Stage -> the Airflow task id that runs it among ``task_ids`` (the stage name, or ``group.stage``)."""
+    """Stage -> the Airflow task id that runs it among ``task_ids`` (the stage name, or ``group.stage``).
+
+    ``stages`` are store keys: a stage of a pipeline compiled as a TaskGroup is keyed by its task id, so it
+    matches exactly; a stage keyed by its name matches its task id or, in a task group made by hand,
+    ``group.stage``.
+    """
     found: dict[str, str] = {}
     for stage in stages:
         exact = [t for t in task_ids if t == stage]

@@ -9,15 +9,16 @@ with another date are skipped on later polls (cost linear in the DAG's runs, the
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from airflow_provider_speculative.core.readiness import Readiness, check_committed, describe_wait, same_instant
-from airflow_provider_speculative.exceptions import StoreError
+from airflow_provider_speculative.exceptions import NotFoundError, StoreError
 from airflow_provider_speculative.store.files import read_json
-from airflow_provider_speculative.store.layout import PLAN_FILE, StageLayout, safe_component
+from airflow_provider_speculative.store.layout import PLAN_FILE, StageLayout, safe_component, stage_key
 
 
 @dataclass(frozen=True)
@@ -66,9 +67,31 @@ class StageOutputLocator:
                 return plan
         return None
 
+    def _stage_key(self, run_dir: Path) -> str:
+        """The store key of the watched stage in ``run_dir``: ``stage`` itself (a stage name or a task id), or
+        the task id of the one pipeline compiled as a TaskGroup that has a stage of that name.
+
+        NotFoundError naming the candidates when several grouped pipelines of the DAG have one.
+        """
+        if (run_dir / safe_component(self.stage) / PLAN_FILE).is_file() or not run_dir.is_dir():
+            return self.stage
+        named = []
+        for child in sorted(run_dir.iterdir()):
+            plan: Any = None
+            with contextlib.suppress(StoreError):  # a torn or foreign file is looked at again next poll
+                plan = read_json(child / PLAN_FILE) if child.is_dir() else None
+            if isinstance(plan, dict) and plan.get("stage") == self.stage and plan.get("store_prefix"):
+                named.append(stage_key(plan))
+        if len(named) > 1:
+            raise NotFoundError(f"DAG {self.dag_id!r}, stage {self.stage!r}: ambiguous, pipelines compiled as task "
+                                f"groups each have a stage of that name ({', '.join(named)}); give the stage as "
+                                "its task id")
+        return named[0] if named else self.stage
+
     def _candidates(self) -> list[tuple[str, StageLayout]]:
         if self.run_id is not None:
-            return [(self.run_id, StageLayout(self.root, self.dag_id, self.run_id, self.stage))]
+            run_dir = self.root / safe_component(self.dag_id) / safe_component(self.run_id)
+            return [(self.run_id, StageLayout(self.root, self.dag_id, self.run_id, self._stage_key(run_dir)))]
         dag_dir = self.root / safe_component(self.dag_id)
         found: list[tuple[str, StageLayout]] = []
         if not dag_dir.is_dir():
@@ -86,7 +109,7 @@ class StageOutputLocator:
                 self._other_dates.add(run_dir.name)
                 continue
             run_id = str(plan.get("run_id") or run_dir.name)
-            found.append((run_id, StageLayout(self.root, self.dag_id, run_id, self.stage)))
+            found.append((run_id, StageLayout(self.root, self.dag_id, run_id, self._stage_key(run_dir))))
         return found
 
     def check(self) -> OutputObservation:

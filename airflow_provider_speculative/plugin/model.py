@@ -13,9 +13,9 @@ from airflow_provider_speculative.core.events import Event, is_routine
 from airflow_provider_speculative.core.states import FINISHED_RUN_STATES, LIVE
 from airflow_provider_speculative.core.summary import StageSummary
 from airflow_provider_speculative.core.urls import safe_http_url
-from airflow_provider_speculative.exceptions import UnsafeStorePathError
+from airflow_provider_speculative.exceptions import StoreError, UnsafeStorePathError
 from airflow_provider_speculative.store.files import open_in_store, read_json
-from airflow_provider_speculative.store.layout import StageLayout
+from airflow_provider_speculative.store.layout import StageLayout, stage_key
 
 RESTART_REASON = "restart after failure"
 SUBTASK_STATES = ("admitted", "running", "failed", "waiting")
@@ -27,11 +27,25 @@ _DRIVER_HOST = re.compile(r"(?:Server created on |Starting executor ID driver on
 
 
 def resolve_stage(root: Path, dag_id: str, run_id: str, task_id: str) -> str | None:
-    """The stage of ``task_id`` in this run: the task id itself, or its last part inside a task group."""
-    for candidate in dict.fromkeys((task_id, task_id.rsplit(".", 1)[-1])):
-        if StageLayout(root, dag_id, run_id, candidate).plan.is_file():
-            return candidate
-    return None
+    """The store key of ``task_id``'s stage in this run: the task id itself, or its last part inside a task group.
+
+    The last part only for a pipeline put in a task group by hand (its stages keep their names as store
+    keys), and only if that stage's plan was written by this task: a pipeline compiled as a TaskGroup keys its
+    stages by task id, so one of them that has not planned yet is not another pipeline's stage of that name.
+    """
+    if StageLayout(root, dag_id, run_id, task_id).plan.is_file():
+        return task_id
+    last = StageLayout(root, dag_id, run_id, task_id.rsplit(".", 1)[-1])
+    if last.stage == task_id or not last.plan.is_file():
+        return None
+    try:
+        plan = read_json(last.plan)
+    except StoreError:
+        return last.stage  # unreadable: the stage view reports it
+    if not isinstance(plan, dict):
+        return last.stage
+    planned_by = plan.get("task_id")  # absent from plans written before it was recorded
+    return last.stage if not plan.get("store_prefix") and planned_by in (None, "", task_id) else None
 
 
 def run_view(root: Path, dag_id: str, run_id: str, *, spark_history_url: str = "",
@@ -150,7 +164,8 @@ def _enrich(root: Path, dag_id: str, run_id: str, stage: dict[str, Any], history
     stage.update(
         state="committed" if stage["committed"] else "failed" if failed else "running" if live else "waiting",
         progress={"admitted": len(done), "parallelism": stage["parallelism"]},
-        inputs=[{"name": name, "kind": spec.get("kind"), "upstream": spec.get("upstream"),
+        inputs=[{"name": name, "kind": spec.get("kind"),
+                 "upstream": stage_key(plan, spec["upstream"]) if spec.get("upstream") else spec.get("upstream"),
                  "distribution": spec.get("distribution"), "mode": spec.get("mode"), "format": spec.get("format")}
                 for name, spec in sorted(first_inputs.items())],
         attempts_total=sum(len(s["attempts"]) for s in stage["subtasks"]),
