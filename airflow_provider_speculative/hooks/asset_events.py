@@ -149,7 +149,7 @@ class AssetEventsApi:
 
     def _bearer(self) -> str:
         if not self._token:
-            answer = self._call("POST", "auth/token", json={"username": self.connection.login,
+            answer = self._call("POST", "auth/token", body={"username": self.connection.login,
                                                             "password": self.connection.password}, auth=False)
             token = answer.get("access_token") if isinstance(answer, dict) else None
             if not isinstance(token, str) or not token:
@@ -158,7 +158,7 @@ class AssetEventsApi:
         return self._token
 
     def _call(self, method: str, endpoint: str, *, auth: bool = True, params: dict[str, Any] | None = None,
-              json: Any = None) -> Any:
+              body: Any = None) -> Any:
         import requests
 
         if auth:
@@ -166,8 +166,8 @@ class AssetEventsApi:
         where = f"{method} {self.connection.base_url}/{endpoint}"
         self._hook.method = method
         kwargs: dict[str, Any] = {} if auth else {"auth": _NoAuth()}
-        if json is not None:
-            kwargs["json"] = json
+        if body is not None:
+            kwargs["json"] = body
         try:
             # HttpHook sends GET's data as the query string.
             response = self._hook.run(endpoint, data=params, extra_options=self._options, **kwargs)
@@ -204,7 +204,7 @@ class AssetEventsApi:
         body: dict[str, Any] = {"asset_id": asset_id, "extra": extra}
         if partition_key:
             body["partition_key"] = partition_key
-        return dict(self._call("POST", "api/v2/assets/events", json=body))
+        return dict(self._call("POST", "api/v2/assets/events", body=body))
 
 
 def _hook(conn: Any, auth: Any = None) -> Any:
