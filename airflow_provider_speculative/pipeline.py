@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from typing import Any
 
 from airflow_provider_speculative.core.graph import (
@@ -30,8 +31,16 @@ class Stage:
 
     @property
     def name(self) -> str:
-        """The stage name (also its Airflow task id)."""
+        """The stage name (its Airflow task id too, unless its pipeline is a TaskGroup)."""
         return self.spec.name
+
+    @property
+    def task_id(self) -> str:
+        """The Airflow task id of the stage: its name, or ``<pipeline>.<stage>`` in a pipeline that is a TaskGroup."""
+        if self.task is None:
+            raise PipelineError(f"pipeline {self.pipeline.name!r}, stage {self.name!r}: not compiled yet; its task "
+                                "exists once the pipeline's with-block ends (or compile() is called)")
+        return str(self.task.task_id)
 
 
 def parquet_source(path: str) -> SourceSpec:
@@ -77,18 +86,31 @@ def broadcast(input: Stage | str | SourceSpec) -> ExchangeSpec | SourceSpec:
     return ExchangeSpec(upstream=_upstream_name(input), distribution="broadcast", origin=_origin(input))
 
 
+# What Airflow accepts as a TaskGroup's group_id (airflow.sdk validate_group_key), checked at declaration.
+_GROUP_ID = re.compile(r"[\w-]{1,200}")
+
+
 class Pipeline:
     """A stage graph inside a DAG. Use as a context manager, or call :meth:`compile` yourself.
 
     ``config`` overrides ``[speculative]`` options for every stage of this pipeline; ``spark_conf`` is
-    Spark configuration for every stage (a stage's own ``spark_conf`` wins per key).
+    Spark configuration for every stage (a stage's own ``spark_conf`` wins per key). ``task_group=True``
+    compiles the pipeline into an Airflow TaskGroup named like the pipeline: its stages' task ids become
+    ``<pipeline>.<stage>`` (the graph view shows the group), so several pipelines of one DAG may name
+    their stages alike. The default keeps one task per stage named like the stage.
     """
 
     def __init__(self, name: str, *, config: dict[str, Any] | None = None, dag: Any = None,
-                 default_max_parallelism: int = 32, spark_conf: dict[str, str] | None = None) -> None:
+                 default_max_parallelism: int = 32, spark_conf: dict[str, str] | None = None,
+                 task_group: bool = False) -> None:
         if not isinstance(name, str) or not name.strip() or name != name.strip() or "/" in name or "\0" in name:
             raise PipelineError(f"Pipeline name must be a non-empty string without surrounding spaces, '/' or NUL, "
                                 f"got {name!r}")
+        if not isinstance(task_group, bool):
+            raise PipelineError(f"pipeline {name!r}: task_group must be True or False, got {task_group!r}")
+        if task_group and not _GROUP_ID.fullmatch(name):
+            raise PipelineError(f"pipeline {name!r}: with task_group=True the name is the TaskGroup's group_id, which "
+                                "Airflow allows only letters, digits, '_' and '-' (at most 200)")
         for what, value in (("config", config), ("spark_conf", spark_conf)):
             if value is not None and not isinstance(value, dict):
                 raise PipelineError(f"pipeline {name!r}: {what} must be a dict of option -> value, got "
@@ -100,6 +122,9 @@ class Pipeline:
         self.default_max_parallelism = default_max_parallelism
         self.stages: dict[str, Stage] = {}
         self.compiled = False
+        self.task_group = task_group
+        # The TaskGroup the stages are in once compiled with task_group=True: ``upstream >> p.group >> downstream``.
+        self.group: Any = None
 
     def stage(
         self,
@@ -172,6 +197,7 @@ class Pipeline:
 
     def graph(self) -> PipelineGraph:
         """The validated stage graph."""
+        self._check_upstream_names()
         graph = PipelineGraph(name=self.name, stages={n: s.spec for n, s in self.stages.items()}, config=self.config)
         graph.align_copartitioned()
         graph.validate()
@@ -190,26 +216,68 @@ class Pipeline:
             raise PipelineError(f"pipeline {self.name!r}: {clash}")
         return graph
 
+    def _check_upstream_names(self) -> None:
+        """Refuse an input naming a stage by its task id in the group: stages read their pipeline's stages by name."""
+        for name, handle in self.stages.items():
+            for input_name, given in handle.spec.inputs.items():
+                if not isinstance(given, ExchangeSpec) or given.upstream in self.stages:
+                    continue
+                head, _, tail = given.upstream.rpartition(".")
+                if tail in self.stages and (head == self.name or head.endswith("." + self.name)):
+                    raise PipelineError(f"pipeline {self.name!r}, stage {name!r}: input {input_name!r} names stage "
+                                        f"{given.upstream!r}, a task id; a stage reads stages of its own pipeline by "
+                                        f"their names ({tail!r}), across pipelines through StageOutputSensor or assets")
+
+    def _open_group(self) -> Any:
+        """The TaskGroup of a pipeline compiled with ``task_group=True`` (in the DAG and group being defined)."""
+        from airflow.sdk import TaskGroup
+
+        kwargs: dict[str, Any] = {"dag": self.dag} if self.dag is not None else {}
+        try:
+            return TaskGroup(group_id=self.name, tooltip=f"speculative pipeline {self.name}", **kwargs)
+        except RuntimeError as exc:  # no DAG: "TaskGroup can only be used inside a dag"
+            raise PipelineError(f"pipeline {self.name!r}: task_group=True needs a DAG; declare the pipeline inside "
+                                f"`with DAG(...)` or pass dag=... ({exc})") from None
+        except Exception as exc:  # a task or group of that id in the DAG already (DuplicateTaskIdFound)
+            raise PipelineError(f"pipeline {self.name!r}: cannot be the task group {self.name!r}: {exc}") from None
+
     def compile(self) -> dict[str, Any]:
-        """Validate and create one SparkStageOperator per stage, wired like the stage edges."""
+        """Validate and create one SparkStageOperator per stage, wired like the stage edges.
+
+        With ``task_group=True`` the operators are created in a TaskGroup named like the pipeline, and every
+        stage's store directory is keyed by its task id (``<dag>/<run>/<pipeline>.<stage>/``): two grouped
+        pipelines of one DAG with a stage of the same name must not share a directory, and the task id is
+        already unique in the DAG and what the UI and ``rerun`` are asked about. The stage name the
+        application, plan, journal and metrics see stays the bare name.
+        """
         from airflow_provider_speculative.operators.stage import SparkStageOperator
 
         graph = self.graph()
+        group = self._open_group() if self.task_group else None
+        if group is not None:
+            graph = dataclasses.replace(graph, store_prefix=group.child_id(""))
         tasks: dict[str, Any] = {}
         for name in graph.topological_order():
             handle = self.stages[name]
             kwargs = dict(handle.operator_kwargs)
             if self.dag is not None:
                 kwargs.setdefault("dag", self.dag)
+            if group is not None:
+                kwargs["task_group"] = group
             if graph.hybrid_only(name):
                 # FLIP-235: the consumer's task starts while its producers still run (the edge stays for
                 # the graph view and ordering); its controller waits for admitted partitions and fails,
                 # naming the input, if a producer fails. "always" is the only rule not gated on upstreams.
                 kwargs.setdefault("trigger_rule", "always")
             handle.task = SparkStageOperator(task_id=name, graph=graph, stage=name, sink=handle.sink, **kwargs)
+            if group is not None and handle.task.task_id != graph.store_key(name):
+                # The store key must be the task id: the UI and rerun find a stage's directory by it.
+                raise PipelineError(f"pipeline {self.name!r}, stage {name!r}: task id {handle.task.task_id!r} is not "
+                                    f"the store key {graph.store_key(name)!r}")
             tasks[name] = handle.task
             for upstream in graph.upstreams(name):
                 tasks[upstream] >> handle.task
+        self.group = group
         self.compiled = True
         return tasks
 
