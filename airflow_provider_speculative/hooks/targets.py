@@ -93,7 +93,8 @@ def _spark_submit_command(target: Target, conf: dict[str, str], application: str
 def connect_address(conn: Any, where: str) -> str:
     """``host:port`` of a ``spark_connect`` connection; TargetError (naming no secret) if it is unusable.
 
-    Unusable: no host, the port given twice, or a path after the host (SparkConnectHook builds no URL from those).
+    Unusable: no host, the port given twice, or a path after the host (SparkConnectHook builds no working URL
+    from those).
     """
     host = str(conn.host or "").strip()
     if "://" not in host:

@@ -9,7 +9,7 @@ Exactly-once, whatever races happen:
   table and drops the staging of every attempt of the stage run;
 - a retried finalize after a crash finds either nothing committed (the transaction rolled back,
   staging is intact: it commits now) or its own ledger entry (already committed: nothing to redo).
-  A failed finalize rolls back and leaves the previously committed partition untouched.
+  A failed finalize rolls back and leaves the partition committed before it untouched.
 
 Attempts reach Postgres with a DSN the controller resolves from the Airflow connection and passes
 in their environment; it is never written to the store.
