@@ -184,7 +184,8 @@ class StageScheduler:
     probe_targets: frozenset[str] = frozenset()
     # Where a target_history value came from when it is not an earlier run ("speed check").
     history_source: dict[str, str] = field(default_factory=dict)
-    # Subtask -> (since, why) while its original is held back for a faster target's slot (not a slot held).
+    # Subtask -> (since, why) while its original is held back for a faster target's slot (not a slot held);
+    # only queued subtasks have an entry.
     held_back: dict[int, tuple[float, str]] = field(default_factory=dict)
     speeds: Speeds | None = None
     # What one placement round computes once instead of per waiting subtask (None between rounds).
@@ -800,6 +801,10 @@ class StageScheduler:
                 if subtask not in self.held_back:
                     self._unheld.add(subtask)
             self._queue_order = sorted(self._queued)
+        for subtask in candidates.intersection(self.held_back):
+            if subtask not in self._queued:
+                # It left the queue unlaunched (waits for a lost input, or is done): no longer held.
+                del self.held_back[subtask]
         speculative: list[tuple[int, str]] = []
         for subtask in sorted(self.slow_subtasks):
             live = [a for a in self.attempts[subtask].values() if a.possible_to_finish]

@@ -187,3 +187,21 @@ def test_a_speed_check_is_wanted_only_where_history_cannot_tell() -> None:
 def test_a_checked_target_is_labelled_as_such_and_held_like_history() -> None:
     speeds = observe([], SIZES, 0.0, {"fast": 1.0, "slow": 5.0}, {"slow": "speed check"})
     assert speeds.source == {"fast": "history", "slow": "speed check"} and speeds.is_slow("slow")
+
+
+def test_a_held_original_that_leaves_the_queue_for_a_lost_input_is_no_longer_held() -> None:
+    from dataclasses import replace
+
+    targets = [{"name": "fast", "slots": 2}, {"name": "slow", "slots": 2}]
+    sched = StageScheduler(parallelism=8, config=SpeculativeConfig().with_overrides({"targets": targets}, "test"),
+                           input_bytes=dict(SIZES), target_history={"fast": 1.0, "slow": 4.0},
+                           probe_targets=frozenset({"slow"}), upstreams={"scan": (4, True)},
+                           input_readers={("scan", p): frozenset(range(8)) for p in range(4)})
+    step(sched, 0.0)
+    assert sorted(sched.held_back) == [3, 4, 5, 6, 7]
+    failed = replace(sched.attempts[0][0], state=S.FAILED, deploying_at=0.0, end_at=5.0, exit_code=3,
+                     cause="missing partition", failure={"kind": "partition", "stage": "scan", "subtask": 2,
+                                                         "attempt": 0})
+    step(sched, 5.0, [failed])
+    # Every reader of scan[2] now waits for it: nothing queued, so nothing is held (summary.json counts these).
+    assert set(sched.waiting) >= {3, 4, 5, 6, 7} and sched.held_back == {}
