@@ -923,7 +923,7 @@ def read_stage(root: Any, dag_id: str, run_id: str, plan: Mapping[str, Any]) -> 
     speculative = {(int(e["subtask"]), int(e["attempt"])) for e in launches if e.get("speculative")}
     seconds = sum(max(0.0, (a.end_at or now) - a.deploying_at) for a in attempts if a.deploying_at is not None)
     won = sum(1 for s, n in admitted.items() if (s, n) in speculative)
-    return RecordedStage(str(plan["stage"]), plan, tuple(attempts), admitted, makespan, seconds,
+    return RecordedStage(stage_key(plan), plan, tuple(attempts), admitted, makespan, seconds,
                          len(speculative), won)
 
 
