@@ -116,7 +116,7 @@ def bench_ticks(root: Path, n: int, ticks: int) -> dict[str, float]:
             atomic_write_json(layout.status(s, 0), status)
             atomic_write_json(layout.heartbeat(s, 0), {"phase": "RUNNING", "node": "local-a", "at": now})
         cpu0 = time.process_time()
-        controller = StageController(plan)
+        controller = StageController.open(plan)
         restore_cpu = time.process_time() - cpu0
         # Warm up: one probe rotation (PROBE_PERIOD / check_interval ticks), as a controller that has run a while.
         for _ in range(math.ceil(PROBE_PERIOD / cfg.check_interval)):

@@ -1,8 +1,10 @@
 """StageController: the I/O around the core scheduler (poll, act, journal). No Airflow import.
 
 The trigger calls :meth:`StageController.step` every check interval. All state lives in the store,
-so a controller rebuilt from the same plan (triggerer restart, HA double-run) reconnects to the
-running attempts instead of launching them again.
+so a controller opened from the same plan (triggerer restart, HA double-run) reconnects to the
+running attempts instead of launching them again. Constructing one reads nothing: :meth:`StageController.open`
+does the store and network I/O, and :func:`~airflow_provider_speculative.control.kill.kill_stage` stops a
+stage's attempts without a controller.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from airflow_provider_speculative.backends.registry import (
 )
 from airflow_provider_speculative.control.attemptlog import attempt_lines
 from airflow_provider_speculative.control.hybrid import HybridInputWatcher
+from airflow_provider_speculative.control.kill import AttemptStopper, read_attempts
 from airflow_provider_speculative.control.liveness import TargetWatcher
 from airflow_provider_speculative.control.recovery import PartitionRecovery, attempt_command
 from airflow_provider_speculative.control.slotledger import SlotLedger
@@ -63,7 +66,6 @@ from airflow_provider_speculative.core.speed import check_wanted, probe_candidat
 from airflow_provider_speculative.core.states import TERMINAL, Attempt, AttemptState
 from airflow_provider_speculative.core.summary import StageSummary
 from airflow_provider_speculative.core.trigger_events import ControllerEvent, TriggerStatus
-from airflow_provider_speculative.sinks.base import Sink, StagingScope
 from airflow_provider_speculative.store import changes
 from airflow_provider_speculative.store.files import atomic_write_json, create_exclusive_json, read_json
 from airflow_provider_speculative.store.journal import Journal
@@ -114,12 +116,15 @@ class StageController:
                  backends: dict[str, Backend] | None = None, observer: Backend | None = None,
                  watcher: TargetWatcher | None = None,
                  speed_check: Callable[[str], float] | None = None) -> None:
+        """Hold the plan and what it implies in memory; reads no store and no network (:meth:`open` does)."""
         self.plan = plan
         # Secrets for the attempts (a sink's DSN, a Connect server's URL with its token): passed at
         # launch, never written to the store.
         self.extra_env = dict(extra_env or {})
         self.target_env = {name: dict(env) for name, env in (target_env or {}).items()}
         self.clock = clock
+        # A server's answer time for the check query (tests pass a fake; default: a real RPC), used by open().
+        self.speed_check = speed_check
         self.layout = StageLayout.of_plan(plan)
         self.config = SpeculativeConfig.from_json(plan["config"])
         self.journal = Journal(self.layout.journal, clock)
@@ -128,14 +133,7 @@ class StageController:
         self.backends: dict[str, Backend] = (backends if backends is not None
                                              else plan_backends(plan, self.layout, self.target_env))
         self.observer = observer if observer is not None else attempt_observer(self.layout)
-        run_key = f"{plan['dag_id']}/{plan['run_id']}"
-        # speed_check: a server's answer time for the check query (tests pass a fake; default: a real RPC).
-        records = self._check_speeds(run_key, speed_check)
-        history = {t: r.slowness for t, r in records.items()}
-        measured = frozenset(t for t, r in records.items() if r.of_run(run_key))
-        # One probe original per DAG run for a target only an earlier run found slow (store/speeds.py).
-        probes = frozenset(t for t in probe_candidates(history, measured)
-                           if claim_probe(self.layout.root, t, run_key, clock()))
+        # The targets' history and probes are set by open() from the store, before the first stimulus.
         self.scheduler = StageScheduler(
             parallelism=plan["parallelism"], config=self.config,
             input_bytes={i: s["input_bytes"] for i, s in enumerate(plan["subtasks"]) if s.get("input_bytes")},
@@ -144,18 +142,16 @@ class StageController:
             upstreams={name: (info["parallelism"], info["deterministic"])
                        for name, info in (plan.get("upstream_info") or {}).items()},
             label=f"pipeline {plan['dag_id']}, stage {plan['stage']}",
-            hybrid=hybrid_edges(plan),
-            target_history=history, probe_targets=probes,
-            history_source={t: "speed check" for t, r in records.items() if r.checked_in(run_key)})
+            hybrid=hybrid_edges(plan))
         # FLIP-159: slots belong to the target and are claimed in the store by every stage using it.
         self.slots = SlotLedger(self.layout, self.config, self.journal)
         self.watcher = watcher if watcher is not None else TargetWatcher(
             self.config, plan.get("targets") or {}, self.target_env, self.slots.stores)
         self.views: dict[str, TargetView] = {}
         self._lost_seen: set[str] = set()
-        # Hybrid inputs (FLIP-235): the producers' admissions, read from their store as they happen.
-        self.hybrid = (HybridInputWatcher(plan, self.scheduler.hybrid, self.config.hybrid_input_timeout, clock())
-                       if self.scheduler.hybrid else None)
+        # Hybrid inputs (FLIP-235): the producers' admissions, read from their store as they happen (open()).
+        self.hybrid: HybridInputWatcher | None = None
+        self.stopper = AttemptStopper(plan, self.layout, self.journal, self._backend, self.extra_env)
         self.reaping: set[tuple[int, int]] = set()
         self._launch_failures: list[LaunchFailed] = []
         self._full_cursor = self._probe_cursor = 0
@@ -166,10 +162,36 @@ class StageController:
         self._live_stale = True
         self._summary: StageSummary | None = None
         self._summary_at = float("-inf")
-        # Rebuilt only when an attempt's sink staging must go: the sink's module may not import everywhere.
-        self.sink_json: dict[str, Any] | None = (plan.get("output") or {}).get("sink")
         self.recoveries: dict[tuple[str, int], PartitionRecovery] = {}
         self.result: CompleteStage | FailStage | None = None
+
+    @classmethod
+    def open(cls, plan: StagePlan, *, clock: Callable[[], float] = time.time,
+             extra_env: dict[str, str] | None = None, target_env: dict[str, dict[str, str]] | None = None,
+             backends: dict[str, Backend] | None = None, observer: Backend | None = None,
+             watcher: TargetWatcher | None = None,
+             speed_check: Callable[[str], float] | None = None) -> StageController:
+        """A controller ready to step: speed records read (checked if needed), probes claimed, state restored."""
+        controller = cls(plan, clock, extra_env, target_env, backends, observer, watcher, speed_check)
+        controller._open()
+        return controller
+
+    def _open(self) -> None:
+        """The I/O a controller needs before its first step, in this order: speeds, probes, hybrid inputs, restore."""
+        plan = self.plan
+        run_key = f"{plan['dag_id']}/{plan['run_id']}"
+        records = self._check_speeds(run_key, self.speed_check)
+        history = {t: r.slowness for t, r in records.items()}
+        measured = frozenset(t for t, r in records.items() if r.of_run(run_key))
+        # One probe original per DAG run for a target only an earlier run found slow (store/speeds.py).
+        probes = frozenset(t for t in probe_candidates(history, measured)
+                           if claim_probe(self.layout.root, t, run_key, self.clock()))
+        self.scheduler.target_history = history
+        self.scheduler.probe_targets = probes
+        self.scheduler.history_source = {t: "speed check" for t, r in records.items() if r.checked_in(run_key)}
+        if self.scheduler.hybrid:
+            self.hybrid = HybridInputWatcher(plan, self.scheduler.hybrid, self.config.hybrid_input_timeout,
+                                             self.clock())
         self._restore()
 
     # -- speed check ------------------------------------------------------------------------
@@ -210,28 +232,12 @@ class StageController:
     # -- restore ----------------------------------------------------------------------------
 
     def _restore(self) -> None:
-        now = self.clock()
-        attempts: list[Attempt] = []
-        admitted: dict[int, int] = {}
-        for subtask in range(self.plan["parallelism"]):
-            for number in self.layout.attempt_numbers(subtask):
-                if self.layout.claim(subtask, number).exists():
-                    attempt = self.observer.poll(subtask, number, now)
-                    attempts.append(attempt)
-                    cancelled = read_json(self.layout.cancel(subtask, number)) is not None
-                    if cancelled and attempt.live:
-                        attempt.state = AttemptState.CANCELING
-                        self.reaping.add((subtask, number))
-                    elif cancelled and self._backend(attempt.target).cleanup_pending(subtask, number):
-                        # The client is gone but its target still has work to stop (a Connect session).
-                        self.reaping.add((subtask, number))
-            marker = read_json(self.layout.admitted(subtask))
-            if marker is not None:
-                admitted[subtask] = marker["attempt"]
-        self.scheduler.handle(Restored(tuple(attempts), admitted, self._shared_blocks()))
+        stored = read_attempts(self.layout, self.plan["parallelism"], self.observer, self._backend, self.clock())
+        self.reaping |= stored.reaping
+        self.scheduler.handle(Restored(tuple(stored.attempts), stored.admitted, self._shared_blocks()))
         self.slots.restore()
-        if attempts:
-            self.journal(Event.RESTORED, attempts=len(attempts), admitted=admitted)
+        if stored.attempts:
+            self.journal(Event.RESTORED, attempts=len(stored.attempts), admitted=stored.admitted)
 
     def _shared_blocks(self) -> dict[str, float]:
         blocked = (read_json(self.layout.blocklist) or {}).get("until", {})
@@ -258,8 +264,8 @@ class StageController:
     def _step(self) -> list[Action]:
         if not self._prestarted and self.result is None:
             self._prestarted = True
-            # Only a controller that will launch starts the fork server (not one built to kill_all on a
-            # worker): it imports while this first step restores and places the first attempts.
+            # Only a controller that will launch starts the fork server (not one that only stops attempts):
+            # it imports while this first step places the first attempts.
             if any(b.fork_server for b in self.backends.values()):
                 prestart_fork_server()
         if self.result is not None:
@@ -548,42 +554,18 @@ class StageController:
         return []
 
     def _reap(self, now: float) -> None:
-        for subtask, number in sorted(self.reaping):
-            if self._backend(self._target_of(subtask, number)).reap(subtask, number, now):
-                self.reaping.discard((subtask, number))
-                if self.scheduler.admitted.get(subtask) != number:
-                    remove_attempt_output(self.layout, subtask, number)
-                    self._cleanup_sink_staging(subtask, number)
+        self.stopper.reap(self.reaping, self._target_of, self.scheduler.admitted, now)
 
     def _cleanup_sink_staging(self, subtask: int, attempt: int) -> None:
         """Drop what a discarded or cancelled attempt staged in the sink (e.g. its Postgres staging table)."""
-        if not self.sink_json:
-            return
-        scope = StagingScope(self.plan["dag_id"], self.plan["run_id"], self.layout.stage, ((subtask, attempt),),
-                             env=self.extra_env)
-        try:
-            removed = Sink.from_json(self.sink_json).cleanup_staging(scope)
-        except Exception as exc:  # the sink may be unreachable; finalize or gc removes it later
-            self.journal(Event.SINK_STAGING_CLEANUP_FAILED, subtask=subtask, attempt=attempt,
-                         error=f"{type(exc).__name__}: {exc}")
-            return
-        if removed:
-            self.journal(Event.SINK_STAGING_REMOVED, subtask=subtask, attempt=attempt, objects=removed)
+        self.stopper.cleanup_sink_staging(subtask, attempt)
 
     def kill_all(self, reason: str) -> None:
         """Cancel every live attempt and wait (bounded) until their process groups are gone."""
-        for attempt in self.scheduler.all_attempts():
-            backend = self._backend(attempt.target)
-            if backend.poll(attempt.subtask, attempt.number).live:
-                backend.cancel(attempt.subtask, attempt.number, reason)
-                self.reaping.add((attempt.subtask, attempt.number))
-        deadline = self.clock() + max(b.kill_grace for b in [self.observer, *self.backends.values()]) + 10
-        while self.reaping and self.clock() < deadline:
-            self._reap(self.clock())
-            time.sleep(0.2)
-        self.slots.release_gone([k for k in self.held if k not in self.reaping],
-                                live=lambda key: self._backend(self.held[key][0]).poll(*key).live)
-        self.journal(Event.KILLED_ALL, reason=reason, left=sorted(self.reaping))
+        self.stopper.kill(self.scheduler.all_attempts(), self.reaping, target_of=self._target_of,
+                          admitted=self.scheduler.admitted, slots=self.slots, reason=reason,
+                          kill_grace=max(b.kill_grace for b in [self.observer, *self.backends.values()]),
+                          clock=self.clock)
 
     # -- records ----------------------------------------------------------------------------
 

@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from airflow_provider_speculative.backends.registry import attempt_observer
-from airflow_provider_speculative.control.controller import StageController, wipe_stage_attempts
+from airflow_provider_speculative.control.controller import wipe_stage_attempts
+from airflow_provider_speculative.control.kill import kill_stage
 from airflow_provider_speculative.control.sources import application_path, list_sources, source_root
 from airflow_provider_speculative.core.config import SpeculativeConfig
 from airflow_provider_speculative.core.events import Event
@@ -315,7 +316,7 @@ class StagePlanner:
         force = self.force_rerun or bool(self.run.conf.get("speculative_force_rerun"))
         if force or (previous and previous.get("fingerprint") != plan["fingerprint"]):
             if previous:
-                StageController(previous).kill_all("full rerun forced" if force else "stage replanned")
+                kill_stage(previous, "full rerun forced" if force else "stage replanned")
             wipe_stage_attempts(layout)
         elif previous:
             # A retried or cleared task reruns only subtasks without a valid committed result.

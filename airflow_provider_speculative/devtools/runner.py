@@ -93,7 +93,7 @@ def run_stages(plans: list[StagePlan], target_env: dict[str, dict[str, str]] | N
     This is how stages joined by hybrid exchanges run at the same time without Airflow: the consumer's
     controller follows its producers' admissions in the store. Raises if a stage fails.
     """
-    controllers = {plan["stage"]: StageController(plan, target_env=target_env) for plan in plans}
+    controllers = {plan["stage"]: StageController.open(plan, target_env=target_env) for plan in plans}
     deadline = time.monotonic() + timeout
     pending = dict(controllers)
     while pending:
@@ -131,7 +131,7 @@ def run_stage(plan: StagePlan, timeout: float = 1800.0, fresh: bool = False) -> 
                    decision=plan.get("parallelism_decision"))
     for warning in plan.get("warnings") or []:
         journal.record(layout.journal, Event.PLAN_WARNING, message=warning)
-    controller = StageController(plan)
+    controller = StageController.open(plan)
     deadline = time.monotonic() + timeout
     while not controller.done:
         if time.monotonic() > deadline:

@@ -22,6 +22,7 @@ from airflow_provider_speculative.control.commit import (
     sink_finalizer,
 )
 from airflow_provider_speculative.control.controller import StageController
+from airflow_provider_speculative.control.kill import kill_stage
 from airflow_provider_speculative.core.asset_events import asset_event_extra, commit_key
 from airflow_provider_speculative.core.contract import EXTRA_CONF_ENV
 from airflow_provider_speculative.core.plan import StagePlan, load_plan
@@ -32,6 +33,7 @@ from airflow_provider_speculative.hooks.openlineage import openlineage_spark_con
 from airflow_provider_speculative.hooks.targets import connect_env
 from airflow_provider_speculative.metrics import StageMetrics
 from airflow_provider_speculative.store.files import read_json
+from airflow_provider_speculative.store.layout import StageLayout
 from airflow_provider_speculative.store.results import read_committed
 from airflow_provider_speculative.store.task_state import record_task_state
 from airflow_provider_speculative.triggers.timing import await_next_step, min_seconds_before_event, runs_in_line
@@ -53,6 +55,9 @@ class StageControllerTrigger(BaseTrigger):
         self.asset_api: AssetApiConnection | None = None
         # The stage's controller while run() steps it: cleanup() stops its attempts after a timeout.
         self._controller: StageController | None = None
+        # The plan and the attempts' secrets once run() has them: a timeout before the controller is open
+        # (a speed check, a large restore) stops the attempts from the store with them.
+        self._running: tuple[StagePlan, dict[str, str], dict[str, dict[str, str]]] | None = None
         self._stopped = False
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
@@ -89,7 +94,8 @@ class StageControllerTrigger(BaseTrigger):
         plan = await asyncio.to_thread(self._plan)
         env = await self._attempt_env(plan)
         target_env = await connect_env(plan)
-        controller = await asyncio.to_thread(StageController, plan, extra_env=env, target_env=target_env)
+        self._running = (plan, env, target_env)
+        controller = await asyncio.to_thread(StageController.open, plan, extra_env=env, target_env=target_env)
         self._controller = controller
         metrics = StageMetrics.for_plan(controller.plan)
         in_line = runs_in_line()
@@ -208,16 +214,19 @@ class StageControllerTrigger(BaseTrigger):
 
     async def _stop_attempts(self) -> str:
         """Stop every attempt of the stage and record the task as failed by its timeout; the reason given."""
-        controller = self._controller
-        assert controller is not None
-        plan = controller.plan
+        assert self._running is not None
+        plan, env, target_env = self._running
         reason = (f"pipeline {plan.get('pipeline')!r}, stage {plan['stage']!r}: the task's execution_timeout "
                   f"passed (at {getattr(self, 'timeout_after', None)}); every attempt of the stage was stopped")
         if not self._stopped:
             self._stopped = True
             self.log.error("%s", reason)
-            await asyncio.to_thread(controller.kill_all, "execution_timeout")
-            await asyncio.to_thread(record_task_state, controller.layout, TaskState.FAILED, reason=reason)
+            controller = self._controller
+            if controller is not None:
+                await asyncio.to_thread(controller.kill_all, "execution_timeout")
+            else:
+                await asyncio.to_thread(kill_stage, plan, "execution_timeout", extra_env=env, target_env=target_env)
+            await asyncio.to_thread(record_task_state, StageLayout.of_plan(plan), TaskState.FAILED, reason=reason)
         return reason
 
     async def cleanup(self) -> None:
@@ -226,13 +235,12 @@ class StageControllerTrigger(BaseTrigger):
         A trigger cancelled for any other reason (a triggerer shutting down hands the stage to another
         one) leaves its attempts running.
         """
-        if self._controller is not None and self.timed_out():
+        if self._running is not None and self.timed_out():
             await self._stop_attempts()
 
     async def on_kill(self) -> None:
         """The user marked the task failed or cleared it: stop every Spark driver of this stage."""
         plan = await asyncio.to_thread(self._plan)
-        controller = await asyncio.to_thread(StageController, plan)
-        await asyncio.to_thread(controller.kill_all, "task killed by user")
-        await asyncio.to_thread(record_task_state, controller.layout, TaskState.FAILED, reason="task killed by user")
-
+        await asyncio.to_thread(kill_stage, plan, "task killed by user")
+        await asyncio.to_thread(record_task_state, StageLayout.of_plan(plan), TaskState.FAILED,
+                                reason="task killed by user")

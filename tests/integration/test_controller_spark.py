@@ -56,7 +56,7 @@ def test_cancel_and_on_kill_leave_no_spark_driver(tmp_path, tpch_data):
     # Every attempt sleeps 5 minutes after writing: only a kill can end it early.
     plan = write_plan(tmp_path, tpch_data, {"fault_injection": {"targets": {
         "local-a": {"delay": "300s"}, "local-b": {"delay": "300s"}}}})
-    controller = StageController(plan)
+    controller = StageController.open(plan)
     wait_for(lambda: running(controller), 180, "both attempts RUNNING")
     layout = controller.layout
     pgids = {s: read_json(layout.status(s, 0))["pgid"] for s in (0, 1)}
@@ -125,11 +125,11 @@ def test_an_execution_timeout_stops_every_attempt(tmp_path, tpch_data, how):
 
 def test_restarted_and_doubled_controllers_launch_no_duplicates(tmp_path, tpch_data):
     plan = write_plan(tmp_path, tpch_data, {})
-    first, twin = StageController(plan), StageController(plan)  # an HA double-run: both start empty
+    first, twin = StageController.open(plan), StageController.open(plan)  # an HA double-run: both start empty
     first.step()
     twin.step()  # its launches lose the atomic claims and adopt the running attempts
     del first  # the triggerer restarts: a new controller rebuilds from the store
-    restarted = StageController(plan)
+    restarted = StageController.open(plan)
     assert {(a.subtask, a.number) for a in restarted.scheduler.all_attempts()} == {(0, 0), (1, 0)}
 
     def both_done() -> bool:

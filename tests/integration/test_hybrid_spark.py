@@ -212,7 +212,7 @@ def test_a_hybrid_producers_key_type_is_refused_at_its_first_commit(
         return written
 
     run_stages([plan("dim")], target_env=_env(servers), timeout=600)
-    controllers = {stage: StageController(plan(stage), target_env=_env(servers)) for stage in ("scan", "join")}
+    controllers = {stage: StageController.open(plan(stage), target_env=_env(servers)) for stage in ("scan", "join")}
     deadline = time.monotonic() + 600
     while not all(c.done for c in controllers.values()):
         assert time.monotonic() < deadline, "scan and join not decided within 600 s"

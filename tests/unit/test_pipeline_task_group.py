@@ -349,7 +349,7 @@ def test_a_grouped_hybrid_consumer_follows_its_own_pipelines_producer(tmp_path: 
     assert layout.stage == "p1.enrich"
     atomic_write_json(layout.plan, plan)
     backend = FakeBackend(layout, clock)
-    ctrl = StageController(plan, clock=clock, backends={"local-a": backend}, observer=backend)
+    ctrl = StageController.open(plan, clock=clock, backends={"local-a": backend}, observer=backend)
     ctrl.step()
     assert [(s.subtask, s.attempt) for s in backend.launched] == [(1, 0)]
     assert ctrl.summary()["hybrid_inputs"] == {"scan": {"admitted": 1, "parallelism": 3, "committed": False}}

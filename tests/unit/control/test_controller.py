@@ -101,7 +101,7 @@ def harness(tmp_path: Path, parallelism: int = 2, **config: Any) -> Harness:
     clock = Clock()
     backend = FakeBackend(layout, clock)
     # One fake serves both targets: what matters here is the controller's handling, not placement.
-    controller = StageController(plan, clock=clock, backends={"local-a": backend, "local-b": backend},
+    controller = StageController.open(plan, clock=clock, backends={"local-a": backend, "local-b": backend},
                                  observer=backend)
     return Harness(controller, backend, clock, layout)
 

@@ -61,7 +61,7 @@ def controller(root: Path, clock: Clock, **kw: Any) -> tuple[StageController, Fa
     plan = consumer_plan(root, **kw)
     layout = write_plan(plan)
     backend = FakeBackend(layout, clock)
-    return StageController(plan, clock=clock, backends={"local-a": backend}, observer=backend), backend
+    return StageController.open(plan, clock=clock, backends={"local-a": backend}, observer=backend), backend
 
 
 def test_consumers_launch_as_producers_are_admitted_and_a_withdrawal_restarts_only_its_reader(tmp_path: Path) -> None:
@@ -180,7 +180,7 @@ def join_controller(root: Path, clock: Clock, hybrid_type: str) -> tuple[StageCo
         sub["inputs"]["dim"] = {"producers": [0, 1], "subpartitions": [0, 8]}
     layout = write_plan(plan)
     backend = FakeBackend(layout, clock)
-    ctrl = StageController(plan, clock=clock, backends={"local-a": backend}, observer=backend)
+    ctrl = StageController.open(plan, clock=clock, backends={"local-a": backend}, observer=backend)
     ctrl.step()
     # The hybrid producer's first subtask commits: its schema exists only now.
     data = producer.layout.data(0, 0)

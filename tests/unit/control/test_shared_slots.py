@@ -19,7 +19,7 @@ def stage(root: Path, name: str, clock: Clock, parallelism: int = 4,
                       config={"targets": [{"name": "host", "slots": 2}], **config})
     layout = write_plan(plan)
     backend = FakeBackend(layout, clock)
-    return StageController(plan, clock=clock, backends={"host": backend}, observer=backend), backend
+    return StageController.open(plan, clock=clock, backends={"host": backend}, observer=backend), backend
 
 
 def live(backends: list[FakeBackend]) -> int:
@@ -61,7 +61,7 @@ def test_a_restarted_controller_keeps_and_later_releases_its_slots(tmp_path):
     controller, backend = stage(tmp_path, "scan", clock, parallelism=1)
     controller.step()
     assert TargetSlots(tmp_path, "host").count() == 1
-    again = StageController(controller.plan, clock=clock, backends={"host": backend}, observer=backend)
+    again = StageController.open(controller.plan, clock=clock, backends={"host": backend}, observer=backend)
     assert list(again.held) == [(0, 0)]
     backend.finish(0, 0)
     clock.now += 1

@@ -61,7 +61,7 @@ def connect_controller(tmp_path: Path, check: Servers, parallelism: int = 8, sta
     layout = write_plan(plan)
     clock = Clock()
     backend = FakeBackend(layout, clock)
-    controller = StageController(plan, clock=clock, backends={"local-a": backend, "local-b": backend},
+    controller = StageController.open(plan, clock=clock, backends={"local-a": backend, "local-b": backend},
                                  observer=backend, target_env={n: {REMOTE_ENV: u} for n, u in URLS.items()},
                                  speed_check=check)
     return controller, backend, layout

@@ -63,5 +63,5 @@ def test_of_two_stages_of_a_run_only_one_sends_the_probe(tmp_path: Path) -> None
     layout = write_plan(plan)
     clock = Clock()
     backend = FakeBackend(layout, clock)
-    other = StageController(plan, clock=clock, backends={"local-a": backend, "local-b": backend}, observer=backend)
+    other = StageController.open(plan, clock=clock, backends={"local-a": backend, "local-b": backend}, observer=backend)
     assert other.scheduler.probe_targets == frozenset()

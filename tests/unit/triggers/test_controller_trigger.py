@@ -37,6 +37,10 @@ class StubController:
 
     instances: list[StubController] = []
 
+    @classmethod
+    def open(cls, plan: dict[str, Any], **kwargs: Any) -> StubController:
+        return cls(plan, **kwargs)
+
     def __init__(self, plan: dict[str, Any], *, extra_env: dict[str, str], target_env: dict[str, Any]) -> None:
         self.plan, self.extra_env, self.target_env = plan, extra_env, target_env
         self.steps = 0
@@ -101,6 +105,10 @@ def test_a_missing_plan_fails_the_trigger_naming_it(tmp_path: Path) -> None:
 
 class DecidedController:
     """A controller whose stage is decided at once: subtask 0 admitted attempt 1 (attempt 0 lost)."""
+
+    @classmethod
+    def open(cls, plan: dict[str, Any], **kwargs: Any) -> DecidedController:
+        return cls(plan, **kwargs)
 
     def __init__(self, plan: dict[str, Any], *, extra_env: dict[str, str], target_env: dict[str, Any]) -> None:
         self.plan = plan
@@ -234,3 +242,36 @@ def test_a_plan_of_another_version_fails_the_trigger_naming_the_plan(tmp_path: P
     atomic_write_json(plan_path, {"version": PLAN_VERSION + 1, "stage": "scan"})
     with pytest.raises(PlanError, match=rf"stage plan {plan_path}: plan version {PLAN_VERSION + 1}.*newer provider"):
         asyncio.run(_events(StageControllerTrigger(plan_path=str(plan_path), deferred_at=0.0)))
+
+
+def test_on_kill_stops_the_attempts_from_the_store_without_a_controller(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    layout, plan_path = _decided_stage(tmp_path)
+    kills: list[tuple[str, str]] = []
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("on_kill builds no controller")
+
+    monkeypatch.setattr(trigger_module, "StageController", refuse)
+    monkeypatch.setattr(trigger_module, "kill_stage", lambda plan, reason, **kw: kills.append((plan["stage"], reason)))
+    asyncio.run(StageControllerTrigger(plan_path=str(plan_path), deferred_at=0.0).on_kill())
+    assert kills == [("scan", "task killed by user")]
+    assert read_json(layout.task_state)["state"] == "failed"
+
+
+def test_a_timeout_before_the_controller_is_open_stops_the_attempts_from_the_store(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import datetime as dt
+
+    layout, plan_path = _decided_stage(tmp_path)
+    kills: list[tuple[str, dict[str, Any]]] = []
+    monkeypatch.setattr(trigger_module, "kill_stage", lambda plan, reason, **kw: kills.append((reason, kw)))
+    trigger = StageControllerTrigger(plan_path=str(plan_path), deferred_at=0.0)
+    trigger.timeout_after = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=1)
+    # run() read the plan and resolved the attempts' secrets; its controller was still opening when cancelled.
+    trigger._running = (trigger._plan(), {"SINK_DSN": "secret"}, {"local-a": {"R": "sc://a"}})
+    asyncio.run(trigger.cleanup())
+    assert kills == [("execution_timeout", {"extra_env": {"SINK_DSN": "secret"},
+                                            "target_env": {"local-a": {"R": "sc://a"}}})]
+    state = read_json(layout.task_state)
+    assert state["state"] == "failed" and "execution_timeout passed" in state["reason"]

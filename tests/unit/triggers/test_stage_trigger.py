@@ -106,6 +106,10 @@ def test_a_planning_error_fails_the_task_on_a_worker_naming_pipeline_and_stage(e
 class DecidedController:
     """Every subtask admitted attempt 0 at once (what the real controller decides after the attempts finish)."""
 
+    @classmethod
+    def open(cls, plan: dict[str, Any], **kwargs: Any) -> DecidedController:
+        return cls(plan, **kwargs)
+
     def __init__(self, plan: dict[str, Any], *, extra_env: dict[str, str], target_env: dict[str, Any]) -> None:
         self.plan = plan
         self.layout = StageLayout(Path(plan["store_root"]), plan["dag_id"], plan["run_id"], plan["stage"])
