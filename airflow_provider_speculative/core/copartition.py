@@ -65,6 +65,17 @@ def hashes_as_bigint(spark_type: Any, scheme: str | None) -> bool:
     return scheme == HASH_SCHEME and not isinstance(spark_type, dict) and key_family(spark_type) == "integer"
 
 
+def key_cast(spark_type: Any, scheme: str | None) -> tuple[str, bool]:
+    """The type a key column of ``spark_type`` is cast to before hashing, and whether as ``try_cast``.
+
+    ``bigint`` for what :func:`hashes_as_bigint` says, by ``try_cast`` for a ``decimal(p,0)`` (one outside
+    the ``bigint`` range becomes null instead of failing the write); ``string`` for every other column.
+    """
+    if not hashes_as_bigint(spark_type, scheme):
+        return "string", False
+    return "bigint", str(spark_type).startswith("decimal")
+
+
 def key_types(schema: Mapping[str, Any] | None, key: Sequence[str]) -> list[Any] | None:
     """The Spark types of ``key``'s columns in a StructType JSON, None for a column the schema lacks."""
     if not schema:

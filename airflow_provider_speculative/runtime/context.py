@@ -27,7 +27,7 @@ from airflow_provider_speculative.core.contract import (
     EXIT_STORE_FULL,
     EXIT_STORE_NOT_WRITABLE,
 )
-from airflow_provider_speculative.core.copartition import hashes_as_bigint
+from airflow_provider_speculative.core.copartition import key_cast
 from airflow_provider_speculative.core.plan import StagePlan, load_plan
 from airflow_provider_speculative.exceptions import StoreError, StoreFullError, StoreNotWritableError
 from airflow_provider_speculative.runtime.faults import inject_faults
@@ -341,7 +341,7 @@ class StageContext:
         write_manifest(self.layout.manifest(self.subtask, self.attempt), manifest)
 
     def _hashed_key(self, df: DataFrame, key: list[str], scheme: str | None) -> list[Column]:
-        """The key columns as the plan's hash scheme hashes them (core/copartition.py ``hashes_as_bigint``).
+        """The key columns as the plan's hash scheme hashes them (core/copartition.py ``key_cast``).
 
         Choosing by type costs one analysis of the query (``df.schema``); formatting every integer key
         as text would cost more on any but the smallest outputs.
@@ -355,12 +355,8 @@ class StageContext:
                              f"exchange key columns {missing} (columns: {list(types)})")
         columns = []
         for k in key:
-            if not hashes_as_bigint(types[k], scheme):
-                columns.append(F.col(k).cast("string"))
-            elif str(types[k]).startswith("decimal"):
-                columns.append(F.col(k).try_cast("bigint"))
-            else:
-                columns.append(F.col(k).cast("bigint"))
+            to, lenient = key_cast(types[k], scheme)
+            columns.append(F.col(k).try_cast(to) if lenient else F.col(k).cast(to))
         return columns
 
     def _timings(self, write_started: float, spark_done: float) -> dict[str, float | None]:

@@ -11,6 +11,7 @@ from airflow_provider_speculative.core.copartition import (
     check_partitioning,
     hashes_as_bigint,
     hybrid_key_refusal,
+    key_cast,
     key_family,
 )
 from airflow_provider_speculative.exceptions import PlanError
@@ -129,3 +130,13 @@ def test_a_hybrid_producer_alone_is_checked_for_collations_floats_and_zones() ->
 def test_only_the_integer_family_hashes_as_bigint_and_only_under_the_current_scheme(spark_type, scheme,
                                                                                      as_bigint) -> None:
     assert hashes_as_bigint(spark_type, scheme) is as_bigint
+
+
+@pytest.mark.parametrize(("spark_type", "scheme", "cast"), [
+    ("integer", HASH_SCHEME, ("bigint", False)), ("long", HASH_SCHEME, ("bigint", False)),
+    # A decimal(38,0) beyond the bigint range becomes null rather than failing the attempt's write.
+    ("decimal(38,0)", HASH_SCHEME, ("bigint", True)), ("decimal(12,2)", HASH_SCHEME, ("string", False)),
+    ("string", HASH_SCHEME, ("string", False)), ("long", STRING_HASH_SCHEME, ("string", False)),
+])
+def test_key_cast_names_the_type_and_the_lenient_cast(spark_type, scheme, cast) -> None:
+    assert key_cast(spark_type, scheme) == cast
