@@ -1,4 +1,4 @@
-"""Shared test builders: a fake clock, a stage's plan.json record, and a plan from ``plan_stage``."""
+"""Shared test builders: a fake clock, a stage's plan.json record, a plan from ``plan_stage``, a task instance."""
 
 from __future__ import annotations
 
@@ -61,3 +61,16 @@ def planned(graph: PipelineGraph, stage: str, config: SpeculativeConfig | None =
     return plan_stage(graph, stage, config or SpeculativeConfig(), source_files=sources or {},
                       upstream_committed=upstream or {}, sink=None, speculation_blocker=None,
                       context={**PLAN_CONTEXT, **context})
+
+
+class FakeTI:
+    """The task instance an operator finds in a unit test's context: try number, task id and the XComs pushed."""
+
+    def __init__(self, try_number: int = 1, task_id: str = "t") -> None:
+        self.try_number = try_number
+        self.task_id = task_id
+        self.xcoms: dict[str, Any] = {}
+
+    def xcom_push(self, key: str, value: Any) -> None:
+        """Keep ``value`` under ``key``, as Airflow's ``ti.xcom_push`` stores it."""
+        self.xcoms[key] = value

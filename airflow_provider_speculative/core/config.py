@@ -629,6 +629,18 @@ class SpeculativeConfig:
               "'node lost' and its node is blocked (0: never).",
         manual='on a cluster master, an attempt whose executors are all gone (or never came) for this long fails as '
                '"node lost" and its node is blocked (`0`: never); see [docs/clusters.md](clusters.md)')
+    driver_log_lines: int = _int_option(
+        20, "Lines of each attempt's driver log the controller trigger copies into the task log per check (the "
+            "latest ones; 0: none).", 0,
+        manual="lines of each attempt's driver log the controller trigger copies into the Airflow task log per "
+               "check while the stage runs (the latest ones, after a `... K lines skipped` marker), and its last "
+               "lines when it ends; `0`: none. See [Driver logs in the task log](operations.md#driver-logs-in-the-"
+               "task-log)")
+    driver_log_bytes: int = _option(
+        16 * 1024, _size, "Bytes of each attempt's driver log read per check for the task log (e.g. '16KB').",
+        default_string="16384", readme_default="`16384` (16 KiB)",
+        manual="bytes of each attempt's driver log read per check for the task log: a driver that wrote more "
+               "since the last check gets its latest bytes shown and the rest skipped; a size such as `16KB`")
     store_path: str = _option(
         "", _store_path,
         "Root of the result store: a local path or file:// URL; empty means $AIRFLOW_HOME/speculative-store.",

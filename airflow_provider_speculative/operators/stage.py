@@ -11,6 +11,7 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowRescheduleException
 from airflow.triggers.base import StartTriggerArgs
 
+from airflow_provider_speculative.control.appids import app_id_xcoms
 from airflow_provider_speculative.control.attemptlog import failure_log_lines
 from airflow_provider_speculative.control.commit import (
     admitted_of,
@@ -236,6 +237,7 @@ class SparkStageOperator(BaseOperator):
             layout = StageLayout.of_plan(plan)
             record = read_committed(layout)  # raises naming the stage if the commit is gone
             result = event.get("result") or {}
+            self._push_app_ids(context, plan, layout)
             self._publish_asset_event(context, plan, record, record.get("summary") or {}, result.get("sink"))
             return result
         return self.execute_complete(context, event)
@@ -249,6 +251,8 @@ class SparkStageOperator(BaseOperator):
         plan, decided = _event_plan(event, self.graph.name, self.stage)
         layout = StageLayout.of_plan(plan)
         summary = decided.get("summary", {})
+        # For a failed stage too: its attempts' Spark applications are where its failure is explained.
+        self._push_app_ids(context, plan, layout)
         if decided["status"] != TriggerStatus.SUCCESS:
             self._cleanup_sink_staging(plan, layout, None)
             message = "\n".join([_failure_message(self.graph.name, self.stage, decided),
@@ -300,6 +304,11 @@ class SparkStageOperator(BaseOperator):
     def _cleanup_sink_staging(self, plan: StagePlan, layout: StageLayout,
                               attempts: tuple[tuple[int, int], ...] | None) -> None:
         cleanup_sink_staging(plan, layout, attempts, self.log)
+
+    def _push_app_ids(self, context: Any, plan: StagePlan, layout: StageLayout) -> None:
+        """Push the attempts' Spark application ids under their stable XCom keys (control/appids.py)."""
+        for key, value in app_id_xcoms(layout, plan["parallelism"], self.log.warning).items():
+            context["ti"].xcom_push(key=key, value=value)
 
 
 def api_outlets(outlets: Any, sink_asset: Any) -> list[dict[str, Any]] | None:

@@ -11,6 +11,7 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TaskSuccessEvent, TriggerEvent
 
+from airflow_provider_speculative.control.appids import app_id_xcoms
 from airflow_provider_speculative.control.asset_events import publish_asset_events
 from airflow_provider_speculative.control.commit import (
     admitted_of,
@@ -23,6 +24,7 @@ from airflow_provider_speculative.control.commit import (
 )
 from airflow_provider_speculative.control.controller import StageController
 from airflow_provider_speculative.control.kill import kill_stage
+from airflow_provider_speculative.control.logstream import DriverLogStream
 from airflow_provider_speculative.core.asset_events import asset_event_extra, commit_key
 from airflow_provider_speculative.core.contract import EXTRA_CONF_ENV
 from airflow_provider_speculative.core.plan import StagePlan, load_plan
@@ -95,8 +97,14 @@ class StageControllerTrigger(BaseTrigger):
         env = await self._attempt_env(plan)
         target_env = await connect_env(plan)
         self._running = (plan, env, target_env)
+        started = time.time()
         controller = await asyncio.to_thread(StageController.open, plan, extra_env=env, target_env=target_env)
         self._controller = controller
+        config = controller.config
+        # The attempts' driver logs, tailed into this task's log (control/logstream.py).
+        logs = (DriverLogStream(controller.layout, max_lines=config.driver_log_lines,
+                                max_bytes=config.driver_log_bytes, since=started, period=config.check_interval)
+                if config.driver_log_lines > 0 else None)
         metrics = StageMetrics.for_plan(controller.plan)
         in_line = runs_in_line()
         guard = min_seconds_before_event() if self.needs_guard() else 0.0
@@ -107,6 +115,7 @@ class StageControllerTrigger(BaseTrigger):
                 yield TriggerEvent(TaskEvent(status=TriggerStatus.TIMED_OUT, plan_path=self.plan_path, reason=reason))
                 return
             await asyncio.to_thread(controller.step)
+            self._log_lines(await asyncio.to_thread(_driver_log_lines, logs, controller, False))
             summary = controller.summary()
             metrics.emit(summary)
             if bool(summary.get("slot_status")) != bool(waiting):
@@ -117,6 +126,7 @@ class StageControllerTrigger(BaseTrigger):
                 break
             await await_next_step(controller)
         payload = controller.event_payload()
+        self._log_lines(await asyncio.to_thread(_driver_log_lines, logs, controller, True))
         # The task log says where every attempt ran and where its log is (the stage view links each one).
         self.log.info("%s", "\n".join(controller.attempt_lines()))
         if self._ends_here(controller, in_line):
@@ -136,9 +146,16 @@ class StageControllerTrigger(BaseTrigger):
             if publish and not recorded:
                 yield TriggerEvent(TaskEvent(status=TriggerStatus.COMMITTED, plan_path=self.plan_path, result=result))
                 return
-            yield TaskSuccessEvent(xcoms={"return_value": result})
+            app_ids = await asyncio.to_thread(app_id_xcoms, controller.layout, controller.plan["parallelism"],
+                                              self.log.warning)
+            yield TaskSuccessEvent(xcoms={"return_value": result, **app_ids})
             return
         yield TriggerEvent(payload)
+
+    def _log_lines(self, lines: list[str]) -> None:
+        """One task log record per line, so a log viewer shows each on its own."""
+        for line in lines:
+            self.log.info("%s", line)
 
     async def _record_asset_events(self, controller: StageController, result: dict[str, Any]) -> bool:
         """Record the outlets' asset events through the api-server; False: a worker must record them.
@@ -244,3 +261,12 @@ class StageControllerTrigger(BaseTrigger):
         await asyncio.to_thread(kill_stage, plan, "task killed by user")
         await asyncio.to_thread(record_task_state, StageLayout.of_plan(plan), TaskState.FAILED,
                                 reason="task killed by user")
+
+
+def _driver_log_lines(logs: DriverLogStream | None, controller: StageController, final: bool) -> list[str]:
+    """What the attempts' driver logs add to the task log this step (none when streaming is off)."""
+    now = time.time()
+    if logs is None or not logs.due(now, final):
+        return []
+    # Built only when due: an early step woken by a change notice does not walk every attempt for nothing.
+    return logs.step(controller.scheduler.all_attempts(), now, final=final)

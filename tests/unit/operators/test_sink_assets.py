@@ -20,6 +20,7 @@ from airflow_provider_speculative.sinks.postgres import PostgresSink
 from airflow_provider_speculative.store.files import atomic_write_json
 from airflow_provider_speculative.store.layout import StageLayout
 from airflow_provider_speculative.store.manifest import build_manifest, write_manifest
+from tests.factories import FakeTI
 
 
 @pytest.fixture
@@ -74,7 +75,7 @@ def test_a_stage_with_a_sink_declares_its_asset_as_an_outlet_next_to_the_users(e
 
 
 def _context(events: OutletEventAccessors, **extra: Any) -> dict[str, Any]:
-    return {"dag": SimpleNamespace(dag_id="d"), "run_id": "r1", "ti": SimpleNamespace(try_number=1),
+    return {"dag": SimpleNamespace(dag_id="d"), "run_id": "r1", "ti": FakeTI(),
             "logical_date": pendulum.datetime(2026, 1, 1, 6, tz="UTC"), "dag_run": SimpleNamespace(conf={}),
             "outlet_events": events, **extra}
 

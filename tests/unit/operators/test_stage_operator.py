@@ -18,6 +18,7 @@ from airflow_provider_speculative.exceptions import PlanError, StageFailedError,
 from airflow_provider_speculative.store.files import atomic_write_json, read_json, read_jsonl
 from airflow_provider_speculative.store.layout import StageLayout
 from airflow_provider_speculative.store.manifest import build_manifest, write_manifest
+from tests.factories import FakeTI
 
 
 def _operator(tmp_path: Path, targets: list[dict[str, Any]] | None = None) -> Any:
@@ -29,7 +30,7 @@ def _operator(tmp_path: Path, targets: list[dict[str, Any]] | None = None) -> An
 
 
 def _context(run_id: str = "r1") -> dict[str, Any]:
-    return {"dag": SimpleNamespace(dag_id="d"), "run_id": run_id, "ti": SimpleNamespace(try_number=1),
+    return {"dag": SimpleNamespace(dag_id="d"), "run_id": run_id, "ti": FakeTI(),
             "logical_date": pendulum.datetime(2026, 1, 1, tz="UTC"), "dag_run": SimpleNamespace(conf={})}
 
 
@@ -181,3 +182,38 @@ def test_reactive_target_needs_a_standalone_master_and_its_web_ui_at_plan_time(
     deferred = _execute(_operator(env, targets=[{"name": "c", "conn_id": "spark_cluster", "slots": "auto"}]))
     plan = json.loads(Path(deferred.trigger.plan_path).read_text())
     assert plan["targets"]["c"]["master_ui"] == "http://m:8080"
+
+
+def _session(layout: StageLayout, subtask: int, attempt: int, app_id: str) -> None:
+    """An attempt that reached its Spark session: the runtime records the application id in its heartbeat."""
+    atomic_write_json(layout.claim(subtask, attempt), {"target": "local-a", "created_at": 1.0})
+    atomic_write_json(layout.heartbeat(subtask, attempt), {"node": "local-a", "app_id": app_id})
+
+
+def test_execute_complete_pushes_the_spark_application_ids_under_stable_keys(env: Path) -> None:
+    op = _operator(env)
+    deferred = _execute(op)
+    layout = StageLayout(env / "store", "d", "r1", "scan")
+    _finish(layout, 0, 0)
+    _finish(layout, 1, 2)
+    _session(layout, 0, 0, "local-1")
+    _session(layout, 1, 1, "local-2")  # the loser of subtask 1
+    _session(layout, 1, 2, "local-3")
+    context = _context()
+    op.execute_complete(context, {"status": "success", "plan_path": deferred.trigger.plan_path,
+                                  "admitted": {"0": 0, "1": 2}, "summary": {}})
+    assert context["ti"].xcoms == {"spark_app_ids": {"0": ["local-1"], "1": ["local-2", "local-3"]},
+                                   "spark_admitted_app_ids": {"0": "local-1", "1": "local-3"}}
+
+
+def test_a_failed_stage_pushes_the_application_ids_of_its_attempts_too(env: Path) -> None:
+    op = _operator(env)
+    plan_path = _execute(op).trigger.plan_path
+    layout = StageLayout(env / "store", "d", "r1", "scan")
+    _session(layout, 1, 0, "local-9")
+    context = _context()
+    with pytest.raises(StageFailedError):
+        op.execute_complete(context, {"status": "failed", "plan_path": plan_path, "reason": "1 failed attempt",
+                                      "causes": ["subtask 1 attempt 0: exit code 1"], "failed_attempts": 1,
+                                      "counts_by_cause": {"exit code 1": 1}})
+    assert context["ti"].xcoms == {"spark_app_ids": {"1": ["local-9"]}, "spark_admitted_app_ids": {}}

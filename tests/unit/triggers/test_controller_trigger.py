@@ -44,7 +44,7 @@ class StubController:
     def __init__(self, plan: dict[str, Any], *, extra_env: dict[str, str], target_env: dict[str, Any]) -> None:
         self.plan, self.extra_env, self.target_env = plan, extra_env, target_env
         self.steps = 0
-        self.config = SpeculativeConfig(check_interval=0.0)
+        self.config = SpeculativeConfig(check_interval=0.0, driver_log_lines=0)  # a stub has no attempts to tail
         StubController.instances.append(self)
 
     def step(self) -> list[Any]:
@@ -113,7 +113,7 @@ class DecidedController:
     def __init__(self, plan: dict[str, Any], *, extra_env: dict[str, str], target_env: dict[str, Any]) -> None:
         self.plan = plan
         self.layout = StageLayout(Path(plan["store_root"]), plan["dag_id"], plan["run_id"], plan["stage"])
-        self.config = SpeculativeConfig(check_interval=0.0)
+        self.config = SpeculativeConfig(check_interval=0.0, driver_log_lines=0)  # a stub has no attempts to tail
         self.done = self.succeeded = True
 
     def step(self) -> list[Any]:
@@ -207,7 +207,8 @@ class HoldingController(DecidedController):
 
     def __init__(self, plan: dict[str, Any], *, extra_env: dict[str, str], target_env: dict[str, Any]) -> None:
         super().__init__(plan, extra_env=extra_env, target_env=target_env)
-        self.config = SpeculativeConfig().with_overrides({"fault_injection": {"hold_commit": True}}, "test")
+        self.config = SpeculativeConfig().with_overrides({"fault_injection": {"hold_commit": True},
+                                                          "driver_log_lines": 0}, "test")
 
 
 def test_hold_commit_holds_the_event_after_the_commit_until_released(tmp_path: Path,
@@ -275,3 +276,93 @@ def test_a_timeout_before_the_controller_is_open_stops_the_attempts_from_the_sto
                                             "target_env": {"local-a": {"R": "sc://a"}}})]
     state = read_json(layout.task_state)
     assert state["state"] == "failed" and "execution_timeout passed" in state["reason"]
+
+
+class TailedController:
+    """One attempt that writes a driver log line per step and ends at the third, leaving a last line unended."""
+
+    @classmethod
+    def open(cls, plan: dict[str, Any], **kwargs: Any) -> TailedController:
+        return cls(plan, **kwargs)
+
+    def __init__(self, plan: dict[str, Any], *, extra_env: dict[str, str], target_env: dict[str, Any]) -> None:
+        from types import SimpleNamespace
+
+        from airflow_provider_speculative.core.states import Attempt, AttemptState
+
+        self.plan = plan
+        self.layout = StageLayout(Path(plan["store_root"]), plan["dag_id"], plan["run_id"], plan["stage"])
+        self.config = SpeculativeConfig(check_interval=0.0, driver_log_lines=5)
+        self.attempt = Attempt(0, 0, "local-a", AttemptState.RUNNING, created_at=time.time())
+        self.scheduler = SimpleNamespace(all_attempts=lambda: [self.attempt])
+        self.steps = 0
+        self.done = self.succeeded = False
+
+    def step(self) -> list[Any]:
+        from dataclasses import replace
+
+        from airflow_provider_speculative.core.states import AttemptState
+
+        self.steps += 1
+        self.layout.log(0, 0).parent.mkdir(parents=True, exist_ok=True)
+        with open(self.layout.log(0, 0), "a") as log:
+            log.write(f"driver line {self.steps}\n")
+            if self.steps == 3:
+                log.write("\x1b[2Jlast words")
+        if self.steps == 3:
+            self.attempt = replace(self.attempt, state=AttemptState.FAILED, end_at=time.time())
+            self.done = True
+        return []
+
+    def wake_after(self) -> float:
+        return 0.0
+
+    def changed(self) -> bool:
+        return False
+
+    def summary(self) -> dict[str, Any]:
+        return {}
+
+    def attempt_lines(self) -> list[str]:
+        return ["attempts of stage (stub)"]
+
+    def event_payload(self) -> dict[str, Any]:
+        return {"status": "failed", "plan_path": str(self.layout.plan), "reason": "r", "summary": {}}
+
+
+def test_the_attempts_driver_logs_reach_the_trigger_log_as_the_stage_runs(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    _, plan_path = _decided_stage(tmp_path)
+    monkeypatch.setattr(trigger_module, "StageController", TailedController)
+    monkeypatch.setattr(trigger_module, "min_seconds_before_event", lambda: 0.0)
+    monkeypatch.setattr(trigger_module.StageMetrics, "emit", lambda self, summary, **kw: None)
+    trigger = StageControllerTrigger(plan_path=str(plan_path), deferred_at=0.0)
+    # Airflow's structlog set-up does not reach caplog: the trigger logs through a standard logger here.
+    trigger._log = logging.getLogger("speculative.test.trigger")  # type: ignore[assignment]
+    with caplog.at_level(logging.INFO, logger="speculative.test.trigger"):
+        (event,) = asyncio.run(_events(trigger))
+    assert event.payload["status"] == "failed"
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("subtask 0 attempt 0")]
+    assert lines == [f"subtask 0 attempt 0 (target local-a): driver line {i}" for i in (1, 2, 3)] + [
+        "subtask 0 attempt 0 (target local-a): \\x1b[2Jlast words"]
+    # One record per line, before the summary of every attempt.
+    messages = [r.getMessage() for r in caplog.records]
+    assert messages.index("attempts of stage (stub)") > messages.index(lines[-1])
+
+
+def test_a_trigger_that_ends_the_task_pushes_the_application_ids(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    layout, plan_path = _decided_stage(tmp_path)
+    for attempt, app_id in ((0, "local-17"), (1, "local-18")):
+        atomic_write_json(layout.heartbeat(0, attempt), {"node": "local-a", "app_id": app_id})
+    atomic_write_json(layout.admitted(0), {"attempt": 1, "at": 1.0})
+    monkeypatch.setattr(trigger_module, "StageController", DecidedController)
+    monkeypatch.setattr(trigger_module, "runs_in_line", lambda: False)
+    trigger = StageControllerTrigger(plan_path=str(plan_path), deferred_at=time.time(),
+                                     commit={"try_number": 1, "clear_number": 0})
+    (event,) = asyncio.run(_events(trigger))
+    assert isinstance(event, TaskSuccessEvent)
+    assert event.xcoms["spark_app_ids"] == {"0": ["local-17", "local-18"]}
+    assert event.xcoms["spark_admitted_app_ids"] == {"0": "local-18"}

@@ -24,6 +24,7 @@ from airflow_provider_speculative.store.files import read_json
 from airflow_provider_speculative.store.layout import StageLayout
 from airflow_provider_speculative.triggers import controller as controller_module
 from airflow_provider_speculative.triggers.stage import StageStartTrigger
+from tests.factories import FakeTI
 
 
 def _pipeline(tmp_path: Path, application: str = "app.py", agg_kwargs: dict[str, Any] | None = None,
@@ -113,7 +114,7 @@ class DecidedController:
     def __init__(self, plan: dict[str, Any], *, extra_env: dict[str, str], target_env: dict[str, Any]) -> None:
         self.plan = plan
         self.layout = StageLayout(Path(plan["store_root"]), plan["dag_id"], plan["run_id"], plan["stage"])
-        self.config = SpeculativeConfig(check_interval=0.0)
+        self.config = SpeculativeConfig(check_interval=0.0, driver_log_lines=0)  # a stub has no attempts to tail
         self.done = self.succeeded = True
         for subtask in range(plan["parallelism"]):
             data = self.layout.data(subtask, 0)
@@ -162,7 +163,7 @@ def test_a_stage_is_planned_controlled_and_committed_in_the_triggerer(env: Path,
     assert (env / "out" / "2026-01-01" / "_SUCCESS").exists()
     assert [e.get("by") for e in map(json.loads, agg.journal.open()) if e["event"] == "finalize_done"] == ["triggerer"]
     outlet = SimpleNamespace(extra=None)
-    context = {"outlet_events": {agg_op.sink_asset: outlet}}
+    context = {"outlet_events": {agg_op.sink_asset: outlet}, "ti": FakeTI()}
     result = agg_op.resume_from_trigger(context, event.payload)
     assert result["committed"] == str(agg.committed)
     assert outlet.extra["records"] == 1 and outlet.extra["location"] == str(env / "out" / "2026-01-01")
