@@ -251,19 +251,24 @@ class SparkStageOperator(BaseOperator):
         plan, decided = _event_plan(event, self.graph.name, self.stage)
         layout = StageLayout.of_plan(plan)
         summary = decided.get("summary", {})
-        # For a failed stage too: its attempts' Spark applications are where its failure is explained.
-        self._push_app_ids(context, plan, layout)
         if decided["status"] != TriggerStatus.SUCCESS:
             self._cleanup_sink_staging(plan, layout, None)
             message = "\n".join([_failure_message(self.graph.name, self.stage, decided),
                                  *failure_log_lines(layout, _failed_keys(decided))])
             record_task_state(layout, TaskState.FAILED, try_number=context["ti"].try_number,
                               clear_number=_clear_number(context), reason=message.splitlines()[0])
+            # For a failed stage too: its attempts' Spark applications are where its failure is explained.
+            # Pushed after the clean-up and the task state, and never in place of the stage's own failure.
+            try:
+                self._push_app_ids(context, plan, layout)
+            except Exception as exc:
+                self.log.warning("stage %s: could not push its Spark application ids: %s", self.stage, exc)
             raise StageFailedError(message)
 
         record, sink_result = commit_admitted(
             plan, layout, decided, try_number=context["ti"].try_number, clear_number=_clear_number(context),
             finalize_sink=sink_finalizer(plan, layout))
+        self._push_app_ids(context, plan, layout)
         self._publish_asset_event(context, plan, record, summary, sink_result)
         removed, losers = remove_losers(layout, plan["parallelism"], admitted_of(decided))
         if losers:

@@ -217,3 +217,22 @@ def test_a_failed_stage_pushes_the_application_ids_of_its_attempts_too(env: Path
                                       "causes": ["subtask 1 attempt 0: exit code 1"], "failed_attempts": 1,
                                       "counts_by_cause": {"exit code 1": 1}})
     assert context["ti"].xcoms == {"spark_app_ids": {"1": ["local-9"]}, "spark_admitted_app_ids": {}}
+
+
+def test_a_push_that_fails_does_not_hide_the_stage_failure_or_skip_its_task_state(env: Path) -> None:
+    op = _operator(env)
+    plan_path = _execute(op).trigger.plan_path
+    layout = StageLayout(env / "store", "d", "r1", "scan")
+    _session(layout, 1, 0, "local-9")
+    context = _context()
+
+    def broken(key: str, value: object) -> None:
+        raise RuntimeError("metadata database unreachable")
+
+    context["ti"].xcom_push = broken
+    with pytest.raises(StageFailedError, match="1 failed attempt"):
+        op.execute_complete(context, {"status": "failed", "plan_path": plan_path, "reason": "1 failed attempt",
+                                      "causes": ["subtask 1 attempt 0: exit code 1"], "failed_attempts": 1,
+                                      "counts_by_cause": {"exit code 1": 1}})
+    # Hybrid consumers go by the recorded task state: it is written before the push is tried.
+    assert read_json(layout.task_state)["state"] == "failed"
