@@ -108,10 +108,13 @@ def test_no_answer_within_the_timeout_gives_no_result(servers) -> None:
 
 
 def test_a_slow_nodes_first_run_holds_its_first_wave_for_the_fast_server(tmp_path: Path, servers) -> None:
-    fake = servers({"sc://a:15002/": 0.005, "sc://b:15002/": None})
+    # local-b never answers: its slowness is the wait over local-a's whole check, about 2x. local-a answers in
+    # 0.25 s so that the wait overshooting its deadline on a loaded machine (tens of ms) keeps that ratio
+    # under 2.5x, where holding for local-a would start to pay (HOLD_MARGIN).
+    fake = servers({"sc://a:15002/": 0.25, "sc://b:15002/": None})
     controller, backend, layout = connect_controller(tmp_path, fake)
     check = [e for e in read_jsonl(layout.journal) if e["event"] == "speed_check"]
-    assert len(check) == 1 and check[0]["seconds"] == {"local-a": 0.005, "local-b": None}
+    assert len(check) == 1 and check[0]["seconds"] == {"local-a": 0.25, "local-b": None}
     assert check[0]["slowness"]["local-b"] >= 2.0
     record = read_json(speed_path(tmp_path / "store", "local-b"))
     assert record["from"] == "d/r/speed-check" and record["slowness"] >= 2.0
