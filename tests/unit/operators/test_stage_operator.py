@@ -98,12 +98,18 @@ def test_a_replanned_equal_stage_keeps_its_admissions_and_invalidates_broken_one
     assert not layout.admitted(1).exists()
 
 
-def test_execute_complete_commits_the_admitted_attempts(env: Path) -> None:
+def _finished_stage(env: Path) -> tuple[Any, Any, StageLayout]:
+    """A deferred two-subtask stage whose subtask 0 finished attempt 0 and subtask 1 attempt 2."""
     op = _operator(env)
     deferred = _execute(op)
     layout = StageLayout(env / "store", "d", "r1", "scan")
     _finish(layout, 0, 0)
     _finish(layout, 1, 2)
+    return op, deferred, layout
+
+
+def test_execute_complete_commits_the_admitted_attempts(env: Path) -> None:
+    op, deferred, layout = _finished_stage(env)
     result = op.execute_complete(_context(), {"status": "success", "plan_path": deferred.trigger.plan_path,
                                               "admitted": {"0": 0, "1": 2}, "summary": {}})
     committed = read_json(layout.committed)
@@ -191,11 +197,7 @@ def _session(layout: StageLayout, subtask: int, attempt: int, app_id: str) -> No
 
 
 def test_execute_complete_pushes_the_spark_application_ids_under_stable_keys(env: Path) -> None:
-    op = _operator(env)
-    deferred = _execute(op)
-    layout = StageLayout(env / "store", "d", "r1", "scan")
-    _finish(layout, 0, 0)
-    _finish(layout, 1, 2)
+    op, deferred, layout = _finished_stage(env)
     _session(layout, 0, 0, "local-1")
     _session(layout, 1, 1, "local-2")  # the loser of subtask 1
     _session(layout, 1, 2, "local-3")
