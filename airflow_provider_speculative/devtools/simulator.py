@@ -9,6 +9,9 @@ second ``Tick`` in the same step, as the controller does. The simulator models o
 
 - **targets** (one per node) with slots, cores (attempts beyond the cores share them: processor
   sharing), a base speed, slow spells that start and end mid-stage, and node loss;
+- **hosts** shared by several nodes (optional): a node on a host runs at most at its own speed (its
+  cgroup quota) and at most at its fair share of the host's free cores, given what the other nodes
+  there run (max-min fair sharing of the cores the host's other processes leave);
 - **attempts**: a start-up cost (launch to a ready session, scaled by the node's speed), then the
   subtask's work; a cancelled attempt's process ends ``cancel_delay`` later;
 - **stages one after the other** (no exchange overlap: a stage starts when the previous one
@@ -67,12 +70,23 @@ BYTES_PER_WORK_SECOND = 10_000_000
 
 @dataclass(frozen=True)
 class NodeSpec:
-    """One node and its target: slots, cores (None: one per slot) and base speed (1.0 = nominal)."""
+    """One node and its target: slots, cores (None: one per slot), base speed (1.0 = nominal) and host."""
 
     name: str
     slots: int = 1
     cores: float | None = None
     speed: float = 1.0
+    # The host whose cores this node shares with the other nodes on it (None: cores of its own).
+    host: str | None = None
+
+
+@dataclass(frozen=True)
+class HostSpec:
+    """A machine several nodes run on: its cores, of which ``background`` are busy with other processes."""
+
+    name: str
+    cores: float
+    background: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -123,6 +137,8 @@ class Scenario:
     speed_check: float | None = None
     # Seconds between a stage's completion and the next stage's start (commit, planning: off the targets).
     stage_gap: float = 0.0
+    # Hosts named by NodeSpec.host; a node whose host is not listed has cores of its own.
+    hosts: tuple[HostSpec, ...] = ()
 
     def healthy(self) -> Scenario:
         """The same trace without slow spells, node losses or slow base speeds: the no-slow-node ideal."""
@@ -504,6 +520,14 @@ class Simulator:
         # _differs); True also feeds every running attempt's progress each step (what LATE-style rules read).
         self.report_progress = report_progress
         self.nodes = {n.name: _Node(n) for n in scenario.nodes}
+        self._hosts = {h.name: h for h in scenario.hosts}
+        unknown = sorted({n.host for n in scenario.nodes if n.host is not None} - set(self._hosts))
+        if unknown:
+            raise ConfigError(f"scenario {scenario.name}: nodes name unknown host(s) {', '.join(unknown)}")
+        self._on_host: dict[str, list[_Node]] = {h: [] for h in self._hosts}
+        for each in self.nodes.values():
+            if each.spec.host is not None:
+                self._on_host[each.spec.host].append(each)
         # What TargetsObserved says of each node, kept up to date: the nodes whose held slots changed since
         # the last observation are all that is looked at again.
         self._free = {n.name: n.slots for n in scenario.nodes}
@@ -532,14 +556,51 @@ class Simulator:
         self._seq += 1
         heapq.heappush(self._heap, (at, self._seq, kind, data))
 
-    def _speed(self, node: _Node) -> float:
-        """Progress per second of one attempt on ``node`` now (processor sharing beyond its cores)."""
+    @staticmethod
+    def _alone(node: _Node, processes: int | None = None) -> float:
+        """Progress per second of one of ``processes`` attempts (default: those running) on ``node``'s own cores."""
         cores = node.spec.cores if node.spec.cores is not None else float(node.spec.slots)
-        share = min(1.0, cores / max(1, len(node.running)))
+        share = min(1.0, cores / max(1, len(node.running) if processes is None else processes))
         return node.spec.speed * node.factor * share
 
+    def _speed(self, node: _Node, processes: Mapping[str, int] | None = None) -> float:
+        """Progress per second of one attempt on ``node`` now: its own rate, cut to its share of a shared host.
+
+        ``processes`` (node name -> processes running) replaces what runs on the host's nodes (the speed check).
+        """
+        count = (processes or {}).get(node.spec.name, len(node.running))
+        alone = self._alone(node, count)
+        host = self._hosts.get(node.spec.host or "")
+        if host is None or count == 0:
+            return alone
+        # Max-min fair share of the host's free cores: a node never gets more than it can use (its demand,
+        # capped by its quota), and what one leaves unused goes to the others in equal parts.
+        demands = {}
+        for other in self._on_host[host.name]:
+            n = (processes or {}).get(other.spec.name, len(other.running))
+            if n:
+                demands[other.spec.name] = n * self._alone(other, n)
+        free = max(0.0, host.cores - host.background)
+        left = dict(demands)
+        while left:
+            share = free / len(left)
+            capped = {name: d for name, d in left.items() if d <= share}
+            if not capped:
+                break
+            for name, d in capped.items():
+                free -= d
+                del left[name]
+        given = demands[node.spec.name] if node.spec.name not in left else free / len(left)
+        return alone * min(1.0, given / demands[node.spec.name]) if demands[node.spec.name] > 0 else 0.0
+
     def _rerate(self, node: _Node) -> None:
-        """Re-time every process on ``node`` after its speed or its number of processes changed."""
+        """Re-time the processes of ``node`` and of the nodes sharing its host (a speed or process count changed)."""
+        host = self._hosts.get(node.spec.host or "")
+        for each in self._on_host[host.name] if host is not None else (node,):
+            self._retime(each)
+
+    def _retime(self, node: _Node) -> None:
+        """Re-time every process on ``node`` from its speed now."""
         rate = self._speed(node)
         for run in node.running.values():
             run.done = run.progressed(self.now)
@@ -594,6 +655,7 @@ class Simulator:
             self._ended.add(key)
             del node.running[key]
             self._changed.add(key)
+        self._rerate(node)  # the nodes sharing its host get its cores
         self._notice()
 
     def _reaped(self, key: tuple[int, int]) -> None:
@@ -737,8 +799,9 @@ class Simulator:
         names = [n for n in self.nodes if not self.nodes[n].lost]
         if work is None or not check_wanted(names, self.history, {}, [], self.config.speed_check_age):
             return 0.0
-        durations = {n: work / max(1e-9, self._speed(self.nodes[n]) if self.nodes[n].running
-                                   else self.nodes[n].spec.speed * self.nodes[n].factor) for n in names}
+        # Every target runs the check query at once: on a shared host the checks share its cores.
+        checking = {n: len(self.nodes[n].running) + 1 for n in names}
+        durations = {n: work / max(1e-9, self._speed(self.nodes[n], checking)) for n in names}
         fastest = min(durations.values())
         waited = min(max(durations.values()), CHECK_WAIT_FACTOR * fastest)
         seen: dict[str, float | None] = {n: d if d <= waited else None for n, d in durations.items()}

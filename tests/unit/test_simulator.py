@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from airflow_provider_speculative.core.states import Attempt, AttemptState
 from airflow_provider_speculative.devtools import simulator
 from airflow_provider_speculative.devtools.simulator import (
     POLICIES,
+    HostSpec,
     NodeLoss,
     NodeSpec,
     Scenario,
@@ -204,6 +206,52 @@ def test_whatif_cli_refuses_a_set_without_equals(capsys: pytest.CaptureFixture[s
 def test_node_specs_default_to_one_core_per_slot() -> None:
     sim = Simulator(Scenario("x", (NodeSpec("a", slots=2),), (StageSpec("s", (1.0, 1.0)),)), POLICIES["none"])
     assert sim.run().makespan == pytest.approx(1.0 + 1.0, abs=0.2)
+
+
+
+def _hosted(*speeds: float, background: float = 1.0) -> Scenario:
+    """One one-core, one-slot node per speed on one 2-core host, one 10 s subtask per node."""
+    nodes = tuple(NodeSpec(f"n{i}", slots=1, cores=1.0, speed=v, host="h") for i, v in enumerate(speeds))
+    return Scenario("hosted", nodes, (StageSpec("s", (10.0,) * len(nodes)),), startup=0.0,
+                    hosts=(HostSpec("h", 2.0, background),))
+
+
+def _ends(scenario: Scenario) -> dict[str, float]:
+    sim = Simulator(scenario, POLICIES["none"])
+    sim.run()
+    assert sim.sched is not None
+    return {a.target: a.end_at for a in sim.sched.all_attempts() if a.end_at is not None}
+
+
+def test_nodes_on_one_host_share_its_free_cores_and_a_throttled_one_leaves_its_share_to_the_other() -> None:
+    # Two servers, 1 core left by the host's other processes: each gets half of it.
+    assert _ends(_hosted(1.0, 1.0)) == {"n0": pytest.approx(20.0), "n1": pytest.approx(20.0)}
+    # Throttled to 1/4 core, n1 uses 0.25 of the free core and n0 gets the other 0.75 (its fair share would be 0.5).
+    ends = _ends(_hosted(1.0, 0.25))
+    assert ends["n0"] == pytest.approx(10.0 / 0.75)
+    # n1 ran at 0.25 until n0 ended, then at its quota still (the host's free core exceeds it).
+    assert ends["n1"] == pytest.approx(40.0)
+    # Once a node's process ends, the other gets the host's whole free core (up to its own quota).
+    ends = _ends(replace(_hosted(1.0, 1.0), stages=(StageSpec("s", (5.0, 10.0)),)))
+    assert ends == {"n0": pytest.approx(10.0), "n1": pytest.approx(15.0)}
+    # An idle host gives every node its quota: the same as cores of its own.
+    assert _ends(_hosted(1.0, 0.25, background=0.0)) == {"n0": pytest.approx(10.0), "n1": pytest.approx(40.0)}
+    with pytest.raises(ConfigError, match="unknown host"):
+        Simulator(replace(_hosted(1.0), hosts=()), POLICIES["none"])
+
+
+def test_a_speed_check_on_a_shared_host_sees_the_throttled_servers_share() -> None:
+    nodes = (NodeSpec("a", slots=2, cores=1.0, host="h"), NodeSpec("b", slots=2, cores=1.0, speed=0.25, host="h"))
+    scenario = Scenario("check", nodes, (StageSpec("s", (1.0,) * 4),), speed_check=0.1,
+                        hosts=(HostSpec("h", 2.0, 1.0),))
+    sim = Simulator(scenario, POLICIES["provider"])
+    # a gets 0.75 of the free core and b its 0.25: the check waits twice a's time, b has not answered by then.
+    assert sim._speed_check() == pytest.approx(2 * 0.1 / 0.75)
+    assert sim.history["b"] >= 2.0 and sim.history["a"] == 1.0 and sim.history_source["b"] == "speed check"
+    # With cores of their own a answers in 0.1 s.
+    alone = Simulator(replace(scenario, nodes=tuple(replace(n, host=None) for n in nodes), hosts=()),
+                      POLICIES["provider"])
+    assert alone._speed_check() == pytest.approx(0.2)
 
 
 def _late_sched(shares: dict[int, float], elapsed: float = 10.0) -> StageScheduler:
