@@ -7,7 +7,8 @@ script only builds the traces, runs each policy on the same trace, and prints ma
   speculation), extra attempt-seconds against no speculation on the same trace, wasted attempt-seconds
   (attempts not kept) in % of no speculation's attempt-seconds, copies launched (won);
 - **calibration**: the slow-node benchmark's setups (bench/slow_node.py: 2 Connect servers of one core
-  and 2 slots, one at 1/4 or 1/8 core) against the medians measured there (bench/README.md);
+  and 2 slots, one at 1/4 or 1/8 core) against the medians measured there (bench/README.md), each server
+  with a core of its own and both on one shared 2-core host;
 - **scale**: how far a 1,000-node x 10,000-subtask stage (``--scale-sizes``) gets in ``--scale-budget`` wall
   seconds per policy.
 
@@ -33,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from airflow_provider_speculative.devtools.simulator import (
     POLICIES,
+    HostSpec,
     NodeLoss,
     NodeSpec,
     RunResult,
@@ -144,6 +146,8 @@ MEASURED = {
     ("q3", None): 14.7, ("q3", 0.25): 19.75, ("q3", 0.125): 22.55,
 }
 MEASURED_B = {("q1", 0.25): 13.5, ("q1", 0.125): 25.05, ("q3", 0.25): 18.8, ("q3", 0.125): 22.4}
+# Row a1 (one of the two servers only, speculation on) of the same run.
+MEASURED_A1 = {"q1": 13.0, "q3": 16.2}
 # Q1's scan attempt alone on a warm local[1] server: 1.45 s; start-up on a warm server 0.19-0.35 s.
 SCAN_WORK = 1.45
 # Q1's aggregate reads 8 small partial aggregates: assumed 0.5 s of work per subtask.
@@ -154,52 +158,97 @@ CHECK_WORK = 0.15
 # units of Q1's scan attempt (assumed).
 Q3 = (("scan_customer", 2, 0.7), ("scan_orders", 4, 1.0), ("scan_lineitem", 8, 1.0),
       ("join_orders", 2, 1.0), ("join_lineitem", 4, 1.0), ("top", 1, 0.3))
+# The benchmark's host: both servers, their Connect clients, the controller and the runner on 2 cores.
+HOST_CORES = 2.0
 
 
-def pool(share: float | None) -> tuple[NodeSpec, ...]:
-    """Two one-core Connect servers with 2 slots each; ``local-b`` at ``share`` of its core."""
-    return (NodeSpec("local-a", slots=2, cores=1.0),
-            NodeSpec("local-b", slots=2, cores=1.0, speed=share if share is not None else 1.0))
+def pool(share: float | None, background: float | None = None, single: bool = False) -> tuple[NodeSpec, ...]:
+    """Two one-core Connect servers with 2 slots each; ``local-b`` at ``share`` of its core.
+
+    ``background`` (cores the host's other processes take) puts both on one host of :data:`HOST_CORES`
+    cores; None gives each server a core of its own. ``single``: ``local-a`` alone (row a1).
+    """
+    host = None if background is None else "host"
+    nodes = (NodeSpec("local-a", slots=2, cores=1.0, host=host),
+             NodeSpec("local-b", slots=2, cores=1.0, speed=share if share is not None else 1.0, host=host))
+    return nodes[:1] if single else nodes
 
 
-def query(name: str, gap: float, share: float | None) -> Scenario:
-    """Q1 (scan 8 -> aggregate 2) or Q3 (six stages) on the pool, ``gap`` s between stages (fitted)."""
+def query(name: str, gap: float, share: float | None, background: float | None = None, scale: float = 1.0,
+          single: bool = False) -> Scenario:
+    """Q1 (scan 8 -> aggregate 2) or Q3 (six stages) on the pool, ``gap`` s between stages, work times ``scale``."""
     if name == "q1":
-        stages: tuple[StageSpec, ...] = (StageSpec("scan", (SCAN_WORK,) * 8), StageSpec("aggregate", (AGG_WORK,) * 2))
+        stages: tuple[StageSpec, ...] = (StageSpec("scan", (SCAN_WORK * scale,) * 8),
+                                         StageSpec("aggregate", (AGG_WORK * scale,) * 2))
     else:
-        stages = tuple(StageSpec(s, (SCAN_WORK * w,) * n) for s, n, w in Q3)
-    return Scenario(f"{name} share {share}", pool(share), stages, startup=CAL_STARTUP, speed_check=CHECK_WORK,
-                    stage_gap=gap)
+        stages = tuple(StageSpec(s, (SCAN_WORK * w * scale,) * n) for s, n, w in Q3)
+    hosts = () if background is None else (HostSpec("host", HOST_CORES, background),)
+    return Scenario(f"{name} share {share}", pool(share, background, single), stages, startup=CAL_STARTUP,
+                    speed_check=CHECK_WORK, stage_gap=gap, hosts=hosts)
 
 
-def fit(name: str) -> float:
-    """The gap between stages that makes the provider's row a (no slow node) equal its measured median."""
-    low, high = 0.0, 10.0
+def _bisect(makespan: Callable[[float], float], target: float, low: float, high: float) -> float:
+    """The argument in [low, high] at which the increasing ``makespan`` reaches ``target``."""
     for _ in range(30):
         mid = (low + high) / 2
-        if simulate(query(name, mid, None), "provider").makespan < MEASURED[(name, None)]:
+        if makespan(mid) < target:
             low = mid
         else:
             high = mid
     return (low + high) / 2
 
 
+def fit(name: str) -> float:
+    """Own cores: the gap between stages that makes the provider's row a (no slow node) equal its measured median."""
+    return _bisect(lambda gap: simulate(query(name, gap, None), "provider").makespan, MEASURED[(name, None)],
+                   0.0, 10.0)
+
+
+def fit_scale(name: str, background: float) -> float:
+    """Shared host: the work scale that makes row a equal its measured median (no gap between stages)."""
+    return _bisect(lambda scale: simulate(query(name, 0.0, None, background, scale), "provider").makespan,
+                   MEASURED[(name, None)], 0.02, 4.0)
+
+
+def fit_host() -> tuple[float, dict[str, float]]:
+    """The host's background cores (one for both queries) and each query's work scale, fitted on rows a and a1.
+
+    For each background (0 to 1.5 cores in steps of 0.05) the work scale is fitted on row a; the background
+    kept is the one whose row a1 (one server only) comes closest to its measured median in both queries.
+    """
+    best: tuple[float, float, dict[str, float]] | None = None
+    for step in range(31):
+        background = step * 0.05
+        scales = {name: fit_scale(name, background) for name in ("q1", "q3")}
+        miss = max(abs(simulate(query(name, 0.0, None, background, scales[name], single=True), "provider").makespan
+                       / MEASURED_A1[name] - 1.0) for name in scales)
+        if best is None or miss < best[0] - 1e-9:
+            best = (miss, background, scales)
+    assert best is not None
+    return best[1], best[2]
+
+
 def calibration_rows() -> list[str]:
-    """Simulated rows a, b, c against bench/slow_node.py's medians."""
-    rows = ["| query | share | row | simulated makespan | measured median | sim / measured | copies (won) |",
-            "|---|---|---|---|---|---|---|"]
+    """Rows a, a1, b, c simulated with own cores per server and on a shared host, against slow_node.py's medians."""
+    rows = ["| query | share | row | measured median | own cores: sim | sim / measured | shared host: sim | "
+            "sim / measured | copies (won), shared host |",
+            "|---|---|---|---|---|---|---|---|---|"]
+    background, scales = fit_host()
     for name in ("q1", "q3"):
-        unit = fit(name)
-        for share in (None, 0.25, 0.125):
-            for row, policy in (("a", "provider"), ("b", "none"), ("c", "provider")):
-                if (share is None) != (row == "a"):
-                    continue
-                result = simulate(query(name, unit, share), policy)
-                measured = MEASURED[(name, share)] if row != "b" else MEASURED_B[(name, share)]
-                rows.append(f"| {name.upper()} | {'-' if share is None else f'1/{round(1 / share)}'} | {row} | "
-                            f"{result.makespan:.1f} | {measured:.1f} | {result.makespan / measured:.2f} | "
-                            f"{result.copies} ({result.copies_won}) |")
-        rows.append(f"| {name.upper()} | | fitted gap between stages | {unit:.2f} s | | | |")
+        gap = fit(name)
+        plan: list[tuple[str, float | None, str, float]] = [("a", None, "provider", MEASURED[(name, None)]),
+                                                            ("a1", None, "provider", MEASURED_A1[name])]
+        for slow in (0.25, 0.125):
+            plan += [("b", slow, "none", MEASURED_B[(name, slow)]), ("c", slow, "provider", MEASURED[(name, slow)])]
+        for row, share, policy, measured in plan:
+            own = simulate(query(name, gap, share, single=row == "a1"), policy)
+            shared = simulate(query(name, 0.0, share, background, scales[name], single=row == "a1"), policy)
+            rows.append(f"| {name.upper()} | {'-' if share is None else f'1/{round(1 / share)}'} | {row} | "
+                        f"{measured:.1f} | {own.makespan:.1f} | {own.makespan / measured:.2f} | "
+                        f"{shared.makespan:.1f} | {shared.makespan / measured:.2f} | "
+                        f"{shared.copies} ({shared.copies_won}) |")
+        rows.append(f"| {name.upper()} | | fitted | | gap between stages {gap:.2f} s | | work x {scales[name]:.2f}, "
+                    f"host background {background:.2f} of {HOST_CORES:g} cores | | |")
     return rows
 
 
