@@ -95,3 +95,10 @@ def connect_speed_check(url: str) -> float:
     from airflow_provider_speculative.backends.spark_connect import speed_check
 
     return speed_check(url)
+
+
+def prepare_connect_speed_check(url: str) -> None:
+    """Warm this process's speed-check session on one Spark Connect server in the background."""
+    from airflow_provider_speculative.backends.spark_connect import prepare_speed_check
+
+    prepare_speed_check(url)

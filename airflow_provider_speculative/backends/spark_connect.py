@@ -31,6 +31,7 @@ client still runs under the detached supervisor (so polling, logs and restart-sa
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
@@ -169,35 +170,92 @@ SPEED_CHECK_QUERY = "SELECT sum(hash(id)) FROM range(0, 30000000, 1, 1)"
 # A fresh session's first query costs 0.1-0.4 s, varying by 2x between idle servers; a warm session's
 # by 1.4x. The server drops it when idle (spark.connect.session.manager.defaultSessionTimeout);
 # nothing runs in it between checks.
-_CHECK_SESSIONS: dict[str, str] = {}
+_CHECK_SESSIONS: dict[str, _CheckSession] = {}
 _CHECK_LOCK = threading.Lock()
+
+
+class _CheckSession:
+    """A check session of this process, its open channel, and whether its untimed first query ran (``warm``)."""
+
+    def __init__(self) -> None:
+        self.session_id = str(uuid.uuid4())
+        self.warm = threading.Event()
+        self.failed = False
+        # Kept open: a timed query on a new channel would count the connection's handshake as slowness.
+        self.channel: ConnectSession | None = None
+
+
+def _warm_up(url: str, entry: _CheckSession, timeout: float) -> None:
+    """Open ``entry``'s session and run its untimed first query; forget the session if that fails."""
+    try:
+        entry.channel = ConnectSession(compose_url(url, session_id=entry.session_id, user_id=DEFAULT_USER_ID),
+                                       timeout=timeout)
+        entry.channel.run_sql(SPEED_CHECK_QUERY)
+    except Exception:
+        entry.failed = True
+        _forget(url, entry)
+        raise
+    finally:
+        entry.warm.set()
+
+
+def _forget(url: str, entry: _CheckSession) -> None:
+    with _CHECK_LOCK:
+        if _CHECK_SESSIONS.get(url) is entry:
+            del _CHECK_SESSIONS[url]  # closed, expired or broken: the next check starts a new one
+    if entry.channel is not None:
+        with contextlib.suppress(Exception):
+            entry.channel.channel.close()
+
+
+def prepare_speed_check(url: str, timeout: float = 2 * RPC_TIMEOUT) -> None:
+    """Warm this process's check session on ``url`` in a background thread, unless one exists or is warming.
+
+    The session's set-up and first query then overlap the stage's planning instead of delaying its first
+    wave; :func:`speed_check` waits for a warm-up still running rather than starting a second one.
+    """
+    with _CHECK_LOCK:
+        if url in _CHECK_SESSIONS:
+            return
+        entry = _CHECK_SESSIONS[url] = _CheckSession()
+
+    def run() -> None:
+        # A server that cannot answer now is reported by the check itself, which starts a new session.
+        with contextlib.suppress(Exception):
+            _warm_up(url, entry, timeout)
+
+    threading.Thread(target=run, name="speed-check-warm-up", daemon=True).start()
 
 
 def speed_check(url: str, timeout: float = 2 * RPC_TIMEOUT, retry: bool = True) -> float:
     """Seconds the server at ``url`` takes for :data:`SPEED_CHECK_QUERY` in this process's check session.
 
-    A session new to this process runs the query once untimed first (its set-up is noise, not speed).
-    A session the server closed (idle timeout) is replaced and the check tried once more.
+    A session new to this process runs the query once untimed first (its set-up is noise, not speed); a
+    warm-up started by :func:`prepare_speed_check` is waited for instead. A session the server closed (idle
+    timeout) or a warm-up that failed is replaced and the check tried once more.
     """
     with _CHECK_LOCK:
-        session_id = _CHECK_SESSIONS.get(url)
-        fresh = session_id is None
-        if session_id is None:
-            session_id = _CHECK_SESSIONS[url] = str(uuid.uuid4())
-    with ConnectSession(compose_url(url, session_id=session_id, user_id=DEFAULT_USER_ID), timeout=timeout) as session:
-        try:
-            if fresh:
-                session.run_sql(SPEED_CHECK_QUERY)
-            started = time.monotonic()
-            session.run_sql(SPEED_CHECK_QUERY)
-            return time.monotonic() - started
-        except Exception as exc:
-            with _CHECK_LOCK:
-                if _CHECK_SESSIONS.get(url) == session_id:
-                    del _CHECK_SESSIONS[url]  # closed, expired or broken: the next check starts a new one
-            if retry and session_closed(exc):
-                return speed_check(url, timeout, retry=False)
-            raise
+        entry = _CHECK_SESSIONS.get(url)
+        fresh = entry is None
+        if entry is None:
+            entry = _CHECK_SESSIONS[url] = _CheckSession()
+    if fresh:
+        _warm_up(url, entry, timeout)
+    elif not entry.warm.wait(timeout) or entry.failed:
+        _forget(url, entry)
+        if retry:
+            return speed_check(url, timeout, retry=False)
+        raise TimeoutError(f"the speed check session on {public_url(url)} did not start within {timeout:g}s")
+    assert entry.channel is not None
+    try:
+        started = time.monotonic()
+        entry.channel.run_sql(SPEED_CHECK_QUERY)
+        return time.monotonic() - started
+    except Exception as exc:
+        _forget(url, entry)
+        if retry and session_closed(exc):
+            return speed_check(url, timeout, retry=False)
+        raise
 
 
 def probe_server(url: str, timeout: float = PROBE_TIMEOUT) -> tuple[str, str] | None:

@@ -28,7 +28,7 @@ from airflow_provider_speculative.control.kill import AttemptStopper, read_attem
 from airflow_provider_speculative.control.liveness import TargetWatcher
 from airflow_provider_speculative.control.recovery import PartitionRecovery, attempt_command
 from airflow_provider_speculative.control.slotledger import SlotLedger
-from airflow_provider_speculative.control.speedcheck import CHECK_TIMEOUT, check_speeds
+from airflow_provider_speculative.control.speedcheck import CHECK_TIMEOUT, check_needed, check_speeds
 from airflow_provider_speculative.control.summary import stage_summary
 from airflow_provider_speculative.core.config import SpeculativeConfig
 from airflow_provider_speculative.core.contract import HOLD_END_ENV, REMOTE_ENV
@@ -62,7 +62,7 @@ from airflow_provider_speculative.core.messages import (
 from airflow_provider_speculative.core.plan import StagePlan
 from airflow_provider_speculative.core.scheduler import StageScheduler
 from airflow_provider_speculative.core.slots import TargetView
-from airflow_provider_speculative.core.speed import check_wanted, probe_candidates, run_slowness
+from airflow_provider_speculative.core.speed import probe_candidates, run_slowness
 from airflow_provider_speculative.core.states import TERMINAL, Attempt, AttemptState
 from airflow_provider_speculative.core.summary import StageSummary
 from airflow_provider_speculative.core.trigger_events import ControllerEvent, TriggerStatus
@@ -208,9 +208,7 @@ class StageController:
                 and (url := self.target_env.get(name, {}).get(REMOTE_ENV))}
         now = self.clock()
         records = read_records(self.layout.root, names, now)
-        if not check_wanted(urls, {t: r.slowness for t, r in records.items()},
-                            {t: now - r.at for t, r in records.items()},
-                            [t for t, r in records.items() if r.of_run(run_key)], self.config.speed_check_age):
+        if not check_needed(urls, records, run_key, now, self.config.speed_check_age):
             return records
         if claim_speed_check(self.layout.root, urls, run_key, now):
             started = self.clock()

@@ -16,12 +16,15 @@ checked and when is decided in ``control/controller.py``; what a ratio means in 
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
+from pathlib import Path
 
-from airflow_provider_speculative.core.speed import CHECK_WAIT_FACTOR, check_slowness
+from airflow_provider_speculative.core.speed import CHECK_WAIT_FACTOR, check_slowness, check_wanted
+from airflow_provider_speculative.store.speeds import SpeedRecord, read_records
 
 # No server answered the check within this: give up waiting (the stage must not stall on a dead pool).
 CHECK_TIMEOUT = 3.0
@@ -41,6 +44,46 @@ class CheckResult:
     def slowness(self) -> dict[str, float]:
         """Slowness per answering or still-running target (core/speed.py); {} if nothing can be compared."""
         return check_slowness(self.durations, self.waited, min(self.totals.values(), default=None))
+
+
+def check_needed(urls: Mapping[str, str], records: Mapping[str, SpeedRecord], run_key: str, now: float,
+                 max_age: float) -> bool:
+    """Whether a stage of DAG run ``run_key`` should check these Connect targets, given the stored records."""
+    return check_wanted(urls, {t: r.slowness for t, r in records.items()}, {t: now - r.at for t, r in records.items()},
+                        [t for t, r in records.items() if r.of_run(run_key)], max_age)
+
+
+def prepare_checks(urls: Mapping[str, str]) -> threading.Thread | None:
+    """Warm a check session on every server in one background thread; the thread, or None without servers.
+
+    Started while a stage is still being planned, so the check that follows finds its sessions ready and
+    pays only its timed queries. Nothing here waits or raises: a failed warm-up leaves the check to
+    start its own session.
+    """
+    if not urls:
+        return None
+
+    def run() -> None:
+        # Import the client here too: check_speeds imports it on the stage's path otherwise.
+        import pyspark.sql.connect.client.core  # noqa: F401
+
+        from airflow_provider_speculative.backends.registry import prepare_connect_speed_check
+
+        for url in urls.values():
+            prepare_connect_speed_check(url)
+
+    thread = threading.Thread(target=run, name="speed-check-prepare", daemon=True)
+    thread.start()
+    return thread
+
+
+def prepare_if_needed(root: Path, urls: Mapping[str, str], run_key: str, max_age: float) -> bool:
+    """Start warming the check sessions (:func:`prepare_checks`) if a stage of this DAG run will check."""
+    records = read_records(root, list(urls), time.time())
+    if not check_needed(urls, records, run_key, time.time(), max_age):
+        return False
+    prepare_checks(urls)
+    return True
 
 
 def _default_check(url: str) -> float:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import shutil
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -157,3 +158,43 @@ async def connect_env(plan: StagePlan) -> dict[str, dict[str, str]]:
             conn = await BaseHook.aget_connection(spec["conn_id"])
             out[name] = {REMOTE_ENV: connect_url(conn)}
     return out
+
+
+async def target_connect_urls(targets: Iterable[Target]) -> dict[str, str]:
+    """The server URL of every target whose connection is a usable ``spark_connect`` one; others left out.
+
+    For warming up before planning: a connection that is missing or unusable is reported by planning, with
+    the pipeline and stage named, not here.
+    """
+    from airflow.sdk import BaseHook
+
+    out: dict[str, str] = {}
+    for target in targets:
+        try:
+            url = _connect_url_or_none(target, await BaseHook.aget_connection(target.conn_id))
+        except Exception:
+            continue
+        if url is not None:
+            out[target.name] = url
+    return out
+
+
+def target_connect_urls_sync(targets: Iterable[Target]) -> dict[str, str]:
+    """:func:`target_connect_urls` where connections are read synchronously (an operator on a worker)."""
+    from airflow.sdk import BaseHook
+
+    out: dict[str, str] = {}
+    for target in targets:
+        try:
+            url = _connect_url_or_none(target, BaseHook.get_connection(target.conn_id))
+        except Exception:
+            continue
+        if url is not None:
+            out[target.name] = url
+    return out
+
+
+def _connect_url_or_none(target: Target, conn: Any) -> str | None:
+    if kind_for_conn_type(conn.conn_type, target=target.name, conn_id=target.conn_id) != "spark_connect":
+        return None
+    return connect_url(conn)

@@ -28,6 +28,7 @@ from airflow_provider_speculative.control.planning import (
     iso_or_none,
     stage_config,
 )
+from airflow_provider_speculative.control.speedcheck import prepare_if_needed
 from airflow_provider_speculative.core.asset_events import asset_event_extra
 from airflow_provider_speculative.core.events import Event
 from airflow_provider_speculative.core.graph import PipelineGraph, RenderedStage
@@ -36,6 +37,7 @@ from airflow_provider_speculative.core.readiness import partition_key
 from airflow_provider_speculative.core.states import TaskState
 from airflow_provider_speculative.core.trigger_events import DECIDED, ControllerEvent, TriggerStatus
 from airflow_provider_speculative.exceptions import StageFailedError
+from airflow_provider_speculative.hooks.targets import target_connect_urls_sync
 from airflow_provider_speculative.links import SparkHistoryLink, StageViewLink
 from airflow_provider_speculative.metrics import StageMetrics
 from airflow_provider_speculative.sinks.base import Sink
@@ -143,6 +145,7 @@ class SparkStageOperator(BaseOperator):
     def execute(self, context: Any) -> Any:
         """Resolve the plan, write plan.json, and defer to the stage controller (recording the task's state)."""
         planner = self._planner(context)
+        _prepare_speed_check(planner, self.log)
         planner.start()
         try:
             return self._plan_and_defer(planner)
@@ -399,3 +402,13 @@ def _raise_timed_out(event: dict[str, Any], where: str) -> None:
     from airflow.sdk.exceptions import AirflowTaskTimeout
 
     raise AirflowTaskTimeout(str(event.get("reason") or f"{where}: the task's execution_timeout passed"))
+
+
+def _prepare_speed_check(planner: StagePlanner, log: Any) -> None:
+    """Warm the speed check's server sessions while the stage plans, if the run will check (speedcheck.py)."""
+    run = planner.run
+    try:
+        prepare_if_needed(planner.root, target_connect_urls_sync(planner.config.targets), f"{run.dag_id}/{run.run_id}",
+                          planner.config.speed_check_age)
+    except Exception as exc:  # only a head start: the check itself still runs and reports
+        log.warning("stage %s: could not prepare the speed check: %s", planner.stage, type(exc).__name__)

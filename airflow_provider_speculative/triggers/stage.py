@@ -18,6 +18,7 @@ from typing import Any
 from airflow.triggers.base import TriggerEvent
 
 from airflow_provider_speculative.control.planning import HybridWait, RunInfo, StagePlanner, iso_or_none
+from airflow_provider_speculative.control.speedcheck import prepare_if_needed
 from airflow_provider_speculative.core.events import Event
 from airflow_provider_speculative.core.graph import PipelineGraph, RenderedStage
 from airflow_provider_speculative.core.readiness import partition_key
@@ -25,6 +26,7 @@ from airflow_provider_speculative.core.states import TaskState
 from airflow_provider_speculative.core.trigger_events import TaskEvent, TriggerStatus
 from airflow_provider_speculative.exceptions import PlanError, UpstreamFailedError, UpstreamSkippedError
 from airflow_provider_speculative.hooks.asset_events import resolve_asset_api
+from airflow_provider_speculative.hooks.targets import target_connect_urls
 from airflow_provider_speculative.sinks.base import Sink
 from airflow_provider_speculative.store import journal as journals
 from airflow_provider_speculative.triggers.controller import StageControllerTrigger
@@ -108,6 +110,7 @@ class StageStartTrigger(StageControllerTrigger):
         planner: StagePlanner | None = None
         try:
             planner = await asyncio.to_thread(self._planner)
+            await self._prepare_speed_check(planner)
             await asyncio.to_thread(planner.start)
             # Before waiting for producers: a connection that cannot work fails the stage now, not minutes later.
             if self.publish and self.outlet_assets is not None:
@@ -142,6 +145,16 @@ class StageStartTrigger(StageControllerTrigger):
                        "partition_key": self._partition_key(run) if self.asset_api else None}
         async for event in super().run():
             yield event
+
+    async def _prepare_speed_check(self, planner: StagePlanner) -> None:
+        """Warm the speed check's server sessions while this stage plans, if the run will check (speedcheck.py)."""
+        run = planner.run
+        try:
+            urls = await target_connect_urls(planner.config.targets)
+            await asyncio.to_thread(prepare_if_needed, planner.root, urls, f"{run.dag_id}/{run.run_id}",
+                                    planner.config.speed_check_age)
+        except Exception as exc:  # only a head start: the check itself still runs and reports
+            self.log.warning("stage %s: could not prepare the speed check: %s", self.stage, type(exc).__name__)
 
     def _partition_key(self, run: RunInfo) -> str | None:
         """The asset partition a partitioned sink's event names: the DAG run's, else its logical date's."""

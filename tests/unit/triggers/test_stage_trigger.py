@@ -443,3 +443,24 @@ def test_a_broken_connection_fails_a_consumer_before_it_waits_for_producers(
     (event,) = asyncio.run(asyncio.wait_for(_events(trigger), 30))
     assert event.payload["status"] == "plan_failed" and "login and password" in event.payload["reason"]
     assert "pipeline 'p', stage 'agg'" in event.payload["reason"]
+
+
+def test_the_speed_check_sessions_warm_up_while_the_stage_plans(env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow_provider_speculative.control import speedcheck
+
+    monkeypatch.setattr(controller_module, "StageController", DecidedController)
+    monkeypatch.setattr(controller_module, "runs_in_line", lambda: False)
+    for name, port in (("A", 15101), ("B", 15102)):
+        monkeypatch.setenv(f"AIRFLOW_CONN_SC_{name}", json.dumps({"conn_type": "spark_connect", "host": "127.0.0.1",
+                                                                 "port": port, "password": "tok"}))
+    targets = [{"name": n, "conn_id": c} for n, c in (("a", "sc_a"), ("b", "sc_b"), ("c", "spark_default"))]
+    monkeypatch.setenv("AIRFLOW__SPECULATIVE__TARGETS", json.dumps(targets))
+    scan = StageLayout(env / "store", "d", "r1", "scan")
+    prepared: list[tuple[dict[str, str], bool]] = []
+    monkeypatch.setattr(speedcheck, "prepare_checks", lambda urls: prepared.append((dict(urls), scan.plan.exists())))
+
+    (event,) = asyncio.run(_events(_trigger(_pipeline(env).stages["scan"].task)))
+    assert isinstance(event, TaskSuccessEvent)
+    ((urls, planned),) = prepared
+    assert sorted(urls) == ["a", "b"] and not planned  # the Connect targets only, before plan.json
+    assert urls["a"].startswith("sc://127.0.0.1:15101")
