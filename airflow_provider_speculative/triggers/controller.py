@@ -24,6 +24,7 @@ from airflow_provider_speculative.control.commit import (
 )
 from airflow_provider_speculative.control.controller import StageController
 from airflow_provider_speculative.control.kill import kill_stage
+from airflow_provider_speculative.control.lineage_events import TaskEnd, report_task_end
 from airflow_provider_speculative.control.logstream import DriverLogStream
 from airflow_provider_speculative.core.asset_events import asset_event_extra, commit_key
 from airflow_provider_speculative.core.contract import EXTRA_CONF_ENV
@@ -148,9 +149,35 @@ class StageControllerTrigger(BaseTrigger):
                 return
             app_ids = await asyncio.to_thread(app_id_xcoms, controller.layout, controller.plan["parallelism"],
                                               self.log.warning)
+            # The task ends here, where Airflow's OpenLineage listener never runs: its events come from here.
+            await self._report_lineage(controller.plan, started)
             yield TaskSuccessEvent(xcoms={"return_value": result, **app_ids})
             return
         yield TriggerEvent(payload)
+
+    async def _report_lineage(self, plan: StagePlan, started: float) -> None:
+        """OpenLineage events of a task try that succeeds in the triggerer (control/lineage_events.py)."""
+        context = getattr(self.task_instance, "_ti_context_from_server", None)  # set for start_from_trigger
+        dag_run = getattr(context, "dag_run", None)
+        # needs_guard(): a worker ran this try before deferring, and Airflow's listener sent its START there.
+        end = TaskEnd(ran_on_worker=self.needs_guard(), ended_in_triggerer=True, succeeded=True, started_at=started,
+                      dag_run_conf=dict(getattr(dag_run, "conf", None) or {}),
+                      nominal_start=_iso(getattr(dag_run, "data_interval_start", None)),
+                      nominal_end=_iso(getattr(dag_run, "data_interval_end", None)))
+        await report_task_end(plan, end, sink=self._declared_sink(), logger=self.log)
+
+    def _declared_sink(self) -> Any:
+        """The sink as declared in the DAG (its lineage dataset is the one its asset names); None without one.
+
+        Only a stage started in the triggerer (StageStartTrigger) commits a sink here, and it carries the
+        declared sink's class and arguments.
+        """
+        sink_class, declared = getattr(self, "sink_class", None), getattr(self, "declared_sink", None)
+        if not sink_class or declared is None:
+            return None
+        from airflow_provider_speculative.sinks.base import Sink
+
+        return Sink.from_json({"class": sink_class, "kwargs": declared})
 
     def _log_lines(self, lines: list[str]) -> None:
         """One task log record per line, so a log viewer shows each on its own."""
@@ -255,12 +282,39 @@ class StageControllerTrigger(BaseTrigger):
         if self._running is not None and self.timed_out():
             await self._stop_attempts()
 
+    async def _kill_env(self, plan: StagePlan) -> tuple[dict[str, str], dict[str, dict[str, str]]]:
+        """The secrets stopping the attempts needs (Connect tokens, sink connections): the run's, else resolved now.
+
+        A connection that cannot be resolved leaves its part empty: the kill still goes on with what the
+        store recorded.
+        """
+        if self._running is not None:
+            return self._running[1], self._running[2]
+        try:
+            env = await self._attempt_env(plan)
+        except Exception as exc:
+            self.log.warning("stage %s: stopping without the sink's connection: %s", plan["stage"], type(exc).__name__)
+            env = {}
+        try:
+            target_env = await connect_env(plan)
+        except Exception as exc:
+            self.log.warning("stage %s: stopping without the Connect targets' connections: %s", plan["stage"],
+                             type(exc).__name__)
+            target_env = {}
+        return env, target_env
+
     async def on_kill(self) -> None:
         """The user marked the task failed or cleared it: stop every Spark driver of this stage."""
         plan = await asyncio.to_thread(self._plan)
-        await asyncio.to_thread(kill_stage, plan, "task killed by user")
+        env, target_env = await self._kill_env(plan)
+        await asyncio.to_thread(kill_stage, plan, "task killed by user", extra_env=env, target_env=target_env)
         await asyncio.to_thread(record_task_state, StageLayout.of_plan(plan), TaskState.FAILED,
                                 reason="task killed by user")
+
+
+def _iso(moment: Any) -> str | None:
+    """A datetime as ISO 8601 (the listener's nominal times); None stays None."""
+    return moment.isoformat() if moment is not None and hasattr(moment, "isoformat") else None
 
 
 def _driver_log_lines(logs: DriverLogStream | None, controller: StageController, final: bool) -> list[str]:

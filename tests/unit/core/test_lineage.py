@@ -8,8 +8,13 @@ import pytest
 
 from airflow_provider_speculative.core.lineage import (
     LineageDataset,
+    LineageEvent,
+    OutputStats,
     dataset_of_uri,
+    error_text,
     exchange_dataset,
+    output_stats,
+    provider_events,
     source_dataset,
     stage_lineage,
 )
@@ -72,3 +77,55 @@ def test_asset_uris_become_openlineage_names(uri: str | None, dataset: LineageDa
 ])
 def test_sources_follow_openlineage_naming(path: str, dataset: LineageDataset) -> None:
     assert source_dataset(path) == dataset
+
+
+@pytest.mark.parametrize(("uri", "dataset"), [
+    ("mysql://loader:hunter2@db:3306/sales/t", LineageDataset("mysql://db:3306", "sales/t")),
+    ("postgres://loader:hunter2@db:5432/sales/public/t", LineageDataset("postgres://db:5432", "sales.public.t")),
+])
+def test_a_uri_with_userinfo_names_its_dataset_without_it(uri: str, dataset: LineageDataset) -> None:
+    assert dataset_of_uri(uri) == dataset
+
+
+@pytest.mark.parametrize(("path", "dataset"), [
+    ("s3a://AKIA:hunter2@lake/tpch/orders", LineageDataset("s3://lake", "tpch/orders")),
+    ("hdfs://etl:hunter2@nn:8020/data/x/", LineageDataset("hdfs://nn:8020", "data/x")),
+])
+def test_a_source_url_with_userinfo_names_its_dataset_without_it(path: str, dataset: LineageDataset) -> None:
+    assert source_dataset(path) == dataset
+
+
+@pytest.mark.parametrize(("ran_on_worker", "ended_in_triggerer", "succeeded", "events"), [
+    # Started in the triggerer and ended there: no worker ever ran it, no listener saw it.
+    (False, True, True, (LineageEvent.START, LineageEvent.COMPLETE)),
+    (False, True, False, (LineageEvent.START, LineageEvent.FAIL)),
+    # A worker ran execute() and deferred: the listener sent START there.
+    (True, True, True, (LineageEvent.COMPLETE,)),
+    (True, True, False, (LineageEvent.FAIL,)),
+    # Resumed on a worker (to commit, publish, or fail): the listener reports the whole try.
+    (False, False, True, ()), (False, False, False, ()), (True, False, True, ()), (True, False, False, ()),
+])
+def test_the_provider_emits_only_what_airflows_listener_cannot(
+        ran_on_worker: bool, ended_in_triggerer: bool, succeeded: bool, events: tuple[LineageEvent, ...]) -> None:
+    assert provider_events(ran_on_worker=ran_on_worker, ended_in_triggerer=ended_in_triggerer,
+                           succeeded=succeeded) == events
+
+
+def test_output_stats_sum_the_admitted_attempts_and_name_the_columns() -> None:
+    schema = {"type": "struct", "fields": [{"name": "k", "type": "long"}, {"name": "m", "type": {"type": "map"}},
+                                           {"name": "odd", "type": 7}, {"no": "name"}]}
+    committed = {"subtasks": {"0": {"records": 3, "bytes": 30, "file_count": 2, "schema": schema},
+                              "1": {"records": 1, "bytes": 10, "files": [{"path": "a"}], "schema": None}}}
+    assert output_stats(committed) == OutputStats(rows=4, bytes=40, files=3,
+                                                  fields=(("k", "long"), ("m", "map"), ("odd", "unknown")))
+    # A subtask without a count (an older manifest): the total is unknown, not a partial sum.
+    partial = {"subtasks": {"0": {"records": 3, "bytes": 30}, "1": {"bytes": 5}}}
+    assert output_stats(partial) == OutputStats(rows=None, bytes=35, files=None, fields=())
+    assert output_stats({}) == OutputStats(rows=None, bytes=None, files=None, fields=())
+
+
+def test_error_text_is_bounded_printable_and_hides_userinfo() -> None:
+    text = error_text("connect postgres://u:pw@h/db failed\x1b[31m\r\n\tnext line\x00 \u2028", limit=1000)
+    assert text == "connect postgres://***@h/db failed\\x1b[31m\\x0d\n\\x09next line\\x00 \\u2028"
+    long = error_text("x" * 50, limit=10)
+    assert long == "x" * 10 + "... (40 more characters)"
