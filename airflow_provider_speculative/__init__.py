@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from airflow_provider_speculative.version import __version__
 
-__all__ = ["ParquetSink", "Pipeline", "StageOutputSensor", "__version__", "all_to_all", "broadcast",
-           "get_provider_info", "parquet_source", "pointwise"]
+__all__ = ["ParquetSink", "Pipeline", "SpeculativeSparkSubmitOperator", "StageOutputSensor", "__version__",
+           "all_to_all", "broadcast", "get_provider_info", "parquet_source", "pointwise"]
 
 
 def __getattr__(name: str):  # lazy: the Spark-side runtime imports this package without Airflow
@@ -17,6 +17,10 @@ def __getattr__(name: str):  # lazy: the Spark-side runtime imports this package
         from airflow_provider_speculative.sinks.parquet import ParquetSink
 
         return ParquetSink
+    if name == "SpeculativeSparkSubmitOperator":
+        from airflow_provider_speculative.operators.spark_submit import SpeculativeSparkSubmitOperator
+
+        return SpeculativeSparkSubmitOperator
     if name == "StageOutputSensor":
         from airflow_provider_speculative.sensors.stage_output import StageOutputSensor
 

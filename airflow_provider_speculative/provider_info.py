@@ -20,7 +20,8 @@ def get_provider_info() -> dict[str, Any]:
         "integrations": [{"integration-name": "Speculative", "external-doc-url":
                           "https://pypi.org/project/airflow-provider-speculative/", "tags": ["software"]}],
         "operators": [{"integration-name": "Speculative",
-                       "python-modules": ["airflow_provider_speculative.operators.stage"]}],
+                       "python-modules": ["airflow_provider_speculative.operators.stage",
+                                          "airflow_provider_speculative.operators.spark_submit"]}],
         "triggers": [{"integration-name": "Speculative",
                       "python-modules": ["airflow_provider_speculative.triggers.controller",
                                          "airflow_provider_speculative.triggers.hybrid",
