@@ -284,17 +284,15 @@ class SparkStageOperator(BaseOperator):
         return commit_summary(self.stage, layout, sink_result, summary)
 
     def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
-        """OpenLineage (with its provider installed): the datasets this stage read and the one it wrote."""
-        from airflow.providers.common.compat.openlineage.facet import Dataset
-        from airflow.providers.openlineage.extractors import OperatorLineage
+        """OpenLineage (with its provider installed): the datasets this stage read and the one it wrote.
 
-        from airflow_provider_speculative.control.lineage import lineage_of_stage
+        A committed output carries its schema and output statistics, as in a try that ends in the triggerer.
+        """
+        from airflow_provider_speculative.control.lineage_events import operator_lineage
         from airflow_provider_speculative.settings import store_root
 
-        inputs, outputs = lineage_of_stage(store_root(stage_config(self.graph, self.stage)), task_instance.dag_id,
-                                           task_instance.run_id, self.graph.store_key(self.stage), self.sink)
-        return OperatorLineage(inputs=[Dataset(namespace=d.namespace, name=d.name) for d in inputs],
-                               outputs=[Dataset(namespace=d.namespace, name=d.name) for d in outputs])
+        return operator_lineage(store_root(stage_config(self.graph, self.stage)), task_instance.dag_id,
+                                task_instance.run_id, self.graph.store_key(self.stage), self.sink)
 
     def _publish_asset_event(self, context: Any, plan: StagePlan, record: dict[str, Any],
                              summary: Mapping[str, Any], sink_result: dict[str, Any] | None) -> None:
