@@ -42,7 +42,7 @@ from airflow_provider_speculative.exceptions import (
     UpstreamFailedError,
     UpstreamSkippedError,
 )
-from airflow_provider_speculative.hooks.targets import resolve_targets
+from airflow_provider_speculative.hooks.targets import connect_env_sync, resolve_targets
 from airflow_provider_speculative.settings import airflow_config, metadata_db_identity, store_root
 from airflow_provider_speculative.sinks.base import PlanContext, Sink
 from airflow_provider_speculative.store import journal as journals
@@ -86,6 +86,11 @@ class HybridWait:
 TargetResolver = Callable[[SpeculativeConfig, str, dict[str, str], str, str], dict[str, dict[str, Any]]]
 
 
+def airflow_connect_env(plan: StagePlan) -> dict[str, dict[str, str]]:
+    """The Connect targets' URLs (tokens included) from Airflow connections, to stop a replanned stage's attempts."""
+    return connect_env_sync(plan)
+
+
 def airflow_targets(config: SpeculativeConfig, application: str, spark_conf: dict[str, str], app_name: str,
                     where: str) -> dict[str, dict[str, Any]]:
     """Launch templates of the config's targets from their Airflow connections (the deployed path)."""
@@ -104,7 +109,8 @@ class StagePlanner:
     def __init__(self, graph: PipelineGraph, stage: str, *, sink: Sink | None, declared_sink: dict[str, Any] | None,
                  run: RunInfo, force_rerun: bool = False, logger: Any = None,
                  config: SpeculativeConfig | None = None, root: Path | None = None,
-                 targets: TargetResolver = airflow_targets, rendered: RenderedStage | None = None) -> None:
+                 targets: TargetResolver = airflow_targets, rendered: RenderedStage | None = None,
+                 target_env: Callable[[StagePlan], dict[str, dict[str, str]]] = airflow_connect_env) -> None:
         # The stage's templated fields as Airflow rendered them for this run, checked as at parse time.
         self.graph = render_stage(graph, stage, rendered) if rendered is not None else graph
         self.stage = stage
@@ -117,6 +123,8 @@ class StagePlanner:
         self.config: SpeculativeConfig = config if config is not None else stage_config(graph, stage)
         self.root = root if root is not None else store_root(self.config)
         self.targets = targets
+        # Resolves the secrets a Connect target needs to stop a previous plan's attempts (never stored).
+        self.target_env = target_env
         self.layout = self.layout_of(stage)
 
     def layout_of(self, stage: str) -> StageLayout:
@@ -316,7 +324,8 @@ class StagePlanner:
         force = self.force_rerun or bool(self.run.conf.get("speculative_force_rerun"))
         if force or (previous and previous.get("fingerprint") != plan["fingerprint"]):
             if previous:
-                kill_stage(previous, "full rerun forced" if force else "stage replanned")
+                kill_stage(previous, "full rerun forced" if force else "stage replanned",
+                           target_env=self.target_env(previous))
             wipe_stage_attempts(layout)
         elif previous:
             # A retried or cleared task reruns only subtasks without a valid committed result.

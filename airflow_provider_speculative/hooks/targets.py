@@ -160,6 +160,24 @@ async def connect_env(plan: StagePlan) -> dict[str, dict[str, str]]:
     return out
 
 
+def connect_env_sync(plan: StagePlan) -> dict[str, dict[str, str]]:
+    """:func:`connect_env` with synchronous lookups, skipping a connection that cannot be read or used.
+
+    For stopping a stage's attempts (replanning, a worker's kill): a target whose URL cannot be resolved
+    is still stopped, through the session recorded at launch (without the connection's token).
+    """
+    from airflow.sdk import BaseHook
+
+    out: dict[str, dict[str, str]] = {}
+    for name, spec in plan["targets"].items():
+        if spec["kind"] == "spark_connect":
+            try:
+                out[name] = {REMOTE_ENV: connect_url(BaseHook.get_connection(spec["conn_id"]))}
+            except Exception:
+                continue
+    return out
+
+
 async def target_connect_urls(targets: Iterable[Target]) -> dict[str, str]:
     """The server URL of every target whose connection is a usable ``spark_connect`` one; others left out.
 

@@ -238,3 +238,22 @@ def test_a_push_that_fails_does_not_hide_the_stage_failure_or_skip_its_task_stat
                                       "counts_by_cause": {"exit code 1": 1}})
     # Hybrid consumers go by the recorded task state: it is written before the push is tried.
     assert read_json(layout.task_state)["state"] == "failed"
+
+
+def test_a_replanned_stage_stops_its_connect_attempts_with_the_connections_token(
+        env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow_provider_speculative.control import planning
+
+    monkeypatch.setenv("AIRFLOW_CONN_SC", '{"conn_type": "spark_connect", "host": "127.0.0.1", "port": 15101, '
+                                          '"password": "the-token"}')
+    targets = [{"name": "a", "conn_id": "sc"}, {"name": "b", "conn_id": "sc"}]
+    kills: list[tuple[str, dict[str, Any]]] = []
+    monkeypatch.setattr(planning, "kill_stage", lambda plan, reason, **kw: kills.append((reason, kw)))
+    _execute(_operator(env, targets))
+    forced = {**_context(), "dag_run": SimpleNamespace(conf={"speculative_force_rerun": True})}
+    with pytest.raises(TaskDeferred):
+        _operator(env, targets).execute(forced)
+    ((reason, kwargs),) = kills
+    assert reason == "full rerun forced"
+    assert set(kwargs["target_env"]) == {"a", "b"}
+    assert all("the-token" in env["SPECULATIVE_SPARK_REMOTE"] for env in kwargs["target_env"].values())

@@ -366,3 +366,28 @@ def test_a_trigger_that_ends_the_task_pushes_the_application_ids(tmp_path: Path,
     assert isinstance(event, TaskSuccessEvent)
     assert event.xcoms["spark_app_ids"] == {"0": ["local-17", "local-18"]}
     assert event.xcoms["spark_admitted_app_ids"] == {"0": "local-18"}
+
+
+def test_on_kill_reaches_connect_targets_with_their_connections_secrets(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    _, plan_path = _decided_stage(tmp_path)
+    kills: list[dict[str, Any]] = []
+    monkeypatch.setattr(trigger_module, "kill_stage", lambda plan, reason, **kw: kills.append(kw))
+
+    async def resolved(plan: Any) -> dict[str, dict[str, str]]:
+        return {"local-a": {"R": "sc://a/;token=t"}}
+
+    monkeypatch.setattr(trigger_module, "connect_env", resolved)
+    trigger = StageControllerTrigger(plan_path=str(plan_path), deferred_at=0.0)
+    asyncio.run(trigger.on_kill())
+    assert kills[-1]["target_env"] == {"local-a": {"R": "sc://a/;token=t"}}  # not the recorded URL without token
+
+    async def missing(plan: Any) -> dict[str, dict[str, str]]:
+        raise LookupError("connection 'sc' not found")
+
+    monkeypatch.setattr(trigger_module, "connect_env", missing)
+    asyncio.run(trigger.on_kill())  # a connection that cannot be read does not stop the kill
+    assert kills[-1]["target_env"] == {} and len(kills) == 2
+    trigger._running = (trigger._plan(), {"SINK_DSN": "secret"}, {"local-a": {"R": "sc://run"}})
+    asyncio.run(trigger.on_kill())  # a running trigger's own secrets first
+    assert kills[-1] == {"extra_env": {"SINK_DSN": "secret"}, "target_env": {"local-a": {"R": "sc://run"}}}
