@@ -12,17 +12,22 @@ GAUGES = ("numSlowExecutionVertices", "numEffectiveSpeculativeExecutions")
 
 
 class StageMetrics:
-    """Gauges of one stage run, named ``speculative.<dag_id>.<stage>.<metric>`` and tagged dag_id/stage."""
+    """Gauges of one stage run, named ``speculative.<dag_id>.<task_id>.<metric>`` and tagged dag_id/stage/task_id.
 
-    def __init__(self, dag_id: str, stage: str) -> None:
-        self.tags = {"dag_id": dag_id, "stage": stage}
-        self.prefix = f"speculative.{dag_id}.{stage}"
+    Named by task id, not stage name: two pipelines compiled as TaskGroups may both have a stage ``scan``
+    (task ids ``east.scan`` and ``west.scan``), and their gauges must not overwrite each other.
+    """
+
+    def __init__(self, dag_id: str, stage: str, task_id: str | None = None) -> None:
+        task = task_id or stage
+        self.tags = {"dag_id": dag_id, "stage": stage, "task_id": task}
+        self.prefix = f"speculative.{dag_id}.{task}"
         self.last: dict[str, Any] = {}
 
     @classmethod
     def for_plan(cls, plan: StagePlan) -> StageMetrics:
         """The emitter of the stage run a plan describes."""
-        return cls(plan["dag_id"], plan["stage"])
+        return cls(plan["dag_id"], plan["stage"], plan.get("task_id"))
 
     def emit(self, summary: Mapping[str, Any], *, only_changed: bool = True) -> None:
         """Send the gauges found in ``summary`` (by default only those that changed since the last call)."""
