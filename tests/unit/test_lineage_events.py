@@ -342,3 +342,14 @@ def test_the_trigger_reports_exactly_what_ends_in_the_triggerer(
 
 async def _events(trigger: StageControllerTrigger) -> list[Any]:
     return [event async for event in trigger.run()]
+
+
+def test_a_stage_started_in_the_triggerer_names_its_declared_sinks_dataset() -> None:
+    from airflow_provider_speculative.triggers.stage import StageStartTrigger
+
+    sink = ParquetSink("/out/q1/{{ ds }}")
+    trigger = StageStartTrigger(graph={}, stage="aggregate", sink_class=sink.to_json()["class"],
+                                sink_args={"path": "/out/q1/2026-02-11"}, declared_sink=sink.describe())
+    declared = trigger._declared_sink()
+    assert isinstance(declared, ParquetSink) and declared.lineage_uri() == "file:///out/q1"
+    assert StageControllerTrigger(plan_path="p", deferred_at=0.0)._declared_sink() is None
