@@ -16,6 +16,13 @@ not a Flink task that lasts minutes:
   finished attempts read (column pruning): an attempt that reports the share of its
   input read projects its execution time as ``elapsed / share``; it is slow when the projection
   reaches the threshold and a fresh copy (start-up + the expected time) would end before it.
+
+And one to the per-byte normalisation: it raises a large split's threshold because its time is
+explained by its size. On a target that placement knows is slow (``core/speed.py``: at least
+``SLOW_FACTOR`` slower than the fastest, from this run, history or a speed check) the target explains
+the time, so an attempt there is held to the plain baseline, whatever its size. Otherwise the largest
+split on a slow node waits ``M`` times its own expected time before a copy starts, and the copy then
+needs that whole expected time again: the stage's last attempt.
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import math
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from operator import itemgetter
 from statistics import median
@@ -282,13 +289,15 @@ def find_slow(
     baseline: Baseline | None,
     now: float,
     input_bytes: dict[int, int] | None = None,
+    slow_targets: Collection[str] = frozenset(),
 ) -> list[Attempt]:
     """Return executing (not finished) attempts whose execution time is at or over the baseline.
 
     An attempt that reports progress is judged on its projected time (``elapsed / share``) once it has
-    run past the floor, if a fresh copy (start-up plus the expected time) would still end first.
+    run past the floor, if a fresh copy (start-up plus the expected time) would still end first. An
+    attempt on one of ``slow_targets`` is held to the plain baseline (no per-byte raise).
     """
-    return [a for a, _ in judge_slow(attempts, baseline, now, input_bytes)]
+    return [a for a, _ in judge_slow(attempts, baseline, now, input_bytes, slow_targets)]
 
 
 def judge_slow(
@@ -296,36 +305,42 @@ def judge_slow(
     baseline: Baseline | None,
     now: float,
     input_bytes: dict[int, int] | None = None,
+    slow_targets: Collection[str] = frozenset(),
 ) -> list[tuple[Attempt, str]]:
     """Like :func:`find_slow`, with the reason each attempt is slow (for the journal and the UI)."""
     if baseline is None:
         return []
     slow = []
     for attempt in attempts:
-        why = judge_one(attempt, baseline, now, input_bytes)
+        why = judge_one(attempt, baseline, now, input_bytes, attempt.target in slow_targets)
         if why is not None:
             slow.append((attempt, why))
     return slow
 
 
-def judge_one(attempt: Attempt, baseline: Baseline, now: float, input_bytes: dict[int, int] | None = None
-              ) -> str | None:
-    """Why one attempt is slow now (:func:`judge_slow`'s rule), or None if it is not."""
+def judge_one(attempt: Attempt, baseline: Baseline, now: float, input_bytes: dict[int, int] | None = None,
+              slow_target: bool = False) -> str | None:
+    """Why one attempt is slow now (:func:`judge_slow`'s rule), or None if it is not.
+
+    ``slow_target``: the attempt's target is known to be slow, so its size does not raise its threshold.
+    """
     if attempt.state not in _EXECUTING:
         return None
     size = (input_bytes or {}).get(attempt.subtask) or attempt.input_bytes
-    threshold = baseline.threshold(size)
+    sized = baseline.threshold(size)
+    threshold = baseline.seconds if slow_target else sized
     elapsed = attempt.execution_time(now)
     if elapsed >= threshold:
-        return f"ran {elapsed:.1f}s >= {threshold:.1f}s ({baseline.source} baseline)"
+        plain = "; its target is slow, so not per byte" if threshold < sized else ""
+        return f"ran {elapsed:.1f}s >= {threshold:.1f}s ({baseline.source} baseline{plain})"
     if elapsed < baseline.floor:
         return None
     share = progress_share(attempt, baseline.read_ratio)
     if share is None or share < MIN_PROGRESS:
         return None
     projected = elapsed / share
-    # The time a copy started now needs: its start-up and the work the baseline expects of it.
-    copy = (baseline.startup or 0.0) + threshold / max(1.0, baseline.factor)
+    # The time a copy started now needs: its start-up and the work the baseline expects of a split this size.
+    copy = (baseline.startup or 0.0) + sized / max(1.0, baseline.factor)
     if projected >= threshold and projected - elapsed > copy:
         return f"projected {projected:.1f}s from {share:.0%} read in {elapsed:.1f}s; a copy needs ~{copy:.1f}s"
     return None
@@ -355,7 +370,8 @@ class SlowWatch:
     could first be slow, computed from bounds a margin under the baseline's (the heaps are rebuilt only
     when the baseline leaves that margin), and only those past it are judged, with :func:`judge_one`
     itself, every step. :meth:`update` is told each subtask whose attempts changed, or that stopped being
-    a candidate.
+    a candidate. Attempts on a slow target (held to the plain baseline, see :func:`judge_one`) are judged
+    every step from the moment their target is called slow: their number is bounded by those targets' slots.
     """
 
     def __init__(self, input_bytes: dict[int, int] | None = None) -> None:
@@ -371,16 +387,23 @@ class SlowWatch:
         # the heaps are ordered by.
         self._bounds: tuple[float, float, float | None] = (0.0, 0.0, None)
         self._judged: dict[tuple[int, int], _Watched] = {}
-        # The last answer and its baseline and clock: a controller step often ticks twice at one clock.
-        self._last: tuple[Baseline, float, list[tuple[Attempt, str]]] | None = None
+        # Each target's watched attempts, and the slow targets of the last judge call.
+        self._on_target: dict[str, set[tuple[int, int]]] = {}
+        self._slow_targets: frozenset[str] = frozenset()
+        # The last answer, its baseline, clock and slow targets: a controller step often ticks twice at one clock.
+        self._last: tuple[Baseline, float, frozenset[str], list[tuple[Attempt, str]]] | None = None
 
     def update(self, subtask: int, attempts: Iterable[Attempt]) -> None:
         """Replace ``subtask``'s candidates with its executing ``attempts`` (none once it is admitted)."""
         self._last = None
         for number in self._numbers.pop(subtask, ()):
             key = (subtask, number)
-            del self._entries[key]
+            target = self._entries.pop(key)[0].target
             self._judged.pop(key, None)
+            keys = self._on_target[target]
+            keys.discard(key)
+            if not keys:
+                del self._on_target[target]
         numbers = []
         for place, attempt in enumerate(attempts):
             if attempt.state not in _EXECUTING:
@@ -390,6 +413,7 @@ class SlowWatch:
             size = (self.input_bytes or {}).get(subtask) or attempt.input_bytes or 0
             watched = (attempt, place, start, size, raw_share(attempt))
             self._entries[key] = watched
+            self._on_target.setdefault(attempt.target, set()).add(key)
             numbers.append(attempt.number)
             self._wait(key, watched)
         if numbers:
@@ -400,7 +424,7 @@ class SlowWatch:
     def _wait(self, key: tuple[int, int], watched: _Watched) -> None:
         """Queue an attempt by when it could first be slow (or judge it every step if that is unknown)."""
         attempt, _, start, size, share = watched
-        if start is None:
+        if start is None or attempt.target in self._slow_targets:
             self._judged[key] = watched
             return
         self._pushed += 1
@@ -421,13 +445,21 @@ class SlowWatch:
         known = self._entries.get(entry[2])
         return known is not None and known[0] is entry[3] and entry[2] not in self._judged
 
-    def judge(self, baseline: Baseline | None, now: float) -> list[tuple[Attempt, str]]:
-        """``judge_slow`` of every candidate, in subtask order and each subtask's attempt order."""
+    def judge(self, baseline: Baseline | None, now: float, slow_targets: Collection[str] = frozenset()
+              ) -> list[tuple[Attempt, str]]:
+        """``judge_slow`` of every candidate (``slow_targets`` as there), in subtask and attempt order."""
         if baseline is None:
             return []
+        slow_targets = frozenset(slow_targets)
         last = self._last
-        if last is not None and last[0] is baseline and last[1] == now:
-            return list(last[2])
+        if last is not None and last[0] is baseline and last[1] == now and last[2] == slow_targets:
+            return list(last[3])
+        if slow_targets != self._slow_targets:
+            for target in slow_targets - self._slow_targets:
+                for key in self._on_target.get(target, ()):
+                    self._judged[key] = self._entries[key]
+            # Attempts on a target no longer slow stay judged until the next rebuild: judging is exact anyway.
+            self._slow_targets = slow_targets
         seconds, per_byte = baseline.seconds, baseline.per_byte if baseline.per_byte is not None else 0.0
         ratio = baseline.read_ratio or None
         low, high, least_ratio = self._bounds
@@ -450,10 +482,10 @@ class SlowWatch:
                     self._judged[entry[2]] = self._entries[entry[2]]
         slow = []
         for key, (attempt, place, *_) in self._judged.items():
-            why = judge_one(attempt, baseline, now, self.input_bytes)
+            why = judge_one(attempt, baseline, now, self.input_bytes, attempt.target in slow_targets)
             if why is not None:
                 slow.append((key[0], place, attempt, why))
         slow.sort(key=itemgetter(0, 1))
         judged = [(attempt, why) for _, _, attempt, why in slow]
-        self._last = (baseline, now, judged)
+        self._last = (baseline, now, slow_targets, judged)
         return list(judged)

@@ -719,7 +719,8 @@ class StageScheduler:
             candidate = subtask not in self.admitted and subtask not in self.reused
             watch.update(subtask, self.attempts.get(subtask, {}).values() if candidate else ())
         self._watch_pending = set()
-        return watch.judge(self.baseline, now)
+        # The last placement round's speeds: a target it calls slow explains its attempts' time (core/detector.py).
+        return watch.judge(self.baseline, now, self.speeds.slow_targets if self.speeds is not None else frozenset())
 
     def _observe_speeds(self, now: float) -> Speeds:
         """``observe`` of every attempt, from the speed view brought up to date with the subtasks that changed."""

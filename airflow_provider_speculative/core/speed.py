@@ -30,6 +30,7 @@ target's attempts end or overrun.
 from __future__ import annotations
 
 import bisect
+import functools
 import heapq
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -70,6 +71,11 @@ class Speeds:
     def is_slow(self, target: str) -> bool:
         """Clearly slower than the fastest target (not noise)."""
         return self.of(target) >= SLOW_FACTOR
+
+    @functools.cached_property
+    def slow_targets(self) -> frozenset[str]:
+        """Every target :meth:`is_slow` calls slow (computed once: a Speeds is never changed)."""
+        return frozenset(t for t, factor in self.slowness.items() if factor >= SLOW_FACTOR)
 
 
 def _per_byte(attempt: Attempt, input_bytes: Mapping[int, int], now: float) -> float | None:

@@ -123,8 +123,9 @@ def test_a_full_cluster_step_costs_targets_not_waiting_subtasks_times_targets(ca
 
 
 def _reference_judge(attempts: list[Attempt], baseline: Baseline | None, now: float,
-                     input_bytes: dict[int, int]) -> list[tuple[Attempt, str]]:
-    """judge_slow as it was: every executing attempt judged again."""
+                     input_bytes: dict[int, int], slow_targets: frozenset[str] = frozenset()
+                     ) -> list[tuple[Attempt, str]]:
+    """judge_slow as it was: every executing attempt judged again (on a slow target, against the plain seconds)."""
     if baseline is None:
         return []
     slow = []
@@ -132,10 +133,12 @@ def _reference_judge(attempts: list[Attempt], baseline: Baseline | None, now: fl
         if attempt.state not in (AttemptState.DEPLOYING, AttemptState.INITIALIZING, AttemptState.RUNNING):
             continue
         size = input_bytes.get(attempt.subtask) or attempt.input_bytes
-        threshold = baseline.threshold(size)
+        sized = baseline.threshold(size)
+        threshold = baseline.seconds if attempt.target in slow_targets else sized
         elapsed = attempt.execution_time(now)
         if elapsed >= threshold:
-            slow.append((attempt, f"ran {elapsed:.1f}s >= {threshold:.1f}s ({baseline.source} baseline)"))
+            plain = "; its target is slow, so not per byte" if threshold < sized else ""
+            slow.append((attempt, f"ran {elapsed:.1f}s >= {threshold:.1f}s ({baseline.source} baseline{plain})"))
             continue
         if elapsed < baseline.floor:
             continue
@@ -143,7 +146,7 @@ def _reference_judge(attempts: list[Attempt], baseline: Baseline | None, now: fl
         if share is None or share < MIN_PROGRESS:
             continue
         projected = elapsed / share
-        copy = (baseline.startup or 0.0) + threshold / max(1.0, baseline.factor)
+        copy = (baseline.startup or 0.0) + sized / max(1.0, baseline.factor)
         if projected >= threshold and projected - elapsed > copy:
             slow.append((attempt, f"projected {projected:.1f}s from {share:.0%} read in {elapsed:.1f}s; "
                                   f"a copy needs ~{copy:.1f}s"))
@@ -317,7 +320,8 @@ class _Reference(_Recording):
     def _judge(self, now: float) -> list[tuple[Attempt, str]]:
         candidates = [a for subtask, per in self.attempts.items()
                       if subtask not in self.admitted and subtask not in self.reused for a in per.values()]
-        return _reference_judge(candidates, self.baseline, now, self.input_bytes)
+        slow = frozenset(t for t, f in (self.speeds.slowness if self.speeds else {}).items() if f >= SLOW_FACTOR)
+        return _reference_judge(candidates, self.baseline, now, self.input_bytes, slow)
 
     def _observe_speeds(self, now: float) -> Speeds:
         return _reference_observe(self.all_attempts(), self.input_bytes, now, self.target_history,
