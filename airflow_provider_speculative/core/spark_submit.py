@@ -69,6 +69,10 @@ REFUSED_ARGUMENTS: dict[str, str] = {
 
 # The first application argument of a stage whose application is the unmodified-application wrapper.
 WRAPPER_MARK = "--speculative-unmodified"
+# Rendered per task try into the wrapper's arguments, so the plan's fingerprint differs per try: a retried or
+# cleared task runs the application again (its output is the application's own, the store cannot tell whether
+# it is intact), while a triggerer taking over within the same try finds the same plan and keeps the attempt.
+TRY_TEMPLATE = "{{ ti.try_number }}"
 TEMPLATE_START = "{{"
 
 
@@ -80,6 +84,8 @@ class UnmodifiedApplication:
     java_class: str | None
     name: str | None
     args: tuple[str, ...]
+    # The task try that planned it (rendered from TRY_TEMPLATE).
+    task_try: str | None = None
 
 
 def where_of(task_id: str) -> str:
@@ -190,9 +196,10 @@ def check_name(task_id: str, name: Any) -> str | None:
     return name
 
 
-def wrapper_args(application: str, java_class: str | None, name: str | None, args: Sequence[str]) -> list[str]:
+def wrapper_args(application: str, java_class: str | None, name: str | None, args: Sequence[str],
+                 task_try: str = TRY_TEMPLATE) -> list[str]:
     """The stage's application arguments that tell the wrapper what to run (decoded by :func:`parse_wrapper_args`)."""
-    out = [WRAPPER_MARK, "--application", application]
+    out = [WRAPPER_MARK, "--try", task_try, "--application", application]
     if java_class is not None:
         out += ["--java-class", java_class]
     if name is not None:
@@ -211,11 +218,12 @@ def parse_wrapper_args(args: Sequence[str]) -> UnmodifiedApplication:
     if len(head) % 2:
         raise ValueError(f"malformed wrapper arguments {head!r}")
     options = dict(zip(head[::2], head[1::2], strict=True))
-    unknown = set(options) - {"--application", "--java-class", "--name"}
+    unknown = set(options) - {"--try", "--application", "--java-class", "--name"}
     if unknown or "--application" not in options:
         raise ValueError(f"malformed wrapper arguments {head!r}")
     return UnmodifiedApplication(application=options["--application"], java_class=options.get("--java-class"),
-                                 name=options.get("--name"), args=tuple(items[end + 1:]))
+                                 name=options.get("--name"), args=tuple(items[end + 1:]),
+                                 task_try=options.get("--try"))
 
 
 def connection_targets(task_id: str, conn_id: Any, targets: Sequence[Target]) -> list[dict[str, Any]]:

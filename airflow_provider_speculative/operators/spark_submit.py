@@ -11,6 +11,7 @@ from airflow_provider_speculative.core.graph import ExchangeSpec, RenderedStage,
 from airflow_provider_speculative.core.spark_submit import (
     CONF_OF_ARGUMENT,
     REFUSED_ARGUMENTS,
+    TRY_TEMPLATE,
     check_application,
     check_application_args,
     check_name,
@@ -62,7 +63,9 @@ class SpeculativeSparkSubmitOperator(SparkStageOperator):
     (``retries``, ``execution_timeout``, ``pool``, ``outlets``, ``commit_in_triggerer``, ...).
     """
 
-    template_fields: tuple[str, ...] = (*SparkStageOperator.template_fields, "name")  # type: ignore[assignment]
+    # ``task_try`` renders to the task's try number: each try plans afresh (core/spark_submit.py TRY_TEMPLATE).
+    template_fields: tuple[str, ...] = (*SparkStageOperator.template_fields, "name",  # type: ignore[assignment]
+                                        "task_try")
     ui_color = "#f0c080"
 
     def __init__(self, *, task_id: str, application: str = "", application_args: list[Any] | None = None,
@@ -125,6 +128,7 @@ class SpeculativeSparkSubmitOperator(SparkStageOperator):
         self.name = app_name
         self.application = application
         self.application_args = args
+        self.task_try = TRY_TEMPLATE
 
     def _rendered_stage(self) -> RenderedStage:
         """The stage's fields from the rendered arguments: the wrapper runs an unmodified application."""
@@ -133,8 +137,9 @@ class SpeculativeSparkSubmitOperator(SparkStageOperator):
         check_application(self.task_id, self.application, self.java_class, split=False)
         name = check_name(self.task_id, self.name)
         args = check_application_args(self.task_id, self.application_args)
-        return RenderedStage.rendered(wrapper_application(), wrapper_args(self.application, self.java_class, name,
-                                                                          args), self.spark_conf, self.source_paths)
+        return RenderedStage.rendered(wrapper_application(),
+                                      wrapper_args(self.application, self.java_class, name, args, str(self.task_try)),
+                                      self.spark_conf, self.source_paths)
 
 
 def _stage_config(task_id: str, conn_id: Any, overrides: Any, split: bool,

@@ -185,6 +185,10 @@ def run_java_main(spark: Any, java_class: str, args: list[str]) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """Run one attempt of an unmodified application: refuse copies, open the session, run it, commit no output."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    if sys.path and os.path.abspath(sys.path[0] or ".") == here:
+        # Run as a script, this package directory leads sys.path: its module names must not shadow the application's.
+        sys.path.pop(0)
     attempt = UnmodifiedAttempt.from_argv(argv)
     assert isinstance(attempt, UnmodifiedAttempt)
     try:

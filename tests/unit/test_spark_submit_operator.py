@@ -70,7 +70,8 @@ def test_the_main_arguments_map_onto_one_unspeculated_subtask_of_the_wrapper(env
     stage = op.graph.stages["job"]
     assert stage.application == wrapper_application() and stage.parallelism == 1 and not stage.inputs
     assert parse_wrapper_args(stage.application_args) == unmodified.UnmodifiedApplication(
-        application=str(app), java_class=None, name="nightly", args=("--day", "2026-01-01"))
+        application=str(app), java_class=None, name="nightly", args=("--day", "2026-01-01"),
+        task_try="{{ ti.try_number }}")
     assert op.spark_conf == {
         "spark.sql.shuffle.partitions": "4", "spark.driver.memory": "1g",  # the argument wins over conf
         "spark.files": "/etc/a.txt", "spark.submit.pyFiles": "/lib/a.zip,/lib/b.py", "spark.jars": "/jars/x.jar",
@@ -92,7 +93,8 @@ def test_a_jar_main_class_is_added_to_the_driver_jars(env: Path) -> None:
                                         jars="/jars/dep.jar", application_args=["a", 1])
     assert op.spark_conf["spark.jars"] == "/apps/etl.jar,/jars/dep.jar"
     assert parse_wrapper_args(op.graph.stages["jar"].application_args) == unmodified.UnmodifiedApplication(
-        application="/apps/etl.jar", java_class="com.acme.Etl", name=None, args=("a", "1"))
+        application="/apps/etl.jar", java_class="com.acme.Etl", name=None, args=("a", "1"),
+        task_try="{{ ti.try_number }}")
 
 
 def test_the_rendered_arguments_are_what_the_wrapper_runs(env: Path) -> None:
@@ -100,12 +102,34 @@ def test_the_rendered_arguments_are_what_the_wrapper_runs(env: Path) -> None:
     op = SpeculativeSparkSubmitOperator(task_id="job", application=str(env / "{{ params.app }}"),
                                         application_args=["--day", "{{ ds }}"], name="n-{{ ds }}",
                                         conf={"spark.app.tag": "t-{{ ds_nodash }}"})
-    context = {"ds": "2026-01-01", "ds_nodash": "20260101", "params": {"app": app.name}}
+    context = {"ds": "2026-01-01", "ds_nodash": "20260101", "params": {"app": app.name}, "ti": FakeTI(3)}
     op.render_template_fields(context)  # what Airflow does on a worker before execute
     plan = _plan(op)
     assert parse_wrapper_args(plan["application_args"]) == unmodified.UnmodifiedApplication(
-        application=str(app), java_class=None, name="n-2026-01-01", args=("--day", "2026-01-01"))
+        application=str(app), java_class=None, name="n-2026-01-01", args=("--day", "2026-01-01"), task_try="3")
     assert "spark.app.tag=t-20260101" in plan["targets"]["local-a"]["command"]
+
+
+def test_each_task_try_runs_the_application_again_and_a_replan_of_the_same_try_keeps_it(env: Path) -> None:
+    app = _script(env, "print('hi')\n")
+
+    def planned(try_number: int) -> tuple[dict[str, Any], StageLayout]:
+        op = SpeculativeSparkSubmitOperator(task_id="job", application=str(app))
+        op.render_template_fields({"ti": FakeTI(try_number)})
+        plan = _plan(op)
+        return plan, StageLayout.of_plan(plan)  # type: ignore[arg-type]
+
+    first, layout = planned(1)
+    atomic_write_json(layout.claim(0, 0), {"target": "local-a", "created_at": 1.0})
+    layout.attempt_dir(0, 0).mkdir(parents=True, exist_ok=True)
+    atomic_write_json(layout.manifest(0, 0), {"version": 1, "files": [], "bytes": 0})
+    atomic_write_json(layout.admitted(0), {"attempt": 0, "at": 1.0})
+
+    again, _ = planned(1)  # the same try planned again (a triggerer taking the stage over): the attempt stays
+    assert again["fingerprint"] == first["fingerprint"] and read_json(layout.admitted(0)) is not None
+    retried, _ = planned(2)  # a retry or a clear: the application runs again, nothing of try 1 is reused
+    assert retried["fingerprint"] != first["fingerprint"]
+    assert read_json(layout.admitted(0)) is None and not layout.attempt_dir(0, 0).exists()
 
 
 def test_conn_id_chooses_the_deployment_targets_on_that_connection_or_one_of_its_own() -> None:
