@@ -66,7 +66,9 @@ def test_the_main_arguments_map_onto_one_unspeculated_subtask_of_the_wrapper(env
     assert (op.application, op.application_args, op.name, op.retries) == \
         (str(app), ["--day", "2026-01-01"], "nightly", 2)
     assert {"application", "application_args", "spark_conf", "name"} <= set(op.template_fields)
-    assert op.start_from_trigger  # deferrable from the start: planned, run and committed in the triggerer
+    # Deferrable from the start: planned, run and committed by the stage's start trigger, whose on_kill and
+    # deadline stop the spark-submit (control/kill.py) as for every stage.
+    assert op.start_from_trigger and op.start_trigger_args.trigger_cls.endswith(".StageStartTrigger")
     stage = op.graph.stages["job"]
     assert stage.application == wrapper_application() and stage.parallelism == 1 and not stage.inputs
     assert parse_wrapper_args(stage.application_args) == unmodified.UnmodifiedApplication(
