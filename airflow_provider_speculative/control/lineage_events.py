@@ -43,8 +43,8 @@ from airflow_provider_speculative.store.results import read_committed
 
 log = logging.getLogger(__name__)
 
-# Seconds the trigger waits for its events to be sent; past it the stage ends without waiting longer.
-EMIT_TIMEOUT = 10.0
+# Seconds the trigger waits for its events before it ends the task; a slower send goes on in its thread.
+EMIT_TIMEOUT = 5.0
 # A failure to emit is logged with at most this many characters of its message.
 LOGGED_ERROR_LIMIT = 300
 

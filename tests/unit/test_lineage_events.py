@@ -236,6 +236,9 @@ def test_a_slow_backend_holds_the_trigger_no_longer_than_the_timeout(
         assert entered.is_set() and waited < 5  # the transport still hangs: the trigger went on without it
     finally:
         release.set()
+        for thread in threading.enumerate():  # the send finishes once released: not left to another test
+            if thread.name == "openlineage-emit":
+                thread.join(10)
 
 
 def test_disabled_or_missing_openlineage_sends_nothing_and_injects_no_parent(
