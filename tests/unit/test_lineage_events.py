@@ -241,13 +241,25 @@ def test_a_slow_backend_holds_the_trigger_no_longer_than_the_timeout(
                 thread.join(10)
 
 
-def test_disabled_or_missing_openlineage_sends_nothing_and_injects_no_parent(
+def test_disabled_or_turned_off_openlineage_sends_nothing_and_injects_no_parent(
         committed_run: tuple[dict[str, Any], dict[str, Any]], monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow.providers.openlineage import conf as ol_conf
+
     scan, _ = committed_run
-    monkeypatch.setattr(ol_hooks, "openlineage_adapter", lambda plan: None)
-    monkeypatch.setattr(lineage_events, "openlineage_adapter", lambda plan: None)
-    assert emit_task_end(scan, _end()) == []
+    monkeypatch.setattr(ol_conf, "spark_inject_parent_job_info", lambda: True)
+    monkeypatch.setattr(ol_conf, "spark_inject_transport_info", lambda: False)
+    monkeypatch.setattr(ol_conf, "is_disabled", lambda: False)
+    run_id, _ = _ids(scan)
+    assert ol_hooks.openlineage_spark_conf(scan)["spark.openlineage.parentRunId"] == run_id  # type: ignore[arg-type]
+    # An emission policy that turns the task's events off: no events, so no parent that would never report.
+    monkeypatch.setattr(ol_hooks, "_task_events_emitted", lambda dag_id, task_id: False)
+    assert ol_hooks.openlineage_adapter(scan) is None  # type: ignore[arg-type]
     assert ol_hooks.openlineage_spark_conf(scan) == {}  # type: ignore[arg-type]
+    assert emit_task_end(scan, _end()) == []
+    monkeypatch.setattr(ol_hooks, "_task_events_emitted", lambda dag_id, task_id: True)
+    monkeypatch.setattr(ol_conf, "is_disabled", lambda: True)
+    assert ol_hooks.openlineage_spark_conf(scan) == {}  # type: ignore[arg-type]
+    assert emit_task_end(scan, _end()) == []
 
 
 def test_the_emission_policy_turns_a_tasks_events_and_parent_off(monkeypatch: pytest.MonkeyPatch) -> None:
