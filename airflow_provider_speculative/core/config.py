@@ -564,8 +564,11 @@ class SpeculativeConfig:
         1.5, "Baseline = median execution time of the earliest finishers times this (>= 1).",
         lambda m: m >= 1, "must be >= 1", manual="M (>= 1)")
     normalize_by_input_bytes: bool = _bool_option(
-        True, "Compare execution time per input byte when input sizes are known.",
-        manual="also compare execution time per input byte (see above)")
+        True, "Compare execution time per input byte when input sizes are known (not on a target known to be "
+              "slow).",
+        manual="also compare execution time per input byte, so a larger split earns more time; not for an attempt "
+               "on a target known to be slow, which is held to the plain baseline (see [Speculative "
+               "execution](running.md#speculative-execution-flip-168))")
     max_failures_per_subtask: int = _int_option(
         3, "Failed attempts a subtask may have before the stage fails (>= 0).", 0,
         manual="failed attempts a subtask may have before the stage fails with every attempt's cause (a lost input "
