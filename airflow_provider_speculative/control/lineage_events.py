@@ -109,7 +109,7 @@ def _output(dataset: LineageDataset, stats: OutputStats | None) -> Any:
 
 def emit_task_end(plan: StagePlan, end: TaskEnd, *, sink: Sink | None = None, adapter: Any | None = None,
                   logger: Any = log) -> list[str]:
-    """Emit the events :meth:`TaskEnd.events` gives through Airflow's adapter; the types sent. Never raises.
+    """Emit the events :meth:`TaskEnd.events` gives through Airflow's adapter; the types emitted. Never raises.
 
     ``sink`` is the stage's declared sink (its dataset is the one its asset names); ``adapter`` is Airflow's
     ``OpenLineageAdapter`` for this task, by default the process's one (None when disabled: nothing sent).
@@ -127,7 +127,7 @@ def emit_task_end(plan: StagePlan, end: TaskEnd, *, sink: Sink | None = None, ad
                        error_text(str(exc), LOGGED_ERROR_LIMIT))
         return []
     if sent:
-        logger.info("stage %s: OpenLineage %s sent (this task try ended in the triggerer)", plan.get("stage"),
+        logger.info("stage %s: OpenLineage %s emitted (this task try ended in the triggerer)", plan.get("stage"),
                     " and ".join(sent))
     return sent
 
