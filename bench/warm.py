@@ -461,6 +461,10 @@ def main() -> int:
         pool.stop()
         if s3 is not None:
             s3.stop()
+        # Scenario f's PostgreSQL server (tests/services.py starts one per process on first use).
+        from tests import services
+
+        services.stop_all()
     print(report(results))
     print(f"\nresults: {results_dir / 'results.json'}")
     return 0
