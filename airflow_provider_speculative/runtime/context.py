@@ -217,7 +217,7 @@ class StageContext:
             values = list(self._remote_progress.values())
             progress.update(tasks_done=sum(v[0] for v in values), tasks_total=sum(v[1] for v in values),
                             bytes_read=sum(v[2] for v in values))
-        elif self._spark is not None and not self._remote:
+        elif self._spark is not None and not self._remote and _running_context(self._spark) is not None:
             tracker = self._spark.sparkContext.statusTracker()
             done = total = 0
             for stage_id in tracker.getActiveStageIds():
@@ -393,6 +393,15 @@ EXCHANGE_WRITE_OPTIONS = {"parquet.enable.dictionary": "false"}
 
 _FULL_MESSAGES = ("No space left on device", "Disk quota exceeded")
 _DENIED_MESSAGES = ("Permission denied", "Read-only file system", "Mkdirs failed to create")
+
+
+def _running_context(spark: Any) -> Any:
+    """The session's SparkContext, or None once stopped (an unmodified script's ``spark.stop()``).
+
+    Then the heartbeat keeps the session's app id and start-up time without the live task counts.
+    """
+    sc = spark.sparkContext
+    return sc if sc is not None and getattr(sc, "_jsc", None) is not None else None
 
 
 def executor_hosts(sc: Any) -> list[str]:

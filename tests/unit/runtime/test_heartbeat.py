@@ -25,3 +25,17 @@ def test_waiting_for_input_is_accounted_in_every_beat(tmp_path: Path, monkeypatc
     clock.now = 260.0
     beat.set_phase("RUNNING")
     assert read_json(path)["input_wait"] == 110.0
+
+
+def test_progress_after_the_application_stopped_its_session_keeps_the_app_id() -> None:
+    from types import SimpleNamespace
+
+    from airflow_provider_speculative.runtime.context import StageContext
+
+    # An unmodified script's spark.stop() leaves a session without a context.
+    for stopped in (SimpleNamespace(_jsc=None), None):
+        attempt = SimpleNamespace(input_bytes=0, _session_info={"app_id": "local-1", "session_ready_at": 1.0},
+                                  _inputs=SimpleNamespace(reads={}), _remote=False, _remote_progress={},
+                                  _spark=SimpleNamespace(sparkContext=stopped))
+        progress = StageContext._progress(attempt)  # type: ignore[arg-type]
+        assert progress["app_id"] == "local-1" and "tasks_done" not in progress
