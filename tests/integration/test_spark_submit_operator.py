@@ -7,6 +7,7 @@ attempt, that attempt's manifest lists no file, and the script's own output equa
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pendulum
@@ -22,27 +23,12 @@ pytestmark = [pytest.mark.spark, pytest.mark.timeout(600)]
 
 STORE = Path(TEST_ENV["AIRFLOW__SPECULATIVE__STORE_PATH"])
 DAY = pendulum.datetime(2026, 6, 1, tz="UTC")
-DAG_FILE = '''
-import pendulum
-from airflow.sdk import DAG
-
-from airflow_provider_speculative import SpeculativeSparkSubmitOperator
-
-with DAG("unmodified_q1", schedule=None, start_date=pendulum.datetime(2026, 1, 1, tz="UTC")):
-    SpeculativeSparkSubmitOperator(
-        task_id="q1", application={app!r}, application_args=[{data!r}, {output!r} + "/{{{{ ds }}}}"],
-        conf={{"spark.sql.shuffle.partitions": "4"}}, name="plain-q1-{{{{ ds }}}}", driver_memory="512m",
-        speculative_config={{"check_interval": "500ms"}})
-'''
 
 
-def test_an_unmodified_script_runs_once_and_writes_its_own_output(airflow_db, tpch_data, tmp_path):
-    output = tmp_path / "out"
-    dags = tmp_path / "dags"
-    dags.mkdir()
-    (dags / "unmodified_q1.py").write_text(DAG_FILE.format(app=str(HERE / "apps" / "plain_q1.py"),
-                                                           data=str(tpch_data), output=str(output)))
-    dag = load_dag("unmodified_q1", dags)
+def test_an_unmodified_script_runs_once_and_writes_its_own_output(airflow_db, tpch_data):
+    output = Path(TEST_ENV["SPECULATIVE_EXAMPLE_OUTPUT"]) / "unmodified_q1"
+    shutil.rmtree(output, ignore_errors=True)
+    dag = load_dag("unmodified_q1", HERE / "dags")
     run = dag.test(logical_date=DAY)
     assert run.state == "success"
     assert {ti.task_id: ti.state for ti in run.get_task_instances()} == {"q1": "success"}
