@@ -1,5 +1,6 @@
 """OpenLineage over HTTP into a local receiver: one START and one terminal event per stage task try, whichever
-process ends it, and every parent run id injected into the attempts is a run that reports.
+process ends it, naming what each stage read and wrote, and every parent run id injected into the attempts
+is a run that reports.
 
 Two runs of a two-stage Q1 (scan -> aggregate with a Parquet sink), each stage task reported by exactly one
 of two reporters: Airflow's OpenLineage listener (worker runs; its events carry the ``airflow`` run facet)
@@ -161,9 +162,18 @@ def test_worker_path_airflows_listener_reports_every_stage_and_the_provider_noth
         # on the worker (and may reschedule a consumer picked before its producer), all under one run id.
         run_id = check_reported_once(tasks, task, starts=None)
         assert attempt_parents(run_dir, task) == {run_id}, f"{task}: an attempt's parent never reported"
+    # Each COMPLETE names what the stage read and wrote: the scan its source and its exchange, the aggregate
+    # the exchange, the source it came from (the sink's event carries the lineage end to end) and the sink's
+    # dataset, the one its Airflow asset names.
+    def names(event: dict[str, Any], side: str) -> set[tuple[str, str]]:
+        return {(d["namespace"], d["name"]) for d in event[side]}
+
+    source, exchange = ("file", str(DATA)), ("speculative", "small_q1/scan")
     (complete,) = [e for e in tasks["scan"] if e["eventType"] == "COMPLETE"]
-    assert {(d["namespace"], d["name"]) for d in complete["inputs"]} == {("file", str(DATA))}
+    assert names(complete, "inputs") == {source} and names(complete, "outputs") == {exchange}
     (complete,) = [e for e in tasks["aggregate"] if e["eventType"] == "COMPLETE"]
+    assert names(complete, "inputs") == {source, exchange}
+    assert names(complete, "outputs") == {("file", str(Path(TEST_ENV["SPECULATIVE_EXAMPLE_OUTPUT"]) / "small_q1"))}
     (output,) = complete["outputs"]
     assert output["outputFacets"]["outputStatistics"]["rowCount"] == 4  # Q1: four groups, from the manifests
     assert {f["name"] for f in output["facets"]["schema"]["fields"]} >= {"l_returnflag", "l_linestatus"}
