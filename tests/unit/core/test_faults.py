@@ -41,7 +41,8 @@ def test_the_json_form_round_trips() -> None:
     ("value", "message"),
     [
         ("{not json", r"SPECULATIVE_FAULT_INJECTION = '\{not json' \(env\): invalid JSON"),
-        ('{"targets": {"a": {"factor": 0.5}}}', r"SPECULATIVE_FAULT_INJECTION.targets.a.factor = 0.5 \(env\): must be >= 1"),
+        ('{"targets": {"a": {"factor": 0.5}}}', r"SPECULATIVE_FAULT_INJECTION.targets.a.factor = 0.5 \(env\): "
+                                                r"must be >= 1"),
         ('{"targets": {"a": {"delay": "soon"}}}', r"SPECULATIVE_FAULT_INJECTION.targets.a.delay = 'soon' \(env\): "
                                                   r"expected a duration"),
         ('{"targets": ["a"]}', r"SPECULATIVE_FAULT_INJECTION.targets = \['a'\] \(env\): expected an object"),
