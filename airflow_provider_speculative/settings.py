@@ -9,10 +9,12 @@ from pathlib import Path
 from typing import Any
 
 from airflow_provider_speculative.core.config import (
+    NOT_OPTIONS,
     OPTIONS,
     SECTION,
     SpeculativeConfig,
     host_default_targets,
+    not_an_option_error,
     store_root_path,
     unknown_options,
 )
@@ -53,6 +55,11 @@ def warn_unknown_options(conf: Any) -> list[str]:
 def airflow_config() -> SpeculativeConfig:
     """The section's values as Airflow sees them (airflow.cfg, AIRFLOW__SPECULATIVE__* env, defaults)."""
     conf = airflow_conf()
+    not_options = sorted(set(section_keys(conf)) & set(NOT_OPTIONS))
+    if not_options:
+        # A warning would let a test switch do nothing unnoticed: refuse it, saying what to use instead.
+        name = not_options[0]
+        raise not_an_option_error(name, f"airflow.cfg or AIRFLOW__{SECTION.upper()}__{name.upper()}")
     warn_unknown_options(conf)
     values = {o.name: conf.get(SECTION, o.name) for o in OPTIONS if conf.has_option(SECTION, o.name)}
     config = SpeculativeConfig().with_overrides(values, "airflow configuration")

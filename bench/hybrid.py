@@ -47,6 +47,7 @@ from airflow_provider_speculative.core.graph import (  # noqa: E402
     SourceSpec,
     StageSpec,
 )
+from airflow_provider_speculative.devtools.faults import injected  # noqa: E402
 from airflow_provider_speculative.devtools.localcluster import LocalCluster, free_base_port  # noqa: E402
 from airflow_provider_speculative.devtools.runner import plan_connect_stage, run_stages, write_plan  # noqa: E402
 from airflow_provider_speculative.hooks.targets import REMOTE_ENV  # noqa: E402
@@ -77,19 +78,22 @@ def graph(mode: str) -> PipelineGraph:
     return result
 
 
-def config(servers: dict[str, str], slots: int, slow: bool, factor: float) -> SpeculativeConfig:
-    """Speculation off (this measures the exchange); the slow node is target connect-1."""
+def config(servers: dict[str, str], slots: int) -> SpeculativeConfig:
+    """Speculation off (this measures the exchange)."""
     overrides: dict[str, Any] = {"check_interval": "250ms",
                                  "targets": [{"name": n, "conn_id": n, "slots": slots} for n in servers]}
-    if slow:
-        overrides["fault_injection"] = {"targets": {"connect-1": {"factor": factor}}}
     return SpeculativeConfig().with_overrides(overrides, "bench")
+
+
+def faults(slow: bool, factor: float) -> dict[str, dict[str, Any]]:
+    """The fault injection of a scenario: with the slow node, every attempt on target connect-1."""
+    return {"bench_hybrid/*": {"targets": {"connect-1": {"factor": factor}}}} if slow else {}
 
 
 def run_scenario(name: str, root: Path, servers: dict[str, str], slots: int, factor: float) -> dict[str, Any]:
     """One run of the pipeline; returns its makespan and per-stage spans."""
     mode, condition = name.split("-")
-    g, cfg = graph(mode), config(servers, slots, condition == "slow", factor)
+    g, cfg = graph(mode), config(servers, slots)
     env = {n: {REMOTE_ENV: url} for n, url in servers.items()}
     run_id = f"{name}-{time.time_ns()}"
     start = time.time()
@@ -99,12 +103,13 @@ def run_scenario(name: str, root: Path, servers: dict[str, str], slots: int, fac
         write_plan(planned)  # a hybrid consumer plans on its producer's written plan
         return planned
 
-    if mode == "hybrid":
-        run_stages([plan("filter"), plan("partial")], target_env=env)
-    else:
-        run_stages([plan("filter")], target_env=env)
-        run_stages([plan("partial")], target_env=env)
-    run_stages([plan("aggregate")], target_env=env)
+    with injected(faults(condition == "slow", factor)):
+        if mode == "hybrid":
+            run_stages([plan("filter"), plan("partial")], target_env=env)
+        else:
+            run_stages([plan("filter")], target_env=env)
+            run_stages([plan("partial")], target_env=env)
+        run_stages([plan("aggregate")], target_env=env)
     makespan = time.time() - start
     spans = {}
     for stage in ("filter", "partial", "aggregate"):

@@ -130,7 +130,8 @@ def scenario_env(scenario: str, run_dir: Path, data: Path, count: int, slots: in
     for name, value in SPECULATIVE_OPTIONS.items():
         env[f"AIRFLOW__SPECULATIVE__{name.upper()}"] = value
     if spec["slow"]:
-        env["AIRFLOW__SPECULATIVE__FAULT_INJECTION"] = json.dumps({"targets": {SLOW_TARGET: {"factor": SLOW_FACTOR}}})
+        # Fault injection (CONTRIBUTING.md, "Injecting faults"): every stage's attempts on SLOW_TARGET.
+        env["SPECULATIVE_FAULT_INJECTION"] = json.dumps({"targets": {SLOW_TARGET: {"factor": SLOW_FACTOR}}})
     return env
 
 

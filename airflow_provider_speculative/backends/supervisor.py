@@ -19,7 +19,8 @@ from typing import Any
 
 from airflow_provider_speculative.backends import warmstart
 from airflow_provider_speculative.backends.identity import start_ticks
-from airflow_provider_speculative.core.contract import EXIT_NODE_LOST, HOLD_END_ENV, LAUNCHED_AT_ENV, STORE_EXIT_CAUSES
+from airflow_provider_speculative.core.contract import EXIT_NODE_LOST, LAUNCHED_AT_ENV, STORE_EXIT_CAUSES
+from airflow_provider_speculative.core.faults import current as current_faults
 from airflow_provider_speculative.store import changes
 from airflow_provider_speculative.store.files import atomic_write_json, read_json, wait_for_file
 from airflow_provider_speculative.store.layout import CANCEL_FILE, FAILURE_FILE
@@ -117,7 +118,7 @@ def main(argv: list[str] | None = None, warm: bool = False) -> int:
         status["child_pid"] = child.pid
         _record(args.status, status)
         code = _wait(child, args.status, status, cancelled)
-    hold = os.environ.get(HOLD_END_ENV)
+    hold = current_faults().hold_end_release
     if hold and code == 0 and cancelled["signal"] is None and read_json(args.manifest) is not None:
         _hold_end(hold, args.status, status, cancelled)
     status.update(end_at=time.time(), exit_code=code)

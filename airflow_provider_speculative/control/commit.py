@@ -116,7 +116,7 @@ def commit_summary(stage: str, layout: StageLayout, sink_result: dict[str, Any] 
 
 
 def hold_after_commit(layout: StageLayout, timeout: float = 900.0) -> None:
-    """Fault injection ``hold_commit``: record the hold, then wait (bounded) until a test releases it."""
+    """Fault injection ``hold_commit`` (core/faults.py): record the hold, wait (bounded) until a test releases it."""
     held, release = layout.commit_hold()
     atomic_write_json(held, {"pid": os.getpid(), "at": time.time()})
     wait_for_file(release, timeout, 0.1)

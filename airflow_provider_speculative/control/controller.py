@@ -31,9 +31,11 @@ from airflow_provider_speculative.control.slotledger import SlotLedger
 from airflow_provider_speculative.control.speedcheck import CHECK_TIMEOUT, check_needed, check_speeds
 from airflow_provider_speculative.control.summary import stage_summary
 from airflow_provider_speculative.core.config import SpeculativeConfig
-from airflow_provider_speculative.core.contract import HOLD_END_ENV, REMOTE_ENV
+from airflow_provider_speculative.core.contract import REMOTE_ENV
 from airflow_provider_speculative.core.events import Event
 from airflow_provider_speculative.core.failover import input_readers
+from airflow_provider_speculative.core.faults import Faults
+from airflow_provider_speculative.core.faults import current as current_faults
 from airflow_provider_speculative.core.hybrid import hybrid_edges
 from airflow_provider_speculative.core.messages import (
     Action,
@@ -115,8 +117,12 @@ class StageController:
                  target_env: dict[str, dict[str, str]] | None = None,
                  backends: dict[str, Backend] | None = None, observer: Backend | None = None,
                  watcher: TargetWatcher | None = None,
-                 speed_check: Callable[[str], float] | None = None) -> None:
-        """Hold the plan and what it implies in memory; reads no store and no network (:meth:`open` does)."""
+                 speed_check: Callable[[str], float] | None = None, faults: Faults | None = None) -> None:
+        """Hold the plan and what it implies in memory; reads no store and no network (:meth:`open` does).
+
+        ``faults``: the fault-injection hook (core/faults.py); by default this process's, which injects nothing
+        unless a test set ``SPECULATIVE_FAULT_INJECTION``.
+        """
         self.plan = plan
         # Secrets for the attempts (a sink's DSN, a Connect server's URL with its token): passed at
         # launch, never written to the store.
@@ -127,6 +133,8 @@ class StageController:
         self.speed_check = speed_check
         self.layout = StageLayout.of_plan(plan)
         self.config = SpeculativeConfig.from_json(plan["config"])
+        self.faults = (faults if faults is not None else current_faults()).of_stage(self.layout.dag_id,
+                                                                                     self.layout.stage)
         self.journal = Journal(self.layout.journal, clock)
         # One backend per target (its kind was resolved from the target's connection at plan time);
         # the observer reads any attempt the same way (targets of an older plan, unknown ones).
@@ -142,7 +150,7 @@ class StageController:
             upstreams={name: (info["parallelism"], info["deterministic"])
                        for name, info in (plan.get("upstream_info") or {}).items()},
             label=f"pipeline {plan['dag_id']}, stage {plan['stage']}",
-            hybrid=hybrid_edges(plan))
+            hybrid=hybrid_edges(plan), faults=self.faults)
         # FLIP-159: slots belong to the target and are claimed in the store by every stage using it.
         self.slots = SlotLedger(self.layout, self.config, self.journal)
         self.watcher = watcher if watcher is not None else TargetWatcher(
@@ -170,9 +178,9 @@ class StageController:
              extra_env: dict[str, str] | None = None, target_env: dict[str, dict[str, str]] | None = None,
              backends: dict[str, Backend] | None = None, observer: Backend | None = None,
              watcher: TargetWatcher | None = None,
-             speed_check: Callable[[str], float] | None = None) -> StageController:
+             speed_check: Callable[[str], float] | None = None, faults: Faults | None = None) -> StageController:
         """A controller ready to step: speed records read (checked if needed), probes claimed, state restored."""
-        controller = cls(plan, clock, extra_env, target_env, backends, observer, watcher, speed_check)
+        controller = cls(plan, clock, extra_env, target_env, backends, observer, watcher, speed_check, faults)
         controller._open()
         return controller
 
@@ -518,9 +526,7 @@ class StageController:
             return self.scheduler.handle(ClaimLost(self.observer.poll(action.subtask, action.attempt, now)))
         command = attempt_command(self.plan, self.layout, action.subtask, action.attempt, target.name)
         env = {**(self.plan["targets"][target.name].get("env") or {}), **self.target_env.get(target.name, {}),
-               **self.extra_env}
-        if self.config.fault_injection.hold_end:
-            env[HOLD_END_ENV] = str(self.layout.barrier_release(action.subtask))
+               **self.extra_env, **self.faults.attempt_env(str(self.layout.barrier_release(action.subtask)))}
         try:
             # YARN and Kubernetes submissions are kept off the nodes blocked now (backends/spark_submit.py).
             backend.launch(LaunchSpec(action.subtask, action.attempt, target.name, target.node_label,

@@ -23,6 +23,7 @@ from airflow_provider_speculative.control.kill import kill_stage
 from airflow_provider_speculative.control.sources import application_path, list_sources, source_root
 from airflow_provider_speculative.core.config import SpeculativeConfig
 from airflow_provider_speculative.core.events import Event
+from airflow_provider_speculative.core.faults import current as current_faults
 from airflow_provider_speculative.core.graph import ExchangeSpec, PipelineGraph, RenderedStage, SourceSpec, render_stage
 from airflow_provider_speculative.core.hybrid import (
     PRODUCER_FAILED_STATES,
@@ -296,7 +297,11 @@ class StagePlanner:
             declared=self.declared_sink))
 
     def decide(self, hybrid: dict[str, dict[str, Any]]) -> StagePlan:
-        """Decide the plan from sources and committed upstreams (checks included); writes nothing."""
+        """Decide the plan from sources and committed upstreams (checks included); writes nothing.
+
+        Faults a test injects into this stage (core/faults.py) must name its targets: checked here, where the
+        targets are first known.
+        """
         spec = self.graph.stages[self.stage]
         application = self.application()
         source_files = list_sources(spec, self.where, self.config.s3_conn_id)
@@ -304,7 +309,7 @@ class StagePlanner:
         # A hybrid producer is planned on its plan (always, so a retry plans the same ranges), others on commits.
         upstream = {name: hybrid[name] if name in hybrid else read_committed(self.layout_of(name))
                     for name in self.graph.upstreams(self.stage)}
-        return plan_stage(
+        plan = plan_stage(
             self.graph, self.stage, self.config, source_files=source_files, upstream_committed=upstream,
             sink=self.sink.to_json() if self.sink is not None else None,
             speculation_blocker=self.speculation_blocker(),
@@ -315,6 +320,8 @@ class StagePlanner:
                      **({"store_prefix": self.graph.store_prefix} if self.graph.store_prefix else {}),
                      "targets": self.targets(self.config, application, spec.spark_conf,
                                              f"{self.run.dag_id}.{self.layout.stage}", self.where)})
+        current_faults().of_stage(self.run.dag_id, self.layout.stage).check_targets(plan["targets"], self.where)
+        return plan
 
     def plan(self, hybrid: dict[str, dict[str, Any]]) -> StagePlan:
         """Decide the plan, reconcile it with a previous plan of this stage run, write plan.json."""

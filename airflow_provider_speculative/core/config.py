@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from typing import Any, TypeVar
 
+from airflow_provider_speculative.core.contract import FAULTS_ENV
 from airflow_provider_speculative.exceptions import ConfigError
 
 SECTION = "speculative"
@@ -58,55 +59,6 @@ def host_default_targets(cores: int) -> tuple[Target, ...]:
     """
     slots = max(1, cores // 2)
     return tuple(Target(name=t.name, conn_id=t.conn_id, slots=slots, conf=dict(t.conf)) for t in DEFAULT_TARGETS)
-
-
-@dataclass(frozen=True)
-class FaultSpec:
-    """An injected slowdown: the attempt takes ``factor`` times as long plus ``delay`` seconds, or fails."""
-
-    factor: float = 1.0
-    delay: float = 0.0
-    fail: bool = False
-
-    @property
-    def active(self) -> bool:
-        """True if this spec changes anything."""
-        return self.factor != 1.0 or self.delay != 0.0 or self.fail
-
-
-@dataclass(frozen=True)
-class FaultInjection:
-    """Test and demo fault injection: slow targets and chosen attempts. Empty means off."""
-
-    targets: dict[str, FaultSpec] = field(default_factory=dict)
-    attempts: dict[tuple[int, int], FaultSpec] = field(default_factory=dict)
-    # Subtasks treated as slow from the start, so concurrent attempts exist deterministically.
-    force_speculation: frozenset[int] = frozenset()
-    # Attempts hold their manifest until <stage dir>/barrier.release.<subtask> exists: finishes land together.
-    barrier: bool = False
-    # Supervisors of attempts that succeeded hold their FINISHED record until that same release file
-    # exists: the controller, which wakes on each record, sees two attempts end together.
-    hold_end: bool = False
-    # A trigger that committed a stage holds its TaskSuccessEvent until <stage dir>/commit.release exists
-    # (it writes commit.held first): a test can kill the triggerer between the commit and the event.
-    hold_commit: bool = False
-
-    def for_attempt(self, target: str, subtask: int, attempt: int) -> FaultSpec:
-        """Return the fault applied to one attempt; a per-attempt rule wins over a target rule."""
-        return self.attempts.get((subtask, attempt)) or self.targets.get(target) or FaultSpec()
-
-    def to_json(self) -> dict[str, Any]:
-        """Serialise to the documented JSON form."""
-        return {
-            "targets": {name: asdict(spec) for name, spec in self.targets.items()},
-            "attempts": [
-                {"subtask": s, "attempt": a, **asdict(spec)} for (s, a), spec in self.attempts.items()
-            ],
-            "force_speculation": sorted(self.force_speculation),
-            "barrier": self.barrier,
-            "hold_end": self.hold_end,
-            "hold_commit": self.hold_commit,
-        }
 
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|sec|secs|seconds?|m|min|mins|minutes?|h|hours?|d|days?)?\s*$")
@@ -277,53 +229,6 @@ def _master_ui(name: str, value: Any, where: str, auto: bool) -> str | None:
     if url.scheme not in ("http", "https") or not url.netloc:
         raise _bad(name, value, where, "expected an http(s) URL of the master's web UI, e.g. 'http://master:8080'")
     return str(value).rstrip("/")
-
-
-def _fault_spec(name: str, raw: Any, where: str) -> FaultSpec:
-    if not isinstance(raw, dict):
-        raise _bad(name, raw, where, "expected an object with factor, delay or fail")
-    unknown = set(raw) - {"factor", "delay", "fail", "subtask", "attempt"}
-    if unknown:
-        raise _bad(name, raw, where, f"unknown keys {sorted(unknown)}")
-    factor = _float(f"{name}.factor", raw.get("factor", 1.0), where)
-    if factor < 1.0:
-        raise _bad(f"{name}.factor", factor, where, "must be >= 1")
-    return FaultSpec(factor=factor, delay=_duration(f"{name}.delay", raw.get("delay", 0), where),
-                     fail=_bool(f"{name}.fail", raw.get("fail", False), where))
-
-
-def _faults(name: str, value: Any, where: str) -> FaultInjection:
-    if isinstance(value, FaultInjection):
-        return value
-    raw = _json(name, value, where)
-    if not raw:
-        return FaultInjection()
-    if not isinstance(raw, dict) or set(raw) - {"targets", "attempts", "force_speculation", "barrier",
-                                                 "hold_end", "hold_commit"}:
-        raise _bad(name, value, where, "expected {targets: {...}, attempts: [...], force_speculation: [...], "
-                                       "barrier: bool, hold_end: bool, hold_commit: bool}")
-    if not isinstance(raw.get("targets") or {}, dict):
-        raise _bad(f"{name}.targets", raw.get("targets"), where,
-                   "expected an object {target name: {factor, delay, fail}}")
-    if not isinstance(raw.get("attempts") or [], list | tuple):
-        raise _bad(f"{name}.attempts", raw.get("attempts"), where, "expected a list of {subtask, attempt, ...}")
-    targets = {str(t): _fault_spec(f"{name}.targets.{t}", spec, where)
-               for t, spec in (raw.get("targets") or {}).items()}
-    attempts = {}
-    for item in raw.get("attempts") or []:
-        if not isinstance(item, dict) or "subtask" not in item:
-            raise _bad(name, item, where, "each attempts entry needs 'subtask' (and optionally 'attempt')")
-        key = (_int(f"{name}.subtask", item["subtask"], where, 0),
-               _int(f"{name}.attempt", item.get("attempt", 0), where, 0))
-        attempts[key] = _fault_spec(f"{name}.attempts", item, where)
-    forced = raw.get("force_speculation") or []
-    if not isinstance(forced, list | tuple):
-        raise _bad(f"{name}.force_speculation", forced, where, "expected a list of subtask indexes")
-    return FaultInjection(targets=targets, attempts=attempts,
-                          force_speculation=frozenset(_int(f"{name}.force_speculation", i, where, 0) for i in forced),
-                          barrier=_bool(f"{name}.barrier", raw.get("barrier", False), where),
-                          hold_end=_bool(f"{name}.hold_end", raw.get("hold_end", False), where),
-                          hold_commit=_bool(f"{name}.hold_commit", raw.get("hold_commit", False), where))
 
 
 # Store roots other helpers may add later (hdfs://, s3://) need an object-store layer first: see docs/store.md.
@@ -685,14 +590,6 @@ class SpeculativeConfig:
         manual='JSON list of `{name, conn_id, slots, node, conf}` (`slots` a number, or `"auto"` with `master_ui`); '
                "see below. Unset, Airflow gets two local targets `local-a`, `local-b` on `spark_default` with one "
                "slot per host core between them (`max(1, cores // 2)` each, the cores this process may run on)")
-    fault_injection: FaultInjection = field(default_factory=FaultInjection, metadata=_spec(
-        _faults,
-        "JSON: {targets: {name: {factor, delay, fail}}, attempts: [{subtask, attempt, ...}], force_speculation: "
-        "[subtask, ...], barrier: bool, hold_end: bool, hold_commit: bool}. Tests and demos only; off when empty.",
-        default_string="", readme_default="off",
-        manual='JSON `{"targets": {name: {factor, delay, fail}}, "attempts": [{subtask, attempt, factor, delay, '
-               'fail}], "force_speculation": [subtask, ...], "barrier": bool, "hold_end": bool, "hold_commit": '
-               "bool}`"))
 
     def with_overrides(self, overrides: dict[str, Any] | None, where: str) -> SpeculativeConfig:
         """Return a copy with ``overrides`` applied; ``where`` names the source in error messages."""
@@ -705,13 +602,12 @@ class SpeculativeConfig:
         """Serialise to plain JSON types (for plan.json and trigger kwargs)."""
         out = {f.name: getattr(self, f.name) for f in fields(self)}
         out["targets"] = [asdict(t) for t in self.targets]
-        out["fault_injection"] = self.fault_injection.to_json()
         return out
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> SpeculativeConfig:
-        """Inverse of ``to_json``."""
-        return cls().with_overrides(data, "plan")
+        """Inverse of ``to_json``; a name of :data:`NOT_OPTIONS` a plan carries is ignored (it configures nothing)."""
+        return cls().with_overrides({k: v for k, v in data.items() if k not in NOT_OPTIONS}, "plan")
 
 
 def options_of(config_class: type[Any]) -> tuple[Option, ...]:
@@ -740,8 +636,22 @@ OPTION_BY_NAME: dict[str, Option] = {o.name: o for o in OPTIONS}
 OPTION_DOCS: dict[str, str] = {o.name: o.doc for o in OPTIONS}
 
 
+# Names a DAG or airflow.cfg may set that are not options, and what to use instead: setting one is an error.
+NOT_OPTIONS: dict[str, str] = {
+    "fault_injection": f"fault injection is a test facility, not an option: set the environment variable "
+                       f"{FAULTS_ENV} of the processes under test instead (CONTRIBUTING.md, \"Injecting faults\")",
+}
+
+
+def not_an_option_error(name: str, where: str) -> ConfigError:
+    """The error for setting a name of :data:`NOT_OPTIONS`, naming it and saying what to use instead."""
+    return ConfigError(f"[{SECTION}] {name} ({where}): {NOT_OPTIONS[name]}")
+
+
 def parse_option(name: str, value: Any, where: str) -> Any:
     """Parse and validate one option value, raising :class:`ConfigError` naming it."""
+    if name in NOT_OPTIONS:
+        raise not_an_option_error(name, where)
     option = OPTION_BY_NAME.get(name)
     if option is None:
         raise ConfigError(f"[{SECTION}] unknown option {name!r} ({where}); known options: {', '.join(OPTION_BY_NAME)}")
@@ -749,8 +659,8 @@ def parse_option(name: str, value: Any, where: str) -> Any:
 
 
 def unknown_options(names: Any) -> list[str]:
-    """The names in ``names`` that are not ``[speculative]`` options (misspellings), sorted."""
-    return sorted(str(n) for n in names if str(n) not in OPTION_BY_NAME)
+    """The names in ``names`` that are neither options nor in :data:`NOT_OPTIONS` (misspellings), sorted."""
+    return sorted(str(n) for n in names if str(n) not in OPTION_BY_NAME and str(n) not in NOT_OPTIONS)
 
 
 def options_table() -> str:

@@ -22,5 +22,7 @@ REMOTE_ENV = "SPECULATIVE_SPARK_REMOTE"
 EXTRA_CONF_ENV = "SPECULATIVE_EXTRA_SPARK_CONF"
 # When the controller asked for the launch (epoch seconds): fault injection scales the elapsed time from it.
 LAUNCHED_AT_ENV = "SPECULATIVE_LAUNCHED_AT"
+# Fault injection (core/faults.py): the faults of a test, read by every process that runs a stage.
+FAULTS_ENV = "SPECULATIVE_FAULT_INJECTION"
 # Fault injection hold_end: the release file whose existence lets a successful end be recorded.
 HOLD_END_ENV = "SPECULATIVE_HOLD_END"

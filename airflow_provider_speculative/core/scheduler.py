@@ -22,6 +22,7 @@ from airflow_provider_speculative.core.blocklist import Blocklist
 from airflow_provider_speculative.core.config import SpeculativeConfig, Target
 from airflow_provider_speculative.core.detector import Baseline, BaselineView, SlowWatch
 from airflow_provider_speculative.core.failover import InputReaders
+from airflow_provider_speculative.core.faults import NO_FAULTS, FaultInjection
 from airflow_provider_speculative.core.hybrid import (
     HybridEdge,
     consumer_slots,
@@ -113,6 +114,8 @@ class StageScheduler:
     upstreams: dict[str, tuple[int, bool]] = field(default_factory=dict)
     # Hybrid inputs (FLIP-235) by input name; empty for a stage whose exchanges are all blocking.
     hybrid: dict[str, HybridEdge] = field(default_factory=dict)
+    # The fault hook's answer for this stage (core/faults.py): none in production.
+    faults: FaultInjection = NO_FAULTS
 
     attempts: dict[int, dict[int, Attempt]] = field(default_factory=dict)
     admitted: dict[int, int] = field(default_factory=dict)
@@ -672,7 +675,7 @@ class StageScheduler:
             # Admitted attempts never change, so the baseline only moves when admissions do: no re-sort per tick.
             self._baseline_version = self._admit_version
             self.baseline = self._compute_baseline()
-        forced = self.config.fault_injection.force_speculation
+        forced = self.faults.force_speculation
         if self.baseline is None and not forced:
             self.slow_subtasks = frozenset()  # nothing can be slow before the baseline exists
             return []

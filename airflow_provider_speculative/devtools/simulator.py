@@ -1052,8 +1052,6 @@ def whatif(root: Any, dag_id: str, run_id: str, overrides: Mapping[str, str] | N
     parsed = check_overrides(overrides or {})
     stages = read_run(root, dag_id, run_id)
     scenario, config = scenario_from_run(stages, f"{dag_id}/{run_id}")
-    # Injected faults are part of what was measured (the slow target's speed), not injected again.
-    config = replace(config, fault_injection=SpeculativeConfig().fault_injection)
     recorded = Policy("recorded", source="the run's own plan.json configuration")
     predicted = Simulator(scenario, recorded, config=config).run()
     other = Simulator(scenario, recorded, config=config, overrides=parsed).run()

@@ -157,7 +157,7 @@ def _stage_config(task_id: str, conn_id: Any, overrides: Any, split: bool,
     if speculation is not None and not isinstance(speculation, bool):
         raise refuse(task_id, "speculation", f"must be True or False, got {speculation!r}")
     if not split:
-        if speculation or config.get("enabled") or config.get("fault_injection"):
+        if speculation or config.get("enabled"):
             argument = "speculation" if speculation else "speculative_config"
             raise refuse(task_id, argument, "an unmodified application writes its own output, so two copies of "
                          "it would write twice: speculation is impossible for it (pass inputs and a sink, with a "

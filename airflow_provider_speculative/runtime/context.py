@@ -28,6 +28,7 @@ from airflow_provider_speculative.core.contract import (
     EXIT_STORE_NOT_WRITABLE,
 )
 from airflow_provider_speculative.core.copartition import key_cast
+from airflow_provider_speculative.core.faults import current as current_faults
 from airflow_provider_speculative.core.plan import StagePlan, load_plan
 from airflow_provider_speculative.exceptions import StoreError, StoreFullError, StoreNotWritableError
 from airflow_provider_speculative.runtime.faults import inject_faults
@@ -382,7 +383,8 @@ class StageContext:
         return Sink.from_json(sink_json).create_writer(context)
 
     def _inject_faults(self) -> None:
-        inject_faults(self.config, self.target, self.subtask, self.attempt, self._heartbeat, self.layout,
+        faults = current_faults().of_stage(self.layout.dag_id, self.layout.stage)
+        inject_faults(faults, self.target, self.subtask, self.attempt, self._heartbeat, self.layout,
                       lambda: self._node_lost)
 
 

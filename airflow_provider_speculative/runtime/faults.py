@@ -1,8 +1,9 @@
 """Fault injection inside an attempt (tests and demos only): slow it down, fail it, or hold it at a barrier.
 
-What to inject comes from the ``fault_injection`` option (``core/config.py``); this module applies it
-after the attempt wrote its output and before its manifest, so an injected slow-down stands for work
-on the node: losing the node during it loses the attempt. No benchmark's claim rests on it alone.
+What to inject is the fault hook's answer for the attempt's stage (``core/faults.py``: nothing in
+production); this module applies it after the attempt wrote its output and before its manifest, so an
+injected slow-down stands for work on the node: losing the node during it loses the attempt. No
+benchmark's claim rests on it alone.
 """
 
 from __future__ import annotations
@@ -12,23 +13,23 @@ import sys
 import time
 from collections.abc import Callable
 
-from airflow_provider_speculative.core.config import FaultSpec, SpeculativeConfig
 from airflow_provider_speculative.core.contract import LAUNCHED_AT_ENV
+from airflow_provider_speculative.core.faults import FaultInjection, FaultSpec
 from airflow_provider_speculative.runtime.heartbeat import Heartbeat
 from airflow_provider_speculative.store.files import wait_for_file
 from airflow_provider_speculative.store.layout import StageLayout
 
 
-def inject_faults(config: SpeculativeConfig, target: str, subtask: int, attempt: int, heartbeat: Heartbeat,
+def inject_faults(faults: FaultInjection, target: str, subtask: int, attempt: int, heartbeat: Heartbeat,
                   layout: StageLayout, node_lost: Callable[[], BaseException | None]) -> None:
-    """Apply the configured faults of this attempt; raise what a lost node or an injected failure raises."""
-    if config.fault_injection.barrier:
+    """Apply the stage's injected faults to this attempt; raise what a lost node or an injected failure raises."""
+    if faults.barrier:
         wait_at_barrier(layout, subtask, heartbeat)
-    fault: FaultSpec = config.fault_injection.for_attempt(target, subtask, attempt)
+    fault: FaultSpec = faults.for_attempt(target, subtask, attempt)
     if not fault.active:
         return
     if fault.fail:
-        raise RuntimeError(f"injected failure (fault_injection) for subtask {subtask} attempt {attempt}")
+        raise RuntimeError(f"injected failure (fault injection) for subtask {subtask} attempt {attempt}")
     launched = float(os.environ.get(LAUNCHED_AT_ENV) or heartbeat.started_at)
     # A node `factor` times slower would have taken factor times the elapsed time so far.
     extra = (fault.factor - 1.0) * (time.time() - launched) + fault.delay

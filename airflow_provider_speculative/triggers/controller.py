@@ -140,7 +140,7 @@ class StageControllerTrigger(BaseTrigger):
                 return
             publish = bool((self.commit or {}).get("publish"))
             recorded = publish and await self._record_asset_events(controller, result)
-            if controller.config.fault_injection.hold_commit:
+            if controller.faults.hold_commit:
                 # After the commit and the asset events, before the event that ends the task: the window a
                 # killed triggerer leaves to its successor.
                 await asyncio.to_thread(hold_after_commit, controller.layout)

@@ -21,10 +21,12 @@ import pendulum
 import pytest
 
 from airflow_provider_speculative.control.readmodel import run_report
+from airflow_provider_speculative.devtools.faults import injected
 from airflow_provider_speculative.devtools.localcluster import application_id
 from airflow_provider_speculative.store.files import read_json, read_jsonl
 from airflow_provider_speculative.store.layout import StageLayout
 from tests.conftest import TEST_ENV
+from tests.integration.dag_faults import CONNECT_CANCEL
 from tests.integration.q1 import assert_q1_equal, duckdb_q1, read_q1_output
 from tests.integration.q3 import duckdb_q3, q3_difference, read_q3_output
 from tests.integration.spark_helpers import HERE, group_processes, load_dag, wait_for
@@ -120,7 +122,8 @@ def test_q1_on_connect_equals_spark_submit(airflow_db, tpch_data, connect_pool):
 
 
 def test_losing_attempt_is_stopped_on_the_server(airflow_db, tpch_data, connect_pool):
-    run = load_dag("connect_cancel", HERE / "dags").test(logical_date=pendulum.datetime(2026, 5, 2, tz="UTC"))
+    with injected(CONNECT_CANCEL):  # a copy at once: the original is the loser
+        run = load_dag("connect_cancel", HERE / "dags").test(logical_date=pendulum.datetime(2026, 5, 2, tz="UTC"))
     assert run.state == "success"
     layout = StageLayout(STORE, "connect_cancel", run.run_id, "count")
     report = run_report(STORE, "connect_cancel", run.run_id)

@@ -14,9 +14,11 @@ import pytest
 
 from airflow_provider_speculative.control.controller import StageController
 from airflow_provider_speculative.core.config import SpeculativeConfig
+from airflow_provider_speculative.core.faults import parse_faults
 from airflow_provider_speculative.core.graph import PipelineGraph, SourceSpec, StageSpec
 from airflow_provider_speculative.core.plan import plan_stage
 from airflow_provider_speculative.core.states import AttemptState
+from airflow_provider_speculative.devtools.faults import injected
 from airflow_provider_speculative.store.files import atomic_write_json, read_json, read_jsonl
 from airflow_provider_speculative.store.layout import StageLayout
 from airflow_provider_speculative.triggers.controller import StageControllerTrigger
@@ -26,6 +28,8 @@ pytestmark = [pytest.mark.spark, pytest.mark.timeout(600)]
 
 APP = Path(__file__).resolve().parents[2] / "dags" / "apps" / "q1_scan.py"
 SPARK_SUBMIT = str(Path(sys.executable).parent / "spark-submit")
+# Every attempt sleeps 5 minutes after writing (fault injection): only a kill can end it early.
+SLEEP_AFTER_WRITE = {"targets": {"local-a": {"delay": "300s"}, "local-b": {"delay": "300s"}}}
 
 
 def write_plan(tmp_path: Path, tpch_data: Path, config: dict) -> dict:
@@ -53,10 +57,8 @@ def running(controller: StageController) -> bool:
 
 
 def test_cancel_and_on_kill_leave_no_spark_driver(tmp_path, tpch_data):
-    # Every attempt sleeps 5 minutes after writing: only a kill can end it early.
-    plan = write_plan(tmp_path, tpch_data, {"fault_injection": {"targets": {
-        "local-a": {"delay": "300s"}, "local-b": {"delay": "300s"}}}})
-    controller = StageController.open(plan)
+    plan = write_plan(tmp_path, tpch_data, {})
+    controller = StageController.open(plan, faults=parse_faults(SLEEP_AFTER_WRITE))
     wait_for(lambda: running(controller), 180, "both attempts RUNNING")
     layout = controller.layout
     pgids = {s: read_json(layout.status(s, 0))["pgid"] for s in (0, 1)}
@@ -91,8 +93,7 @@ async def _both_running(layout: StageLayout, timeout: float = 180) -> dict[int, 
 def test_an_execution_timeout_stops_every_attempt(tmp_path, tpch_data, how):
     # Airflow cancels a timed-out trigger without calling on_kill: the trigger stops the attempts itself,
     # whether its own loop sees the deadline first or Airflow's cancellation comes first (cleanup()).
-    plan = write_plan(tmp_path, tpch_data, {"fault_injection": {"targets": {
-        "local-a": {"delay": "300s"}, "local-b": {"delay": "300s"}}}})
+    plan = write_plan(tmp_path, tpch_data, {})
     layout = StageLayout(Path(plan["store_root"]), "t", "r1", "scan")
     trigger = StageControllerTrigger(plan_path=str(layout.plan), deferred_at=time.time())
     trigger.timeout_after = datetime.datetime.now(datetime.UTC) + datetime.timedelta(hours=1)
@@ -111,7 +112,8 @@ def test_an_execution_timeout_stops_every_attempt(tmp_path, tpch_data, how):
             return pgids, None
         return pgids, await asyncio.wait_for(first, 120)
 
-    pgids, event = asyncio.run(scenario())
+    with injected({"t/scan": SLEEP_AFTER_WRITE}):  # the trigger builds its controller in this process
+        pgids, event = asyncio.run(scenario())
     assert all(group_processes(pgid) == [] for pgid in pgids.values()), "an attempt outlived the timeout"
     assert processes_mentioning(str(layout.dir)) == []
     assert any(e["event"] == "killed_all" and e["reason"] == "execution_timeout" and e["left"] == []

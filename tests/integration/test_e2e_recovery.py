@@ -38,6 +38,7 @@ from urllib.parse import quote
 import psutil
 import pytest
 
+from airflow_provider_speculative.devtools.faults import fault_env
 from airflow_provider_speculative.store.layout import StageLayout
 from tests.integration.airflow_cluster import (
     LINEITEM,
@@ -48,6 +49,7 @@ from tests.integration.airflow_cluster import (
     processes_mentioning,
     wait_until,
 )
+from tests.integration.dag_faults import E2E_Q1
 from tests.integration.q1 import Q1Result, assert_q1_equal, duckdb_q1, output_decimal_scales, read_q1_output
 from tests.processes import group_processes
 
@@ -109,6 +111,8 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
         "AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_THRESHOLD": "15",
         "AIRFLOW__SCHEDULER__ORPHANED_TASKS_CHECK_INTERVAL": "15",
         "SPECULATIVE_E2E_CONTROL": str(control),
+        # Every component and attempt of the deployment injects the test DAGs' faults (barrier, hold_commit).
+        **fault_env(E2E_Q1),
     })
     started = time.monotonic()
     try:

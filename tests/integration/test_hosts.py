@@ -21,6 +21,7 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import json
+import os
 import subprocess
 import sys
 import urllib.request
@@ -31,6 +32,7 @@ from typing import Any
 import pytest
 
 from airflow_provider_speculative.control.readmodel import run_report
+from airflow_provider_speculative.devtools.faults import fault_env, injected
 from airflow_provider_speculative.devtools.localcluster import LocalCluster, ServerInfo
 from airflow_provider_speculative.devtools.runner import plan_connect_stage, run_stages, write_plan
 from airflow_provider_speculative.pipeline import Pipeline, all_to_all, parquet_source
@@ -102,13 +104,10 @@ def pool(host_pool: HostPool) -> ConnectPool:
     return host_pool.ready()
 
 
-def _q1_graph(data: Path, name: str, hold_on_h1: bool = True, parallelism: int = SCAN_PARALLELISM,
-              config: dict[str, Any] | None = None) -> Any:
+def _q1_graph(data: Path, name: str, parallelism: int = SCAN_PARALLELISM, config: dict[str, Any] | None = None) -> Any:
     pipeline = Pipeline(name, config=config, spark_conf={"spark.sql.shuffle.partitions": "2"})
-    # Attempts on h1 hold after writing their output: the fault lands while they run there.
-    hold = {"fault_injection": {"targets": {"h1": {"delay": HOLD_SECONDS}}}} if hold_on_h1 else {}
     scan = pipeline.stage("scan", application=str(APPS / "q1_scan.py"), parallelism=parallelism,
-                          inputs={"lineitem": parquet_source(str(data))}, config=hold)
+                          inputs={"lineitem": parquet_source(str(data))})
     pipeline.stage("aggregate", application=str(APPS / "q1_final.py"), parallelism=1,
                    inputs={"partials": all_to_all(scan, key=["l_returnflag", "l_linestatus"])})
     return pipeline.graph()
@@ -153,9 +152,10 @@ def _assert_one_output_per_subtask(layout: StageLayout) -> None:
 
 
 @contextlib.contextmanager
-def _running(pool: ConnectPool, graph: Any, root: Path) -> Iterator[concurrent.futures.Future[None]]:
-    """Run the pipeline in a thread while the body strikes; the body waits for (or checks) the future."""
-    with concurrent.futures.ThreadPoolExecutor(1) as executor:
+def _running(pool: ConnectPool, graph: Any, root: Path,
+             faults: dict[str, dict[str, Any]]) -> Iterator[concurrent.futures.Future[None]]:
+    """Run the pipeline in a thread, injecting ``faults``, while the body strikes; the body waits for the future."""
+    with injected(faults), concurrent.futures.ThreadPoolExecutor(1) as executor:
         future = executor.submit(run_pipeline, pool, graph, root, "run1", 300, enabled=False,
                                  max_failures_per_stage=0)
         yield future
@@ -167,7 +167,9 @@ def _held_on_h1(pool: ConnectPool, tpch_data: Path, root: Path,
                 dag_id: str) -> Iterator[tuple[concurrent.futures.Future[None], StageLayout, list[tuple[int, int]]]]:
     """Run the Q1 pipeline ``dag_id`` and yield (its future, the scan's layout, the attempts held on h1)."""
     layout = StageLayout(root, dag_id, "run1", "scan")
-    with _running(pool, _q1_graph(tpch_data, dag_id), root) as future:
+    # Attempts on h1 hold after writing their output: the fault lands while they run there.
+    hold = {f"{dag_id}/scan": {"targets": {"h1": {"delay": HOLD_SECONDS}}}}
+    with _running(pool, _q1_graph(tpch_data, dag_id), root, hold) as future:
         held = wait_for(lambda: _held_on(layout, "h1") or future.done(), 240, "an attempt held on h1")
         assert not future.done(), future.exception()
         yield future, layout, held
@@ -219,8 +221,8 @@ def test_slow_lossy_host_completes_correctly_and_speculation_works_around_it(
     port, how = network.shape(h2, 15002, delay_ms=300, loss_percent=5)
     servers = tuple(dataclasses.replace(s, port=port) if s.name == "h2" else s for s in pool.servers)
     shaped = ConnectPool(servers, slots=pool.slots)
-    run_pipeline(shaped, _q1_graph(tpch_data, "hosts_slow", hold_on_h1=False, parallelism=8,
-                                   config={"enabled": True}), tmp_path, "run1", timeout=400)
+    run_pipeline(shaped, _q1_graph(tpch_data, "hosts_slow", parallelism=8, config={"enabled": True}), tmp_path,
+                 "run1", timeout=400)
 
     layout = StageLayout(tmp_path, "hosts_slow", "run1", "scan")
     scan = next(s for s in run_report(tmp_path, "hosts_slow", "run1")["stages"] if s["stage"] == "scan")
@@ -282,8 +284,8 @@ def test_triggerer_host_killed_then_a_controller_on_another_host_reattaches_from
     first, second = network["h3"], network["h4"]
     # Subtasks 0 and 1 hold their first attempt: they run when the triggerer's host dies; 2 and 3 finish.
     held = {"attempts": [{"subtask": s, "attempt": 0, "delay": HOLD_SECONDS} for s in (0, 1)]}
-    graph = _q1_graph(tpch_data, "hosts_triggerer", hold_on_h1=False)
-    config = pool.config(**{**graph.config, **graph.stages["scan"].config, "fault_injection": held})
+    graph = _q1_graph(tpch_data, "hosts_triggerer")
+    config = pool.config(**{**graph.config, **graph.stages["scan"].config})
     plan = plan_connect_stage(graph, "scan", tmp_path, graph.name, "run1", config)
     layout = write_plan(plan)
     env_file = tmp_path / "target_env.json"
@@ -293,7 +295,8 @@ def test_triggerer_host_killed_then_a_controller_on_another_host_reattaches_from
     def start(host: hosts.Host) -> subprocess.Popen[bytes]:
         with open(tmp_path / f"controller-{host.name}.log", "ab") as log:
             return subprocess.Popen(host.command(controller, own_hostname=True), cwd=REPO, stdin=subprocess.DEVNULL,
-                                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                    env={**os.environ, **fault_env({"hosts_triggerer/scan": held})})
 
     def log_of(host: hosts.Host) -> str:
         return tail(tmp_path / f"controller-{host.name}.log")

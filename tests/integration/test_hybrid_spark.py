@@ -30,6 +30,7 @@ from airflow_provider_speculative.control.controller import StageController, wai
 from airflow_provider_speculative.control.rerun import invalidate_region, plan_rerun
 from airflow_provider_speculative.core.config import SpeculativeConfig
 from airflow_provider_speculative.core.graph import ExchangeSpec, PipelineGraph, SourceSpec, StageSpec
+from airflow_provider_speculative.devtools.faults import injected
 from airflow_provider_speculative.devtools.runner import plan_connect_stage, run_stages, write_plan
 from airflow_provider_speculative.hooks.targets import REMOTE_ENV
 from airflow_provider_speculative.store.files import read_json, read_jsonl
@@ -111,9 +112,10 @@ def _admitted(layout: StageLayout, subtask: int) -> dict:
 
 def test_a_slow_producer_delays_only_its_own_chain(tmp_path: Path, source: Path, servers: dict[str, str]) -> None:
     root = tmp_path / "store"
-    slow = {"fault_injection": {"attempts": [{"subtask": 0, "attempt": 0, "delay": 15}]}}
-    run_stages(_plans(_graph(source, slow, total=True), root, "r1", servers), target_env=_env(servers),
-               timeout=600)
+    slow = {"hybrid/scan": {"attempts": [{"subtask": 0, "attempt": 0, "delay": 15}]}}
+    with injected(slow):
+        run_stages(_plans(_graph(source, {}, total=True), root, "r1", servers), target_env=_env(servers),
+                   timeout=600)
     scan, copy = StageLayout(root, "hybrid", "r1", "scan"), StageLayout(root, "hybrid", "r1", "copy")
     total = StageLayout(root, "hybrid", "r1", "total")
     slow_producer_end = _admitted(scan, 0)["end_at"]
@@ -138,7 +140,8 @@ def test_an_invalidated_partition_restarts_only_the_consumer_that_read_it(
         tmp_path: Path, source: Path, servers: dict[str, str]) -> None:
     root = tmp_path / "store"
     # copy[1] keeps running for a while after it read scan[1] and wrote (the fault is injected after the write).
-    graph = _graph(source, {}, {"fault_injection": {"attempts": [{"subtask": 1, "attempt": 0, "delay": 30}]}})
+    held = injected({"hybrid/copy": {"attempts": [{"subtask": 1, "attempt": 0, "delay": 30}]}})
+    graph = _graph(source, {})
     scan_plan, copy_plan = _plans(graph, root, "r2", servers)
     scan, copy = StageLayout(root, "hybrid", "r2", "scan"), StageLayout(root, "hybrid", "r2", "copy")
     outcome: dict = {}
@@ -149,19 +152,20 @@ def test_an_invalidated_partition_restarts_only_the_consumer_that_read_it(
         except BaseException as exc:  # reported by the main thread
             outcome["error"] = exc
 
-    thread = threading.Thread(target=consumer, daemon=True)
-    thread.start()
-    run_stages([scan_plan], target_env=_env(servers), timeout=600)
-    wait_for(lambda: (read_json(copy.heartbeat(1, 0)) or {}).get("reads") == {"scan": {"1": 0}}, 300,
-             "copy[1] attempt 0 recorded reading scan[1] attempt 0")
-    for i in (0, 2, 3):
-        wait_for(lambda i=i: copy.admitted(i).exists(), 300, f"copy[{i}] admitted")
-    # What `airflow speculative rerun --stage scan --subtask 1 --no-downstream --dry-run` shows, then does.
-    region = plan_rerun(root, "hybrid", "r2", "scan", [1], downstream=False)
-    assert region.subtasks == {"scan": {1}, "copy": {1}} and region.in_flight == {"copy": {1}}
-    invalidate_region(root, "hybrid", "r2", region, "test: scan[1] lost")
-    run_stages([scan_plan], target_env=_env(servers), timeout=600)  # re-produces scan[1] only
-    thread.join(timeout=600)
+    with held:
+        thread = threading.Thread(target=consumer, daemon=True)
+        thread.start()
+        run_stages([scan_plan], target_env=_env(servers), timeout=600)
+        wait_for(lambda: (read_json(copy.heartbeat(1, 0)) or {}).get("reads") == {"scan": {"1": 0}}, 300,
+                 "copy[1] attempt 0 recorded reading scan[1] attempt 0")
+        for i in (0, 2, 3):
+            wait_for(lambda i=i: copy.admitted(i).exists(), 300, f"copy[{i}] admitted")
+        # What `airflow speculative rerun --stage scan --subtask 1 --no-downstream --dry-run` shows, then does.
+        region = plan_rerun(root, "hybrid", "r2", "scan", [1], downstream=False)
+        assert region.subtasks == {"scan": {1}, "copy": {1}} and region.in_flight == {"copy": {1}}
+        invalidate_region(root, "hybrid", "r2", region, "test: scan[1] lost")
+        run_stages([scan_plan], target_env=_env(servers), timeout=600)  # re-produces scan[1] only
+        thread.join(timeout=600)
     assert "error" not in outcome, outcome.get("error")
     assert [scan.attempt_numbers(i) for i in range(N)] == [[0], [0, 1], [0], [0]]
     assert [copy.attempt_numbers(i) for i in range(N)] == [[0], [0, 1], [0], [0]]

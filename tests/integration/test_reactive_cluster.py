@@ -17,6 +17,7 @@ import pytest
 
 from airflow_provider_speculative.core.config import SpeculativeConfig
 from airflow_provider_speculative.core.graph import PipelineGraph, SourceSpec, StageSpec
+from airflow_provider_speculative.devtools.faults import injected
 from airflow_provider_speculative.devtools.runner import plan_local_stage, run_stage
 from airflow_provider_speculative.store.files import read_json, read_jsonl
 from airflow_provider_speculative.store.layout import StageLayout
@@ -62,9 +63,9 @@ def test_worker_joining_gets_attempts_and_a_lost_worker_reruns_them_uncounted(tm
             "check_interval": "0.5s", "max_failures_per_stage": 0, "max_failures_per_subtask": 0,
             "targets": [{"name": "cluster", "conn_id": "unused", "slots": "auto", "master_ui": cluster.webui_url,
                          "conf": DRIVER_CONF}],
-            # Attempts hold their executor long enough for a worker to join and to be killed mid-attempt.
-            "fault_injection": {"targets": {"cluster": {"delay": "8s"}}},
         }, "test")
+        # Attempts hold their executor long enough for a worker to join and to be killed mid-attempt.
+        held = {"k/scan": {"targets": {"cluster": {"delay": "8s"}}}}
         graph = PipelineGraph("k", {
             "scan": StageSpec("scan", str(APPS / "q1_scan.py"), 3, {"lineitem": SourceSpec(str(three_files))},
                               max_parallelism=8, spark_conf=SHUFFLE),
@@ -75,8 +76,9 @@ def test_worker_joining_gets_attempts_and_a_lost_worker_reruns_them_uncounted(tm
 
         def run_scan() -> None:
             try:
-                result["scan"] = run_stage(plan_local_stage(graph, "scan", root, "k", "r1", config,
-                                                            cluster.master_url), timeout=600)
+                with injected(held):
+                    result["scan"] = run_stage(plan_local_stage(graph, "scan", root, "k", "r1", config,
+                                                                cluster.master_url), timeout=600)
             except BaseException as exc:  # surfaced by the main thread
                 result["error"] = exc
 

@@ -15,9 +15,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from airflow_provider_speculative.control.readmodel import run_report
+from airflow_provider_speculative.devtools.faults import injected
 from airflow_provider_speculative.store.files import read_json
 from tests import services
 from tests.conftest import TEST_ENV
+from tests.integration.dag_faults import RACE_SINKS
 from tests.integration.spark_helpers import HERE, load_dag
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(900)]
@@ -58,7 +60,7 @@ def checksum(rows: list[tuple]) -> str:
 
 
 def release_pairs_at_barrier(dag_id: str, stop: threading.Event) -> None:
-    """Release a subtask's held ends (fault injection hold_end) once both its attempts succeeded."""
+    """Release a subtask's held ends (fault injection hold_end, dag_faults.RACE_SINKS) once both attempts succeeded."""
     released: set[int] = set()
     while not stop.wait(0.02):
         for subtask_dir in STORE.glob(f"{dag_id}/*/write/subtask=*"):
@@ -76,7 +78,8 @@ def run_race(dag_id: str, logical_date: pendulum.DateTime) -> tuple[object, dict
     releaser = threading.Thread(target=release_pairs_at_barrier, args=(dag_id, stop), daemon=True)
     releaser.start()
     try:
-        run = load_dag(dag_id, HERE / "dags").test(logical_date=logical_date)
+        with injected(RACE_SINKS):
+            run = load_dag(dag_id, HERE / "dags").test(logical_date=logical_date)
     finally:
         stop.set()
     assert run.state == "success"
@@ -133,7 +136,8 @@ def test_postgres_sink_commits_exactly_one_attempt_per_subtask(airflow_db, race_
 
 
 def test_sink_without_marker_is_never_speculated(airflow_db, race_env):
-    run = load_dag("race_unmarked", HERE / "dags").test(logical_date=pendulum.datetime(2026, 4, 2, tz="UTC"))
+    with injected(RACE_SINKS):  # copies forced: the sink without the marker must still stop them
+        run = load_dag("race_unmarked", HERE / "dags").test(logical_date=pendulum.datetime(2026, 4, 2, tz="UTC"))
     assert run.state == "success"
     (stage,) = run_report(STORE, "race_unmarked", run.run_id)["stages"]
     assert stage["speculation"] == (

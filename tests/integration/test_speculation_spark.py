@@ -9,9 +9,11 @@ import pendulum
 import pytest
 
 from airflow_provider_speculative.control.readmodel import run_report
+from airflow_provider_speculative.devtools.faults import injected
 from airflow_provider_speculative.store.files import read_json, read_jsonl
 from airflow_provider_speculative.store.layout import StageLayout
 from tests.conftest import STATSD_PORT, TEST_ENV
+from tests.integration.dag_faults import SPEC_Q1
 from tests.integration.q1 import assert_q1_equal, duckdb_q1, read_q1_output
 from tests.integration.spark_helpers import HERE, StatsdCapture, group_processes, load_dag
 
@@ -32,7 +34,8 @@ def statsd():
 
 def test_slow_target_is_beaten_by_a_speculative_attempt(airflow_db, tpch_data, statsd):
     dag = load_dag("spec_q1", HERE / "dags")
-    run = dag.test(logical_date=pendulum.datetime(2026, 3, 1, tz="UTC"))
+    with injected(SPEC_Q1):  # local-b 4x slower: what the copy on local-a must beat
+        run = dag.test(logical_date=pendulum.datetime(2026, 3, 1, tz="UTC"))
     assert run.state == "success"
 
     store = Path(TEST_ENV["AIRFLOW__SPECULATIVE__STORE_PATH"])

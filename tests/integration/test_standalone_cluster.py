@@ -22,11 +22,13 @@ from airflow_provider_speculative.control.readmodel import run_report
 from airflow_provider_speculative.core.config import SpeculativeConfig
 from airflow_provider_speculative.core.graph import PipelineGraph, SourceSpec, StageSpec
 from airflow_provider_speculative.core.placement import standalone_pin_conf
+from airflow_provider_speculative.devtools.faults import injected
 from airflow_provider_speculative.devtools.runner import plan_local_stage, run_stage
 from airflow_provider_speculative.store.files import read_json, read_jsonl
 from airflow_provider_speculative.store.layout import StageLayout
 from airflow_provider_speculative.store.results import read_committed
 from tests.conftest import LIGHT_JVM_OPTIONS, TEST_ENV
+from tests.integration import dag_faults
 from tests.integration.q1 import assert_q1_equal, duckdb_q1, read_q1_output
 from tests.integration.spark_helpers import HERE, load_dag, processes_mentioning, wait_for
 from tests.integration.standalone_cluster import StandaloneCluster
@@ -106,7 +108,8 @@ def test_slow_node_is_blocked_and_a_copy_runs_on_the_other_worker(cluster, two_f
     monkeypatch.setenv("SPECULATIVE_CLUSTER_DATA", str(two_files))
     dag = load_dag("cluster_q1", HERE / "dags")
     started = time.monotonic()
-    run = dag.test(logical_date=pendulum.datetime(2026, 4, 1, tz="UTC"))
+    with injected(dag_faults.cluster_q1(cluster_targets(nodes)[1]["name"])):  # the second worker is slow
+        run = dag.test(logical_date=pendulum.datetime(2026, 4, 1, tz="UTC"))
     print(f"\n[cluster] dag.test on the cluster: {time.monotonic() - started:.1f}s")
     assert run.state == "success"
 
@@ -143,9 +146,9 @@ def test_killed_worker_fails_only_its_attempt_which_reruns_elsewhere(cluster, tw
     config = SpeculativeConfig().with_overrides({
         "check_interval": "0.5s", "executor_loss_timeout": "5s", "block_slow_node_duration": "10 min",
         "targets": targets,
-        # Keep the doomed worker's attempt running (executors alive) long enough to kill it mid-stage.
-        "fault_injection": {"targets": {targets[1]["name"]: {"delay": "120s"}}},
     }, "test")
+    # Keep the doomed worker's attempt running (executors alive) long enough to kill it mid-stage.
+    doomed_held = {"k/scan": {"targets": {targets[1]["name"]: {"delay": "120s"}}}}
     graph = PipelineGraph("k", {
         "scan": StageSpec("scan", str(APPS / "q1_scan.py"), 2, {"lineitem": SourceSpec(str(two_files))},
                           max_parallelism=8, spark_conf=SHUFFLE),
@@ -156,8 +159,9 @@ def test_killed_worker_fails_only_its_attempt_which_reruns_elsewhere(cluster, tw
 
     def run_scan() -> None:
         try:
-            result["scan"] = run_stage(plan_local_stage(graph, "scan", root, "k", "r1", config, cluster.master_url),
-                                       timeout=600)
+            with injected(doomed_held):
+                result["scan"] = run_stage(plan_local_stage(graph, "scan", root, "k", "r1", config,
+                                                            cluster.master_url), timeout=600)
         except BaseException as exc:  # surfaced by the main thread
             result["error"] = exc
 

@@ -25,9 +25,11 @@ import pendulum
 import psutil
 import pytest
 
+from airflow_provider_speculative.devtools.faults import injected
 from airflow_provider_speculative.store.files import atomic_write_json, read_json, read_jsonl
 from airflow_provider_speculative.store.layout import StageLayout
 from tests.conftest import REPO, TEST_ENV
+from tests.integration.dag_faults import SPEC_Q1
 from tests.integration.spark_helpers import HERE, load_dag, wait_for
 from tests.processes import free_port
 
@@ -71,7 +73,8 @@ def finished_run(airflow_db: Path, request: pytest.FixtureRequest) -> str:
         request.getfixturevalue("tpch_data")
         dag = load_dag("spec_q1", HERE / "dags")
         # Not 2026-03-01: a failed earlier run may hold that logical date in the session's DB.
-        run = dag.test(logical_date=pendulum.datetime(2026, 3, 2, tz="UTC"))
+        with injected(SPEC_Q1):
+            run = dag.test(logical_date=pendulum.datetime(2026, 3, 2, tz="UTC"))
         assert run.state == "success"
         run_id = _finished_spec_q1_run()
         assert run_id == run.run_id, "dag.test() finished but left no run with a speculative attempt"

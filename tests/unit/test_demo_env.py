@@ -13,7 +13,8 @@ sys.path.insert(0, str(REPO / "scripts"))
 import demo_env
 
 ENV = {"AIRFLOW_HOME": "/d/airflow", "AIRFLOW__CORE__DAGS_FOLDER": "/repo/dags",
-       "AIRFLOW__SPECULATIVE__STORE_PATH": "/d/store", "AIRFLOW__SPECULATIVE__FAULT_INJECTION": '{"f": "50%"}',
+       "AIRFLOW__SPECULATIVE__STORE_PATH": "/d/store", "AIRFLOW__SPECULATIVE__BASELINE_RATIO": "50%",
+       "SPECULATIVE_FAULT_INJECTION": '{"targets": {"local-b": {"factor": 4}}}',
        "AIRFLOW_CONN_SPARK_DEFAULT": '{"conn_type": "spark", "host": "local[1]"}',
        "SPECULATIVE_EXAMPLE_DATA": "/data dir/lineitem", "HOME": "/root", "AIRFLOW__BROKEN": "x"}
 
@@ -21,7 +22,7 @@ ENV = {"AIRFLOW_HOME": "/d/airflow", "AIRFLOW__CORE__DAGS_FOLDER": "/repo/dags",
 def test_options_come_from_airflow_section_key_variables_only() -> None:
     assert demo_env.config_options(ENV) == {
         "core": {"dags_folder": "/repo/dags"},
-        "speculative": {"fault_injection": '{"f": "50%"}', "store_path": "/d/store"}}
+        "speculative": {"baseline_ratio": "50%", "store_path": "/d/store"}}
 
 
 def test_config_merges_and_escapes_percent_signs(tmp_path: Path) -> None:
@@ -30,7 +31,7 @@ def test_config_merges_and_escapes_percent_signs(tmp_path: Path) -> None:
     parser = configparser.ConfigParser()  # %-interpolation, as Airflow reads it
     parser.read(path)
     assert parser.get("core", "parallelism") == "4" and parser.get("core", "dags_folder") == "/repo/dags"
-    assert parser.get("speculative", "fault_injection") == '{"f": "50%"}'
+    assert parser.get("speculative", "baseline_ratio") == "50%"
 
 
 def test_env_file_exports_what_a_config_file_cannot_hold(tmp_path: Path) -> None:
@@ -40,4 +41,21 @@ def test_env_file_exports_what_a_config_file_cannot_hold(tmp_path: Path) -> None
     shown = subprocess.run(["bash", "-c", f"source {tmp_path / 'env.sh'}; {echo}"], capture_output=True, text=True,
                            check=True)
     assert shown.stdout.strip() == '/d/airflow|/data dir/lineitem|{"conn_type": "spark", "host": "local[1]"}|/venv/bin'
+    # The demo's fault injection is no option: the shell gets it as the variable every stage process reads.
+    faults = subprocess.run(["bash", "-c", f"source {tmp_path / 'env.sh'}; echo $SPECULATIVE_FAULT_INJECTION"],
+                            capture_output=True, text=True, check=True)
+    assert faults.stdout.strip() == '{"targets": {"local-b": {"factor": 4}}}'
     assert "STORE_PATH" not in text and "HOME=/root" not in text.replace("AIRFLOW_HOME", "")
+
+
+def test_the_demo_slows_local_b_through_the_fault_variable_not_an_option() -> None:
+    import re
+    import shlex
+
+    from airflow_provider_speculative.core.faults import FaultSpec, parse_faults
+
+    makefile = (REPO / "Makefile").read_text()
+    assert "AIRFLOW__SPECULATIVE__FAULT_INJECTION" not in makefile  # airflow.cfg would refuse it
+    (value,) = re.findall(r"^\tSPECULATIVE_FAULT_INJECTION=(.*?)(?: \\)?$", makefile, re.MULTILINE)
+    faults = parse_faults(shlex.split(value)[0]).of_stage("tpch_q1", "scan")
+    assert faults.targets == {"local-b": FaultSpec(factor=4.0)} and faults.for_attempt("local-a", 0, 0) == FaultSpec()

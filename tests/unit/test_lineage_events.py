@@ -27,6 +27,7 @@ from openlineage.client.transport import Transport
 from airflow_provider_speculative.control import lineage_events
 from airflow_provider_speculative.control.lineage_events import TaskEnd, emit_task_end, report_task_end
 from airflow_provider_speculative.core.config import SpeculativeConfig
+from airflow_provider_speculative.core.faults import NO_FAULTS
 from airflow_provider_speculative.core.plan import PLAN_VERSION
 from airflow_provider_speculative.hooks import openlineage as ol_hooks
 from airflow_provider_speculative.sinks.parquet import ParquetSink
@@ -298,6 +299,7 @@ class DecidedController:
         self.plan = plan
         self.layout = StageLayout.of_plan(plan)
         self.config = SpeculativeConfig(check_interval=0.0, driver_log_lines=0)
+        self.faults = NO_FAULTS
         self.done = True
         self.succeeded = type(self).succeeded_stage
 

@@ -41,3 +41,17 @@ def test_host_cores_are_the_ones_this_process_may_use() -> None:
     from airflow_provider_speculative.settings import host_cores
 
     assert host_cores() == len(os.sched_getaffinity(0)) >= 1
+
+
+def test_fault_injection_in_airflow_cfg_fails_naming_the_variable_that_replaces_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow_provider_speculative.exceptions import ConfigError
+
+    monkeypatch.setenv("AIRFLOW__SPECULATIVE__FAULT_INJECTION", '{"targets": {"local-b": {"factor": 4}}}')
+    with pytest.raises(ConfigError, match=r"^\[speculative\] fault_injection \(airflow.cfg or "
+                                          r"AIRFLOW__SPECULATIVE__FAULT_INJECTION\): fault injection is a test "
+                                          r"facility, not an option: set the environment variable "
+                                          r"SPECULATIVE_FAULT_INJECTION"):
+        settings.airflow_config()
+    monkeypatch.delenv("AIRFLOW__SPECULATIVE__FAULT_INJECTION")
+    assert settings.airflow_config().enabled is False

@@ -191,6 +191,14 @@ def plan(tmp: Path, *, inputs: dict[str, Any] | None = None, parallelism: int = 
                       "ti": SimpleNamespace(try_number=1), "logical_date": None, "dag_run": None})
 
 
+def plan_with_faults(tmp: Path, faults: dict[str, Any]) -> None:
+    """Plan as :func:`plan` does while a test injects ``faults`` into the stage (core/faults.py)."""
+    from airflow_provider_speculative.devtools.faults import injected
+
+    with injected({"validation_dag/s": faults}):
+        plan(tmp)
+
+
 def not_parquet(tmp: Path) -> None:
     data = parquet_dir(tmp)
     (data / "part-9.parquet").write_text("id,name\n1,one\n2,two\n")  # a CSV with a Parquet name
@@ -380,8 +388,9 @@ CASES = [
     Case("target-conf-not-object", lambda t: stage(config={"targets": [{"name": "a", "conf": ["x"]}]}),
          PipelineError, r"\[speculative\] targets\[a\].conf = \['x'\] \(pipeline 'p'\): expected an object of Spark "
                         r"settings"),
-    Case("fault-injection-targets-list", lambda t: stage(config={"fault_injection": {"targets": ["a"]}}),
-         PipelineError, r"\[speculative\] fault_injection.targets = \['a'\] \(pipeline 'p'\): expected an object"),
+    Case("fault-injection-option", lambda t: stage(config={"fault_injection": {"targets": {"local-b": {"factor": 4}}}}),
+         PipelineError, r"\[speculative\] fault_injection \(pipeline 'p'\): fault injection is a test facility, not an "
+                        r"option: set the environment variable SPECULATIVE_FAULT_INJECTION"),
     Case("sensor-poke-interval-zero", lambda t: sensor(poke_interval=0), PipelineError,
          r"StageOutputSensor 'wait': poke_interval must be a number of seconds >= 0.01, got 0"),
     Case("sensor-subtasks-not-indexes", lambda t: sensor(subtasks=["a"]), PipelineError,
@@ -444,9 +453,9 @@ CASES = [
          PipelineError, r"sink PostgresSink: table 'speculative_staging.commits' is the provider's own ledger"),
     Case("application-directory", lambda t: plan(t, application=str((t / "app.py").mkdir() or t / "app.py")),
          PlanError, r"pipeline 'p', stage 's': application '.*app.py' is a directory"),
-    Case("fault-injection-unknown-target", lambda t: plan(t, config={"fault_injection": {"targets": {"local-x": {
-        "factor": 4}}}}), PlanError,
-         r"pipeline 'p', stage 's': fault_injection names targets \['local-x'\] that are not targets of this stage"),
+    Case("fault-injection-unknown-target", lambda t: plan_with_faults(t, {"targets": {"local-x": {"factor": 4}}}),
+         PlanError, r"pipeline 'p', stage 's': SPECULATIVE_FAULT_INJECTION names targets \['local-x'\] that are not "
+                    r"targets of this stage"),
     Case("parquet-sink-path-not-string", lambda t: stage(sink=ParquetSink(123)), PipelineError,
          r"stage 's', sink ParquetSink: path must be a string, got int 123"),
     Case("postgres-conn-missing", lambda t: plan(t, sink=PostgresSink("sales", postgres_conn_id="no_such_pg")),

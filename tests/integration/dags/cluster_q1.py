@@ -1,7 +1,8 @@
 """Test DAG: the example's Q1 applications on a Spark standalone cluster, one target per worker (node).
 
 The targets (one per worker, pinned through the worker's node resource) come from the test through
-``SPECULATIVE_CLUSTER_TARGETS``; the second target's node is slowed down by fault injection.
+``SPECULATIVE_CLUSTER_TARGETS``; the test slows the second target's node down by fault injection
+(``tests/integration/dag_faults.py``, ``cluster_q1``).
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from airflow_provider_speculative import ParquetSink, Pipeline, all_to_all, parq
 
 APPS = Path(__file__).resolve().parents[3] / "dags" / "apps"
 TARGETS = json.loads(os.environ.get("SPECULATIVE_CLUSTER_TARGETS") or "[]")
-SLOW = TARGETS[1]["name"] if len(TARGETS) > 1 else "none"
 
 # Defined only under the cluster test, which sets the targets: every other test loads this folder too.
 if TARGETS:
@@ -29,7 +29,6 @@ if TARGETS:
                 "block_slow_node_duration": "10 min",
                 "check_interval": "0.5s",
                 "targets": TARGETS,
-                "fault_injection": {"targets": {SLOW: {"factor": 4, "delay": "60s"}}},
             }, spark_conf={"spark.sql.shuffle.partitions": "4"}) as pipeline:
         scan = pipeline.stage("scan", application=str(APPS / "q1_scan.py"), parallelism=2,
                               inputs={"lineitem": parquet_source(os.environ["SPECULATIVE_CLUSTER_DATA"])})

@@ -1,7 +1,8 @@
 """Test DAGs on Spark Connect targets (servers started by tests/integration/test_connect_spark.py).
 
 ``connect_q1`` is ``small_q1`` on Connect targets; ``connect_cancel`` runs a copy of its only subtask
-at once, and the original (a query sleeping in a UDF on the server) must be cancelled when it loses.
+at once (fault injection: ``tests/integration/dag_faults.py``, ``CONNECT_CANCEL``), and the original (a
+query sleeping in a UDF on the server) must be cancelled when it loses.
 """
 
 from __future__ import annotations
@@ -32,8 +33,7 @@ with DAG(dag_id="connect_q1", schedule=None, start_date=pendulum.datetime(2026, 
 with DAG(dag_id="connect_cancel", schedule=None, start_date=pendulum.datetime(2026, 1, 1, tz="UTC")), \
         Pipeline("connect_cancel", config={
             "enabled": True, "check_interval": "300ms", "max_concurrent_executions": 2,
-            "targets": [{**TARGETS[0], "slots": 1}, {**TARGETS[1], "slots": 1}],
-            "fault_injection": {"force_speculation": [0]}},
+            "targets": [{**TARGETS[0], "slots": 1}, {**TARGETS[1], "slots": 1}]},
             spark_conf={"spark.sql.shuffle.partitions": "2"}) as pipeline:
     pipeline.stage("count", application=str(HERE.parent / "apps" / "slow_first_attempt.py"), parallelism=1,
                    inputs={"lineitem": parquet_source(DATA)})

@@ -1,4 +1,7 @@
-"""Race DAGs: every subtask runs two attempts whose ends are released together, for each sink kind."""
+"""Race DAGs: every subtask runs two attempts whose ends are released together, for each sink kind.
+
+The two attempts and their held ends are fault injection (``tests/integration/dag_faults.py``, ``RACE_SINKS``).
+"""
 
 from __future__ import annotations
 
@@ -20,17 +23,13 @@ from unmarked_sink import UnmarkedParquetSink  # noqa: E402
 APP = str(HERE.parent / "apps" / "passthrough.py")
 DATA = os.environ.get("SPECULATIVE_RACE_DATA", "/nonexistent")
 OUTPUT = os.environ["SPECULATIVE_EXAMPLE_OUTPUT"]
-PARALLELISM = 3  # 3 subtasks x 2 attempts: 6 concurrent drivers; hold_end makes every pair end within ms
+PARALLELISM = 3  # 3 subtasks x 2 attempts: 6 concurrent drivers; dag_faults.RACE_SINKS forces each pair
 SHUFFLE = {"spark.sql.shuffle.partitions": "4"}
 RACE = {
     "enabled": True,
     "max_concurrent_executions": 2,
     "targets": [{"name": "local-a", "slots": PARALLELISM, "conf": {"spark.ui.enabled": "false"}},
                 {"name": "local-b", "slots": PARALLELISM, "conf": {"spark.ui.enabled": "false"}}],
-    # The controller steps within ~0.1 s of an attempt's end, and drivers' JVMs exit up to seconds
-    # apart under load: both attempts of a subtask end together only if their supervisors hold the
-    # ends (hold_end) until the test releases the pair. Then the discard path runs, not a cancel.
-    "fault_injection": {"force_speculation": list(range(PARALLELISM)), "hold_end": True},
 }
 SINKS = {
     "race_parquet": ParquetSink(OUTPUT + "/race_parquet/{{ ds }}"),
@@ -48,8 +47,7 @@ for dag_id, sink in SINKS.items():
                        inputs={"rows": parquet_source(DATA)}, sink=sink)
 
 with DAG(dag_id="race_unmarked", schedule=None, start_date=pendulum.datetime(2026, 1, 1, tz="UTC")), \
-        Pipeline("race_unmarked", config={**RACE, "fault_injection": {"force_speculation": [0, 1]}},
-                 spark_conf=SHUFFLE) as pipeline:
+        Pipeline("race_unmarked", config=RACE, spark_conf=SHUFFLE) as pipeline:
     pipeline.stage("write", application=APP, parallelism=2, inputs={"rows": parquet_source(DATA)},
                    sink=UnmarkedParquetSink(OUTPUT + "/race_unmarked/{{ ds }}"),
                    spark_conf={"spark.submit.pyFiles": str(HERE / "unmarked_sink.py")})

@@ -1,4 +1,7 @@
-"""Test DAG: the example's Q1 applications as a 3-subtask scan on two targets, local-b slowed down."""
+"""Test DAG: the example's Q1 applications as a 3-subtask scan on two targets.
+
+Its tests slow local-b down by fault injection (``tests/integration/dag_faults.py``, ``SPEC_Q1``).
+"""
 
 from __future__ import annotations
 
@@ -19,8 +22,6 @@ with DAG(dag_id="spec_q1", schedule=None, start_date=pendulum.datetime(2026, 1, 
             "baseline_lower_bound": "2s",
             "block_slow_node_duration": "10 min",
             "targets": [{"name": "local-a", "slots": 2}, {"name": "local-b", "slots": 1}],
-            # factor 4 plus a fixed delay: the copy wins with a margin even on a loaded machine.
-            "fault_injection": {"targets": {"local-b": {"factor": 4, "delay": "60s"}}},
         }, spark_conf={"spark.sql.shuffle.partitions": "4"}) as pipeline:
     scan = pipeline.stage("scan", application=str(APPS / "q1_scan.py"), parallelism=3,
                           inputs={"lineitem": parquet_source(os.environ["SPECULATIVE_EXAMPLE_DATA"])})

@@ -2,10 +2,10 @@
 
 - ``e2e_q1``: ``@daily`` from 2026-01-01 (no catchup, up to 3 active runs) for backfills.
 - ``e2e_q1_barrier``: the same pipeline, triggered by hand, whose scan attempts are held by fault injection
-  (``barrier``: a scan attempt that computed its output waits, heartbeat phase ``BARRIER``, before writing its
-  manifest until ``<stage dir>/barrier.release.<subtask>`` exists), so that a test can kill Airflow
-  components while scan attempts (their Spark drivers) are running, for as long as it needs, and then let
-  them finish.
+  (``barrier``, set by the test: ``tests/integration/dag_faults.py``, ``E2E_Q1``; a scan attempt that
+  computed its output waits, heartbeat phase ``BARRIER``, before writing its manifest until
+  ``<stage dir>/barrier.release.<subtask>`` exists), so that a test can kill Airflow components while scan
+  attempts (their Spark drivers) are running, for as long as it needs, and then let them finish.
 
 Every stage task retries once, 5 s after a failure. In ``e2e_q1`` both stages start and finalize on a worker
 (``commit_in_triggerer=False``), and every stage task runs
@@ -104,12 +104,12 @@ def q1_dag(dag_id: str, *, schedule: str | None, scan_config: dict[str, Any] | N
 
 
 e2e_q1 = q1_dag("e2e_q1", schedule="@daily", commit_in_triggerer=False)
-e2e_q1_barrier = q1_dag("e2e_q1_barrier", schedule=None, scan_config={"fault_injection": {"barrier": True}})
-e2e_q1_commit = q1_dag("e2e_q1_commit", schedule=None, scan_config={"fault_injection": {"hold_commit": True}})
+# Fault injection (dag_faults.E2E_Q1) holds e2e_q1_barrier's scan attempts and e2e_q1_commit's scan trigger.
+e2e_q1_barrier = q1_dag("e2e_q1_barrier", schedule=None)
+e2e_q1_commit = q1_dag("e2e_q1_commit", schedule=None)
 # Its sink stage records the asset event through the api-server (connection e2e_asset_api, added by the test)
-# and holds after that, before the event that ends the task.
-e2e_q1_publish = q1_dag("e2e_q1_publish", schedule=None, aggregate_config={
-    "fault_injection": {"hold_commit": True}, "asset_events_conn_id": "e2e_asset_api"})
+# and holds after that (dag_faults.E2E_Q1), before the event that ends the task.
+e2e_q1_publish = q1_dag("e2e_q1_publish", schedule=None, aggregate_config={"asset_events_conn_id": "e2e_asset_api"})
 e2e_q1_eager = q1_dag("e2e_q1_eager", schedule=None, templated=True)
 # Its scan cannot plan (the application does not exist): the aggregate, waiting in the triggerer, must fail.
 e2e_q1_broken = q1_dag("e2e_q1_broken", schedule=None, scan_application="no_such_scan.py")

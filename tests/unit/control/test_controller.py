@@ -3,6 +3,7 @@ lost admission, reaping, and the refusal of actions it does not know."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, ClassVar
@@ -12,6 +13,7 @@ import pytest
 from airflow_provider_speculative.backends.base import LaunchSpec
 from airflow_provider_speculative.control import controller as controller_module
 from airflow_provider_speculative.control.controller import StageController, wait_for_next_step
+from airflow_provider_speculative.core.faults import FaultInjection, Faults
 from airflow_provider_speculative.core.states import Attempt, AttemptState
 from airflow_provider_speculative.store import changes
 from airflow_provider_speculative.store.files import atomic_write_json, create_exclusive_json, read_json, read_jsonl
@@ -19,6 +21,8 @@ from airflow_provider_speculative.store.layout import StageLayout
 from tests.factories import Clock, stage_plan, write_plan
 
 S = AttemptState
+# Subtask 0 of every stage is slow from the start: a copy runs at once (fault injection, core/faults.py).
+FORCED = Faults(rules=(("*", FaultInjection(force_speculation=frozenset({0}))),))
 
 
 class FakeBackend:
@@ -95,14 +99,14 @@ class Harness:
         return [e for e in read_jsonl(self.layout.journal) if e["event"] == name]
 
 
-def harness(tmp_path: Path, parallelism: int = 2, **config: Any) -> Harness:
+def harness(tmp_path: Path, parallelism: int = 2, faults: Faults | None = None, **config: Any) -> Harness:
     plan = stage_plan(tmp_path / "store", parallelism=parallelism, config=config)
     layout = write_plan(plan)
     clock = Clock()
     backend = FakeBackend(layout, clock)
     # One fake serves both targets: what matters here is the controller's handling, not placement.
     controller = StageController.open(plan, clock=clock, backends={"local-a": backend, "local-b": backend},
-                                 observer=backend)
+                                 observer=backend, faults=faults)
     return Harness(controller, backend, clock, layout)
 
 
@@ -143,7 +147,7 @@ def test_a_lost_claim_adopts_the_other_controllers_attempt(tmp_path: Path) -> No
 
 def test_a_lost_admission_keeps_the_other_winner_and_discards_ours(tmp_path: Path) -> None:
     h = harness(tmp_path, parallelism=1, enabled=True, max_concurrent_executions=2,
-                fault_injection={"force_speculation": [0]})
+                faults=FORCED)
     h.step()
     h.step()
     assert sorted((s.subtask, s.attempt) for s in h.backend.launched) == [(0, 0), (0, 1)]
@@ -160,7 +164,7 @@ def test_a_lost_admission_keeps_the_other_winner_and_discards_ours(tmp_path: Pat
 
 def test_losers_are_reaped_before_the_stage_is_done(tmp_path: Path) -> None:
     h = harness(tmp_path, parallelism=1, enabled=True, max_concurrent_executions=2,
-                fault_injection={"force_speculation": [0]})
+                faults=FORCED)
     h.step()
     h.step()
     h.backend.survives_cancel.add((0, 0))  # the loser's driver takes a while to die
@@ -172,6 +176,32 @@ def test_losers_are_reaped_before_the_stage_is_done(tmp_path: Path) -> None:
     h.backend.set(0, 0, S.CANCELED)  # the driver finally died
     h.step()
     assert h.controller.done and h.controller.succeeded and h.controller.event_payload()["admitted"] == {"0": 1}
+
+
+def test_the_fault_hook_reaches_the_attempts_of_its_stage_only(tmp_path: Path) -> None:
+    held = harness(tmp_path / "held", parallelism=1, faults=Faults(rules=(("d/scan", FaultInjection(hold_end=True)),)))
+    held.step()
+    (spec,) = held.backend.launched
+    assert spec.env["SPECULATIVE_HOLD_END"] == str(held.layout.barrier_release(0))
+    assert json.loads(spec.env["SPECULATIVE_FAULT_INJECTION"])["hold_end"] is True
+    other = harness(tmp_path / "other", parallelism=1,
+                    faults=Faults(rules=(("d/aggregate", FaultInjection(hold_end=True)),)))
+    other.step()
+    assert not {"SPECULATIVE_HOLD_END", "SPECULATIVE_FAULT_INJECTION"} & set(other.backend.launched[0].env)
+
+
+def test_without_a_hook_given_the_controller_reads_the_processs_environment(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SPECULATIVE_FAULT_INJECTION", '{"stages": {"d/*": {"force_speculation": [0]}}}')
+    h = harness(tmp_path, parallelism=1, enabled=True, max_concurrent_executions=2)
+    h.step()
+    h.step()
+    assert sorted((s.subtask, s.attempt, s.speculative) for s in h.backend.launched) == [(0, 0, False), (0, 1, True)]
+    monkeypatch.delenv("SPECULATIVE_FAULT_INJECTION")
+    plain = harness(tmp_path / "plain", parallelism=1, enabled=True, max_concurrent_executions=2)
+    plain.step()
+    plain.step()
+    assert [(s.subtask, s.attempt) for s in plain.backend.launched] == [(0, 0)]
 
 
 def test_a_slot_given_back_is_placed_in_the_same_step(tmp_path: Path) -> None:

@@ -12,8 +12,6 @@ import pytest
 from airflow_provider_speculative.core.config import (
     DEFAULT_TARGETS,
     ConfigError,
-    FaultInjection,
-    FaultSpec,
     SpeculativeConfig,
     Target,
     default_strings,
@@ -79,10 +77,6 @@ def test_defaults_follow_flip168_except_a_derived_lower_bound() -> None:
         ("targets", '[{"conn_id": "spark_default"}]'),
         ("targets", '[{"name": "a", "colour": "red"}]'),
         ("targets", '[{"name": "a", "slots": 0}]'),
-        ("fault_injection", "{not json"),
-        ("fault_injection", '{"targets": {"a": {"factor": 0.5}}}'),
-        ("fault_injection", '{"nodes": {}}'),
-        ("fault_injection", '{"attempts": [{"attempt": 1}]}'),
     ],
 )
 def test_bad_value_raises_config_error_naming_the_option(name: str, value) -> None:
@@ -132,11 +126,15 @@ def test_valid_overrides_are_applied() -> None:
 def test_json_round_trip() -> None:
     cfg = SpeculativeConfig(
         enabled=True, max_concurrent_executions=3, block_slow_node_duration=5.0,
-        targets=(Target("a", slots=1, node="n1", conf={"k": "v"}), Target("b", conn_id="spark_b")),
-        fault_injection=FaultInjection(targets={"a": FaultSpec(factor=3.0)},
-                                       attempts={(2, 0): FaultSpec(delay=4.0, fail=True)},
-                                       barrier=True, hold_end=True, hold_commit=True))
+        targets=(Target("a", slots=1, node="n1", conf={"k": "v"}), Target("b", conn_id="spark_b")))
     assert SpeculativeConfig.from_json(cfg.to_json()) == cfg
+    assert "fault_injection" not in cfg.to_json()
+
+
+def test_a_plan_config_carrying_fault_injection_reads_without_it() -> None:
+    # plan.json is the provider's own file: a name that is not an option configures nothing there.
+    data = {**SpeculativeConfig(enabled=True).to_json(), "fault_injection": {"targets": {"local-b": {"factor": 4}}}}
+    assert SpeculativeConfig.from_json(data) == SpeculativeConfig(enabled=True)
 
 
 def test_default_strings_parse_back_to_the_defaults() -> None:
@@ -146,12 +144,12 @@ def test_default_strings_parse_back_to_the_defaults() -> None:
     assert SpeculativeConfig().with_overrides(strings, "airflow.cfg").targets == DEFAULT_TARGETS
 
 
-def test_fault_injection_attempt_rule_wins_over_target_rule() -> None:
-    faults = override("fault_injection", '{"targets": {"a": {"factor": 2}}, '
-                                         '"attempts": [{"subtask": 1, "attempt": 0, "fail": true}]}').fault_injection
-    assert faults.for_attempt("a", 1, 0) == FaultSpec(fail=True)
-    assert faults.for_attempt("a", 1, 1) == FaultSpec(factor=2.0)
-    assert not faults.for_attempt("b", 0, 0).active
+@pytest.mark.parametrize("value", ['{"targets": {"local-b": {"factor": 4}}}', "", {"barrier": True}])
+def test_fault_injection_is_refused_naming_the_variable_that_replaces_it(value) -> None:
+    with pytest.raises(ConfigError) as info:
+        override("fault_injection", value)
+    assert str(info.value).startswith("[speculative] fault_injection (stage 'x'): fault injection is a test facility, "
+                                      "not an option: set the environment variable SPECULATIVE_FAULT_INJECTION")
 
 
 # -- graph validation -----------------------------------------------------------------------------

@@ -12,6 +12,7 @@ import pytest
 from airflow.triggers.base import TaskSuccessEvent
 
 from airflow_provider_speculative.core.config import SpeculativeConfig
+from airflow_provider_speculative.core.faults import NO_FAULTS, FaultInjection
 from airflow_provider_speculative.core.plan import PLAN_VERSION
 from airflow_provider_speculative.store.files import atomic_write_json, read_json
 from airflow_provider_speculative.store.journal import read as read_jsonl
@@ -114,6 +115,7 @@ class DecidedController:
         self.plan = plan
         self.layout = StageLayout(Path(plan["store_root"]), plan["dag_id"], plan["run_id"], plan["stage"])
         self.config = SpeculativeConfig(check_interval=0.0, driver_log_lines=0)  # a stub has no attempts to tail
+        self.faults = NO_FAULTS
         self.done = self.succeeded = True
 
     def step(self) -> list[Any]:
@@ -203,12 +205,12 @@ def test_a_failed_stage_resumes_the_worker_even_with_the_commit_right(tmp_path: 
 
 
 class HoldingController(DecidedController):
-    """A decided controller whose stage has fault injection ``hold_commit``."""
+    """A decided controller whose stage has fault injection ``hold_commit`` (the hook's answer for it)."""
 
     def __init__(self, plan: dict[str, Any], *, extra_env: dict[str, str], target_env: dict[str, Any]) -> None:
         super().__init__(plan, extra_env=extra_env, target_env=target_env)
-        self.config = SpeculativeConfig().with_overrides({"fault_injection": {"hold_commit": True},
-                                                          "driver_log_lines": 0}, "test")
+        self.config = SpeculativeConfig().with_overrides({"driver_log_lines": 0}, "test")
+        self.faults = FaultInjection(hold_commit=True)
 
 
 def test_hold_commit_holds_the_event_after_the_commit_until_released(tmp_path: Path,

@@ -19,6 +19,7 @@ from airflow.triggers.base import TaskSuccessEvent
 
 from airflow_provider_speculative import ParquetSink, Pipeline, all_to_all, broadcast, parquet_source
 from airflow_provider_speculative.core.config import SpeculativeConfig
+from airflow_provider_speculative.core.faults import NO_FAULTS
 from airflow_provider_speculative.core.graph import PipelineGraph
 from airflow_provider_speculative.store.files import read_json
 from airflow_provider_speculative.store.layout import StageLayout
@@ -115,6 +116,7 @@ class DecidedController:
         self.plan = plan
         self.layout = StageLayout(Path(plan["store_root"]), plan["dag_id"], plan["run_id"], plan["stage"])
         self.config = SpeculativeConfig(check_interval=0.0, driver_log_lines=0)  # a stub has no attempts to tail
+        self.faults = NO_FAULTS
         self.done = self.succeeded = True
         for subtask in range(plan["parallelism"]):
             data = self.layout.data(subtask, 0)
