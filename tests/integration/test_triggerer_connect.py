@@ -1,4 +1,6 @@
-"""OpenLineage over HTTP into a local receiver: one START and one terminal event per stage task try, whichever
+"""A real triggerer on the shared Connect pool: OpenLineage from whichever process ends a stage, and kills.
+
+OpenLineage over HTTP into a local receiver: one START and one terminal event per stage task try, whichever
 process ends it, naming what each stage read and wrote, and every parent run id injected into the attempts
 is a run that reports.
 
@@ -23,21 +25,29 @@ import re
 import subprocess
 import sys
 import threading
+import time
+import urllib.request
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 
+from airflow_provider_speculative.devtools.faults import fault_env
 from airflow_provider_speculative.devtools.localcluster import connection_definitions
+from airflow_provider_speculative.store.layout import StageLayout
 from tests.conftest import DATA, TEST_ENV
 from tests.integration.airflow_cluster import LINEITEM, REPO, AirflowCluster, PostgresDatabase, wait_until
 from tests.integration.connect_runner import ConnectPool
+from tests.integration.spark_helpers import group_processes
 
 pytestmark = [pytest.mark.timeout(900)]
 
 NAMESPACE = "speculative-receiver"
+# connect_cancel's attempts wait at the barrier (never released): a kill is what ends them.
+HELD = {"connect_cancel/*": {"barrier": True}}
 PARENT = re.compile(r"\(OpenLineage parent run ([0-9a-f-]{36})\)")
 
 
@@ -75,7 +85,7 @@ class Receiver:
                 "AIRFLOW__OPENLINEAGE__SPARK_INJECT_PARENT_JOB_INFO": "true"}
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def receiver() -> Iterator[Receiver]:
     rec = Receiver()
     rec.thread.start()
@@ -179,7 +189,7 @@ def test_worker_path_airflows_listener_reports_every_stage_and_the_provider_noth
     assert {f["name"] for f in output["facets"]["schema"]["fields"]} >= {"l_returnflag", "l_linestatus"}
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def postgres_db() -> Iterator[PostgresDatabase]:
     db = PostgresDatabase()
     db.create_migrated()
@@ -187,12 +197,17 @@ def postgres_db() -> Iterator[PostgresDatabase]:
     db.drop()
 
 
-@pytest.fixture
-def deployment(tmp_path: Path, postgres_db: PostgresDatabase, shared_connect_pool: ConnectPool,
-               receiver: Receiver) -> Iterator[AirflowCluster]:
-    """api-server, scheduler, dag-processor and triggerer sending OpenLineage to the receiver; connect_q1 only."""
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory: pytest.TempPathFactory, postgres_db: PostgresDatabase,
+               shared_connect_pool: ConnectPool, receiver: Receiver) -> Iterator[AirflowCluster]:
+    """api-server, scheduler, dag-processor and triggerer sending OpenLineage to the receiver.
+
+    It serves connect_q1.py's two DAGs: connect_q1, and connect_cancel, whose attempts are held at the
+    fault-injection barrier (CONTRIBUTING.md, "Injecting faults") so that a kill finds them running.
+    """
     if not sorted(LINEITEM.glob("lineitem.*.parquet")):
         pytest.skip(f"TPC-H lineitem data missing at {LINEITEM}: run `make data` first")
+    tmp_path = tmp_path_factory.mktemp("triggerer-connect")
     dags = tmp_path / "dags"
     dags.mkdir()
     # connect_q1's stages run on the session's warm Connect servers, under the connection ids the DAG names.
@@ -201,7 +216,7 @@ def deployment(tmp_path: Path, postgres_db: PostgresDatabase, shared_connect_poo
                    for name, value in connection_definitions(list(shared_connect_pool.servers)).items()}
     dep = AirflowCluster(tmp_path, postgres_db.url, dags_folder=dags, data=LINEITEM,
                          extra_env={"AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True", **connections,
-                                    **receiver.env()})
+                                    **receiver.env(), **fault_env(HELD)})
     try:
         dep.start_all()
         dep.wait_healthy()
@@ -254,3 +269,74 @@ def test_triggerer_path_each_stage_task_reported_once_by_whoever_ends_it(
     committed = json.loads((run_dir / "scan" / "committed.json").read_text())
     assert stats["size"] == sum(s["bytes"] for s in committed["subtasks"].values())
     assert stats["rowCount"] == sum(s["records"] for s in committed["subtasks"].values())
+
+
+def _run_dir(dep: AirflowCluster, dag_id: str, ds: str) -> Path:
+    """The store directory of the DAG run of ``dag_id`` whose plans name logical date ``ds``."""
+    for plan in (dep.store / dag_id).glob("*/*/plan.json"):
+        if str(json.loads(plan.read_text()).get("logical_date", "")).startswith(ds):
+            return plan.parent.parent
+    return dep.store / dag_id / "no-such-run"
+
+
+def _server_jobs(pool: ConnectPool, session: dict[str, Any], status: str = "") -> list[dict[str, Any]]:
+    """The Spark jobs of an attempt's Connect session on its server (its REST API), by status if given."""
+    port = int(session["server"].split(";")[0].rstrip("/").rsplit(":", 1)[1])
+    (server,) = [s for s in pool.servers if s.port == port]
+    base = f"http://127.0.0.1:{server.ui_port}/api/v1/applications"
+    with urllib.request.urlopen(base, timeout=5) as resp:
+        app = json.load(resp)[0]["id"]
+    with urllib.request.urlopen(f"{base}/{app}/jobs" + (f"?status={status}" if status else ""), timeout=5) as resp:
+        jobs = json.load(resp)
+    prefix = f"SparkConnect_OperationTag_User_{session['user_id']}_Session_{session['session_id']}_"
+    return [j for j in jobs if any(t.startswith(prefix) for t in j.get("jobTags", []))]
+
+
+@pytest.mark.e2e
+@pytest.mark.spark
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize(("how", "ds"), [("mark_success", "2026-03-01"), ("delete_dag", "2026-03-02")])
+def test_marking_success_or_deleting_the_dag_stops_its_attempts_on_the_server(
+        deployment: AirflowCluster, shared_connect_pool: ConnectPool, how: str, ds: str) -> None:
+    dag_id = "connect_cancel"
+    try:
+        deployment.wait_dag(dag_id)
+        deployment.unpause(dag_id)
+        run_id = deployment.trigger(dag_id, f"{ds}T00:00:00+00:00")
+        # Attempt 0's write job runs on the server (its UDF sleeps for minutes): a kill must stop it there.
+        def writing() -> StageLayout | None:
+            plan = _run_dir(deployment, dag_id, ds) / "count" / "plan.json"
+            layout = StageLayout.of_plan(json.loads(plan.read_text())) if plan.exists() else None
+            return layout if layout is not None and layout.data(0, 0).exists() else None
+
+        layout = wait_until(writing, 300, "attempt 0 of count to start writing", interval=0.5)
+        session = json.loads(layout.connect(0, 0).read_text())
+        wait_until(lambda: _server_jobs(shared_connect_pool, session, "running"), 120,
+                   "attempt 0's job to run on its server", interval=0.5)
+        killed_at = time.time()
+        path = f"/dags/{dag_id}/dagRuns/{quote(run_id, safe='')}"
+        if how == "mark_success":
+            deployment.api("PATCH", f"{path}/taskInstances/count", {"new_state": "success"})
+        else:
+            # The REST API refuses to delete a running DAG run (409); deleting the DAG's records does not.
+            deployment.cli("dags", "delete", "--yes", dag_id)
+
+        # The triggerer cancels the trigger as a user action: on_kill stops every attempt and journals it.
+        def killed() -> list[dict[str, Any]]:
+            lines = layout.journal.read_text().splitlines() if layout.journal.exists() else []
+            return [e for e in map(json.loads, lines) if e["event"] == "killed_all" and e["at"] >= killed_at]
+
+        (event, *_) = wait_until(killed, 120, "the trigger's on_kill to journal killed_all", interval=0.5)
+    except BaseException:
+        print(f"\n{deployment.diagnostics()}")
+        raise
+    assert event["left"] == [], f"on_kill could not stop: {event}"
+    for attempt in layout.attempt_numbers(0):
+        record = json.loads(layout.connect(0, attempt).read_text())
+        cancel = json.loads((layout.attempt_dir(0, attempt) / "connect-cancel.json").read_text())
+        # The session was interrupted and released with the connection's URL, and nothing of it runs.
+        assert cancel.get("released_at") and not cancel.get("error"), cancel
+        wait_until(lambda r=record: not _server_jobs(shared_connect_pool, r, "running"), 60,
+                   f"no job of attempt {attempt}'s session running on the server", interval=0.5)
+        assert group_processes(json.loads(layout.status(0, attempt).read_text())["pgid"]) == []
+    assert _server_jobs(shared_connect_pool, session), "attempt 0's session never ran a job"
