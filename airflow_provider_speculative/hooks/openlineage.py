@@ -15,7 +15,9 @@ not turned off by ``[openlineage] emission_policy``. Airflow's listener reports 
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import threading
 from dataclasses import dataclass
 from datetime import datetime
 from functools import cache
@@ -55,6 +57,34 @@ def task_run_ids(plan: StagePlan, namespace: str, adapter: Any) -> TaskRunIds | 
                                                       map_index=-1)),
         dag_run_id=str(adapter.build_dag_run_id(dag_id=dag_id, logical_date=moment,
                                                 clear_number=plan.get("clear_number", 0))))
+
+
+_prepared = threading.Event()
+
+
+def prepare_openlineage() -> threading.Thread | None:
+    """Import Airflow's OpenLineage provider and read its configuration in a background thread, once per process.
+
+    Called when a stage task starts planning: the first :func:`openlineage_spark_conf` of a fresh triggerer
+    or ``airflow dags test`` process would otherwise pay the import before the stage's first wave. Returns
+    the thread it started, or None if an earlier call did.
+    """
+    if _prepared.is_set():
+        return None
+    _prepared.set()
+
+    def run() -> None:
+        try:
+            from airflow.providers.openlineage import conf as ol_conf
+        except ImportError:  # the optional extra is not installed: nothing to prepare
+            return
+        with contextlib.suppress(Exception):  # only a head start: the stage's own call reports problems
+            if not ol_conf.is_disabled():
+                _adapter()
+
+    thread = threading.Thread(target=run, name="openlineage-prepare", daemon=True)
+    thread.start()
+    return thread
 
 
 def openlineage_adapter(plan: StagePlan) -> Any | None:

@@ -37,6 +37,7 @@ from airflow_provider_speculative.core.readiness import partition_key
 from airflow_provider_speculative.core.states import TaskState
 from airflow_provider_speculative.core.trigger_events import DECIDED, ControllerEvent, TriggerStatus
 from airflow_provider_speculative.exceptions import StageFailedError
+from airflow_provider_speculative.hooks.openlineage import prepare_openlineage
 from airflow_provider_speculative.hooks.targets import target_connect_urls_sync
 from airflow_provider_speculative.links import SparkHistoryLink, StageViewLink
 from airflow_provider_speculative.metrics import StageMetrics
@@ -144,6 +145,7 @@ class SparkStageOperator(BaseOperator):
 
     def execute(self, context: Any) -> Any:
         """Resolve the plan, write plan.json, and defer to the stage controller (recording the task's state)."""
+        prepare_openlineage()  # its import overlaps planning instead of delaying the first wave
         planner = self._planner(context)
         _prepare_speed_check(planner, self.log)
         planner.start()

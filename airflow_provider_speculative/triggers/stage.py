@@ -26,6 +26,7 @@ from airflow_provider_speculative.core.states import TaskState
 from airflow_provider_speculative.core.trigger_events import TaskEvent, TriggerStatus
 from airflow_provider_speculative.exceptions import PlanError, UpstreamFailedError, UpstreamSkippedError
 from airflow_provider_speculative.hooks.asset_events import resolve_asset_api
+from airflow_provider_speculative.hooks.openlineage import prepare_openlineage
 from airflow_provider_speculative.hooks.targets import target_connect_urls
 from airflow_provider_speculative.sinks.base import Sink
 from airflow_provider_speculative.store import journal as journals
@@ -108,6 +109,7 @@ class StageStartTrigger(StageControllerTrigger):
     async def run(self) -> AsyncIterator[TriggerEvent]:
         """Wait for the producers' commits, plan, then control and commit the stage; yield one event."""
         planner: StagePlanner | None = None
+        prepare_openlineage()  # its import overlaps planning instead of delaying the first wave
         try:
             planner = await asyncio.to_thread(self._planner)
             await self._prepare_speed_check(planner)
