@@ -131,8 +131,8 @@ def test_a_check_session_the_server_closed_is_replaced_and_the_check_answers(sha
 
     url = shared_connect_pool.servers[0].url + "/"
     assert sc.speed_check(url) > 0
-    closed = sc._CHECK_SESSIONS[url]
+    closed = sc._CHECK_SESSIONS[url].session_id
     with sc.ConnectSession(sc.compose_url(url, session_id=closed, user_id=sc.DEFAULT_USER_ID)) as session:
         session.release()  # as the server's idle timeout would
     assert sc.speed_check(url) > 0  # SESSION_CLOSED on the old session, answered in a new one
-    assert sc._CHECK_SESSIONS[url] != closed
+    assert sc._CHECK_SESSIONS[url].session_id != closed
