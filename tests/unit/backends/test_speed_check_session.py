@@ -11,6 +11,7 @@ import pytest
 from airflow_provider_speculative.backends import spark_connect
 from airflow_provider_speculative.control import speedcheck
 from airflow_provider_speculative.store.speeds import record_speeds
+from tests.processes import wait_for
 
 URL = "sc://127.0.0.1:1/;token=secret"
 
@@ -56,13 +57,6 @@ def server(monkeypatch: pytest.MonkeyPatch) -> _Server:
     return fake
 
 
-def _wait_until(condition: Any, deadline: float = 5.0) -> None:
-    end = time.monotonic() + deadline
-    while not condition():
-        assert time.monotonic() < end, "condition not reached in time"
-        time.sleep(0.005)
-
-
 def test_a_check_without_preparation_warms_then_times_one_query_in_one_session(server: _Server) -> None:
     spark_connect.speed_check(URL)
     assert len(server.queries) == 2 and len(set(server.queries)) == 1
@@ -73,7 +67,7 @@ def test_a_check_without_preparation_warms_then_times_one_query_in_one_session(s
 
 def test_a_prepared_session_leaves_the_check_only_its_timed_query(server: _Server) -> None:
     spark_connect.prepare_speed_check(URL)
-    _wait_until(lambda: spark_connect._CHECK_SESSIONS[URL].warm.is_set())
+    wait_for(lambda: spark_connect._CHECK_SESSIONS[URL].warm.is_set(), 5, "the warm-up", interval=0.005)
     assert len(server.queries) == 1
     spark_connect.speed_check(URL)
     assert len(server.queries) == 2 and len(server.channels) == 1
@@ -83,7 +77,7 @@ def test_a_check_waits_for_a_warm_up_in_flight_instead_of_opening_a_second_sessi
     server.release_first.clear()
     spark_connect.prepare_speed_check(URL)
     spark_connect.prepare_speed_check(URL)  # a second stage of the run: nothing new
-    _wait_until(lambda: len(server.queries) == 1)
+    wait_for(lambda: len(server.queries) == 1, 5, "the warm-up query", interval=0.005)
     timed: list[float] = []
     checker = threading.Thread(target=lambda: timed.append(spark_connect.speed_check(URL)))
     checker.start()
@@ -96,7 +90,7 @@ def test_a_check_waits_for_a_warm_up_in_flight_instead_of_opening_a_second_sessi
 def test_a_failed_warm_up_is_forgotten_and_the_check_starts_its_own_session(server: _Server) -> None:
     server.fail_first = True
     spark_connect.prepare_speed_check(URL)
-    _wait_until(lambda: URL not in spark_connect._CHECK_SESSIONS)
+    wait_for(lambda: URL not in spark_connect._CHECK_SESSIONS, 5, "the failed session forgotten", interval=0.005)
     spark_connect.speed_check(URL)
     assert len(server.channels) == 2 and server.queries[-1] == server.channels[-1]
     assert server.closed == 1  # the failed session's channel
