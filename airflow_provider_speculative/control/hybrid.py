@@ -19,7 +19,7 @@ from airflow_provider_speculative.core.events import ADMISSION_EVENTS, Event
 from airflow_provider_speculative.core.hybrid import HybridEdge
 from airflow_provider_speculative.core.messages import InputFailed, InputsAdmitted, InputWithdrawn
 from airflow_provider_speculative.core.plan import StagePlan
-from airflow_provider_speculative.core.states import TaskState
+from airflow_provider_speculative.core.states import NO_COMMIT_TASK_STATES
 from airflow_provider_speculative.exceptions import StoreError
 from airflow_provider_speculative.store.files import read_json
 from airflow_provider_speculative.store.layout import StageLayout, stage_key
@@ -103,8 +103,8 @@ class HybridInputWatcher:
         except OSError:
             pass
         task = read_json(task_state_path(producer.layout)) or {}
-        if task.get("state") == TaskState.FAILED:
-            return [self._failure(stage, producer, f"failed (try {task.get('try_number')}): "
+        if task.get("state") in NO_COMMIT_TASK_STATES:
+            return [self._failure(stage, producer, f"{task['state']} (try {task.get('try_number')}): "
                                                    f"{task.get('reason') or 'see its task log'}")]
         if replanned or self._first:
             plan = read_json(producer.layout.plan)

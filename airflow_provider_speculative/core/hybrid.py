@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from airflow_provider_speculative.core.states import TaskState
+from airflow_provider_speculative.core.states import NO_COMMIT_TASK_STATES
 
 
 @dataclass(frozen=True)
@@ -134,8 +134,8 @@ def producer_plan_usable(plan: Mapping[str, Any] | None, task: Mapping[str, Any]
     is committed (then its output is final and the producer, if it reruns on the same plan, reuses it).
     A producer task that failed after the last clear fails the consumer instead of keeping it waiting.
     """
-    if task and task.get("state") == TaskState.FAILED and int(task.get("clear_number") or 0) >= clear_number:
-        return False, f"failed (try {task.get('try_number')}): {task.get('reason') or 'see its task log'}"
+    if task and task.get("state") in NO_COMMIT_TASK_STATES and int(task.get("clear_number") or 0) >= clear_number:
+        return False, f"{task['state']} (try {task.get('try_number')}): {task.get('reason') or 'see its task log'}"
     if plan is None:
         return False, None
     if int(plan.get("clear_number") or 0) >= clear_number:

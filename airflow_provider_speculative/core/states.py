@@ -30,7 +30,14 @@ class TaskState(StrEnum):
     DEFERRED = "deferred"
     SKIPPED = "skipped"
     FAILED = "failed"
+    # Stopped from outside (marked success or failed, cleared, its DAG run deleted): the trigger cannot
+    # tell which, and either way this try will not commit.
+    KILLED = "killed"
     COMMITTED = "committed"
+
+
+# Task states after which this try of the producer will not commit: hybrid consumers fail, not wait.
+NO_COMMIT_TASK_STATES = frozenset({TaskState.FAILED, TaskState.KILLED})
 
 
 # FLIP-168: a state ranks higher the more likely it is to end in FINISHED.

@@ -304,12 +304,16 @@ class StageControllerTrigger(BaseTrigger):
         return env, target_env
 
     async def on_kill(self) -> None:
-        """The user marked the task failed or cleared it: stop every Spark driver of this stage."""
+        """The task was stopped from outside (marked success or failed, cleared, its run deleted): stop its drivers.
+
+        Airflow does not tell the trigger which, so the task state says ``killed``, not ``failed``.
+        """
         plan = await asyncio.to_thread(self._plan)
         env, target_env = await self._kill_env(plan)
         await asyncio.to_thread(kill_stage, plan, "task killed by user", extra_env=env, target_env=target_env)
-        await asyncio.to_thread(record_task_state, StageLayout.of_plan(plan), TaskState.FAILED,
-                                reason="task killed by user")
+        await asyncio.to_thread(record_task_state, StageLayout.of_plan(plan), TaskState.KILLED,
+                                reason="stopped from outside: marked success or failed, cleared, or its DAG run "
+                                       "deleted")
 
 
 def _iso(moment: Any) -> str | None:

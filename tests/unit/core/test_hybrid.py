@@ -100,6 +100,10 @@ def test_a_plan_from_before_the_last_clear_is_used_only_if_committed() -> None:
     usable, failure = producer_plan_usable(plan, {"state": "failed", "clear_number": 1, "try_number": 2,
                                                   "reason": "PlanError: boom"}, None, 1)
     assert not usable and "failed (try 2): PlanError: boom" in failure
+    # A producer stopped from outside will not commit this try either.
+    usable, failure = producer_plan_usable(plan, {"state": "killed", "clear_number": 1, "try_number": 1,
+                                                  "reason": "stopped from outside"}, None, 1)
+    assert not usable and "killed (try 1): stopped from outside" in failure
     # A failure before the last clear is history: the producer runs again.
     assert producer_plan_usable(None, {"state": "failed", "clear_number": 0}, None, 1) == (False, None)
 
