@@ -3,11 +3,13 @@
 One deployment (PostgreSQL + LocalExecutor, api-server, scheduler, dag-processor, triggerer) is shared by
 the tests of this module; each test uses its own DAG run(s), so that they do not see each other's attempts.
 DAGs: ``tests/integration/e2e_dags/e2e_q1.py`` (2 scan subtasks, 1 aggregate subtask, over two lineitem
-parts). ``e2e_q1_barrier`` holds its scan attempts (Spark drivers alive, heartbeat phase ``BARRIER``) until
-the test writes the release files, so every crash below happens while attempts are running, for as long as
+parts; ``e2e_q1`` on the suite's Spark Connect servers, the others one spark-submit per attempt).
+``e2e_q1_barrier`` holds its scan attempts (Spark drivers alive, heartbeat phase ``BARRIER``) until the
+test writes the release files, so every crash below happens while attempts are running, for as long as
 the test needs, without sleeping: the tests only poll the store and the REST API, with deadlines.
 
-- backfill: ``airflow backfill create`` over 2 dates gives each date exactly one committed output; then the
+- backfill (the default path: stage tasks start and commit in the triggerer): ``airflow backfill create``
+  over 2 dates gives each date exactly one committed output; then the
   source changes and a second backfill with ``--reprocess-behavior completed`` recomputes every stage once and
   replaces each date's output (new directory, new commit, the new Q1, nothing appended or left over).
 - kill -9 of the triggerer or of the scheduler (each with every process of its group) while scan attempts run:
@@ -39,6 +41,7 @@ import psutil
 import pytest
 
 from airflow_provider_speculative.devtools.faults import fault_env
+from airflow_provider_speculative.devtools.localcluster import connection_definitions, targets_json
 from airflow_provider_speculative.store.layout import StageLayout
 from tests.integration.airflow_cluster import (
     LINEITEM,
@@ -49,6 +52,7 @@ from tests.integration.airflow_cluster import (
     processes_mentioning,
     wait_until,
 )
+from tests.integration.connect_runner import ConnectPool
 from tests.integration.dag_faults import E2E_Q1
 from tests.integration.q1 import Q1Result, assert_q1_equal, duckdb_q1, output_decimal_scales, read_q1_output
 from tests.processes import group_processes
@@ -58,6 +62,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.spark]
 HERE = Path(__file__).resolve().parent
 E2E_DAGS = HERE / "e2e_dags"
 DAG = "e2e_q1"
+WORKER_DAG = "e2e_q1_worker"
 BARRIER_DAG = "e2e_q1_barrier"
 COMMIT_DAG = "e2e_q1_commit"
 PUBLISH_DAG = "e2e_q1_publish"
@@ -85,8 +90,8 @@ class Deployment:
 
 
 @pytest.fixture(scope="module")
-def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
-    """A healthy deployment with both test DAGs parsed and unpaused; shut down (and leak-checked) after."""
+def deployment(tmp_path_factory: pytest.TempPathFactory, shared_connect_pool: ConnectPool) -> Iterator[Deployment]:
+    """A healthy deployment with its test DAGs parsed and unpaused; shut down (and leak-checked) after."""
 
     parts = sorted(LINEITEM.glob("lineitem.*.parquet"))
     if len(parts) <= PARTS:  # one spare part replaces a used one in the backfill test
@@ -113,12 +118,15 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
         "SPECULATIVE_E2E_CONTROL": str(control),
         # Every component and attempt of the deployment injects the test DAGs' faults (barrier, hold_commit).
         **fault_env(E2E_Q1),
+        # e2e_q1 runs on the suite's warm Connect servers.
+        **connection_definitions(list(shared_connect_pool.servers)),
+        "SPECULATIVE_E2E_CONNECT_TARGETS": targets_json(list(shared_connect_pool.servers)),
     })
     started = time.monotonic()
     try:
         cluster.start_all()
         cluster.wait_healthy()
-        for dag_id in (DAG, BARRIER_DAG, COMMIT_DAG, PUBLISH_DAG, EAGER_DAG, BROKEN_DAG):
+        for dag_id in (DAG, WORKER_DAG, BARRIER_DAG, COMMIT_DAG, PUBLISH_DAG, EAGER_DAG, BROKEN_DAG):
             cluster.wait_dag(dag_id)
             cluster.unpause(dag_id)
         DURATIONS["cluster start"] = time.monotonic() - started
@@ -334,7 +342,7 @@ def check_backfill(dep: Deployment) -> None:
         return done if len(done) == len(runs) else None
 
     again = wait_until(reprocessed, RUN_TIMEOUT, "the reprocessed runs to finish", interval=1)
-    DURATIONS["reprocess (3 dates)"] = time.monotonic() - started
+    DURATIONS[f"reprocess ({len(BACKFILL_DATES)} dates)"] = time.monotonic() - started
     # Airflow reprocesses a completed date by clearing its run (same run id) and running it again.
     assert backfill_runs(cluster) == runs, "reprocessing must rerun the existing runs, not add runs"
     assert {r: again[r]["state"] for r in runs.values()} == dict.fromkeys(runs.values(), "success")
@@ -548,12 +556,12 @@ def check_kill_worker(dep: Deployment) -> None:
     process is killed there. The retry must re-plan, reuse the admitted attempts and commit."""
     cluster = dep.cluster
     for name in STAGES:
-        (dep.control / f"hold.{DAG}.{name}.{WORKER_DS}").write_text("hold")
-    run_id = cluster.trigger(DAG, f"{WORKER_DS}T00:00:00+00:00")
+        (dep.control / f"hold.{WORKER_DAG}.{name}.{WORKER_DS}").write_text("hold")
+    run_id = cluster.trigger(WORKER_DAG, f"{WORKER_DS}T00:00:00+00:00")
     killed = {}
     for name, parallelism in STAGES.items():
-        stage = layout(dep, DAG, run_id, name)
-        held_file = dep.control / f"held.{DAG}.{name}.{WORKER_DS}"
+        stage = layout(dep, WORKER_DAG, run_id, name)
+        held_file = dep.control / f"held.{WORKER_DAG}.{name}.{WORKER_DS}"
 
         def held(held_file: Path = held_file) -> dict[str, Any] | None:
             cluster.check_alive()
@@ -572,21 +580,21 @@ def check_kill_worker(dep: Deployment) -> None:
         task.kill()  # kill -9 the process executing the task
         wait_until(lambda task=task: not task.is_running() or task.status() == psutil.STATUS_ZOMBIE, 30,
                    f"the {name} task process to die", interval=0.2)
-        (dep.control / f"hold.{DAG}.{name}.{WORKER_DS}").unlink()
+        (dep.control / f"hold.{WORKER_DAG}.{name}.{WORKER_DS}").unlink()
     print(f"\nkilled task processes: {killed}")
 
-    final = cluster.wait_runs_finished(DAG, [run_id], RUN_TIMEOUT)[run_id]
+    final = cluster.wait_runs_finished(WORKER_DAG, [run_id], RUN_TIMEOUT)[run_id]
     assert final["state"] == "success", f"run {run_id} is {final['state']}"
-    tis = cluster.task_instances(DAG, run_id)
+    tis = cluster.task_instances(WORKER_DAG, run_id)
     assert {t: tis[t]["try_number"] for t in STAGES} == dict.fromkeys(STAGES, 2), "each killed task ran again"
     for name in STAGES:
-        stage = layout(dep, DAG, run_id, name)
+        stage = layout(dep, WORKER_DAG, run_id, name)
         # The retry's controller found every subtask admitted and launched nothing.
         restored = events(stage, "restored")
         assert restored and restored[-1]["admitted"] == {str(s): 0 for s in range(STAGES[name])}, restored
         assert [e["event"] for e in journal(stage)].count("finalize_done") == 1
-    assert_one_attempt_per_subtask(dep, DAG, run_id)
-    assert_output(dep, DAG, WORKER_DS, run_id)
+    assert_one_attempt_per_subtask(dep, WORKER_DAG, run_id)
+    assert_output(dep, WORKER_DAG, WORKER_DS, run_id)
 
 
 MARK_FAILED_DS = "2026-05-01"

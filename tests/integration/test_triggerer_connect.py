@@ -47,7 +47,7 @@ pytestmark = [pytest.mark.timeout(900)]
 
 NAMESPACE = "speculative-receiver"
 # connect_cancel's attempts wait at the barrier (never released): a kill is what ends them.
-HELD = {"connect_cancel/*": {"barrier": True}}
+HELD = {"connect_cancel/*": {"barrier": True}, "connect_timeout/*": {"barrier": True}}
 PARENT = re.compile(r"\(OpenLineage parent run ([0-9a-f-]{36})\)")
 
 
@@ -295,48 +295,99 @@ def _server_jobs(pool: ConnectPool, session: dict[str, Any], status: str = "") -
 @pytest.mark.e2e
 @pytest.mark.spark
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize(("how", "ds"), [("mark_success", "2026-03-01"), ("delete_dag", "2026-03-02")])
-def test_marking_success_or_deleting_the_dag_stops_its_attempts_on_the_server(
+def _writing_on_the_server(dep: AirflowCluster, pool: ConnectPool, dag_id: str, ds: str
+                           ) -> tuple[str, StageLayout, dict[str, Any]]:
+    """Trigger ``dag_id`` for ``ds`` and wait until attempt 0's write job runs on its server."""
+    dep.wait_dag(dag_id)
+    dep.unpause(dag_id)
+    run_id = dep.trigger(dag_id, f"{ds}T00:00:00+00:00")
+
+    def writing() -> StageLayout | None:
+        plan = _run_dir(dep, dag_id, ds) / "count" / "plan.json"
+        layout = StageLayout.of_plan(json.loads(plan.read_text())) if plan.exists() else None
+        return layout if layout is not None and layout.data(0, 0).exists() else None
+
+    # Attempt 0's write job runs on the server (its UDF sleeps for minutes): a kill must stop it there.
+    layout = wait_until(writing, 300, "attempt 0 of count to start writing", interval=0.5)
+    session = json.loads(layout.connect(0, 0).read_text())
+    wait_until(lambda: _server_jobs(pool, session, "running"), 120, "attempt 0's job to run on its server",
+               interval=0.5)
+    return run_id, layout, session
+
+
+def _killed_all(layout: StageLayout, since: float, reason: str, timeout: float) -> dict[str, Any]:
+    """The stage's first ``killed_all`` journal event with ``reason`` at or after ``since`` (polled)."""
+    def killed() -> list[dict[str, Any]]:
+        lines = layout.journal.read_text().splitlines() if layout.journal.exists() else []
+        return [e for e in map(json.loads, lines)
+                if e["event"] == "killed_all" and e["at"] >= since and e["reason"] == reason]
+
+    (event, *_) = wait_until(killed, timeout, f"the trigger to journal killed_all ({reason})", interval=0.5)
+    return event
+
+
+def _nothing_left(pool: ConnectPool, layout: StageLayout, session: dict[str, Any]) -> None:
+    """Every attempt's Connect session was released with the connection's URL, and nothing of it runs."""
+    for attempt in layout.attempt_numbers(0):
+        record = json.loads(layout.connect(0, attempt).read_text())
+        cancel = json.loads((layout.attempt_dir(0, attempt) / "connect-cancel.json").read_text())
+        assert cancel.get("released_at") and not cancel.get("error"), cancel
+        wait_until(lambda r=record: not _server_jobs(pool, r, "running"), 60,
+                   f"no job of attempt {attempt}'s session running on the server", interval=0.5)
+        assert group_processes(json.loads(layout.status(0, attempt).read_text())["pgid"]) == []
+    assert _server_jobs(pool, session), "attempt 0's session never ran a job"
+
+
+@pytest.mark.e2e
+@pytest.mark.spark
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize(("how", "ds"), [("mark_success", "2026-03-01"), ("mark_failed", "2026-03-03"),
+                                         ("delete_dag", "2026-03-02")])
+def test_marking_success_or_failed_or_deleting_the_dag_stops_its_attempts_on_the_server(
         deployment: AirflowCluster, shared_connect_pool: ConnectPool, how: str, ds: str) -> None:
     dag_id = "connect_cancel"
     try:
-        deployment.wait_dag(dag_id)
-        deployment.unpause(dag_id)
-        run_id = deployment.trigger(dag_id, f"{ds}T00:00:00+00:00")
-        # Attempt 0's write job runs on the server (its UDF sleeps for minutes): a kill must stop it there.
-        def writing() -> StageLayout | None:
-            plan = _run_dir(deployment, dag_id, ds) / "count" / "plan.json"
-            layout = StageLayout.of_plan(json.loads(plan.read_text())) if plan.exists() else None
-            return layout if layout is not None and layout.data(0, 0).exists() else None
-
-        layout = wait_until(writing, 300, "attempt 0 of count to start writing", interval=0.5)
-        session = json.loads(layout.connect(0, 0).read_text())
-        wait_until(lambda: _server_jobs(shared_connect_pool, session, "running"), 120,
-                   "attempt 0's job to run on its server", interval=0.5)
+        run_id, layout, session = _writing_on_the_server(deployment, shared_connect_pool, dag_id, ds)
         killed_at = time.time()
         path = f"/dags/{dag_id}/dagRuns/{quote(run_id, safe='')}"
-        if how == "mark_success":
-            deployment.api("PATCH", f"{path}/taskInstances/count", {"new_state": "success"})
+        if how in ("mark_success", "mark_failed"):
+            deployment.api("PATCH", f"{path}/taskInstances/count", {"new_state": how.removeprefix("mark_")})
         else:
             # The REST API refuses to delete a running DAG run (409); deleting the DAG's records does not.
             deployment.cli("dags", "delete", "--yes", dag_id)
-
         # The triggerer cancels the trigger as a user action: on_kill stops every attempt and journals it.
-        def killed() -> list[dict[str, Any]]:
-            lines = layout.journal.read_text().splitlines() if layout.journal.exists() else []
-            return [e for e in map(json.loads, lines) if e["event"] == "killed_all" and e["at"] >= killed_at]
-
-        (event, *_) = wait_until(killed, 120, "the trigger's on_kill to journal killed_all", interval=0.5)
+        event = _killed_all(layout, killed_at, "task killed by user", 120)
     except BaseException:
         print(f"\n{deployment.diagnostics()}")
         raise
     assert event["left"] == [], f"on_kill could not stop: {event}"
-    for attempt in layout.attempt_numbers(0):
-        record = json.loads(layout.connect(0, attempt).read_text())
-        cancel = json.loads((layout.attempt_dir(0, attempt) / "connect-cancel.json").read_text())
-        # The session was interrupted and released with the connection's URL, and nothing of it runs.
-        assert cancel.get("released_at") and not cancel.get("error"), cancel
-        wait_until(lambda r=record: not _server_jobs(shared_connect_pool, r, "running"), 60,
-                   f"no job of attempt {attempt}'s session running on the server", interval=0.5)
-        assert group_processes(json.loads(layout.status(0, attempt).read_text())["pgid"]) == []
-    assert _server_jobs(shared_connect_pool, session), "attempt 0's session never ran a job"
+    # Marked success or failed alike: the trigger cannot tell which, so the task state claims neither.
+    state = json.loads(layout.task_state.read_text())
+    assert state["state"] == "killed", state
+    _nothing_left(shared_connect_pool, layout, session)
+
+
+@pytest.mark.e2e
+@pytest.mark.spark
+@pytest.mark.timeout(900)
+def test_an_execution_timeout_in_the_triggerer_stops_its_attempts_on_the_server(
+        deployment: AirflowCluster, shared_connect_pool: ConnectPool) -> None:
+    # connect_timeout's stage has a 40 s execution_timeout: Airflow gives the trigger that deadline, and
+    # whoever notices first (the trigger's loop, or the scheduler cancelling the trigger) stops the attempts.
+    dag_id, ds = "connect_timeout", "2026-03-04"
+    try:
+        started = time.time()
+        run_id, layout, session = _writing_on_the_server(deployment, shared_connect_pool, dag_id, ds)
+        event = _killed_all(layout, started, "execution_timeout", 180)
+        final = deployment.wait_runs_finished(dag_id, [run_id], 300)[run_id]
+        tis = deployment.api("GET", f"/dags/{dag_id}/dagRuns/{quote(run_id, safe='')}/taskInstances")
+    except BaseException:
+        print(f"\n{deployment.diagnostics()}")
+        raise
+    assert event["left"] == [], f"the timeout could not stop: {event}"
+    assert final["state"] == "failed", final
+    (ti,) = [t for t in tis["task_instances"] if t["task_id"] == "count"]
+    assert ti["state"] == "failed", ti
+    state = json.loads(layout.task_state.read_text())
+    assert state["state"] == "failed" and "execution_timeout passed" in state["reason"], state
+    _nothing_left(shared_connect_pool, layout, session)

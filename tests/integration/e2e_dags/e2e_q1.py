@@ -1,13 +1,16 @@
 """Test DAGs of ``test_e2e_recovery.py``: the example's Q1 applications, small (2 scan subtasks, 1 aggregate).
 
-- ``e2e_q1``: ``@daily`` from 2026-01-01 (no catchup, up to 3 active runs) for backfills.
+- ``e2e_q1``: ``@daily`` from 2026-01-01 (no catchup, up to 3 active runs) for backfills, and
+  ``e2e_q1_worker``, triggered by hand: both on the suite's Spark Connect servers; every other DAG runs
+  one spark-submit per attempt.
 - ``e2e_q1_barrier``: the same pipeline, triggered by hand, whose scan attempts are held by fault injection
   (``barrier``, set by the test: ``tests/integration/dag_faults.py``, ``E2E_Q1``; a scan attempt that
   computed its output waits, heartbeat phase ``BARRIER``, before writing its manifest until
   ``<stage dir>/barrier.release.<subtask>`` exists), so that a test can kill Airflow components while scan
   attempts (their Spark drivers) are running, for as long as it needs, and then let them finish.
 
-Every stage task retries once, 5 s after a failure. In ``e2e_q1`` both stages start and finalize on a worker
+Every stage task retries once, 5 s after a failure. ``e2e_q1`` is the default path (stages start and commit
+in the triggerer). In ``e2e_q1_worker`` both stages finalize on a worker
 (``commit_in_triggerer=False``), and every stage task runs
 :func:`hold_before_finalize` first: a test can ask it (through control files) to stop a task after its
 stage controller decided the stage, just before finalize, so that the worker process executing the task
@@ -77,17 +80,22 @@ def hold_before_finalize(context: Any) -> None:
 
 def q1_dag(dag_id: str, *, schedule: str | None, scan_config: dict[str, Any] | None = None,
            commit_in_triggerer: bool = True, scan_application: str = "q1_scan.py", templated: bool = False,
-           aggregate_config: dict[str, Any] | None = None) -> DAG:
+           aggregate_config: dict[str, Any] | None = None, connect: bool = False) -> DAG:
     """The 2-stage Q1 pipeline as DAG ``dag_id``, sink ``$SPECULATIVE_EXAMPLE_OUTPUT/<dag_id>/<ds>``.
 
     ``templated``: the scan's source path comes from a DAG param and its application arguments name the run
     (``{{ params.lineitem }}``, ``{{ run_id }}``): Airflow's triggerer renders them for a stage started there.
+    ``connect``: attempts run on the suite's Spark Connect servers (``$SPECULATIVE_E2E_CONNECT_TARGETS``)
+    instead of one spark-submit each.
     """
+    pipeline_config: dict[str, Any] = {"check_interval": "500ms"}
+    if connect:
+        pipeline_config["targets"] = json.loads(os.environ["SPECULATIVE_E2E_CONNECT_TARGETS"])
     default_args = {"retries": 1, "retry_delay": timedelta(seconds=5)}
     with DAG(dag_id=dag_id, schedule=schedule, start_date=pendulum.datetime(2026, 1, 1, tz="UTC"), catchup=False,
              max_active_runs=3, default_args=default_args, tags=["speculative", "e2e"],
              params={"lineitem": os.environ["SPECULATIVE_EXAMPLE_DATA"]}) as dag, \
-            Pipeline(dag_id, config={"check_interval": "500ms"},
+            Pipeline(dag_id, config=pipeline_config,
                           spark_conf={"spark.sql.shuffle.partitions": "4"}) as pipeline:
         source = "{{ params.lineitem }}" if templated else os.environ["SPECULATIVE_EXAMPLE_DATA"]
         scan = pipeline.stage("scan", application=str(APPS / scan_application), parallelism=2,
@@ -103,7 +111,9 @@ def q1_dag(dag_id: str, *, schedule: str | None, scan_config: dict[str, Any] | N
     return dag
 
 
-e2e_q1 = q1_dag("e2e_q1", schedule="@daily", commit_in_triggerer=False)
+# On Connect: their tests (a backfill, a killed worker before finalize) are about Airflow, not the Spark driver.
+e2e_q1 = q1_dag("e2e_q1", schedule="@daily", connect=True)
+e2e_q1_worker = q1_dag("e2e_q1_worker", schedule=None, commit_in_triggerer=False, connect=True)
 # Fault injection (dag_faults.E2E_Q1) holds e2e_q1_barrier's scan attempts and e2e_q1_commit's scan trigger.
 e2e_q1_barrier = q1_dag("e2e_q1_barrier", schedule=None)
 e2e_q1_commit = q1_dag("e2e_q1_commit", schedule=None)
