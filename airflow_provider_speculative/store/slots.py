@@ -4,23 +4,43 @@ Slot ``k`` has generations ``g = 0, 1, 2, ...``. A **claim** of generation ``g``
 ``slot-<k>.json`` (``g = 0``: any ``slot-<k>.json`` in a store is one) or ``slot-<k>.<g>.json``, created exclusively;
 its record names the holder's attempt (dag, run, stage, subtask, attempt) and a random token. A
 **release record** ``<claim>.released`` is created exclusively next to a claim and ends it for good.
-Slot ``k`` is held while its highest generation has no release record. Nothing is renamed, replaced or
-deleted, so the scheme needs only exclusive create and listing, which every store backend gives:
+Slot ``k`` is held while its **top** (its highest generation present) has no release record. Nothing is
+renamed or replaced: the scheme needs exclusive create, listing and owned deletes, which every store
+backend gives:
 
-* taking a free slot creates generation ``g + 1`` once generation ``g`` is seen released (``0`` when
-  the slot has none): of racing claimers exactly one creates it, and a claimer with a stale listing
-  finds its generation taken. A generation is created only after the one below it was released, so
-  at most one generation of a slot is ever unreleased, and it is the highest;
+* taking a free slot creates generation ``g + 1`` once the top ``g`` is seen released (``0`` when the slot
+  has none): of racing claimers exactly one creates it. The claimer then lists again and keeps the slot
+  only if no generation above its own is there; otherwise it releases its own and tries again on a
+  fresh listing (a claimer with a stale listing may have created a name that was pruned);
 * the holder releases its slot by creating the release record of its own generation (found by its token);
 * a slot whose holder is provably gone (``core.slots.holder_gone``) is reclaimed by creating the same
   release record: of two reclaimers, or of a reclaimer and the holder, exactly one wins, and a later
   generation (a new holder's claim) is never touched.
 
-Cost: counting held slots is one listing of the slots prefix, linear in its objects and without reads;
-holders are read only when a stage wants a slot, finds none free and a reclaim is due. Released
-generations stay (two objects per use of a slot) until the store's owned deletes can prune them; a
-pruning must keep each slot's highest generation and its release record, and a claimer must then list
-again after its create and give up a generation below another, since a deleted name can be created anew.
+**Pruning.** Whoever creates a release record (holder, reclaimer, or a claimer giving up) then lists the
+prefix and deletes, for every slot, each claim and release record of a generation below that listing's
+top, each claim before its release record; the top and its release record stay. Why at most one
+claimer keeps a slot: (a) a pruning deletes only names below a generation its listing showed, so the
+highest generation ever created is never deleted and, once a name is pruned, a higher generation exists
+for good; (b) so a claimer that creates a pruned name again sees a higher one in its second listing and
+gives up: a kept claim is the first object of its name and its slot's top; (c) a later generation is
+created only once a listing shows the kept claim's release record, which only its holder's release or a
+reclaim creates (a release record is made only for a claim that exists or was read, so none predates
+the first object of its name). Hence a kept claim stays its slot's top, never pruned, until released or
+reclaimed, and whatever a pruning deletes is released, superseded or being given up. This takes a
+listing to show the prefix as it was at one moment, as one ``getdents`` of a small directory or one page
+of ``ListObjectsV2`` does; pruning keeps the prefix that small.
+
+Cost: counting held slots is one listing of the slots prefix, without reads; the prefix holds at most
+three objects per slot once races settle (a held top, and the released generation below it until its
+holder's release prunes it), plus its ownership marker (``_owner.json``, made by ``StoreBackend.claim``
+on an instance's first claim or pruning). Holders are read only when a stage wants a slot, finds none free and a
+reclaim is due. A store whose slots prefix is owned by another store (another root URL) is not pruned.
+
+**Older layout.** Controllers before this scheme only ever made ``slot-<k>.json`` and released it by
+renaming it away; such a claim with no release record is read here as generation 0, held, and is
+released or reclaimed as any other. The two schemes must not share a store while slots are held: the
+older one does not see generations above 0 and may take back a pruned ``slot-<k>.json``.
 """
 
 from __future__ import annotations
@@ -29,16 +49,37 @@ import re
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from airflow_provider_speculative.core.slots import holder_gone
-from airflow_provider_speculative.store.backend import PosixBackend, StoreBackend
+from airflow_provider_speculative.store.backend import PosixBackend, StoreBackend, StoreNotOwnedError
 from airflow_provider_speculative.store.layout import StageLayout, safe_component
 
 TARGETS_DIR = "_targets"
 RELEASED_SUFFIX = ".released"
 _ENTRY = re.compile(r"^slot-(\d+)(?:\.(\d+))?\.json(\.released)?$")
+# Fresh listings a claimer tries after giving up a generation it created from a stale one.
+_CLAIM_ROUNDS = 4
+
+
+@dataclass
+class _Slot:
+    """What one listing shows of one slot: its claims' and its release records' generations."""
+
+    claims: set[int] = field(default_factory=set)
+    released: set[int] = field(default_factory=set)
+
+    @property
+    def top(self) -> int:
+        """The highest generation claimed (-1 for none)."""
+        return max(self.claims, default=-1)
+
+    @property
+    def free(self) -> bool:
+        """Whether the slot is free: no claim, or its top released."""
+        return not self.claims or self.top in self.released
 
 
 class TargetSlots:
@@ -50,6 +91,7 @@ class TargetSlots:
         self.store: StoreBackend = PosixBackend(self.root) if store is None else store
         self.prefix = f"{TARGETS_DIR}/{safe_component(target)}/slots"
         self.dir = self.root / self.prefix
+        self._owned: bool | None = None  # None: not claimed yet by this instance
 
     def path(self, index: int, generation: int = 0) -> Path:
         """The claim file of slot ``index`` (of its ``generation``) in a POSIX store."""
@@ -63,22 +105,23 @@ class TargetSlots:
     def _object(self, index: int, generation: int, *, released: bool = False) -> str:
         return f"{self.prefix}/{self.name(index, generation)}{RELEASED_SUFFIX if released else ''}"
 
-    def _generations(self) -> dict[int, tuple[int, bool]]:
-        """Slot index -> (its highest generation, whether that one is released), from one listing."""
-        claims: dict[int, int] = {}
-        released: set[tuple[int, int]] = set()
+    def _listing(self) -> dict[int, _Slot]:
+        """Slot index -> its claims and release records, from one listing."""
+        slots: dict[int, _Slot] = {}
         for entry in self.store.children(self.prefix):
             match = _ENTRY.match(entry)
             if match is None:
                 continue
-            key = (int(match.group(1)), int(match.group(2) or 0))
-            if entry != self.name(*key) + (match.group(3) or ""):
+            index, generation = int(match.group(1)), int(match.group(2) or 0)
+            if entry != self.name(index, generation) + (match.group(3) or ""):
                 continue  # ``slot-01.json``, ``slot-1.0.json``: not a name this module makes
-            if match.group(3):
-                released.add(key)
-            else:
-                claims[key[0]] = max(key[1], claims.get(key[0], -1))
-        return {index: (generation, (index, generation) in released) for index, generation in claims.items()}
+            slot = slots.setdefault(index, _Slot())
+            (slot.released if match.group(3) else slot.claims).add(generation)
+        return slots
+
+    def _generations(self) -> dict[int, tuple[int, bool]]:
+        """Slot index -> (its top generation, whether that one is released), from one listing."""
+        return {index: (slot.top, slot.free) for index, slot in self._listing().items() if slot.claims}
 
     def _held(self) -> dict[int, int]:
         """Slot index -> the generation holding it."""
@@ -106,14 +149,28 @@ class TargetSlots:
 
     def claim(self, capacity: int, holder: dict[str, Any]) -> tuple[int, str] | None:
         """Take the lowest free slot below ``capacity``; return (index, token), or None if all are held."""
-        generations = self._generations()
         token = uuid.uuid4().hex
-        for index in range(capacity):
-            generation, released = generations.get(index, (-1, True))
-            if not released:
-                continue
-            if self.store.create_exclusive_json(self._object(index, generation + 1), {**holder, "token": token}):
-                return index, token
+        self._own()  # the prefix's marker before its first claim, so that releases may prune there
+        for _ in range(_CLAIM_ROUNDS):
+            gave_up = False
+            generations = self._generations()
+            for index in range(capacity):
+                top, free = generations.get(index, (-1, True))
+                if not free:
+                    continue
+                generation = top + 1
+                if not self.store.create_exclusive_json(self._object(index, generation), {**holder, "token": token}):
+                    continue
+                slot = self._listing().get(index, _Slot())
+                if slot.top == generation and not slot.free:
+                    return index, token
+                # Not the top, or ended already: our first listing was stale and our name may be one already pruned.
+                self._end(index, generation, {"token": token, "by": "claimer", "at": time.time()})
+                self.prune()
+                gave_up = True
+                break
+            if not gave_up:
+                return None
         return None
 
     def release(self, index: int, token: str) -> bool:
@@ -124,7 +181,10 @@ class TargetSlots:
         record = self.store.read_json(self._object(index, generation))
         if not isinstance(record, dict) or record.get("token") != token:
             return False  # reclaimed already (we were presumed gone): the slot is someone else's now
-        return self._end(index, generation, {"token": token, "by": "holder", "at": time.time()})
+        ended = self._end(index, generation, {"token": token, "by": "holder", "at": time.time()})
+        if ended:
+            self.prune()
+        return ended
 
     def _end(self, index: int, generation: int, record: dict[str, Any]) -> bool:
         """Create the release record of one generation: True for the one caller that did."""
@@ -134,14 +194,49 @@ class TargetSlots:
                      ) -> list[tuple[int, dict[str, Any], str]]:
         """Free the slots whose holders are provably gone (except ``skip``-ped ones); return (index, holder, why)."""
         freed = []
+        ended = False
         for index, (generation, holder) in self._holder_claims().items():
             if skip(holder):
                 continue
             why = self._gone(holder, now)
             if why and self._end(index, generation, {"token": holder.get("token"), "by": "reclaim", "at": now,
                                                      "why": why}):
-                freed.append((index, holder, why))
+                ended = True
+                # A claim pruned and its name taken again since our read was not the holder's: not freed by us.
+                claim = self.store.read_json(self._object(index, generation))
+                if isinstance(claim, dict) and claim.get("token") == holder.get("token"):
+                    freed.append((index, holder, why))
+        if ended:
+            self.prune()
         return freed
+
+    def prune(self) -> int:
+        """Delete every claim and release record below its slot's top (module docstring); return how many went."""
+        if not self._own():
+            return 0
+        deleted = 0
+        for index, slot in sorted(self._listing().items()):
+            top = slot.top
+            for generation in sorted((slot.claims | slot.released) - {top}):
+                if generation > top:
+                    continue  # a release record above every claim this listing shows: its claim was missed
+                # The claim first: no release record is deleted while its claim is still there, so a reclaimer
+                # that finds the claim it read still there after creating the record knows its record was the first.
+                if generation in slot.claims and self.store.delete(self._object(index, generation)):
+                    deleted += 1
+                if generation in slot.released and self.store.delete(self._object(index, generation, released=True)):
+                    deleted += 1
+        return deleted
+
+    def _own(self) -> bool:
+        """Own the slots prefix (once per instance) so that pruning may delete there; False if another store does."""
+        if self._owned is None:
+            try:
+                self.store.claim(self.prefix)
+                self._owned = True
+            except StoreNotOwnedError:
+                self._owned = False  # the prefix is another store's (another root URL): leave it unpruned
+        return self._owned
 
     def _gone(self, holder: dict[str, Any], now: float) -> str | None:
         try:

@@ -11,10 +11,11 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_speculative.store.backend import ObjectInfo, StoreBackend
+from airflow_provider_speculative.store.backend import ObjectInfo, PosixBackend, StoreBackend
 from airflow_provider_speculative.store.files import atomic_write_json, create_exclusive_json
 from airflow_provider_speculative.store.layout import StageLayout
 from airflow_provider_speculative.store.slots import TargetSlots, holder_record
+from tests.unit.store.slot_race import LateSlots, objects_per_slot, race_slots
 
 
 def test_claims_are_exclusive_and_bounded_by_capacity(tmp_path):
@@ -79,11 +80,11 @@ def test_only_gone_holders_are_reclaimed(tmp_path):
     assert [why for _, _, why in gone.reclaim_gone(now)] == ["attempt never launched"]
 
 
-# -- release and reclaim by release records (no rename, no delete) -------------------------------------
+# -- release and reclaim by release records (no rename), pruning by owned deletes ------------------
 
 
 class MemoryBackend(StoreBackend):
-    """A store double in memory: exclusive create and listing, and no file, so nothing can be renamed."""
+    """A store double in memory: exclusive create, listing and deletes, and no file, so nothing can be renamed."""
 
     def __init__(self) -> None:
         self.objects: dict[str, bytes] = {}
@@ -131,19 +132,22 @@ class MemoryBackend(StoreBackend):
         raise AssertionError("slots never read a journal")
 
     def _read_marker(self, prefix: str) -> Any:
-        return None
+        data = self.objects.get(f"{prefix}/_owner.json")
+        return None if data is None else json.loads(data)
 
     def _delete(self, name: str) -> bool:
-        raise AssertionError("slots never delete")
+        with self.lock:
+            return self.objects.pop(name, None) is not None
 
     def _delete_tree(self, prefix: str, names: list[str]) -> int:
-        raise AssertionError("slots never delete")
+        raise AssertionError("slots delete objects one by one")
 
 
 def _no_renames(monkeypatch: pytest.MonkeyPatch, under: Path) -> list[str]:
-    """Make every rename, replace and unlink of a claim or release record below ``under`` fail; return what was tried.
+    """Make every rename or replace of a claim or release record below ``under`` fail; return what was tried.
 
-    The temporary file of an exclusive create is removed once linked in place: that one is allowed.
+    Deletes are pruning's, through the backend's owned ``delete``; the temporary file of an exclusive
+    create is removed once linked in place.
     """
     tried: list[str] = []
 
@@ -155,9 +159,8 @@ def _no_renames(monkeypatch: pytest.MonkeyPatch, under: Path) -> list[str]:
             return real(src, *args, **kwargs)
         return call
 
-    for name in ("rename", "replace", "unlink", "remove"):
+    for name in ("rename", "replace"):
         monkeypatch.setattr(os, name, guard(f"os.{name}", getattr(os, name)))
-    for name in ("rename", "replace", "unlink"):
         monkeypatch.setattr(Path, name, guard(f"Path.{name}", getattr(Path, name)))
     return tried
 
@@ -169,12 +172,12 @@ def test_release_and_reclaim_use_release_records_and_no_rename(tmp_path, monkeyp
     layout = StageLayout(tmp_path, "d", "r", "s")
     index, token = slots.claim(2, holder_record(layout, 0, 0, now - 600))  # never launched: gone
     assert slots.release(index, token) and not slots.release(index, token)
+    assert json.loads((slots.dir / "slot-0.json.released").read_text())["by"] == "holder"
     assert slots.claim(2, holder_record(layout, 1, 0, now - 600))[0] == 0
     assert [why for _, _, why in slots.reclaim_gone(now)] == ["attempt never launched"]
     assert slots.count() == 0 and tried == []
-    assert sorted(p.name for p in slots.dir.iterdir()) == [
-        "slot-0.1.json", "slot-0.1.json.released", "slot-0.json", "slot-0.json.released"]
-    assert json.loads((slots.dir / "slot-0.json.released").read_text())["by"] == "holder"
+    # The reclaim pruned generation 0: the top and its release record stay.
+    assert sorted(p.name for p in slots.dir.iterdir()) == ["_owner.json", "slot-0.1.json", "slot-0.1.json.released"]
     assert json.loads((slots.dir / "slot-0.1.json.released").read_text())["by"] == "reclaim"
 
 
@@ -299,3 +302,80 @@ def test_slot_k_json_is_generation_zero_and_other_names_are_ignored(tmp_path):
     assert slots.claim(2, {"who": "new"})[0] == 0 and slots.claim(2, {"who": "more"}) is None
     assert slots.release(1, "abc") and slots.claim(2, {"who": "again"})[0] == 1
     assert (slots.dir / "slot-1.1.json").is_file()
+
+
+# -- pruning ------------------------------------------------------------------------------------------
+
+
+def test_releases_prune_every_generation_below_the_top(tmp_path):
+    store = MemoryBackend()
+    slots = TargetSlots(tmp_path, "t", store=store)
+    for i in range(30):
+        got = [slots.claim(2, {"who": i}), slots.claim(2, {"who": -i})]
+        assert [index for index, _ in got] == [0, 1]
+        assert all(slots.release(*held) for held in got)
+        assert len(slots.store.children(slots.prefix)) <= 2 * 2 + 1
+    assert slots.store.children(slots.prefix) == [
+        "_owner.json", "slot-0.29.json", "slot-0.29.json.released", "slot-1.29.json", "slot-1.29.json.released"]
+    held = slots.claim(2, {"who": "held"})
+    # Held: the new top, and the released generation below it until this holder's release prunes it.
+    assert held is not None and slots.count() == 1 and len(slots.store.children(slots.prefix)) == 6
+    assert slots.release(*held) and len(slots.store.children(slots.prefix)) == 5
+
+
+def test_a_claimer_recreating_a_pruned_name_gives_it_up_and_takes_the_top(tmp_path, monkeypatch):
+    slots = TargetSlots(tmp_path, "t")
+    assert slots.release(*slots.claim(1, {"who": "first"}))
+    stale = slots._generations()  # generation 0, released
+    for i in range(3):
+        assert slots.release(*slots.claim(1, {"who": i}))
+    assert not slots.path(0, 1).exists() and slots.path(0, 3).exists()  # generation 1 was pruned
+    late = TargetSlots(tmp_path, "t")
+    listings = [stale]
+    monkeypatch.setattr(late, "_generations", lambda: listings.pop() if listings else TargetSlots._generations(late))
+    index, token = late.claim(1, {"who": "late"})
+    # It created generation 1 again, saw generation 3 above it, gave it up and took generation 4.
+    assert (index, slots.holders()[0]["token"], slots.holders()[0]["who"]) == (0, token, "late")
+    assert sorted(p.name for p in slots.dir.iterdir()) == [
+        "_owner.json", "slot-0.3.json", "slot-0.3.json.released", "slot-0.4.json"]
+    assert slots.count() == 1 and late.release(index, token) and slots.count() == 0
+
+
+def test_a_stale_pruning_never_deletes_a_top_or_a_kept_claim(tmp_path, monkeypatch):
+    slots = TargetSlots(tmp_path, "t")
+    assert slots.release(*slots.claim(1, {"who": "a"}))
+    pruner = TargetSlots(tmp_path, "t")
+    stale = pruner._listing()  # generation 0 is the top
+    held = slots.claim(1, {"who": "b"})
+    monkeypatch.setattr(pruner, "_listing", lambda: stale)
+    assert pruner.prune() == 0
+    monkeypatch.undo()
+    assert slots.holders()[0]["token"] == held[1] and slots.release(*held)
+
+
+def test_racing_claimers_releasers_reclaimers_and_pruners_never_oversubscribe(tmp_path):
+    slots = 3
+    race = race_slots(lambda: LateSlots(tmp_path, "t"), tmp_path, slots=slots, holders=8, rounds=15, crashers=3,
+                      reclaimers=2, pruners=2, stale=3)
+    assert race.errors == [] and race.failed_releases == 0
+    assert 1 <= race.most <= slots and race.held == 8 * 15 + 3 and race.recreated >= 1
+    final = TargetSlots(tmp_path, "t")
+    names = final.store.children(final.prefix)
+    assert final.count() == 0 and max(objects_per_slot(names).values()) <= 2 and len(names) <= 2 * slots + 1, names
+
+
+def test_an_older_claim_is_generation_zero_released_and_pruned_as_any_other(tmp_path):
+    slots = TargetSlots(tmp_path, "t")
+    create_exclusive_json(slots.dir / "slot-0.json", {"who": "older", "token": "abc"})
+    assert slots.count() == 1 and slots.claim(1, {"who": "new"}) is None
+    assert slots.release(0, "abc") and slots.release(*slots.claim(1, {"who": "new"}))
+    assert sorted(p.name for p in slots.dir.iterdir()) == ["_owner.json", "slot-0.1.json", "slot-0.1.json.released"]
+
+
+def test_a_slots_prefix_another_store_owns_is_used_but_never_pruned(tmp_path):
+    theirs = PosixBackend(tmp_path, owner="another-store")
+    slots = TargetSlots(tmp_path, "t")
+    theirs.claim(slots.prefix)
+    for i in range(3):
+        assert slots.release(*slots.claim(1, {"who": i}))
+    assert slots.prune() == 0 and len(list(slots.dir.iterdir())) == 1 + 2 * 3 and slots.count() == 0
