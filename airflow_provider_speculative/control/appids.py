@@ -18,7 +18,6 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from airflow_provider_speculative.store.files import read_json
 from airflow_provider_speculative.store.layout import StageLayout
 
 APP_IDS_KEY = "spark_app_ids"
@@ -30,7 +29,7 @@ MAX_APP_ID_CHARS = 256
 
 
 def _app_id(layout: StageLayout, subtask: int, attempt: int) -> str | None:
-    heartbeat = read_json(layout.heartbeat(subtask, attempt))
+    heartbeat = layout.read_json(layout.heartbeat(subtask, attempt))
     app_id = heartbeat.get("app_id") if isinstance(heartbeat, dict) else None
     return app_id if isinstance(app_id, str) and 0 < len(app_id) <= MAX_APP_ID_CHARS else None
 
@@ -40,7 +39,7 @@ def stage_app_ids(layout: StageLayout, parallelism: int) -> tuple[dict[str, list
     every: dict[str, list[str]] = {}
     admitted: dict[str, str] = {}
     for subtask in range(parallelism):
-        marker = read_json(layout.admitted(subtask))
+        marker = layout.read_json(layout.admitted(subtask))
         winner = marker.get("attempt") if isinstance(marker, dict) else None
         ids: list[str] = []
         for number in layout.attempt_numbers(subtask):

@@ -18,7 +18,6 @@ from typing import Any, Protocol
 from airflow_provider_speculative.core.asset_events import KEY_FIELD
 from airflow_provider_speculative.core.events import Event
 from airflow_provider_speculative.store import journal as journals
-from airflow_provider_speculative.store.files import atomic_write_json, read_json
 from airflow_provider_speculative.store.layout import StageLayout
 
 # A clock difference between this host and the api-server's that the lookup of an earlier POST tolerates.
@@ -46,10 +45,10 @@ def publish_asset_events(api: AssetApi, layout: StageLayout, assets: list[dict[s
     api-server refuses or does not answer; what was recorded before stays recorded.
     """
     path = layout.asset_events
-    state = read_json(path) or {}
+    state = layout.read_json(path) or {}
     if state.get("key") != key:
         state = {"key": key, "intent_at": time.time(), "events": {}}
-        atomic_write_json(path, state)
+        layout.replace_json(path, state)
         resumed = False
     else:
         resumed = True
@@ -64,7 +63,7 @@ def publish_asset_events(api: AssetApi, layout: StageLayout, assets: list[dict[s
         found = api.find_event(asset_id, since, lambda e: e.get(KEY_FIELD) == key) if resumed else None
         event = found or api.create_event(asset_id, body, partition_key)
         recorded[uri] = int(event.get("id", 0) or 0)
-        atomic_write_json(path, {**state, "events": recorded})
-        journals.record(layout.journal, Event.ASSET_EVENT_RECORDED, uri=uri, event_id=recorded[uri],
-                        found_earlier=found is not None, by="triggerer")
+        layout.replace_json(path, {**state, "events": recorded})
+        journals.record_stage(layout, Event.ASSET_EVENT_RECORDED, uri=uri, event_id=recorded[uri],
+                              found_earlier=found is not None, by="triggerer")
     return recorded

@@ -18,7 +18,7 @@ from typing import Any, BinaryIO
 from airflow_provider_speculative.control.readmodel import find_stage_key, run_plans
 from airflow_provider_speculative.core.states import Attempt
 from airflow_provider_speculative.exceptions import NotFoundError, UnsafeStorePathError
-from airflow_provider_speculative.store.files import open_in_store, read_json
+from airflow_provider_speculative.store.files import open_in_store
 from airflow_provider_speculative.store.layout import StageLayout
 
 # What the UI and CLI show by default: the end of a driver log is where the error is.
@@ -78,12 +78,12 @@ def attempt_log(root: Path, dag_id: str, run_id: str, stage: str, subtask: int, 
     if not 0 < max_bytes <= MAX_TAIL_BYTES:
         raise ValueError(f"max_bytes must be between 1 and {MAX_TAIL_BYTES}, got {max_bytes}")
     layout = StageLayout(root, dag_id, run_id, stage)
-    if not layout.plan.is_file():
+    if not layout.exists(layout.plan):
         # A stage of a pipeline compiled as a TaskGroup is keyed by its task id; its bare name, if no other
         # grouped pipeline of the DAG has it, names it too.
         stage = find_stage_key(run_plans(root, dag_id, run_id), stage, f"DAG {dag_id!r} run {run_id!r}")
         layout = StageLayout(root, dag_id, run_id, stage)
-    plan = read_json(layout.plan)
+    plan = layout.read_json(layout.plan)
     if not isinstance(plan, dict):
         raise NotFoundError(f"DAG {dag_id!r} run {run_id!r}: no stage {stage!r} is recorded in the store")
     parallelism = plan.get("parallelism")
@@ -149,7 +149,8 @@ def failure_log_lines(layout: StageLayout, failed: list[tuple[int, int]]) -> lis
 
 def attempt_ended(root: Path, log: AttemptLog) -> bool:
     """Whether the attempt's launcher recorded its end (its log will not grow any more)."""
-    status = read_json(StageLayout(root, log.dag_id, log.run_id, log.stage).status(log.subtask, log.attempt))
+    layout = StageLayout(root, log.dag_id, log.run_id, log.stage)
+    status = layout.read_json(layout.status(log.subtask, log.attempt))
     return isinstance(status, dict) and status.get("end_at") is not None
 
 

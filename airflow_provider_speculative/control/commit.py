@@ -23,7 +23,6 @@ from airflow_provider_speculative.core.states import TaskState
 from airflow_provider_speculative.core.trigger_events import ControllerEvent
 from airflow_provider_speculative.sinks.base import AttemptResult, FinalizationContext, Sink, StagingScope
 from airflow_provider_speculative.store import journal as journals
-from airflow_provider_speculative.store.files import atomic_write_json, wait_for_file
 from airflow_provider_speculative.store.layout import StageLayout
 from airflow_provider_speculative.store.results import admitted_results, remove_attempt_output, write_committed
 from airflow_provider_speculative.store.task_state import record_task_state
@@ -64,11 +63,11 @@ def cleanup_sink_staging(plan: StagePlan, layout: StageLayout, attempts: tuple[t
     except Exception as exc:  # clean-up must not hide the stage's own outcome; gc finds what is left
         (logger or log).warning("stage %s: sink staging clean-up failed (airflow speculative gc will retry): %s",
                                 plan["stage"], exc)
-        journals.record(layout.journal, Event.SINK_STAGING_CLEANUP_FAILED, error=f"{type(exc).__name__}: {exc}")
+        journals.record_stage(layout, Event.SINK_STAGING_CLEANUP_FAILED, error=f"{type(exc).__name__}: {exc}")
         return
     if removed:
-        journals.record(layout.journal, Event.SINK_STAGING_REMOVED, objects=removed,
-                        scope="stage run" if attempts is None else "losers")
+        journals.record_stage(layout, Event.SINK_STAGING_REMOVED, objects=removed,
+                              scope="stage run" if attempts is None else "losers")
 
 
 def admitted_of(event: ControllerEvent) -> dict[int, int]:
@@ -85,13 +84,13 @@ def commit_admitted(plan: StagePlan, layout: StageLayout, event: ControllerEvent
     """
     admitted = admitted_of(event)
     record = admitted_results(layout, admitted)
-    journals.record(layout.journal, Event.FINALIZE_STARTED, admitted=event["admitted"], try_number=try_number, by=by)
+    journals.record_stage(layout, Event.FINALIZE_STARTED, admitted=event["admitted"], try_number=try_number, by=by)
     sink_result = finalize_sink(admitted, record) if finalize_sink is not None else None
     # try and clear number: a consumer waiting in the triggerer takes a commit of this clear of the DAG run.
     record.update(fingerprint=plan["fingerprint"], committed_at=time.time(), sink=sink_result,
                   summary=event.get("summary", {}), try_number=try_number, clear_number=clear_number)
     write_committed(layout, record)
-    journals.record(layout.journal, Event.FINALIZE_DONE, sink=sink_result, by=by)
+    journals.record_stage(layout, Event.FINALIZE_DONE, sink=sink_result, by=by)
     record_task_state(layout, TaskState.COMMITTED, try_number=try_number, clear_number=clear_number)
     return record, sink_result
 
@@ -118,5 +117,5 @@ def commit_summary(stage: str, layout: StageLayout, sink_result: dict[str, Any] 
 def hold_after_commit(layout: StageLayout, timeout: float = 900.0) -> None:
     """Fault injection ``hold_commit`` (core/faults.py): record the hold, wait (bounded) until a test releases it."""
     held, release = layout.commit_hold()
-    atomic_write_json(held, {"pid": os.getpid(), "at": time.time()})
-    wait_for_file(release, timeout, 0.1)
+    layout.replace_json(held, {"pid": os.getpid(), "at": time.time()})
+    layout.wait_for(release, timeout, 0.1)

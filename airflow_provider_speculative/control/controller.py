@@ -69,7 +69,6 @@ from airflow_provider_speculative.core.states import TERMINAL, Attempt, AttemptS
 from airflow_provider_speculative.core.summary import StageSummary
 from airflow_provider_speculative.core.trigger_events import ControllerEvent, TriggerStatus
 from airflow_provider_speculative.store import changes
-from airflow_provider_speculative.store.files import atomic_write_json, create_exclusive_json, read_json
 from airflow_provider_speculative.store.journal import Journal
 from airflow_provider_speculative.store.layout import StageLayout, stage_key
 from airflow_provider_speculative.store.results import remove_attempt_output
@@ -135,7 +134,7 @@ class StageController:
         self.config = SpeculativeConfig.from_json(plan["config"])
         self.faults = (faults if faults is not None else current_faults()).of_stage(self.layout.dag_id,
                                                                                      self.layout.stage)
-        self.journal = Journal(self.layout.journal, clock)
+        self.journal = Journal.of_stage(self.layout, clock)
         # One backend per target (its kind was resolved from the target's connection at plan time);
         # the observer reads any attempt the same way (targets of an older plan, unknown ones).
         self.backends: dict[str, Backend] = (backends if backends is not None
@@ -246,7 +245,7 @@ class StageController:
             self.journal(Event.RESTORED, attempts=len(stored.attempts), admitted=stored.admitted)
 
     def _shared_blocks(self) -> dict[str, float]:
-        blocked = (read_json(self.layout.blocklist) or {}).get("until", {})
+        blocked = (self.layout.read_json(self.layout.blocklist) or {}).get("until", {})
         return {node: float(until) for node, until in blocked.items()}
 
     # -- loop -------------------------------------------------------------------------------
@@ -416,7 +415,7 @@ class StageController:
         for node, until in self.scheduler.blocklist.until.items():
             merged[node] = max(until, merged.get(node, until))
         if merged != shared:
-            atomic_write_json(self.layout.blocklist, {"until": merged})
+            self.layout.replace_json(self.layout.blocklist, {"until": merged})
 
     @property
     def done(self) -> bool:
@@ -534,9 +533,9 @@ class StageController:
                                       blocked_nodes=tuple(sorted(self.scheduler.blocklist.active(now)))))
         except Exception as exc:
             # Recorded for restarts and the read model; the scheduler hears it at the next check.
-            atomic_write_json(self.layout.status(action.subtask, action.attempt),
-                              {"state": "FAILED", "end_at": self.clock(), "exit_code": None,
-                               "cause": f"launch failed: {exc}"})
+            self.layout.replace_json(self.layout.status(action.subtask, action.attempt),
+                                     {"state": "FAILED", "end_at": self.clock(), "exit_code": None,
+                                      "cause": f"launch failed: {exc}"})
             self.journal(Event.LAUNCH_FAILED, subtask=action.subtask, attempt=action.attempt, target=target.name,
                          cause=str(exc))
             self._launch_failures.append(LaunchFailed(action.subtask, action.attempt, str(exc), self.clock()))
@@ -547,8 +546,8 @@ class StageController:
 
     def _admit(self, action: Admit) -> list[Action]:
         record = {"attempt": action.attempt, "at": self.clock()}
-        if not create_exclusive_json(self.layout.admitted(action.subtask), record):
-            winner = read_json(self.layout.admitted(action.subtask))["attempt"]
+        if not self.layout.create_json(self.layout.admitted(action.subtask), record):
+            winner = self.layout.read_json(self.layout.admitted(action.subtask))["attempt"]
             if winner != action.attempt:
                 # A concurrent controller admitted another attempt first: its choice stands.
                 self.journal(Event.ADMIT_LOST, subtask=action.subtask, attempt=action.attempt, winner=winner)
@@ -584,7 +583,7 @@ class StageController:
 
     def _write_summary(self, now: float) -> None:
         self._summary_at = now
-        atomic_write_json(self.layout.summary, self.summary(now))
+        self.layout.replace_json(self.layout.summary, self.summary(now))
 
     def attempt_lines(self) -> list[str]:
         """Every attempt of the stage run, one line each, for the task log (control/attemptlog.py)."""

@@ -9,7 +9,6 @@ own state (``task.json``, written by its operator) says when it failed or was cl
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,7 +20,6 @@ from airflow_provider_speculative.core.messages import InputFailed, InputsAdmitt
 from airflow_provider_speculative.core.plan import StagePlan
 from airflow_provider_speculative.core.states import NO_COMMIT_TASK_STATES
 from airflow_provider_speculative.exceptions import StoreError
-from airflow_provider_speculative.store.files import read_json
 from airflow_provider_speculative.store.layout import StageLayout, stage_key
 from airflow_provider_speculative.store.task_state import task_state_path
 
@@ -97,19 +95,22 @@ class HybridInputWatcher:
             touched = set(range(producer.parallelism))
         if events:
             producer.last_change = now
+        layout = producer.layout
         try:
             # The producer's controller rewrites its summary at least every few seconds while it runs.
-            producer.last_change = max(producer.last_change, os.stat(producer.layout.summary).st_mtime)
-        except OSError:
-            pass
-        task = read_json(task_state_path(producer.layout)) or {}
+            summary = layout.store.stat(layout.name(layout.summary))
+        except StoreError:
+            summary = None
+        if summary is not None:
+            producer.last_change = max(producer.last_change, summary.mtime)
+        task = layout.read_json(task_state_path(layout)) or {}
         if task.get("state") in NO_COMMIT_TASK_STATES:
             return [self._failure(stage, producer, f"{task['state']} (try {task.get('try_number')}): "
                                                    f"{task.get('reason') or 'see its task log'}")]
         if replanned or self._first:
-            plan = read_json(producer.layout.plan)
+            plan = layout.read_json(layout.plan)
             if plan is None:
-                return [self._failure(stage, producer, f"has no plan at {producer.layout.plan}")]
+                return [self._failure(stage, producer, f"has no plan at {layout.plan}")]
             if producer.fingerprint is not None and plan.get("fingerprint") != producer.fingerprint:
                 return [self._failure(stage, producer, (
                     f"was replanned (plan {plan.get('fingerprint')}, this stage was planned on "
@@ -119,7 +120,7 @@ class HybridInputWatcher:
         for subtask in sorted(touched):
             if not 0 <= subtask < producer.parallelism:
                 continue
-            marker = read_json(producer.layout.admitted(subtask))
+            marker = layout.read_json(layout.admitted(subtask))
             current = int(marker["attempt"]) if marker is not None else None
             known = producer.admitted.get(subtask)
             if known is not None and known != current:
@@ -132,7 +133,7 @@ class HybridInputWatcher:
                 delta[subtask] = current
         if events or self._first:
             # Re-checked on any producer change: a rerun withdraws a commit (rerun_invalidated).
-            committed = read_json(producer.layout.committed) if os.path.exists(producer.layout.committed) else None
+            committed = layout.read_json(layout.committed)
             producer.committed = bool(committed and committed.get("fingerprint") == producer.fingerprint)
         if delta and not producer.keys_checked:
             refusal = self._check_keys(stage, producer, min(delta), delta[min(delta)])
@@ -161,7 +162,7 @@ class HybridInputWatcher:
             return None
         if self._known is None:
             self._known = self._blocking_keyed()
-        manifest = read_json(producer.layout.manifest(subtask, attempt)) or {}
+        manifest = producer.layout.read_json(producer.layout.manifest(subtask, attempt)) or {}
         partitioning = manifest.get("partitioning")
         key = (partitioning or {}).get("key") or self._output_key(producer.layout)
         for name in names:
@@ -175,7 +176,7 @@ class HybridInputWatcher:
             if mode == "hybrid":
                 continue
             layout = StageLayout(self._root, *self._dag_run, self._prefix + upstream)
-            committed = read_json(layout.committed) or {}
+            committed = layout.read_json(layout.committed) or {}
             parts = [(p.get("schema"), p.get("partitioning")) for p in (committed.get("subtasks") or {}).values()]
             key = next(((r or {}).get("key") for _, r in parts if (r or {}).get("key")), None)
             known[name] = (list(key or self._output_key(layout)), parts)
@@ -184,7 +185,7 @@ class HybridInputWatcher:
     @staticmethod
     def _output_key(layout: StageLayout) -> list[str]:
         """The key a producer's plan hashes its output on."""
-        plan = read_json(layout.plan) or {}
+        plan = layout.read_json(layout.plan) or {}
         return list((plan.get("output") or {}).get("key") or [])
 
     @staticmethod

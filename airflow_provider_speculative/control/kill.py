@@ -21,7 +21,6 @@ from airflow_provider_speculative.core.events import Event
 from airflow_provider_speculative.core.plan import StagePlan
 from airflow_provider_speculative.core.states import Attempt, AttemptState
 from airflow_provider_speculative.sinks.base import Sink, StagingScope
-from airflow_provider_speculative.store.files import read_json
 from airflow_provider_speculative.store.journal import Journal
 from airflow_provider_speculative.store.layout import StageLayout
 from airflow_provider_speculative.store.results import remove_attempt_output
@@ -54,17 +53,17 @@ def read_attempts(layout: StageLayout, parallelism: int, observer: Backend, back
     reaping: set[Key] = set()
     for subtask in range(parallelism):
         for number in layout.attempt_numbers(subtask):
-            if layout.claim(subtask, number).exists():
+            if layout.exists(layout.claim(subtask, number)):
                 attempt = observer.poll(subtask, number, now)
                 attempts.append(attempt)
-                cancelled = read_json(layout.cancel(subtask, number)) is not None
+                cancelled = layout.read_json(layout.cancel(subtask, number)) is not None
                 if cancelled and attempt.live:
                     attempt.state = AttemptState.CANCELING
                     reaping.add((subtask, number))
                 elif cancelled and backend_of(attempt.target).cleanup_pending(subtask, number):
                     # The client is gone but its target still has work to stop (a Connect session).
                     reaping.add((subtask, number))
-        marker = read_json(layout.admitted(subtask))
+        marker = layout.read_json(layout.admitted(subtask))
         if marker is not None:
             admitted[subtask] = marker["attempt"]
     return StoredAttempts(attempts, admitted, reaping)
@@ -140,7 +139,7 @@ def kill_stage(plan: StagePlan, reason: str, *, extra_env: dict[str, str] | None
     """
     layout = StageLayout.of_plan(plan)
     config = SpeculativeConfig.from_json(plan["config"])
-    journal = Journal(layout.journal, clock)
+    journal = Journal.of_stage(layout, clock)
     targets = {name: dict(env) for name, env in (target_env or {}).items()}
     backends = backends if backends is not None else plan_backends(plan, layout, targets)
     observer = observer if observer is not None else attempt_observer(layout)

@@ -47,7 +47,6 @@ from airflow_provider_speculative.hooks.targets import connect_env_sync, resolve
 from airflow_provider_speculative.settings import airflow_config, metadata_db_identity, store_root
 from airflow_provider_speculative.sinks.base import PlanContext, Sink
 from airflow_provider_speculative.store import journal as journals
-from airflow_provider_speculative.store.files import atomic_write_json, read_json
 from airflow_provider_speculative.store.identity import StoreNotOwnedError, claim_store, own_store
 from airflow_provider_speculative.store.layout import StageLayout
 from airflow_provider_speculative.store.results import broken_admissions, read_committed
@@ -132,6 +131,11 @@ class StagePlanner:
         """The store directory of ``stage`` (this stage or one of its pipeline's) in this DAG run."""
         return StageLayout(self.root, self.run.dag_id, self.run.run_id, self.graph.store_key(stage))
 
+    def _committed(self, stage: str) -> Any:
+        """The committed record of ``stage`` in this DAG run, or None."""
+        layout = self.layout_of(stage)
+        return layout.read_json(layout.committed)
+
     def record_state(self, state: TaskState, reason: str | None = None) -> None:
         """Record the task's state in the store (hybrid consumers read it to fail at once)."""
         fields = {"reason": reason} if reason is not None else {}
@@ -197,7 +201,7 @@ class StagePlanner:
 
     def commit_snapshot(self) -> dict[str, str | None]:
         """The blocking producers' commits as they are now (a consumer started in a trigger fences on them)."""
-        return {p: commit_identity(read_json(self.layout_of(p).committed)) for p in self.blocking_producers()}
+        return {p: commit_identity(self._committed(p)) for p in self.blocking_producers()}
 
     def uncommitted_producers(self, airflow_states: dict[str, str | None] | None = None,
                               seen_at_start: dict[str, str | None] | None = None) -> list[str]:
@@ -220,7 +224,7 @@ class StagePlanner:
                                           "with its downstream to rerun both)")
             if state in PRODUCER_SKIPPED_STATES:
                 raise UpstreamSkippedError(f"{self.where}: producer stage {producer!r} was skipped")
-            committed = read_json(self.layout_of(producer).committed)
+            committed = self._committed(producer)
             if state == "success" and committed is None:
                 # A producer commits before its task succeeds; without a commit it was marked success by hand.
                 raise UpstreamFailedError(f"{self.where}: producer stage {producer!r} is success in Airflow but has "
@@ -243,9 +247,9 @@ class StagePlanner:
             if not isinstance(entry, ExchangeSpec) or entry.mode != "hybrid":
                 continue
             producer = self.layout_of(entry.upstream)
-            plan = read_json(producer.plan)
-            usable, failure = producer_plan_usable(plan, read_json(producer.task_state),
-                                                   read_json(producer.committed), self.run.clear_number)
+            plan = producer.read_json(producer.plan)
+            usable, failure = producer_plan_usable(plan, producer.read_json(producer.task_state),
+                                                   producer.read_json(producer.committed), self.run.clear_number)
             if failure:
                 raise StageFailedError(f"{self.where}, input {name!r}: hybrid producer stage {entry.upstream!r} "
                                        f"{failure}")
@@ -255,16 +259,17 @@ class StagePlanner:
                 watch[name] = {"stage": entry.upstream, "dir": str(producer.dir)}
         if not watch:
             return records
-        marker = read_json(self.layout.hybrid_wait) or {}
+        marker = self.layout.read_json(self.layout.hybrid_wait) or {}
         key = {"clear_number": self.run.clear_number, "try_number": self.run.try_number}
         if {k: marker.get(k) for k in key} != key:
             marker = {**key, "since": time.time()}
-            atomic_write_json(self.layout.hybrid_wait, marker)
+            self.layout.replace_json(self.layout.hybrid_wait, marker)
         # A producer that has not planned yet may itself wait for its own upstreams (blocking or not):
         # fail when one of them failed, and time out only when nothing upstream changed for that long.
         upstream_stages = self.ancestors({w["stage"] for w in watch.values()})
         for stage in sorted(upstream_stages):
-            _, failure = producer_plan_usable(None, read_json(self.layout_of(stage).task_state), None,
+            upstream = self.layout_of(stage)
+            _, failure = producer_plan_usable(None, upstream.read_json(upstream.task_state), None,
                                               self.run.clear_number)
             if failure:
                 names = ", ".join(f"{n!r} ({w['stage']})" for n, w in watch.items())
@@ -327,7 +332,7 @@ class StagePlanner:
         """Decide the plan, reconcile it with a previous plan of this stage run, write plan.json."""
         plan = self.decide(hybrid)
         layout = self.layout
-        previous = read_json(layout.plan)
+        previous = layout.read_json(layout.plan)
         force = self.force_rerun or bool(self.run.conf.get("speculative_force_rerun"))
         if force or (previous and previous.get("fingerprint") != plan["fingerprint"]):
             if previous:
@@ -339,13 +344,13 @@ class StagePlanner:
             observer = attempt_observer(layout)
             for subtask, attempt, reason in broken_admissions(layout, plan["parallelism"]):
                 observer.invalidate(subtask, attempt, f"committed output no longer valid: {reason}")
-                journals.record(layout.journal, Event.INVALIDATE, subtask=subtask, attempt=attempt, reason=reason)
-        atomic_write_json(layout.plan, plan)
-        journals.record(layout.journal, Event.PLAN_DECIDED, parallelism=plan["parallelism"],
-                        decision=plan["parallelism_decision"])
+                journals.record_stage(layout, Event.INVALIDATE, subtask=subtask, attempt=attempt, reason=reason)
+        layout.replace_json(layout.plan, plan)
+        journals.record_stage(layout, Event.PLAN_DECIDED, parallelism=plan["parallelism"],
+                              decision=plan["parallelism_decision"])
         for warning in plan["warnings"]:
             self.log.warning("stage %s: %s", self.stage, warning)
-            journals.record(layout.journal, Event.PLAN_WARNING, message=warning)
+            journals.record_stage(layout, Event.PLAN_WARNING, message=warning)
         self.log.info("stage %s: %d subtasks, speculation %s, plan %s", self.stage, plan["parallelism"],
                       "blocked: " + plan["speculation_blocker"] if plan["speculation_blocker"] else
                       ("enabled" if self.config.enabled else "disabled"), layout.plan)
@@ -364,7 +369,9 @@ def _last_change(layout: StageLayout) -> float:
     """When anything of a stage run last changed in the store (its journal, summary or task state)."""
     times = [0.0]
     for path in (layout.journal, layout.summary, layout.task_state):
-        with contextlib.suppress(OSError):
-            times.append(path.stat().st_mtime)
+        with contextlib.suppress(StoreError):
+            info = layout.store.stat(layout.name(path))
+            if info is not None:
+                times.append(info.mtime)
     return max(times)
 

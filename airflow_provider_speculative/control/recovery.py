@@ -14,10 +14,9 @@ from airflow_provider_speculative.core.events import Event
 from airflow_provider_speculative.core.plan import StagePlan, load_plan
 from airflow_provider_speculative.core.states import AttemptState
 from airflow_provider_speculative.exceptions import PartitionError
-from airflow_provider_speculative.store.files import atomic_write_json, read_json
 from airflow_provider_speculative.store.journal import Journal
 from airflow_provider_speculative.store.layout import StageLayout
-from airflow_provider_speculative.store.manifest import read_manifest, verify_files
+from airflow_provider_speculative.store.manifest import verify_files
 from airflow_provider_speculative.store.results import admitted_results, read_committed, write_committed
 
 
@@ -37,7 +36,7 @@ class PartitionRecovery:
                  env: dict[str, str], blocked: Callable[[str], bool], clock: Callable[[], float] = time.time,
                  target_env: dict[str, dict[str, str]] | None = None) -> None:
         self.layout = StageLayout(root, dag_id, run_id, stage)
-        raw = read_json(self.layout.plan)
+        raw = self.layout.read_json(self.layout.plan)
         if raw is None:
             raise FileNotFoundError(f"cannot re-produce {stage}[{subtask}]: its plan {self.layout.plan} is missing")
         self.plan = load_plan(raw, f"cannot re-produce {stage}[{subtask}]: plan {self.layout.plan}")
@@ -47,7 +46,7 @@ class PartitionRecovery:
         self.backends = plan_backends(self.plan, self.layout, self.target_env)
         self.backend = attempt_observer(self.layout)
         self.env, self.blocked, self.clock = env, blocked, clock
-        marker = read_json(self.layout.admitted(subtask)) or {}
+        marker = self.layout.read_json(self.layout.admitted(subtask)) or {}
         self.lost_attempt = marker.get("attempt")
         self.attempt: int | None = self._adoptable()
         self.failures = 0
@@ -105,13 +104,13 @@ class PartitionRecovery:
         return "running", None
 
     def _commit(self, number: int) -> None:
-        manifest = read_manifest(self.layout.manifest(self.subtask, number))
+        manifest = self.layout.read_json(self.layout.manifest(self.subtask, number))
         if manifest is None:
             raise PartitionError(f"recovery attempt {number} of {self.stage}[{self.subtask}] has no manifest")
         verify_files(self.layout.data(self.subtask, number), manifest["files"], stage=self.stage,
                      subtask=self.subtask, attempt=number)
-        atomic_write_json(self.layout.admitted(self.subtask), {"attempt": number, "at": self.clock(),
-                                                               "replaces": self.lost_attempt})
+        self.layout.replace_json(self.layout.admitted(self.subtask), {"attempt": number, "at": self.clock(),
+                                                                     "replaces": self.lost_attempt})
         record = read_committed(self.layout)
         record["subtasks"][str(self.subtask)] = admitted_results(self.layout, {self.subtask: number})[
             "subtasks"][str(self.subtask)]
@@ -126,4 +125,4 @@ class PartitionRecovery:
         return part
 
     def _journal(self, event: Event, **fields: Any) -> None:
-        Journal(self.layout.journal, self.clock, subtask=self.subtask)(event, **fields)
+        Journal.of_stage(self.layout, self.clock, subtask=self.subtask)(event, **fields)

@@ -13,7 +13,6 @@ from airflow_provider_speculative.core.failover import Region, rerun_region
 from airflow_provider_speculative.core.graph import ExchangeSpec, PipelineGraph, SourceSpec, StageSpec
 from airflow_provider_speculative.exceptions import NotFoundError
 from airflow_provider_speculative.store import journal
-from airflow_provider_speculative.store.files import read_json
 from airflow_provider_speculative.store.layout import StageLayout, stage_key
 from airflow_provider_speculative.store.results import remove_attempt_output
 
@@ -74,7 +73,7 @@ def in_flight_reads(root: Path, dag_id: str, run_id: str, graph: PipelineGraph) 
     for stage in sorted(hybrid):
         layout = StageLayout(Path(root), dag_id, run_id, stage)
         # An attempt records its producers by stage name; the graph names them by store key.
-        plan = read_json(layout.plan) or {"stage": stage}
+        plan = layout.read_json(layout.plan) or {"stage": stage}
         observer = attempt_observer(layout)
         for subtask in range(plans_parallelism(graph, stage)):
             for number in layout.attempt_numbers(subtask):
@@ -109,7 +108,7 @@ def invalidate_region(root: Path, dag_id: str, run_id: str, region: Region, reas
         layout = StageLayout(Path(root), dag_id, run_id, stage)
         backend = attempt_observer(layout)
         for subtask in sorted(subtasks):
-            marker = read_json(layout.admitted(subtask))
+            marker = layout.read_json(layout.admitted(subtask))
             if marker is None:
                 continue
             backend.invalidate(subtask, marker["attempt"], reason)
@@ -117,7 +116,7 @@ def invalidate_region(root: Path, dag_id: str, run_id: str, region: Region, reas
             done.setdefault(stage, []).append(subtask)
         # The stage must commit again; consumers re-plan from the new commit.
         layout.committed.unlink(missing_ok=True)
-        journal.record(layout.journal, Event.RERUN_INVALIDATED, subtasks=sorted(subtasks), reason=reason)
+        journal.record_stage(layout, Event.RERUN_INVALIDATED, subtasks=sorted(subtasks), reason=reason)
     return done
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from airflow_provider_speculative.core.readiness import Readiness, check_committed, describe_wait, same_instant
 from airflow_provider_speculative.exceptions import NotFoundError, StoreError
-from airflow_provider_speculative.store.files import read_json
+from airflow_provider_speculative.store.backend import PosixBackend
 from airflow_provider_speculative.store.layout import PLAN_FILE, StageLayout, safe_component, stage_key
 
 
@@ -50,36 +50,41 @@ class StageOutputLocator:
         if (logical_date is None) == (run_id is None):
             raise ValueError(f"DAG {dag_id!r}, stage {stage!r}: give exactly one of logical_date and run_id")
         self.root = Path(store_root)
+        self.store = PosixBackend(self.root)
         self.dag_id, self.stage = dag_id, stage
         self.logical_date, self.run_id = logical_date, run_id
         self.subtasks = list(subtasks) if subtasks is not None else None
         self.subpartitions = list(subpartitions) if subpartitions is not None else None
         self._other_dates: set[str] = set()  # run directories of other logical dates (never rescanned)
 
-    def _plan_of_run(self, run_dir: Path) -> dict[str, Any] | None:
+    def _subdirs(self, prefix: str) -> list[str]:
+        """Names of the sub-prefixes right below ``prefix`` (one listing), in name order."""
+        return sorted(entry[:-1] for entry in self.store.children(prefix) if entry.endswith("/"))
+
+    def _plan_of_run(self, run_dir: str) -> dict[str, Any] | None:
         """The stage's plan.json, or a sibling stage's (any stage's plan carries the run's logical date)."""
-        own: dict[str, Any] | None = read_json(run_dir / safe_component(self.stage) / PLAN_FILE)
+        own: dict[str, Any] | None = self.store.read_json(f"{run_dir}/{safe_component(self.stage)}/{PLAN_FILE}")
         if own is not None:
             return own
-        for child in sorted(run_dir.iterdir()) if run_dir.is_dir() else ():
-            plan: dict[str, Any] | None = read_json(child / PLAN_FILE) if child.is_dir() else None
+        for child in self._subdirs(run_dir):
+            plan: dict[str, Any] | None = self.store.read_json(f"{run_dir}/{child}/{PLAN_FILE}")
             if plan is not None:
                 return plan
         return None
 
-    def _stage_key(self, run_dir: Path) -> str:
+    def _stage_key(self, run_dir: str) -> str:
         """The store key of the watched stage in ``run_dir``: ``stage`` itself (a stage name or a task id), or
         the task id of the one pipeline compiled as a TaskGroup that has a stage of that name.
 
         NotFoundError naming the candidates when several grouped pipelines of the DAG have one.
         """
-        if (run_dir / safe_component(self.stage) / PLAN_FILE).is_file() or not run_dir.is_dir():
+        if self.store.exists(f"{run_dir}/{safe_component(self.stage)}/{PLAN_FILE}"):
             return self.stage
         named = []
-        for child in sorted(run_dir.iterdir()):
+        for child in self._subdirs(run_dir):
             plan: Any = None
             with contextlib.suppress(StoreError):  # a torn or foreign file is looked at again next poll
-                plan = read_json(child / PLAN_FILE) if child.is_dir() else None
+                plan = self.store.read_json(f"{run_dir}/{child}/{PLAN_FILE}")
             if isinstance(plan, dict) and plan.get("stage") == self.stage and plan.get("store_prefix"):
                 named.append(stage_key(plan))
         if len(named) > 1:
@@ -90,15 +95,14 @@ class StageOutputLocator:
 
     def _candidates(self) -> list[tuple[str, StageLayout]]:
         if self.run_id is not None:
-            run_dir = self.root / safe_component(self.dag_id) / safe_component(self.run_id)
+            run_dir = f"{safe_component(self.dag_id)}/{safe_component(self.run_id)}"
             return [(self.run_id, StageLayout(self.root, self.dag_id, self.run_id, self._stage_key(run_dir)))]
-        dag_dir = self.root / safe_component(self.dag_id)
+        dag_dir = safe_component(self.dag_id)
         found: list[tuple[str, StageLayout]] = []
-        if not dag_dir.is_dir():
-            return found
-        for run_dir in sorted(dag_dir.iterdir()):
-            if not run_dir.is_dir() or run_dir.name in self._other_dates:
+        for run_name in self._subdirs(dag_dir):
+            if run_name in self._other_dates:
                 continue
+            run_dir = f"{dag_dir}/{run_name}"
             try:
                 plan = self._plan_of_run(run_dir)
             except StoreError:
@@ -106,9 +110,9 @@ class StageOutputLocator:
             if plan is None:
                 continue  # nothing planned in that run yet: its date is unknown, look again next poll
             if not same_instant(plan.get("logical_date"), self.logical_date):
-                self._other_dates.add(run_dir.name)
+                self._other_dates.add(run_name)
                 continue
-            run_id = str(plan.get("run_id") or run_dir.name)
+            run_id = str(plan.get("run_id") or run_name)
             found.append((run_id, StageLayout(self.root, self.dag_id, run_id, self._stage_key(run_dir))))
         return found
 
@@ -116,7 +120,7 @@ class StageOutputLocator:
         """Look once. Of several runs with the date (a run deleted, recreated) prefer a ready one, then the newest."""
         best: tuple[str, StageLayout, Readiness] | None = None
         for run_id, layout in self._candidates():
-            record = read_json(layout.committed)
+            record = layout.read_json(layout.committed)
             readiness = check_committed(record, self.subtasks, self.subpartitions)
             rank = (readiness.ready, readiness.committed, readiness.details.get("committed_at") or 0)
             if best is None or rank > (best[2].ready, best[2].committed, best[2].details.get("committed_at") or 0):

@@ -10,10 +10,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow_provider_speculative.core.events import Event
 from airflow_provider_speculative.store.backend import PosixBackend, StoreBackend
+
+if TYPE_CHECKING:
+    from airflow_provider_speculative.store.layout import StageLayout
 
 
 def append(store: StoreBackend, name: str, event: Event, *, at: float | None = None, **fields: Any) -> dict[str, Any]:
@@ -34,6 +37,11 @@ def record(path: str | Path, event: Event, *, at: float | None = None, **fields:
     return append(*_posix(path), event, at=at, **fields)
 
 
+def record_stage(layout: StageLayout, event: Event, *, at: float | None = None, **fields: Any) -> dict[str, Any]:
+    """Append one event to the journal of ``layout``'s stage run in its store; return the record written."""
+    return append(layout.store, layout.name(layout.journal), event, at=at, **fields)
+
+
 def read(path: str | Path) -> list[dict[str, Any]]:
     """Every complete line of a journal (a torn last line is ignored)."""
     store, name = _posix(path)
@@ -45,9 +53,17 @@ class Journal:
 
     def __init__(self, path: str | Path, clock: Callable[[], float] = time.time, **common: Any) -> None:
         self.path = Path(path)
+        self.store: StoreBackend
         self.store, self.name = _posix(self.path)
         self.clock = clock
         self.common = common
+
+    @classmethod
+    def of_stage(cls, layout: StageLayout, clock: Callable[[], float] = time.time, **common: Any) -> Journal:
+        """The journal of ``layout``'s stage run, appended to through the layout's store."""
+        journal = cls(layout.journal, clock, **common)
+        journal.store, journal.name = layout.store, layout.name(layout.journal)
+        return journal
 
     def __call__(self, event: Event, **fields: Any) -> dict[str, Any]:
         """Record ``event`` with this journal's common fields and the clock's time."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
@@ -105,6 +106,32 @@ class StageLayout:
     def name(self, path: Path) -> str:
         """The store name of ``path``, one of this layout's paths."""
         return self.store.name_of(path)
+
+    def read_json(self, path: Path, default: Any = None) -> Any:
+        """The JSON document at ``path`` (one of this layout's paths) read by name; ``default`` if missing."""
+        return self.store.read_json(self.name(path), default)
+
+    def replace_json(self, path: Path, obj: Any) -> None:
+        """Make ``obj`` the JSON document at ``path`` by the store's atomic replace."""
+        self.store.replace_json(self.name(path), obj)
+
+    def create_json(self, path: Path, obj: Any) -> bool:
+        """Create the JSON document at ``path`` by the store's exclusive create; True for the one writer that did."""
+        return self.store.create_exclusive_json(self.name(path), obj)
+
+    def exists(self, path: Path) -> bool:
+        """True if the object at ``path`` exists in the store."""
+        return self.store.exists(self.name(path))
+
+    def wait_for(self, path: Path, timeout: float, interval: float) -> bool:
+        """Poll until the object at ``path`` exists (True) or ``timeout`` passes (False): fault-injection holds."""
+        name = self.name(path)
+        deadline = time.monotonic() + timeout
+        while not self.store.exists(name):
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(interval)
+        return True
 
     @property
     def run_dir(self) -> Path:

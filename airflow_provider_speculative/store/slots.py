@@ -1,132 +1,254 @@
 """Slot claims of a target, shared by every stage and DAG run using it: ``<store>/_targets/<target>/slots/``.
 
-A slot is one file ``slot-<k>.json`` created exclusively (a hard link of a complete temporary file,
-like ``claim.json``): whoever creates it holds slot ``k``. The holder's record names its attempt
-(dag, run, stage, subtask, attempt) and a random token. Releasing is an unlink by the holder's
-controller once the attempt is terminal; a slot whose holder is provably gone (``core.slots.holder_gone``)
-is reclaimed by renaming it to a unique name first, so two reclaimers never both remove a fresh claim.
+Slot ``k`` has generations ``g = 0, 1, 2, ...``. A **claim** of generation ``g`` is the object
+``slot-<k>.json`` (``g = 0``: any ``slot-<k>.json`` in a store is one) or ``slot-<k>.<g>.json``, created exclusively;
+its record names the holder's attempt (dag, run, stage, subtask, attempt) and a random token. A
+**release record** ``<claim>.released`` is created exclusively next to a claim and ends it for good.
+Slot ``k`` is held while its **top** (its highest generation present) has no release record. Nothing is
+renamed or replaced: the scheme needs exclusive create, listing and owned deletes, which every store
+backend gives:
 
-Cost: counting held slots lists one directory of about ``capacity`` entries (no file reads); holders
-are read only when a stage wants a slot, finds none free and a reclaim is due.
+* taking a free slot creates generation ``g + 1`` once the top ``g`` is seen released (``0`` when the slot
+  has none): of racing claimers exactly one creates it. The claimer then lists again and keeps the slot
+  only if no generation above its own is there; otherwise it releases its own and tries again on a
+  fresh listing (a claimer with a stale listing may have created a name that was pruned);
+* the holder releases its slot by creating the release record of its own generation (found by its token);
+* a slot whose holder is provably gone (``core.slots.holder_gone``) is reclaimed by creating the same
+  release record: of two reclaimers, or of a reclaimer and the holder, exactly one wins, and a later
+  generation (a new holder's claim) is never touched.
+
+**Pruning.** Whoever creates a release record (holder, reclaimer, or a claimer giving up) then lists the
+prefix and deletes, for every slot, each claim and release record of a generation below that listing's
+top, each claim before its release record; the top and its release record stay. Why at most one
+claimer keeps a slot: (a) a pruning deletes only names below a generation its listing showed, so the
+highest generation ever created is never deleted and, once a name is pruned, a higher generation exists
+for good; (b) so a claimer that creates a pruned name again sees a higher one in its second listing and
+gives up: a kept claim is the first object of its name and its slot's top; (c) a later generation is
+created only once a listing shows the kept claim's release record, which only its holder's release or a
+reclaim creates (a release record is made only for a claim that exists or was read, so none predates
+the first object of its name). Hence a kept claim stays its slot's top, never pruned, until released or
+reclaimed, and whatever a pruning deletes is released, superseded or being given up. This takes a
+listing to show the prefix as it was at one moment, as one ``getdents`` of a small directory or one page
+of ``ListObjectsV2`` does; pruning keeps the prefix that small.
+
+Cost: counting held slots is one listing of the slots prefix, without reads; the prefix holds at most
+three objects per slot once races settle (a held top, and the released generation below it until its
+holder's release prunes it), plus its ownership marker (``_owner.json``, made by ``StoreBackend.claim``
+on an instance's first claim or pruning). Holders are read only when a stage wants a slot, finds none free and a
+reclaim is due. A store whose slots prefix is owned by another store (another root URL) is not pruned.
+
+**Older layout.** Controllers before this scheme only ever made ``slot-<k>.json`` and released it by
+renaming it away; such a claim with no release record is read here as generation 0, held, and is
+released or reclaimed as any other. The two schemes must not share a store while slots are held: the
+older one does not see generations above 0 and may take back a pruned ``slot-<k>.json``.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
 import re
+import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from airflow_provider_speculative.core.slots import holder_gone
-from airflow_provider_speculative.store.backend import PosixBackend
-from airflow_provider_speculative.store.files import read_json
+from airflow_provider_speculative.store.backend import PosixBackend, StoreBackend, StoreNotOwnedError
 from airflow_provider_speculative.store.layout import StageLayout, safe_component
 
 TARGETS_DIR = "_targets"
-_SLOT = re.compile(r"^slot-(\d+)\.json$")
+RELEASED_SUFFIX = ".released"
+_ENTRY = re.compile(r"^slot-(\d+)(?:\.(\d+))?\.json(\.released)?$")
+# Fresh listings a claimer tries after giving up a generation it created from a stale one.
+_CLAIM_ROUNDS = 4
+
+
+@dataclass
+class _Slot:
+    """What one listing shows of one slot: its claims' and its release records' generations."""
+
+    claims: set[int] = field(default_factory=set)
+    released: set[int] = field(default_factory=set)
+
+    @property
+    def top(self) -> int:
+        """The highest generation claimed (-1 for none)."""
+        return max(self.claims, default=-1)
+
+    @property
+    def free(self) -> bool:
+        """Whether the slot is free: no claim, or its top released."""
+        return not self.claims or self.top in self.released
 
 
 class TargetSlots:
     """The slot claims of one target in one store."""
 
-    def __init__(self, root: Path, target: str) -> None:
+    def __init__(self, root: Path, target: str, store: StoreBackend | None = None) -> None:
         self.root = Path(root)
         self.target = target
-        self.store = PosixBackend(self.root)
+        self.store: StoreBackend = PosixBackend(self.root) if store is None else store
         self.prefix = f"{TARGETS_DIR}/{safe_component(target)}/slots"
         self.dir = self.root / self.prefix
+        self._owned: bool | None = None  # None: not claimed yet by this instance
 
-    def path(self, index: int) -> Path:
-        """The claim file of slot ``index``."""
-        return self.dir / self.name(index)
+    def path(self, index: int, generation: int = 0) -> Path:
+        """The claim file of slot ``index`` (of its ``generation``) in a POSIX store."""
+        return self.dir / self.name(index, generation)
 
     @staticmethod
-    def name(index: int) -> str:
-        """The claim's name within the slots directory."""
-        return f"slot-{index}.json"
+    def name(index: int, generation: int = 0) -> str:
+        """The claim's name within the slots prefix."""
+        return f"slot-{index}.json" if generation == 0 else f"slot-{index}.{generation}.json"
+
+    def _object(self, index: int, generation: int, *, released: bool = False) -> str:
+        return f"{self.prefix}/{self.name(index, generation)}{RELEASED_SUFFIX if released else ''}"
+
+    def _listing(self) -> dict[int, _Slot]:
+        """Slot index -> its claims and release records, from one listing."""
+        slots: dict[int, _Slot] = {}
+        for entry in self.store.children(self.prefix):
+            match = _ENTRY.match(entry)
+            if match is None:
+                continue
+            index, generation = int(match.group(1)), int(match.group(2) or 0)
+            if entry != self.name(index, generation) + (match.group(3) or ""):
+                continue  # ``slot-01.json``, ``slot-1.0.json``: not a name this module makes
+            slot = slots.setdefault(index, _Slot())
+            (slot.released if match.group(3) else slot.claims).add(generation)
+        return slots
+
+    def _generations(self) -> dict[int, tuple[int, bool]]:
+        """Slot index -> (its top generation, whether that one is released), from one listing."""
+        return {index: (slot.top, slot.free) for index, slot in self._listing().items() if slot.claims}
+
+    def _held(self) -> dict[int, int]:
+        """Slot index -> the generation holding it."""
+        return {index: generation for index, (generation, done) in self._generations().items() if not done}
 
     def indexes(self) -> list[int]:
-        """Indexes of the slots held now (one directory listing, no file read)."""
-        return sorted(int(m.group(1)) for e in self.store.children(self.prefix) if (m := _SLOT.match(e)))
+        """Indexes of the slots held now (one listing, no read)."""
+        return sorted(self._held())
 
     def count(self) -> int:
         """How many slots are held now, by any stage or run."""
-        return len(self.indexes())
+        return len(self._held())
 
     def holders(self) -> dict[int, dict[str, Any]]:
         """Slot index -> holder record (reads each claim: used for reclaims and the status view only)."""
+        return {index: record for index, (_, record) in self._holder_claims().items()}
+
+    def _holder_claims(self) -> dict[int, tuple[int, dict[str, Any]]]:
         out = {}
-        for index in self.indexes():
-            record = self.store.read_json(f"{self.prefix}/{self.name(index)}")
-            if record is not None:
-                out[index] = record
+        for index, generation in sorted(self._held().items()):
+            record = self.store.read_json(self._object(index, generation))
+            if isinstance(record, dict):
+                out[index] = (generation, record)
         return out
 
     def claim(self, capacity: int, holder: dict[str, Any]) -> tuple[int, str] | None:
         """Take the lowest free slot below ``capacity``; return (index, token), or None if all are held."""
-        held = set(self.indexes())
         token = uuid.uuid4().hex
-        for index in range(capacity):
-            if index in held:
-                continue
-            if self.store.create_exclusive_json(f"{self.prefix}/{self.name(index)}", {**holder, "token": token}):
-                return index, token
+        self._own()  # the prefix's marker before its first claim, so that releases may prune there
+        for _ in range(_CLAIM_ROUNDS):
+            gave_up = False
+            generations = self._generations()
+            for index in range(capacity):
+                top, free = generations.get(index, (-1, True))
+                if not free:
+                    continue
+                generation = top + 1
+                if not self.store.create_exclusive_json(self._object(index, generation), {**holder, "token": token}):
+                    continue
+                slot = self._listing().get(index, _Slot())
+                if slot.top == generation and not slot.free:
+                    return index, token
+                # Not the top, or ended already: our first listing was stale and our name may be one already pruned.
+                self._end(index, generation, {"token": token, "by": "claimer", "at": time.time()})
+                self.prune()
+                gave_up = True
+                break
+            if not gave_up:
+                return None
         return None
 
     def release(self, index: int, token: str) -> bool:
-        """Remove slot ``index`` if it is still ours (its token); True if it was."""
-        record = self.store.read_json(f"{self.prefix}/{self.name(index)}")
-        if record is None or record.get("token") != token:
-            return False  # reclaimed already (we were presumed gone): the file is someone else's now
-        return self._remove_if(self.path(index), token)
-
-    def _remove_if(self, path: Path, token: str) -> bool:
-        """Rename then check: a claim created after our read is put back, never deleted.
-
-        POSIX only (rename and link): the store backend interface has no conditional delete yet.
-        """
-        tomb = path.with_name(f".{path.name}.{uuid.uuid4().hex}.released")
-        try:
-            os.rename(path, tomb)
-        except FileNotFoundError:
+        """End our claim of slot ``index`` (its token); True if it was ours and not reclaimed already."""
+        generation, released = self._generations().get(index, (-1, True))
+        if released:
             return False
-        record = read_json(tomb) or {}
-        if record.get("token") == token:
-            tomb.unlink(missing_ok=True)
-            return True
-        # Between our read and the rename the slot changed hands: restore the new holder's claim.
-        with contextlib.suppress(FileExistsError):
-            os.link(tomb, path)
-        tomb.unlink(missing_ok=True)
-        return False
+        record = self.store.read_json(self._object(index, generation))
+        if not isinstance(record, dict) or record.get("token") != token:
+            return False  # reclaimed already (we were presumed gone): the slot is someone else's now
+        ended = self._end(index, generation, {"token": token, "by": "holder", "at": time.time()})
+        if ended:
+            self.prune()
+        return ended
+
+    def _end(self, index: int, generation: int, record: dict[str, Any]) -> bool:
+        """Create the release record of one generation: True for the one caller that did."""
+        return self.store.create_exclusive_json(self._object(index, generation, released=True), record)
 
     def reclaim_gone(self, now: float, skip: Callable[[dict[str, Any]], bool] = lambda holder: False,
                      ) -> list[tuple[int, dict[str, Any], str]]:
         """Free the slots whose holders are provably gone (except ``skip``-ped ones); return (index, holder, why)."""
         freed = []
-        for index, holder in self.holders().items():
+        ended = False
+        for index, (generation, holder) in self._holder_claims().items():
             if skip(holder):
                 continue
-            why = _gone(self.root, holder, now)
-            if why and self._remove_if(self.path(index), str(holder.get("token"))):
-                freed.append((index, holder, why))
+            why = self._gone(holder, now)
+            if why and self._end(index, generation, {"token": holder.get("token"), "by": "reclaim", "at": now,
+                                                     "why": why}):
+                ended = True
+                # A claim pruned and its name taken again since our read was not the holder's: not freed by us.
+                claim = self.store.read_json(self._object(index, generation))
+                if isinstance(claim, dict) and claim.get("token") == holder.get("token"):
+                    freed.append((index, holder, why))
+        if ended:
+            self.prune()
         return freed
+
+    def prune(self) -> int:
+        """Delete every claim and release record below its slot's top (module docstring); return how many went."""
+        if not self._own():
+            return 0
+        deleted = 0
+        for index, slot in sorted(self._listing().items()):
+            top = slot.top
+            for generation in sorted((slot.claims | slot.released) - {top}):
+                if generation > top:
+                    continue  # a release record above every claim this listing shows: its claim was missed
+                # The claim first: no release record is deleted while its claim is still there, so a reclaimer
+                # that finds the claim it read still there after creating the record knows its record was the first.
+                if generation in slot.claims and self.store.delete(self._object(index, generation)):
+                    deleted += 1
+                if generation in slot.released and self.store.delete(self._object(index, generation, released=True)):
+                    deleted += 1
+        return deleted
+
+    def _own(self) -> bool:
+        """Own the slots prefix (once per instance) so that pruning may delete there; False if another store does."""
+        if self._owned is None:
+            try:
+                self.store.claim(self.prefix)
+                self._owned = True
+            except StoreNotOwnedError:
+                self._owned = False  # the prefix is another store's (another root URL): leave it unpruned
+        return self._owned
+
+    def _gone(self, holder: dict[str, Any], now: float) -> str | None:
+        try:
+            layout = StageLayout(self.root, str(holder["dag_id"]), str(holder["run_id"]), str(holder["stage"]))
+            subtask, attempt = int(holder["subtask"]), int(holder["attempt"])
+        except (KeyError, TypeError, ValueError):
+            return "unreadable holder record"
+        status = self.store.read_json(layout.name(layout.status(subtask, attempt)))
+        return holder_gone(holder, status, self.store.exists(layout.name(layout.claim(subtask, attempt))), now)
 
 
 def holder_record(layout: StageLayout, subtask: int, attempt: int, now: float) -> dict[str, Any]:
     """What a slot claim says about its holder (enough to find its attempt's status)."""
     return {"dag_id": layout.dag_id, "run_id": layout.run_id, "stage": layout.stage, "subtask": subtask,
             "attempt": attempt, "claimed_at": now}
-
-
-def _gone(root: Path, holder: dict[str, Any], now: float) -> str | None:
-    try:
-        layout = StageLayout(root, str(holder["dag_id"]), str(holder["run_id"]), str(holder["stage"]))
-        subtask, attempt = int(holder["subtask"]), int(holder["attempt"])
-    except (KeyError, TypeError, ValueError):
-        return "unreadable holder record"
-    status = layout.store.read_json(layout.name(layout.status(subtask, attempt)))
-    return holder_gone(holder, status, layout.store.exists(layout.name(layout.claim(subtask, attempt))), now)

@@ -9,22 +9,28 @@ from the AWS environment as in production; the secret key must never appear in a
 from __future__ import annotations
 
 import logging
+import threading
 import traceback
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
 from airflow_provider_speculative.exceptions import StoreError
 from airflow_provider_speculative.hooks.objectstore import S3Settings, settings_from_environment
 from airflow_provider_speculative.store.backend import PosixBackend, S3Backend, StoreBackend, open_backend
+from airflow_provider_speculative.store.layout import StageLayout
+from airflow_provider_speculative.store.slots import TargetSlots, holder_record
 from tests import services
 from tests.unit.store.conformance import BackendConformance
+from tests.unit.store.slot_race import GONE_AT, NOW, LateSlots, objects_per_slot, race_slots
 
 pytestmark = pytest.mark.timeout(300)
 
 BUCKET = "store-backends"
+T = TypeVar("T")
 
 
 @pytest.fixture(scope="module")
@@ -113,3 +119,48 @@ def test_s3_the_endpoint_refuses_a_second_conditional_create_itself(s3_settings:
     client.put_object(Bucket=BUCKET, Key=f"{backend.base}/claim.json", Body=b'{"other": 1}')  # type: ignore[attr-defined]
     assert backend.create_exclusive_json("claim.json", {"mine": 1}) is False
     assert backend.read_json("claim.json") == {"other": 1}
+
+
+def test_s3_target_slots_one_holder_per_slot_under_racing_claimers_reclaimers_and_pruning(
+        s3_settings: S3Settings, tmp_path: Path) -> None:
+    """The slot scheme on S3: each thread has its own client, as a controller on another host would."""
+    url = f"s3://{BUCKET}/{uuid.uuid4().hex}"
+
+    def slots() -> TargetSlots:
+        return LateSlots(tmp_path, "t", store=S3Backend(url, s3_settings))
+
+    def together(work: Callable[[int], T], n: int) -> list[T]:
+        barrier, lock = threading.Barrier(n), threading.Lock()
+        out: list[T] = []
+
+        def run(i: int) -> None:
+            barrier.wait()
+            got = work(i)
+            with lock:
+                out.append(got)
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        return out
+
+    layout = StageLayout(tmp_path, "d", "r", "s")
+    first = slots()
+    for i in range(4):  # some history, pruned as it goes
+        got = first.claim(2, {"who": i})
+        assert got is not None and first.release(*got)
+    # Racing claimers of two free slots: one winner each.
+    won = [got for got in together(lambda i: slots().claim(2, holder_record(layout, i, 0, GONE_AT)), 10) if got]
+    assert sorted(index for index, _ in won) == [0, 1] and first.count() == 2
+    # Racing reclaimers of their (gone) holders: each slot freed once.
+    freed = [f for found in together(lambda i: slots().reclaim_gone(NOW), 6) for f in found]
+    assert sorted(index for index, _, _ in freed) == [0, 1] and first.count() == 0
+    # Claimers, releasers, reclaimers and pruners at once, and claimers creating pruned names again: never
+    # two holders of a slot, nor more than two.
+    race = race_slots(slots, tmp_path, slots=2, holders=5, rounds=6, crashers=2, reclaimers=2, pruners=1, stale=2)
+    assert race.errors == [] and race.failed_releases == 0 and 1 <= race.most <= 2 and race.held == 5 * 6 + 2
+    assert race.recreated >= 1
+    names = first.store.children(first.prefix)
+    assert first.count() == 0 and max(objects_per_slot(names).values()) <= 2 and len(names) <= 2 * 2 + 1, names
+    assert "_owner.json" in names
