@@ -19,7 +19,7 @@ JOURNAL_EVENTS = {
 }
 TRIGGER_STATUSES = {"success", "failed", "committed", "commit_failed", "plan_failed", "upstream_failed",
                     "upstream_skipped", "ready", "waiting", "timeout", "error", "timed_out"}
-TASK_STATES = {"planning", "waiting", "deferred", "skipped", "failed", "committed"}
+TASK_STATES = {"planning", "waiting", "deferred", "skipped", "failed", "killed", "committed"}
 
 
 def test_journal_event_values_are_the_stored_names() -> None:
