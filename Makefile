@@ -132,7 +132,7 @@ jars: install
 UNIT_WORKERS ?= 2
 test: install java-check data-q3 browser services jars
 	$(PY) -m pytest tests/unit -n $(UNIT_WORKERS) -ra --durations=10
-	$(PY) -m pytest tests/integration -ra --durations=25
+	$(PY) -m pytest tests/integration -ra --durations=60
 
 # The DuckDB differential join tests (tests/integration/test_differential_joins.py) under the `long`
 # profile: hundreds of fresh Hypothesis examples per test instead of the few fixed ones `make test` runs
