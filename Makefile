@@ -23,7 +23,7 @@ DEMO_ENV := AIRFLOW_HOME=$(DEMO)/airflow \
 	AIRFLOW__SPECULATIVE__BASELINE_LOWER_BOUND=5s \
 	SPECULATIVE_FAULT_INJECTION='{"targets": {"local-b": {"factor": 4}}}'
 
-.PHONY: demo run test test-fast test-long unit install java-check data data-q3 data-tpch lint bench clean browser ui docs services jars
+.PHONY: demo run test test-fast test-long test-lowest unit install java-check data data-q3 data-tpch lint bench clean browser ui docs services jars
 
 $(VENV)/.installed: setup.cfg pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found (Python 3.11 is required)"; exit 1; }
@@ -147,6 +147,26 @@ unit: install
 
 # The inner loop's name for the same: no Spark, no servers.
 test-fast: unit
+
+# The unit tests on the lowest versions setup.cfg allows (issue 42): uv's `--resolution lowest-direct` puts
+# the provider's own direct dependencies (install_requires and [test]) at their declared lower bounds and
+# resolves everything else normally, into $(LOWEST_VENV). uv comes from PyPI into a venv of its own.
+TOOLS_VENV ?= .venv-tools
+LOWEST_VENV ?= .venv-lowest
+UV := $(TOOLS_VENV)/bin/uv
+$(UV):
+	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found (Python 3.11 is required)"; exit 1; }
+	test -x $(TOOLS_VENV)/bin/python || $(PYTHON) -m venv $(TOOLS_VENV)
+	$(TOOLS_VENV)/bin/python -m pip install --quiet 'uv>=0.5'
+
+$(LOWEST_VENV)/.installed: setup.cfg pyproject.toml | $(UV)
+	rm -rf $(LOWEST_VENV)
+	$(PYTHON) -m venv $(LOWEST_VENV)
+	$(UV) pip install --python $(LOWEST_VENV)/bin/python --quiet --resolution lowest-direct -e '.[test]'
+	touch $@
+
+test-lowest: $(LOWEST_VENV)/.installed
+	$(LOWEST_VENV)/bin/python -m pytest tests/unit -q -n $(UNIT_WORKERS) -ra
 
 lint: install
 	$(VENV)/bin/ruff check .
