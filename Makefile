@@ -25,11 +25,18 @@ DEMO_ENV := AIRFLOW_HOME=$(DEMO)/airflow \
 
 .PHONY: demo run test test-fast test-long test-lowest unit install java-check data data-q3 data-tpch lint bench clean browser ui docs services jars
 
-$(VENV)/.installed: setup.cfg pyproject.toml
+# uv (from PyPI, into a venv of its own) installs the project: it resolves and fetches in parallel, several
+# times faster than pip on a machine without a cache. The project's venv still has pip for users.
+TOOLS_VENV ?= .venv-tools
+UV := $(TOOLS_VENV)/bin/uv
+$(UV):
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found (Python 3.11 is required)"; exit 1; }
+	test -x $(TOOLS_VENV)/bin/python || $(PYTHON) -m venv $(TOOLS_VENV)
+	$(TOOLS_VENV)/bin/python -m pip install --quiet 'uv>=0.5'
+
+$(VENV)/.installed: setup.cfg pyproject.toml | $(UV)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(UV) pip install --python $(PY) --quiet -e '.[test]'
 	touch $@
 
 install: $(VENV)/.installed
@@ -150,15 +157,8 @@ test-fast: unit
 
 # The unit tests on the lowest versions setup.cfg allows (issue 42): uv's `--resolution lowest-direct` puts
 # the provider's own direct dependencies (install_requires and [test]) at their declared lower bounds and
-# resolves everything else normally, into $(LOWEST_VENV). uv comes from PyPI into a venv of its own.
-TOOLS_VENV ?= .venv-tools
+# resolves everything else normally, into $(LOWEST_VENV).
 LOWEST_VENV ?= .venv-lowest
-UV := $(TOOLS_VENV)/bin/uv
-$(UV):
-	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found (Python 3.11 is required)"; exit 1; }
-	test -x $(TOOLS_VENV)/bin/python || $(PYTHON) -m venv $(TOOLS_VENV)
-	$(TOOLS_VENV)/bin/python -m pip install --quiet 'uv>=0.5'
-
 $(LOWEST_VENV)/.installed: setup.cfg pyproject.toml | $(UV)
 	rm -rf $(LOWEST_VENV)
 	$(PYTHON) -m venv $(LOWEST_VENV)
