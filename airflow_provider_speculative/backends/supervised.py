@@ -24,6 +24,7 @@ from airflow_provider_speculative.backends.identity import same_process
 from airflow_provider_speculative.core.contract import LAUNCHED_AT_ENV
 from airflow_provider_speculative.core.states import (
     HEARTBEAT_STALE_AFTER,
+    LIVE_PHASES,
     TERMINAL,
     Attempt,
     AttemptState,
@@ -168,7 +169,7 @@ class SupervisedBackend:
             out.state = AttemptState.FAILED if now - created > LAUNCH_LOST_AFTER else AttemptState.CREATED
             if out.state == AttemptState.FAILED:
                 out.cause, out.end_at = "launch lost: claimed but never started", now
-        elif heartbeat.get("phase") in ("RUNNING", "BARRIER", "WAITING_FOR_INPUT"):
+        elif heartbeat.get("phase") in LIVE_PHASES:
             out.state = AttemptState.RUNNING
         else:
             out.state = AttemptState.DEPLOYING

@@ -36,6 +36,22 @@ class TaskState(StrEnum):
     COMMITTED = "committed"
 
 
+class HeartbeatPhase(StrEnum):
+    """What a running attempt says it is doing, in its ``heartbeat.json`` (runtime/heartbeat.py)."""
+
+    RUNNING = "RUNNING"
+    # Blocked inside ``ctx.read`` until a hybrid producer's partition is admitted.
+    WAITING_FOR_INPUT = "WAITING_FOR_INPUT"
+    # Held by fault injection before its manifest (tests only).
+    BARRIER = "BARRIER"
+    FINISHED = "FINISHED"
+    FAILED = "FAILED"
+
+
+# Phases of an attempt process that is alive and working: its supervisor keeps waiting for it.
+LIVE_PHASES = frozenset({HeartbeatPhase.RUNNING, HeartbeatPhase.BARRIER, HeartbeatPhase.WAITING_FOR_INPUT})
+
+
 # Task states after which this try of the producer will not commit: hybrid consumers fail, not wait.
 NO_COMMIT_TASK_STATES = frozenset({TaskState.FAILED, TaskState.KILLED})
 

@@ -30,6 +30,7 @@ from airflow_provider_speculative.core.contract import (
 from airflow_provider_speculative.core.copartition import key_cast
 from airflow_provider_speculative.core.faults import current as current_faults
 from airflow_provider_speculative.core.plan import StagePlan, load_plan
+from airflow_provider_speculative.core.states import HeartbeatPhase
 from airflow_provider_speculative.exceptions import StoreError, StoreFullError, StoreNotWritableError
 from airflow_provider_speculative.runtime.faults import inject_faults
 from airflow_provider_speculative.runtime.heartbeat import Heartbeat, current_node
@@ -178,11 +179,11 @@ class StageContext:
             with contextlib.suppress(StoreError):
                 self._record_failure(exc)
             with contextlib.suppress(StoreError):
-                self._heartbeat.stop("FAILED")
+                self._heartbeat.stop(HeartbeatPhase.FAILED)
             self._stop_spark()
             print(f"[speculative] attempt failed: {exc}", file=sys.stderr)
             os._exit(code)  # do not let Spark's shutdown hooks turn a failure into exit 0
-        self._heartbeat.stop("FINISHED")
+        self._heartbeat.stop(HeartbeatPhase.FINISHED)
         self._stop_spark()
 
     def _stop_spark(self) -> None:

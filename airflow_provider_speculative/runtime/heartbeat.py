@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from airflow_provider_speculative.core.states import HeartbeatPhase
 from airflow_provider_speculative.exceptions import StoreError
 from airflow_provider_speculative.store.files import atomic_write_json
 
@@ -28,7 +29,7 @@ class Heartbeat:
         self.progress = progress
         self.interval = interval
         self.started_at = time.time()
-        self.phase = "RUNNING"
+        self.phase: str = HeartbeatPhase.RUNNING
         # Time spent in WAITING_FOR_INPUT (hybrid inputs): finished waits, and the start of the current one.
         self.input_wait = 0.0
         self.waiting_since: float | None = None
@@ -44,9 +45,9 @@ class Heartbeat:
     def set_phase(self, phase: str) -> None:
         """Change the phase every later beat reports (accounting for time waiting for input), and beat now."""
         now = time.time()
-        if phase == "WAITING_FOR_INPUT" and self.waiting_since is None:
+        if phase == HeartbeatPhase.WAITING_FOR_INPUT and self.waiting_since is None:
             self.waiting_since = now
-        elif phase != "WAITING_FOR_INPUT" and self.waiting_since is not None:
+        elif phase != HeartbeatPhase.WAITING_FOR_INPUT and self.waiting_since is not None:
             self.input_wait += max(0.0, now - self.waiting_since)
             self.waiting_since = None
         self.phase = phase

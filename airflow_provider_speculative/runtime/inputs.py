@@ -18,6 +18,7 @@ from airflow_provider_speculative.core.config import SpeculativeConfig
 from airflow_provider_speculative.core.failover import files_in_range
 from airflow_provider_speculative.core.paths import is_object_url
 from airflow_provider_speculative.core.plan import StagePlan
+from airflow_provider_speculative.core.states import HeartbeatPhase
 from airflow_provider_speculative.runtime.heartbeat import Heartbeat
 from airflow_provider_speculative.store.files import read_json
 from airflow_provider_speculative.store.layout import StageLayout
@@ -122,8 +123,8 @@ class StageInputs:
                     f"pipeline {self.plan.get('pipeline')!r}, stage {self.stage!r}, input {name!r}: producer "
                     f"partitions {missing[:10]} of {self.plan['inputs'][name]['upstream']!r} not admitted within "
                     f"{self.config.hybrid_input_timeout:g}s (hybrid_input_timeout)")
-            if self.heartbeat.phase != "WAITING_FOR_INPUT":
-                self.heartbeat.set_phase("WAITING_FOR_INPUT")
+            if self.heartbeat.phase != HeartbeatPhase.WAITING_FOR_INPUT:
+                self.heartbeat.set_phase(HeartbeatPhase.WAITING_FOR_INPUT)
                 self.notify()  # the controller stops this attempt's execution clock while it waits
             time.sleep(delay)
             delay = min(1.0, delay * 2)
@@ -153,8 +154,8 @@ class StageInputs:
         chosen: dict[int, int] = {}
         while len(chosen) < len(producers):
             chosen.update(self.wait_admitted(name, producers, set(chosen)))
-        if self.heartbeat.phase == "WAITING_FOR_INPUT":
-            self.heartbeat.set_phase("RUNNING")
+        if self.heartbeat.phase == HeartbeatPhase.WAITING_FOR_INPUT:
+            self.heartbeat.set_phase(HeartbeatPhase.RUNNING)
             self.notify()
         return self._files_of(name, chosen)
 
@@ -177,8 +178,8 @@ class StageInputs:
         while len(done) < len(producers):
             batch = self.wait_admitted(name, producers, done)
             done |= set(batch)
-            if self.heartbeat.phase == "WAITING_FOR_INPUT":
-                self.heartbeat.set_phase("RUNNING")
+            if self.heartbeat.phase == HeartbeatPhase.WAITING_FOR_INPUT:
+                self.heartbeat.set_phase(HeartbeatPhase.RUNNING)
                 self.notify()
             paths = self._files_of(name, batch)
             if paths:

@@ -30,6 +30,7 @@ from airflow_provider_speculative.core.contract import (
     REMOTE_ENV,
 )
 from airflow_provider_speculative.core.spark_submit import UnmodifiedApplication, parse_wrapper_args
+from airflow_provider_speculative.core.states import HeartbeatPhase
 from airflow_provider_speculative.exceptions import StoreError
 from airflow_provider_speculative.runtime.context import StageContext
 from airflow_provider_speculative.store.files import read_json
@@ -115,7 +116,7 @@ class UnmodifiedAttempt(StageContext):
             # The application's own exit code (StageContext would exit with EXIT_FAILED).
             try:
                 self._record_failure(exc)
-                self._heartbeat.stop("FAILED")
+                self._heartbeat.stop(HeartbeatPhase.FAILED)
             except StoreError:
                 pass
             self._stop_spark()
