@@ -5,7 +5,14 @@ from __future__ import annotations
 import json
 
 from airflow_provider_speculative.core.events import ADMISSION_EVENTS, ROUTINE_EVENTS, Event, is_routine
-from airflow_provider_speculative.core.states import FINISHED_RUN_STATES, LIVE, TERMINAL, TaskState
+from airflow_provider_speculative.core.states import (
+    FINISHED_RUN_STATES,
+    LIVE,
+    LIVE_PHASES,
+    TERMINAL,
+    HeartbeatPhase,
+    TaskState,
+)
 from airflow_provider_speculative.core.trigger_events import DECIDED, TriggerStatus
 
 # What journals in existing stores contain: a renamed value would make their lines unreadable.
@@ -56,3 +63,10 @@ def test_state_sets_hold_the_plain_names_readers_compare() -> None:
     assert {"FINISHED", "FAILED", "CANCELED"} == set(TERMINAL)
     assert "RUNNING" in LIVE and "FINISHED" in TERMINAL
     assert {"success", "failed"} == FINISHED_RUN_STATES
+
+
+def test_heartbeat_phases_are_the_stored_names() -> None:
+    # Supervisors of an older or newer provider read the same heartbeat.json: the stored names are a contract.
+    assert {p.value for p in HeartbeatPhase} == {"RUNNING", "WAITING_FOR_INPUT", "BARRIER", "FINISHED", "FAILED"}
+    assert {"RUNNING", "WAITING_FOR_INPUT", "BARRIER"} == set(LIVE_PHASES)
+    assert json.loads(json.dumps({"phase": HeartbeatPhase.BARRIER})) == {"phase": "BARRIER"}
