@@ -26,7 +26,9 @@ DEMO_ENV := AIRFLOW_HOME=$(DEMO)/airflow \
 .PHONY: demo run test test-fast test-long test-lowest unit install java-check data data-q3 data-tpch lint bench clean browser ui docs services jars
 
 # uv (from PyPI, into a venv of its own) installs the project: it resolves and fetches in parallel, several
-# times faster than pip on a machine without a cache. The project's venv still has pip for users.
+# times faster than pip on a machine without a cache. It compiles bytecode at install as pip does: with
+# PYTHONDONTWRITEBYTECODE set, every Airflow and attempt process would otherwise compile its imports anew.
+# The project's venv still has pip for users.
 TOOLS_VENV ?= .venv-tools
 UV := $(TOOLS_VENV)/bin/uv
 $(UV):
@@ -36,7 +38,7 @@ $(UV):
 
 $(VENV)/.installed: setup.cfg pyproject.toml | $(UV)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(UV) pip install --python $(PY) --quiet -e '.[test]'
+	$(UV) pip install --python $(PY) --quiet --compile-bytecode -e '.[test]'
 	touch $@
 
 install: $(VENV)/.installed
@@ -162,7 +164,7 @@ LOWEST_VENV ?= .venv-lowest
 $(LOWEST_VENV)/.installed: setup.cfg pyproject.toml | $(UV)
 	rm -rf $(LOWEST_VENV)
 	$(PYTHON) -m venv $(LOWEST_VENV)
-	$(UV) pip install --python $(LOWEST_VENV)/bin/python --quiet --resolution lowest-direct -e '.[test]'
+	$(UV) pip install --python $(LOWEST_VENV)/bin/python --quiet --compile-bytecode --resolution lowest-direct -e '.[test]'
 	touch $@
 
 test-lowest: $(LOWEST_VENV)/.installed
