@@ -103,6 +103,14 @@ class Attempts:
     def pid_file(self, number: int) -> Path:
         return self.layout.attempt_dir(0, number) / "app.pid"
 
+    def app_pid(self, number: int) -> int | None:
+        """The application's pid once its pid file is written whole (it is created before it is written)."""
+        try:
+            text = self.pid_file(number).read_text().strip()
+        except FileNotFoundError:
+            return None
+        return int(text) if text.isdigit() else None
+
     def status(self, number: int) -> dict:  # type: ignore[type-arg]
         return read_json(self.layout.status(0, number)) or {}
 
@@ -152,8 +160,9 @@ def test_cancel_stops_a_warm_attempt_and_its_group(runtime: Path, tmp_path: Path
     _warm_server(runtime)
     attempts = Attempts(tmp_path)
     number = attempts.launch("sleep")
-    _until(attempts.pid_file(number).exists, "the application to start")
-    app_pid = int(attempts.pid_file(number).read_text())
+    _until(lambda: attempts.app_pid(number) is not None, "the application to start")
+    app_pid = attempts.app_pid(number)
+    assert app_pid is not None
     # Both forked processes show the command lines they would have had (what ps and leak checks look for).
     supervisor = psutil.Process(attempts.status(number)["pid"])
     assert str(attempts.layout.status(0, number)) in " ".join(supervisor.cmdline())
@@ -221,7 +230,7 @@ def test_stop_ends_the_server_but_not_the_attempts_it_started(runtime: Path, tmp
     assert row["running"] and row["serving"] and row["current"] and row["pid"] in _server_pids(runtime)
     attempts = Attempts(tmp_path)
     number = attempts.launch("sleep")
-    _until(attempts.pid_file(number).exists, "the warm attempt to run")
+    _until(lambda: attempts.app_pid(number) is not None, "the warm attempt to run")
     (stopped,) = forkserver.stop_servers()
     assert stopped["stopped"] and not _server_pids(runtime)
     assert not Path(row["socket"]).exists(), "a stopped server unpublishes its socket"
