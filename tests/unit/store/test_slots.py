@@ -18,6 +18,15 @@ from airflow_provider_speculative.store.slots import TargetSlots, holder_record
 from tests.unit.store.slot_race import LateSlots, objects_per_slot, race_slots
 
 
+def _run_together(target: Callable[[int], Any], indices: Any) -> None:
+    """Run ``target(i)`` for every index in its own thread and wait for all of them."""
+    threads = [threading.Thread(target=target, args=(i,)) for i in indices]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+
 def test_claims_are_exclusive_and_bounded_by_capacity(tmp_path):
     slots = TargetSlots(tmp_path, "t")
     assert slots.dir == tmp_path / "_targets" / "t" / "slots"
@@ -40,11 +49,7 @@ def test_concurrent_claimers_never_oversubscribe(tmp_path):
             with lock:
                 won.append(got)
 
-    threads = [threading.Thread(target=claimer, args=(i,)) for i in range(12)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    _run_together(claimer, range(12))
     assert sorted(index for index, _ in won) == [0, 1, 2]
 
 
@@ -275,11 +280,7 @@ def test_racing_claimers_of_a_released_slot_one_winner(tmp_path):
         if got:
             won.append(got)
 
-    threads = [threading.Thread(target=claimer, args=(i,)) for i in range(12)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    _run_together(claimer, range(12))
     assert len(won) == 1 and slots.count() == 1 and slots.holders()[0]["token"] == won[0][1]
 
 
