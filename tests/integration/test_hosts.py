@@ -1,7 +1,7 @@
 """Lost hosts and partitions with real hosts: Spark Connect servers in network namespaces (tests/hosts.py).
 
-Four hosts: ``h1`` (10.213.0.11) and ``h2`` (10.213.0.12) each run one Spark Connect server bound to
-its own address, ``h3`` and ``h4`` are triggerer hosts. Unless a test says otherwise the controller and
+Three hosts: ``h1`` (10.213.0.11) and ``h2`` (10.213.0.12) each run one Spark Connect server bound to
+its own address; ``h3`` runs no Spark. Unless a test says otherwise the controller and
 the attempts' Connect clients run in the root namespace (10.213.0.1); the store is the shared
 filesystem. TPC-H Q1 (scan, 4 subtasks, then aggregate) runs through the controller without Airflow
 (connect_runner.py) while the test takes ``h1`` away: its
@@ -9,9 +9,8 @@ network namespace killed, or its link down and up again. The scan's attempts on 
 after writing their output (fault injection: the work is done on the node, the node is lost before
 the attempt reports it), so the fault hits them mid-attempt whatever the machine's speed.
 Another puts ``h2`` behind a slow, lossy link (300 ms, 5 %: netem, or tests/linkshaper.py where the
-kernel has no netem). Another runs the controller as a process on a triggerer host ``h3`` (own
-network namespace and hostname), kills that host mid-stage and starts the controller again on ``h4``:
-it reattaches from the store. Outcomes are asserted on the store (journal, summary, committed.json)
+kernel has no netem). (A real Airflow triggerer killed on one host and started on another is
+test_hosts_celery.py's.) Outcomes are asserted on the store (journal, summary, committed.json)
 and against DuckDB; the module takes ~3 minutes (one set of hosts, servers started once).
 """
 
@@ -21,7 +20,6 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import json
-import os
 import subprocess
 import sys
 import urllib.request
@@ -32,16 +30,15 @@ from typing import Any
 import pytest
 
 from airflow_provider_speculative.control.readmodel import run_report
-from airflow_provider_speculative.devtools.faults import fault_env, injected
+from airflow_provider_speculative.devtools.faults import injected
 from airflow_provider_speculative.devtools.localcluster import LocalCluster, ServerInfo
-from airflow_provider_speculative.devtools.runner import plan_connect_stage, run_stages, write_plan
 from airflow_provider_speculative.pipeline import Pipeline, all_to_all, parquet_source
 from airflow_provider_speculative.store.files import read_json, read_jsonl
 from airflow_provider_speculative.store.layout import StageLayout
 from tests import hosts, services
 from tests.integration.connect_runner import ConnectPool, committed_table, run_pipeline
 from tests.integration.q1 import assert_q1_equal, duckdb_q1
-from tests.processes import processes_mentioning, tail, wait_for
+from tests.processes import processes_mentioning, wait_for
 
 pytestmark = [pytest.mark.hosts, pytest.mark.spark, pytest.mark.timeout(600)]
 
@@ -59,7 +56,7 @@ class HostPool:
         self.network = network
         self.directory = directory
         self.servers: dict[str, ServerInfo] = {}
-        # h1 and h2 run Spark; h3 and h4 are triggerer hosts (a controller process, no JVM).
+        # h1 and h2 run Spark; h3 runs none (a host that only reaches the root services).
         self.spark_hosts = network.hosts[:2]
 
     def ready(self) -> ConnectPool:
@@ -85,7 +82,7 @@ def host_pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HostPool]:
     reason = hosts.unavailable_reason()
     if reason:
         pytest.skip(f"hosts tests need network namespaces: {reason}")
-    with hosts.HostNetwork(4) as network:
+    with hosts.HostNetwork(3) as network:
         pool = HostPool(network, tmp_path_factory.mktemp("host-servers"))
         yield pool
         LocalCluster(pool.directory).stop_servers(list(pool.servers.values()), grace=5)
@@ -276,75 +273,6 @@ def test_partitioned_host_is_fenced_and_its_attempts_never_commit_after_heal(
     h1_server = next(s for s in pool.servers if s.name == "h1")
     wait_for(lambda: not _server_running_jobs(h1_server), 60, "no job running on h1's server after the heal")
     assert_q1_equal(_q1_of(tmp_path, "hosts_partition"), duckdb_q1(tpch_data))
-
-
-def test_triggerer_host_killed_then_a_controller_on_another_host_reattaches_from_the_store(
-        pool: ConnectPool, host_pool: HostPool, tpch_data: Path, tmp_path: Path) -> None:
-    network = host_pool.network
-    first, second = network["h3"], network["h4"]
-    # Subtasks 0 and 1 hold their first attempt: they run when the triggerer's host dies; 2 and 3 finish.
-    held = {"attempts": [{"subtask": s, "attempt": 0, "delay": HOLD_SECONDS} for s in (0, 1)]}
-    graph = _q1_graph(tpch_data, "hosts_triggerer")
-    config = pool.config(**{**graph.config, **graph.stages["scan"].config})
-    plan = plan_connect_stage(graph, "scan", tmp_path, graph.name, "run1", config)
-    layout = write_plan(plan)
-    env_file = tmp_path / "target_env.json"
-    env_file.write_text(json.dumps(pool.target_env()))
-    controller = [sys.executable, "-m", "tests.integration.hosts_controller", str(layout.plan), str(env_file)]
-
-    def start(host: hosts.Host) -> subprocess.Popen[bytes]:
-        with open(tmp_path / f"controller-{host.name}.log", "ab") as log:
-            return subprocess.Popen(host.command(controller, own_hostname=True), cwd=REPO, stdin=subprocess.DEVNULL,
-                                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                    env={**os.environ, **fault_env({"hosts_triggerer/scan": held})})
-
-    def log_of(host: hosts.Host) -> str:
-        return tail(tmp_path / f"controller-{host.name}.log")
-
-    before = start(first)
-    wait_for(lambda: (all(layout.admitted(s).exists() for s in (2, 3)) and len(_held_attempts(layout, (0, 1))) == 2)
-             or before.poll() is not None, 240, "subtasks 2, 3 admitted and 0, 1 held",
-             on_timeout=lambda: log_of(first))
-    assert before.poll() is None, log_of(first)
-    network.kill(first)  # the triggerer's machine: its controller, supervisors and Connect clients
-    assert before.wait(timeout=30) != 0
-
-    after = start(second)
-    wait_for(lambda: after.poll() is not None, 240, "the controller on h4 to commit the stage",
-             on_timeout=lambda: log_of(second))
-    assert after.returncode == 0, log_of(second)
-
-    journal = read_jsonl(layout.journal)
-    launches = [(e["subtask"], e["attempt"]) for e in journal if e.get("event") == "launch"]
-    # Reattached: what finished before is kept (no launch), each attempt lost with the host is replaced
-    # by exactly one new attempt, launched from the new host; nothing is launched twice.
-    assert sorted(launches) == [(0, 0), (0, 1), (1, 0), (1, 1), (2, 0), (3, 0)], launches
-    for subtask in (0, 1):
-        assert read_json(layout.status(subtask, 0))["host"] == first.netns
-        assert read_json(layout.status(subtask, 1))["host"] == second.netns
-        assert read_json(layout.admitted(subtask))["attempt"] == 1
-    for subtask in (2, 3):
-        assert read_json(layout.admitted(subtask))["attempt"] == 0
-    _assert_one_output_per_subtask(layout)
-    assert hosts.namespace_pids(first.netns) == []
-    # Nothing of the stage is left running (h4 keeps only its idle fork server, a per-host helper).
-    assert not processes_mentioning(str(tmp_path)), "an attempt outlived the stage"
-
-    aggregate = plan_connect_stage(graph, "aggregate", tmp_path, graph.name, "run1",
-                                   pool.config(**graph.config))
-    write_plan(aggregate)
-    run_stages([aggregate], target_env=pool.target_env(), timeout=300)
-    assert_q1_equal(_q1_of(tmp_path, "hosts_triggerer"), duckdb_q1(tpch_data))
-
-
-def _held_attempts(layout: StageLayout, subtasks: tuple[int, ...]) -> list[int]:
-    """Which of ``subtasks`` have attempt 0 in its injected hold."""
-    out = []
-    for subtask in subtasks:
-        log = layout.log(subtask, 0)
-        if log.exists() and "fault injection: slowing" in log.read_text(errors="replace"):
-            out.append(subtask)
-    return out
 
 
 # Last: it takes h1's server away (the next module run starts a fresh one).

@@ -8,12 +8,15 @@ the api-server, scheduler, dag-processor and triggerer on PostgreSQL, with Redis
 the attempts. A worker reaches PostgreSQL and Redis through the root's bridge address (TCP forwarders)
 and the api-server's Execution API on that address; the store is the shared filesystem.
 
-The Q3 example (``dags/tpch_q3.py``, six stages) runs with ``start_in_triggerer = False``, so every
-stage task is planned by a Celery worker before it defers to its controller in the triggerer (by
-default stage tasks start in the triggerer and only the sink stage visits a worker). The run must
-succeed, equal DuckDB's Q3, have its stage tasks executed on both worker hosts (the hostname a task
-records is its process's UTS hostname, which only a worker on that host has) and its attempts on the
-Spark hosts' addresses.
+The Q3 example (``dags/tpch_q3.py``, six stages) runs on the default path: stage tasks start in the
+triggerer, and only the sink stage ``top`` visits a worker. The triggerer runs on a host of its own,
+``h6``; while ``scan_lineitem`` runs, with subtask 0's first attempt held (fault injection, on ``h6``
+only), the test kills ``h6`` (every process on it at once, as a lost machine) and starts a triggerer on
+``h7``. Airflow gives the dead triggerer's triggers to the new one once its heartbeat is older than the
+health-check threshold; the controller there reattaches from the store. The run must succeed, equal
+DuckDB's Q3, commit each subtask once, relaunch only the attempts lost with ``h6`` (from ``h7``), run
+``top`` on a worker host (the hostname a task records is its process's UTS hostname, which only a
+worker on that host has) and every attempt on the Spark hosts' addresses.
 """
 
 from __future__ import annotations
@@ -34,15 +37,20 @@ from typing import Any
 import pytest
 
 from airflow_provider_speculative.control.readmodel import run_report
+from airflow_provider_speculative.core.events import Event
+from airflow_provider_speculative.devtools.faults import fault_env
 from airflow_provider_speculative.devtools.localcluster import (
     LocalCluster,
     ServerInfo,
     connection_definitions,
     targets_json,
 )
+from airflow_provider_speculative.store.files import read_json, read_jsonl
+from airflow_provider_speculative.store.layout import StageLayout
 from tests import hosts, services
 from tests.integration.airflow_cluster import (
     AIRFLOW,
+    COMPONENTS,
     REPO,
     AirflowCluster,
     PostgresDatabase,
@@ -62,6 +70,11 @@ DS = "2026-01-01"
 REDIS_DB = 7
 WORKER_HOSTS = ("h1", "h2")
 SPARK_HOSTS = ("h3", "h4", "h5")
+# The triggerer runs on the first; the test kills that host and starts a triggerer on the second.
+TRIGGERER_HOSTS = ("h6", "h7")
+HELD_STAGE = "scan_lineitem"
+# Long enough that only the kill ends the held attempt; the test never waits for it.
+HOLD_SECONDS = 600
 
 
 class BridgeCluster(AirflowCluster):
@@ -130,6 +143,32 @@ def start_worker(host: hosts.Host, cluster: AirflowCluster, env: dict[str, str])
     return CeleryWorker(host, proc, log)
 
 
+@dataclass
+class HostTriggerer:
+    """``airflow triggerer`` on one host (its own network and UTS namespace), logging to a file."""
+
+    host: hosts.Host
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+    def check_alive(self) -> None:
+        """Fail at once, with its log, if the triggerer exited."""
+        if self.proc.poll() is not None:
+            raise AssertionError(f"the triggerer on {self.host.name} exited {self.proc.returncode}:\n{tail(self.log)}")
+
+
+def start_triggerer(host: hosts.Host, cluster: AirflowCluster, env: dict[str, str],
+                    runtime: Path) -> HostTriggerer:
+    """A triggerer on ``host`` with fork servers of its own (``runtime``): its attempts run on that host."""
+    runtime.mkdir(mode=0o700, exist_ok=True)
+    log = cluster.logs / f"triggerer-{host.name}.log"
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(host.command([AIRFLOW, "triggerer"], own_hostname=True),
+                                env={**env, "XDG_RUNTIME_DIR": str(runtime)}, stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True, cwd=cluster.home)
+    return HostTriggerer(host, proc, log)
+
+
 def _redis_flush() -> None:
     import redis
 
@@ -157,16 +196,20 @@ class Deployment:
     db: PostgresDatabase
     workers: list[CeleryWorker]
     servers: list[ServerInfo]
+    network: hosts.HostNetwork
+    # Starts the triggerer on a host (the fault rules only on the first).
+    start_triggerer: Any
+    triggerers: list[HostTriggerer]
 
 
 @pytest.fixture
 def deployment(tmp_path: Path) -> Iterator[Deployment]:
-    """Five hosts, three Spark Connect servers, Airflow with the CeleryExecutor and two workers; all torn down."""
+    """Seven hosts: two Celery workers, three Spark Connect servers, two triggerer hosts; all torn down."""
     reason = _skip_reason()
     if reason:
         pytest.skip(reason)
     with contextlib.ExitStack() as stack:
-        network = stack.enter_context(hosts.HostNetwork(len(WORKER_HOSTS) + len(SPARK_HOSTS)))
+        network = stack.enter_context(hosts.HostNetwork(len(WORKER_HOSTS) + len(SPARK_HOSTS) + len(TRIGGERER_HOSTS)))
         # Workers dial the root's services on the bridge address (127.0.0.1 inside a host is the host).
         pg_server, redis_server = services.postgres(), services.redis()
         stack.enter_context(network.forward(redis_server.port))
@@ -209,8 +252,8 @@ def deployment(tmp_path: Path) -> Iterator[Deployment]:
             "AIRFLOW__CELERY__BROKER_URL": redis_server.url(REDIS_DB, host=hosts.ROOT_ADDRESS),
             "AIRFLOW__CELERY__RESULT_BACKEND": f"db+postgresql://{bridge_db}",
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",
-            # Stage tasks are planned on the workers (the default starts them in the triggerer: no worker run).
-            "AIRFLOW__SPECULATIVE__START_IN_TRIGGERER": "False",
+            # The triggerer on h7 takes over the dead one's triggers once its heartbeat is this old (s).
+            "AIRFLOW__TRIGGERER__TRIGGERER_HEALTH_CHECK_THRESHOLD": "10",
             "SPECULATIVE_EXAMPLE_TPCH": str(TPCH),
             # This checkout's package and tests, whatever the venv's editable install points at.
             "PYTHONPATH": str(REPO),
@@ -222,12 +265,26 @@ def deployment(tmp_path: Path) -> Iterator[Deployment]:
         cluster = BridgeCluster(tmp_path, db.url, dags_folder=REPO / "dags", data=TPCH / "lineitem", extra_env=extra)
         stack.callback(_stop_fork_servers, runtime)
         stack.callback(cluster.shutdown)
-        cluster.start_all()
+        for component in COMPONENTS:
+            if component != "triggerer":  # it runs on a host of its own
+                cluster.start(component)
         worker_env = {**cluster.env, "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"postgresql+psycopg2://{bridge_db}"}
         workers: list[CeleryWorker] = []
         stack.callback(stop_workers, workers)
         for name in WORKER_HOSTS:
             workers.append(start_worker(network[name], cluster, worker_env))
+        triggerers: list[HostTriggerer] = []
+        held = {f"{DAG_ID}/{HELD_STAGE}": {"attempts": [{"subtask": 0, "attempt": 0, "delay": HOLD_SECONDS}]}}
+
+        def start_triggerer_on(name: str) -> HostTriggerer:
+            faults = fault_env(held) if name == TRIGGERER_HOSTS[0] else {}
+            triggerer = start_triggerer(network[name], cluster, {**worker_env, **faults}, runtime / name)
+            triggerers.append(triggerer)
+            stack.callback(_stop_fork_servers, runtime / name)
+            return triggerer
+
+        stack.callback(lambda: [network.kill(t.host) for t in triggerers])
+        start_triggerer_on(TRIGGERER_HOSTS[0])
         cluster.wait_healthy()
         for worker in workers:
             wait_until(worker.ready, 180, f"the Celery worker on {worker.host.name} to be ready", interval=1,
@@ -237,7 +294,7 @@ def deployment(tmp_path: Path) -> Iterator[Deployment]:
             raise started["error"]
         servers: list[ServerInfo] = started["servers"]
         assert [(s.host, s.port) for s in servers] == [(s.host, s.port) for s in planned], servers
-        yield Deployment(cluster, db, workers, servers)
+        yield Deployment(cluster, db, workers, servers, network, start_triggerer_on, triggerers)
 
 
 def _stop_fork_servers(runtime: Path) -> None:
@@ -265,28 +322,52 @@ def _task_instances(db: PostgresDatabase, run_id: str) -> dict[str, dict[str, An
                 for row in cur.fetchall()}
 
 
-def test_q3_example_runs_with_celery_workers_on_two_hosts_and_spark_on_three(deployment: Deployment,
-                                                                              tmp_path: Path) -> None:
+def test_q3_on_celery_hosts_survives_its_triggerer_host_killed_mid_stage(deployment: Deployment,
+                                                                         tmp_path: Path) -> None:
     try:
         run_and_check(deployment, tmp_path)
     except BaseException:  # also pytest-timeout's failure: print what makes it diagnosable
         print(f"\n{deployment.cluster.diagnostics()}")
-        for worker in deployment.workers:
-            print(f"===== {worker.log.name}\n{tail(worker.log, 80)}")
+        for process in [*deployment.workers, *deployment.triggerers]:
+            print(f"===== {process.log.name}\n{tail(process.log, 80)}")
         raise
 
 
 def run_and_check(deployment: Deployment, tmp_path: Path) -> None:
-    """Trigger the Q3 example, wait for its run; check the result, where its tasks and attempts ran."""
+    """Trigger Q3, kill the triggerer's host mid-stage, start one on another host; check the whole outcome."""
     cluster = deployment.cluster
+    first_host, second_host = (deployment.network[name] for name in TRIGGERER_HOSTS)
     cluster.wait_dag(DAG_ID)
     cluster.unpause(DAG_ID)
     run_id = cluster.trigger(DAG_ID, LOGICAL_DATE)
+    layouts = {stage: StageLayout(cluster.store, DAG_ID, run_id, stage) for stage in STAGES}
+    held = layouts[HELD_STAGE]
 
-    def finished() -> dict[str, Any] | None:
+    def alive() -> None:
         cluster.check_alive()
         for worker in deployment.workers:
             worker.ready()  # fails at once if a worker died
+        deployment.triggerers[-1].check_alive()
+
+    def holding() -> bool:
+        alive()
+        if cluster.dag_runs(DAG_ID)[run_id]["state"] in ("success", "failed"):
+            raise AssertionError(f"run {run_id} ended before {HELD_STAGE}'s held attempt ran")
+        log = held.log(0, 0)
+        return log.exists() and "fault injection: slowing" in log.read_text(errors="replace")
+
+    wait_until(holding, 300, f"{HELD_STAGE} subtask 0's first attempt to be held on {first_host.name}",
+               interval=0.2)
+    # What each stage had launched and admitted when the triggerer's machine was lost.
+    admitted_before = {stage: {s for s in range(_parallelism(layout)) if layout.admitted(s).exists()}
+                       for stage, layout in layouts.items() if layout.plan.exists()}
+    deployment.network.kill(first_host)  # the triggerer, its trigger runner, attempts and fork servers
+    assert deployment.triggerers[0].proc.wait(timeout=30) != 0
+    launched_before = {stage: _launches(layouts[stage]) for stage in admitted_before}
+    deployment.start_triggerer(second_host.name)
+
+    def finished() -> dict[str, Any] | None:
+        alive()
         run = cluster.dag_runs(DAG_ID)[run_id]
         return run if run["state"] in ("success", "failed") else None
 
@@ -296,26 +377,53 @@ def run_and_check(deployment: Deployment, tmp_path: Path) -> None:
     problem = q3_difference(read_q3_output(tmp_path / "output" / DAG_ID / DS), duckdb_q3(TPCH))
     assert problem is None, problem
 
-    # Every stage task ran on a Celery worker host: the hostname it recorded is that host's UTS name.
+    # The held attempt was lost with h6; its replacement was launched and admitted from h7.
+    assert read_json(held.status(0, 0))["host"] == first_host.netns
+    winner = read_json(held.admitted(0))["attempt"]
+    assert winner > 0 and read_json(held.status(0, winner))["host"] == second_host.netns, winner
+    restored = [e for e in read_jsonl(held.journal) if e.get("event") == Event.RESTORED]
+    assert restored, f"{HELD_STAGE}'s controller on {second_host.name} did not restore from the store"
+    for stage, layout in layouts.items():
+        committed = read_json(layout.committed)
+        assert committed is not None, f"{stage} has no committed.json"
+        for subtask, part in committed["subtasks"].items():
+            with_output = [a for a in layout.attempt_numbers(int(subtask)) if layout.manifest(int(subtask), a).exists()]
+            assert with_output == [part["attempt"]], (stage, subtask, with_output, part)
+        # Reattached, not restarted: nothing admitted before the loss was launched again after it.
+        if stage in admitted_before:
+            again = [k for k in _launches(layout) if k not in launched_before[stage] and k[0] in admitted_before[stage]]
+            assert not again, (stage, again)
+    assert hosts.namespace_pids(first_host.netns) == []
+
+    # Stage tasks started in the triggerer; only the sink stage `top` visited a worker, on a worker host.
     tis = _task_instances(deployment.db, run_id)
     assert sorted(tis) == sorted(STAGES), tis
+    assert all(ti["state"] == "success" for ti in tis.values()), tis
     worker_hostnames = {w.host.netns for w in deployment.workers}
-    assert all(ti["state"] == "success" and ti["queue"] == "default" for ti in tis.values()), tis
-    assert {ti["hostname"] for ti in tis.values()} == worker_hostnames, tis
-    # ... executed by the Celery worker of that host: its log names the task's workload (by its log path).
-    for worker in deployment.workers:
-        executed = worker.log.read_text(errors="replace")
-        for task_id in (t for t, ti in tis.items() if ti["hostname"] == worker.host.netns):
-            assert "Executing workload in Celery: " in executed and f"run_id={run_id}/task_id={task_id}/" in executed, (
-                f"{task_id} recorded host {worker.host.netns}, but its worker did not execute it:\n{tail(worker.log)}")
+    assert tis["top"]["hostname"] in worker_hostnames, tis
+    executed = "".join(w.log.read_text(errors="replace") for w in deployment.workers)
+    assert f"run_id={run_id}/task_id=top/" in executed, "no Celery worker executed top"
+    for task_id in STAGES[:-1]:
+        assert f"run_id={run_id}/task_id={task_id}/" not in executed, f"{task_id} visited a worker"
 
     # Every attempt ran on a Spark host (its node is the server's address), never in the root namespace.
     spark_addresses = {s.host for s in deployment.servers}
     report = run_report(cluster.store, DAG_ID, run_id)
-    assert [s["stage"] for s in report["stages"]] and {s["stage"] for s in report["stages"]} == set(STAGES)
+    assert {s["stage"] for s in report["stages"]} == set(STAGES)
     nodes = {a["node"] for stage in report["stages"] for sub in stage["subtasks"] for a in sub["attempts"]}
     assert nodes <= spark_addresses and len(nodes) >= 2, (nodes, spark_addresses)
-    for stage in report["stages"]:
-        assert stage["committed"], f"stage {stage['stage']} not committed"
-    print(f"\n{DAG_ID} on Celery: tasks by host {json.dumps({t: ti['hostname'] for t, ti in sorted(tis.items())})}; "
-          f"attempt nodes {sorted(nodes)}")
+    print(f"\n{DAG_ID} on Celery, triggerer {first_host.name} killed, {second_host.name} took over: "
+          f"tasks by host {json.dumps({t: ti['hostname'] for t, ti in sorted(tis.items())})}; "
+          f"attempt nodes {sorted(nodes)}; {HELD_STAGE} subtask 0 admitted attempt {winner}")
+
+
+def _parallelism(layout: StageLayout) -> int:
+    """The planned stage's subtask count."""
+    return int(read_json(layout.plan)["parallelism"])
+
+
+def _launches(layout: StageLayout) -> set[tuple[int, int]]:
+    """(subtask, attempt) of every launch the stage's journal records."""
+    if not layout.journal.exists():
+        return set()
+    return {(e["subtask"], e["attempt"]) for e in read_jsonl(layout.journal) if e.get("event") == Event.LAUNCH}
