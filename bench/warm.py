@@ -1,14 +1,17 @@
 """Benchmark: what does running a pipeline through the provider cost over one plain spark-submit?
 
-Side by side, in one go (issue 12, item 7), for each of two pipelines (``--pipelines q1,q3``):
+Side by side, in one go, for each pipeline of ``--pipelines`` (default ``q1,q3``):
 
   q1  the example TPC-H Q1 (dags/tpch_q1.py: scan 8 subtasks -> aggregate 2, one all_to_all exchange)
   q3  the join example TPC-H Q3 (dags/tpch_q3.py: three scan stages, two joins, a top-10 stage; 21
       subtasks, five all_to_all exchange edges)
+  q9, q10, q18  the other join examples (dags/tpch_q9.py, tpch_q10.py, tpch_q18.py; ``make data-tpch``):
+      their plain run is the official query text through Spark SQL (bench/plain_sql.py), their
+      reference DuckDB on the same files
 
 and for each of the scenarios:
 
-  a  one plain ``spark-submit`` of the whole query (bench/plain_q1.py or bench/plain_q3.py, local[2])
+  a  one plain ``spark-submit`` of the whole query (bench/plain_q1.py, plain_q3.py or plain_sql.py, local[2])
   b  the pipeline through the provider, spark-submit targets (every attempt its own driver JVM)
   c  the pipeline through the provider, Spark Connect targets (clients of a pool of warm Connect
      servers started beforehand by devtools/localcluster.py; its start-up is reported but not
@@ -38,7 +41,7 @@ and for each of the scenarios:
 b and c run with ``airflow dags test`` in their own fresh AIRFLOW_HOME and store; speculation is off
 (this measures overhead, not speculation). Both use 2 cores of Spark task slots in total: b two
 targets x 1 slot of ``local[1]`` drivers, c two ``local[1]`` servers x 2 slots. Every output must equal
-a's and an independent computation (pyarrow for Q1, DuckDB for Q3), else the command exits 1.
+a's and an independent computation (pyarrow for Q1, DuckDB for the others), else the command exits 1.
 
 It prints the wall times, b/a and c/a, and a breakdown of b and c from the store's journal, in time
 order: Airflow start (process start, DAG parse, first task start and its planning up to the first
@@ -86,6 +89,7 @@ from airflow_provider_speculative.devtools.localcluster import (  # noqa: E402
 from airflow_provider_speculative.devtools.services import S3Server, start_s3  # noqa: E402
 from airflow_provider_speculative.hooks.objectstore import settings_from_environment, spark_s3_conf  # noqa: E402
 from tests.integration.q3 import duckdb_q3, q3_difference, read_q3_output  # noqa: E402
+from tests.integration.tpch_sql import QUERIES, duckdb_rows, rows_difference  # noqa: E402
 
 DATE = "2026-01-01"
 GOAL_C_OVER_A = 2.0
@@ -104,26 +108,47 @@ class Bench:
     dag_id: str
     plain: str
 
-    def plain_input(self, tpch: Path) -> Path:
-        """What the plain application reads: lineitem for Q1, the TPC-H directory for Q3."""
-        return tpch / "lineitem" if self.name == "q1" else tpch
+    def plain_args(self, tpch: Path, run_dir: Path) -> list[str]:
+        """What the plain application reads: lineitem for Q1, the TPC-H directory for Q3; Q9/Q10/Q18 their SQL."""
+        if self.name == "q1":
+            return [str(tpch / "lineitem")]
+        if self.name in QUERIES:
+            query = run_dir / f"{self.name}.sql"
+            query.write_text(QUERIES[self.name])
+            return [str(query), str(tpch)]
+        return [str(tpch)]
 
-    def reference(self, tpch: Path) -> list[dict[str, Any]]:
-        """The independent answer (pyarrow + integer arithmetic for Q1, DuckDB for Q3)."""
-        return shared.reference_q1(tpch / "lineitem") if self.name == "q1" else duckdb_q3(tpch)
+    def reference(self, tpch: Path) -> Any:
+        """The independent answer (pyarrow + integer arithmetic for Q1, DuckDB for the others)."""
+        if self.name == "q1":
+            return shared.reference_q1(tpch / "lineitem")
+        if self.name in QUERIES:
+            return duckdb_rows(QUERIES[self.name], tpch)
+        return duckdb_q3(tpch)
 
-    def output(self, run_dir: Path) -> list[dict[str, Any]]:
-        """The committed (or plain) output of one scenario, rows in a canonical order."""
+    def output(self, run_dir: Path) -> Any:
+        """The committed (or plain) output of one scenario."""
         if self.name == "q1":
             return shared.read_output(run_dir, DATE)
-        return read_q3_output(run_dir / "output" / self.dag_id / DATE)
+        directory = run_dir / "output" / self.dag_id / DATE
+        if self.name in QUERIES:
+            import pyarrow.parquet as pq
 
-    def difference(self, got: list[dict[str, Any]], want: list[dict[str, Any]]) -> str | None:
+            table = pq.read_table(str(directory))
+            return table.column_names, [tuple(row.values()) for row in table.to_pylist()]
+        return read_q3_output(directory)
+
+    def difference(self, got: Any, want: Any) -> str | None:
         """None when the rows are exactly equal."""
-        return shared.same_rows(got, want) if self.name == "q1" else q3_difference(got, want)
+        if self.name == "q1":
+            return shared.same_rows(got, want)
+        if self.name in QUERIES:
+            return rows_difference(got[0], got[1], want[0], want[1])
+        return q3_difference(got, want)
 
 
-BENCHES = {"q1": Bench("q1", "tpch_q1", "plain_q1.py"), "q3": Bench("q3", "tpch_q3", "plain_q3.py")}
+BENCHES = {"q1": Bench("q1", "tpch_q1", "plain_q1.py"), "q3": Bench("q3", "tpch_q3", "plain_q3.py"),
+           **{name: Bench(name, f"tpch_{name}", "plain_sql.py") for name in QUERIES}}
 
 
 def base_env(run_dir: Path, tpch: Path) -> dict[str, str]:
@@ -216,7 +241,7 @@ def run_plain(bench: Bench, run_dir: Path, tpch: Path) -> dict[str, Any]:
     run_dir.mkdir(parents=True)
     out = run_dir / "output" / bench.dag_id / DATE
     conf = [arg for k, v in {**SUBMIT_CONF, **SHUFFLE}.items() for arg in ("--conf", f"{k}={v}")]
-    cmd = [spark_submit(), "--master", "local[2]", *conf, str(HERE / bench.plain), str(bench.plain_input(tpch)),
+    cmd = [spark_submit(), "--master", "local[2]", *conf, str(HERE / bench.plain), *bench.plain_args(tpch, run_dir),
            str(out)]
     result = timed(cmd, run_dir, "spark-submit.log", {**os.environ, "PYSPARK_PYTHON": sys.executable})
     result.pop("started")

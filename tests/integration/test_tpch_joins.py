@@ -24,46 +24,12 @@ from airflow_provider_speculative.exceptions import PipelineError
 from airflow_provider_speculative.store.files import read_json
 from airflow_provider_speculative.store.layout import StageLayout
 from tests.integration.connect_runner import ConnectPool, committed_table, run_pipeline
+from tests.integration.tpch_sql import Q9_SQL, Q10_SQL, Q18_SQL, TABLES, duckdb_rows
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(600)]
 
 DAGS = Path(__file__).resolve().parents[2] / "dags"
 APPS = Path(__file__).resolve().parent / "apps"
-TABLES = ("region", "nation", "part", "supplier", "partsupp", "customer", "orders", "lineitem")
-
-Q10_SQL = """
-SELECT c_custkey, c_name, sum(l_extendedprice * (1 - l_discount)) AS revenue, c_acctbal, n_name, c_address,
-       c_phone, c_comment
-FROM customer, orders, lineitem, nation
-WHERE c_custkey = o_custkey AND l_orderkey = o_orderkey AND o_orderdate >= DATE '1993-10-01'
-  AND o_orderdate < DATE '1993-10-01' + INTERVAL 3 MONTH AND l_returnflag = 'R' AND c_nationkey = n_nationkey
-GROUP BY c_custkey, c_name, c_acctbal, c_phone, n_name, c_address, c_comment
-ORDER BY revenue DESC, c_custkey
-LIMIT 20
-"""
-
-Q18_SQL = """
-SELECT c_name, c_custkey, o_orderkey, o_orderdate, o_totalprice, sum(l_quantity) AS quantity
-FROM customer, orders, lineitem
-WHERE o_orderkey IN (SELECT l_orderkey FROM lineitem GROUP BY l_orderkey HAVING sum(l_quantity) > 300)
-  AND c_custkey = o_custkey AND o_orderkey = l_orderkey
-GROUP BY c_name, c_custkey, o_orderkey, o_orderdate, o_totalprice
-ORDER BY o_totalprice DESC, o_orderdate, o_orderkey
-LIMIT 100
-"""
-
-Q9_SQL = """
-SELECT nation, o_year, sum(amount) AS sum_profit
-FROM (SELECT n_name AS nation, extract(year FROM o_orderdate) AS o_year,
-             l_extendedprice * (1 - l_discount) - ps_supplycost * l_quantity AS amount
-      FROM part, supplier, lineitem, partsupp, orders, nation
-      WHERE s_suppkey = l_suppkey AND ps_suppkey = l_suppkey AND ps_partkey = l_partkey AND p_partkey = l_partkey
-        AND o_orderkey = l_orderkey AND s_nationkey = n_nationkey AND p_name LIKE '%green%') AS profit
-GROUP BY nation, o_year
-ORDER BY nation, o_year DESC
-"""
-
-
 @pytest.fixture(scope="module")
 def tpch(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tables Q9, Q10 and Q18 read, and region, at scale factor 0.01: 8 Parquet parts each (nation, region: one)."""
@@ -82,23 +48,13 @@ def _builder(dag_file: str, function: str) -> Callable[..., Any]:
     return getattr(module, function)
 
 
-def _duckdb(sql: str, tpch: Path) -> tuple[list[str], list[tuple]]:
-    import duckdb
-
-    with duckdb.connect() as con:
-        for table in TABLES:
-            con.execute(f"CREATE VIEW {table} AS SELECT * FROM read_parquet('{tpch / table}/*.parquet')")
-        rows = con.execute(sql).fetchall()
-        return [d[0] for d in con.description], rows
-
-
 def _run(pool: ConnectPool, tpch: Path, tmp_path: Path, dag_file: str, function: str, final: str,
          sql: str, order: Callable[[tuple], Any]) -> tuple[list[tuple], list[tuple]]:
     """Run the example's pipeline; return (committed rows, DuckDB rows), both in the query's order."""
     graph = _builder(dag_file, function)(str(tpch)).graph()
     root = tmp_path / "store"
     run_pipeline(pool, graph, root, "r1")
-    columns, want = _duckdb(sql, tpch)
+    columns, want = duckdb_rows(sql, tpch)
     table = committed_table(root, graph.name, "r1", final)
     assert table.column_names == columns, (table.column_names, columns)
     got = [tuple(row[c] for c in columns) for row in table.to_pylist()]
@@ -153,7 +109,7 @@ def test_one_subtask_joining_two_one_file_sources_is_accepted_and_equals_duckdb(
         _nation_region(tpch, "nation_region_2", 2).graph()  # two subtasks would see unrelated parts
     graph = _nation_region(tpch, "nation_region", 1).graph()
     run_pipeline(shared_connect_pool, graph, tmp_path / "store", "r1")
-    columns, want = _duckdb("SELECT n.*, r_name FROM nation AS n JOIN region ON n_regionkey = r_regionkey "
+    columns, want = duckdb_rows("SELECT n.*, r_name FROM nation AS n JOIN region ON n_regionkey = r_regionkey "
                             "ORDER BY n_nationkey", tpch)
     table = committed_table(tmp_path / "store", "nation_region", "r1", "nation_region")
     assert table.column_names == columns, (table.column_names, columns)
