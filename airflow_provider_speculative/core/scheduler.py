@@ -5,6 +5,7 @@ attempts and feeds what it saw, as stimuli, to :meth:`StageScheduler.handle`, th
 the returned actions. The scheduler is the only writer of its state (observations are copied,
 never kept or mutated), it never does I/O, and every rule here is unit-tested with a fake clock.
 Stimuli are named for what happened (past tense), actions for what to do (imperative).
+Which waiting attempt gets which free slot is the placement policy's (core/placing.py), asked once per Tick.
 """
 
 from __future__ import annotations
@@ -74,9 +75,61 @@ class _Batch:
 
 
 @dataclass
-class StageScheduler:
-    """State machine for one stage run: attempts, admissions, blocklist, speculation and failures."""
+class _Bookkeeping:
+    """What only the scheduler reads and writes between steps: work left for the next Tick, and change marks."""
 
+    # Applied at the next Tick: withdrawn hybrid inputs, finished attempts restored unadmitted, and lost
+    # inputs to backtrack again after a restart.
+    withdrawn: list[InputWithdrawn] = field(default_factory=list)
+    unadmitted_finished: list[Attempt] = field(default_factory=list)
+    pending_backtrack: list[Attempt] = field(default_factory=list)
+    # Failed attempts of the stage run that were their own fault, so stage_failures() is O(1).
+    failed_count: int = 0
+    # Subtasks whose attempts changed since the last placement: placement and the views look only at these,
+    # so a quiet tick costs O(changes), not O(subtasks).
+    dirty: set[int] = field(default_factory=set)
+    check_stragglers: bool = True
+    # Admissions change the baseline: it is computed again only when this version moved.
+    admit_version: int = 0
+    baseline_version: int = -1
+    # A TargetsObserved reported a target or node not lost before: every live attempt is checked once.
+    new_loss: bool = False
+
+
+@dataclass
+class _Caches:
+    """What the baseline, the slow judgement, the speed observation and the target look-up keep between steps.
+
+    Each view is told the subtasks whose attempts changed (the dirty marks placement gets), so a step costs
+    O(changes), not O(attempts). Dropping them all changes no decision, only its cost.
+    """
+
+    baseline_view: BaselineView | None = None
+    baseline_pending: set[int] = field(default_factory=set)
+    slow_watch: SlowWatch | None = None
+    watch_pending: set[int] = field(default_factory=set)
+    speed_view: SpeedView | None = None
+    speed_pending: set[int] = field(default_factory=set)
+    median_of: tuple[Mapping[int, int], float | None] | None = None
+    # The speeds the speed view last answered (a round whose speeds are these may read its execution times).
+    viewed: Speeds | None = None
+    positions: dict[str, int] = field(default_factory=dict)
+    positions_of: tuple[Target, ...] | None = None
+
+
+@dataclass
+class StageScheduler:
+    """State machine for one stage run: attempts, admissions, blocklist, speculation and failures.
+
+    Its fields come in four groups. Inputs, fixed for the stage run (``parallelism`` to ``history_source``),
+    are the constructor's keywords. State is what the controller, the status pages and the tests read
+    (``attempts`` to ``speeds``); it has defaults, so a restarted controller feeds ``Restored`` instead.
+    ``_book`` (:class:`_Bookkeeping`) and ``_queue`` (core/placing.py: Queue) are state only the scheduler
+    and its placement touch, and ``_caches`` (:class:`_Caches`) keeps incremental views, never decisions.
+    Placement (core/placing.py) is the ``placement_type`` policy object, called once per step.
+    """
+
+    # -- inputs, fixed for the stage run -------------------------------------------------------------
     parallelism: int
     config: SpeculativeConfig
     input_bytes: dict[int, int] = field(default_factory=dict)
@@ -92,7 +145,17 @@ class StageScheduler:
     hybrid: dict[str, HybridEdge] = field(default_factory=dict)
     # The fault hook's answer for this stage (core/faults.py): none in production.
     faults: FaultInjection = NO_FAULTS
+    # How the stage is named in a FailStage reason (pipeline and stage, set by the controller).
+    label: str = "this stage"
+    # Slowness of targets in earlier stage runs on this store (core/speed.py), for the first wave.
+    target_history: dict[str, float] = field(default_factory=dict)
+    # Targets this stage run may send one probe original to although history calls them slow (the
+    # controller claimed the DAG run's one probe of each in the store: store/speeds.py claim_probe).
+    probe_targets: frozenset[str] = frozenset()
+    # Where a target_history value came from when it is not an earlier run ("speed check").
+    history_source: dict[str, str] = field(default_factory=dict)
 
+    # -- state, read from outside ----------------------------------------------------------------------
     attempts: dict[int, dict[int, Attempt]] = field(default_factory=dict)
     admitted: dict[int, int] = field(default_factory=dict)
     blocklist: Blocklist = field(default_factory=Blocklist)
@@ -113,31 +176,6 @@ class StageScheduler:
     producers_waiting: dict[str, int] = field(default_factory=dict)
     # Subtasks that want an attempt but whose hybrid inputs are not admitted yet.
     input_blocked: set[int] = field(default_factory=set)
-    _withdrawn: list[InputWithdrawn] = field(default_factory=list)
-    _unadmitted_finished: list[Attempt] = field(default_factory=list)
-    _pending_backtrack: list[Attempt] = field(default_factory=list)
-    _failed_count: int = 0
-    # Subtasks whose attempts changed since the last placement, and those still waiting for a slot:
-    # placement looks only at these, so a quiet tick costs O(changes), not O(subtasks).
-    _dirty: set[int] = field(default_factory=set)
-    # The subtasks waiting for an original attempt (core/placing.py: Queue).
-    _queue: Queue = field(default_factory=Queue, repr=False)
-    _check_stragglers: bool = True
-    _admit_version: int = 0
-    _baseline_version: int = -1
-    # What the baseline, the slow judgement and the speed observation read, kept between steps: each is told
-    # the subtasks whose attempts changed (the dirty marks placement gets), so a step costs O(changes), not
-    # O(attempts).
-    _baseline_view: BaselineView | None = field(default=None, init=False, repr=False, compare=False)
-    _baseline_pending: set[int] = field(default_factory=set, init=False, repr=False, compare=False)
-    _slow_watch: SlowWatch | None = field(default=None, init=False, repr=False, compare=False)
-    _watch_pending: set[int] = field(default_factory=set, init=False, repr=False, compare=False)
-    _speed_view: SpeedView | None = field(default=None, init=False, repr=False, compare=False)
-    _speed_pending: set[int] = field(default_factory=set, init=False, repr=False, compare=False)
-    _median_of: tuple[Mapping[int, int], float | None] | None = field(default=None, init=False, repr=False,
-                                                                      compare=False)
-    # The speeds the speed view last answered (a round whose speeds are these may read its execution times).
-    _viewed: Speeds | None = field(default=None, init=False, repr=False, compare=False)
     # FLIP-159: the last TargetsObserved (None: never observed, fixed per-stage slots).
     free_slots: dict[str, int] | None = None
     capacity: dict[str, int] = field(default_factory=dict)
@@ -146,30 +184,24 @@ class StageScheduler:
     # Attempts that failed or were cancelled because their target or node was lost: not their fault.
     target_lost: set[tuple[int, int]] = field(default_factory=set)
     waiting_for_slot_since: float | None = None
-    _new_loss: bool = False
-    # How the stage is named in a FailStage reason (pipeline and stage, set by the controller).
-    label: str = "this stage"
-    # Slowness of targets in earlier stage runs on this store (core/speed.py), for the first wave.
-    target_history: dict[str, float] = field(default_factory=dict)
-    # Targets this stage run may send one probe original to although history calls them slow (the
-    # controller claimed the DAG run's one probe of each in the store: store/speeds.py claim_probe).
-    probe_targets: frozenset[str] = frozenset()
-    # Where a target_history value came from when it is not an earlier run ("speed check").
-    history_source: dict[str, str] = field(default_factory=dict)
     # Subtask -> (since, why) while its original is held back for a faster target's slot (not a slot held);
     # only queued subtasks have an entry.
     held_back: dict[int, tuple[float, str]] = field(default_factory=dict)
     speeds: Speeds | None = None
-    # Places the wanted attempts each step (a subclass may bring its own policy through placement_type).
+
+    # -- state only the scheduler and its placement touch, caches, and the placement policy -----------
+    _book: _Bookkeeping = field(default_factory=_Bookkeeping)
+    # The subtasks waiting for an original attempt.
+    _queue: Queue = field(default_factory=Queue, repr=False)
+    _caches: _Caches = field(default_factory=_Caches, init=False, repr=False, compare=False)
     _placement: Placement = field(init=False, repr=False, compare=False)
+    # A subclass may bring its own placement policy (the simulator's rules do).
     placement_type: ClassVar[type[Placement]] = Placement
-    _positions: dict[str, int] = field(default_factory=dict, init=False, repr=False, compare=False)
-    _positions_of: tuple[Target, ...] | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         for subtask in range(self.parallelism):
             self.attempts.setdefault(subtask, {})
-        self._dirty = set(range(self.parallelism))
+        self._book.dirty = set(range(self.parallelism))
         self._placement = self.placement_type(self)
 
     # -- read-only views -------------------------------------------------------------------
@@ -212,7 +244,7 @@ class StageScheduler:
 
     def stage_failures(self) -> int:
         """Failed attempts of the whole stage run, except on a lost target or node (kept as a count: O(1))."""
-        return self._failed_count
+        return self._book.failed_count
 
     def effective_speculative_executions(self) -> int:
         """numEffectiveSpeculativeExecutions: admitted attempts that were speculative copies."""
@@ -269,8 +301,8 @@ class StageScheduler:
     def _on_claim_lost(self, stimulus: ClaimLost, batch: _Batch) -> None:
         adopted = replace(stimulus.observed)
         self.attempts.setdefault(adopted.subtask, {})[adopted.number] = adopted
-        self._dirty.add(adopted.subtask)
-        self._check_stragglers = True
+        self._book.dirty.add(adopted.subtask)
+        self._book.check_stragglers = True
 
     @_on.register
     def _on_launch_failed(self, stimulus: LaunchFailed, batch: _Batch) -> None:
@@ -312,7 +344,7 @@ class StageScheduler:
         known = self.input_admitted.get(stimulus.stage, {})
         if known.get(stimulus.subtask) == stimulus.attempt:
             del known[stimulus.subtask]
-        self._withdrawn.append(stimulus)
+        self._book.withdrawn.append(stimulus)
 
     @_on.register
     def _on_input_failed(self, stimulus: InputFailed, batch: _Batch) -> None:
@@ -327,15 +359,15 @@ class StageScheduler:
         admitted, blocked = restored.admitted, restored.blocked
         for attempt in attempts:
             self.attempts.setdefault(attempt.subtask, {})[attempt.number] = attempt
-            self._failed_count += attempt.state == AttemptState.FAILED
-        self._dirty.update(self.attempts)
-        self._check_stragglers = True
-        self._admit_version += 1
+            self._book.failed_count += attempt.state == AttemptState.FAILED
+        self._book.dirty.update(self.attempts)
+        self._book.check_stragglers = True
+        self._book.admit_version += 1
         self.admitted.update(admitted)
         for node, until in blocked.items():
             self.blocklist.block(node, until)
         # The controller may have died between an attempt finishing and its admission.
-        self._unadmitted_finished = [a for a in attempts if a.state == AttemptState.FINISHED
+        self._book.unadmitted_finished = [a for a in attempts if a.state == AttemptState.FINISHED
                                      and a.subtask not in self.admitted and a.subtask not in self.reused]
         # ... or while a lost input was being re-produced: backtrack again (recovery adopts its attempt).
         for subtask, per in self.attempts.items():
@@ -344,7 +376,7 @@ class StageScheduler:
             last = per[max(per)]
             if last.state == AttemptState.FAILED and last.lost_partition and not any(
                     a.possible_to_finish for a in per.values()):
-                self._pending_backtrack.append(last)
+                self._book.pending_backtrack.append(last)
 
     def _targets_observed(self, seen: TargetsObserved) -> list[Action]:
         """Record what the targets offer; a new loss is acted on at the Tick, after this call's observations."""
@@ -352,7 +384,7 @@ class StageScheduler:
         self.capacity = dict(seen.capacity)
         if any(t not in self.lost_targets for t in seen.lost_targets) or any(
                 n not in self.lost_nodes for n in seen.lost_nodes):
-            self._new_loss = True
+            self._book.new_loss = True
         self.lost_targets, self.lost_nodes = dict(seen.lost_targets), dict(seen.lost_nodes)
         return []
 
@@ -365,7 +397,7 @@ class StageScheduler:
             why = self._lost_cause(attempt, self.lost_targets, self.lost_nodes)
             if why:
                 self.target_lost.add((attempt.subtask, attempt.number))
-                self._dirty.add(attempt.subtask)
+                self._book.dirty.add(attempt.subtask)
                 actions += self._cancel_live([attempt], why)
         return actions
 
@@ -386,7 +418,7 @@ class StageScheduler:
         if self.free_slots is not None:
             self.free_slots[lost.target] = 0
         self._queue.wanting.add(lost.subtask)
-        self._dirty.add(lost.subtask)
+        self._book.dirty.add(lost.subtask)
 
     def _inputs_admitted(self, report: InputsAdmitted) -> None:
         """Producer partitions became available: consumers waiting on them are placed again."""
@@ -399,19 +431,19 @@ class StageScheduler:
         else:
             woken = {p for p in report.admitted if p in self.input_blocked}
         self.input_blocked -= woken
-        self._dirty |= woken
+        self._book.dirty |= woken
 
     def _apply_withdrawn(self) -> list[Action]:
         """FLIP-1 with consumers in flight: restart exactly the live attempts that read a withdrawn partition."""
         actions: list[Action] = []
-        pending, self._withdrawn = self._withdrawn, []
+        pending, self._book.withdrawn = self._book.withdrawn, []
         for lost in pending:
             live = {(a.subtask, a.number): a.progress.get("reads") for a in self.live_attempts()
                     if a.state != AttemptState.CANCELING}
             for subtask, number in restarts_on_withdrawal(live, lost.stage, lost.subtask, lost.attempt):
                 attempt = self.attempts[subtask][number]
                 attempt.state = AttemptState.CANCELING
-                self._dirty.add(subtask)
+                self._book.dirty.add(subtask)
                 actions.append(Cancel(subtask, number, f"it read {lost.stage}[{lost.subtask}] attempt {lost.attempt}, "
                                                        f"which was withdrawn: {lost.reason}"))
             if not self.upstreams.get(lost.stage, (0, True))[1]:
@@ -419,17 +451,17 @@ class StageScheduler:
                 for reader in sorted(self.input_readers.get((lost.stage, lost.subtask), frozenset())):
                     if reader in self.admitted:
                         number = self.admitted.pop(reader)
-                        self._admit_version += 1
-                        self._dirty.add(reader)
+                        self._book.admit_version += 1
+                        self._book.dirty.add(reader)
                         actions.append(Invalidate(reader, number, f"input {lost.stage}[{lost.subtask}] was withdrawn "
                                                                   "and its stage is not deterministic"))
         return actions
 
     def _admission_lost(self, lost: AdmissionLost) -> list[Action]:
         self.admitted[lost.subtask] = lost.winner
-        self._admit_version += 1
-        self._dirty.add(lost.subtask)
-        self._check_stragglers = True
+        self._book.admit_version += 1
+        self._book.dirty.add(lost.subtask)
+        self._book.check_stragglers = True
         return [Discard(lost.subtask, lost.attempt, f"attempt {lost.winner} was admitted by another controller")]
 
     def _input_restored(self, stage: str, subtask: int) -> list[Action]:
@@ -440,7 +472,7 @@ class StageScheduler:
         """
         key = (stage, subtask)
         self.recovering.discard(key)
-        self._dirty.update(self.waiting)
+        self._book.dirty.update(self.waiting)
         for waits in self.waiting.values():
             waits.discard(key)
         self.waiting = {s: w for s, w in self.waiting.items() if w}
@@ -449,8 +481,8 @@ class StageScheduler:
             for reader in sorted(self.input_readers.get(key, frozenset())):
                 if reader in self.admitted:
                     number = self.admitted.pop(reader)
-                    self._admit_version += 1
-                    self._dirty.add(reader)
+                    self._book.admit_version += 1
+                    self._book.dirty.add(reader)
                     self.attempts[reader][number].state = AttemptState.CANCELED
                     self.attempts[reader][number].cause = f"input {stage}[{subtask}] re-produced (non-deterministic)"
                     actions.append(Invalidate(reader, number, f"input {stage}[{subtask}] was re-produced and "
@@ -468,26 +500,26 @@ class StageScheduler:
         if self.failed or self.completed:
             return []
         actions: list[Action] = []
-        if self._unadmitted_finished:
-            pending, self._unadmitted_finished = self._unadmitted_finished, []
+        if self._book.unadmitted_finished:
+            pending, self._book.unadmitted_finished = self._book.unadmitted_finished, []
             for attempt in sorted(pending, key=lambda a: (a.end_at or now, a.number)):
                 actions += self._on_finished(attempt)
-        while self._pending_backtrack:
-            actions += self._backtrack(self._pending_backtrack.pop(0))
+        while self._book.pending_backtrack:
+            actions += self._backtrack(self._book.pending_backtrack.pop(0))
         actions += self._apply(updates or [], now)
-        if self._withdrawn:
+        if self._book.withdrawn:
             actions += self._apply_withdrawn()
         if self.failed:
             return actions
-        if self._new_loss:
+        if self._book.new_loss:
             # O(live attempts) once per new loss; otherwise only the attempts observed now are checked.
-            self._new_loss = False
+            self._book.new_loss = False
             actions += self._cancel_lost(self.live_attempts())
         elif self.lost_targets or self.lost_nodes:
             actions += self._cancel_lost([self.attempts[u.subtask][u.number] for u in updates])
         self.blocklist.expire(now)
-        if self._check_stragglers:
-            self._check_stragglers = False
+        if self._book.check_stragglers:
+            self._book.check_stragglers = False
             actions += self._cancel_stragglers()
         actions += self._detect_slow(now)
         actions += self._place(now)
@@ -516,7 +548,7 @@ class StageScheduler:
             if known is not None and known.state == AttemptState.CANCELING and update.state in LIVE:
                 update.state = AttemptState.CANCELING  # a cancel is never undone by a stale observation
             self.attempts[update.subtask][update.number] = update
-            self._dirty.add(update.subtask)
+            self._book.dirty.add(update.subtask)
             if update.state == AttemptState.FINISHED and previous != AttemptState.FINISHED:
                 newly_finished.append(update)
             elif update.state == AttemptState.FAILED and previous != AttemptState.FAILED:
@@ -526,7 +558,7 @@ class StageScheduler:
                     self.target_lost.add((update.subtask, update.number))
                     update.cause = f"{why or 'target lost'}; attempt: {update.cause or 'no cause reported'}"
                 else:
-                    self._failed_count += 1
+                    self._book.failed_count += 1
                 newly_failed.append(update)
         # First finisher wins: when several finished between two polls, the earliest end wins.
         for attempt in sorted(newly_finished, key=lambda a: (a.end_at or now, a.number)):
@@ -542,7 +574,7 @@ class StageScheduler:
                 return []
             return [Discard(subtask, attempt.number, f"attempt {self.admitted.get(subtask)} was admitted first")]
         self.admitted[subtask] = attempt.number
-        self._admit_version += 1
+        self._book.admit_version += 1
         return [Admit(subtask, attempt.number),
                 *self._cancel_live(self.attempts[subtask].values(), f"attempt {attempt.number} finished first",
                                    keep=attempt.number)]
@@ -565,7 +597,7 @@ class StageScheduler:
             cancelled = self._cancel_live(self.attempts.get(subtask, {}).values(), f"attempt {winner} was admitted",
                                           keep=winner)
             if cancelled:
-                self._dirty.add(subtask)  # their state changed: what the speed view and the slow watch keep
+                self._book.dirty.add(subtask)  # their state changed: what the speed view and the slow watch keep
             actions += cancelled
         return actions
 
@@ -610,7 +642,7 @@ class StageScheduler:
             readers = set(self.input_readers.get(key, frozenset())) | {attempt.subtask}
             for reader in readers - set(self.admitted) - set(self.reused):
                 self.waiting.setdefault(reader, set()).add(key)
-                self._dirty.add(reader)  # a queued reader must leave the queue
+                self._book.dirty.add(reader)  # a queued reader must leave the queue
             if key not in self.recovering:
                 self.recovering.add(key)
                 lost_attempt = (attempt.failure or {}).get("attempt") if producer == lost else None
@@ -637,14 +669,14 @@ class StageScheduler:
                 f"exit code {a.exit_code}, {a.cause or 'no cause reported'}" for a in attempts]
 
     def _detect_slow(self, now: float) -> list[Action]:
-        self._watch_pending |= self._dirty
-        self._baseline_pending |= self._dirty
+        self._caches.watch_pending |= self._book.dirty
+        self._caches.baseline_pending |= self._book.dirty
         if not self.speculation_enabled:
             self.slow_subtasks = frozenset()
             return []
-        if self._baseline_version != self._admit_version:
+        if self._book.baseline_version != self._book.admit_version:
             # Admitted attempts never change, so the baseline only moves when admissions do: no re-sort per tick.
-            self._baseline_version = self._admit_version
+            self._book.baseline_version = self._book.admit_version
             self.baseline = self._compute_baseline()
         forced = self.faults.force_speculation
         if self.baseline is None and not forced:
@@ -670,59 +702,59 @@ class StageScheduler:
 
     def _compute_baseline(self) -> Baseline | None:
         """``compute_baseline`` of the admitted attempts that started, from the baseline view brought up to date."""
-        view = self._baseline_view
+        view = self._caches.baseline_view
         if view is None or view.input_bytes is not self.input_bytes:
-            view = self._baseline_view = BaselineView(self.input_bytes)
-            self._baseline_pending = set(self.attempts) | set(self.admitted)
-        for subtask in self._baseline_pending:
+            view = self._caches.baseline_view = BaselineView(self.input_bytes)
+            self._caches.baseline_pending = set(self.attempts) | set(self.admitted)
+        for subtask in self._caches.baseline_pending:
             number = self.admitted.get(subtask)
             attempt = self.attempts.get(subtask, {}).get(number) if number is not None else None
             view.update(subtask, attempt if attempt is not None and attempt.deploying_at is not None else None)
-        self._baseline_pending = set()
+        self._caches.baseline_pending = set()
         return view.baseline(self.parallelism, ratio=self.config.baseline_ratio,
                              multiplier=self.config.baseline_multiplier, lower_bound=self.config.baseline_lower_bound,
                              normalize_by_input_bytes=self.config.normalize_by_input_bytes)
 
     def _judge(self, now: float) -> list[tuple[Attempt, str]]:
         """``judge_slow`` of the attempts of subtasks not admitted nor reused, in subtask and attempt order."""
-        watch = self._slow_watch
+        watch = self._caches.slow_watch
         if watch is None or watch.input_bytes is not self.input_bytes:
-            watch = self._slow_watch = SlowWatch(self.input_bytes)
-            self._watch_pending = set(self.attempts)
-        for subtask in self._watch_pending:
+            watch = self._caches.slow_watch = SlowWatch(self.input_bytes)
+            self._caches.watch_pending = set(self.attempts)
+        for subtask in self._caches.watch_pending:
             candidate = subtask not in self.admitted and subtask not in self.reused
             watch.update(subtask, self.attempts.get(subtask, {}).values() if candidate else ())
-        self._watch_pending = set()
+        self._caches.watch_pending = set()
         # The last placement round's speeds: a target it calls slow explains its attempts' time (core/detector.py).
         return watch.judge(self.baseline, now, self.speeds.slow_targets if self.speeds is not None else frozenset())
 
     def _observe_speeds(self, now: float) -> Speeds:
         """``observe`` of every attempt, from the speed view brought up to date with the subtasks that changed."""
-        view = self._speed_view
+        view = self._caches.speed_view
         if view is None or view.input_bytes is not self.input_bytes:
-            view = self._speed_view = SpeedView(self.input_bytes)
-            self._speed_pending = set(self.attempts)
-        for subtask in self._speed_pending:
+            view = self._caches.speed_view = SpeedView(self.input_bytes)
+            self._caches.speed_pending = set(self.attempts)
+        for subtask in self._caches.speed_pending:
             view.update(subtask, self.attempts.get(subtask, {}).values())
-        self._speed_pending = set()
-        self._viewed = view.speeds(now, self.target_history, self.history_source)
-        return self._viewed
+        self._caches.speed_pending = set()
+        self._caches.viewed = view.speeds(now, self.target_history, self.history_source)
+        return self._caches.viewed
 
     def _hold_inputs(self, speeds: Speeds, now: float) -> HoldInputs:
         """The live attempts on a target, whether any attempt went to it, and the longest execution time there."""
-        view = self._speed_view
+        view = self._caches.speed_view
         assert view is not None  # _observe_speeds ran earlier in the same round
         # The view's execution times are this round's only if the round's speeds came from it.
-        longest = functools.partial(view.longest, now=now) if self._viewed is speeds else None
+        longest = functools.partial(view.longest, now=now) if self._caches.viewed is speeds else None
         return view.live_on, view.went_to, longest
 
     def _add_attempt(self, attempt: Attempt) -> None:
         """Record an attempt placement launched; the speed view counts it as live from then on."""
         per = self.attempts[attempt.subtask]
         per[attempt.number] = attempt
-        self._speed_pending.add(attempt.subtask)
-        if self._speed_view is not None:  # a later hold in this round counts the new attempt as live
-            self._speed_view.update(attempt.subtask, per.values())
+        self._caches.speed_pending.add(attempt.subtask)
+        if self._caches.speed_view is not None:  # a later hold in this round counts the new attempt as live
+            self._caches.speed_view.update(attempt.subtask, per.values())
 
     def _slot_count(self, name: str) -> int | None:
         """``_slot_counts().get(name)``, without building the whole mapping."""
@@ -734,9 +766,9 @@ class StageScheduler:
 
     def _median_size(self) -> float | None:
         """The median input size of the subtasks, computed once per ``input_bytes`` (which is never modified)."""
-        cached = self._median_of
+        cached = self._caches.median_of
         if cached is None or cached[0] is not self.input_bytes:
-            cached = self._median_of = (self.input_bytes, median_size(self.input_bytes))
+            cached = self._caches.median_of = (self.input_bytes, median_size(self.input_bytes))
         return cached[1]
 
     def _target(self, name: str) -> Target:
@@ -745,19 +777,19 @@ class StageScheduler:
 
     def _position(self, name: str) -> int | None:
         """The target's place in the configuration (ties in placement go to the earlier one); None if unknown."""
-        if self._positions_of is not self.targets:
+        if self._caches.positions_of is not self.targets:
             # Target names are unique (config.py checks), so a name stands for its position.
-            self._positions = {t.name: i for i, t in reversed(list(enumerate(self.targets)))}
-            self._positions_of = self.targets
-        return self._positions.get(name)
+            self._caches.positions = {t.name: i for i, t in reversed(list(enumerate(self.targets)))}
+            self._caches.positions_of = self.targets
+        return self._caches.positions.get(name)
 
     def _place(self, now: float) -> list[Action]:
         fresh: list[tuple[int, str]] = []
-        self._speed_pending |= self._dirty
+        self._caches.speed_pending |= self._book.dirty
         queue = self._queue
         # The wanting subtasks are the queued ones and those a SlotLost marked, which it marks dirty too: so the
         # dirty ones are all that is decided again, and what stays wanting is the rest, in O(changes).
-        candidates, self._dirty = self._dirty, set()
+        candidates, self._book.dirty = self._book.dirty, set()
         if self.hybrid:
             # Hybrid inputs can be withdrawn without a dirty mark: decide every waiting subtask again.
             candidates |= queue.queued.keys()

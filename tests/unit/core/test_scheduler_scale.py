@@ -297,9 +297,9 @@ def _reference_place(sched: StageScheduler, speculative: list[tuple[int, str]], 
         sched.attempts[subtask][number] = Attempt(
             subtask=subtask, number=number, target=target.name, speculative=copy,
             state=AttemptState.CREATED, created_at=now, input_bytes=sched.input_bytes.get(subtask))
-        sched._speed_pending.add(subtask)
-        if sched._speed_view is not None:
-            sched._speed_view.update(subtask, sched.attempts[subtask].values())
+        sched._caches.speed_pending.add(subtask)
+        if sched._caches.speed_view is not None:
+            sched._caches.speed_view.update(subtask, sched.attempts[subtask].values())
         load[target.name] += 1
         tried.add(target.name)
         if budget is not None:
