@@ -5,18 +5,17 @@ attempts and feeds what it saw, as stimuli, to :meth:`StageScheduler.handle`, th
 the returned actions. The scheduler is the only writer of its state (observations are copied,
 never kept or mutated), it never does I/O, and every rule here is unit-tested with a fake clock.
 Stimuli are named for what happened (past tense), actions for what to do (imperative).
+Which waiting attempt gets which free slot is the placement policy's (core/placing.py), asked once per Tick.
 """
 
 from __future__ import annotations
 
-import bisect
 import functools
-import heapq
-import math
 import re
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from typing import ClassVar
 
 from airflow_provider_speculative.core.blocklist import Blocklist
 from airflow_provider_speculative.core.config import SpeculativeConfig, Target
@@ -46,7 +45,6 @@ from airflow_provider_speculative.core.messages import (
     InputsAdmitted,
     InputWithdrawn,
     Invalidate,
-    Launch,
     LaunchFailed,
     NodeBlocked,
     RecoverPartition,
@@ -57,14 +55,11 @@ from airflow_provider_speculative.core.messages import (
     TargetsObserved,
     Tick,
 )
-from airflow_provider_speculative.core.speed import (
-    HOLD_MARGIN,
-    SLOW_FACTOR,
-    HoldPlanner,
-    Speeds,
-    SpeedView,
-    median_size,
-)
+
+# Placement (core/placing.py) makes the launches; callers import every action from here.
+from airflow_provider_speculative.core.messages import Launch as Launch
+from airflow_provider_speculative.core.placing import HoldInputs, Placement, Queue
+from airflow_provider_speculative.core.speed import Speeds, SpeedView, median_size
 from airflow_provider_speculative.core.states import LIVE, TERMINAL, Attempt, AttemptState, current_attempt
 
 # A failure storm reports this many causes in full, the rest as counts (the journal stays small).
@@ -80,27 +75,61 @@ class _Batch:
 
 
 @dataclass
-class _Walk:
-    """What one placement round carries from subtask to subtask: its launches, slot budget and hold planner."""
+class _Bookkeeping:
+    """What only the scheduler reads and writes between steps: work left for the next Tick, and change marks."""
 
-    load: dict[str, int]
-    speeds: Speeds
-    now: float
-    budget: int | None
-    actions: list[Action] = field(default_factory=list)
-    holds: HoldPlanner | None = None
-    # Whether an attempt of this stage went to a target (a probe goes only to a target not tried yet), and the
-    # targets this round launched on.
-    tried: Callable[[str], bool] = field(default=lambda target: False)
-    launched_on: set[str] = field(default_factory=set)
-    # Attempts launched after the hold planner was built: its queues are of the attempts live before.
-    since_holds: set[tuple[int, int]] = field(default_factory=set)
+    # Applied at the next Tick: withdrawn hybrid inputs, finished attempts restored unadmitted, and lost
+    # inputs to backtrack again after a restart.
+    withdrawn: list[InputWithdrawn] = field(default_factory=list)
+    unadmitted_finished: list[Attempt] = field(default_factory=list)
+    pending_backtrack: list[Attempt] = field(default_factory=list)
+    # Failed attempts of the stage run that were their own fault, so stage_failures() is O(1).
+    failed_count: int = 0
+    # Subtasks whose attempts changed since the last placement: placement and the views look only at these,
+    # so a quiet tick costs O(changes), not O(subtasks).
+    dirty: set[int] = field(default_factory=set)
+    check_stragglers: bool = True
+    # Admissions change the baseline: it is computed again only when this version moved.
+    admit_version: int = 0
+    baseline_version: int = -1
+    # A TargetsObserved reported a target or node not lost before: every live attempt is checked once.
+    new_loss: bool = False
+
+
+@dataclass
+class _Caches:
+    """What the baseline, the slow judgement, the speed observation and the target look-up keep between steps.
+
+    Each view is told the subtasks whose attempts changed (the dirty marks placement gets), so a step costs
+    O(changes), not O(attempts). Dropping them all changes no decision, only its cost.
+    """
+
+    baseline_view: BaselineView | None = None
+    baseline_pending: set[int] = field(default_factory=set)
+    slow_watch: SlowWatch | None = None
+    watch_pending: set[int] = field(default_factory=set)
+    speed_view: SpeedView | None = None
+    speed_pending: set[int] = field(default_factory=set)
+    median_of: tuple[Mapping[int, int], float | None] | None = None
+    # The speeds the speed view last answered (a round whose speeds are these may read its execution times).
+    viewed: Speeds | None = None
+    positions: dict[str, int] = field(default_factory=dict)
+    positions_of: tuple[Target, ...] | None = None
 
 
 @dataclass
 class StageScheduler:
-    """State machine for one stage run: attempts, admissions, blocklist, speculation and failures."""
+    """State machine for one stage run: attempts, admissions, blocklist, speculation and failures.
 
+    Its fields come in four groups. Inputs, fixed for the stage run (``parallelism`` to ``history_source``),
+    are the constructor's keywords. State is what the controller, the status pages and the tests read
+    (``attempts`` to ``speeds``); it has defaults, so a restarted controller feeds ``Restored`` instead.
+    ``_book`` (:class:`_Bookkeeping`) and ``_queue`` (core/placing.py: Queue) are state only the scheduler
+    and its placement touch, and ``_caches`` (:class:`_Caches`) keeps incremental views, never decisions.
+    Placement (core/placing.py) is the ``placement_type`` policy object, called once per step.
+    """
+
+    # -- inputs, fixed for the stage run -------------------------------------------------------------
     parallelism: int
     config: SpeculativeConfig
     input_bytes: dict[int, int] = field(default_factory=dict)
@@ -116,7 +145,17 @@ class StageScheduler:
     hybrid: dict[str, HybridEdge] = field(default_factory=dict)
     # The fault hook's answer for this stage (core/faults.py): none in production.
     faults: FaultInjection = NO_FAULTS
+    # How the stage is named in a FailStage reason (pipeline and stage, set by the controller).
+    label: str = "this stage"
+    # Slowness of targets in earlier stage runs on this store (core/speed.py), for the first wave.
+    target_history: dict[str, float] = field(default_factory=dict)
+    # Targets this stage run may send one probe original to although history calls them slow (the
+    # controller claimed the DAG run's one probe of each in the store: store/speeds.py claim_probe).
+    probe_targets: frozenset[str] = frozenset()
+    # Where a target_history value came from when it is not an earlier run ("speed check").
+    history_source: dict[str, str] = field(default_factory=dict)
 
+    # -- state, read from outside ----------------------------------------------------------------------
     attempts: dict[int, dict[int, Attempt]] = field(default_factory=dict)
     admitted: dict[int, int] = field(default_factory=dict)
     blocklist: Blocklist = field(default_factory=Blocklist)
@@ -137,38 +176,6 @@ class StageScheduler:
     producers_waiting: dict[str, int] = field(default_factory=dict)
     # Subtasks that want an attempt but whose hybrid inputs are not admitted yet.
     input_blocked: set[int] = field(default_factory=set)
-    _withdrawn: list[InputWithdrawn] = field(default_factory=list)
-    _unadmitted_finished: list[Attempt] = field(default_factory=list)
-    _pending_backtrack: list[Attempt] = field(default_factory=list)
-    _failed_count: int = 0
-    # Subtasks whose attempts changed since the last placement, and those still waiting for a slot:
-    # placement looks only at these, so a quiet tick costs O(changes), not O(subtasks).
-    _dirty: set[int] = field(default_factory=set)
-    _wanting: set[int] = field(default_factory=set)
-    # Subtasks of _wanting whose want was decided and has not changed since (anything that could change it
-    # marks them dirty): subtask -> why it wants an original. With the sorted order, a round whose slots run
-    # out stops there instead of walking every waiting subtask again, so a full cluster's tick is O(changes).
-    _queued: dict[int, str] = field(default_factory=dict, repr=False)
-    _queue_order: list[int] = field(default_factory=list, repr=False)
-    # Queued subtasks without a held_back entry yet: past the last of them a round may pass over originals
-    # that would all be held again, since holding them again changes nothing.
-    _unheld: set[int] = field(default_factory=set, repr=False)
-    _check_stragglers: bool = True
-    _admit_version: int = 0
-    _baseline_version: int = -1
-    # What the baseline, the slow judgement and the speed observation read, kept between steps: each is told
-    # the subtasks whose attempts changed (the dirty marks placement gets), so a step costs O(changes), not
-    # O(attempts).
-    _baseline_view: BaselineView | None = field(default=None, init=False, repr=False, compare=False)
-    _baseline_pending: set[int] = field(default_factory=set, init=False, repr=False, compare=False)
-    _slow_watch: SlowWatch | None = field(default=None, init=False, repr=False, compare=False)
-    _watch_pending: set[int] = field(default_factory=set, init=False, repr=False, compare=False)
-    _speed_view: SpeedView | None = field(default=None, init=False, repr=False, compare=False)
-    _speed_pending: set[int] = field(default_factory=set, init=False, repr=False, compare=False)
-    _median_of: tuple[Mapping[int, int], float | None] | None = field(default=None, init=False, repr=False,
-                                                                      compare=False)
-    # The speeds the speed view last answered (a round whose speeds are these may read its execution times).
-    _viewed: Speeds | None = field(default=None, init=False, repr=False, compare=False)
     # FLIP-159: the last TargetsObserved (None: never observed, fixed per-stage slots).
     free_slots: dict[str, int] | None = None
     capacity: dict[str, int] = field(default_factory=dict)
@@ -177,29 +184,25 @@ class StageScheduler:
     # Attempts that failed or were cancelled because their target or node was lost: not their fault.
     target_lost: set[tuple[int, int]] = field(default_factory=set)
     waiting_for_slot_since: float | None = None
-    _new_loss: bool = False
-    # How the stage is named in a FailStage reason (pipeline and stage, set by the controller).
-    label: str = "this stage"
-    # Slowness of targets in earlier stage runs on this store (core/speed.py), for the first wave.
-    target_history: dict[str, float] = field(default_factory=dict)
-    # Targets this stage run may send one probe original to although history calls them slow (the
-    # controller claimed the DAG run's one probe of each in the store: store/speeds.py claim_probe).
-    probe_targets: frozenset[str] = frozenset()
-    # Where a target_history value came from when it is not an earlier run ("speed check").
-    history_source: dict[str, str] = field(default_factory=dict)
     # Subtask -> (since, why) while its original is held back for a faster target's slot (not a slot held);
     # only queued subtasks have an entry.
     held_back: dict[int, tuple[float, str]] = field(default_factory=dict)
     speeds: Speeds | None = None
-    # What one placement round computes once instead of per waiting subtask (None between rounds).
-    _round: _Round | None = field(default=None, init=False, repr=False, compare=False)
-    _positions: dict[str, int] = field(default_factory=dict, init=False, repr=False, compare=False)
-    _positions_of: tuple[Target, ...] | None = field(default=None, init=False, repr=False, compare=False)
+
+    # -- state only the scheduler and its placement touch, caches, and the placement policy -----------
+    _book: _Bookkeeping = field(default_factory=_Bookkeeping)
+    # The subtasks waiting for an original attempt.
+    _queue: Queue = field(default_factory=Queue, repr=False)
+    _caches: _Caches = field(default_factory=_Caches, init=False, repr=False, compare=False)
+    _placement: Placement = field(init=False, repr=False, compare=False)
+    # A subclass may bring its own placement policy (the simulator's rules do).
+    placement_type: ClassVar[type[Placement]] = Placement
 
     def __post_init__(self) -> None:
         for subtask in range(self.parallelism):
             self.attempts.setdefault(subtask, {})
-        self._dirty = set(range(self.parallelism))
+        self._book.dirty = set(range(self.parallelism))
+        self._placement = self.placement_type(self)
 
     # -- read-only views -------------------------------------------------------------------
 
@@ -241,7 +244,7 @@ class StageScheduler:
 
     def stage_failures(self) -> int:
         """Failed attempts of the whole stage run, except on a lost target or node (kept as a count: O(1))."""
-        return self._failed_count
+        return self._book.failed_count
 
     def effective_speculative_executions(self) -> int:
         """numEffectiveSpeculativeExecutions: admitted attempts that were speculative copies."""
@@ -298,8 +301,8 @@ class StageScheduler:
     def _on_claim_lost(self, stimulus: ClaimLost, batch: _Batch) -> None:
         adopted = replace(stimulus.observed)
         self.attempts.setdefault(adopted.subtask, {})[adopted.number] = adopted
-        self._dirty.add(adopted.subtask)
-        self._check_stragglers = True
+        self._book.dirty.add(adopted.subtask)
+        self._book.check_stragglers = True
 
     @_on.register
     def _on_launch_failed(self, stimulus: LaunchFailed, batch: _Batch) -> None:
@@ -341,7 +344,7 @@ class StageScheduler:
         known = self.input_admitted.get(stimulus.stage, {})
         if known.get(stimulus.subtask) == stimulus.attempt:
             del known[stimulus.subtask]
-        self._withdrawn.append(stimulus)
+        self._book.withdrawn.append(stimulus)
 
     @_on.register
     def _on_input_failed(self, stimulus: InputFailed, batch: _Batch) -> None:
@@ -356,15 +359,15 @@ class StageScheduler:
         admitted, blocked = restored.admitted, restored.blocked
         for attempt in attempts:
             self.attempts.setdefault(attempt.subtask, {})[attempt.number] = attempt
-            self._failed_count += attempt.state == AttemptState.FAILED
-        self._dirty.update(self.attempts)
-        self._check_stragglers = True
-        self._admit_version += 1
+            self._book.failed_count += attempt.state == AttemptState.FAILED
+        self._book.dirty.update(self.attempts)
+        self._book.check_stragglers = True
+        self._book.admit_version += 1
         self.admitted.update(admitted)
         for node, until in blocked.items():
             self.blocklist.block(node, until)
         # The controller may have died between an attempt finishing and its admission.
-        self._unadmitted_finished = [a for a in attempts if a.state == AttemptState.FINISHED
+        self._book.unadmitted_finished = [a for a in attempts if a.state == AttemptState.FINISHED
                                      and a.subtask not in self.admitted and a.subtask not in self.reused]
         # ... or while a lost input was being re-produced: backtrack again (recovery adopts its attempt).
         for subtask, per in self.attempts.items():
@@ -373,7 +376,7 @@ class StageScheduler:
             last = per[max(per)]
             if last.state == AttemptState.FAILED and last.lost_partition and not any(
                     a.possible_to_finish for a in per.values()):
-                self._pending_backtrack.append(last)
+                self._book.pending_backtrack.append(last)
 
     def _targets_observed(self, seen: TargetsObserved) -> list[Action]:
         """Record what the targets offer; a new loss is acted on at the Tick, after this call's observations."""
@@ -381,7 +384,7 @@ class StageScheduler:
         self.capacity = dict(seen.capacity)
         if any(t not in self.lost_targets for t in seen.lost_targets) or any(
                 n not in self.lost_nodes for n in seen.lost_nodes):
-            self._new_loss = True
+            self._book.new_loss = True
         self.lost_targets, self.lost_nodes = dict(seen.lost_targets), dict(seen.lost_nodes)
         return []
 
@@ -394,7 +397,7 @@ class StageScheduler:
             why = self._lost_cause(attempt, self.lost_targets, self.lost_nodes)
             if why:
                 self.target_lost.add((attempt.subtask, attempt.number))
-                self._dirty.add(attempt.subtask)
+                self._book.dirty.add(attempt.subtask)
                 actions += self._cancel_live([attempt], why)
         return actions
 
@@ -414,8 +417,8 @@ class StageScheduler:
         del self.attempts[lost.subtask][lost.attempt]
         if self.free_slots is not None:
             self.free_slots[lost.target] = 0
-        self._wanting.add(lost.subtask)
-        self._dirty.add(lost.subtask)
+        self._queue.wanting.add(lost.subtask)
+        self._book.dirty.add(lost.subtask)
 
     def _inputs_admitted(self, report: InputsAdmitted) -> None:
         """Producer partitions became available: consumers waiting on them are placed again."""
@@ -428,19 +431,19 @@ class StageScheduler:
         else:
             woken = {p for p in report.admitted if p in self.input_blocked}
         self.input_blocked -= woken
-        self._dirty |= woken
+        self._book.dirty |= woken
 
     def _apply_withdrawn(self) -> list[Action]:
         """FLIP-1 with consumers in flight: restart exactly the live attempts that read a withdrawn partition."""
         actions: list[Action] = []
-        pending, self._withdrawn = self._withdrawn, []
+        pending, self._book.withdrawn = self._book.withdrawn, []
         for lost in pending:
             live = {(a.subtask, a.number): a.progress.get("reads") for a in self.live_attempts()
                     if a.state != AttemptState.CANCELING}
             for subtask, number in restarts_on_withdrawal(live, lost.stage, lost.subtask, lost.attempt):
                 attempt = self.attempts[subtask][number]
                 attempt.state = AttemptState.CANCELING
-                self._dirty.add(subtask)
+                self._book.dirty.add(subtask)
                 actions.append(Cancel(subtask, number, f"it read {lost.stage}[{lost.subtask}] attempt {lost.attempt}, "
                                                        f"which was withdrawn: {lost.reason}"))
             if not self.upstreams.get(lost.stage, (0, True))[1]:
@@ -448,17 +451,17 @@ class StageScheduler:
                 for reader in sorted(self.input_readers.get((lost.stage, lost.subtask), frozenset())):
                     if reader in self.admitted:
                         number = self.admitted.pop(reader)
-                        self._admit_version += 1
-                        self._dirty.add(reader)
+                        self._book.admit_version += 1
+                        self._book.dirty.add(reader)
                         actions.append(Invalidate(reader, number, f"input {lost.stage}[{lost.subtask}] was withdrawn "
                                                                   "and its stage is not deterministic"))
         return actions
 
     def _admission_lost(self, lost: AdmissionLost) -> list[Action]:
         self.admitted[lost.subtask] = lost.winner
-        self._admit_version += 1
-        self._dirty.add(lost.subtask)
-        self._check_stragglers = True
+        self._book.admit_version += 1
+        self._book.dirty.add(lost.subtask)
+        self._book.check_stragglers = True
         return [Discard(lost.subtask, lost.attempt, f"attempt {lost.winner} was admitted by another controller")]
 
     def _input_restored(self, stage: str, subtask: int) -> list[Action]:
@@ -469,7 +472,7 @@ class StageScheduler:
         """
         key = (stage, subtask)
         self.recovering.discard(key)
-        self._dirty.update(self.waiting)
+        self._book.dirty.update(self.waiting)
         for waits in self.waiting.values():
             waits.discard(key)
         self.waiting = {s: w for s, w in self.waiting.items() if w}
@@ -478,8 +481,8 @@ class StageScheduler:
             for reader in sorted(self.input_readers.get(key, frozenset())):
                 if reader in self.admitted:
                     number = self.admitted.pop(reader)
-                    self._admit_version += 1
-                    self._dirty.add(reader)
+                    self._book.admit_version += 1
+                    self._book.dirty.add(reader)
                     self.attempts[reader][number].state = AttemptState.CANCELED
                     self.attempts[reader][number].cause = f"input {stage}[{subtask}] re-produced (non-deterministic)"
                     actions.append(Invalidate(reader, number, f"input {stage}[{subtask}] was re-produced and "
@@ -497,26 +500,26 @@ class StageScheduler:
         if self.failed or self.completed:
             return []
         actions: list[Action] = []
-        if self._unadmitted_finished:
-            pending, self._unadmitted_finished = self._unadmitted_finished, []
+        if self._book.unadmitted_finished:
+            pending, self._book.unadmitted_finished = self._book.unadmitted_finished, []
             for attempt in sorted(pending, key=lambda a: (a.end_at or now, a.number)):
                 actions += self._on_finished(attempt)
-        while self._pending_backtrack:
-            actions += self._backtrack(self._pending_backtrack.pop(0))
+        while self._book.pending_backtrack:
+            actions += self._backtrack(self._book.pending_backtrack.pop(0))
         actions += self._apply(updates or [], now)
-        if self._withdrawn:
+        if self._book.withdrawn:
             actions += self._apply_withdrawn()
         if self.failed:
             return actions
-        if self._new_loss:
+        if self._book.new_loss:
             # O(live attempts) once per new loss; otherwise only the attempts observed now are checked.
-            self._new_loss = False
+            self._book.new_loss = False
             actions += self._cancel_lost(self.live_attempts())
         elif self.lost_targets or self.lost_nodes:
             actions += self._cancel_lost([self.attempts[u.subtask][u.number] for u in updates])
         self.blocklist.expire(now)
-        if self._check_stragglers:
-            self._check_stragglers = False
+        if self._book.check_stragglers:
+            self._book.check_stragglers = False
             actions += self._cancel_stragglers()
         actions += self._detect_slow(now)
         actions += self._place(now)
@@ -545,7 +548,7 @@ class StageScheduler:
             if known is not None and known.state == AttemptState.CANCELING and update.state in LIVE:
                 update.state = AttemptState.CANCELING  # a cancel is never undone by a stale observation
             self.attempts[update.subtask][update.number] = update
-            self._dirty.add(update.subtask)
+            self._book.dirty.add(update.subtask)
             if update.state == AttemptState.FINISHED and previous != AttemptState.FINISHED:
                 newly_finished.append(update)
             elif update.state == AttemptState.FAILED and previous != AttemptState.FAILED:
@@ -555,7 +558,7 @@ class StageScheduler:
                     self.target_lost.add((update.subtask, update.number))
                     update.cause = f"{why or 'target lost'}; attempt: {update.cause or 'no cause reported'}"
                 else:
-                    self._failed_count += 1
+                    self._book.failed_count += 1
                 newly_failed.append(update)
         # First finisher wins: when several finished between two polls, the earliest end wins.
         for attempt in sorted(newly_finished, key=lambda a: (a.end_at or now, a.number)):
@@ -571,7 +574,7 @@ class StageScheduler:
                 return []
             return [Discard(subtask, attempt.number, f"attempt {self.admitted.get(subtask)} was admitted first")]
         self.admitted[subtask] = attempt.number
-        self._admit_version += 1
+        self._book.admit_version += 1
         return [Admit(subtask, attempt.number),
                 *self._cancel_live(self.attempts[subtask].values(), f"attempt {attempt.number} finished first",
                                    keep=attempt.number)]
@@ -594,7 +597,7 @@ class StageScheduler:
             cancelled = self._cancel_live(self.attempts.get(subtask, {}).values(), f"attempt {winner} was admitted",
                                           keep=winner)
             if cancelled:
-                self._dirty.add(subtask)  # their state changed: what the speed view and the slow watch keep
+                self._book.dirty.add(subtask)  # their state changed: what the speed view and the slow watch keep
             actions += cancelled
         return actions
 
@@ -639,7 +642,7 @@ class StageScheduler:
             readers = set(self.input_readers.get(key, frozenset())) | {attempt.subtask}
             for reader in readers - set(self.admitted) - set(self.reused):
                 self.waiting.setdefault(reader, set()).add(key)
-                self._dirty.add(reader)  # a queued reader must leave the queue
+                self._book.dirty.add(reader)  # a queued reader must leave the queue
             if key not in self.recovering:
                 self.recovering.add(key)
                 lost_attempt = (attempt.failure or {}).get("attempt") if producer == lost else None
@@ -666,14 +669,14 @@ class StageScheduler:
                 f"exit code {a.exit_code}, {a.cause or 'no cause reported'}" for a in attempts]
 
     def _detect_slow(self, now: float) -> list[Action]:
-        self._watch_pending |= self._dirty
-        self._baseline_pending |= self._dirty
+        self._caches.watch_pending |= self._book.dirty
+        self._caches.baseline_pending |= self._book.dirty
         if not self.speculation_enabled:
             self.slow_subtasks = frozenset()
             return []
-        if self._baseline_version != self._admit_version:
+        if self._book.baseline_version != self._book.admit_version:
             # Admitted attempts never change, so the baseline only moves when admissions do: no re-sort per tick.
-            self._baseline_version = self._admit_version
+            self._book.baseline_version = self._book.admit_version
             self.baseline = self._compute_baseline()
         forced = self.faults.force_speculation
         if self.baseline is None and not forced:
@@ -699,48 +702,59 @@ class StageScheduler:
 
     def _compute_baseline(self) -> Baseline | None:
         """``compute_baseline`` of the admitted attempts that started, from the baseline view brought up to date."""
-        view = self._baseline_view
+        view = self._caches.baseline_view
         if view is None or view.input_bytes is not self.input_bytes:
-            view = self._baseline_view = BaselineView(self.input_bytes)
-            self._baseline_pending = set(self.attempts) | set(self.admitted)
-        for subtask in self._baseline_pending:
+            view = self._caches.baseline_view = BaselineView(self.input_bytes)
+            self._caches.baseline_pending = set(self.attempts) | set(self.admitted)
+        for subtask in self._caches.baseline_pending:
             number = self.admitted.get(subtask)
             attempt = self.attempts.get(subtask, {}).get(number) if number is not None else None
             view.update(subtask, attempt if attempt is not None and attempt.deploying_at is not None else None)
-        self._baseline_pending = set()
+        self._caches.baseline_pending = set()
         return view.baseline(self.parallelism, ratio=self.config.baseline_ratio,
                              multiplier=self.config.baseline_multiplier, lower_bound=self.config.baseline_lower_bound,
                              normalize_by_input_bytes=self.config.normalize_by_input_bytes)
 
     def _judge(self, now: float) -> list[tuple[Attempt, str]]:
         """``judge_slow`` of the attempts of subtasks not admitted nor reused, in subtask and attempt order."""
-        watch = self._slow_watch
+        watch = self._caches.slow_watch
         if watch is None or watch.input_bytes is not self.input_bytes:
-            watch = self._slow_watch = SlowWatch(self.input_bytes)
-            self._watch_pending = set(self.attempts)
-        for subtask in self._watch_pending:
+            watch = self._caches.slow_watch = SlowWatch(self.input_bytes)
+            self._caches.watch_pending = set(self.attempts)
+        for subtask in self._caches.watch_pending:
             candidate = subtask not in self.admitted and subtask not in self.reused
             watch.update(subtask, self.attempts.get(subtask, {}).values() if candidate else ())
-        self._watch_pending = set()
+        self._caches.watch_pending = set()
         # The last placement round's speeds: a target it calls slow explains its attempts' time (core/detector.py).
         return watch.judge(self.baseline, now, self.speeds.slow_targets if self.speeds is not None else frozenset())
 
     def _observe_speeds(self, now: float) -> Speeds:
         """``observe`` of every attempt, from the speed view brought up to date with the subtasks that changed."""
-        view = self._speed_view
+        view = self._caches.speed_view
         if view is None or view.input_bytes is not self.input_bytes:
-            view = self._speed_view = SpeedView(self.input_bytes)
-            self._speed_pending = set(self.attempts)
-        for subtask in self._speed_pending:
+            view = self._caches.speed_view = SpeedView(self.input_bytes)
+            self._caches.speed_pending = set(self.attempts)
+        for subtask in self._caches.speed_pending:
             view.update(subtask, self.attempts.get(subtask, {}).values())
-        self._speed_pending = set()
-        self._viewed = view.speeds(now, self.target_history, self.history_source)
-        return self._viewed
+        self._caches.speed_pending = set()
+        self._caches.viewed = view.speeds(now, self.target_history, self.history_source)
+        return self._caches.viewed
 
-    def _hold_inputs(self) -> tuple[Callable[[str], list[Attempt]], Callable[[str], bool]]:
-        """The live attempts on a target, and whether any attempt went to it, for a round's hold planner."""
-        assert self._speed_view is not None  # _observe_speeds ran earlier in the same round
-        return self._speed_view.live_on, self._speed_view.went_to
+    def _hold_inputs(self, speeds: Speeds, now: float) -> HoldInputs:
+        """The live attempts on a target, whether any attempt went to it, and the longest execution time there."""
+        view = self._caches.speed_view
+        assert view is not None  # _observe_speeds ran earlier in the same round
+        # The view's execution times are this round's only if the round's speeds came from it.
+        longest = functools.partial(view.longest, now=now) if self._caches.viewed is speeds else None
+        return view.live_on, view.went_to, longest
+
+    def _add_attempt(self, attempt: Attempt) -> None:
+        """Record an attempt placement launched; the speed view counts it as live from then on."""
+        per = self.attempts[attempt.subtask]
+        per[attempt.number] = attempt
+        self._caches.speed_pending.add(attempt.subtask)
+        if self._caches.speed_view is not None:  # a later hold in this round counts the new attempt as live
+            self._caches.speed_view.update(attempt.subtask, per.values())
 
     def _slot_count(self, name: str) -> int | None:
         """``_slot_counts().get(name)``, without building the whole mapping."""
@@ -752,9 +766,9 @@ class StageScheduler:
 
     def _median_size(self) -> float | None:
         """The median input size of the subtasks, computed once per ``input_bytes`` (which is never modified)."""
-        cached = self._median_of
+        cached = self._caches.median_of
         if cached is None or cached[0] is not self.input_bytes:
-            cached = self._median_of = (self.input_bytes, median_size(self.input_bytes))
+            cached = self._caches.median_of = (self.input_bytes, median_size(self.input_bytes))
         return cached[1]
 
     def _target(self, name: str) -> Target:
@@ -763,25 +777,26 @@ class StageScheduler:
 
     def _position(self, name: str) -> int | None:
         """The target's place in the configuration (ties in placement go to the earlier one); None if unknown."""
-        if self._positions_of is not self.targets:
+        if self._caches.positions_of is not self.targets:
             # Target names are unique (config.py checks), so a name stands for its position.
-            self._positions = {t.name: i for i, t in reversed(list(enumerate(self.targets)))}
-            self._positions_of = self.targets
-        return self._positions.get(name)
+            self._caches.positions = {t.name: i for i, t in reversed(list(enumerate(self.targets)))}
+            self._caches.positions_of = self.targets
+        return self._caches.positions.get(name)
 
     def _place(self, now: float) -> list[Action]:
         fresh: list[tuple[int, str]] = []
-        self._speed_pending |= self._dirty
-        # _wanting is the queued subtasks and those a SlotLost marked, which it marks dirty too: so the dirty
-        # ones are all that is decided again, and what stays wanting is _wanting less them, in O(changes).
-        candidates, self._dirty = self._dirty, set()
+        self._caches.speed_pending |= self._book.dirty
+        queue = self._queue
+        # The wanting subtasks are the queued ones and those a SlotLost marked, which it marks dirty too: so the
+        # dirty ones are all that is decided again, and what stays wanting is the rest, in O(changes).
+        candidates, self._book.dirty = self._book.dirty, set()
         if self.hybrid:
             # Hybrid inputs can be withdrawn without a dirty mark: decide every waiting subtask again.
-            candidates |= self._queued.keys()
-        for subtask in candidates.intersection(self._queued):
-            del self._queued[subtask]
-            self._unheld.discard(subtask)
-        self._wanting -= candidates
+            candidates |= queue.queued.keys()
+        for subtask in candidates.intersection(queue.queued):
+            del queue.queued[subtask]
+            queue.unheld.discard(subtask)
+        queue.wanting -= candidates
         for subtask in sorted(candidates):
             if subtask in self.admitted or subtask in self.reused or self.waiting.get(subtask):
                 continue
@@ -800,13 +815,13 @@ class StageScheduler:
                 fresh.append((subtask, reason))
         if fresh:
             for subtask, reason in fresh:
-                self._queued[subtask] = reason
-                self._wanting.add(subtask)
+                queue.queued[subtask] = reason
+                queue.wanting.add(subtask)
                 if subtask not in self.held_back:
-                    self._unheld.add(subtask)
-            self._queue_order = sorted(self._queued)
+                    queue.unheld.add(subtask)
+            queue.order = sorted(queue.queued)
         for subtask in candidates.intersection(self.held_back):
-            if subtask not in self._queued:
+            if subtask not in queue.queued:
                 # It left the queue unlaunched (waits for a lost input, or is done): no longer held.
                 del self.held_back[subtask]
         speculative: list[tuple[int, str]] = []
@@ -815,8 +830,8 @@ class StageScheduler:
             if live and len(live) < self.config.max_concurrent_executions:
                 why = self.slow_reasons.get(subtask)
                 speculative.append((subtask, "speculative copy of a slow attempt" + (f": {why}" if why else "")))
-        self._update_slot_wait(bool(self._queued or speculative), now)
-        if not (self._queued or speculative):
+        self._update_slot_wait(bool(queue.queued or speculative), now)
+        if not (queue.queued or speculative):
             return []
         if self._slot_wait_expired(now):
             since = self.waiting_for_slot_since if self.waiting_for_slot_since is not None else now
@@ -837,170 +852,7 @@ class StageScheduler:
                           else sum(max(0, t.slots - load[t.name]) for t in self.targets))
             budget = consumer_slots(free_total, sum(self.producers_waiting.values()))
         speeds = self.speeds = self._observe_speeds(now)
-        self._round = _Round(self, load, now, speeds)
-        try:
-            actions = self._place_wanted(speculative, load, budget, speeds, now)
-        finally:
-            self._round = None
-        order = self._queue_order
-        if len(order) > 2 * len(self._queued) + 64:
-            self._queue_order = [subtask for subtask in order if subtask in self._queued]
-        else:
-            # Originals launch from the front of the queue: dropping them there keeps the next walk's start O(1).
-            head = 0
-            while head < len(order) and order[head] not in self._queued:
-                head += 1
-            del order[:head]
-        return actions
-
-    def _place_wanted(self, speculative: list[tuple[int, str]], load: dict[str, int], budget: int | None,
-                      speeds: Speeds, now: float) -> list[Action]:
-        """One placement round: the queued originals in subtask order, then ``speculative``; launch, hold or wait.
-
-        Every original is decided as if each were tried in turn, but a stretch of originals that are all held
-        already and would all be held again is passed over at once (see :meth:`_held_stretch`): a round costs
-        O(launches + subtasks held for the first time + targets), not O(waiting subtasks).
-        """
-        assert self._round is not None
-        walk = _Walk(load, speeds, now, budget)
-        order, queued = self._queue_order, self._queued
-        last_unheld: int | None = None
-        kept = 0  # originals passed that stay queued (held or without a slot)
-        index = 0
-        while index < len(order):
-            subtask = order[index]
-            reason = queued.get(subtask)
-            if reason is None:  # launched subtasks leave the dict; the list is pruned now and then
-                index += 1
-                continue
-            if self._no_room(walk):
-                return walk.actions  # no slot left for anyone: the originals stay queued, copies wait
-            target = self._pick_target(load, now, set(), allow_blocked=True, speeds=speeds)
-            if (target is not None and speeds.is_slow(target.name)
-                    and not (target.name in self.probe_targets and speeds.source.get(target.name) == "history")):
-                if last_unheld is None:
-                    last_unheld = max(self._unheld, default=-1)
-                if subtask > last_unheld:
-                    held = self._held_stretch(walk, target, len(queued) - kept)
-                    if held is None:
-                        break  # every original left is held, and was already: nothing would change
-                    if held:
-                        index = self._pass_queued(index, held)
-                        kept += held
-                        continue
-            self._place_one(walk, subtask, False, reason, target)
-            kept += subtask in queued
-            index += 1
-        for subtask, reason in speculative:
-            if self._no_room(walk):
-                break
-            avoid = {a.target for a in self.attempts[subtask].values() if a.live}
-            target = self._pick_target(load, now, avoid, allow_blocked=False, speeds=speeds)
-            self._place_one(walk, subtask, True, reason, target)
-        return walk.actions
-
-    def _no_room(self, walk: _Walk) -> bool:
-        """True once nothing more can be placed this round (the hybrid budget is spent or no slot is free)."""
-        assert self._round is not None
-        return (walk.budget is not None and walk.budget <= 0) or self._round.exhausted()
-
-    def _pass_queued(self, index: int, count: int) -> int:
-        """The index in the queue order just after the next ``count`` queued originals from ``index``."""
-        order, queued = self._queue_order, self._queued
-        while count:
-            count -= order[index] in queued
-            index += 1
-        return index
-
-    def _held_stretch(self, walk: _Walk, target: Target, remaining: int) -> int | None:
-        """How many of the ``remaining`` originals, all held already, are held again before one goes to ``target``.
-
-        ``target`` is slow and stays the first pick until something is launched, so each of them would try
-        it: None when every one would be held (``target`` is busy, or holding pays for all of them), else the
-        number held before holding no longer pays, with their reservations made in the hold planner. Their
-        held-back reasons are kept, so nothing else about them changes.
-        """
-        if self._busy_slow(target, walk.speeds, walk.now, walk.load):
-            return None  # held whatever the hold planner answers
-        assert self._round is not None
-        held = self._round.holds_in_a_row(self._hold_planner(walk), target.name, remaining)
-        return None if held >= remaining else held
-
-    def _hold_planner(self, walk: _Walk) -> HoldPlanner:
-        """The round's hold planner, made when an original first meets a slow target; its queues when asked for."""
-        if walk.holds is None:
-            live_on, walk.tried = self._hold_inputs()
-            since = walk.since_holds
-
-            def live_before(target: str) -> list[Attempt]:
-                return [a for a in live_on(target) if (a.subtask, a.number) not in since] if since else live_on(target)
-
-            view = self._speed_view
-            # The view's execution times are this round's only if the round's speeds came from it.
-            longest = (functools.partial(view.longest, now=walk.now)
-                       if view is not None and self._viewed is walk.speeds else None)
-            walk.holds = HoldPlanner.lazy(walk.speeds, self._median_size(), self._slot_count, live_before, walk.now,
-                                          longest)
-        return walk.holds
-
-    def _place_one(self, walk: _Walk, subtask: int, speculative: bool, reason: str, target: Target | None) -> None:
-        """Launch ``subtask`` on ``target`` (the pick for it), hold its original back, or leave it waiting."""
-        assert self._round is not None
-        placement, speeds, now = self._round, walk.speeds, walk.now
-        if target is None:
-            if not speculative:
-                self._wanting.add(subtask)  # no free slot now: try again next tick
-            return
-        if not speculative and speeds.is_slow(target.name):
-            holds = self._hold_planner(walk)
-            # A target only an earlier DAG run calls slow gets one original per DAG run: a node that was
-            # fixed is measured again instead of being avoided until its record expires.
-            probe = (speeds.source.get(target.name) == "history" and target.name in self.probe_targets
-                     and target.name not in walk.launched_on and not walk.tried(target.name))
-            held = None if probe else placement.hold_for(holds, target.name)
-            if held is not None:
-                faster, finish, here = held
-                if subtask not in self.held_back:
-                    self.held_back[subtask] = (now, f"for faster target {faster} (expected to end in "
-                                                    f"{finish:.1f} there vs {here:.1f} on {target.name}, "
-                                                    f"{speeds.of(target.name):.1f}x slower, "
-                                                    f"{speeds.source.get(target.name, 'run')})")
-                    self._unheld.discard(subtask)
-                self._wanting.add(subtask)
-                return
-            if not probe and self._busy_slow(target, speeds, now, walk.load):
-                if subtask not in self.held_back:
-                    self.held_back[subtask] = (now, f"for a faster target ({target.name} is "
-                                                    f"{speeds.of(target.name):.1f}x slower, "
-                                                    f"{speeds.source.get(target.name, 'run')}, and runs "
-                                                    "one attempt at a time)")
-                    self._unheld.discard(subtask)
-                self._wanting.add(subtask)
-                return
-        if subtask in self.held_back:
-            since, why = self.held_back.pop(subtask)
-            reason += f"; held {now - since:.1f}s {why}"
-        if not speculative:
-            del self._queued[subtask]
-            self._unheld.discard(subtask)
-            self._wanting.discard(subtask)
-        if self.free_slots is not None:
-            self.free_slots[target.name] -= 1
-        number = max(self.attempts[subtask], default=-1) + 1
-        self.attempts[subtask][number] = Attempt(
-            subtask=subtask, number=number, target=target.name, speculative=speculative,
-            state=AttemptState.CREATED, created_at=now, input_bytes=self.input_bytes.get(subtask))
-        self._speed_pending.add(subtask)
-        if self._speed_view is not None:  # a later hold in this round counts the new attempt as live
-            self._speed_view.update(subtask, self.attempts[subtask].values())
-        walk.load[target.name] += 1
-        placement.took(target.name)
-        walk.launched_on.add(target.name)
-        if walk.holds is not None:
-            walk.since_holds.add((subtask, number))
-        if walk.budget is not None:
-            walk.budget -= 1
-        walk.actions.append(Launch(subtask, number, target.name, speculative, reason))
+        return self._placement.place(speculative, load, budget, speeds, now)
 
     def _update_slot_wait(self, wanted: bool, now: float) -> None:
         """Start the wait clock when attempts are wanted and no target has a live slot at all."""
@@ -1021,7 +873,7 @@ class StageScheduler:
         if self.waiting_for_slot_since is not None:
             return (f"waiting for a live slot on targets {names} for {now - self.waiting_for_slot_since:.0f}s "
                     f"(fails after slot_wait_timeout = {self.config.slot_wait_timeout:g}s)")
-        if self._wanting and self.free_slots is not None and not any(self.free_slots.values()):
+        if self._queue.wanting and self.free_slots is not None and not any(self.free_slots.values()):
             return f"waiting for a free slot on targets {names} (held by running attempts)"
         return None
 
@@ -1031,314 +883,6 @@ class StageScheduler:
             return {t.name: self.capacity.get(t.name, t.slots) for t in self.targets if t.name not in self.lost_targets}
         return {t.name: t.slots for t in self.targets}
 
-    def _pick_target(self, load: dict[str, int], now: float, avoid: set[str], allow_blocked: bool,
-                     speeds: Speeds | None = None) -> Target | None:
-        """The free target a new attempt goes to, or None: not slow first, then the largest free share, then order.
-
-        With slots shared through the store the share is free / capacity, not the free count, so targets of
-        different sizes fill evenly, as the per-stage rule (no TargetsObserved: load / slots) does. A target
-        known to be slow (core/speed.py) comes last; a blocked node is avoided unless every node is.
-        """
-        placement = self._round
-        if placement is None or not placement.serves(load, now, speeds):
-            placement = _Round(self, load, now, speeds)
-        return placement.pick(avoid, allow_blocked)
-
-    def _busy_slow(self, target: Target, speeds: Speeds, now: float, load: dict[str, int]) -> bool:
-        """A slow target that runs something takes no further original while a faster one is usable.
-
-        Its attempts share what little it has: two at once end no sooner than one after the other, and
-        the second's work is missing on the faster target meanwhile. One at a time, a slow node still
-        contributes without holding back work a faster target would end sooner.
-        """
-        busy = (self.free_slots.get(target.name, 0) < self.capacity.get(target.name, target.slots)
-                if self.free_slots is not None else load[target.name] > 0)
-        if not busy:
-            return False
-        placement = self._round
-        if placement is None or not placement.serves(load, now, speeds):
-            placement = _Round(self, load, now, speeds)
-        return placement.fast_usable()
-
-
-class _Round:
-    """One placement round's view of the targets: each waiting subtask costs O(log targets), not O(targets).
-
-    Blocks, lost targets and speeds do not change within a round; only the slots it takes do. So the
-    pickable targets sit in a heap in the order placement prefers them, and a launch re-keys only the
-    target it took a slot of; once no slot is free the heap is empty and every pick is O(1).
-    """
-
-    def __init__(self, sched: StageScheduler, load: dict[str, int], now: float, speeds: Speeds | None) -> None:
-        self.sched, self.load, self.now, self.speeds = sched, load, now, speeds
-        self.targets = sched.targets
-        targets = self.targets
-        # Most rounds have no block at all: then no target needs a look-up.
-        blocked = ([sched.blocklist.is_blocked(t.node_label, now) for t in targets] if sched.blocklist.until
-                   else [False] * len(targets))
-        # Every node blocked: an original still runs anywhere free rather than stall the stage; copies wait.
-        self.all_blocked = all(blocked)
-        lost = sched.lost_targets
-        shared = sched.free_slots is not None
-        self.pickable = {i for i, t in enumerate(targets)
-                         if (self.all_blocked or not blocked[i]) and not (shared and t.name in lost)}
-        self.placeable = [t.name for t, b in zip(targets, blocked, strict=True) if t.name not in lost and not b]
-        free_slots = sched.free_slots
-        with_room = (i for i in self.pickable
-                     if (free_slots.get(targets[i].name, 0) > 0 if free_slots is not None
-                         else load[targets[i].name] < targets[i].slots))
-        self._keys: dict[int, tuple[bool, float, int]] = {}
-        for position in with_room:
-            key = self._key(position)
-            if key is not None:
-                self._keys[position] = key
-        self._heap: list[tuple[bool, float, int]] = list(self._keys.values())
-        heapq.heapify(self._heap)
-        self._fast_usable: bool | None = None
-        self._holds: _HoldIndex | None = None
-
-    def serves(self, load: dict[str, int], now: float, speeds: Speeds | None) -> bool:
-        """True if this round was built for the same load, clock and speeds."""
-        return load is self.load and now == self.now and speeds is self.speeds
-
-    def _key(self, position: int) -> tuple[bool, float, int] | None:
-        """Where the target stands in the pick order now (smallest first), or None without a free slot."""
-        target = self.targets[position]
-        slow = self.speeds is not None and self.speeds.is_slow(target.name)
-        free_slots = self.sched.free_slots
-        if free_slots is not None:
-            free = free_slots.get(target.name, 0)
-            if free > 0:
-                return (slow, -free / max(1, self.sched.capacity.get(target.name, target.slots), free), position)
-        elif self.load[target.name] < target.slots:
-            return (slow, self.load[target.name] / target.slots, position)
-        return None
-
-    def _rekey(self, position: int) -> None:
-        key = self._key(position)
-        if key is None:
-            self._keys.pop(position, None)
-        elif self._keys.get(position) != key:
-            self._keys[position] = key
-            heapq.heappush(self._heap, key)
-
-    def exhausted(self) -> bool:
-        """True once no pickable target has a free slot: nothing more can be placed this round."""
-        heap = self._heap
-        while heap and self._keys.get(heap[0][2]) != heap[0]:
-            heapq.heappop(heap)
-        return not heap
-
-    def pick(self, avoid: set[str], allow_blocked: bool) -> Target | None:
-        """The preferred pickable target with a free slot that is not in ``avoid``, or None."""
-        if self.all_blocked and not allow_blocked:
-            return None
-        skipped: list[tuple[bool, float, int]] = []
-        chosen: Target | None = None
-        while self._heap:
-            key = self._heap[0]
-            if self._keys.get(key[2]) != key:
-                heapq.heappop(self._heap)  # re-keyed or full since it was pushed
-                continue
-            if self.targets[key[2]].name in avoid:
-                skipped.append(heapq.heappop(self._heap))
-                continue
-            chosen = self.targets[key[2]]
-            break
-        for key in skipped:
-            heapq.heappush(self._heap, key)
-        return chosen
-
-    def took(self, name: str) -> None:
-        """A slot of ``name`` was taken: its place in the order changes (or it leaves it when full)."""
-        position = self.sched._position(name)
-        if position is not None and position in self.pickable:
-            self._rekey(position)
-
-    def fast_usable(self) -> bool:
-        """Some target that is not slow is neither lost nor blocked."""
-        if self._fast_usable is None:
-            speeds = self.speeds
-            self._fast_usable = any(speeds is None or not speeds.is_slow(name) for name in self.placeable)
-        return self._fast_usable
-
-    def hold_for(self, holds: HoldPlanner, slow: str) -> tuple[str, float, float] | None:
-        """``holds.hold_for(slow, placeable targets)``, answered in O(log targets)."""
-        return self._hold_index(holds).hold_for(slow)
-
-    def holds_in_a_row(self, holds: HoldPlanner, slow: str, limit: int) -> int:
-        """How many of ``limit`` calls of :meth:`hold_for` for ``slow`` in a row would hold (see _HoldIndex)."""
-        return self._hold_index(holds).holds_in_a_row(slow, limit)
-
-    def _hold_index(self, holds: HoldPlanner) -> _HoldIndex:
-        if self._holds is None or self._holds.planner is not holds:
-            self._holds = _HoldIndex(holds, self.placeable)
-        return self._holds
-
-
-class _HoldIndex:
-    """The candidate :meth:`HoldPlanner.hold_for` would choose, found in O(log targets) instead of O(targets).
-
-    ``hold_for`` takes, among candidates at least SLOW_FACTOR faster than the slow target, the one whose
-    earliest slot ends first (the first in order on a tie). Sorted by slowness those candidates are a
-    prefix, so a segment tree of (finish, order) finds it; the planner itself still judges and reserves,
-    given only that candidate. A reservation only delays a queue, so once the planner places now for a
-    slow target it does so for the rest of the round, and is not asked again. The tree, which reads every
-    candidate's queue, is built at the first :meth:`hold_for`; :meth:`holds_in_a_row` reads only as many
-    queues as it needs.
-    """
-
-    def __init__(self, planner: HoldPlanner, candidates: list[str]) -> None:
-        self.planner = planner
-        self.candidates = candidates
-        self.none = (math.inf, len(candidates))
-        self.placing_now: set[str] = set()
-        self.tree: list[tuple[float, int]] = []
-
-    def _build(self) -> None:
-        candidates, speeds = self.candidates, self.planner.speeds
-        order = sorted(range(len(candidates)), key=lambda k: (speeds.of(candidates[k]), k))
-        self.leaf = {k: j for j, k in enumerate(order)}
-        self.scaled = [SLOW_FACTOR * speeds.of(candidates[k]) for k in order]
-        self.size = 1
-        while self.size < len(candidates):
-            self.size *= 2
-        self.tree = [self.none] * (2 * self.size)
-        for j, k in enumerate(order):
-            self.tree[self.size + j] = self._finish(k)
-        for node in range(self.size - 1, 0, -1):
-            self.tree[node] = min(self.tree[2 * node], self.tree[2 * node + 1])
-
-    def _finish(self, k: int) -> tuple[float, int]:
-        target = self.candidates[k]
-        queue = self.planner.queue(target)
-        if not queue or queue[0] == float("inf"):
-            return self.none
-        scale = self.planner.unit if self.planner.unit is not None else 1.0
-        # The same expression as HoldPlanner.hold_for, so ties and rounding come out the same.
-        return (queue[0] + scale * self.planner.speeds.of(target), k)
-
-    def _best(self, count: int) -> tuple[float, int]:
-        """The smallest (finish, order) among the first ``count`` leaves."""
-        best = self.none
-        low, high = self.size, self.size + count
-        while low < high:
-            if low & 1:
-                best = min(best, self.tree[low])
-                low += 1
-            if high & 1:
-                high -= 1
-                best = min(best, self.tree[high])
-            low //= 2
-            high //= 2
-        return best
-
-    def hold_for(self, slow: str) -> tuple[str, float, float] | None:
-        """The planner's answer for ``slow`` over every candidate; a reservation updates the tree."""
-        if slow in self.placing_now:
-            return None
-        if not self.tree:
-            self._build()
-        eligible = bisect.bisect_right(self.scaled, self.planner.speeds.of(slow))
-        finish, k = self._best(eligible)
-        held = self.planner.hold_for(slow, [] if finish == math.inf else [self.candidates[k]])
-        if held is None:
-            self.placing_now.add(slow)
-            return None
-        self._refresh(k)  # the planner reserved a slot of the one candidate it was given
-        return held
-
-    def _refresh(self, k: int) -> None:
-        """Candidate ``k`` changed its queue: its finish and the minima above it."""
-        node = self.size + self.leaf[k]
-        self.tree[node] = self._finish(k)
-        node //= 2
-        while node:
-            self.tree[node] = min(self.tree[2 * node], self.tree[2 * node + 1])
-            node //= 2
-
-    def holds_in_a_row(self, slow: str, limit: int) -> int:
-        """How many of ``limit`` :meth:`hold_for` calls for ``slow`` in a row would hold, with their reservations.
-
-        Each hold takes the eligible slot whose next finish is earliest and pushes it back by one expected
-        duration, until the earliest finish no longer pays; so the holds are exactly every slot's finishes
-        up to that bound, whatever their order, counted per slot in O(eligible slots + holds). When all
-        ``limit`` would hold, ``limit`` is returned and nothing is reserved (no one is left to see it);
-        otherwise the reservations are made and ``slow`` is placed from then on, as after :meth:`hold_for`.
-        """
-        if slow in self.placing_now:
-            return 0
-        planner = self.planner
-        speeds = planner.speeds
-        if not speeds.is_slow(slow):
-            self.placing_now.add(slow)
-            return 0
-        scale = planner.unit if planner.unit is not None else 1.0
-        # The same expressions as HoldPlanner.hold_for: the same additions, so the same bound is met.
-        slowness = speeds.of(slow)
-        bound = (scale * slowness) * (1.0 - HOLD_MARGIN)
-        if self._at_least(slowness, scale, bound, limit):
-            return limit
-        moved: list[tuple[int, list[float]]] = []
-        total = 0
-        for k, target in enumerate(self.candidates):
-            if slowness < SLOW_FACTOR * speeds.of(target):
-                continue
-            queue = planner.queue(target)
-            if not queue or queue[0] == float("inf"):
-                continue
-            step = scale * speeds.of(target)
-            if queue[0] + step > bound:
-                continue
-            after = []
-            for free_at in queue:
-                while free_at + step <= bound:
-                    free_at = free_at + step
-                    total += 1
-                after.append(free_at)
-            if total >= limit:
-                return limit
-            moved.append((k, after))
-        for k, after in moved:
-            heapq.heapify(after)
-            planner.queues[self.candidates[k]][:] = after
-            if self.tree:
-                self._refresh(k)
-        self.placing_now.add(slow)
-        return total
-
-    def _at_least(self, slowness: float, scale: float, bound: float, limit: int) -> bool:
-        """True if at least ``limit`` holds up to ``bound`` are sure, counting from slot counts where they tell.
-
-        A queue not built yet whose entries all free within one expected duration (HoldPlanner.sure_slots)
-        takes at least as many holds per slot as an entry one expected duration from now, since holds are
-        repeated additions; a queue already built is counted exactly. No queue is built here.
-        """
-        planner, speeds = self.planner, self.planner.speeds
-        total = 0
-        for target in self.candidates:
-            of = speeds.of(target)
-            if slowness < SLOW_FACTOR * of:
-                continue
-            step = scale * of
-            queue = planner.queues.get(target)
-            if queue is None:
-                slots = planner.sure_slots(target)
-                if not slots:
-                    continue
-                free_at, holds = step, 0
-                while free_at + step <= bound:
-                    free_at = free_at + step
-                    holds += 1
-                total += slots * holds
-            elif queue and queue[0] != float("inf"):
-                for free_at in queue:
-                    while free_at + step <= bound:
-                        free_at = free_at + step
-                        total += 1
-            if total >= limit:
-                return True
-        return False
 
 
 def _cause_class(cause: str | None) -> str:

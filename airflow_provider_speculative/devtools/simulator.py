@@ -39,7 +39,7 @@ import random
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from statistics import median
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 from airflow_provider_speculative.core.config import SpeculativeConfig, Target
 from airflow_provider_speculative.core.events import Event
@@ -54,6 +54,7 @@ from airflow_provider_speculative.core.messages import (
     TargetsObserved,
     Tick,
 )
+from airflow_provider_speculative.core.placing import Placement
 from airflow_provider_speculative.core.scheduler import StageScheduler
 from airflow_provider_speculative.core.speed import CHECK_WAIT_FACTOR, check_slowness, check_wanted, run_slowness
 from airflow_provider_speculative.core.states import Attempt, AttemptState
@@ -345,14 +346,34 @@ def _percentile(values: Sequence[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, int(q * len(ordered))))]
 
 
+class RulePlacement(Placement):
+    """The core placement, with the copies a :class:`RuleScheduler`'s rule wants in its order and off its nodes."""
+
+    def pick_target(self, load: dict[str, int], now: float, avoid: set[str], allow_blocked: bool,
+                    speeds: Any = None) -> Target | None:
+        """The core's pick, off the rule's slow nodes for a copy."""
+        if not allow_blocked:  # a speculative copy: the rule's slow nodes are avoided too
+            avoid = avoid | getattr(self.state, "_avoid", set())
+        return super().pick_target(load, now, avoid, allow_blocked, speeds)
+
+    def walk(self, speculative: list[tuple[int, str]], load: dict[str, int], budget: int | None,
+             speeds: Any, now: float) -> list[Action]:
+        """The core's walk, with the copies in the rule's order."""
+        # Copies take free slots in the rule's order (LATE: most time left first), not in subtask order.
+        rank = {subtask: i for i, subtask in enumerate(getattr(self.state, "_judged", ()))}
+        ordered = sorted(speculative, key=lambda wanted: rank.get(wanted[0], len(rank)))
+        return super().walk(ordered, load, budget, speeds, now)
+
+
 class RuleScheduler(StageScheduler):
-    """The core scheduler with another slow-attempt rule: ``_detect_slow``, and which copies get slots where."""
+    """The core scheduler with another slow-attempt rule (``_detect_slow``) and its copies' placement."""
 
     rule: DetectorRule
     progress: Callable[[Attempt], float | None]
     _avoid: set[str]
     # The subtasks the rule judged this step, in its order of preference.
     _judged: list[int]
+    placement_type: ClassVar[type[Placement]] = RulePlacement
 
     def _detect_slow(self, now: float) -> list[Action]:
         if not self.speculation_enabled:
@@ -365,19 +386,6 @@ class RuleScheduler(StageScheduler):
         self.peak_slow = max(self.peak_slow, len(self.slow_subtasks))
         self._avoid = self.rule.avoid(self, now, self.progress) if judged else set()
         return []
-
-    def _pick_target(self, load: dict[str, int], now: float, avoid: set[str], allow_blocked: bool,
-                     speeds: Any = None) -> Target | None:
-        if not allow_blocked:  # a speculative copy: the rule's slow nodes are avoided too
-            avoid = avoid | getattr(self, "_avoid", set())
-        return super()._pick_target(load, now, avoid, allow_blocked, speeds)
-
-    def _place_wanted(self, speculative: list[tuple[int, str]], load: dict[str, int], budget: int | None,
-                      speeds: Any, now: float) -> list[Action]:
-        # Copies take free slots in the rule's order (LATE: most time left first), not in subtask order.
-        rank = {subtask: i for i, subtask in enumerate(getattr(self, "_judged", ()))}
-        ordered = sorted(speculative, key=lambda wanted: rank.get(wanted[0], len(rank)))
-        return super()._place_wanted(ordered, load, budget, speeds, now)
 
 
 # Spark, LATE and Mantri leave nodes unblocked and copies at their own limits; Flink is FLIP-168's defaults

@@ -291,16 +291,18 @@ def test_late_speculates_below_the_25th_percentile_rate_most_time_left_first_wit
 
 def test_late_copies_stay_within_the_cap_off_slow_nodes_in_the_rules_order(monkeypatch: pytest.MonkeyPatch) -> None:
     steps: list[tuple[list[int], set[str], list[Launch], int]] = []
-    place = simulator.RuleScheduler._place_wanted
+    place = simulator.RulePlacement.walk
 
-    def recording(self: simulator.RuleScheduler, *args: Any) -> list[Any]:
+    def recording(self: simulator.RulePlacement, *args: Any) -> list[Any]:
         actions = place(self, *args)
+        sched = self.state
+        assert isinstance(sched, simulator.RuleScheduler)
         copies = [a for a in actions if isinstance(a, Launch) and a.speculative]
-        live = sum(1 for a in self.live_attempts() if a.speculative)
-        steps.append((list(self._judged), set(self._avoid), copies, live))
+        live = sum(1 for a in sched.live_attempts() if a.speculative)
+        steps.append((list(sched._judged), set(sched._avoid), copies, live))
         return actions
 
-    monkeypatch.setattr(simulator.RuleScheduler, "_place_wanted", recording)
+    monkeypatch.setattr(simulator.RulePlacement, "walk", recording)
     rng = random.Random(3)
     specs = cluster(20, slots=2)
     scenario = Scenario("late", specs, (StageSpec("s", lognormal_work(120, rng, 10.0, 0.3)),), startup=0.5,

@@ -21,7 +21,8 @@ from airflow_provider_speculative.core.blocklist import Blocklist
 from airflow_provider_speculative.core.config import SpeculativeConfig, Target
 from airflow_provider_speculative.core.detector import MIN_PROGRESS, Baseline, compute_baseline, progress_share
 from airflow_provider_speculative.core.messages import Action, AttemptObserved, Launch, TargetsObserved, Tick
-from airflow_provider_speculative.core.scheduler import StageScheduler, _HoldIndex
+from airflow_provider_speculative.core.placing import Placement, _HoldIndex
+from airflow_provider_speculative.core.scheduler import StageScheduler
 from airflow_provider_speculative.core.speed import MAX_SLOWNESS, SLOW_FACTOR, HoldPlanner, Speeds
 from airflow_provider_speculative.core.states import EXECUTING, Attempt, AttemptState
 from airflow_provider_speculative.devtools.simulator import (
@@ -202,7 +203,7 @@ class _Recording(StageScheduler):
         if not hasattr(self, "log"):
             self.log = []
         self.log.append((list(actions), self.speeds, self.baseline, self.slow_subtasks, dict(self.slow_reasons),
-                         dict(self.held_back), sorted(self._wanting)))
+                         dict(self.held_back), sorted(self._queue.wanting)))
         return actions
 
 
@@ -239,7 +240,8 @@ def _reference_place(sched: StageScheduler, speculative: list[tuple[int, str]], 
     """One placement round as a walk over every queued original, then the copies, with the plain hold planner."""
     placeable = [t.name for t in sched.targets
                  if t.name not in sched.lost_targets and not sched.blocklist.is_blocked(t.node_label, now)]
-    wanted = [(s, False, sched._queued[s]) for s in sorted(sched._queued)] + [(s, True, r) for s, r in speculative]
+    queued = sched._queue.queued
+    wanted = [(s, False, queued[s]) for s in sorted(queued)] + [(s, True, r) for s, r in speculative]
     actions: list[Action] = []
     holds: HoldPlanner | None = None
     tried: set[str] = set()
@@ -251,7 +253,7 @@ def _reference_place(sched: StageScheduler, speculative: list[tuple[int, str]], 
         target = _reference_pick(sched, load, now, avoid, not copy, speeds)
         if target is None:
             if not copy:
-                sched._wanting.add(subtask)
+                sched._queue.wanting.add(subtask)
             continue
         if not copy and speeds.is_slow(target.name):
             if holds is None:
@@ -271,7 +273,7 @@ def _reference_place(sched: StageScheduler, speculative: list[tuple[int, str]], 
                                                      f"{finish:.1f} there vs {here:.1f} on {target.name}, "
                                                      f"{speeds.of(target.name):.1f}x slower, "
                                                      f"{speeds.source.get(target.name, 'run')})")
-                sched._wanting.add(subtask)
+                sched._queue.wanting.add(subtask)
                 continue
             busy = (sched.free_slots.get(target.name, 0) < sched.capacity.get(target.name, target.slots)
                     if sched.free_slots is not None else load[target.name] > 0)
@@ -281,29 +283,37 @@ def _reference_place(sched: StageScheduler, speculative: list[tuple[int, str]], 
                                                      f"{speeds.of(target.name):.1f}x slower, "
                                                      f"{speeds.source.get(target.name, 'run')}, and runs "
                                                      "one attempt at a time)")
-                sched._wanting.add(subtask)
+                sched._queue.wanting.add(subtask)
                 continue
         if subtask in sched.held_back:
             since, why = sched.held_back.pop(subtask)
             reason += f"; held {now - since:.1f}s {why}"
         if not copy:
-            del sched._queued[subtask]
-            sched._wanting.discard(subtask)
+            del sched._queue.queued[subtask]
+            sched._queue.wanting.discard(subtask)
         if sched.free_slots is not None:
             sched.free_slots[target.name] -= 1
         number = max(sched.attempts[subtask], default=-1) + 1
         sched.attempts[subtask][number] = Attempt(
             subtask=subtask, number=number, target=target.name, speculative=copy,
             state=AttemptState.CREATED, created_at=now, input_bytes=sched.input_bytes.get(subtask))
-        sched._speed_pending.add(subtask)
-        if sched._speed_view is not None:
-            sched._speed_view.update(subtask, sched.attempts[subtask].values())
+        sched._caches.speed_pending.add(subtask)
+        if sched._caches.speed_view is not None:
+            sched._caches.speed_view.update(subtask, sched.attempts[subtask].values())
         load[target.name] += 1
         tried.add(target.name)
         if budget is not None:
             budget -= 1
         actions.append(Launch(subtask, number, target.name, copy, reason))
     return actions
+
+
+class _ReferencePlacement(Placement):
+    """Placement as :func:`_reference_place`."""
+
+    def walk(self, speculative: list[tuple[int, str]], load: dict[str, int], budget: int | None,
+             speeds: Speeds, now: float) -> list[Action]:
+        return _reference_place(self.state, speculative, load, budget, speeds, now)  # type: ignore[arg-type]
 
 
 class _Reference(_Recording):
@@ -327,17 +337,13 @@ class _Reference(_Recording):
         return _reference_observe(self.all_attempts(), self.input_bytes, now, self.target_history,
                                   self.history_source)
 
-    def _place_wanted(self, speculative: list[tuple[int, str]], load: dict[str, int], budget: int | None,
-                      speeds: Speeds, now: float) -> list[Action]:
-        return _reference_place(self, speculative, load, budget, speeds, now)
+    placement_type = _ReferencePlacement
 
 
 class _PlacementReference(_Recording):
     """The incremental views, but every queued original walked and every target scanned each round."""
 
-    def _place_wanted(self, speculative: list[tuple[int, str]], load: dict[str, int], budget: int | None,
-                      speeds: Speeds, now: float) -> list[Action]:
-        return _reference_place(self, speculative, load, budget, speeds, now)
+    placement_type = _ReferencePlacement
 
 
 class _Sim(Simulator):
@@ -398,14 +404,14 @@ def test_the_incremental_views_decide_exactly_as_the_full_rescans(seed: int, mon
     # Same actions in the same order, from the same speeds, baselines, slow subtasks and held-back reasons,
     # step by step; the reference also walks every waiting original each round, with the plain hold planner.
     stretches: Counter[str] = Counter()
-    held_stretch = StageScheduler._held_stretch
+    held_stretch = Placement._held_stretch
 
-    def counted(self: StageScheduler, *args: Any) -> int | None:
+    def counted(self: Placement, *args: Any) -> int | None:
         held = held_stretch(self, *args)
         stretches["all held" if held is None else "some held, then one placed" if held else "placed at once"] += 1
         return held
 
-    monkeypatch.setattr(StageScheduler, "_held_stretch", counted)
+    monkeypatch.setattr(Placement, "_held_stretch", counted)
     at_least = _HoldIndex._at_least
 
     def bounded(self: _HoldIndex, *args: Any) -> bool:

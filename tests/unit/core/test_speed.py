@@ -113,7 +113,7 @@ def test_a_target_measured_slow_in_this_run_gets_no_more_originals_while_fast_en
     # Slow took 20 s for what fast did in 4: its freed slot stays empty (it still runs 3, and a slow
     # target runs one attempt at a time), 6 and 7 wait for fast (~7 s).
     actions = step(sched, 21.0, [finished(sched, 1, end=21.0)])
-    assert launched(actions) == [] and sched._wanting >= {6, 7}
+    assert launched(actions) == [] and sched._queue.wanting >= {6, 7}
     assert sched.speeds is not None and sched.speeds.source["slow"] == "run" and sched.speeds.of("slow") >= 4.9
 
 
