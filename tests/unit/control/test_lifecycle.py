@@ -60,6 +60,7 @@ class Store:
     def stage(self, stage: str, *, parallelism: int = 1, consumers: tuple[str, ...] = (),
               upstreams: tuple[str, ...] = (), sink: bool = False, retention: float | None = None) -> StageLayout:
         layout = self.layout(stage)
+        layout.claim_run()  # as planning does
         config = SpeculativeConfig() if retention is None else SpeculativeConfig().with_overrides(
             {"retention": retention}, "test")
         atomic_write_json(layout.plan, {
