@@ -166,7 +166,10 @@ def own_run(layout: StageLayout) -> None:
     if layout.owns_run():
         return
     store, prefix = layout.store, layout.run_prefix
-    if store.list_names(prefix) and provider_plan(layout.run_dir) is None and not _task_states_only(layout.run_dir):
+    # Another store's marker: claim() below refuses naming it.
+    marked = store.exists(f"{prefix}/{OWNER_FILE}")
+    if not marked and store.list_names(prefix) and provider_plan(layout.run_dir) is None \
+            and not _task_states_only(layout.run_dir):
         raise RunNotOwnedError(
             f"pipeline {layout.dag_id!r} run {layout.run_id!r} stage {layout.stage!r}: {str(layout.run_dir)!r} "
             f"holds files but no {OWNER_FILE} of this store and no plan of this provider naming the run; "
