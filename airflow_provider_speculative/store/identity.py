@@ -161,7 +161,7 @@ def own_run(layout: StageLayout) -> None:
     there yet (the provider is about to write the run's first file), or when it holds a run an older
     version wrote: a stage directory with a plan naming exactly this run, or only the provider's task
     records (:func:`provider_plan`, the test the store root's adoption applies). Anything else, or
-    another store's marker, raises RunNotOwnedError naming the pipeline, stage and directory.
+    another store's marker, raises RunNotOwnedError naming the DAG run, stage and directory.
     """
     if layout.owns_run():
         return
@@ -171,13 +171,13 @@ def own_run(layout: StageLayout) -> None:
     if not marked and store.list_names(prefix) and provider_plan(layout.run_dir) is None \
             and not _task_states_only(layout.run_dir):
         raise RunNotOwnedError(
-            f"pipeline {layout.dag_id!r} run {layout.run_id!r} stage {layout.stage!r}: {str(layout.run_dir)!r} "
+            f"DAG {layout.dag_id!r} run {layout.run_id!r} stage {layout.stage!r}: {str(layout.run_dir)!r} "
             f"holds files but no {OWNER_FILE} of this store and no plan of this provider naming the run; "
             "nothing is written or deleted there")
     try:
         store.claim(prefix)
     except StoreError as exc:
-        raise RunNotOwnedError(f"pipeline {layout.dag_id!r} run {layout.run_id!r} stage {layout.stage!r}: "
+        raise RunNotOwnedError(f"DAG {layout.dag_id!r} run {layout.run_id!r} stage {layout.stage!r}: "
                                f"{exc}") from None
 
 

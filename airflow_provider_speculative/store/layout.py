@@ -145,7 +145,7 @@ class StageLayout:
         return self.store.owns(self.run_prefix)
 
     def require_owned_run(self, path: Path | None = None) -> None:
-        """Raise RunNotOwnedError naming the pipeline, stage and ``path`` unless this store owns the run's prefix."""
+        """Raise RunNotOwnedError naming the DAG run, stage and ``path`` unless this store owns the run's prefix."""
         if not self.owns_run():
             raise RunNotOwnedError(self._not_owned(self.run_dir if path is None else path))
 
@@ -173,7 +173,7 @@ class StageLayout:
             raise RunNotOwnedError(f"{self._not_owned(path)} ({exc})") from None
 
     def _not_owned(self, path: Path) -> str:
-        return (f"pipeline {self.dag_id!r} run {self.run_id!r} stage {self.stage!r}: {str(path)!r} not deleted: "
+        return (f"DAG {self.dag_id!r} run {self.run_id!r} stage {self.stage!r}: {str(path)!r} not deleted: "
                 f"the run's prefix {str(self.run_dir)!r} has no ownership marker of this store "
                 f"({self.store.owner!r}); a run written by an older version or by another store is never "
                 "deleted from")

@@ -289,6 +289,17 @@ def foreign_store(tmp: Path) -> None:
     with_conn_env("AIRFLOW__SPECULATIVE__STORE_PATH", str(shared), lambda: plan(tmp))
 
 
+def foreign_run(tmp: Path) -> None:
+    """Plan in the provider's store a DAG run whose directory holds files the provider did not write."""
+    from airflow_provider_speculative.store.identity import own_store
+
+    store = tmp / "store"
+    own_store(store)
+    (store / "validation_dag" / f"run_{tmp.name}" / "notes").mkdir(parents=True)
+    (store / "validation_dag" / f"run_{tmp.name}" / "notes" / "todo.txt").write_text("not the provider's")
+    with_conn_env("AIRFLOW__SPECULATIVE__STORE_PATH", str(store), lambda: plan(tmp))
+
+
 def unknown_target(tmp: Path) -> None:
     plan(tmp, config={"targets": '[{"name": "gpu", "conn_id": "no_such_connection"}]'})
 
@@ -539,6 +550,9 @@ CASES = [
     Case("store-root-foreign", foreign_store, PlanError,
          r"pipeline 'p', stage 's': store root '.*shared' is not the provider's: it has no store.json and holds 2 "
          r"entries that are not provider run files \('dags/', 'projects/'\)"),
+    Case("store-run-foreign", foreign_run, PlanError,
+         r"pipeline 'p', stage 's': DAG 'validation_dag' run 'run_.*' stage 's': '.*/validation_dag/run_.*' "
+         r"holds files but no _owner.json of this store and no plan of this provider naming the run"),
     Case("target-unknown-connection", unknown_target, TargetError,
          r"pipeline 'p', stage 's': target 'gpu' uses connection 'no_such_connection', which cannot be found"),
     Case("target-connect-without-host", hostless_connect_target, TargetError,

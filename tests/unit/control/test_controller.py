@@ -340,7 +340,7 @@ def test_wipe_of_a_run_this_store_does_not_own_refuses_and_keeps_everything(tmp_
     _stage_with_attempts(layout)
     before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
 
-    with pytest.raises(RunNotOwnedError, match=r"pipeline 'd' run 'r' stage 'scan'"):
+    with pytest.raises(RunNotOwnedError, match=r"DAG 'd' run 'r' stage 'scan'"):
         controller_module.wipe_stage_attempts(layout)
 
     assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before

@@ -54,7 +54,7 @@ def test_a_rerun_of_a_run_another_store_owns_withdraws_nothing(tmp_path: Path) -
     PosixBackend(tmp_path, owner="another store").claim(layout.run_prefix)
     before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
 
-    with pytest.raises(RunNotOwnedError, match=r"pipeline 'etl' run 'manual__1' stage 'scan'.*another store"):
+    with pytest.raises(RunNotOwnedError, match=r"DAG 'etl' run 'manual__1' stage 'scan'.*another store"):
         invalidate_region(tmp_path, "etl", "manual__1", Region(subtasks={"scan": {0}}), "rerun by test")
 
     assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before

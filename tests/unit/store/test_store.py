@@ -301,7 +301,7 @@ def test_a_removal_in_a_run_without_this_stores_marker_refuses_and_deletes_nothi
         remove_attempt_output(layout, 0, 1)
 
     message = str(refused.value)
-    assert "pipeline 'etl'" in message and "stage 'scan'" in message and str(layout.run_dir) in message
+    assert "DAG 'etl' run 'manual__1'" in message and "stage 'scan'" in message and str(layout.run_dir) in message
     assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
     # The controller's clean-up keeps the output rather than failing the stage.
     assert discard_attempt_output(layout, 0, 1) is False
@@ -334,7 +334,7 @@ def test_own_run_refuses_a_run_directory_it_cannot_prove_it_wrote(tmp_path: Path
     # A plan naming another run is no proof either.
     atomic_write_json(foreign.plan, {"dag_id": "etl", "run_id": "manual__2", "stage": "scan"})
 
-    with pytest.raises(RunNotOwnedError, match=r"pipeline 'etl' run 'manual__1' stage 'scan'.*holds files"):
+    with pytest.raises(RunNotOwnedError, match=r"DAG 'etl' run 'manual__1' stage 'scan'.*holds files"):
         own_run(foreign)
     assert not (foreign.run_dir / OWNER_FILE).exists()
 
