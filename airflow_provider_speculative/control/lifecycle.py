@@ -24,7 +24,10 @@ What goes, and when:
   ``.<name>.staging-*`` / ``.old-*`` directories) for a stage run that is over (committed, or its DAG
   run finished or deleted) with nothing live; removed by the sink itself (``Sink.cleanup_staging``).
 
-Which metadata database the store belongs to is the caller's check (``store/identity.py``).
+Only runs whose prefix carries this store's ownership marker (``<dag>/<run>/_owner.json``, claimed by
+planning) are looked into, and every removal is an owned delete: a run without it is reported as
+skipped, whatever it holds. Which metadata database the store belongs to is the caller's check
+(``store/identity.py``).
 """
 
 from __future__ import annotations
