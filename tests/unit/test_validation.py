@@ -102,6 +102,7 @@ def join_plan(tmp: Path, left_type: str, right_type: str, *, collation: str | No
     p.stage("j", application=APP, parallelism=2, inputs={"l": all_to_all(a, key="id"), "r": all_to_all(b, key="k")})
     run_id = f"run_{tmp.name}"
     own_store(store_root())  # as the producers' planning would have: their commits are written by hand below
+    StageLayout(store_root(), "validation_dag", run_id, "a").claim_run()  # as the producers' planning would have
     for (stage, column, spark_type), zone in zip((("a", "id", left_type), ("b", "k", right_type)), zones,
                                                  strict=True):
         metadata = {"__COLLATIONS": {column: f"spark.{collation}"}} if collation else {}
