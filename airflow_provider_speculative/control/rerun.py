@@ -105,9 +105,10 @@ def stage_task_ids(stages: list[str], task_ids: list[str]) -> dict[str, str]:
 def invalidate_region(root: Path, dag_id: str, run_id: str, region: Region, reason: str) -> dict[str, list[int]]:
     """Withdraw the admitted attempts of the region and the stages' commits; return what was invalidated."""
     done: dict[str, list[int]] = {}
-    for stage in list(region.subtasks)[:1]:
+    first = next(iter(region.subtasks), None)
+    if first is not None:
         # Before anything is withdrawn (one prefix covers the run): a run this store cannot own keeps it all.
-        own_run(StageLayout(Path(root), dag_id, run_id, stage))
+        own_run(StageLayout(Path(root), dag_id, run_id, first))
     for stage, subtasks in region.subtasks.items():
         layout = StageLayout(Path(root), dag_id, run_id, stage)
         backend = attempt_observer(layout)
