@@ -45,6 +45,7 @@ def stage_plan(root: Path | str = "/store", *, dag_id: str = "d", run_id: str = 
 def write_plan(plan: dict[str, Any]) -> StageLayout:
     """Write ``plan`` as its stage's plan.json in the store it names; return the stage's layout."""
     layout = StageLayout(Path(plan["store_root"]), plan["dag_id"], plan["run_id"], plan["stage"])
+    layout.claim_run()  # as planning does before its first write: the run's removals are owned deletes
     atomic_write_json(layout.plan, plan)
     return layout
 

@@ -24,7 +24,7 @@ from airflow_provider_speculative.core.trigger_events import ControllerEvent
 from airflow_provider_speculative.sinks.base import AttemptResult, FinalizationContext, Sink, StagingScope
 from airflow_provider_speculative.store import journal as journals
 from airflow_provider_speculative.store.layout import StageLayout
-from airflow_provider_speculative.store.results import admitted_results, remove_attempt_output, write_committed
+from airflow_provider_speculative.store.results import admitted_results, discard_attempt_output, write_committed
 from airflow_provider_speculative.store.task_state import record_task_state
 
 SinkFinalizer = Callable[[dict[int, int], dict[str, Any]], dict[str, Any] | None]
@@ -104,7 +104,7 @@ def remove_losers(layout: StageLayout, parallelism: int,
         for number in layout.attempt_numbers(subtask):
             if admitted.get(subtask) != number:
                 losers.append((subtask, number))
-                removed += remove_attempt_output(layout, subtask, number)
+                removed += discard_attempt_output(layout, subtask, number)
     return removed, tuple(losers)
 
 

@@ -10,7 +10,6 @@ stage's attempts without a controller.
 from __future__ import annotations
 
 import math
-import shutil
 import time
 from collections.abc import Callable
 from typing import Any
@@ -71,7 +70,7 @@ from airflow_provider_speculative.core.trigger_events import ControllerEvent, Tr
 from airflow_provider_speculative.store import changes
 from airflow_provider_speculative.store.journal import Journal
 from airflow_provider_speculative.store.layout import StageLayout, stage_key
-from airflow_provider_speculative.store.results import remove_attempt_output
+from airflow_provider_speculative.store.results import discard_attempt_output
 from airflow_provider_speculative.store.speeds import (
     SPEED_CHECK,
     SpeedRecord,
@@ -464,14 +463,14 @@ class StageController:
             self.reaping.add((action.subtask, action.attempt))
             self.journal(Event.CANCEL, subtask=action.subtask, attempt=action.attempt, reason=action.reason)
         elif isinstance(action, Discard):
-            remove_attempt_output(self.layout, action.subtask, action.attempt)
+            discard_attempt_output(self.layout, action.subtask, action.attempt)
             self._cleanup_sink_staging(action.subtask, action.attempt)
             self.journal(Event.DISCARD, subtask=action.subtask, attempt=action.attempt, reason=action.reason)
         elif isinstance(action, BlockNode):
             self.journal(Event.BLOCK_NODE, node=action.node, until=action.until, reason=action.reason)
         elif isinstance(action, Invalidate):
             self.observer.invalidate(action.subtask, action.attempt, action.reason)
-            remove_attempt_output(self.layout, action.subtask, action.attempt)
+            discard_attempt_output(self.layout, action.subtask, action.attempt)
             self.journal(Event.INVALIDATE, subtask=action.subtask, attempt=action.attempt, reason=action.reason)
         elif isinstance(action, FailStage):
             self.result = action
@@ -613,10 +612,14 @@ def _differs(known: Attempt | None, observed: Attempt) -> bool:
 
 
 def wipe_stage_attempts(layout: StageLayout) -> None:
-    """Remove every attempt and admission of a stage run (its plan changed or a full rerun was forced)."""
-    if layout.dir.is_dir():
-        for entry in layout.dir.iterdir():
-            if entry.name.startswith("subtask=") and entry.is_dir():
-                shutil.rmtree(entry, ignore_errors=True)
-        for path in (layout.summary, layout.committed):
-            path.unlink(missing_ok=True)
+    """Remove every attempt and admission of a stage run (its plan changed or a full rerun was forced).
+
+    Owned deletes only: raises RunNotOwnedError, deleting nothing, unless this store owns the DAG run's
+    prefix (planning claims it first), since old attempts kept under a new plan could be admitted for it.
+    """
+    layout.require_owned_run()
+    for entry in layout.store.children(layout.name(layout.dir)):
+        if entry.startswith("subtask=") and entry.endswith("/"):
+            layout.delete_tree(layout.dir / entry.rstrip("/"))
+    for path in (layout.summary, layout.committed):
+        layout.delete(path)

@@ -23,7 +23,7 @@ from airflow_provider_speculative.core.states import Attempt, AttemptState
 from airflow_provider_speculative.sinks.base import Sink, StagingScope
 from airflow_provider_speculative.store.journal import Journal
 from airflow_provider_speculative.store.layout import StageLayout
-from airflow_provider_speculative.store.results import remove_attempt_output
+from airflow_provider_speculative.store.results import discard_attempt_output
 
 Key = tuple[int, int]
 
@@ -90,7 +90,7 @@ class AttemptStopper:
             if self.backend_of(target_of(subtask, number)).reap(subtask, number, now):
                 reaping.discard((subtask, number))
                 if admitted.get(subtask) != number:
-                    remove_attempt_output(self.layout, subtask, number)
+                    discard_attempt_output(self.layout, subtask, number)
                     self.cleanup_sink_staging(subtask, number)
 
     def cleanup_sink_staging(self, subtask: int, attempt: int) -> None:

@@ -24,14 +24,16 @@ What goes, and when:
   ``.<name>.staging-*`` / ``.old-*`` directories) for a stage run that is over (committed, or its DAG
   run finished or deleted) with nothing live; removed by the sink itself (``Sink.cleanup_staging``).
 
-Which metadata database the store belongs to is the caller's check (``store/identity.py``).
+Only runs whose prefix carries this store's ownership marker (``<dag>/<run>/_owner.json``, claimed by
+planning) are looked into, and every removal is an owned delete: a run without it is reported as
+skipped, whatever it holds. Which metadata database the store belongs to is the caller's check
+(``store/identity.py``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -45,6 +47,7 @@ from airflow_provider_speculative.core.states import FINISHED_RUN_STATES, Attemp
 from airflow_provider_speculative.exceptions import StoreError, UnsafeStorePathError
 from airflow_provider_speculative.sinks.base import Sink, StagingObject, StagingScope
 from airflow_provider_speculative.store import journal
+from airflow_provider_speculative.store.backend import OWNER_FILE, PosixBackend, StoreNotOwnedError
 from airflow_provider_speculative.store.files import atomic_write_json, check_store_directory, read_json
 from airflow_provider_speculative.store.identity import provider_plan
 from airflow_provider_speculative.store.layout import (
@@ -84,6 +87,8 @@ class GcItem:
     # Sink staging only: the sink (as in plan.json) and the stage run whose staging it is.
     sink: dict[str, Any] | None = None
     scope: StagingScope | None = None
+    # The store root ``path`` is in: removals are owned deletes of the store there.
+    root: Path | None = None
 
     def to_json(self) -> dict[str, Any]:
         """JSON-friendly form (for ``--output json`` and the journal)."""
@@ -179,12 +184,14 @@ def plan_gc(root: str | Path, *, now: float, run_states: dict[tuple[str, str], s
                         "there; nothing of it is removed (--older-than removes its old runs)")
             continue
         for run_dir in runs:
+            if not _owned_run(root, dag_dir.name, run_dir, kept):
+                continue
             stages = _read_stages(root, dag_dir.name, run_dir, now)
             if known is not None and (dag_dir.name, run_dir.name) not in known:
                 why = _deleted_because(dag_dir.name, run_dir, deleted, dag_gone, older_than, now)
                 if why is not None and not any(s.live for s in stages.values()):
                     items += _staging_items(stages, sink_staging, kept, f"the DAG run was deleted ({why})")
-                    items.append(GcItem(run_dir, _tree_bytes(run_dir), DELETED_RUN, why))
+                    items.append(GcItem(run_dir, _tree_bytes(run_dir), DELETED_RUN, why, root=root))
                     continue
                 # Kept whole; what is garbage whatever the run's state (losers, stale files) still goes.
                 kept.append(f"run {dag_dir.name}/{run_dir.name}: " + (
@@ -201,8 +208,26 @@ def plan_gc(root: str | Path, *, now: float, run_states: dict[tuple[str, str], s
                     items += _staging_items({stage.name: stage}, sink_staging, kept,
                                             "stage run over: " + ("committed" if stage.committed is not None
                                                                   else f"DAG run {state}"))
-            items += _stale_temp(run_dir, now, stage_dir=None, recursive=False)
+            items += _stale_temp(root, run_dir, now, stage_dir=None, recursive=False)
     return items
+
+
+def _owned_run(root: Path, dag_dir: str, run_dir: Path, kept: list[str]) -> bool:
+    """True if this store's ownership marker covers ``run_dir``; else report the run in ``kept``.
+
+    gc never claims a run: a run an older version wrote (no marker) is claimed when a stage of it is
+    planned or rerun, where the provider proves it is the run's writer; until then nothing of it goes.
+    """
+    store = PosixBackend(root)
+    try:
+        if store.owns(store.name_of(run_dir)):
+            return True
+    except StoreError as exc:
+        kept.append(f"run {dag_dir}/{run_dir.name}: skipped, its ownership cannot be read: {exc}")
+        return False
+    kept.append(f"run {dag_dir}/{run_dir.name}: skipped, no {OWNER_FILE} of this store ({store.owner}) covers it "
+                "(written by an older version or another store); gc never removes what it cannot prove it wrote")
+    return False
 
 
 def _provider_runs(dag_dir: Path, kept: list[str]) -> list[Path]:
@@ -306,12 +331,22 @@ def execute_gc(items: Iterable[GcItem], *, now: float | None = None, root: str |
                 if str(item.path) not in staged:
                     continue
             else:
-                if root is not None:
-                    check_store_directory(root, Path(item.path).parent)
-                _remove(Path(item.path))
+                store_root = root if root is not None else item.root
+                if store_root is None:
+                    summary["errors"].append({"path": str(item.path), "error": "refused: no store root to prove "
+                                                                               "ownership in (not removed)"})
+                    continue
+                check_store_directory(store_root, Path(item.path).parent)
+                _remove(PosixBackend(store_root), Path(item.path))
         except UnsafeStorePathError:
             summary["errors"].append({"path": str(item.path), "error": "refused: reached through a symbolic link "
                                                                        "in the store (not removed)"})
+            continue
+        except StoreNotOwnedError as exc:
+            summary["errors"].append({"path": str(item.path), "error": f"refused (not removed): {exc}"})
+            continue
+        except StoreError as exc:
+            summary["errors"].append({"path": str(item.path), "error": f"{type(exc).__name__}: {exc}"})
             continue
         except OSError as exc:
             summary["errors"].append({"path": str(item.path), "error": f"{type(exc).__name__}: {exc}"})
@@ -418,7 +453,8 @@ def _attempt_items(stage: _Stage, subtask: int, number: int, reason: str, detail
     # Manifest first: it marks the data complete, so it must never outlive the data.
     for path in (layout.manifest(subtask, number), layout.data(subtask, number)):
         if path.exists() or path.is_symlink():
-            out.append(GcItem(path, _tree_bytes(path), reason, detail, layout.dir, subtask, number))
+            out.append(GcItem(path, _tree_bytes(path), reason, detail, layout.dir, subtask, number,
+                              root=layout.root))
     return out
 
 
@@ -494,16 +530,17 @@ def _expired_items(stage: _Stage, stages: dict[str, _Stage], now: float, overrid
 
 
 def _stale_items(stage: _Stage, now: float) -> list[GcItem]:
-    items = _stale_temp(stage.layout.dir, now, stage_dir=stage.layout.dir, recursive=True)
+    items = _stale_temp(stage.layout.root, stage.layout.dir, now, stage_dir=stage.layout.dir, recursive=True)
     if not stage.live:
         # An attempt waiting at the barrier would hang without its release file.
         for path in sorted(stage.layout.dir.glob("barrier.release*")):
             items.append(GcItem(path, _tree_bytes(path), STALE_BARRIER, "fault-injection barrier of a finished stage",
-                                stage.layout.dir))
+                                stage.layout.dir, root=stage.layout.root))
     return items
 
 
-def _stale_temp(directory: Path, now: float, *, stage_dir: Path | None, recursive: bool) -> list[GcItem]:
+def _stale_temp(root: Path, directory: Path, now: float, *, stage_dir: Path | None,
+                recursive: bool) -> list[GcItem]:
     items = []
     for current, dirs, files in os.walk(directory):
         # Attempt data belongs to Spark and is handled whole; do not look inside.
@@ -516,7 +553,7 @@ def _stale_temp(directory: Path, now: float, *, stage_dir: Path | None, recursiv
                 stat = path.lstat()
                 if now - stat.st_mtime > STALE_TEMP_AFTER:
                     items.append(GcItem(path, stat.st_size, STALE_TEMP, "temporary file of an interrupted write",
-                                        stage_dir))
+                                        stage_dir, root=root))
     return items
 
 
@@ -556,14 +593,13 @@ def _mark_expired(stage_dir: Path, items: list[GcItem], now: float) -> None:
         "attempts": dict(sorted(attempts.items(), key=lambda kv: int(kv[0])))})
 
 
-def _ignore_missing(_func: Any, _path: str, exc_info: Any) -> None:
-    # The controller or finalize may remove a loser's output at the same moment: gone is gone.
-    if not issubclass(exc_info[0], FileNotFoundError):
-        raise exc_info[1]
+def _remove(store: PosixBackend, path: Path) -> None:
+    """Remove ``path`` by the store's owned deletes: a directory with all below it, else the object.
 
-
-def _remove(path: Path) -> None:
+    What is gone already is fine: the controller or finalize may remove a loser's output at the same moment.
+    """
+    name = store.name_of(path)
     if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path, onerror=_ignore_missing)
+        store.delete_prefix(name)
     else:
-        path.unlink(missing_ok=True)
+        store.delete(name)

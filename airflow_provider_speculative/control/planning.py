@@ -47,8 +47,8 @@ from airflow_provider_speculative.hooks.targets import connect_env_sync, resolve
 from airflow_provider_speculative.settings import airflow_config, metadata_db_identity, store_root
 from airflow_provider_speculative.sinks.base import PlanContext, Sink
 from airflow_provider_speculative.store import journal as journals
-from airflow_provider_speculative.store.identity import StoreNotOwnedError, claim_store, own_store
-from airflow_provider_speculative.store.layout import StageLayout
+from airflow_provider_speculative.store.identity import StoreNotOwnedError, claim_store, own_run, own_store
+from airflow_provider_speculative.store.layout import RunNotOwnedError, StageLayout
 from airflow_provider_speculative.store.results import broken_admissions, read_committed
 from airflow_provider_speculative.store.task_state import record_task_state
 
@@ -145,12 +145,23 @@ class StagePlanner:
     def record_failure(self, exc: BaseException) -> None:
         """Record a planning failure; a full store must not hide the stage's own error."""
         with contextlib.suppress(StoreError):
+            if not self.layout.owns_run():
+                return  # a foreign root or run (start refused it): nothing of ours is written there
             self.record_state(TaskState.FAILED, reason=f"{type(exc).__name__}: {exc}")
 
     def start(self) -> None:
-        """Own the store root (before its first write: a foreign directory gets nothing of ours), record 'planning'."""
+        """Own the store root and the DAG run's prefix (before their first write), record 'planning'."""
         self.claim_store()
+        self.claim_run()
         self.record_state(TaskState.PLANNING)
+
+    def claim_run(self) -> None:
+        """Own the DAG run's prefix, so that every removal of the run's data is an owned delete."""
+        try:
+            own_run(self.layout)
+        except RunNotOwnedError as exc:
+            # Writing into a run that is not provably ours would later let the provider delete it.
+            raise PlanError(f"{self.where}: {exc}") from None
 
     def claim_store(self) -> None:
         """Own the store root (refuse a foreign directory) and record which metadata database it belongs to."""

@@ -13,6 +13,7 @@ from airflow_provider_speculative.core.failover import Region, rerun_region
 from airflow_provider_speculative.core.graph import ExchangeSpec, PipelineGraph, SourceSpec, StageSpec
 from airflow_provider_speculative.exceptions import NotFoundError
 from airflow_provider_speculative.store import journal
+from airflow_provider_speculative.store.identity import own_run
 from airflow_provider_speculative.store.layout import StageLayout, stage_key
 from airflow_provider_speculative.store.results import remove_attempt_output
 
@@ -104,6 +105,10 @@ def stage_task_ids(stages: list[str], task_ids: list[str]) -> dict[str, str]:
 def invalidate_region(root: Path, dag_id: str, run_id: str, region: Region, reason: str) -> dict[str, list[int]]:
     """Withdraw the admitted attempts of the region and the stages' commits; return what was invalidated."""
     done: dict[str, list[int]] = {}
+    first = next(iter(region.subtasks), None)
+    if first is not None:
+        # Before anything is withdrawn (one prefix covers the run): a run this store cannot own keeps it all.
+        own_run(StageLayout(Path(root), dag_id, run_id, first))
     for stage, subtasks in region.subtasks.items():
         layout = StageLayout(Path(root), dag_id, run_id, stage)
         backend = attempt_observer(layout)
@@ -115,7 +120,7 @@ def invalidate_region(root: Path, dag_id: str, run_id: str, region: Region, reas
             remove_attempt_output(layout, subtask, marker["attempt"])
             done.setdefault(stage, []).append(subtask)
         # The stage must commit again; consumers re-plan from the new commit.
-        layout.committed.unlink(missing_ok=True)
+        layout.delete(layout.committed)
         journal.record_stage(layout, Event.RERUN_INVALIDATED, subtasks=sorted(subtasks), reason=reason)
     return done
 

@@ -20,6 +20,7 @@ from airflow_provider_speculative.core.trigger_events import TriggerStatus
 from airflow_provider_speculative.exceptions import StoreError
 from airflow_provider_speculative.store import journal
 from airflow_provider_speculative.store.files import atomic_write_json
+from airflow_provider_speculative.store.identity import own_run
 from airflow_provider_speculative.store.layout import StageLayout
 from airflow_provider_speculative.store.task_state import record_task_state
 
@@ -68,6 +69,7 @@ def _decide(graph: PipelineGraph, stage: str, root: Path, dag_id: str, run_id: s
     """The operator's planning (:class:`StagePlanner`: listing, checks, plan) with this runner's targets."""
     planner = StagePlanner(graph, stage, sink=None, declared_sink=None, config=config, root=root, targets=targets,
                            run=RunInfo(dag_id=dag_id, run_id=run_id, try_number=1, clear_number=0))
+    planner.claim_run()  # a hybrid consumer records its wait in the run: the operator claims it first too
     hybrid = planner.hybrid_inputs()
     if isinstance(hybrid, HybridWait):
         waiting = ", ".join(sorted(w["stage"] for w in hybrid.inputs.values()))
@@ -79,6 +81,7 @@ def _decide(graph: PipelineGraph, stage: str, root: Path, dag_id: str, run_id: s
 def write_plan(plan: StagePlan) -> StageLayout:
     """Write a stage's plan and journal it, as the operator does (hybrid consumers may plan on it then)."""
     layout = StageLayout.of_plan(plan)
+    own_run(layout)  # as planning does before its first write: the run's removals are owned deletes
     atomic_write_json(layout.plan, plan)
     journal.record(layout.journal, Event.PLAN_DECIDED, parallelism=plan["parallelism"],
                    decision=plan.get("parallelism_decision"))
@@ -124,6 +127,7 @@ def _commit(controller: StageController) -> None:
 def run_stage(plan: StagePlan, timeout: float = 1800.0, fresh: bool = False) -> StageController:
     """Write the plan, step a controller until the stage is decided, commit it; return the controller."""
     layout = StageLayout.of_plan(plan)
+    own_run(layout)
     if fresh:
         wipe_stage_attempts(layout)
     atomic_write_json(layout.plan, plan)

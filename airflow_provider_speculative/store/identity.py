@@ -23,9 +23,16 @@ from pathlib import Path
 from typing import Any
 
 from airflow_provider_speculative.exceptions import StoreError
-from airflow_provider_speculative.store.backend import PosixBackend
+from airflow_provider_speculative.store.backend import OWNER_FILE, PosixBackend
 from airflow_provider_speculative.store.files import read_json
-from airflow_provider_speculative.store.layout import PLAN_FILE, TASK_STATE_FILE, safe_component, stage_key
+from airflow_provider_speculative.store.layout import (
+    PLAN_FILE,
+    TASK_STATE_FILE,
+    RunNotOwnedError,
+    StageLayout,
+    safe_component,
+    stage_key,
+)
 
 STORE_FILE = "store.json"
 PROVIDER = "airflow-provider-speculative"
@@ -69,7 +76,8 @@ def provider_plan(run_dir: Path) -> dict[str, Any] | None:
 def _task_states_only(run_dir: Path) -> bool:
     """True if every stage directory of ``run_dir`` holds the provider's task record (a stage that failed to plan)."""
     try:
-        stage_dirs = list(run_dir.iterdir())
+        # The run's ownership marker is the provider's too, and no stage.
+        stage_dirs = [p for p in run_dir.iterdir() if p.name != OWNER_FILE]
     except OSError:
         return False
     for stage_dir in stage_dirs:
@@ -144,6 +152,33 @@ def own_store(root: str | Path) -> dict[str, Any]:
         raise StoreError(f"cannot create store root {root}: {exc}") from None
     store.create_exclusive_json(STORE_FILE, {"provider": PROVIDER, "created_at": time.time()})
     return store.read_json(STORE_FILE) or {}
+
+
+def own_run(layout: StageLayout) -> None:
+    """Claim the DAG run's prefix before the provider's first write there, so its removals are owned deletes.
+
+    A prefix with this store's marker is kept as it is. One without a marker is claimed when nothing is
+    there yet (the provider is about to write the run's first file), or when it holds a run an older
+    version wrote: a stage directory with a plan naming exactly this run, or only the provider's task
+    records (:func:`provider_plan`, the test the store root's adoption applies). Anything else, or
+    another store's marker, raises RunNotOwnedError naming the DAG run, stage and directory.
+    """
+    if layout.owns_run():
+        return
+    store, prefix = layout.store, layout.run_prefix
+    # Another store's marker: claim() below refuses naming it.
+    marked = store.exists(f"{prefix}/{OWNER_FILE}")
+    if not marked and store.list_names(prefix) and provider_plan(layout.run_dir) is None \
+            and not _task_states_only(layout.run_dir):
+        raise RunNotOwnedError(
+            f"DAG {layout.dag_id!r} run {layout.run_id!r} stage {layout.stage!r}: {str(layout.run_dir)!r} "
+            f"holds files but no {OWNER_FILE} of this store and no plan of this provider naming the run; "
+            "nothing is written or deleted there")
+    try:
+        store.claim(prefix)
+    except StoreError as exc:
+        raise RunNotOwnedError(f"DAG {layout.dag_id!r} run {layout.run_id!r} stage {layout.stage!r}: "
+                               f"{exc}") from None
 
 
 def db_identity(url: str) -> dict[str, str]:

@@ -12,7 +12,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from airflow_provider_speculative.store.backend import PosixBackend
+from airflow_provider_speculative.store.backend import PosixBackend, StoreNotOwnedError
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
@@ -80,6 +80,10 @@ def stage_key(plan: Mapping[str, Any], stage: str | None = None) -> str:
     return str(plan.get("store_prefix") or "") + (plan["stage"] if stage is None else stage)
 
 
+class RunNotOwnedError(StoreNotOwnedError):
+    """A removal in a DAG run whose prefix carries no ownership marker of this store: refused, nothing deleted."""
+
+
 @dataclass(frozen=True)
 class StageLayout:
     """Paths of one stage run: ``<root>/<dag_id>/<run_id>/<stage>/...``.
@@ -122,6 +126,57 @@ class StageLayout:
     def exists(self, path: Path) -> bool:
         """True if the object at ``path`` exists in the store."""
         return self.store.exists(self.name(path))
+
+    @property
+    def run_prefix(self) -> str:
+        """The store name of the DAG run's directory: the prefix whose ownership marker covers the run's removals."""
+        return self.name(self.run_dir)
+
+    def claim_run(self) -> None:
+        """Own the DAG run's prefix (its ``_owner.json``); a no-op once this store owns it.
+
+        Raises StoreNotOwnedError when another store's marker is there. Whether an unmarked prefix that
+        already holds files may be claimed is the caller's decision (``store/identity.py``'s ``own_run``).
+        """
+        self.store.claim(self.run_prefix)
+
+    def owns_run(self) -> bool:
+        """True if this store's ownership marker covers the DAG run's prefix."""
+        return self.store.owns(self.run_prefix)
+
+    def require_owned_run(self, path: Path | None = None) -> None:
+        """Raise RunNotOwnedError naming the DAG run, stage and ``path`` unless this store owns the run's prefix."""
+        if not self.owns_run():
+            raise RunNotOwnedError(self._not_owned(self.run_dir if path is None else path))
+
+    def delete(self, path: Path) -> bool:
+        """Delete the object at ``path`` by the store's owned delete; False if it was not there.
+
+        Raises RunNotOwnedError (nothing deleted) unless this store owns the DAG run's prefix.
+        """
+        self.require_owned_run(path)
+        try:
+            return self.store.delete(self.name(path))
+        except StoreNotOwnedError as exc:
+            raise RunNotOwnedError(f"{self._not_owned(path)} ({exc})") from None
+
+    def delete_tree(self, path: Path) -> int:
+        """Delete everything below ``path`` (a directory of this layout) by an owned delete; the objects deleted.
+
+        A missing ``path`` deletes nothing (0). Raises RunNotOwnedError (nothing deleted) unless this store
+        owns the DAG run's prefix.
+        """
+        self.require_owned_run(path)
+        try:
+            return self.store.delete_prefix(self.name(path))
+        except StoreNotOwnedError as exc:
+            raise RunNotOwnedError(f"{self._not_owned(path)} ({exc})") from None
+
+    def _not_owned(self, path: Path) -> str:
+        return (f"DAG {self.dag_id!r} run {self.run_id!r} stage {self.stage!r}: {str(path)!r} not deleted: "
+                f"the run's prefix {str(self.run_dir)!r} has no ownership marker of this store "
+                f"({self.store.owner!r}); a run written by an older version or by another store is never "
+                "deleted from")
 
     def wait_for(self, path: Path, timeout: float, interval: float) -> bool:
         """Poll until the object at ``path`` exists (True) or ``timeout`` passes (False): fault-injection holds."""

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import shutil
-from pathlib import Path
+import logging
 from typing import Any
 
 from airflow_provider_speculative.exceptions import PartitionError, StoreError
-from airflow_provider_speculative.store.layout import StageLayout
+from airflow_provider_speculative.store.layout import RunNotOwnedError, StageLayout
 from airflow_provider_speculative.store.manifest import verify_files
+
+log = logging.getLogger(__name__)
 
 
 def _manifest(layout: StageLayout, subtask: int, attempt: int) -> dict[str, Any] | None:
@@ -78,19 +79,28 @@ def read_committed(layout: StageLayout) -> dict[str, Any]:
 
 
 def remove_attempt_output(layout: StageLayout, subtask: int, attempt: int) -> bool:
-    """Delete a losing attempt's data and manifest (its status stays for the record).
+    """Delete a losing attempt's manifest, then its data, by owned deletes (its status stays for the record).
 
-    POSIX calls, not the backend's owned deletes: run prefixes carry no ownership marker yet.
+    True if anything was there. Idempotent: what is gone already is fine. Raises RunNotOwnedError, deleting
+    nothing, unless this store owns the DAG run's prefix (``StageLayout.claim_run``).
     """
-    removed = False
-    for path in (layout.manifest(subtask, attempt), layout.data(subtask, attempt)):
-        if path.is_dir():
-            shutil.rmtree(path, ignore_errors=True)
-            removed = True
-        elif path.exists():
-            Path(path).unlink(missing_ok=True)
-            removed = True
-    return removed
+    layout.require_owned_run()
+    # Manifest first: it marks the data complete, so it must never outlive the data.
+    removed = layout.delete(layout.manifest(subtask, attempt))
+    return layout.delete_tree(layout.data(subtask, attempt)) > 0 or removed
+
+
+def discard_attempt_output(layout: StageLayout, subtask: int, attempt: int) -> bool:
+    """:func:`remove_attempt_output` for a controller's clean-up: a run this store does not own keeps the output.
+
+    Keeping a loser's output costs only space (an invalidated attempt is marked so already), whereas
+    failing the controller over it would fail the stage; the refusal is logged with what was kept.
+    """
+    try:
+        return remove_attempt_output(layout, subtask, attempt)
+    except RunNotOwnedError as exc:
+        log.warning("output of subtask %d attempt %d kept: %s", subtask, attempt, exc)
+        return False
 
 
 def broken_admissions(layout: StageLayout, parallelism: int) -> list[tuple[int, int, str]]:

@@ -102,6 +102,7 @@ def join_plan(tmp: Path, left_type: str, right_type: str, *, collation: str | No
     p.stage("j", application=APP, parallelism=2, inputs={"l": all_to_all(a, key="id"), "r": all_to_all(b, key="k")})
     run_id = f"run_{tmp.name}"
     own_store(store_root())  # as the producers' planning would have: their commits are written by hand below
+    StageLayout(store_root(), "validation_dag", run_id, "a").claim_run()  # as the producers' planning would have
     for (stage, column, spark_type), zone in zip((("a", "id", left_type), ("b", "k", right_type)), zones,
                                                  strict=True):
         metadata = {"__COLLATIONS": {column: f"spark.{collation}"}} if collation else {}
@@ -287,6 +288,17 @@ def foreign_store(tmp: Path) -> None:
     (shared / "projects").mkdir()
     # The deployment's store_path (a per-pipeline one is refused at parse).
     with_conn_env("AIRFLOW__SPECULATIVE__STORE_PATH", str(shared), lambda: plan(tmp))
+
+
+def foreign_run(tmp: Path) -> None:
+    """Plan in the provider's store a DAG run whose directory holds files the provider did not write."""
+    from airflow_provider_speculative.store.identity import own_store
+
+    store = tmp / "store"
+    own_store(store)
+    (store / "validation_dag" / f"run_{tmp.name}" / "notes").mkdir(parents=True)
+    (store / "validation_dag" / f"run_{tmp.name}" / "notes" / "todo.txt").write_text("not the provider's")
+    with_conn_env("AIRFLOW__SPECULATIVE__STORE_PATH", str(store), lambda: plan(tmp))
 
 
 def unknown_target(tmp: Path) -> None:
@@ -539,6 +551,9 @@ CASES = [
     Case("store-root-foreign", foreign_store, PlanError,
          r"pipeline 'p', stage 's': store root '.*shared' is not the provider's: it has no store.json and holds 2 "
          r"entries that are not provider run files \('dags/', 'projects/'\)"),
+    Case("store-run-foreign", foreign_run, PlanError,
+         r"pipeline 'p', stage 's': DAG 'validation_dag' run 'run_.*' stage 's': '.*/validation_dag/run_.*' "
+         r"holds files but no _owner.json of this store and no plan of this provider naming the run"),
     Case("target-unknown-connection", unknown_target, TargetError,
          r"pipeline 'p', stage 's': target 'gpu' uses connection 'no_such_connection', which cannot be found"),
     Case("target-connect-without-host", hostless_connect_target, TargetError,

@@ -17,7 +17,7 @@ from airflow_provider_speculative.core.faults import FaultInjection, Faults
 from airflow_provider_speculative.core.states import Attempt, AttemptState
 from airflow_provider_speculative.store import changes
 from airflow_provider_speculative.store.files import atomic_write_json, create_exclusive_json, read_json, read_jsonl
-from airflow_provider_speculative.store.layout import StageLayout
+from airflow_provider_speculative.store.layout import RunNotOwnedError, StageLayout
 from tests.factories import Clock, stage_plan, write_plan
 
 S = AttemptState
@@ -307,3 +307,54 @@ def test_only_a_controller_that_steps_with_fork_server_backends_starts_the_fork_
     h.step()
     h.step()
     assert started == [True]  # once, at the first step
+
+
+def _stage_with_attempts(layout: StageLayout) -> None:
+    """Plan, journal, two subtasks' attempts with data, an admission, a summary and a commit."""
+    atomic_write_json(layout.plan, {"dag_id": layout.dag_id, "run_id": layout.run_id, "stage": layout.stage})
+    atomic_write_json(layout.journal, {"event": "plan_decided"})
+    for subtask in (0, 1):
+        assert create_exclusive_json(layout.claim(subtask, 0), {"target": "local-a"})
+        (layout.data(subtask, 0)).mkdir(parents=True)
+        (layout.data(subtask, 0) / "part-0.parquet").write_bytes(b"rows")
+    assert create_exclusive_json(layout.admitted(0), {"attempt": 0})
+    atomic_write_json(layout.summary, {"stage": layout.stage})
+    atomic_write_json(layout.committed, {"stage": layout.stage, "subtasks": {}})
+
+
+def test_wipe_removes_every_attempt_admission_summary_and_commit_of_an_owned_run(tmp_path: Path) -> None:
+    layout = StageLayout(tmp_path / "store", "d", "r", "scan")
+    layout.claim_run()
+    _stage_with_attempts(layout)
+
+    controller_module.wipe_stage_attempts(layout)
+
+    assert sorted(p.name for p in layout.dir.iterdir()) == ["journal.jsonl", "plan.json"]
+    assert layout.owns_run()
+    controller_module.wipe_stage_attempts(layout)  # nothing left to remove: fine
+    controller_module.wipe_stage_attempts(StageLayout(layout.root, "d", "r", "never-planned"))
+
+
+def test_wipe_of_a_run_this_store_does_not_own_refuses_and_keeps_everything(tmp_path: Path) -> None:
+    layout = StageLayout(tmp_path / "store", "d", "r", "scan")
+    _stage_with_attempts(layout)
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+
+    with pytest.raises(RunNotOwnedError, match=r"DAG 'd' run 'r' stage 'scan'"):
+        controller_module.wipe_stage_attempts(layout)
+
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+
+
+def test_a_discard_in_a_run_this_store_does_not_own_keeps_the_output_and_the_controller_goes_on(
+        tmp_path: Path) -> None:
+    h = harness(tmp_path, parallelism=1, enabled=True, max_concurrent_executions=2, faults=FORCED)
+    (h.layout.run_dir / "_owner.json").unlink()  # as a run an older version planned
+    h.step()
+    h.step()
+    assert create_exclusive_json(h.layout.admitted(0), {"attempt": 1, "at": h.clock()})
+    h.backend.finish(0, 0)
+    h.step()
+
+    assert [e["attempt"] for e in h.events("discard")] == [0]
+    assert h.layout.manifest(0, 0).exists()  # kept: the run's prefix is not provably this store's

@@ -29,6 +29,7 @@ from airflow_provider_speculative.control.lifecycle import (
 from airflow_provider_speculative.control.readmodel import run_report
 from airflow_provider_speculative.core.config import SpeculativeConfig
 from airflow_provider_speculative.core.states import AttemptState
+from airflow_provider_speculative.store.backend import PosixBackend
 from airflow_provider_speculative.store.files import (
     atomic_write_json,
     create_exclusive_json,
@@ -60,6 +61,7 @@ class Store:
     def stage(self, stage: str, *, parallelism: int = 1, consumers: tuple[str, ...] = (),
               upstreams: tuple[str, ...] = (), sink: bool = False, retention: float | None = None) -> StageLayout:
         layout = self.layout(stage)
+        layout.claim_run()  # as planning does
         config = SpeculativeConfig() if retention is None else SpeculativeConfig().with_overrides(
             {"retention": retention}, "test")
         atomic_write_json(layout.plan, {
@@ -527,3 +529,46 @@ def test_gc_never_deletes_through_a_symlinked_directory(store: Store, tmp_path: 
     summary = execute_gc(items, now=NOW, root=store.root)
     assert (foreign / "attempt=0" / "data").is_dir() and any((foreign / "attempt=0" / "data").iterdir())
     assert [e["error"] for e in summary["errors"]] and all("symbolic link" in e["error"] for e in summary["errors"])
+
+
+# -- ownership ----------------------------------------------------------------------------------------
+
+
+def test_gc_deletes_only_in_runs_this_store_owns_and_reports_the_others(tmp_path: Path) -> None:
+    root = tmp_path / "store"
+    owned, older, foreign = (Store(root, run_id=r) for r in ("scheduled__1", "scheduled__2", "scheduled__3"))
+    layouts = {}
+    for run in (owned, older, foreign):
+        layout = run.finished_stage("extract", committed_at=NOW - HOUR)
+        run.attempt(layout, 0, 1, "FAILED", data=100)  # a loser's output in every run
+        layouts[run.run_id] = layout
+    # A run an older version wrote carries no marker; another store (nested by mistake) marks its own.
+    (layouts["scheduled__2"].run_dir / "_owner.json").unlink()
+    (layouts["scheduled__3"].run_dir / "_owner.json").unlink()
+    PosixBackend(root, owner="another store").claim(layouts["scheduled__3"].run_prefix)
+    before = tree(root)
+    notes: list[str] = []
+
+    items = plan_gc(root, now=NOW, run_states={}, deleted_dags={DAG}, kept=notes)
+
+    assert [(i.path, i.reason) for i in items] == [(layouts["scheduled__1"].run_dir, DELETED_RUN)]
+    for run_id in ("scheduled__2", "scheduled__3"):
+        assert any(n.startswith(f"run {DAG}/{run_id}: skipped, no _owner.json of this store") for n in notes), notes
+    summary = execute_gc(items, now=NOW)
+    assert summary["errors"] == [] and summary["removed"] == 1
+    assert not layouts["scheduled__1"].run_dir.exists()
+    assert tree(root) == {k: v for k, v in before.items() if not k.startswith(f"{DAG}/scheduled__1/")}
+
+
+def test_gc_refuses_a_planned_removal_once_the_run_is_not_provably_its_own(tmp_path: Path) -> None:
+    store = Store(tmp_path / "store")
+    layout = store.finished_stage("extract", committed_at=NOW - HOUR)
+    store.attempt(layout, 0, 1, "FAILED", data=100)
+    items = plan_gc(store.root, now=NOW)
+    assert [(i.path, i.reason) for i in items] == [(layout.data(0, 1), LOSER)]
+    (layout.run_dir / "_owner.json").unlink()  # between planning and execution (a --dry-run's list reused)
+
+    summary = execute_gc(items, now=NOW)
+
+    assert summary["removed"] == 0 and layout.data(0, 1).is_dir()
+    assert len(summary["errors"]) == 1 and "refused (not removed)" in summary["errors"][0]["error"]

@@ -1,4 +1,4 @@
-"""Store primitives: atomic JSON, exclusive claims, JSONL journal, manifests, errors and layout."""
+"""Store primitives: atomic JSON, exclusive claims, JSONL journal, manifests, errors, layout and owned deletes."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from airflow_provider_speculative.store.backend import OWNER_FILE, PosixBackend
 from airflow_provider_speculative.store.files import (
     StoreError,
     append_jsonl,
@@ -16,8 +17,10 @@ from airflow_provider_speculative.store.files import (
     read_jsonl,
     wait_for_file,
 )
-from airflow_provider_speculative.store.layout import StageLayout, safe_component
+from airflow_provider_speculative.store.identity import own_run
+from airflow_provider_speculative.store.layout import RunNotOwnedError, StageLayout, safe_component
 from airflow_provider_speculative.store.manifest import PartitionError, build_manifest, verify_files
+from airflow_provider_speculative.store.results import discard_attempt_output, remove_attempt_output
 
 
 def names(directory: Path) -> list[str]:
@@ -256,3 +259,86 @@ def test_a_marker_written_between_the_two_looks_is_accepted(tmp_path, monkeypatc
 
     monkeypatch.setattr(identity, "foreign_entries", concurrent_stage)
     assert identity.own_store(root)["provider"] == identity.PROVIDER
+
+
+# -- owned deletes of run data ----------------------------------------------------------------------
+
+
+def _attempt_output(layout: StageLayout, subtask: int = 0, attempt: int = 1) -> None:
+    """A finished attempt's claim, status, data and manifest, as the backend and the runtime write them."""
+    create_exclusive_json(layout.claim(subtask, attempt), {"target": "local-a"})
+    atomic_write_json(layout.status(subtask, attempt), {"state": "FINISHED"})
+    part = layout.data(subtask, attempt) / "_sp=0" / "part-00000.parquet"
+    part.parent.mkdir(parents=True)
+    part.write_bytes(b"rows")
+    atomic_write_json(layout.manifest(subtask, attempt), {"files": [{"path": "_sp=0/part-00000.parquet", "size": 4}]})
+
+
+def test_a_losers_output_is_removed_under_a_claimed_run_prefix_and_history_kept(tmp_path: Path) -> None:
+    layout = StageLayout(tmp_path / "store", "etl", "manual__1", "scan")
+    layout.claim_run()
+    _attempt_output(layout)
+
+    assert remove_attempt_output(layout, 0, 1) is True
+
+    assert not layout.data(0, 1).exists() and not layout.manifest(0, 1).exists()
+    assert layout.claim(0, 1).is_file() and layout.status(0, 1).is_file()
+    assert (layout.run_dir / OWNER_FILE).is_file()
+    # Idempotent: what is gone already is fine.
+    assert remove_attempt_output(layout, 0, 1) is False
+
+
+@pytest.mark.parametrize("marker", [None, "another store"])
+def test_a_removal_in_a_run_without_this_stores_marker_refuses_and_deletes_nothing(
+        tmp_path: Path, marker: str | None) -> None:
+    layout = StageLayout(tmp_path / "store", "etl", "manual__1", "scan")
+    if marker is not None:
+        PosixBackend(layout.root, owner=marker).claim(layout.run_prefix)
+    _attempt_output(layout)
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+
+    with pytest.raises(RunNotOwnedError) as refused:
+        remove_attempt_output(layout, 0, 1)
+
+    message = str(refused.value)
+    assert "DAG 'etl' run 'manual__1'" in message and "stage 'scan'" in message and str(layout.run_dir) in message
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+    # The controller's clean-up keeps the output rather than failing the stage.
+    assert discard_attempt_output(layout, 0, 1) is False
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+    with pytest.raises(RunNotOwnedError):
+        layout.delete(layout.status(0, 1))
+    with pytest.raises(RunNotOwnedError):
+        layout.delete_tree(layout.subtask_dir(0))
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+
+
+def test_own_run_claims_a_new_run_and_a_run_an_older_version_planned(tmp_path: Path) -> None:
+    fresh = StageLayout(tmp_path, "etl", "new", "scan")
+    own_run(fresh)
+    assert fresh.owns_run() and json.loads((fresh.run_dir / OWNER_FILE).read_text())["prefix"] == "etl/new"
+    own_run(fresh)  # a second stage of the run: already ours
+
+    older = StageLayout(tmp_path, "etl", "manual__1", "scan")
+    atomic_write_json(older.plan, {"dag_id": "etl", "run_id": "manual__1", "stage": "scan"})
+    _attempt_output(older)
+    assert not older.owns_run()
+    own_run(older)
+    assert older.owns_run() and remove_attempt_output(older, 0, 1) is True
+
+
+def test_own_run_refuses_a_run_directory_it_cannot_prove_it_wrote(tmp_path: Path) -> None:
+    foreign = StageLayout(tmp_path, "etl", "manual__1", "scan")
+    (foreign.run_dir / "someone").mkdir(parents=True)
+    (foreign.run_dir / "someone" / "notes.txt").write_text("not the provider's")
+    # A plan naming another run is no proof either.
+    atomic_write_json(foreign.plan, {"dag_id": "etl", "run_id": "manual__2", "stage": "scan"})
+
+    with pytest.raises(RunNotOwnedError, match=r"DAG 'etl' run 'manual__1' stage 'scan'.*holds files"):
+        own_run(foreign)
+    assert not (foreign.run_dir / OWNER_FILE).exists()
+
+    other = StageLayout(tmp_path, "etl", "manual__3", "scan")
+    PosixBackend(tmp_path, owner="another store").claim(other.run_prefix)
+    with pytest.raises(RunNotOwnedError, match="owned by another store"):
+        own_run(other)

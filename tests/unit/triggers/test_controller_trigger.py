@@ -137,6 +137,7 @@ def _decided_stage(tmp_path: Path) -> tuple[StageLayout, Path]:
     plan = {"version": PLAN_VERSION, "dag_id": "d", "run_id": "r", "stage": "scan",
             "store_root": str(tmp_path / "store"), "parallelism": 1, "subtasks": [{}], "config": {},
             "fingerprint": "f1", "output": {"sink": None}, "targets": {"local-a": {"kind": "spark_submit"}}}
+    layout.claim_run()
     atomic_write_json(layout.plan, plan)
     for attempt in (0, 1):
         data = layout.data(0, attempt)
