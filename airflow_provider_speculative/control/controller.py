@@ -9,6 +9,7 @@ stage's attempts without a controller.
 
 from __future__ import annotations
 
+import functools
 import math
 import shutil
 import time
@@ -473,48 +474,64 @@ class StageController:
         """
         self.journal(Event.INPUT_RESTORED, stage=stage, subtask=producer, attempt=part["attempt"])
 
-    def _carry_out(self, action: Action, now: float) -> list[Stimulus]:
-        """Do what one action says; return the stimuli its outcome produced (e.g. a lost admission)."""
-        if isinstance(action, Launch):
-            return self._launch(action, now)
-        if isinstance(action, Admit):
-            return self._admit(action)
-        if isinstance(action, RecoverPartition):
-            return self._recover(action)
-        if isinstance(action, Cancel):
-            self._backend(self._target_of(action.subtask, action.attempt)).cancel(
-                action.subtask, action.attempt, action.reason)
-            self.reaping.add((action.subtask, action.attempt))
-            self.journal(Event.CANCEL, subtask=action.subtask, attempt=action.attempt, reason=action.reason)
-        elif isinstance(action, Discard):
-            remove_attempt_output(self.layout, action.subtask, action.attempt)
-            self._cleanup_sink_staging(action.subtask, action.attempt)
-            self.journal(Event.DISCARD, subtask=action.subtask, attempt=action.attempt, reason=action.reason)
-        elif isinstance(action, BlockNode):
-            self.journal(Event.BLOCK_NODE, node=action.node, until=action.until, reason=action.reason)
-        elif isinstance(action, Invalidate):
-            self.observer.invalidate(action.subtask, action.attempt, action.reason)
-            remove_attempt_output(self.layout, action.subtask, action.attempt)
-            self.journal(Event.INVALIDATE, subtask=action.subtask, attempt=action.attempt, reason=action.reason)
-        elif isinstance(action, FailStage):
-            self.result = action
-            self.journal(Event.STAGE_FAILED, reason=action.reason, causes=list(action.causes),
-                         failed_attempts=action.failed_attempts, counts_by_cause=dict(action.counts_by_cause))
-        elif isinstance(action, CompleteStage):
-            self.result = action
-            self.journal(Event.STAGE_COMPLETE, admitted=action.admitted)
-            # What this run measured of its targets seeds the next run's first wave (core/speed.py).
-            record_speeds(self.layout.root, run_slowness(self.scheduler.all_attempts(), self.scheduler.input_bytes),
-                          self.clock(), f"{self.plan['dag_id']}/{self.plan['run_id']}/{self.layout.stage}")
-        else:
-            raise TypeError(f"StageController: no handler for action {action!r}")
-        return []
-
     def _target_of(self, subtask: int, attempt: int) -> str:
         known = self.scheduler.attempts.get(subtask, {}).get(attempt)
         return known.target if known is not None else "?"
 
-    def _recover(self, action: RecoverPartition) -> list[Stimulus]:
+    @functools.singledispatchmethod
+    def _carry_out(self, action: object, now: float) -> list[Stimulus]:
+        """Do what one action says; return the stimuli its outcome produced (e.g. a lost admission).
+
+        Each action type has one handler (registered below, dispatched on the type), as each stimulus
+        type has one in the scheduler.
+        """
+        raise TypeError(f"StageController: no handler for action type {type(action).__qualname__}: {action!r}")
+
+    @_carry_out.register
+    def _cancel(self, action: Cancel, now: float) -> list[Stimulus]:
+        self._backend(self._target_of(action.subtask, action.attempt)).cancel(
+            action.subtask, action.attempt, action.reason)
+        self.reaping.add((action.subtask, action.attempt))
+        self.journal(Event.CANCEL, subtask=action.subtask, attempt=action.attempt, reason=action.reason)
+        return []
+
+    @_carry_out.register
+    def _discard(self, action: Discard, now: float) -> list[Stimulus]:
+        remove_attempt_output(self.layout, action.subtask, action.attempt)
+        self._cleanup_sink_staging(action.subtask, action.attempt)
+        self.journal(Event.DISCARD, subtask=action.subtask, attempt=action.attempt, reason=action.reason)
+        return []
+
+    @_carry_out.register
+    def _block_node(self, action: BlockNode, now: float) -> list[Stimulus]:
+        self.journal(Event.BLOCK_NODE, node=action.node, until=action.until, reason=action.reason)
+        return []
+
+    @_carry_out.register
+    def _invalidate(self, action: Invalidate, now: float) -> list[Stimulus]:
+        self.observer.invalidate(action.subtask, action.attempt, action.reason)
+        remove_attempt_output(self.layout, action.subtask, action.attempt)
+        self.journal(Event.INVALIDATE, subtask=action.subtask, attempt=action.attempt, reason=action.reason)
+        return []
+
+    @_carry_out.register
+    def _fail_stage(self, action: FailStage, now: float) -> list[Stimulus]:
+        self.result = action
+        self.journal(Event.STAGE_FAILED, reason=action.reason, causes=list(action.causes),
+                     failed_attempts=action.failed_attempts, counts_by_cause=dict(action.counts_by_cause))
+        return []
+
+    @_carry_out.register
+    def _complete_stage(self, action: CompleteStage, now: float) -> list[Stimulus]:
+        self.result = action
+        self.journal(Event.STAGE_COMPLETE, admitted=action.admitted)
+        # What this run measured of its targets seeds the next run's first wave (core/speed.py).
+        record_speeds(self.layout.root, run_slowness(self.scheduler.all_attempts(), self.scheduler.input_bytes),
+                      self.clock(), f"{self.plan['dag_id']}/{self.plan['run_id']}/{self.layout.stage}")
+        return []
+
+    @_carry_out.register
+    def _recover(self, action: RecoverPartition, now: float) -> list[Stimulus]:
         self.journal(Event.RECOVER_PARTITION, stage=action.stage, subtask=action.subtask, reason=action.reason)
         recovery = PartitionRecovery(
             self.layout.root, self.plan["dag_id"], self.plan["run_id"], stage_key(self.plan, action.stage),
@@ -529,6 +546,7 @@ class StageController:
         self.recoveries[(action.stage, action.subtask)] = recovery
         return []
 
+    @_carry_out.register
     def _launch(self, action: Launch, now: float) -> list[Stimulus]:
         target = next(t for t in self.config.targets if t.name == action.target)
         backend = self._backend(target.name)
@@ -567,7 +585,8 @@ class StageController:
                      speculative=action.speculative, reason=action.reason, slot=slot[0])
         return []
 
-    def _admit(self, action: Admit) -> list[Stimulus]:
+    @_carry_out.register
+    def _admit(self, action: Admit, now: float) -> list[Stimulus]:
         record = {"attempt": action.attempt, "at": self.clock()}
         if not self.layout.create_json(self.layout.admitted(action.subtask), record):
             winner = self.layout.read_json(self.layout.admitted(action.subtask))["attempt"]
