@@ -485,7 +485,7 @@ class StageController:
         Each action type has one handler (registered below, dispatched on the type), as each stimulus
         type has one in the scheduler.
         """
-        raise TypeError(f"StageController: no handler for action type {type(action).__qualname__}: {action!r}")
+        raise TypeError(f"StageController: no handler for action type {type(action).__name__}: {action!r}")
 
     @_carry_out.register
     def _cancel(self, action: Cancel, now: float) -> list[Stimulus]:
