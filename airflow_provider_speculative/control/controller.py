@@ -9,9 +9,11 @@ stage's attempts without a controller.
 
 from __future__ import annotations
 
+import functools
 import math
 import time
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from airflow_provider_speculative.backends.base import Backend, LaunchSpec
@@ -57,6 +59,7 @@ from airflow_provider_speculative.core.messages import (
     RecoveryFailed,
     Restored,
     SlotLost,
+    Stimulus,
     TargetsObserved,
     Tick,
 )
@@ -94,6 +97,9 @@ WAKE_DUTY = 0.1
 WAKE_FLOOR = 0.05
 # How often a waiting controller looks for a notice (one directory entry read).
 NOTICE_POLL = 0.1
+# Rounds of outcomes fed back to the scheduler within one call of StageController._run: far more than
+# any chain of lost slots, claims and admissions needs, so reaching it means the two feed each other forever.
+MAX_ROUNDS = 10_000
 
 
 def wait_for_next_step(controllers: list[StageController]) -> None:
@@ -302,13 +308,13 @@ class StageController:
         changed = bool(observed or self._launch_failures)
         self._launch_failures = []
         changes.acknowledge(names)
-        actions = self._carry_out_all(self.scheduler.handle(*stimuli, Tick(now)), now)
-        actions += self._carry_out_all(self._step_recoveries(), now)
+        actions = self._run([*stimuli, Tick(now)], now)
+        actions += self._run(self._step_recoveries(), now)
         self._reap(now)
         if self._release_slots() and self.result is None:
             # The slots attempts gave back in this step are placed in it: else every wave of a stage with
             # more subtasks than slots waits for the next change notice or check_interval (up to 1 s).
-            actions += self._carry_out_all(self.scheduler.handle(self._observe_targets(now), Tick(now)), now)
+            actions += self._run([self._observe_targets(now), Tick(now)], now)
             self._release_slots()
         self._live_stale = self._live_stale or bool(actions) or changed
         self._persist_blocks()
@@ -396,14 +402,31 @@ class StageController:
     def _backend(self, target: str) -> Backend:
         return self.backends.get(target) or self.observer
 
-    def _carry_out_all(self, actions: list[Action], now: float) -> list[Action]:
-        """Carry out actions, and the follow-up actions that carrying them out produced, in order."""
+    def _run(self, stimuli: Sequence[Stimulus], now: float) -> list[Action]:
+        """Feed ``stimuli`` to the scheduler and carry out its actions, feeding back what their outcomes were.
+
+        Each round is one ``handle`` call. An action whose outcome is a stimulus (a lost slot, claim or
+        admission) starts the next round with it at once, and the actions that round returns are carried
+        out before the rest of the batch: the scheduler hears every outcome before any later action is
+        carried out, and ``handle`` is never called while an action is being carried out.
+        Returns every action carried out, in order.
+        """
+        if not stimuli:
+            return []
         done: list[Action] = []
-        pending = list(actions)
+        pending = deque(self.scheduler.handle(*stimuli))
+        rounds = 1
         while pending:
-            action = pending.pop(0)
+            action = pending.popleft()
             done.append(action)
-            pending[:0] = self._carry_out(action, now)
+            followups = self._carry_out(action, now)
+            if not followups:
+                continue
+            rounds += 1
+            if rounds > MAX_ROUNDS:
+                raise RuntimeError(f"StageController ({self.scheduler.label}): internal error, outcomes still fed "
+                                   f"back after {MAX_ROUNDS} rounds of one step (last: {followups!r})")
+            pending.extendleft(reversed(self.scheduler.handle(*followups)))
         return done
 
     def _persist_blocks(self) -> None:
@@ -426,8 +449,9 @@ class StageController:
         """True once the stage completed as a success (every subtask admitted, CompleteStage decided)."""
         return isinstance(self.result, CompleteStage)
 
-    def _step_recoveries(self) -> list[Action]:
-        actions: list[Action] = []
+    def _step_recoveries(self) -> list[Stimulus]:
+        """Advance the partition re-productions; return what the finished ones tell the scheduler."""
+        outcomes: list[Stimulus] = []
         for key, recovery in list(self.recoveries.items()):
             if self.result is not None:
                 del self.recoveries[key]
@@ -436,11 +460,11 @@ class StageController:
             if outcome == "done":
                 del self.recoveries[key]
                 self._use_recovered(key[0], key[1], recovery.committed_part())
-                actions += self.scheduler.handle(InputRestored(*key))
+                outcomes.append(InputRestored(*key))
             elif outcome == "failed":
                 del self.recoveries[key]
-                actions += self.scheduler.handle(RecoveryFailed(key[0], key[1], reason or "unknown"))
-        return actions
+                outcomes.append(RecoveryFailed(key[0], key[1], reason or "unknown"))
+        return outcomes
 
     def _use_recovered(self, stage: str, producer: int, part: dict[str, Any]) -> None:
         """A re-produced partition is committed: new attempts resolve their files from the new commit.
@@ -449,48 +473,64 @@ class StageController:
         """
         self.journal(Event.INPUT_RESTORED, stage=stage, subtask=producer, attempt=part["attempt"])
 
-    def _carry_out(self, action: Action, now: float) -> list[Action]:
-        """Do what one action says; return the actions its outcome led to (e.g. a lost admission)."""
-        if isinstance(action, Launch):
-            return self._launch(action, now)
-        if isinstance(action, Admit):
-            return self._admit(action)
-        if isinstance(action, RecoverPartition):
-            return self._recover(action)
-        if isinstance(action, Cancel):
-            self._backend(self._target_of(action.subtask, action.attempt)).cancel(
-                action.subtask, action.attempt, action.reason)
-            self.reaping.add((action.subtask, action.attempt))
-            self.journal(Event.CANCEL, subtask=action.subtask, attempt=action.attempt, reason=action.reason)
-        elif isinstance(action, Discard):
-            discard_attempt_output(self.layout, action.subtask, action.attempt)
-            self._cleanup_sink_staging(action.subtask, action.attempt)
-            self.journal(Event.DISCARD, subtask=action.subtask, attempt=action.attempt, reason=action.reason)
-        elif isinstance(action, BlockNode):
-            self.journal(Event.BLOCK_NODE, node=action.node, until=action.until, reason=action.reason)
-        elif isinstance(action, Invalidate):
-            self.observer.invalidate(action.subtask, action.attempt, action.reason)
-            discard_attempt_output(self.layout, action.subtask, action.attempt)
-            self.journal(Event.INVALIDATE, subtask=action.subtask, attempt=action.attempt, reason=action.reason)
-        elif isinstance(action, FailStage):
-            self.result = action
-            self.journal(Event.STAGE_FAILED, reason=action.reason, causes=list(action.causes),
-                         failed_attempts=action.failed_attempts, counts_by_cause=dict(action.counts_by_cause))
-        elif isinstance(action, CompleteStage):
-            self.result = action
-            self.journal(Event.STAGE_COMPLETE, admitted=action.admitted)
-            # What this run measured of its targets seeds the next run's first wave (core/speed.py).
-            record_speeds(self.layout.root, run_slowness(self.scheduler.all_attempts(), self.scheduler.input_bytes),
-                          self.clock(), f"{self.plan['dag_id']}/{self.plan['run_id']}/{self.layout.stage}")
-        else:
-            raise TypeError(f"StageController: no handler for action {action!r}")
-        return []
-
     def _target_of(self, subtask: int, attempt: int) -> str:
         known = self.scheduler.attempts.get(subtask, {}).get(attempt)
         return known.target if known is not None else "?"
 
-    def _recover(self, action: RecoverPartition) -> list[Action]:
+    @functools.singledispatchmethod
+    def _carry_out(self, action: object, now: float) -> list[Stimulus]:
+        """Do what one action says; return the stimuli its outcome produced (e.g. a lost admission).
+
+        Each action type has one handler (registered below, dispatched on the type), as each stimulus
+        type has one in the scheduler.
+        """
+        raise TypeError(f"StageController: no handler for action type {type(action).__name__}: {action!r}")
+
+    @_carry_out.register
+    def _cancel(self, action: Cancel, now: float) -> list[Stimulus]:
+        self._backend(self._target_of(action.subtask, action.attempt)).cancel(
+            action.subtask, action.attempt, action.reason)
+        self.reaping.add((action.subtask, action.attempt))
+        self.journal(Event.CANCEL, subtask=action.subtask, attempt=action.attempt, reason=action.reason)
+        return []
+
+    @_carry_out.register
+    def _discard(self, action: Discard, now: float) -> list[Stimulus]:
+        discard_attempt_output(self.layout, action.subtask, action.attempt)
+        self._cleanup_sink_staging(action.subtask, action.attempt)
+        self.journal(Event.DISCARD, subtask=action.subtask, attempt=action.attempt, reason=action.reason)
+        return []
+
+    @_carry_out.register
+    def _block_node(self, action: BlockNode, now: float) -> list[Stimulus]:
+        self.journal(Event.BLOCK_NODE, node=action.node, until=action.until, reason=action.reason)
+        return []
+
+    @_carry_out.register
+    def _invalidate(self, action: Invalidate, now: float) -> list[Stimulus]:
+        self.observer.invalidate(action.subtask, action.attempt, action.reason)
+        discard_attempt_output(self.layout, action.subtask, action.attempt)
+        self.journal(Event.INVALIDATE, subtask=action.subtask, attempt=action.attempt, reason=action.reason)
+        return []
+
+    @_carry_out.register
+    def _fail_stage(self, action: FailStage, now: float) -> list[Stimulus]:
+        self.result = action
+        self.journal(Event.STAGE_FAILED, reason=action.reason, causes=list(action.causes),
+                     failed_attempts=action.failed_attempts, counts_by_cause=dict(action.counts_by_cause))
+        return []
+
+    @_carry_out.register
+    def _complete_stage(self, action: CompleteStage, now: float) -> list[Stimulus]:
+        self.result = action
+        self.journal(Event.STAGE_COMPLETE, admitted=action.admitted)
+        # What this run measured of its targets seeds the next run's first wave (core/speed.py).
+        record_speeds(self.layout.root, run_slowness(self.scheduler.all_attempts(), self.scheduler.input_bytes),
+                      self.clock(), f"{self.plan['dag_id']}/{self.plan['run_id']}/{self.layout.stage}")
+        return []
+
+    @_carry_out.register
+    def _recover(self, action: RecoverPartition, now: float) -> list[Stimulus]:
         self.journal(Event.RECOVER_PARTITION, stage=action.stage, subtask=action.subtask, reason=action.reason)
         recovery = PartitionRecovery(
             self.layout.root, self.plan["dag_id"], self.plan["run_id"], stage_key(self.plan, action.stage),
@@ -501,11 +541,12 @@ class StageController:
         if action.lost_attempt is not None and recovery.lost_attempt not in (None, action.lost_attempt):
             # Re-produced already (e.g. before a controller restart): just read the new result.
             self._use_recovered(action.stage, action.subtask, recovery.committed_part())
-            return self.scheduler.handle(InputRestored(action.stage, action.subtask))
+            return [InputRestored(action.stage, action.subtask)]
         self.recoveries[(action.stage, action.subtask)] = recovery
         return []
 
-    def _launch(self, action: Launch, now: float) -> list[Action]:
+    @_carry_out.register
+    def _launch(self, action: Launch, now: float) -> list[Stimulus]:
         target = next(t for t in self.config.targets if t.name == action.target)
         backend = self._backend(target.name)
         view = self.views.get(target.name)
@@ -514,14 +555,14 @@ class StageController:
         if slot is None:
             # Another stage or run took the slot since the observation: like ClaimLost, nothing started.
             self.journal(Event.SLOT_LOST, subtask=action.subtask, attempt=action.attempt, target=target.name)
-            return self.scheduler.handle(SlotLost(action.subtask, action.attempt, target.name))
+            return [SlotLost(action.subtask, action.attempt, target.name)]
         record = {"target": target.name, "node": target.node_label, "speculative": action.speculative,
                   "created_at": now, "reason": action.reason, "kind": backend.kind, "slot": slot[0]}
         if not backend.claim(action.subtask, action.attempt, record):
             # Another controller instance owns this number: adopt what it launched (it holds its own slot).
             self.journal(Event.CLAIM_LOST, subtask=action.subtask, attempt=action.attempt)
             self.slots.release(key)
-            return self.scheduler.handle(ClaimLost(self.observer.poll(action.subtask, action.attempt, now)))
+            return [ClaimLost(self.observer.poll(action.subtask, action.attempt, now))]
         command = attempt_command(self.plan, self.layout, action.subtask, action.attempt, target.name)
         env = {**(self.plan["targets"][target.name].get("env") or {}), **self.target_env.get(target.name, {}),
                **self.extra_env, **self.faults.attempt_env(str(self.layout.barrier_release(action.subtask)))}
@@ -543,14 +584,15 @@ class StageController:
                      speculative=action.speculative, reason=action.reason, slot=slot[0])
         return []
 
-    def _admit(self, action: Admit) -> list[Action]:
+    @_carry_out.register
+    def _admit(self, action: Admit, now: float) -> list[Stimulus]:
         record = {"attempt": action.attempt, "at": self.clock()}
         if not self.layout.create_json(self.layout.admitted(action.subtask), record):
             winner = self.layout.read_json(self.layout.admitted(action.subtask))["attempt"]
             if winner != action.attempt:
                 # A concurrent controller admitted another attempt first: its choice stands.
                 self.journal(Event.ADMIT_LOST, subtask=action.subtask, attempt=action.attempt, winner=winner)
-                return self.scheduler.handle(AdmissionLost(action.subtask, action.attempt, winner))
+                return [AdmissionLost(action.subtask, action.attempt, winner)]
         self.journal(Event.ADMIT, subtask=action.subtask, attempt=action.attempt,
                      speculative=self.scheduler.attempts[action.subtask][action.attempt].speculative)
         return []

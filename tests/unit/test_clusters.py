@@ -13,6 +13,7 @@ import pytest
 from airflow_provider_speculative.backends.spark_submit import conf_value, with_blocked_nodes
 from airflow_provider_speculative.backends.supervised import REMOTE_ALIVE_TIMEOUT, SupervisedBackend
 from airflow_provider_speculative.core.config import SpeculativeConfig, Target, store_root_path
+from airflow_provider_speculative.core.messages import BlockNode, Launch
 from airflow_provider_speculative.core.placement import (
     blocked_nodes_submission,
     cluster_manager,
@@ -23,7 +24,7 @@ from airflow_provider_speculative.core.placement import (
     standalone_worker_conf,
     yarn_exclude_conf,
 )
-from airflow_provider_speculative.core.scheduler import BlockNode, Launch, StageScheduler
+from airflow_provider_speculative.core.scheduler import StageScheduler
 from airflow_provider_speculative.core.states import AttemptState
 from airflow_provider_speculative.exceptions import ConfigError
 from airflow_provider_speculative.runtime.context import node_of

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, get_args
 
 import pytest
 
@@ -14,6 +14,19 @@ from airflow_provider_speculative.backends.base import LaunchSpec
 from airflow_provider_speculative.control import controller as controller_module
 from airflow_provider_speculative.control.controller import StageController, wait_for_next_step
 from airflow_provider_speculative.core.faults import FaultInjection, Faults
+from airflow_provider_speculative.core.messages import (
+    Action,
+    AdmissionLost,
+    Admit,
+    BlockNode,
+    ClaimLost,
+    Discard,
+    FailStage,
+    InputRestored,
+    Launch,
+    RecoveryFailed,
+    Tick,
+)
 from airflow_provider_speculative.core.states import Attempt, AttemptState
 from airflow_provider_speculative.store import changes
 from airflow_provider_speculative.store.files import atomic_write_json, create_exclusive_json, read_json, read_jsonl
@@ -225,8 +238,122 @@ def test_an_unknown_action_is_refused(tmp_path: Path) -> None:
     class Teleport:
         subtask: int
 
-    with pytest.raises(TypeError, match="no handler for action"):
+    with pytest.raises(TypeError, match="no handler for action type Teleport"):
         h.controller._carry_out(Teleport(0), h.clock())  # type: ignore[arg-type]
+
+
+def test_every_action_type_has_a_handler() -> None:
+    registry = StageController.__dict__["_carry_out"].dispatcher.registry
+    assert set(get_args(Action)) <= set(registry)
+
+
+class Trace:
+    """What a controller asks of its scheduler and carries out, in order, and how deeply each ``handle`` call nests.
+
+    A depth counts the open ``handle`` calls and action handlings, the new call included: 1 is a call from
+    the step's loop, more is a step nested in another (a ``handle`` called while an action is carried out).
+    """
+
+    def __init__(self, controller: StageController, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.log: list[tuple[str, Any]] = []
+        self.depths: list[int] = []
+        self._open = 0
+        handle, carry_out = controller.scheduler.handle, controller._carry_out
+
+        def traced_handle(*stimuli: Any) -> list[Action]:
+            self._open += 1
+            self.depths.append(self._open)
+            self.log.append(("handle", stimuli))
+            try:
+                return handle(*stimuli)
+            finally:
+                self._open -= 1
+
+        def traced_carry_out(action: Action, now: float) -> list[Any]:
+            self._open += 1
+            self.log.append(("carry out", action))
+            try:
+                return carry_out(action, now)
+            finally:
+                self._open -= 1
+
+        monkeypatch.setattr(controller.scheduler, "handle", traced_handle)
+        monkeypatch.setattr(controller, "_carry_out", traced_carry_out)
+
+    def handled(self) -> list[tuple[Any, ...]]:
+        """The stimuli of each ``handle`` call, in order."""
+        return [stimuli for kind, stimuli in self.log if kind == "handle"]
+
+
+def test_a_lost_claim_is_handled_after_its_launch_not_inside_it(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    h = harness(tmp_path, parallelism=1)
+    assert create_exclusive_json(h.layout.claim(0, 0), {"target": "local-a", "created_at": h.clock()})
+    h.backend.attempts[(0, 0)] = Attempt(0, 0, "local-a", S.RUNNING, deploying_at=h.clock())
+    trace = Trace(h.controller, monkeypatch)
+    h.step()
+    assert trace.depths and max(trace.depths) == 1
+    launch = next(i for i, (kind, action) in enumerate(trace.log)
+                  if kind == "carry out" and isinstance(action, Launch))
+    # The outcome is the scheduler's next stimulus, right after the action that produced it.
+    kind, stimuli = trace.log[launch + 1]
+    assert kind == "handle" and [type(s) for s in stimuli] == [ClaimLost]
+    assert stimuli[0].observed.state == S.RUNNING
+    assert h.controller.scheduler.attempts[0][0].state == S.RUNNING
+
+
+def test_a_lost_admissions_actions_come_before_the_rest_of_its_batch(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    h = harness(tmp_path, parallelism=1, enabled=True, max_concurrent_executions=2, faults=FORCED)
+    h.step()
+    h.step()
+    assert create_exclusive_json(h.layout.admitted(0), {"attempt": 1, "at": h.clock()})
+    h.backend.finish(0, 0)
+    trace = Trace(h.controller, monkeypatch)
+    h.step()
+    assert max(trace.depths) == 1
+    assert trace.log[0][0] == "handle" and isinstance(trace.log[0][1][-1], Tick)
+    # The Discard the lost admission led to is carried out before the first batch's next action.
+    assert trace.log[1:4] == [("carry out", Admit(0, 0)), ("handle", (AdmissionLost(0, 0, 1),)),
+                              ("carry out", Discard(0, 0, "attempt 1 was admitted by another controller"))]
+
+
+class FinishedRecovery:
+    """A partition re-production that has finished, as control/recovery.py reports it."""
+
+    def __init__(self, outcome: str, reason: str | None = None) -> None:
+        self.outcome, self.reason = outcome, reason
+
+    def step(self) -> tuple[str, str | None]:
+        return self.outcome, self.reason
+
+    def committed_part(self) -> dict[str, Any]:
+        return {"attempt": 3}
+
+
+def test_finished_re_productions_are_heard_in_one_round(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    h = harness(tmp_path, parallelism=1)
+    h.step()
+    h.controller.recoveries = {("scan", 0): FinishedRecovery("done"),  # type: ignore[dict-item]
+                               ("scan", 1): FinishedRecovery("failed", "no live target")}
+    trace = Trace(h.controller, monkeypatch)
+    h.step()
+    assert max(trace.depths) == 1
+    assert trace.handled()[1] == (InputRestored("scan", 0), RecoveryFailed("scan", 1, "no live target"))
+    assert isinstance(h.controller.result, FailStage)
+    assert "could not re-produce lost partition scan[1]: no live target" in h.controller.result.reason
+    assert [(e["stage"], e["subtask"], e["attempt"]) for e in h.events("input_restored")] == [("scan", 0, 3)]
+    assert not h.controller.recoveries
+
+
+def test_outcomes_fed_back_without_end_stop_the_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    h = harness(tmp_path, parallelism=1)
+    monkeypatch.setattr(controller_module, "MAX_ROUNDS", 50)
+    # A scheduler and a controller that answer each other forever: every action's outcome asks for another.
+    monkeypatch.setattr(h.controller.scheduler, "handle", lambda *stimuli: [BlockNode("n1", 0.0, "slow")])
+    monkeypatch.setattr(h.controller, "_carry_out", lambda action, now: [Tick(now)])
+    with pytest.raises(RuntimeError, match="after 50 rounds"):
+        h.step()
 
 
 def test_a_tick_polls_only_what_changed(tmp_path: Path) -> None:

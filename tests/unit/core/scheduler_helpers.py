@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from airflow_provider_speculative.core.scheduler import Action, AttemptObserved, Restored, StageScheduler, Tick
+from airflow_provider_speculative.core.messages import Action, AttemptObserved, Restored, Tick
+from airflow_provider_speculative.core.scheduler import StageScheduler
 from airflow_provider_speculative.core.states import Attempt
 
 

@@ -7,7 +7,7 @@ from dataclasses import replace
 from airflow_provider_speculative.core.config import SpeculativeConfig
 from airflow_provider_speculative.core.failover import input_readers, rerun_region
 from airflow_provider_speculative.core.graph import ExchangeSpec, PipelineGraph, SourceSpec, StageSpec
-from airflow_provider_speculative.core.scheduler import (
+from airflow_provider_speculative.core.messages import (
     Admit,
     CompleteStage,
     FailStage,
@@ -16,8 +16,8 @@ from airflow_provider_speculative.core.scheduler import (
     Launch,
     RecoverPartition,
     RecoveryFailed,
-    StageScheduler,
 )
+from airflow_provider_speculative.core.scheduler import StageScheduler
 from airflow_provider_speculative.core.states import Attempt, AttemptState
 from tests.unit.core.scheduler_helpers import restore, step
 

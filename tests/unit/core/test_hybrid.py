@@ -20,7 +20,7 @@ from airflow_provider_speculative.core.hybrid import (
     restarts_on_withdrawal,
     waiting_for,
 )
-from airflow_provider_speculative.core.scheduler import (
+from airflow_provider_speculative.core.messages import (
     Admit,
     Cancel,
     FailStage,
@@ -29,9 +29,9 @@ from airflow_provider_speculative.core.scheduler import (
     InputWithdrawn,
     Invalidate,
     Launch,
-    StageScheduler,
     Tick,
 )
+from airflow_provider_speculative.core.scheduler import StageScheduler
 from airflow_provider_speculative.core.states import AttemptState
 from tests.unit.core.scheduler_helpers import step
 
@@ -184,7 +184,7 @@ def test_the_reads_observed_in_the_same_check_decide_who_restarts() -> None:
     step(sched, 0.0)
     sched.handle(InputsAdmitted("scan", {0: 0}), Tick(1.0))
     fresh = replace(sched.attempts[0][0], state=S.RUNNING, deploying_at=1.0, progress={"reads": {"scan": {"0": 0}}})
-    from airflow_provider_speculative.core.scheduler import AttemptObserved
+    from airflow_provider_speculative.core.messages import AttemptObserved
 
     actions = sched.handle(AttemptObserved(fresh), InputWithdrawn("scan", 0, 0, "lost"), Tick(2.0))
     assert [(a.subtask, a.attempt) for a in of(actions, Cancel)] == [(0, 0)]

@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 from airflow_provider_speculative.core.config import SpeculativeConfig, Target
-from airflow_provider_speculative.core.scheduler import (
+from airflow_provider_speculative.core.messages import (
     Action,
     Admit,
     BlockNode,
@@ -16,8 +16,8 @@ from airflow_provider_speculative.core.scheduler import (
     Discard,
     FailStage,
     Launch,
-    StageScheduler,
 )
+from airflow_provider_speculative.core.scheduler import StageScheduler
 from airflow_provider_speculative.core.states import Attempt, AttemptState
 from tests.unit.core.scheduler_helpers import restore, step
 

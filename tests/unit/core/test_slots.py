@@ -7,15 +7,8 @@ from dataclasses import replace
 import pytest
 
 from airflow_provider_speculative.core.config import SpeculativeConfig, Target
-from airflow_provider_speculative.core.scheduler import (
-    Cancel,
-    FailStage,
-    Launch,
-    SlotLost,
-    StageScheduler,
-    TargetsObserved,
-    Tick,
-)
+from airflow_provider_speculative.core.messages import Cancel, FailStage, Launch, SlotLost, TargetsObserved, Tick
+from airflow_provider_speculative.core.scheduler import StageScheduler
 from airflow_provider_speculative.core.slots import (
     TargetView,
     Worker,

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from airflow_provider_speculative.core.config import SpeculativeConfig
-from airflow_provider_speculative.core.scheduler import Launch, StageScheduler
+from airflow_provider_speculative.core.messages import Launch
+from airflow_provider_speculative.core.scheduler import StageScheduler
 from airflow_provider_speculative.core.speed import (
     CHECK_SLOW_FACTOR,
     HoldPlanner,
