@@ -80,6 +80,7 @@ def write_attempts(spark: object, dsn: str, sink: PostgresSink, run_id: str, tmp
 
 def stage_plan(root: Path, sink: PostgresSink, run_id: str) -> StageLayout:
     layout = StageLayout(root, "dag", run_id, "write")
+    layout.claim_run()  # as planning does: gc and the failure path act only on runs this store owns
     atomic_write_json(layout.plan, {
         "version": PLAN_VERSION, "targets": {},
         "stage": "write", "dag_id": "dag", "run_id": run_id, "store_root": str(root), "parallelism": SUBTASKS,
