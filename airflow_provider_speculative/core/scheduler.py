@@ -598,6 +598,8 @@ class StageScheduler:
         subtask = attempt.subtask
         if subtask in self.admitted or subtask in self.reused:
             if self.admitted.get(subtask) == attempt.number:
+                # Admitted by another controller (AdmissionLost) before its end was seen: the baseline takes it now.
+                self._book.admit_version += 1
                 return []
             return [Discard(subtask, attempt.number, f"attempt {self.admitted.get(subtask)} was admitted first")]
         self.admitted[subtask] = attempt.number
@@ -745,7 +747,10 @@ class StageScheduler:
         for subtask in self._caches.baseline_pending:
             number = self.admitted.get(subtask)
             attempt = self.attempts.get(subtask, {}).get(number) if number is not None else None
-            view.update(subtask, attempt if attempt is not None and attempt.deploying_at is not None else None)
+            # Another controller's admission may precede the end observed here: its time counts from that end.
+            if attempt is not None and (attempt.state != AttemptState.FINISHED or attempt.deploying_at is None):
+                attempt = None
+            view.update(subtask, attempt)
         self._caches.baseline_pending = set()
         return view.baseline(self.parallelism, ratio=self.config.baseline_ratio,
                              multiplier=self.config.baseline_multiplier, lower_bound=self.config.baseline_lower_bound,

@@ -210,6 +210,19 @@ def test_a_completion_decided_with_a_lost_admission_names_the_winner() -> None:
     assert sched.revised(actions[2]) == CompleteStage(admitted={0: 1})
 
 
+def test_another_controllers_winner_counts_in_the_baseline_from_its_observed_end() -> None:
+    sched = scheduler(2, **SPECULATIVE)
+    restore(sched, [Attempt(0, 0, "local-a", S.RUNNING, deploying_at=0.0),
+                    Attempt(0, 1, "local-b", S.RUNNING, speculative=True, deploying_at=5.0),
+                    Attempt(1, 0, "local-a", S.RUNNING, deploying_at=0.0)], {}, {})
+    step(sched, 20.0, [finished(sched, 0, 0, end=19.0)])
+    sched.handle(AdmissionLost(0, 0, 1))
+    # The winner's end is not observed yet: it is no finisher of 0 s that would make every attempt slow.
+    assert step(sched, 20.5) == [] and sched.baseline is None
+    step(sched, 21.0, [finished(sched, 0, 1, end=20.0)])
+    assert sched.baseline is not None and sched.baseline.seconds == 2.0 * 15.0
+
+
 def test_canceling_attempt_reporting_failed_is_canceled_not_a_failure() -> None:
     sched = two_attempts(max_failures_per_subtask=0)
     step(sched, 20.0, [finished(sched, 0, 1, end=19.0)])
