@@ -25,6 +25,7 @@ from airflow_provider_speculative.core.messages import (
     InputRestored,
     Launch,
     RecoveryFailed,
+    SlotLost,
     Tick,
 )
 from airflow_provider_speculative.core.states import Attempt, AttemptState
@@ -32,6 +33,7 @@ from airflow_provider_speculative.store import changes
 from airflow_provider_speculative.store.files import atomic_write_json, create_exclusive_json, read_json, read_jsonl
 from airflow_provider_speculative.store.layout import RunNotOwnedError, StageLayout
 from airflow_provider_speculative.store.results import admitted_results
+from airflow_provider_speculative.store.slots import TargetSlots, holder_record
 from tests.factories import Clock, stage_plan, write_plan
 
 S = AttemptState
@@ -539,3 +541,36 @@ def test_a_lost_admission_never_discards_the_other_controllers_winner(tmp_path: 
     assert h.controller.scheduler.admitted == {0: 1}
     assert [e["attempt"] for e in h.events("discard")] == [0]
     assert [e["admitted"] for e in h.events("stage_complete")] == [{"0": 1}]
+
+
+def test_a_slot_taken_between_observation_and_launch_is_a_lost_slot_retried_elsewhere(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    h = harness(tmp_path, parallelism=1)
+    other_stage = StageLayout(h.layout.root, "d", "r", "aggregate")
+    slots = TargetSlots(h.layout.root, "local-a")
+    observe = h.controller.watcher.observe
+
+    def observe_then_lose_local_a(now: float) -> dict[str, Any]:
+        views = observe(now)
+        # Another stage of the run fills local-a after this controller saw its slots free.
+        while slots.claim(4, holder_record(other_stage, slots.count(), 0, now)) is not None:
+            pass
+        return views
+
+    monkeypatch.setattr(h.controller.watcher, "observe", observe_then_lose_local_a)
+    trace = Trace(h.controller, monkeypatch)
+    h.step()
+    launch = next(i for i, (kind, action) in enumerate(trace.log)
+                  if kind == "carry out" and isinstance(action, Launch))
+    assert trace.log[launch][1].target == "local-a"
+    assert trace.log[launch + 1] == ("handle", (SlotLost(0, 0, "local-a"),))
+    assert max(trace.depths) == 1
+    assert h.events("slot_lost") == [{"at": h.clock(), "event": "slot_lost", "subtask": 0, "attempt": 0,
+                                      "target": "local-a"}]
+    # Nothing started and nothing is held: the attempt is forgotten, its number free again.
+    assert h.backend.launched == [] and not h.layout.exists(h.layout.claim(0, 0))
+    assert h.controller.scheduler.attempts[0] == {} and h.controller.held == {}
+    monkeypatch.setattr(h.controller.watcher, "observe", observe)
+    h.step()
+    assert [(s.subtask, s.attempt, s.target) for s in h.backend.launched] == [(0, 0, "local-b")]
+    assert [(key, target) for key, (target, _, _) in h.controller.held.items()] == [((0, 0), "local-b")]
