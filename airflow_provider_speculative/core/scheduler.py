@@ -269,11 +269,12 @@ class StageScheduler:
         A stimulus handled after it may overtake it: a lost admission makes another controller's attempt the
         subtask's result. A Cancel or Discard of that attempt queued behind the lost Admit would stop or delete
         the result the stage commits (the scheduler never cancels or discards an admitted attempt), and a
-        CompleteStage decided with the lost admission names the admissions as they are now.
+        CompleteStage decided with the lost admission names the winner instead.
         """
         if isinstance(action, Cancel | Discard) and self.admitted.get(action.subtask) == action.attempt:
             return None
-        if isinstance(action, CompleteStage) and action.admitted != self.admitted:
+        if (isinstance(action, CompleteStage) and action.admitted != self.admitted
+                and action.admitted.keys() == self.admitted.keys()):
             return CompleteStage(admitted=dict(self.admitted))
         return action
 
