@@ -408,8 +408,10 @@ class StageController:
         Each round is one ``handle`` call. An action whose outcome is a stimulus (a lost slot, claim or
         admission) starts the next round with it at once, and the actions that round returns are carried
         out before the rest of the batch: the scheduler hears every outcome before any later action is
-        carried out, and ``handle`` is never called while an action is being carried out.
-        Returns every action carried out, in order.
+        carried out, and ``handle`` is never called while an action is being carried out. A queued action is
+        carried out as the scheduler revises it (``StageScheduler.revised``): an outcome may have overtaken it,
+        as a lost admission does a cancel of the other controller's winner. Returns every action carried out,
+        in order.
         """
         if not stimuli:
             return []
@@ -417,7 +419,9 @@ class StageController:
         pending = deque(self.scheduler.handle(*stimuli))
         rounds = 1
         while pending:
-            action = pending.popleft()
+            action = self.scheduler.revised(pending.popleft())
+            if action is None:
+                continue
             done.append(action)
             followups = self._carry_out(action, now)
             if not followups:

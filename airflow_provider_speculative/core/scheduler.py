@@ -94,6 +94,9 @@ class _Bookkeeping:
     baseline_version: int = -1
     # A TargetsObserved reported a target or node not lost before: every live attempt is checked once.
     new_loss: bool = False
+    # Subtask -> the siblings its admission in this Tick cancelled, with their states before: an admission's
+    # outcome is fed back before the next Tick, and a lost one gives the other controller's winner its state back.
+    cancelled_by_admission: dict[int, dict[int, AttemptState]] = field(default_factory=dict)
 
 
 @dataclass
@@ -259,6 +262,21 @@ class StageScheduler:
     def done_subtasks(self) -> set[int]:
         """Subtasks with an admitted or reused result."""
         return set(self.admitted) | set(self.reused)
+
+    def revised(self, action: Action) -> Action | None:
+        """``action``, returned by an earlier call, as it is to be carried out now; None if it must not be.
+
+        A stimulus handled after it may overtake it: a lost admission makes another controller's attempt the
+        subtask's result. A Cancel or Discard of that attempt queued behind the lost Admit would stop or delete
+        the result the stage commits (the scheduler never cancels or discards an admitted attempt), and a
+        CompleteStage decided with the lost admission names the winner instead.
+        """
+        if isinstance(action, Cancel | Discard) and self.admitted.get(action.subtask) == action.attempt:
+            return None
+        if (isinstance(action, CompleteStage) and action.admitted != self.admitted
+                and action.admitted.keys() == self.admitted.keys()):
+            return CompleteStage(admitted=dict(self.admitted))
+        return action
 
     # -- the entry point ----------------------------------------------------------------------
 
@@ -439,7 +457,7 @@ class StageScheduler:
         pending, self._book.withdrawn = self._book.withdrawn, []
         for lost in pending:
             live = {(a.subtask, a.number): a.progress.get("reads") for a in self.live_attempts()
-                    if a.state != AttemptState.CANCELING}
+                    if a.state != AttemptState.CANCELING and self.admitted.get(a.subtask) != a.number}
             for subtask, number in restarts_on_withdrawal(live, lost.stage, lost.subtask, lost.attempt):
                 attempt = self.attempts[subtask][number]
                 attempt.state = AttemptState.CANCELING
@@ -458,7 +476,16 @@ class StageScheduler:
         return actions
 
     def _admission_lost(self, lost: AdmissionLost) -> list[Action]:
+        """Another controller admitted ``lost.winner`` first: it is the result, ours is discarded.
+
+        A Cancel of the winner that our admission led to is dropped (:meth:`revised`) and never carried out, so
+        the winner keeps the state last observed; its end is observed like any live attempt's.
+        """
         self.admitted[lost.subtask] = lost.winner
+        winner = self.attempts.get(lost.subtask, {}).get(lost.winner)
+        before = self._book.cancelled_by_admission.get(lost.subtask, {}).get(lost.winner)
+        if winner is not None and before is not None and winner.state == AttemptState.CANCELING:
+            winner.state = before
         self._book.admit_version += 1
         self._book.dirty.add(lost.subtask)
         self._book.check_stragglers = True
@@ -499,6 +526,7 @@ class StageScheduler:
         """Apply attempt observations, then decide: admit, cancel, block, speculate, restart, finish."""
         if self.failed or self.completed:
             return []
+        self._book.cancelled_by_admission.clear()
         actions: list[Action] = []
         if self._book.unadmitted_finished:
             pending, self._book.unadmitted_finished = self._book.unadmitted_finished, []
@@ -571,20 +599,31 @@ class StageScheduler:
         subtask = attempt.subtask
         if subtask in self.admitted or subtask in self.reused:
             if self.admitted.get(subtask) == attempt.number:
+                # Admitted by another controller (AdmissionLost) before its end was seen: the baseline takes it now.
+                self._book.admit_version += 1
                 return []
             return [Discard(subtask, attempt.number, f"attempt {self.admitted.get(subtask)} was admitted first")]
         self.admitted[subtask] = attempt.number
         self._book.admit_version += 1
-        return [Admit(subtask, attempt.number),
-                *self._cancel_live(self.attempts[subtask].values(), f"attempt {attempt.number} finished first",
-                                   keep=attempt.number)]
+        siblings = self.attempts[subtask]
+        before = {n: a.state for n, a in siblings.items()}
+        cancels = self._cancel_live(siblings.values(), f"attempt {attempt.number} finished first",
+                                    keep=attempt.number)
+        if cancels:
+            # These cancels assume the Admit wins the marker; AdmissionLost may yet name one of them the winner.
+            self._book.cancelled_by_admission[subtask] = {c.attempt: before[c.attempt] for c in cancels}
+        return [Admit(subtask, attempt.number), *cancels]
 
-    @staticmethod
-    def _cancel_live(attempts: Iterable[Attempt], reason: str, keep: int | None = None) -> list[Action]:
-        """Cancel every live attempt of ``attempts`` except ``keep`` (and those already cancelling)."""
-        actions: list[Action] = []
+    def _cancel_live(self, attempts: Iterable[Attempt], reason: str, keep: int | None = None) -> list[Cancel]:
+        """Cancel every live attempt of ``attempts`` except ``keep``, those already cancelling and admitted ones.
+
+        An admitted attempt is live in this view only when another controller admitted it before its end was
+        observed here (AdmissionLost): it is the result, never a loser.
+        """
+        actions: list[Cancel] = []
         for other in attempts:
-            if other.number != keep and other.live and other.state != AttemptState.CANCELING:
+            if (other.number != keep and other.live and other.state != AttemptState.CANCELING
+                    and self.admitted.get(other.subtask) != other.number):
                 other.state = AttemptState.CANCELING
                 actions.append(Cancel(other.subtask, other.number, reason))
         return actions
@@ -709,7 +748,10 @@ class StageScheduler:
         for subtask in self._caches.baseline_pending:
             number = self.admitted.get(subtask)
             attempt = self.attempts.get(subtask, {}).get(number) if number is not None else None
-            view.update(subtask, attempt if attempt is not None and attempt.deploying_at is not None else None)
+            # Another controller's admission may precede the end observed here: its time counts from that end.
+            if attempt is not None and (attempt.state != AttemptState.FINISHED or attempt.deploying_at is None):
+                attempt = None
+            view.update(subtask, attempt)
         self._caches.baseline_pending = set()
         return view.baseline(self.parallelism, ratio=self.config.baseline_ratio,
                              multiplier=self.config.baseline_multiplier, lower_bound=self.config.baseline_lower_bound,

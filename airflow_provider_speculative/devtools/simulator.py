@@ -33,6 +33,7 @@ BaselineView and SlowWatch are told what changed) plus O(targets + changed or en
 
 from __future__ import annotations
 
+import functools
 import heapq
 import math
 import random
@@ -45,11 +46,17 @@ from airflow_provider_speculative.core.config import SpeculativeConfig, Target
 from airflow_provider_speculative.core.events import Event
 from airflow_provider_speculative.core.messages import (
     Action,
+    Admit,
     AttemptObserved,
     BlockNode,
     Cancel,
+    CompleteStage,
+    Discard,
+    FailStage,
+    Invalidate,
     Launch,
     NodeBlocked,
+    RecoverPartition,
     Stimulus,
     TargetsObserved,
     Tick,
@@ -747,35 +754,53 @@ class Simulator:
 
     def carry_out(self, actions: Iterable[Action]) -> list[Action]:
         """What a backend would do for each action: launch, cancel, block; record the rest."""
-        assert self.sched is not None and self.stage is not None
         done = []
         for action in actions:
             done.append(action)
-            if isinstance(action, Launch):
-                node = self.nodes[action.target]
-                key = (action.subtask, action.attempt)
-                run = _Run(subtask=action.subtask, number=action.attempt, node=action.target,
-                           speculative=action.speculative, launched_at=self.now, startup=self.scenario.startup,
-                           work=self.stage.work[action.subtask], since=self.now)
-                self._runs[key] = run
-                node.held += 1
-                self._touched.add(action.target)
-                self._changed.add(key)
-                if node.lost:
-                    run.state, run.end_at, run.cause = AttemptState.FAILED, self.now, "launch failed: node lost"
-                    self._ended.add(key)
-                    continue
-                node.running[key] = run
-                self._rerate(node)
-            elif isinstance(action, Cancel):
-                key = (action.subtask, action.attempt)
-                victim = self._runs.get(key)
-                if victim is None or victim.end_at is not None:
-                    continue
-                self._cancel(victim)
-            elif isinstance(action, BlockNode):
-                self.blocks[action.node] = max(action.until, self.blocks.get(action.node, action.until))
+            self._carry_out(action)
         return done
+
+    @functools.singledispatchmethod
+    def _carry_out(self, action: object) -> None:
+        """Do what one action says in simulated time.
+
+        Each action type has one handler (registered below, dispatched on the type), as in the controller
+        (control/controller.py), which refuses a type it does not know the same way.
+        """
+        raise TypeError(f"Simulator: no handler for action type {type(action).__name__}: {action!r}")
+
+    @_carry_out.register
+    def _launch(self, action: Launch) -> None:
+        assert self.stage is not None
+        node = self.nodes[action.target]
+        key = (action.subtask, action.attempt)
+        run = _Run(subtask=action.subtask, number=action.attempt, node=action.target,
+                   speculative=action.speculative, launched_at=self.now, startup=self.scenario.startup,
+                   work=self.stage.work[action.subtask], since=self.now)
+        self._runs[key] = run
+        node.held += 1
+        self._touched.add(action.target)
+        self._changed.add(key)
+        if node.lost:
+            run.state, run.end_at, run.cause = AttemptState.FAILED, self.now, "launch failed: node lost"
+            self._ended.add(key)
+            return
+        node.running[key] = run
+        self._rerate(node)
+
+    @_carry_out.register
+    def _stop(self, action: Cancel) -> None:
+        victim = self._runs.get((action.subtask, action.attempt))
+        if victim is not None and victim.end_at is None:
+            self._cancel(victim)
+
+    @_carry_out.register
+    def _block_node(self, action: BlockNode) -> None:
+        self.blocks[action.node] = max(action.until, self.blocks.get(action.node, action.until))
+
+    @_carry_out.register
+    def _record(self, action: Admit | Discard | RecoverPartition | Invalidate | FailStage | CompleteStage) -> None:
+        """Nothing to simulate: the scheduler keeps admissions and the stage's end; attempts here write no output."""
 
     def _cancel(self, run: _Run) -> None:
         """Stop a process; it ends (its slot is given back) ``cancel_delay`` later."""

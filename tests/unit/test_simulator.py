@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import json
 import random
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import pytest
 
 from airflow_provider_speculative.core import detector as core_detector
 from airflow_provider_speculative.core.config import SpeculativeConfig, Target
-from airflow_provider_speculative.core.messages import Launch
+from airflow_provider_speculative.core.messages import Action, Launch
 from airflow_provider_speculative.core.scheduler import StageScheduler
 from airflow_provider_speculative.core.states import Attempt, AttemptState
 from airflow_provider_speculative.devtools import simulator
@@ -317,3 +317,18 @@ def test_late_copies_stay_within_the_cap_off_slow_nodes_in_the_rules_order(monke
     assert any(avoid for _, avoid, copies, _ in steps if copies)
     # A free slot went to the task with the most time left, not to the lowest subtask number judged.
     assert any(copies and copies[0].subtask != min(judged) for judged, _, copies, _ in steps)
+
+
+def test_every_action_type_has_a_handler() -> None:
+    registry = Simulator.__dict__["_carry_out"].dispatcher.registry
+    assert set(get_args(Action)) <= set(registry)
+
+
+def test_an_unknown_action_is_refused() -> None:
+    @dataclass(frozen=True)
+    class Teleport:
+        subtask: int
+
+    sim = Simulator(small(), POLICIES["none"])
+    with pytest.raises(TypeError, match="no handler for action type Teleport"):
+        sim.carry_out([Teleport(0)])  # type: ignore[list-item]

@@ -25,12 +25,15 @@ from airflow_provider_speculative.core.messages import (
     InputRestored,
     Launch,
     RecoveryFailed,
+    SlotLost,
     Tick,
 )
 from airflow_provider_speculative.core.states import Attempt, AttemptState
 from airflow_provider_speculative.store import changes
 from airflow_provider_speculative.store.files import atomic_write_json, create_exclusive_json, read_json, read_jsonl
 from airflow_provider_speculative.store.layout import RunNotOwnedError, StageLayout
+from airflow_provider_speculative.store.results import admitted_results
+from airflow_provider_speculative.store.slots import TargetSlots, holder_record
 from tests.factories import Clock, stage_plan, write_plan
 
 S = AttemptState
@@ -485,3 +488,89 @@ def test_a_discard_in_a_run_this_store_does_not_own_keeps_the_output_and_the_con
 
     assert [e["attempt"] for e in h.events("discard")] == [0]
     assert h.layout.manifest(0, 0).exists()  # kept: the run's prefix is not provably this store's
+
+
+def another_controller_admits_first(h: Harness, monkeypatch: pytest.MonkeyPatch, winner: int) -> None:
+    """The race of a hand-over: another controller finishes and admits ``winner`` just before this one admits."""
+    create = StageLayout.create_json
+
+    def racing(layout: StageLayout, path: Path, record: dict[str, Any]) -> bool:
+        if path == layout.admitted(0) and not path.exists():
+            h.backend.finish(0, winner)
+            assert create(layout, path, {"attempt": winner, "at": h.clock()})
+        return create(layout, path, record)
+
+    monkeypatch.setattr(StageLayout, "create_json", racing)
+
+
+def test_a_lost_admission_never_cancels_the_other_controllers_winner(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    h = harness(tmp_path, parallelism=1, enabled=True, max_concurrent_executions=2, faults=FORCED)
+    h.step()
+    h.step()
+    another_controller_admits_first(h, monkeypatch, winner=1)
+    h.backend.finish(0, 0)
+    h.step()  # sees attempt 0 finish (attempt 1 still running, as last polled) and loses the admission
+    assert h.events("admit_lost")[0]["winner"] == 1
+    assert (0, 1) not in h.backend.cancelled and (0, 1) not in h.controller.reaping
+    assert [e["attempt"] for e in h.events("cancel")] == []
+    sched = h.controller.scheduler
+    assert sched.admitted == {0: 1} and sched.attempts[0][1].state == S.RUNNING  # as last observed
+    h.step()  # the winner's end is observed
+    assert sched.attempts[0][1].state == S.FINISHED
+    assert [e["attempt"] for e in h.events("discard")] == [0]
+    assert not h.layout.manifest(0, 0).exists() and h.layout.manifest(0, 1).exists()
+    assert h.controller.done and h.controller.event_payload()["admitted"] == {"0": 1}
+
+
+def test_a_lost_admission_never_discards_the_other_controllers_winner(tmp_path: Path) -> None:
+    h = harness(tmp_path, parallelism=1, enabled=True, max_concurrent_executions=2, faults=FORCED)
+    h.step()
+    h.step()
+    # Both attempts end before this controller polls; another controller saw only attempt 1 and admitted it.
+    h.backend.finish(0, 0)
+    h.clock.now += 0.5
+    h.backend.finish(0, 1)
+    assert create_exclusive_json(h.layout.admitted(0), {"attempt": 1, "at": h.clock()})
+    h.step()  # admits attempt 0 (the earlier end), discards attempt 1 and completes in one batch; admission lost
+    assert h.layout.manifest(0, 1).exists()  # the winner's output is what the stage commits
+    payload = h.controller.event_payload()
+    assert h.controller.done and payload["admitted"] == {"0": 1}
+    # What finalize commits (control/commit.py) is there.
+    assert admitted_results(h.layout, {0: 1})["subtasks"]["0"]["attempt"] == 1
+    assert h.controller.scheduler.admitted == {0: 1}
+    assert [e["attempt"] for e in h.events("discard")] == [0]
+    assert [e["admitted"] for e in h.events("stage_complete")] == [{"0": 1}]
+
+
+def test_a_slot_taken_between_observation_and_launch_is_a_lost_slot_retried_elsewhere(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    h = harness(tmp_path, parallelism=1)
+    other_stage = StageLayout(h.layout.root, "d", "r", "aggregate")
+    slots = TargetSlots(h.layout.root, "local-a")
+    observe = h.controller.watcher.observe
+
+    def observe_then_lose_local_a(now: float) -> dict[str, Any]:
+        views = observe(now)
+        # Another stage of the run fills local-a after this controller saw its slots free.
+        while slots.claim(4, holder_record(other_stage, slots.count(), 0, now)) is not None:
+            pass
+        return views
+
+    monkeypatch.setattr(h.controller.watcher, "observe", observe_then_lose_local_a)
+    trace = Trace(h.controller, monkeypatch)
+    h.step()
+    launch = next(i for i, (kind, action) in enumerate(trace.log)
+                  if kind == "carry out" and isinstance(action, Launch))
+    assert trace.log[launch][1].target == "local-a"
+    assert trace.log[launch + 1] == ("handle", (SlotLost(0, 0, "local-a"),))
+    assert max(trace.depths) == 1
+    assert h.events("slot_lost") == [{"at": h.clock(), "event": "slot_lost", "subtask": 0, "attempt": 0,
+                                      "target": "local-a"}]
+    # Nothing started and nothing is held: the attempt is forgotten, its number free again.
+    assert h.backend.launched == [] and not h.layout.exists(h.layout.claim(0, 0))
+    assert h.controller.scheduler.attempts[0] == {} and h.controller.held == {}
+    monkeypatch.setattr(h.controller.watcher, "observe", observe)
+    h.step()
+    assert [(s.subtask, s.attempt, s.target) for s in h.backend.launched] == [(0, 0, "local-b")]
+    assert [(key, target) for key, (target, _, _) in h.controller.held.items()] == [((0, 0), "local-b")]

@@ -9,6 +9,7 @@ import pytest
 from airflow_provider_speculative.core.config import SpeculativeConfig, Target
 from airflow_provider_speculative.core.messages import (
     Action,
+    AdmissionLost,
     Admit,
     BlockNode,
     Cancel,
@@ -182,6 +183,44 @@ def test_stage_complete_only_after_cancelled_losers_stop_and_only_once() -> None
     assert sched.completed
     assert step(sched, 23.0) == []
     assert step(sched, 24.0, [finished(sched, 0, 0, end=24.0)]) == []
+
+
+def test_a_lost_admission_overtakes_the_cancel_of_the_winner_which_keeps_its_state() -> None:
+    sched = two_attempts()
+    actions = step(sched, 20.0, [finished(sched, 0, 0, end=19.0)])
+    assert actions == [Admit(0, 0), Cancel(0, 1, "attempt 0 finished first")]
+    # Another controller admitted attempt 1 (it finished before this controller's Admit).
+    assert sched.handle(AdmissionLost(0, 0, 1)) == [Discard(0, 0, "attempt 1 was admitted by another controller")]
+    assert sched.admitted == {0: 1}
+    assert sched.revised(actions[1]) is None  # the queued cancel of the winner is never carried out
+    assert sched.revised(actions[0]) == actions[0]
+    assert sched.attempts[0][1].state == S.RUNNING  # as last observed, not CANCELING
+    assert step(sched, 20.5) == []  # no rule cancels the admitted attempt while its end is not observed
+    actions = step(sched, 21.0, [finished(sched, 0, 1, end=20.0)])
+    assert actions == [CompleteStage(admitted={0: 1})]
+    assert sched.attempts[0][1].state == S.FINISHED
+
+
+def test_a_completion_decided_with_a_lost_admission_names_the_winner() -> None:
+    sched = two_attempts()
+    actions = step(sched, 20.0, [finished(sched, 0, 0, end=19.0), finished(sched, 0, 1, end=19.5)])
+    assert actions == [Admit(0, 0), Discard(0, 1, "attempt 0 was admitted first"), CompleteStage(admitted={0: 0})]
+    sched.handle(AdmissionLost(0, 0, 1))
+    assert sched.revised(actions[1]) is None  # the winner's output is the stage's result
+    assert sched.revised(actions[2]) == CompleteStage(admitted={0: 1})
+
+
+def test_another_controllers_winner_counts_in_the_baseline_from_its_observed_end() -> None:
+    sched = scheduler(2, **SPECULATIVE)
+    restore(sched, [Attempt(0, 0, "local-a", S.RUNNING, deploying_at=0.0),
+                    Attempt(0, 1, "local-b", S.RUNNING, speculative=True, deploying_at=5.0),
+                    Attempt(1, 0, "local-a", S.RUNNING, deploying_at=0.0)], {}, {})
+    step(sched, 20.0, [finished(sched, 0, 0, end=19.0)])
+    sched.handle(AdmissionLost(0, 0, 1))
+    # The winner's end is not observed yet: it is no finisher of 0 s that would make every attempt slow.
+    assert step(sched, 20.5) == [] and sched.baseline is None
+    step(sched, 21.0, [finished(sched, 0, 1, end=20.0)])
+    assert sched.baseline is not None and sched.baseline.seconds == 2.0 * 15.0
 
 
 def test_canceling_attempt_reporting_failed_is_canceled_not_a_failure() -> None:
