@@ -58,9 +58,11 @@ _CONFLICT_RETRIES = 10
 _READ_THREADS = 16
 _TEMP_NAME = re.compile(r"^\..+\.tmp$")
 # Journal cursors (opaque to callers): POSIX ``posix:<inode>:<byte offset>``, S3 ``s3:<next number>:<ETag of
-# the record before it>``; both plain strings, so a reader can keep one in JSON.
+# the record before it>``, any other backend ``count:<records read>``; plain strings, so a reader can keep one
+# in JSON.
 _POSIX_CURSOR = re.compile(r"^posix:(\d+):(\d+)$")
 _S3_CURSOR = re.compile(r"^s3:(\d+):(.*)$", re.DOTALL)
+_COUNT_CURSOR = re.compile(r"^count:(\d+)$")
 
 
 class UnsafeStoreNameError(UnsafeStorePathError):
@@ -221,9 +223,24 @@ class StoreBackend(abc.ABC):
     def _read_journal(self, journal: str) -> list[dict[str, Any]]:
         """Every complete record of ``journal`` in its order."""
 
-    @abc.abstractmethod
     def _read_journal_from(self, journal: str, cursor: str | None) -> JournalChunk:
-        """The complete records of ``journal`` after ``cursor`` (None: from the start) and the next cursor."""
+        """The complete records of ``journal`` after ``cursor`` (None: from the start) and the next cursor.
+
+        This fallback reads the whole journal and skips the records counted in the cursor: correct on any
+        backend that keeps guarantee 5 (what a reader saw stays a prefix), but each read costs the whole
+        journal, so the POSIX and S3 backends read only what is new.
+        """
+        seen = 0
+        if cursor is not None:
+            match = _COUNT_CURSOR.match(cursor)
+            if match is None:
+                raise StoreError(f"cannot read {self.describe(journal)}: {cursor!r} is not a journal cursor "
+                                 "of this store")
+            seen = int(match.group(1))
+        records = self._read_journal(journal)
+        if len(records) < seen:
+            return JournalChunk(records, f"count:{len(records)}", restarted=True)
+        return JournalChunk(records[seen:], f"count:{len(records)}")
 
     @abc.abstractmethod
     def _read_marker(self, prefix: str) -> Any:

@@ -244,3 +244,29 @@ def test_posix_incremental_journal_read_follows_the_inode_and_never_a_link_or_fi
     os.mkfifo(backend.path(journal))
     with pytest.raises(StoreError, match="not a regular file"):
         backend.read_journal_from(journal)
+
+
+class _WholeJournalReads(PosixBackend):
+    """A backend with no incremental read of its own: StoreBackend's fallback, which counts records read."""
+
+    _read_journal_from = StoreBackend._read_journal_from
+
+
+def test_the_fallback_incremental_read_counts_records_and_restarts_on_a_shorter_journal(tmp_path: Path) -> None:
+    backend = _WholeJournalReads(tmp_path)
+    backend.claim("d")
+    first = backend.read_journal_from("d/journal.jsonl")
+    assert first.records == [] and not first.restarted
+    for i in range(3):
+        backend.append_record("d/journal.jsonl", {"i": i})
+    second = backend.read_journal_from("d/journal.jsonl", json.loads(json.dumps(first.cursor)))
+    assert [r["i"] for r in second.records] == [0, 1, 2]
+    backend.append_record("d/journal.jsonl", {"i": 3})
+    third = backend.read_journal_from("d/journal.jsonl", second.cursor)
+    assert third.records == [{"i": 3}] and not third.restarted
+    backend.delete("d/journal.jsonl")
+    backend.append_record("d/journal.jsonl", {"i": 9})
+    again = backend.read_journal_from("d/journal.jsonl", third.cursor)
+    assert again.restarted and again.records == [{"i": 9}]
+    with pytest.raises(StoreError, match="not a journal cursor"):
+        backend.read_journal_from("d/journal.jsonl", "posix:1:0")
