@@ -1,10 +1,10 @@
 """Watch the producer stages of hybrid inputs (FLIP-235) and turn what changed into scheduler stimuli.
 
 No Airflow import. The producer's journal is the change notice: it is append-only, every admission,
-invalidation, recovery, launch, replanning and failure of the producer is a line in it, so a poll
-reads only the lines since the last one (O(changes)) and then the few ``admitted.json`` markers
-they name (the markers are the truth; the journal only says where to look). The producer task's
-own state (``task.json``, written by its operator) says when it failed or was cleared.
+invalidation, recovery, launch, replanning and failure of the producer is a record in it, so a poll
+reads only the records since the last one (the store's journal cursor: O(changes)) and then the few
+``admitted.json`` markers they name (the markers are the truth; the journal only says where to look).
+The producer task's own state (``task.json``, written by its operator) says when it failed or was cleared.
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ class _Producer:
     parallelism: int
     fingerprint: str | None
     inputs: list[str]
-    offset: int = 0
+    # The store's journal cursor after the last record read (None: nothing read yet).
+    cursor: str | None = None
     admitted: dict[int, int] = field(default_factory=dict)
     launched: set[int] = field(default_factory=set)
     committed: bool = False
@@ -190,28 +191,17 @@ class HybridInputWatcher:
 
     @staticmethod
     def _read_journal(producer: _Producer) -> tuple[set[int], bool, int]:
-        """New complete journal lines since the last poll: subtasks touched, replanned?, line count."""
-        import json
-
-        path = producer.layout.journal
-        try:
-            with open(path, "rb") as handle:
-                handle.seek(producer.offset)
-                chunk = handle.read()
-        except FileNotFoundError:
-            return set(), False, 0
-        end = chunk.rfind(b"\n")
-        if end < 0:
-            return set(), False, 0
-        producer.offset += end + 1
+        """New complete journal records since the last poll: subtasks touched, replanned?, record count."""
+        layout = producer.layout
+        chunk = layout.store.read_journal_from(layout.name(layout.journal), producer.cursor)
+        producer.cursor = chunk.cursor
         touched: set[int] = set()
-        replanned = False
-        lines = chunk[:end].split(b"\n")
-        for raw in lines:
-            try:
-                line = json.loads(raw)
-            except ValueError:
-                continue
+        # A replaced journal no longer holds the admissions and withdrawals read from the old one: every
+        # marker is checked again, and the plan, as on the first poll.
+        replanned = chunk.restarted
+        if chunk.restarted:
+            touched.update(range(producer.parallelism))
+        for line in chunk.records:
             event = line.get("event")
             if event == Event.PLAN_DECIDED:
                 replanned = True
@@ -221,4 +211,4 @@ class HybridInputWatcher:
                 touched.add(int(line["subtask"]))
             elif event == Event.RERUN_INVALIDATED:
                 touched.update(int(s) for s in line.get("subtasks") or ())
-        return touched, replanned, len(lines)
+        return touched, replanned, len(chunk.records) + int(chunk.restarted)

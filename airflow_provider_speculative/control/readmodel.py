@@ -13,7 +13,6 @@ Two ways to decide whether an attempt that has not recorded its end is still ali
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import random
 import stat
@@ -175,7 +174,7 @@ def stage_report(layout: StageLayout, plan: Mapping[str, Any], *, liveness: str 
     backend = observer(layout, liveness)
     summary: StageSummary = read_json(layout.summary) or StageSummary()
     committed = read_json(layout.committed)
-    journal = journal_records(layout.journal)
+    journal = journal_records(layout)
     reused = set(summary.get("reused") or [])
     input_waits = summary.get("input_waits") or {}
     subtasks = []
@@ -407,88 +406,39 @@ class _AttemptReader:
 
 
 class _Journal:
-    """The parsed lines of one journal.jsonl and where the next read starts (it only grows)."""
+    """The records of one stage's journal read so far and the store's cursor after them (it only grows)."""
 
-    __slots__ = ("inode", "offset", "records", "tail")
+    __slots__ = ("cursor", "records", "tail")
 
-    def __init__(self, inode: int) -> None:
-        self.inode = inode
-        self.offset = 0
+    def __init__(self) -> None:
+        self.cursor: str | None = None
         self.records: list[dict[str, Any]] = []
-        # The records of a last line still without its newline: returned, read again next time.
+        # The record of a last line still without its newline: returned, read again next time.
         self.tail: list[dict[str, Any]] = []
 
 
-_JOURNALS: OrderedDict[str, _Journal] = OrderedDict()
+_JOURNALS: OrderedDict[tuple[str, str], _Journal] = OrderedDict()
 _JOURNALS_LOCK = threading.Lock()
 # Journals kept parsed (one per stage the UI looked at recently).
 JOURNAL_CACHE_ENTRIES = 64
 
 
-def journal_records(path: Path | str) -> list[dict[str, Any]]:
-    """Every complete JSON line of a journal, as ``read_jsonl`` reads it, parsing only what was appended since."""
-    path = str(path)
-    try:
-        info = os.stat(path)
-    except (FileNotFoundError, NotADirectoryError):
-        return []
-    except OSError as exc:
-        raise StoreError(f"cannot read {path!r}: {exc}") from exc
+def journal_records(layout: StageLayout) -> list[dict[str, Any]]:
+    """Every complete record of the stage's journal, as ``read_journal`` reads it; parses only what was appended."""
+    store, name = layout.store, layout.name(layout.journal)
+    key = (store.url, name)
     with _JOURNALS_LOCK:
-        cached = _JOURNALS.pop(path, None)
-    if cached is None or cached.inode != info.st_ino or info.st_size < cached.offset:
-        cached = _Journal(info.st_ino)  # replaced or truncated: read it from the start
-    if info.st_size != cached.offset or cached.tail:
-        _read_appended(path, cached)
+        cached = _JOURNALS.pop(key, None)
+    chunk = store.read_journal_from(name, cached.cursor if cached is not None else None)
+    if cached is None or chunk.restarted:
+        cached = _Journal()  # replaced, truncated or removed: what was read before is not in it any more
+    cached.records.extend(chunk.records)
+    cached.cursor, cached.tail = chunk.cursor, chunk.unterminated
     with _JOURNALS_LOCK:
-        _JOURNALS[path] = cached
+        _JOURNALS[key] = cached
         while len(_JOURNALS) > JOURNAL_CACHE_ENTRIES:
             _JOURNALS.popitem(last=False)
     return cached.records + cached.tail
-
-
-def _read_appended(path: str, journal: _Journal) -> None:
-    """Parse the lines appended since ``journal.offset``; a last line without its newline is parsed, not consumed."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
-    except (FileNotFoundError, NotADirectoryError):
-        journal.records, journal.offset, journal.tail = [], 0, []
-        return
-    except OSError as exc:
-        raise StoreError(f"cannot read {path!r}: {exc}") from exc
-    try:
-        info = os.fstat(fd)
-        # A FIFO in place of the journal would block an api-server thread for ever (store/files.py).
-        if not stat.S_ISREG(info.st_mode):
-            raise StoreError(f"cannot read {path!r}: not a regular file")
-        if info.st_ino != journal.inode or info.st_size < journal.offset:
-            journal.inode, journal.offset, journal.records = info.st_ino, 0, []
-        os.lseek(fd, journal.offset, os.SEEK_SET)
-        chunks = []
-        while block := os.read(fd, 1 << 20):
-            chunks.append(block)
-    finally:
-        os.close(fd)
-    data = b"".join(chunks)
-    end = data.rfind(b"\n") + 1
-    journal.records.extend(_json_lines(path, data[:end]))
-    journal.offset += end
-    journal.tail = _json_lines(path, data[end:])
-
-
-def _json_lines(path: str, data: bytes) -> list[dict[str, Any]]:
-    """The records of whole lines as ``read_jsonl`` takes them: a torn or blank line is skipped."""
-    records = []
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise StoreError(f"cannot read {path!r}: {exc}") from exc
-    # Text-mode line ends, as read_jsonl's iteration sees them (\n, \r\n and \r).
-    for line in text.replace("\r\n", "\n").replace("\r", "\n").split("\n"):
-        if line.strip():
-            with contextlib.suppress(json.JSONDecodeError):
-                records.append(json.loads(line))
-    return records
 
 
 def _subtask_dirs(layout: StageLayout) -> set[int]:

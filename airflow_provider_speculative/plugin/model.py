@@ -130,7 +130,7 @@ def _enrich(root: Path, dag_id: str, run_id: str, stage: dict[str, Any], history
     layout = StageLayout(root, dag_id, run_id, stage["stage"])
     plan = read_json(layout.plan) or {}
     summary: StageSummary = read_json(layout.summary) or StageSummary()
-    journal = journal_records(layout.journal)
+    journal = journal_records(layout)
     # The stage's own config (pipeline and stage overrides applied) wins over the global one. It was
     # validated when the DAG was parsed, but the plan is a file: one written before that check, or by
     # hand, must not turn into a javascript: link, so an unsafe value means no link at all.

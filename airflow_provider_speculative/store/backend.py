@@ -9,9 +9,10 @@ Every backend gives:
 3. **read-after-write**: what a call wrote is seen by the next read, from any process or host;
 4. **read of a named object** (:meth:`StoreBackend.read`): data is found by name (a manifest names its
    files); :meth:`StoreBackend.list_names` is for discovering names, never proof that data is complete;
-5. **ordered journal** (:meth:`StoreBackend.append_record`, :meth:`StoreBackend.read_journal`):
-   concurrent appenders lose no record, and readers get one total order in which each writer's records
-   keep the order it wrote them;
+5. **ordered journal** (:meth:`StoreBackend.append_record`, :meth:`StoreBackend.read_journal`,
+   :meth:`StoreBackend.read_journal_from`): concurrent appenders lose no record, and readers get one total
+   order in which each writer's records keep the order it wrote them; a reader that keeps a cursor reads
+   only what was appended since;
 6. **owned deletes** (:meth:`StoreBackend.delete`, :meth:`StoreBackend.delete_prefix`): only under a
    prefix whose ownership marker (``_owner.json``, created exclusively by :meth:`StoreBackend.claim`)
    names this store; never the marker itself, never below a prefix another store claimed.
@@ -33,7 +34,7 @@ import unicodedata
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import quote, unquote, urlsplit
@@ -56,6 +57,12 @@ _RELIST_AFTER = 8
 _CONFLICT_RETRIES = 10
 _READ_THREADS = 16
 _TEMP_NAME = re.compile(r"^\..+\.tmp$")
+# Journal cursors (opaque to callers): POSIX ``posix:<inode>:<byte offset>``, S3 ``s3:<next number>:<ETag of
+# the record before it>``, any other backend ``count:<records read>``; plain strings, so a reader can keep one
+# in JSON.
+_POSIX_CURSOR = re.compile(r"^posix:(\d+):(\d+)$")
+_S3_CURSOR = re.compile(r"^s3:(\d+):(.*)$", re.DOTALL)
+_COUNT_CURSOR = re.compile(r"^count:(\d+)$")
 
 
 class UnsafeStoreNameError(UnsafeStorePathError):
@@ -73,6 +80,22 @@ class ObjectInfo:
     name: str
     size: int
     mtime: float
+
+
+@dataclass(frozen=True)
+class JournalChunk:
+    """What :meth:`StoreBackend.read_journal_from` read: new records, the next cursor, and whether it started over."""
+
+    records: list[dict[str, Any]]
+    """The complete records after the cursor, in the journal's order; each is returned by exactly one read."""
+    cursor: str
+    """Where the next read starts: opaque, a string that survives JSON, valid for this journal on this store."""
+    restarted: bool = False
+    """The journal was replaced, truncated or removed since the cursor: ``records`` start from its beginning,
+    and whatever the caller kept from earlier reads is no longer in it."""
+    unterminated: list[dict[str, Any]] = field(default_factory=list)
+    """POSIX: the record of a last line still without its newline, if it parses (:meth:`StoreBackend.read_journal`
+    counts it); not consumed, so the next read returns it again in ``records`` once the line is complete."""
 
 
 class S3Credentials(Protocol):
@@ -200,6 +223,25 @@ class StoreBackend(abc.ABC):
     def _read_journal(self, journal: str) -> list[dict[str, Any]]:
         """Every complete record of ``journal`` in its order."""
 
+    def _read_journal_from(self, journal: str, cursor: str | None) -> JournalChunk:
+        """The complete records of ``journal`` after ``cursor`` (None: from the start) and the next cursor.
+
+        This fallback reads the whole journal and skips the records counted in the cursor: correct on any
+        backend that keeps guarantee 5 (what a reader saw stays a prefix), but each read costs the whole
+        journal, so the POSIX and S3 backends read only what is new.
+        """
+        seen = 0
+        if cursor is not None:
+            match = _COUNT_CURSOR.match(cursor)
+            if match is None:
+                raise StoreError(f"cannot read {self.describe(journal)}: {cursor!r} is not a journal cursor "
+                                 "of this store")
+            seen = int(match.group(1))
+        records = self._read_journal(journal)
+        if len(records) < seen:
+            return JournalChunk(records, f"count:{len(records)}", restarted=True)
+        return JournalChunk(records[seen:], f"count:{len(records)}")
+
     @abc.abstractmethod
     def _read_marker(self, prefix: str) -> Any:
         """The ownership marker of ``prefix`` (None if there is none), read without following links."""
@@ -267,6 +309,16 @@ class StoreBackend(abc.ABC):
     def read_journal(self, journal: str) -> list[dict[str, Any]]:
         """Every complete record of ``journal``, in one total order that keeps each writer's order."""
         return self._read_journal(check_name(journal))
+
+    def read_journal_from(self, journal: str, cursor: str | None = None) -> JournalChunk:
+        """The records of ``journal`` appended after ``cursor`` (None or ``""``: from the start), and the next cursor.
+
+        Reading again from each returned cursor yields every record exactly once, in :meth:`read_journal`'s
+        order, while writers append. A record still being written is not returned until it is complete.
+        ``restarted`` says the journal was replaced since the cursor (see :class:`JournalChunk`). A cursor is
+        opaque: only one this backend returned for this journal is valid; anything else is a StoreError.
+        """
+        return self._read_journal_from(check_name(journal), cursor or None)
 
     # -- ownership and deletes -----------------------------------------------------------------------
 
@@ -346,6 +398,35 @@ def _owner_of(marker: Any) -> str:
     if isinstance(marker, dict) and isinstance(marker.get("owner"), str):
         return f"its marker names {marker['owner']!r}"
     return "its marker is not this provider's"
+
+
+def _posix_cursor(inode: int, offset: int) -> str:
+    return f"posix:{inode}:{offset}"
+
+
+def _journal_lines(where: Path, data: bytes, *, torn: bool = False) -> list[dict[str, Any]]:
+    """The records of journal lines as ``files.read_jsonl`` takes them: blank, unparseable and non-object lines skipped.
+
+    Complete lines that are not UTF-8 are a StoreError, as for a full read; a ``torn`` last line cut inside a
+    character is just not a record yet.
+    """
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        if torn:
+            return []
+        raise StoreError(f"cannot read {where}: {exc}") from None
+    records = []
+    # Text-mode line ends, as read_jsonl's iteration sees them (\n, \r\n and \r).
+    for line in text.replace("\r\n", "\n").replace("\r", "\n").split("\n"):
+        if line.strip():
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(record, dict):
+                records.append(record)
+    return records
 
 
 # -- POSIX ----------------------------------------------------------------------------------------------
@@ -441,6 +522,42 @@ class PosixBackend(StoreBackend):
 
     def _read_journal(self, journal: str) -> list[dict[str, Any]]:
         return files.read_jsonl(self.root / journal)
+
+    def _read_journal_from(self, journal: str, cursor: str | None) -> JournalChunk:
+        # The file only grows by whole-line appends: a cursor is its inode and the offset after the last
+        # complete line read. Another inode, or a file shorter than the offset, is another journal.
+        path = self.root / journal
+        known: int | None = None
+        offset = 0
+        if cursor is not None:
+            match = _POSIX_CURSOR.match(cursor)
+            if match is None:
+                raise StoreError(f"cannot read {path}: {cursor!r} is not a journal cursor of this store")
+            known, offset = int(match.group(1)), int(match.group(2))
+        try:
+            info = os.stat(path)
+        except (FileNotFoundError, NotADirectoryError):
+            return JournalChunk([], "", restarted=known is not None)
+        except OSError as exc:
+            raise StoreError(f"cannot read {path}: {exc.strerror or exc}") from exc
+        if known == info.st_ino and info.st_size == offset:
+            return JournalChunk([], _posix_cursor(known, offset))  # nothing appended: the file is not even opened
+        try:
+            # Not a FIFO (it would block a reader for ever), not a symlink (another file's lines as records).
+            with files.open_regular_bytes(path) as handle:
+                opened = os.fstat(handle.fileno())
+                restarted = known is not None and (opened.st_ino != known or opened.st_size < offset)
+                if opened.st_ino != known or opened.st_size < offset:
+                    offset = 0
+                handle.seek(offset)
+                data = handle.read()
+        except (FileNotFoundError, NotADirectoryError):
+            return JournalChunk([], "", restarted=known is not None)
+        except OSError as exc:
+            raise StoreError(f"cannot read {path}: {exc.strerror or exc}") from exc
+        end = data.rfind(b"\n") + 1
+        return JournalChunk(_journal_lines(path, data[:end]), _posix_cursor(opened.st_ino, offset + end),
+                            restarted=restarted, unterminated=_journal_lines(path, data[end:], torn=True))
 
     def _read_marker(self, prefix: str) -> Any:
         return files.read_json_in_store(self.root, self.root / _join(prefix, OWNER_FILE))
@@ -639,6 +756,68 @@ class S3Backend(StoreBackend):
             if isinstance(record, dict):
                 records.append(record)
         return records
+
+    def _read_journal_from(self, journal: str, cursor: str | None) -> JournalChunk:
+        # A cursor is the next record number and the ETag of the record before it. Numbers have no gaps and
+        # a new record is never numbered below one a reader saw, so listing from the last record read finds
+        # exactly what was appended since; that record itself must come first, unchanged, or the journal was
+        # removed or replaced.
+        prefix = self.journal_prefix(journal)
+        check_name(prefix)
+        following, before = 1, ""
+        if cursor is not None:
+            match = _S3_CURSOR.match(cursor)
+            if match is None or int(match.group(1)) < 1:
+                raise StoreError(f"cannot read {self.describe(prefix)}: {cursor!r} is not a journal cursor "
+                                 "of this store")
+            following, before = int(match.group(1)), match.group(2)
+        listed = self._numbered(prefix, after=following - 2)
+        if following > 1:
+            if not listed or listed[0] != (following - 1, before):
+                fresh = self._read_journal_from(journal, None)
+                return JournalChunk(fresh.records, fresh.cursor, restarted=True)
+            listed = listed[1:]
+        elif listed:
+            following = listed[0][0]  # appenders number from 1; records below the first one listed are gone
+        run: list[tuple[int, str]] = []
+        for number, etag in listed:
+            if number != following + len(run):
+                break  # a gap cannot come from appenders: stop before it rather than skip a record
+            run.append((number, etag))
+        names = [self._record_name(prefix, number) for number, _ in run]
+        with ThreadPoolExecutor(max_workers=min(_READ_THREADS, max(1, len(names)))) as pool:
+            bodies = list(pool.map(self._read, names))
+        records: list[dict[str, Any]] = []
+        last: tuple[int, str] | None = None
+        for (number, etag), body in zip(run, bodies, strict=True):
+            if body is None:
+                break  # deleted since the listing: the next read sees the journal gone
+            last = (number, etag)
+            try:
+                record = json.loads(body)
+            except ValueError:
+                continue  # as read_journal: not a complete record, and never one later
+            if isinstance(record, dict):
+                records.append(record)
+        if last is None:
+            return JournalChunk([], cursor or "s3:1:")  # a cursor given was just found valid: it stays
+        return JournalChunk(records, f"s3:{last[0] + 1}:{last[1]}")
+
+    @staticmethod
+    def _record_name(prefix: str, number: int) -> str:
+        return f"{prefix}/{number:0{_SEQ_DIGITS}d}.json"
+
+    def _numbered(self, prefix: str, *, after: int) -> list[tuple[int, str]]:
+        """(number, ETag) of the journal's records numbered above ``after``, in order (one listing from there)."""
+        extra = {"StartAfter": self._key(self._record_name(prefix, after))} if after >= 0 else {}
+        found = []
+        for page in self._pages(prefix, **extra):
+            for obj in page.get("Contents", []):
+                name = self._relative(obj["Key"])
+                match = _SEQ_NAME.match(name.rsplit("/", 1)[-1])
+                if match and name.count("/") == prefix.count("/") + 1 and int(match.group(1)) > after:
+                    found.append((int(match.group(1)), str(obj.get("ETag") or "")))
+        return sorted(found)
 
     def _read_marker(self, prefix: str) -> Any:
         name = _join(prefix, OWNER_FILE)

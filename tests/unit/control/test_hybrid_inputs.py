@@ -217,3 +217,24 @@ def test_a_hybrid_producer_whose_key_type_matches_is_read(tmp_path: Path) -> Non
     clock.now += 1
     ctrl.step()
     assert not ctrl.done and sorted((s.subtask, s.attempt) for s in backend.launched) == [(0, 0), (1, 0)]
+
+
+def test_the_producers_journal_is_tailed_by_cursor_torn_line_and_replacement_included(tmp_path: Path) -> None:
+    from airflow_provider_speculative.control.hybrid import HybridInputWatcher, _Producer
+
+    producer = Producer(tmp_path / "store")
+    watched = _Producer(producer.layout, 3, "fp", ["rows"])
+    assert HybridInputWatcher._read_journal(watched) == (set(), True, 1)
+    assert HybridInputWatcher._read_journal(watched) == (set(), False, 0)
+    journal.record(producer.layout.journal, "launch", subtask=1, attempt=0)
+    with open(producer.layout.journal, "a") as handle:
+        handle.write('{"event": "admit", "subtask": 1, "attempt": 0}')  # its newline not written yet
+    assert HybridInputWatcher._read_journal(watched) == (set(), False, 1) and watched.launched == {1}
+    with open(producer.layout.journal, "a") as handle:
+        handle.write("\n")
+    assert HybridInputWatcher._read_journal(watched) == ({1}, False, 1)
+    # Another file in its place: every marker and the plan are checked again.
+    replacement = tmp_path / "journal.jsonl"
+    replacement.write_text('{"event": "admit", "subtask": 2, "attempt": 0}\n')
+    replacement.replace(producer.layout.journal)
+    assert HybridInputWatcher._read_journal(watched) == ({0, 1, 2}, True, 2)

@@ -249,3 +249,25 @@ def test_a_second_poll_of_an_unchanged_ended_stage_reads_almost_no_file(tmp_path
     counts.update(open=0, listdir=0, stat=0)
     assert stage_view(layout.root, DAG, RUN, STAGE, offset=0, limit=500, now=view_now) == first_view
     assert counts["open"] <= 40 and counts["listdir"] <= 4, counts
+
+
+def test_journal_records_reads_what_was_appended_and_starts_again_on_a_replaced_journal(tmp_path: Path) -> None:
+    from airflow_provider_speculative.store import journal
+
+    layout = StageLayout(tmp_path / "store", DAG, RUN, STAGE)
+    assert readmodel.journal_records(layout) == []
+    journal.record_stage(layout, "launch", at=T0, subtask=0)
+    assert [r["event"] for r in readmodel.journal_records(layout)] == ["launch"]
+    with open(layout.journal, "a") as handle:
+        handle.write(json.dumps({"at": T0, "event": "admit"}))  # no newline yet: counted, as read_journal does
+    assert [r["event"] for r in readmodel.journal_records(layout)] == ["launch", "admit"]
+    with open(layout.journal, "a") as handle:
+        handle.write("\n")
+    journal.record_stage(layout, "stage_complete", at=T0)
+    assert [r["event"] for r in readmodel.journal_records(layout)] == ["launch", "admit", "stage_complete"]
+    _write(layout.journal, {"at": T0, "event": "plan_decided"})  # renamed over: another file
+    with open(layout.journal, "a") as handle:
+        handle.write("\n")
+    assert [r["event"] for r in readmodel.journal_records(layout)] == ["plan_decided"]
+    layout.journal.unlink()
+    assert readmodel.journal_records(layout) == []

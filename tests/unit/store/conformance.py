@@ -8,6 +8,7 @@ tests/integration/test_store_backends.py on POSIX and on the suite's S3 endpoint
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import threading
 import time
@@ -19,6 +20,7 @@ import pytest
 from airflow_provider_speculative.exceptions import StoreError
 from airflow_provider_speculative.store.backend import (
     OWNER_FILE,
+    PosixBackend,
     StoreBackend,
     StoreNotOwnedError,
     UnsafeStoreNameError,
@@ -213,6 +215,107 @@ class BackendConformance:
 
     def test_journal_of_nothing_is_empty(self, backend: StoreBackend) -> None:
         assert backend.read_journal("d/r/s/journal.jsonl") == []
+        chunk = backend.read_journal_from("d/r/s/journal.jsonl")
+        assert chunk.records == [] and not chunk.restarted
+        backend.append_record("d/r/s/journal.jsonl", {"event": "first"})
+        assert backend.read_journal_from("d/r/s/journal.jsonl", chunk.cursor).records == [{"event": "first"}]
+
+    def test_incremental_reads_return_each_record_once_in_order_while_writers_append(
+            self, make_backend: MakeBackend) -> None:
+        journal, per_writer, threads_n, procs_n = "d/r/s/journal.jsonl", 12, 4, 3
+        ctx = _fork()
+        start = ctx.Event()
+
+        def append(writer: str) -> None:
+            backend = make_backend()
+            start.wait()
+            for i in range(per_writer):
+                backend.append_record(journal, {"event": "e", "writer": writer, "i": i})
+
+        reader = make_backend()
+        got: list[tuple[str, int]] = []
+        reads = 0
+        cursor: Any = None
+
+        def read_more() -> None:
+            nonlocal cursor, reads
+            # Kept as JSON between reads, as a reader that persists its cursor would.
+            chunk = reader.read_journal_from(journal, json.loads(json.dumps(cursor)))
+            assert not chunk.restarted
+            got.extend((r["writer"], r["i"]) for r in chunk.records)
+            cursor, reads = chunk.cursor, reads + 1
+
+        threads = [threading.Thread(target=append, args=(f"t{w}",)) for w in range(threads_n)]
+        procs = [ctx.Process(target=append, args=(f"p{w}",)) for w in range(procs_n)]
+        for x in [*threads, *procs]:
+            x.start()
+        start.set()
+        while any(t.is_alive() for t in threads) or any(p.is_alive() for p in procs):
+            read_more()
+            time.sleep(0.005)
+        for t in threads:
+            t.join()
+        for p in procs:
+            p.join()
+            assert p.exitcode == 0
+        read_more()
+        final = [(r["writer"], r["i"]) for r in reader.read_journal(journal)]
+        assert len(final) == (threads_n + procs_n) * per_writer and len(set(final)) == len(final)
+        assert got == final, "incremental reads lost, repeated or reordered a record"
+        assert reads > 2
+        # Nothing new: an empty read that keeps its place.
+        chunk = reader.read_journal_from(journal, cursor)
+        assert chunk.records == [] and not chunk.restarted
+        reader.append_record(journal, {"event": "last", "writer": "x", "i": 0})
+        assert make_backend().read_journal_from(journal, chunk.cursor).records == [
+            {"event": "last", "writer": "x", "i": 0}]  # another client continues from the cursor
+
+    def test_incremental_read_of_a_replaced_journal_starts_again_and_says_so(self, backend: StoreBackend) -> None:
+        journal = "runs/a/s/journal.jsonl"
+        backend.claim("runs/a")
+        for i in range(3):
+            backend.append_record(journal, {"event": "old", "i": i})
+        cursor = backend.read_journal_from(journal).cursor
+        backend.delete_prefix("runs/a")
+        gone = backend.read_journal_from(journal, cursor)
+        assert gone.records == [] and gone.restarted
+        for i in range(4):
+            backend.append_record(journal, {"event": "new", "i": i})
+        again = backend.read_journal_from(journal, cursor)
+        assert again.restarted and again.records == [{"event": "new", "i": i} for i in range(4)]
+        assert backend.read_journal_from(journal, again.cursor).records == []
+
+    def test_a_cursor_not_from_this_store_is_refused(self, backend: StoreBackend) -> None:
+        backend.append_record("d/journal.jsonl", {"event": "x"})
+        with pytest.raises(StoreError, match=r"d/journal.*not a journal cursor"):
+            backend.read_journal_from("d/journal.jsonl", "elsewhere:7")
+        with pytest.raises(UnsafeStoreNameError):
+            backend.read_journal_from("../journal.jsonl")
+
+    def test_a_torn_last_line_is_returned_only_once_complete(self, backend: StoreBackend) -> None:
+        if not isinstance(backend, PosixBackend):
+            pytest.skip("only a POSIX journal has lines: an S3 record is one object, whole or absent")
+        journal = "d/r/s/journal.jsonl"
+        backend.append_record(journal, {"event": "launch", "attempt": 0})
+        path = backend.path(journal)
+        line = json.dumps({"event": "admit", "attempt": 0}).encode() + b"\n"
+        with open(path, "ab") as handle:
+            handle.write(line[:9])  # a record being appended
+        first = backend.read_journal_from(journal)
+        assert first.records == [{"event": "launch", "attempt": 0}] and first.unterminated == []
+        with open(path, "ab") as handle:
+            handle.write(line[9:-1])  # whole JSON, still without its newline: counted, not consumed
+        second = backend.read_journal_from(journal, first.cursor)
+        assert second.records == [] and second.unterminated == [{"event": "admit", "attempt": 0}]
+        assert second.cursor == first.cursor
+        with open(path, "ab") as handle:
+            handle.write(b"\n")
+        third = backend.read_journal_from(journal, second.cursor)
+        assert third.records == [{"event": "admit", "attempt": 0}] and third.unterminated == []
+        backend.append_record(journal, {"event": "cancel"})
+        assert backend.read_journal_from(journal, third.cursor).records == [{"event": "cancel"}]
+        assert backend.read_journal(journal) == [{"event": "launch", "attempt": 0}, {"event": "admit", "attempt": 0},
+                                                 {"event": "cancel"}]
 
     # -- 6. owned deletes ------------------------------------------------------------------------------
 

@@ -207,3 +207,66 @@ def test_store_modules_reach_the_store_through_the_layouts_backend(tmp_path: Pat
     (layout.subtask_dir(0) / "attempt=x").mkdir()
     (layout.subtask_dir(0) / "admitted.json").write_text("{}")
     assert layout.attempt_numbers(0) == [3] and layout.attempt_numbers(7) == []
+
+
+def test_posix_incremental_journal_read_follows_the_inode_and_never_a_link_or_fifo(tmp_path: Path) -> None:
+    backend = PosixBackend(tmp_path)
+    journal = "d/journal.jsonl"
+    for i in range(3):
+        backend.append_record(journal, {"i": i})
+    chunk = backend.read_journal_from(journal)
+    assert [r["i"] for r in chunk.records] == [0, 1, 2] and chunk.cursor.startswith("posix:")
+    # Replaced by a rename (another inode), even a longer file: read again from its start.
+    other = tmp_path / "other.jsonl"
+    other.write_text("".join(json.dumps({"i": 10 + i}) + "\n" for i in range(5)))
+    os.replace(other, backend.path(journal))
+    replaced = backend.read_journal_from(journal, chunk.cursor)
+    assert replaced.restarted and [r["i"] for r in replaced.records] == [10, 11, 12, 13, 14]
+    # Truncated in place (same inode, shorter than the cursor's offset): from its start too.
+    backend.path(journal).write_text(json.dumps({"i": 20}) + "\n")
+    truncated = backend.read_journal_from(journal, replaced.cursor)
+    assert truncated.restarted and truncated.records == [{"i": 20}]
+    # Lines that are not JSON objects are not records; a complete line that is not UTF-8 is an error.
+    with open(backend.path(journal), "ab") as handle:
+        handle.write(b"\n[1]\n7\n{\"i\": 21}\r\n")
+    assert backend.read_journal_from(journal, truncated.cursor).records == [{"i": 21}]
+    backend.path(journal).write_bytes(b'{"i": 1}\n\xff\n')
+    with pytest.raises(StoreError, match=r"journal\.jsonl"):
+        backend.read_journal_from(journal)
+    backend.path(journal).write_bytes(b'{"i": 1}\n{"x": "\xc3')  # a torn line cut inside a character
+    assert backend.read_journal_from(journal).records == [{"i": 1}]
+    backend.path(journal).unlink()
+    os.symlink(other.parent / "elsewhere.jsonl", backend.path(journal))
+    (tmp_path / "elsewhere.jsonl").write_text('{"secret": 1}\n')
+    with pytest.raises(StoreError, match="symbolic link"):
+        backend.read_journal_from(journal)
+    backend.path(journal).unlink()
+    os.mkfifo(backend.path(journal))
+    with pytest.raises(StoreError, match="not a regular file"):
+        backend.read_journal_from(journal)
+
+
+class _WholeJournalReads(PosixBackend):
+    """A backend with no incremental read of its own: StoreBackend's fallback, which counts records read."""
+
+    _read_journal_from = StoreBackend._read_journal_from
+
+
+def test_the_fallback_incremental_read_counts_records_and_restarts_on_a_shorter_journal(tmp_path: Path) -> None:
+    backend = _WholeJournalReads(tmp_path)
+    backend.claim("d")
+    first = backend.read_journal_from("d/journal.jsonl")
+    assert first.records == [] and not first.restarted
+    for i in range(3):
+        backend.append_record("d/journal.jsonl", {"i": i})
+    second = backend.read_journal_from("d/journal.jsonl", json.loads(json.dumps(first.cursor)))
+    assert [r["i"] for r in second.records] == [0, 1, 2]
+    backend.append_record("d/journal.jsonl", {"i": 3})
+    third = backend.read_journal_from("d/journal.jsonl", second.cursor)
+    assert third.records == [{"i": 3}] and not third.restarted
+    backend.delete("d/journal.jsonl")
+    backend.append_record("d/journal.jsonl", {"i": 9})
+    again = backend.read_journal_from("d/journal.jsonl", third.cursor)
+    assert again.restarted and again.records == [{"i": 9}]
+    with pytest.raises(StoreError, match="not a journal cursor"):
+        backend.read_journal_from("d/journal.jsonl", "posix:1:0")
