@@ -236,12 +236,23 @@ def _reference_pick(sched: StageScheduler, load: dict[str, int], now: float, avo
 
 
 def _reference_place(sched: StageScheduler, speculative: list[tuple[int, str]], load: dict[str, int],
-                     budget: int | None, speeds: Speeds, now: float) -> list[Action]:
-    """One placement round as a walk over every queued original, then the copies, with the plain hold planner."""
+                     budget: int | None, speeds: Speeds, now: float,
+                     first: list[tuple[int, str]] | None = None) -> list[Action]:
+    """One placement round as a walk over every queued original, then the copies, with the plain hold planner.
+
+    With ``first`` (the tail copies): those copies and the queued originals larger than the smallest of them,
+    largest first, a copy only on a target that is not slow.
+    """
     placeable = [t.name for t in sched.targets
                  if t.name not in sched.lost_targets and not sched.blocklist.is_blocked(t.node_label, now)]
     queued = sched._queue.queued
     wanted = [(s, False, queued[s]) for s in sorted(queued)] + [(s, True, r) for s, r in speculative]
+    if first is not None:
+        size = sched.input_bytes
+        smallest = min(size.get(s, 0) for s, _ in first)
+        ordered = sorted([(-size.get(s, 0), s, r, True) for s, r in first]
+                         + [(-size.get(s, 0), s, r, False) for s, r in queued.items() if size.get(s, 0) > smallest])
+        wanted = [(s, copy, r) for _, s, r, copy in ordered]
     actions: list[Action] = []
     holds: HoldPlanner | None = None
     tried: set[str] = set()
@@ -251,6 +262,8 @@ def _reference_place(sched: StageScheduler, speculative: list[tuple[int, str]], 
             break
         avoid = {a.target for a in sched.attempts[subtask].values() if a.live} if copy else set()
         target = _reference_pick(sched, load, now, avoid, not copy, speeds)
+        if first is not None and copy and (target is None or speeds.is_slow(target.name)):
+            break
         if target is None:
             if not copy:
                 sched._queue.wanting.add(subtask)
@@ -314,6 +327,10 @@ class _ReferencePlacement(Placement):
     def walk(self, speculative: list[tuple[int, str]], load: dict[str, int], budget: int | None,
              speeds: Speeds, now: float) -> list[Action]:
         return _reference_place(self.state, speculative, load, budget, speeds, now)  # type: ignore[arg-type]
+
+    def _place_first(self, first: list[tuple[int, str]], load: dict[str, int], budget: int | None,
+                     speeds: Speeds, now: float) -> list[Action]:
+        return _reference_place(self.state, [], load, budget, speeds, now, first)  # type: ignore[arg-type]
 
 
 class _Reference(_Recording):
