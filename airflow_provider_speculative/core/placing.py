@@ -687,7 +687,6 @@ class _HoldIndex:
         return False
 
 
-
 def _slowness(speeds: Speeds, target: str) -> float:
     """The target's expected slowness: where unfinished attempts only bound it, they have run half of it."""
     return speeds.of(target) * (LOWER_BOUND_FACTOR if speeds.bounded(target) else 1.0)

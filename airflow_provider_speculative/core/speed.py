@@ -75,7 +75,7 @@ class Speeds:
         return self.of(target) >= SLOW_FACTOR
 
     def bounded(self, target: str) -> bool:
-        """True if the target's slowness is only a lower bound: nothing finished there and no history."""
+        """True if nothing tells the target's slowness but unfinished attempts, which only bound it from below."""
         return self.source.get(target, UNFINISHED) == UNFINISHED
 
     @functools.cached_property
