@@ -137,6 +137,8 @@ class Placement:
         self.state = state
         # What the current round computes once instead of per waiting subtask (None between rounds).
         self._round: _Round | None = None
+        # Whether the current round is in the last wave (see :meth:`last_wave`).
+        self._last_wave = False
 
     def place(self, speculative: list[tuple[int, str]], load: dict[str, int], budget: int | None, speeds: Speeds,
               now: float) -> list[Action]:
@@ -147,6 +149,7 @@ class Placement:
         """
         self._round = _Round(self.state, load, now, speeds)
         try:
+            self._last_wave = self.last_wave(speeds)
             # Last wave: the long copies, and the originals longer still, before the rest (see tail_copies).
             first, speculative = self.tail_copies(speculative, speeds, now)
             actions = self._place_first(first, load, budget, speeds, now) if first else []
@@ -155,6 +158,7 @@ class Placement:
             actions += self.walk(speculative, load, budget, speeds, now)
         finally:
             self._round = None
+            self._last_wave = False
         queue = self.state._queue
         order = queue.order
         if len(order) > 2 * len(queue.queued) + 64:
@@ -167,6 +171,12 @@ class Placement:
             del order[:head]
         return actions
 
+    def last_wave(self, speeds: Speeds) -> bool:
+        """True once the queued originals fit in the slots of targets that are not slow (at the round's start)."""
+        state = self.state
+        fast_slots = sum(state._slot_count(t.name) or 0 for t in state.targets if not speeds.is_slow(t.name))
+        return len(state._queue.queued) <= fast_slots
+
     def tail_copies(self, speculative: list[tuple[int, str]], speeds: Speeds,
                     now: float) -> tuple[list[tuple[int, str]], list[tuple[int, str]]]:
         """The copies that go before the queued originals (largest first), and the rest in their order.
@@ -177,10 +187,7 @@ class Placement:
         """
         state = self.state
         per_byte = speeds.fastest_per_byte
-        if not speculative or per_byte is None:
-            return [], speculative
-        fast_slots = sum(state._slot_count(t.name) or 0 for t in state.targets if not speeds.is_slow(t.name))
-        if len(state._queue.queued) > fast_slots:
+        if not speculative or per_byte is None or not self._last_wave:
             return [], speculative
         median = state._median_size()
         horizon = TAIL_WAVES * per_byte * (median or 0.0)
@@ -313,7 +320,7 @@ class Placement:
         number held before holding no longer pays, with their reservations made in the hold planner. Their
         held-back reasons are kept, so nothing else about them changes.
         """
-        if self._busy_slow(target, walk.speeds, walk.now, walk.load):
+        if self._busy_slow(target, walk.speeds, walk.now, walk.load) or self._last_wave_slow(walk):
             return None  # held whatever the hold planner answers
         assert self._round is not None
         held = self._round.holds_in_a_row(self._hold_planner(walk), target.name, remaining)
@@ -360,12 +367,13 @@ class Placement:
                     queue.unheld.discard(subtask)
                 queue.wanting.add(subtask)
                 return
-            if not probe and self._busy_slow(target, speeds, now, walk.load):
+            busy = not probe and self._busy_slow(target, speeds, now, walk.load)
+            if busy or (not probe and self._last_wave_slow(walk)):
                 if subtask not in held_back:
+                    why = "runs one attempt at a time" if busy else "this is the last wave"
                     held_back[subtask] = (now, f"for a faster target ({target.name} is "
                                                f"{speeds.of(target.name):.1f}x slower, "
-                                               f"{speeds.source.get(target.name, 'run')}, and runs "
-                                               "one attempt at a time)")
+                                               f"{speeds.source.get(target.name, 'run')}, and {why})")
                     queue.unheld.discard(subtask)
                 queue.wanting.add(subtask)
                 return
@@ -391,6 +399,14 @@ class Placement:
         if walk.budget is not None:
             walk.budget -= 1
         walk.actions.append(Launch(subtask, number, target.name, speculative, reason))
+
+    def _last_wave_slow(self, walk: _Walk) -> bool:
+        """In the last wave a slow target takes no fresh original while a faster one is usable.
+
+        Every original left fits in the faster targets' slots, so one placed on a slow target now is likely
+        the stage's last to end: waiting for a faster slot costs at most about one expected duration.
+        """
+        return self._last_wave and self._round_for(walk.load, walk.now, walk.speeds).fast_usable()
 
     def _busy_slow(self, target: Target, speeds: Speeds, now: float, load: dict[str, int]) -> bool:
         """A slow target that runs something takes no further original while a faster one is usable.

@@ -356,10 +356,9 @@ class RulePlacement(Placement):
             avoid = avoid | getattr(self.state, "_avoid", set())
         return super().pick_target(load, now, avoid, allow_blocked, speeds)
 
-    def tail_copies(self, speculative: list[tuple[int, str]], speeds: Any,
-                    now: float) -> tuple[list[tuple[int, str]], list[tuple[int, str]]]:
-        """No copy before the fresh originals: the modelled systems place originals first (Spark's TaskSetManager)."""
-        return [], speculative
+    def last_wave(self, speeds: Any) -> bool:
+        """Never: the modelled systems have no last-wave rule (no copy before originals, no hold off slow nodes)."""
+        return False
 
     def walk(self, speculative: list[tuple[int, str]], load: dict[str, int], budget: int | None,
              speeds: Any, now: float) -> list[Action]:

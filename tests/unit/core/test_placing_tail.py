@@ -55,3 +55,25 @@ def test_before_the_last_wave_fresh_originals_go_first() -> None:
     actions = _report(sched, 20.0, [3, 4], AttemptState.FINISHED)
     assert sched.slow_subtasks == frozenset({2})
     assert _launched(actions) == [(5, 0, "fast-a", False), (6, 0, "fast-b", False)]
+
+
+def test_in_the_last_wave_a_slow_target_takes_no_fresh_original_while_a_faster_one_is_usable() -> None:
+    # No node block: the slow target stays pickable after its attempt is judged slow.
+    config = SpeculativeConfig(enabled=True, baseline_lower_bound=0.0, baseline_ratio=0.5, block_slow_node_duration=0,
+                               targets=(Target(name="fast-a", slots=1), Target(name="fast-b", slots=1),
+                                        Target(name="slow", slots=1)))
+    sizes = {**dict.fromkeys(range(9), 100), 5: 300, 6: 300}
+    sched = StageScheduler(parallelism=9, config=config, input_bytes=sizes)
+    step(sched, 0.0)
+    _report(sched, 0.0, [0, 1, 2], AttemptState.RUNNING)
+    _report(sched, 10.0, [0, 1], AttemptState.FINISHED)
+    _report(sched, 10.0, [3, 4], AttemptState.RUNNING)
+    # Four originals wait for two fast slots: 5 and 6 (30 s each on a fast target) take them.
+    assert [s for s, *_ in _launched(_report(sched, 20.0, [3, 4], AttemptState.FINISHED))] == [5, 6]
+    _report(sched, 22.0, [5, 6], AttemptState.RUNNING)
+    # Subtask 2 ends on the slow target after 22 s (2.2x slower); 7 and 8 now fit in the fast slots. The
+    # hold planner alone places 7 there (22 s against 10 s of waiting plus 10 s on a fast target, within
+    # its margin): the last wave holds it for a fast slot instead.
+    actions = _report(sched, 22.0, [2], AttemptState.FINISHED)
+    assert _launched(actions) == []
+    assert "this is the last wave" in sched.held_back[7][1]
