@@ -417,15 +417,11 @@ def _run(kind: type[StageScheduler], scenario: Scenario, policy: str, progress: 
     return [s.log for s in sim.logs]  # type: ignore[attr-defined]
 
 
-# Which ways a round passed over held originals, over every seed (a seed's scenarios need not show them all).
-_STRETCHES: Counter[str] = Counter()
-
-
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_the_incremental_views_decide_exactly_as_the_full_rescans(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
     # Same actions in the same order, from the same speeds, baselines, slow subtasks and held-back reasons,
     # step by step; the reference also walks every waiting original each round, with the plain hold planner.
-    stretches = _STRETCHES
+    stretches: Counter[str] = Counter()
     held_stretch = Placement._held_stretch
 
     def counted(self: Placement, *args: Any) -> int | None:
@@ -454,9 +450,13 @@ def test_the_incremental_views_decide_exactly_as_the_full_rescans(seed: int, mon
     assert runs == 30
     # Over the seeds, the rounds passed over whole stretches of held originals, each way a stretch can end,
     # and the number held was known both from slot counts alone and only from the queues.
-    if seed == 3:
-        assert min(stretches[k] for k in ("all held", "some held, then one placed", "placed at once",
-                                          "sure from slot counts", "counted queue by queue")) > 0, stretches
+    # The rounds passed over whole stretches of held originals, each way a stretch can end, and the number
+    # held was known both from slot counts alone and only from the queues; seed 2's traces hold originals off
+    # slow nodes in the last wave before any slot-count bound is sure, so that way is checked on seeds 1 and 3.
+    ways = ["all held", "some held, then one placed", "placed at once", "counted queue by queue"]
+    if seed != 2:
+        ways.append("sure from slot counts")
+    assert min(stretches[k] for k in ways) > 0, stretches
 
 
 def test_placement_alone_decides_exactly_as_a_walk_over_every_waiting_subtask() -> None:
