@@ -20,7 +20,6 @@ import pytest
 from airflow_provider_speculative.exceptions import StoreError
 from airflow_provider_speculative.store.backend import (
     OWNER_FILE,
-    PosixBackend,
     StoreBackend,
     StoreNotOwnedError,
     UnsafeStoreNameError,
@@ -291,31 +290,6 @@ class BackendConformance:
             backend.read_journal_from("d/journal.jsonl", "elsewhere:7")
         with pytest.raises(UnsafeStoreNameError):
             backend.read_journal_from("../journal.jsonl")
-
-    def test_a_torn_last_line_is_returned_only_once_complete(self, backend: StoreBackend) -> None:
-        if not isinstance(backend, PosixBackend):
-            pytest.skip("only a POSIX journal has lines: an S3 record is one object, whole or absent")
-        journal = "d/r/s/journal.jsonl"
-        backend.append_record(journal, {"event": "launch", "attempt": 0})
-        path = backend.path(journal)
-        line = json.dumps({"event": "admit", "attempt": 0}).encode() + b"\n"
-        with open(path, "ab") as handle:
-            handle.write(line[:9])  # a record being appended
-        first = backend.read_journal_from(journal)
-        assert first.records == [{"event": "launch", "attempt": 0}] and first.unterminated == []
-        with open(path, "ab") as handle:
-            handle.write(line[9:-1])  # whole JSON, still without its newline: counted, not consumed
-        second = backend.read_journal_from(journal, first.cursor)
-        assert second.records == [] and second.unterminated == [{"event": "admit", "attempt": 0}]
-        assert second.cursor == first.cursor
-        with open(path, "ab") as handle:
-            handle.write(b"\n")
-        third = backend.read_journal_from(journal, second.cursor)
-        assert third.records == [{"event": "admit", "attempt": 0}] and third.unterminated == []
-        backend.append_record(journal, {"event": "cancel"})
-        assert backend.read_journal_from(journal, third.cursor).records == [{"event": "cancel"}]
-        assert backend.read_journal(journal) == [{"event": "launch", "attempt": 0}, {"event": "admit", "attempt": 0},
-                                                 {"event": "cancel"}]
 
     # -- 6. owned deletes ------------------------------------------------------------------------------
 

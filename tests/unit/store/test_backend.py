@@ -270,3 +270,29 @@ def test_the_fallback_incremental_read_counts_records_and_restarts_on_a_shorter_
     assert again.restarted and again.records == [{"i": 9}]
     with pytest.raises(StoreError, match="not a journal cursor"):
         backend.read_journal_from("d/journal.jsonl", "posix:1:0")
+
+
+def test_posix_a_torn_last_line_is_returned_only_once_complete(tmp_path: Path) -> None:
+    # Only a POSIX journal has lines: an S3 record is one object, whole or absent.
+    backend = PosixBackend(tmp_path)
+    journal = "d/r/s/journal.jsonl"
+    backend.append_record(journal, {"event": "launch", "attempt": 0})
+    path = backend.path(journal)
+    line = json.dumps({"event": "admit", "attempt": 0}).encode() + b"\n"
+    with open(path, "ab") as handle:
+        handle.write(line[:9])  # a record being appended
+    first = backend.read_journal_from(journal)
+    assert first.records == [{"event": "launch", "attempt": 0}] and first.unterminated == []
+    with open(path, "ab") as handle:
+        handle.write(line[9:-1])  # whole JSON, still without its newline: counted, not consumed
+    second = backend.read_journal_from(journal, first.cursor)
+    assert second.records == [] and second.unterminated == [{"event": "admit", "attempt": 0}]
+    assert second.cursor == first.cursor
+    with open(path, "ab") as handle:
+        handle.write(b"\n")
+    third = backend.read_journal_from(journal, second.cursor)
+    assert third.records == [{"event": "admit", "attempt": 0}] and third.unterminated == []
+    backend.append_record(journal, {"event": "cancel"})
+    assert backend.read_journal_from(journal, third.cursor).records == [{"event": "cancel"}]
+    assert backend.read_journal(journal) == [{"event": "launch", "attempt": 0}, {"event": "admit", "attempt": 0},
+                                             {"event": "cancel"}]
