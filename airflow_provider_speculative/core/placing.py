@@ -21,12 +21,6 @@ from airflow_provider_speculative.core.messages import Action, Launch
 from airflow_provider_speculative.core.speed import HOLD_MARGIN, SLOW_FACTOR, HoldPlanner, Speeds
 from airflow_provider_speculative.core.states import Attempt, AttemptState
 
-# In the last wave a copy goes before the fresh originals only for an original expected to run longer than
-# this many expected durations (of the median split on the fastest target) from now.
-TAIL_WAVES = 1.0
-# An attempt whose target's slowness only unfinished attempts bound is taken to need as long again as it ran.
-LOWER_BOUND_FACTOR = 2.0
-
 # What a round's hold planner reads of the attempts: the live ones on a target, whether any attempt went to
 # a target, and the longest execution time of a target's live attempts when the round's speeds tell it.
 HoldInputs = tuple[Callable[[str], list[Attempt]], Callable[[str], bool], Callable[[str], float | None] | None]
@@ -137,8 +131,6 @@ class Placement:
         self.state = state
         # What the current round computes once instead of per waiting subtask (None between rounds).
         self._round: _Round | None = None
-        # Whether the current round is in the last wave (see :meth:`last_wave`).
-        self._last_wave = False
 
     def place(self, speculative: list[tuple[int, str]], load: dict[str, int], budget: int | None, speeds: Speeds,
               now: float) -> list[Action]:
@@ -149,16 +141,9 @@ class Placement:
         """
         self._round = _Round(self.state, load, now, speeds)
         try:
-            self._last_wave = self.last_wave(speeds)
-            # Last wave: the long copies, and the originals longer still, before the rest (see tail_copies).
-            first, speculative = self.tail_copies(speculative, speeds, now)
-            actions = self._place_first(first, load, budget, speeds, now) if first else []
-            if actions and budget is not None:
-                budget -= len(actions)
-            actions += self.walk(speculative, load, budget, speeds, now)
+            actions = self.walk(speculative, load, budget, speeds, now)
         finally:
             self._round = None
-            self._last_wave = False
         queue = self.state._queue
         order = queue.order
         if len(order) > 2 * len(queue.queued) + 64:
@@ -170,68 +155,6 @@ class Placement:
                 head += 1
             del order[:head]
         return actions
-
-    def last_wave(self, speeds: Speeds) -> bool:
-        """True once the queued originals fit in the slots of targets that are not slow (at the round's start)."""
-        state = self.state
-        fast_slots = sum(state._slot_count(t.name) or 0 for t in state.targets if not speeds.is_slow(t.name))
-        return len(state._queue.queued) <= fast_slots
-
-    def tail_copies(self, speculative: list[tuple[int, str]], speeds: Speeds,
-                    now: float) -> tuple[list[tuple[int, str]], list[tuple[int, str]]]:
-        """The copies that go before the queued originals (largest first), and the rest in their order.
-
-        In the last wave (the queued originals fit in the slots of targets not slow) a fresh original waits
-        at most about one expected duration; an original expected to run longer than that from now, and
-        longer than its copy would on the fastest target, is what ends the stage, so its copy goes first.
-        """
-        state = self.state
-        per_byte = speeds.fastest_per_byte
-        if not speculative or per_byte is None or not self._last_wave:
-            return [], speculative
-        median = state._median_size()
-        horizon = TAIL_WAVES * per_byte * (median or 0.0)
-        first: list[tuple[float, int, str]] = []
-        for subtask, reason in speculative:
-            size = state.input_bytes.get(subtask)
-            live = [a for a in state.attempts[subtask].values() if a.live]
-            if not size or not live:
-                continue
-            copy = per_byte * size
-            left = min(copy * _slowness(speeds, a.target) - a.execution_time(now) for a in live)
-            if left > copy and left > horizon:
-                first.append((-copy, subtask, reason))
-        first.sort()
-        chosen = {subtask for _, subtask, _ in first}
-        return ([(subtask, reason) for _, subtask, reason in first],
-                [(subtask, reason) for subtask, reason in speculative if subtask not in chosen])
-
-    def _place_first(self, first: list[tuple[int, str]], load: dict[str, int], budget: int | None,
-                     speeds: Speeds, now: float) -> list[Action]:
-        """Launch the tail copies and the queued originals larger than the smallest of them, largest first.
-
-        Longest first, so a long original or copy is not left to start after the short ones; a copy goes
-        only to a target that is not slow (on a slow one it would not end the stage sooner).
-        """
-        state = self.state
-        size = state.input_bytes
-        smallest = min(size.get(subtask, 0) for subtask, _ in first)
-        merged = sorted([(-size.get(s, 0), s, r, True) for s, r in first]
-                        + [(-size.get(s, 0), s, r, False) for s, r in state._queue.queued.items()
-                           if size.get(s, 0) > smallest])
-        walk = _Walk(load, speeds, now, budget)
-        for _, subtask, reason, copy in merged:
-            if self._no_room(walk):
-                break
-            if copy:
-                avoid = {a.target for a in state.attempts[subtask].values() if a.live}
-                target = self.pick_target(load, now, avoid, allow_blocked=False, speeds=speeds)
-                if target is None or speeds.is_slow(target.name):
-                    break
-            else:
-                target = self.pick_target(load, now, set(), allow_blocked=True, speeds=speeds)
-            self._place_one(walk, subtask, copy, reason, target)
-        return walk.actions
 
     def walk(self, speculative: list[tuple[int, str]], load: dict[str, int], budget: int | None,
              speeds: Speeds, now: float) -> list[Action]:
@@ -320,7 +243,7 @@ class Placement:
         number held before holding no longer pays, with their reservations made in the hold planner. Their
         held-back reasons are kept, so nothing else about them changes.
         """
-        if self._busy_slow(target, walk.speeds, walk.now, walk.load) or self._last_wave_slow(walk):
+        if self._busy_slow(target, walk.speeds, walk.now, walk.load):
             return None  # held whatever the hold planner answers
         assert self._round is not None
         held = self._round.holds_in_a_row(self._hold_planner(walk), target.name, remaining)
@@ -367,13 +290,12 @@ class Placement:
                     queue.unheld.discard(subtask)
                 queue.wanting.add(subtask)
                 return
-            busy = not probe and self._busy_slow(target, speeds, now, walk.load)
-            if busy or (not probe and self._last_wave_slow(walk)):
+            if not probe and self._busy_slow(target, speeds, now, walk.load):
                 if subtask not in held_back:
-                    why = "runs one attempt at a time" if busy else "this is the last wave"
                     held_back[subtask] = (now, f"for a faster target ({target.name} is "
                                                f"{speeds.of(target.name):.1f}x slower, "
-                                               f"{speeds.source.get(target.name, 'run')}, and {why})")
+                                               f"{speeds.source.get(target.name, 'run')}, and runs "
+                                               "one attempt at a time)")
                     queue.unheld.discard(subtask)
                 queue.wanting.add(subtask)
                 return
@@ -399,14 +321,6 @@ class Placement:
         if walk.budget is not None:
             walk.budget -= 1
         walk.actions.append(Launch(subtask, number, target.name, speculative, reason))
-
-    def _last_wave_slow(self, walk: _Walk) -> bool:
-        """In the last wave a slow target takes no fresh original while a faster one is usable.
-
-        Every original left fits in the faster targets' slots, so one placed on a slow target now is likely
-        the stage's last to end: waiting for a faster slot costs at most about one expected duration.
-        """
-        return self._last_wave and self._round_for(walk.load, walk.now, walk.speeds).fast_usable()
 
     def _busy_slow(self, target: Target, speeds: Speeds, now: float, load: dict[str, int]) -> bool:
         """A slow target that runs something takes no further original while a faster one is usable.
@@ -701,8 +615,3 @@ class _HoldIndex:
             if total >= limit:
                 return True
         return False
-
-
-def _slowness(speeds: Speeds, target: str) -> float:
-    """The target's expected slowness: where unfinished attempts only bound it, they have run half of it."""
-    return speeds.of(target) * (LOWER_BOUND_FACTOR if speeds.bounded(target) else 1.0)

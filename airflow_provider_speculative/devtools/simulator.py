@@ -363,10 +363,6 @@ class RulePlacement(Placement):
             avoid = avoid | getattr(self.state, "_avoid", set())
         return super().pick_target(load, now, avoid, allow_blocked, speeds)
 
-    def last_wave(self, speeds: Any) -> bool:
-        """Never: the modelled systems have no last-wave rule (no copy before originals, no hold off slow nodes)."""
-        return False
-
     def walk(self, speculative: list[tuple[int, str]], load: dict[str, int], budget: int | None,
              speeds: Any, now: float) -> list[Action]:
         """The core's walk, with the copies in the rule's order."""

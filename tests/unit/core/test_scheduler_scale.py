@@ -236,23 +236,12 @@ def _reference_pick(sched: StageScheduler, load: dict[str, int], now: float, avo
 
 
 def _reference_place(sched: StageScheduler, speculative: list[tuple[int, str]], load: dict[str, int],
-                     budget: int | None, speeds: Speeds, now: float,
-                     first: list[tuple[int, str]] | None = None) -> list[Action]:
-    """One placement round as a walk over every queued original, then the copies, with the plain hold planner.
-
-    With ``first`` (the tail copies): those copies and the queued originals larger than the smallest of them,
-    largest first, a copy only on a target that is not slow.
-    """
+                     budget: int | None, speeds: Speeds, now: float) -> list[Action]:
+    """One placement round as a walk over every queued original, then the copies, with the plain hold planner."""
     placeable = [t.name for t in sched.targets
                  if t.name not in sched.lost_targets and not sched.blocklist.is_blocked(t.node_label, now)]
     queued = sched._queue.queued
     wanted = [(s, False, queued[s]) for s in sorted(queued)] + [(s, True, r) for s, r in speculative]
-    if first is not None:
-        size = sched.input_bytes
-        smallest = min(size.get(s, 0) for s, _ in first)
-        ordered = sorted([(-size.get(s, 0), s, r, True) for s, r in first]
-                         + [(-size.get(s, 0), s, r, False) for s, r in queued.items() if size.get(s, 0) > smallest])
-        wanted = [(s, copy, r) for _, s, r, copy in ordered]
     actions: list[Action] = []
     holds: HoldPlanner | None = None
     tried: set[str] = set()
@@ -262,8 +251,6 @@ def _reference_place(sched: StageScheduler, speculative: list[tuple[int, str]], 
             break
         avoid = {a.target for a in sched.attempts[subtask].values() if a.live} if copy else set()
         target = _reference_pick(sched, load, now, avoid, not copy, speeds)
-        if first is not None and copy and (target is None or speeds.is_slow(target.name)):
-            break
         if target is None:
             if not copy:
                 sched._queue.wanting.add(subtask)
@@ -290,13 +277,12 @@ def _reference_place(sched: StageScheduler, speculative: list[tuple[int, str]], 
                 continue
             busy = (sched.free_slots.get(target.name, 0) < sched.capacity.get(target.name, target.slots)
                     if sched.free_slots is not None else load[target.name] > 0)
-            last_wave = sched._placement._last_wave
-            if not probe and (busy or last_wave) and any(not speeds.is_slow(name) for name in placeable):
+            if not probe and busy and any(not speeds.is_slow(name) for name in placeable):
                 if subtask not in sched.held_back:
-                    why = "runs one attempt at a time" if busy else "this is the last wave"
                     sched.held_back[subtask] = (now, f"for a faster target ({target.name} is "
                                                      f"{speeds.of(target.name):.1f}x slower, "
-                                                     f"{speeds.source.get(target.name, 'run')}, and {why})")
+                                                     f"{speeds.source.get(target.name, 'run')}, and runs "
+                                                     "one attempt at a time)")
                 sched._queue.wanting.add(subtask)
                 continue
         if subtask in sched.held_back:
@@ -328,10 +314,6 @@ class _ReferencePlacement(Placement):
     def walk(self, speculative: list[tuple[int, str]], load: dict[str, int], budget: int | None,
              speeds: Speeds, now: float) -> list[Action]:
         return _reference_place(self.state, speculative, load, budget, speeds, now)  # type: ignore[arg-type]
-
-    def _place_first(self, first: list[tuple[int, str]], load: dict[str, int], budget: int | None,
-                     speeds: Speeds, now: float) -> list[Action]:
-        return _reference_place(self.state, [], load, budget, speeds, now, first)  # type: ignore[arg-type]
 
 
 class _Reference(_Recording):
@@ -448,15 +430,10 @@ def test_the_incremental_views_decide_exactly_as_the_full_rescans(seed: int, mon
                 assert sum(len(log) for log in incremental) > 20
                 runs += 1
     assert runs == 30
-    # Over the seeds, the rounds passed over whole stretches of held originals, each way a stretch can end,
-    # and the number held was known both from slot counts alone and only from the queues.
     # The rounds passed over whole stretches of held originals, each way a stretch can end, and the number
-    # held was known both from slot counts alone and only from the queues; seed 2's traces hold originals off
-    # slow nodes in the last wave before any slot-count bound is sure, so that way is checked on seeds 1 and 3.
-    ways = ["all held", "some held, then one placed", "placed at once", "counted queue by queue"]
-    if seed != 2:
-        ways.append("sure from slot counts")
-    assert min(stretches[k] for k in ways) > 0, stretches
+    # held was known both from slot counts alone and only from the queues.
+    assert min(stretches[k] for k in ("all held", "some held, then one placed", "placed at once",
+                                      "sure from slot counts", "counted queue by queue")) > 0, stretches
 
 
 def test_placement_alone_decides_exactly_as_a_walk_over_every_waiting_subtask() -> None:
