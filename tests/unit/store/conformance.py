@@ -51,6 +51,33 @@ def _whole(doc: Any) -> bool:
     return isinstance(doc, dict) and len(doc.get("pad", "")) == PAD + 4099 * (doc["n"] % 7)
 
 
+
+def _while_appending(make_backend: MakeBackend, journal: str, per_writer: int, threads_n: int, procs_n: int,
+                     interval: float, poll: Callable[[], object]) -> None:
+    """Threads and processes, each with a client of its own, append to ``journal`` at once; ``poll`` meanwhile."""
+    ctx = _fork()
+    start = ctx.Event()
+
+    def append(writer: str) -> None:
+        backend = make_backend()
+        start.wait()
+        for i in range(per_writer):
+            backend.append_record(journal, {"event": "e", "writer": writer, "i": i})
+
+    threads = [threading.Thread(target=append, args=(f"t{w}",)) for w in range(threads_n)]
+    procs = [ctx.Process(target=append, args=(f"p{w}",)) for w in range(procs_n)]
+    for x in [*threads, *procs]:
+        x.start()
+    start.set()
+    while any(t.is_alive() for t in threads) or any(p.is_alive() for p in procs):
+        poll()
+        time.sleep(interval)
+    for t in threads:
+        t.join()
+    for p in procs:
+        p.join()
+        assert p.exitcode == 0
+
 class BackendConformance:
     """The guarantees every store backend gives; subclasses provide the ``make_backend`` fixture."""
 
@@ -180,30 +207,10 @@ class BackendConformance:
 
     def test_concurrent_appenders_lose_nothing_and_keep_each_writers_order(self, make_backend: MakeBackend) -> None:
         journal, per_writer, threads_n, procs_n = "d/r/s/journal.jsonl", 12, 6, 4
-        ctx = _fork()
-        start = ctx.Event()
-
-        def append(writer: str) -> None:
-            backend = make_backend()
-            start.wait()
-            for i in range(per_writer):
-                backend.append_record(journal, {"event": "e", "writer": writer, "i": i})
-
         reader = make_backend()
         snapshots: list[list[tuple[str, int]]] = []
-        threads = [threading.Thread(target=append, args=(f"t{w}",)) for w in range(threads_n)]
-        procs = [ctx.Process(target=append, args=(f"p{w}",)) for w in range(procs_n)]
-        for x in [*threads, *procs]:
-            x.start()
-        start.set()
-        while any(t.is_alive() for t in threads) or any(p.is_alive() for p in procs):
-            snapshots.append([(r["writer"], r["i"]) for r in reader.read_journal(journal)])
-            time.sleep(0.01)
-        for t in threads:
-            t.join()
-        for p in procs:
-            p.join()
-            assert p.exitcode == 0
+        _while_appending(make_backend, journal, per_writer, threads_n, procs_n, 0.01,
+                         lambda: snapshots.append([(r["writer"], r["i"]) for r in reader.read_journal(journal)]))
         final = [(r["writer"], r["i"]) for r in reader.read_journal(journal)]
         assert len(final) == (threads_n + procs_n) * per_writer and len(set(final)) == len(final)
         for writer in {w for w, _ in final}:
@@ -222,15 +229,6 @@ class BackendConformance:
     def test_incremental_reads_return_each_record_once_in_order_while_writers_append(
             self, make_backend: MakeBackend) -> None:
         journal, per_writer, threads_n, procs_n = "d/r/s/journal.jsonl", 12, 4, 3
-        ctx = _fork()
-        start = ctx.Event()
-
-        def append(writer: str) -> None:
-            backend = make_backend()
-            start.wait()
-            for i in range(per_writer):
-                backend.append_record(journal, {"event": "e", "writer": writer, "i": i})
-
         reader = make_backend()
         got: list[tuple[str, int]] = []
         reads = 0
@@ -244,19 +242,7 @@ class BackendConformance:
             got.extend((r["writer"], r["i"]) for r in chunk.records)
             cursor, reads = chunk.cursor, reads + 1
 
-        threads = [threading.Thread(target=append, args=(f"t{w}",)) for w in range(threads_n)]
-        procs = [ctx.Process(target=append, args=(f"p{w}",)) for w in range(procs_n)]
-        for x in [*threads, *procs]:
-            x.start()
-        start.set()
-        while any(t.is_alive() for t in threads) or any(p.is_alive() for p in procs):
-            read_more()
-            time.sleep(0.005)
-        for t in threads:
-            t.join()
-        for p in procs:
-            p.join()
-            assert p.exitcode == 0
+        _while_appending(make_backend, journal, per_writer, threads_n, procs_n, 0.005, read_more)
         read_more()
         final = [(r["writer"], r["i"]) for r in reader.read_journal(journal)]
         assert len(final) == (threads_n + procs_n) * per_writer and len(set(final)) == len(final)
