@@ -170,6 +170,10 @@ def own_run(layout: StageLayout) -> None:
     marked = store.exists(f"{prefix}/{OWNER_FILE}")
     if not marked and store.list_names(prefix) and provider_plan(layout.run_dir) is None \
             and not _task_states_only(layout.run_dir):
+        # Another stage of this run may have claimed the prefix and written its first files after the marker
+        # was looked for above: its marker is created before anything else it writes, so it is there now.
+        if layout.owns_run():
+            return
         raise RunNotOwnedError(
             f"DAG {layout.dag_id!r} run {layout.run_id!r} stage {layout.stage!r}: {str(layout.run_dir)!r} "
             f"holds files but no {OWNER_FILE} of this store and no plan of this provider naming the run; "

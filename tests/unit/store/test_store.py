@@ -327,6 +327,26 @@ def test_own_run_claims_a_new_run_and_a_run_an_older_version_planned(tmp_path: P
     assert older.owns_run() and remove_attempt_output(older, 0, 1) is True
 
 
+def test_own_run_accepts_a_run_another_stage_claimed_while_it_looked(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    # Every stage of a DAG run plans at once in the triggerer: between this planner's look for the marker and
+    # its listing, another stage claims the run and writes its task record. That is this store's run, not a
+    # foreign one.
+    scan, top = StageLayout(tmp_path, "etl", "r1", "scan"), StageLayout(tmp_path, "etl", "r1", "top")
+    listed = top.store.list_names
+
+    def list_after_the_other_stage_wrote(prefix: str) -> list[str]:
+        if not scan.owns_run():
+            scan.claim_run()
+            atomic_write_json(scan.dir / "task.json", {"state": "planning"})
+            (scan.dir / "changes").mkdir()
+        return listed(prefix)
+
+    monkeypatch.setattr(top.store, "list_names", list_after_the_other_stage_wrote)
+    own_run(top)
+    assert top.owns_run() and scan.owns_run()
+
+
 def test_own_run_refuses_a_run_directory_it_cannot_prove_it_wrote(tmp_path: Path) -> None:
     foreign = StageLayout(tmp_path, "etl", "manual__1", "scan")
     (foreign.run_dir / "someone").mkdir(parents=True)
