@@ -6,7 +6,7 @@ import hashlib
 import os
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -154,11 +154,7 @@ class StageLayout:
 
         Raises RunNotOwnedError (nothing deleted) unless this store owns the DAG run's prefix.
         """
-        self.require_owned_run(path)
-        try:
-            return self.store.delete(self.name(path))
-        except StoreNotOwnedError as exc:
-            raise RunNotOwnedError(f"{self._not_owned(path)} ({exc})") from None
+        return bool(self._owned_delete(self.store.delete, path))
 
     def delete_tree(self, path: Path) -> int:
         """Delete everything below ``path`` (a directory of this layout) by an owned delete; the objects deleted.
@@ -166,9 +162,13 @@ class StageLayout:
         A missing ``path`` deletes nothing (0). Raises RunNotOwnedError (nothing deleted) unless this store
         owns the DAG run's prefix.
         """
+        return self._owned_delete(self.store.delete_prefix, path)
+
+    def _owned_delete(self, delete: Callable[[str], int | bool], path: Path) -> int:
+        """Run the backend's ``delete`` on ``path``'s name once the run is proven ours; refusals name the run."""
         self.require_owned_run(path)
         try:
-            return self.store.delete_prefix(self.name(path))
+            return int(delete(self.name(path)))
         except StoreNotOwnedError as exc:
             raise RunNotOwnedError(f"{self._not_owned(path)} ({exc})") from None
 
