@@ -11,13 +11,12 @@ import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import boto3
+import moto
 import pytest
 
 from airflow_provider_speculative.store.backend import S3Backend, StoreBackend
 from tests.unit.store.conformance import BackendConformance
-
-boto3 = pytest.importorskip("boto3")
-moto = pytest.importorskip("moto")
 
 BUCKET = "store-journal"
 JOURNAL = "runs/a/s/journal.jsonl"
