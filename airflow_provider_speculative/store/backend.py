@@ -596,6 +596,11 @@ class S3Backend(StoreBackend):
     service's error code, never the service's message, the request or a key.
     """
 
+    # How long a remembered next journal number is used without asking whether the record before it still
+    # exists (seconds; see _append), and the clock that measures it.
+    journal_trust_seconds: float = 1.0
+    _clock = staticmethod(time.monotonic)
+
     def __init__(self, url: str, credentials: S3Credentials | None = None, *, owner: str | None = None,
                  client: BaseClient | None = None) -> None:
         parts = urlsplit(url)
@@ -608,7 +613,8 @@ class S3Backend(StoreBackend):
             check_name(self.base)
         self._owner = owner
         self._client = client if client is not None else _client(credentials)
-        self._next_seq: dict[str, int] = {}
+        # Journal prefix -> (the next number to try, when this client last knew the record before it existed).
+        self._next_seq: dict[str, tuple[int, float]] = {}
         self._lock = threading.Lock()
 
     @property
@@ -725,8 +731,7 @@ class S3Backend(StoreBackend):
         prefix = self.journal_prefix(journal)
         check_name(prefix)
         body = files.json_line(record)
-        with self._lock:
-            seq = self._next_seq.get(prefix)
+        seq = self._remembered_seq(prefix)
         if seq is None:
             seq = (self._sequence_numbers(prefix) or [0])[-1] + 1
         taken = 0
@@ -735,12 +740,49 @@ class S3Backend(StoreBackend):
                 raise StoreError(f"journal {self.describe(prefix)} is full ({10 ** _SEQ_DIGITS - 1} records)")
             if self._create_exclusive(f"{prefix}/{seq:0{_SEQ_DIGITS}d}.json", body):
                 with self._lock:
-                    self._next_seq[prefix] = max(self._next_seq.get(prefix, 0), seq + 1)
+                    known = self._next_seq.get(prefix)
+                    if known is None or known[0] <= seq + 1:
+                        self._next_seq[prefix] = (seq + 1, self._clock())
                 return
             taken += 1
             seq += 1
             if taken % _RELIST_AFTER == 0:
                 seq = max(seq, (self._sequence_numbers(prefix) or [0])[-1] + 1)
+
+    def _remembered_seq(self, prefix: str) -> int | None:
+        """The next number this client remembers for journal ``prefix``, unless the record before it is gone.
+
+        The journal may have been deleted since (gc removing its run, another client's ``delete_prefix``) and
+        started again at 1 by a client that listed it; appending at the remembered number would then leave a
+        gap, and readers stop before a gap, so this and every later record would be hidden. Trade-off: a HEAD
+        of record n - 1 before every append would catch that at one extra request per record. Instead the
+        number is used as is for ``journal_trust_seconds`` after this client last knew n - 1 existed (its own
+        append of it: every append renews it), then checked by one HEAD. A burst of events costs one PutObject
+        each; an appender coming back to a journal later pays one HEAD. Not caught: another client deleting
+        and restarting the journal within that window after this client's last append (as on POSIX, an
+        append racing the removal of its journal is not protected). This client's own deletes forget the
+        number at once (:meth:`_forget_journals`).
+        """
+        with self._lock:
+            known = self._next_seq.get(prefix)
+        if known is None:
+            return None
+        seq, known_at = known
+        if self._clock() - known_at < self.journal_trust_seconds:
+            return seq
+        if self._stat(self._record_name(prefix, seq - 1)) is None:
+            with self._lock:
+                if self._next_seq.get(prefix) == known:
+                    del self._next_seq[prefix]
+            return None
+        return seq
+
+    def _forget_journals(self, name: str) -> None:
+        """Drop the remembered numbers of the journals a delete of ``name`` (an object or a prefix) touched."""
+        with self._lock:
+            for prefix in [p for p in self._next_seq
+                           if p == name or p.startswith(name + "/") or name.startswith(p + "/")]:
+                del self._next_seq[prefix]
 
     def _read_journal(self, journal: str) -> list[dict[str, Any]]:
         prefix = self.journal_prefix(journal)
@@ -830,6 +872,7 @@ class S3Backend(StoreBackend):
             return {"owner": None}  # unreadable: not ours, and not nobody's either
 
     def _delete(self, name: str) -> bool:
+        self._forget_journals(name)
         existed = self._stat(name) is not None
         try:
             self._client.delete_object(Bucket=self.bucket, Key=self._key(name))
@@ -841,6 +884,7 @@ class S3Backend(StoreBackend):
         marker = _join(prefix, OWNER_FILE)
         # The prefix's own marker goes last: a delete that stops half-way leaves the prefix still owned.
         ordered = [n for n in names if n != marker] + [n for n in names if n == marker]
+        self._forget_journals(prefix)  # a delete that fails half-way may have removed records too
         deleted = 0
         for start in range(0, len(ordered), 1000):
             batch = ordered[start:start + 1000]

@@ -270,6 +270,23 @@ class BackendConformance:
         assert again.restarted and again.records == [{"event": "new", "i": i} for i in range(4)]
         assert backend.read_journal_from(journal, again.cursor).records == []
 
+    def test_a_journal_deleted_by_its_appender_and_appended_again_is_read_whole(
+            self, make_backend: MakeBackend) -> None:
+        # The appender that deleted the journal must not continue its old numbering (on S3 a gap at the start
+        # of the new journal would hide its records from every reader), whoever appends first afterwards.
+        ours, other = make_backend(), make_backend()
+        journal = "runs/a/s/journal.jsonl"
+        ours.claim("runs/a")
+        for i in range(3):
+            ours.append_record(journal, {"event": "old", "i": i})
+        ours.delete_prefix("runs/a")
+        other.append_record(journal, {"event": "new", "i": 0})
+        ours.append_record(journal, {"event": "new", "i": 1})
+        other.append_record(journal, {"event": "new", "i": 2})
+        expected = [{"event": "new", "i": i} for i in range(3)]
+        assert ours.read_journal(journal) == expected
+        assert make_backend().read_journal_from(journal).records == expected
+
     def test_a_cursor_not_from_this_store_is_refused(self, backend: StoreBackend) -> None:
         backend.append_record("d/journal.jsonl", {"event": "x"})
         with pytest.raises(StoreError, match=r"d/journal.*not a journal cursor"):
