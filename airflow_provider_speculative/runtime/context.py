@@ -346,8 +346,8 @@ class StageContext:
         self._inject_faults()
         spark_done = time.time()
         manifest = build_manifest_in(store, data, stage=self.stage, subtask=self.subtask, attempt=self.attempt,
-                                  node=self.node, schema=schema_json, input_bytes=self.input_bytes,
-                                  written_at=time.time(), sink=sink_info)
+                                     node=self.node, schema=schema_json, input_bytes=self.input_bytes,
+                                     written_at=time.time(), sink=sink_info)
         if key and not output.get("sink"):
             # A timestamp key hashes as its text in the session time zone: the consumer's plan compares the
             # zones its producers wrote in (core/copartition.py) and refuses a mix.

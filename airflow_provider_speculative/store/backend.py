@@ -17,6 +17,10 @@ Every backend gives:
    prefix whose ownership marker (``_owner.json``, created exclusively by :meth:`StoreBackend.claim`)
    names this store; never the marker itself, never below a prefix another store claimed.
 
+Attempt output needs four more, none of them a guarantee of its own: :meth:`StoreBackend.spark_url` (where
+Spark writes and reads a name), :meth:`StoreBackend.open_read` (a streamed read, for checksums),
+:meth:`StoreBackend.arrow_path` and :meth:`StoreBackend.parquet_metadata` (Parquet footers through ``pyarrow.fs``).
+
 :class:`PosixBackend` uses exactly the calls the store always used (``store/files.py``: a hard link of a
 complete temporary file, ``rename``, one ``write`` to an ``O_APPEND`` file). :class:`S3Backend` uses
 ``PutObject`` with ``If-None-Match: *``, a plain ``PutObject``, and one object per journal record.
