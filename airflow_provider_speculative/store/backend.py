@@ -17,6 +17,10 @@ Every backend gives:
    prefix whose ownership marker (``_owner.json``, created exclusively by :meth:`StoreBackend.claim`)
    names this store; never the marker itself, never below a prefix another store claimed.
 
+Attempt output needs four more, none of them a guarantee of its own: :meth:`StoreBackend.spark_url` (where
+Spark writes and reads a name), :meth:`StoreBackend.open_read` (a streamed read, for checksums),
+:meth:`StoreBackend.arrow_path` and :meth:`StoreBackend.parquet_metadata` (Parquet footers through ``pyarrow.fs``).
+
 :class:`PosixBackend` uses exactly the calls the store always used (``store/files.py``: a hard link of a
 complete temporary file, ``rename``, one ``write`` to an ``O_APPEND`` file). :class:`S3Backend` uses
 ``PutObject`` with ``If-None-Match: *``, a plain ``PutObject``, and one object per journal record.
@@ -25,6 +29,8 @@ complete temporary file, ``rename``, one ``write`` to an ``O_APPEND`` file). :cl
 from __future__ import annotations
 
 import abc
+import contextlib
+import io
 import json
 import os
 import re
@@ -36,7 +42,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
 from urllib.parse import quote, unquote, urlsplit
 
 from airflow_provider_speculative.exceptions import StoreError, StoreNotWritableError, UnsafeStorePathError
@@ -44,6 +50,8 @@ from airflow_provider_speculative.store import files
 
 if TYPE_CHECKING:
     from botocore.client import BaseClient
+    from pyarrow.fs import FileSystem
+    from pyarrow.parquet import FileMetaData
 
 OWNER_FILE = "_owner.json"
 # Longest segment most file systems take (NAME_MAX), and the longest key S3 takes.
@@ -393,6 +401,46 @@ class StoreBackend(abc.ABC):
             raise _refuse(name, f"{OWNER_FILE} is the ownership marker: only claim() creates it")
         return name
 
+    # -- attempt output: what Spark and the manifest need ----------------------------------------------
+
+    parallel_reads = 1
+    """How many objects a reader of many (hashing an attempt's files) may read at once: 1 on a local disk."""
+
+    def spark_url(self, name: str) -> str:
+        """Where Spark reads or writes object or prefix ``name``: a path or URL its file systems take."""
+        return self._spark_url(check_name(name))
+
+    def _spark_url(self, name: str) -> str:
+        raise StoreError(f"cannot hand {self.describe(name)} to Spark: {type(self).__name__} has no URL Spark reads")
+
+    def open_read(self, name: str) -> BinaryIO | None:
+        """Object ``name`` opened for a streamed binary read (the caller closes it), or None if it does not exist.
+
+        For hashing large objects: nothing holds a whole object in memory (but this fallback, for backends
+        without a stream of their own, e.g. a test double).
+        """
+        return self._open_read(check_name(name))
+
+    def _open_read(self, name: str) -> BinaryIO | None:
+        data = self._read(name)
+        return None if data is None else io.BytesIO(data)
+
+    def arrow_path(self, name: str) -> tuple[FileSystem, str]:
+        """A ``pyarrow.fs`` file system and the path of object ``name`` in it (Parquet footers, ranged reads)."""
+        return self._arrow_path(check_name(name))
+
+    def _arrow_path(self, name: str) -> tuple[FileSystem, str]:
+        raise StoreError(f"cannot read {self.describe(name)} with pyarrow: {type(self).__name__} has no pyarrow "
+                         "file system")
+
+    def parquet_metadata(self, name: str) -> FileMetaData:
+        """The Parquet footer (``pyarrow.parquet.FileMetaData``) of object ``name``, read through :meth:`arrow_path`."""
+        import pyarrow.parquet as pq
+
+        filesystem, path = self.arrow_path(name)
+        with filesystem.open_input_file(path) as handle:
+            return pq.ParquetFile(handle).metadata
+
 
 def _owner_of(marker: Any) -> str:
     if isinstance(marker, dict) and isinstance(marker.get("owner"), str):
@@ -568,6 +616,25 @@ class PosixBackend(StoreBackend):
     def _delete_tree(self, prefix: str, names: list[str]) -> int:
         return len(names) if files.remove_in_store(self.root, self.root / prefix, tree=True) else 0
 
+    def _spark_url(self, name: str) -> str:
+        # The path itself, as attempts always handed it to Spark (the file: scheme implied).
+        return str(self.root / name)
+
+    def _open_read(self, name: str) -> BinaryIO | None:
+        path = self.root / name
+        try:
+            # Not a FIFO (it would block the reader for ever), not a symlink (another file's bytes as this one's).
+            return files.open_regular_bytes(path)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        except OSError as exc:
+            raise StoreError(f"cannot read {path}: {exc.strerror or exc}") from exc
+
+    def _arrow_path(self, name: str) -> tuple[FileSystem, str]:
+        from pyarrow.fs import LocalFileSystem
+
+        return LocalFileSystem(), str(self.root / name)
+
 
 # -- S3 -------------------------------------------------------------------------------------------------
 
@@ -616,6 +683,7 @@ class S3Backend(StoreBackend):
         # Journal prefix -> (the next number to try, when this client last knew the record before it existed).
         self._next_seq: dict[str, tuple[int, float]] = {}
         self._lock = threading.Lock()
+        self._arrow = _ArrowS3(credentials)
 
     @property
     def url(self) -> str:
@@ -901,6 +969,35 @@ class S3Backend(StoreBackend):
             deleted += len(batch)
         return deleted
 
+    # Attempt output: Spark reads and writes through s3a, hashes stream GetObject, footers are ranged reads.
+    parallel_reads = _READ_THREADS
+
+    def _spark_url(self, name: str) -> str:
+        return f"s3a://{self.bucket}/{self._key(name)}"
+
+    def _open_read(self, name: str) -> BinaryIO | None:
+        try:
+            body = self._client.get_object(Bucket=self.bucket, Key=self._key(name))["Body"]
+        except Exception as exc:
+            if _status(exc) == 404 and _error_code(exc).startswith("NoSuchKey"):
+                return None
+            raise self._fail(name, "read", exc) from None
+        return io.BufferedReader(_S3Stream(self, name, body), buffer_size=1 << 20)
+
+    def _arrow_path(self, name: str) -> tuple[FileSystem, str]:
+        return self._arrow.filesystem(), f"{self.bucket}/{self._key(name)}"
+
+    def parquet_metadata(self, name: str) -> FileMetaData:
+        """The Parquet footer of object ``name``; an error names the object and the error's type, never its text."""
+        try:
+            return super().parquet_metadata(name)
+        except StoreError:
+            raise
+        except Exception as exc:
+            # pyarrow's message quotes the service's answer (its request ids, what it echoed): not shown.
+            raise StoreError(f"cannot read the Parquet footer of {self.describe(name)}: "
+                             f"{type(exc).__name__}") from None
+
 
 def _shown_url(url: str) -> str:
     """``url`` with any ``user:password@`` replaced, for messages."""
@@ -928,6 +1025,64 @@ def _client(credentials: S3Credentials | None) -> BaseClient:
     config = Config(max_pool_connections=64, retries={"mode": "standard", "max_attempts": 4},
                     s3={"addressing_style": "path"} if credentials is not None and credentials.endpoint_url else {})
     return boto3.session.Session().client("s3", config=config, **kwargs)
+
+
+class _S3Stream(io.RawIOBase):
+    """An object's GetObject body as a raw binary stream; a failed read names the object, never the service's text."""
+
+    def __init__(self, backend: S3Backend, name: str, body: Any) -> None:
+        self._backend, self._name, self._body = backend, name, body
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        try:
+            data = self._body.read(len(view))
+        except Exception as exc:  # botocore's and urllib3's read errors
+            raise self._backend._fail(self._name, "read", exc) from None
+        view[:len(data)] = data
+        return len(data)
+
+    def close(self) -> None:
+        if not self.closed:
+            # The connection goes back to the pool or is dropped: nothing to report either way.
+            with contextlib.suppress(Exception):
+                self._body.close()
+        super().close()
+
+
+class _ArrowS3:
+    """The store's ``pyarrow.fs.S3FileSystem``, built on first use; holds the credentials and never shows them."""
+
+    def __init__(self, credentials: S3Credentials | None) -> None:
+        self._credentials = credentials
+        self._filesystem: FileSystem | None = None
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return "_ArrowS3(<credentials hidden>)"
+
+    def filesystem(self) -> FileSystem:
+        """The file system (path-style addressing with a custom endpoint, as the boto3 client)."""
+        with self._lock:
+            if self._filesystem is None:
+                from pyarrow.fs import S3FileSystem
+
+                kwargs: dict[str, Any] = {}
+                credentials = self._credentials
+                if credentials is not None:
+                    kwargs["region"] = credentials.region or "us-east-1"
+                    if credentials.access_key and credentials.secret_key:
+                        kwargs.update(access_key=credentials.access_key, secret_key=credentials.secret_key,
+                                      session_token=credentials.session_token)
+                    if credentials.endpoint_url:
+                        endpoint = urlsplit(credentials.endpoint_url)
+                        kwargs.update(endpoint_override=endpoint.netloc or endpoint.path,
+                                      scheme=endpoint.scheme or "https", force_virtual_addressing=False)
+                self._filesystem = S3FileSystem(**kwargs)
+            return self._filesystem
 
 
 def open_backend(store_path: str | Path, credentials: S3Credentials | None = None) -> StoreBackend:
