@@ -12,7 +12,9 @@ deletes a run only on positive evidence (the audit log records its deletion) or 
 ``store.json`` is also the provider's ownership marker: a store root is the provider's only if the
 provider created it, or found it empty, or found nothing in it but its own run files. A shared,
 non-empty directory (``dags/``, ``logs/``, someone's project) is refused when a stage is planned and by
-``gc --claim``, so gc can never come to treat foreign directories as deleted DAG runs.
+``gc --claim``, so gc can never come to treat foreign directories as deleted DAG runs. With it the root
+carries the store backend's ownership marker (``_owner.json``, ``StoreBackend.claim("")``); the adoption
+checks walk the store by name through a backend, and count that marker as the provider's own file.
 """
 
 from __future__ import annotations
@@ -157,7 +159,10 @@ def own_store(root: str | Path) -> dict[str, Any]:
     store = PosixBackend(root)
     record = store.read_json(STORE_FILE)
     if isinstance(record, dict):
-        _claim_root(store)
+        # An existing store: its root's marker is added if missing, but a store that cannot take it (read-only,
+        # a marker the ownership check refuses) is used as it was before there were root markers.
+        with contextlib.suppress(StoreError, OSError):
+            _claim_root(store)
         return record
     if root.exists() and not root.is_dir():
         raise StoreNotOwnedError(f"store root {str(root)!r} is not a directory")
@@ -167,7 +172,8 @@ def own_store(root: str | Path) -> dict[str, Any]:
         if isinstance(record, dict):
             # Another stage created the store between our two looks (stages plan concurrently, e.g. at a run's
             # start in the triggerer): its marker came first, then the run directory we just saw.
-            _claim_root(store)
+            with contextlib.suppress(StoreError, OSError):
+                _claim_root(store)
             return record
         shown = ", ".join(repr(n) for n in foreign[:_SHOWN_ENTRIES])
         shown += ", ..." if len(foreign) > _SHOWN_ENTRIES else ""

@@ -125,3 +125,22 @@ def test_temporary_files_in_flight_are_no_foreign_entries(tmp_path: Path) -> Non
     assert foreign_entries(root) == []
     assert create_exclusive_json(root / "etl" / "r" / "s" / "task.json", {"state": "planning", "at": 1.0})
     assert foreign_entries(root) == []
+
+
+def test_an_existing_store_that_cannot_take_the_root_marker_is_used_as_before(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow_provider_speculative.exceptions import StoreNotWritableError
+
+    root = tmp_path / "store"
+    root.mkdir()
+    atomic_write_json(root / STORE_FILE, {"provider": "airflow-provider-speculative", "created_at": 1.0})
+
+    def read_only(self: PosixBackend, prefix: str = "") -> dict[str, object]:
+        raise StoreNotWritableError(f"store is not writable: {self.describe(prefix)}")
+
+    monkeypatch.setattr(PosixBackend, "claim", read_only)
+    assert own_store(root)["created_at"] == 1.0
+    assert not (root / OWNER_FILE).exists()
+    with pytest.raises(StoreNotWritableError):  # a new store must take it: nothing is created without it
+        own_store(tmp_path / "new")
+    assert not (tmp_path / "new" / STORE_FILE).exists()
