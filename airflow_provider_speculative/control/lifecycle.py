@@ -262,6 +262,28 @@ def plan_gc(root: str | Path | StoreBackend, *, now: float, run_states: dict[tup
     return items
 
 
+def adopt_runs(root: str | Path | StoreBackend, *, dag_id: str | None = None) -> list[str]:
+    """Claim each DAG run without a marker that the provider provably wrote (``gc --claim``); return those claimed.
+
+    The proof is planning's (``identity.own_run``): a stage of the run holds a plan of this provider naming
+    exactly that run, which is also what gc requires of every run it looks into. A run another store claimed
+    is left alone. Nothing is deleted; the runs adopted are gc's like any planned since.
+    """
+    store = _backend(root)
+    adopted = []
+    for dag in _sub_prefixes(store, ""):
+        if dag == TARGETS_DIR or (dag_id is not None and dag != safe_component(dag_id)):
+            continue
+        for run in _provider_runs(store, dag, []):
+            # A marker that cannot be read or written: the run stays unclaimed, and plan_gc reports it skipped.
+            with contextlib.suppress(StoreError, OSError):
+                if store.claimed(run) or store.exists(f"{run}/{OWNER_FILE}"):
+                    continue  # ours already, or another store's: never taken over
+                store.claim(run)
+                adopted.append(run)
+    return adopted
+
+
 def _owned_run(store: StoreBackend, dag: str, run: str, kept: list[str]) -> bool:
     """True if run prefix ``run`` carries this store's own ownership marker; else report the run in ``kept``.
 
@@ -277,7 +299,8 @@ def _owned_run(store: StoreBackend, dag: str, run: str, kept: list[str]) -> bool
         kept.append(f"run {dag}/{run_name}: skipped, its ownership cannot be read: {exc}")
         return False
     kept.append(f"run {dag}/{run_name}: skipped, no {OWNER_FILE} of this store ({store.owner}) covers it "
-                "(written by an older version or another store); gc never removes what it cannot prove it wrote")
+                "(written by an older version or another store); gc never removes what it cannot prove it wrote "
+                "(gc --claim adopts a run a plan of this provider names)")
     return False
 
 

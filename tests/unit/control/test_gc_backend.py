@@ -324,3 +324,33 @@ def test_stale_temporary_files_are_found_by_the_posix_backend_outside_attempt_da
                      f"{layout.name(layout.attempt_dir(0, 0))}/.status.json.2.tmp",
                      f"{layout.run_prefix}/.blocklist.json.3.tmp"}
     assert inside.exists()
+
+
+def test_gc_claim_adopts_the_runs_a_provider_plan_names_and_no_other(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from tests.unit.control.test_lifecycle import run_cli
+
+    root = tmp_path / "store"
+    older, foreign = Store(root, run_id="scheduled__1"), Store(root, run_id="scheduled__2")
+    layouts = {}
+    for run in (older, foreign):
+        layout = run.finished_stage("extract", committed_at=NOW - HOUR)
+        run.attempt(layout, 0, 1, "FAILED", data=100)
+        (layout.run_dir / OWNER_FILE).unlink()  # as an older version left it
+        layouts[run.run_id] = layout
+    PosixBackend(root, owner="another store").claim(layouts["scheduled__2"].run_prefix)
+
+    out = run_cli(monkeypatch, root, {(DAG, "scheduled__1"): "running", (DAG, "scheduled__2"): "running"}, capsys)
+    assert "skipped, no _owner.json of this store" in out and layouts["scheduled__1"].data(0, 1).is_dir()
+    assert "gc --claim adopts" in out
+    stray = root / DAG / "manual__x" / "extract"  # in a store that is the provider's (store.json): not a run
+    stray.mkdir(parents=True)
+    (stray / "notes.txt").write_text("no plan here")
+
+    out = run_cli(monkeypatch, root, {(DAG, "scheduled__1"): "running", (DAG, "scheduled__2"): "running"}, capsys,
+                  claim=True)
+
+    assert f"claimed: run {layouts['scheduled__1'].run_prefix}" in out
+    assert layouts["scheduled__1"].owns_run() and not layouts["scheduled__1"].data(0, 1).exists()
+    assert layouts["scheduled__2"].data(0, 1).is_dir() and not layouts["scheduled__2"].owns_run()
+    assert not (stray.parent / OWNER_FILE).exists() and (stray / "notes.txt").is_file()
