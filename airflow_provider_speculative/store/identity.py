@@ -54,7 +54,7 @@ def _backend(root: str | Path | StoreBackend) -> StoreBackend:
 
 def _sub_prefixes(store: StoreBackend, prefix: str) -> list[str]:
     """The names of the sub-prefixes right below ``prefix`` (POSIX: directories, never a symlink), sorted."""
-    return [entry[:-1] for entry in store.children(prefix) if entry.endswith("/")]
+    return sorted(entry[:-1] for entry in store.children(prefix) if entry.endswith("/"))
 
 
 def provider_plan(store: StoreBackend, run: str) -> dict[str, Any] | None:
@@ -122,7 +122,8 @@ def foreign_entries(root: str | Path | StoreBackend) -> list[str]:
     """
     store = _backend(root)
     try:
-        entries = store.children("")
+        # In name order, as the directory walk listed them (a sub-prefix's trailing "/" aside).
+        entries = sorted(store.children(""), key=lambda entry: entry.rstrip("/"))
     except OSError as exc:
         raise StoreError(f"cannot list store root {store.describe('')}: {exc}") from None
     foreign = []
