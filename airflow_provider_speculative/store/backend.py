@@ -38,7 +38,7 @@ import threading
 import time
 import unicodedata
 import uuid
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -88,6 +88,10 @@ class ObjectInfo:
     name: str
     size: int
     mtime: float
+    links: int = 1
+    """How many names share this object's bytes: POSIX hard links (``st_nlink``); 1 where there are none (S3)."""
+    identity: str = ""
+    """What every name sharing these bytes has in common (POSIX ``<device>:<inode>``); ``""``: the name alone."""
 
 
 @dataclass(frozen=True)
@@ -441,6 +445,47 @@ class StoreBackend(abc.ABC):
         with filesystem.open_input_file(path) as handle:
             return pq.ParquetFile(handle).metadata
 
+    # -- housekeeping (gc): what a walk of the store needs beyond names ---------------------------------
+
+    def claimed(self, prefix: str) -> bool:
+        """True if ``prefix`` itself carries this store's ownership marker.
+
+        Unlike :meth:`owns`, a marker above ``prefix`` does not count: a DAG run is the provider's only by its
+        own marker, whatever the store root's marker says (the root is claimed when the store is created).
+        """
+        prefix = check_name(prefix, prefix=True)
+        return self._ours(self._read_marker(prefix), prefix)
+
+    def stat_all(self, prefix: str) -> list[ObjectInfo]:
+        """:meth:`stat` of every object below ``prefix`` (from a listing: for sizes, never proof data is whole)."""
+        return self._stat_all(check_name(prefix, prefix=True))
+
+    def _stat_all(self, prefix: str) -> list[ObjectInfo]:
+        # One stat per listed name; a backend whose listing carries sizes (S3) answers from the listing alone.
+        return [info for name in self._list(prefix) if (info := self._stat(name)) is not None]
+
+    def temporaries(self, prefix: str, *, recursive: bool = True, skip: Collection[str] = ()) -> list[ObjectInfo]:
+        """Temporary objects this backend's own writes left below ``prefix`` (a writer that died mid-write).
+
+        Listings never show them; gc removes the old ones by :meth:`delete`. ``recursive=False`` looks right
+        below ``prefix`` only; sub-prefixes whose last segment is in ``skip`` are not looked into. None on a
+        backend whose writes need no temporary object (S3: a ``PutObject`` is whole or absent).
+        """
+        check_name(prefix, prefix=True)
+        return []
+
+    def prune_empty(self, prefix: str) -> bool:
+        """Remove ``prefix`` if nothing is left below it; True if something was removed.
+
+        On a backend with real directories (POSIX) a directory outlives its last object, so this removes it
+        when empty (no object is ever deleted, hence no ownership check). Where a prefix exists only through
+        its objects (S3) an empty prefix is already gone: nothing to do. Never the root.
+        """
+        return self._prune_empty(self._writable(prefix))
+
+    def _prune_empty(self, prefix: str) -> bool:
+        return False
+
 
 def _owner_of(marker: Any) -> str:
     if isinstance(marker, dict) and isinstance(marker.get("owner"), str):
@@ -544,7 +589,7 @@ class PosixBackend(StoreBackend):
             return None
         except OSError as exc:
             raise StoreError(f"cannot stat {self.root / name}: {exc.strerror or exc}") from exc
-        return ObjectInfo(name, info.st_size, info.st_mtime)
+        return ObjectInfo(name, info.st_size, info.st_mtime, info.st_nlink, f"{info.st_dev}:{info.st_ino}")
 
     def _list(self, prefix: str) -> list[str]:
         base = self.root / prefix if prefix else self.root
@@ -634,6 +679,32 @@ class PosixBackend(StoreBackend):
         from pyarrow.fs import LocalFileSystem
 
         return LocalFileSystem(), str(self.root / name)
+
+    def temporaries(self, prefix: str, *, recursive: bool = True, skip: Collection[str] = ()) -> list[ObjectInfo]:
+        """The temporary files of interrupted atomic writes (``.<name>.<random>.tmp``) below ``prefix``."""
+        base = self.root / check_name(prefix, prefix=True) if prefix else self.root
+        found = []
+        # os.walk does not descend into symlinked directories; a temporary file is never followed (lstat).
+        for current, dirs, entries in os.walk(base):
+            dirs[:] = [d for d in dirs if recursive and d not in skip]
+            relative = Path(current).relative_to(self.root).as_posix()
+            for entry in entries:
+                if not _TEMP_NAME.match(entry):
+                    continue
+                try:
+                    info = os.lstat(os.path.join(current, entry))
+                except OSError:
+                    continue  # renamed or linked into place since the listing: not left over
+                found.append(ObjectInfo(entry if relative == "." else f"{relative}/{entry}", info.st_size,
+                                        info.st_mtime, info.st_nlink, f"{info.st_dev}:{info.st_ino}"))
+        return sorted(found, key=lambda info: info.name)
+
+    def _prune_empty(self, prefix: str) -> bool:
+        try:
+            os.rmdir(self.root / prefix)  # refused for a directory that still holds anything
+        except OSError:
+            return False
+        return True
 
 
 # -- S3 -------------------------------------------------------------------------------------------------
@@ -997,6 +1068,11 @@ class S3Backend(StoreBackend):
             # pyarrow's message quotes the service's answer (its request ids, what it echoed): not shown.
             raise StoreError(f"cannot read the Parquet footer of {self.describe(name)}: "
                              f"{type(exc).__name__}") from None
+
+    def _stat_all(self, prefix: str) -> list[ObjectInfo]:
+        # The listing carries each object's size and LastModified: no HeadObject per object.
+        return sorted((ObjectInfo(self._relative(o["Key"]), int(o.get("Size") or 0), o["LastModified"].timestamp())
+                       for page in self._pages(prefix) for o in page.get("Contents", [])), key=lambda i: i.name)
 
 
 def _shown_url(url: str) -> str:
