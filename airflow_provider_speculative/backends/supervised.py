@@ -334,6 +334,10 @@ class HeartbeatObserver(SupervisedBackend):
 
 
 def _marked(layout: StageLayout) -> bool:
-    """True if an ownership marker (anyone's) is at or above the DAG run's prefix: not an old unmarked run."""
+    """True if an ownership marker (anyone's) is at or above the DAG run's prefix, the store root's aside.
+
+    The root is claimed when the store is created, so its marker says nothing about a run an older version
+    planned there (store/layout.py ``owns_run``).
+    """
     parts = layout.run_prefix.split("/")
-    return any(layout.store.exists("/".join([*parts[:end], OWNER_FILE])) for end in range(len(parts), -1, -1))
+    return any(layout.store.exists("/".join([*parts[:end], OWNER_FILE])) for end in range(len(parts), 0, -1))

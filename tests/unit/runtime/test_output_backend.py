@@ -117,6 +117,15 @@ def test_invalidate_in_a_run_without_a_marker_withdraws_as_before(tmp_path: Path
     assert "withdrawn by unlink" in caplog.text and OWNER_FILE in caplog.text
 
 
+def test_invalidate_in_an_unmarked_run_of_a_claimed_store_root_withdraws_as_before(tmp_path: Path) -> None:
+    layout = Store(tmp_path).stage("extract")
+    (layout.run_dir / OWNER_FILE).unlink()
+    layout.store.claim("")  # the root's marker (claimed when a store is created) says nothing about this old run
+    _admitted(layout)
+    attempt_observer(layout).invalidate(0, 0, "failover")
+    assert not layout.admitted(0).exists() and layout.invalidated(0, 0).exists()
+
+
 def test_invalidate_in_a_run_another_store_owns_refuses_and_keeps_the_admission(tmp_path: Path) -> None:
     layout = StageLayout(tmp_path, "etl", "r1", "extract")
     PosixBackend(tmp_path, owner="file:///elsewhere").claim(layout.run_prefix)
