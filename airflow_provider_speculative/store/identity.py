@@ -26,8 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from airflow_provider_speculative.exceptions import StoreError
-from airflow_provider_speculative.store.backend import OWNER_FILE, PosixBackend, StoreBackend
-from airflow_provider_speculative.store.backend import StoreNotOwnedError as MarkerNotOwnedError
+from airflow_provider_speculative.store.backend import OWNER_FILE, PosixBackend, StoreBackend, StoreNotOwnedError
 from airflow_provider_speculative.store.layout import (
     PLAN_FILE,
     TASK_STATE_FILE,
@@ -44,8 +43,11 @@ _OWN_TOP_LEVEL = frozenset({STORE_FILE, "_targets", OWNER_FILE})
 _SHOWN_ENTRIES = 5
 
 
-class StoreNotOwnedError(StoreError):
-    """The store root holds data that is not the provider's: nothing may be written or deleted there."""
+class StoreRootNotOwnedError(StoreNotOwnedError):
+    """The store root holds data that is not the provider's: nothing may be written or deleted there.
+
+    A :class:`StoreNotOwnedError` like a refused owned delete (store/backend.py), so one ``except`` catches both.
+    """
 
 
 def _backend(root: str | Path | StoreBackend) -> StoreBackend:
@@ -143,7 +145,7 @@ def _claim_root(store: StoreBackend) -> None:
     check takes for another store) is left as it is: the store stays usable, and only deletes that would need
     the root's marker refuse, as every delete of another store's prefix does.
     """
-    with contextlib.suppress(MarkerNotOwnedError):
+    with contextlib.suppress(StoreNotOwnedError):
         if not store.claimed(""):
             store.claim("")
 
@@ -154,7 +156,7 @@ def own_store(root: str | Path) -> dict[str, Any]:
     Creates the root, claims it (``_owner.json``) and writes the record when the root is missing or empty,
     or holds only the provider's own run files (a store from before the record existed). A store that has
     the record but not the root's marker (made by an earlier version) is claimed as it is. Raises
-    :class:`StoreNotOwnedError` naming what is there otherwise.
+    :class:`StoreRootNotOwnedError` naming what is there otherwise.
     """
     root = Path(root)
     store = PosixBackend(root)
@@ -166,7 +168,7 @@ def own_store(root: str | Path) -> dict[str, Any]:
             _claim_root(store)
         return record
     if root.exists() and not root.is_dir():
-        raise StoreNotOwnedError(f"store root {str(root)!r} is not a directory")
+        raise StoreRootNotOwnedError(f"store root {str(root)!r} is not a directory")
     foreign = foreign_entries(store)
     if foreign:
         record = store.read_json(STORE_FILE)
@@ -178,7 +180,7 @@ def own_store(root: str | Path) -> dict[str, Any]:
             return record
         shown = ", ".join(repr(n) for n in foreign[:_SHOWN_ENTRIES])
         shown += ", ..." if len(foreign) > _SHOWN_ENTRIES else ""
-        raise StoreNotOwnedError(
+        raise StoreRootNotOwnedError(
             f"store root {str(root)!r} is not the provider's: it has no {STORE_FILE} and holds {len(foreign)} "
             f"entries that are not provider run files ({shown}); set [speculative] store_path to a new or empty "
             "directory (the provider creates it)")
