@@ -38,6 +38,7 @@ import threading
 import time
 import unicodedata
 import uuid
+import zlib
 from collections.abc import Collection, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -65,10 +66,10 @@ _RELIST_AFTER = 8
 _CONFLICT_RETRIES = 10
 _READ_THREADS = 16
 _TEMP_NAME = re.compile(r"^\..+\.tmp$")
-# Journal cursors (opaque to callers): POSIX ``posix:<inode>:<byte offset>``, S3 ``s3:<next number>:<ETag of
-# the record before it>``, any other backend ``count:<records read>``; plain strings, so a reader can keep one
-# in JSON.
-_POSIX_CURSOR = re.compile(r"^posix:(\d+):(\d+)$")
+# Journal cursors (opaque to callers): POSIX ``posix:<inode>:<byte offset>[:<first line's crc32>]``, S3
+# ``s3:<next number>:<ETag of the record before it>``, any other backend ``count:<records read>``; plain
+# strings, so a reader can keep one in JSON.
+_POSIX_CURSOR = re.compile(r"^posix:(\d+):(\d+)(?::([0-9a-f]{8}))?$")
 _S3_CURSOR = re.compile(r"^s3:(\d+):(.*)$", re.DOTALL)
 _COUNT_CURSOR = re.compile(r"^count:(\d+)$")
 
@@ -493,8 +494,24 @@ def _owner_of(marker: Any) -> str:
     return "its marker is not this provider's"
 
 
-def _posix_cursor(inode: int, offset: int) -> str:
-    return f"posix:{inode}:{offset}"
+def _posix_cursor(inode: int, offset: int, head: str | None = None) -> str:
+    return f"posix:{inode}:{offset}" + (f":{head}" if head else "")
+
+
+# How much of a journal's first line identifies the file (with its inode) in a POSIX cursor.
+_HEAD_BYTES = 4096
+
+
+def _head_print(first: bytes) -> str | None:
+    """A fingerprint of a journal's first line (``first``: its first bytes), or None while that line is torn.
+
+    An inode number is reused as soon as a file is deleted, so a journal removed and written again can come
+    back under the inode a reader's cursor names; its first record (an event with its time) tells them apart.
+    """
+    end = first.find(b"\n")
+    if end < 0 and len(first) < _HEAD_BYTES:
+        return None
+    return f"{zlib.crc32(first[:end] if end >= 0 else first):08x}"
 
 
 def _journal_lines(where: Path, data: bytes, *, torn: bool = False) -> list[dict[str, Any]]:
@@ -617,16 +634,18 @@ class PosixBackend(StoreBackend):
         return files.read_jsonl(self.root / journal)
 
     def _read_journal_from(self, journal: str, cursor: str | None) -> JournalChunk:
-        # The file only grows by whole-line appends: a cursor is its inode and the offset after the last
-        # complete line read. Another inode, or a file shorter than the offset, is another journal.
+        # The file only grows by whole-line appends: a cursor is its inode, the offset after the last complete
+        # line read and a fingerprint of the first line. Another inode, a file shorter than the offset or
+        # another first line is another journal.
         path = self.root / journal
         known: int | None = None
         offset = 0
+        head: str | None = None
         if cursor is not None:
             match = _POSIX_CURSOR.match(cursor)
             if match is None:
                 raise StoreError(f"cannot read {path}: {cursor!r} is not a journal cursor of this store")
-            known, offset = int(match.group(1)), int(match.group(2))
+            known, offset, head = int(match.group(1)), int(match.group(2)), match.group(3)
         try:
             info = os.stat(path)
         except (FileNotFoundError, NotADirectoryError):
@@ -634,13 +653,17 @@ class PosixBackend(StoreBackend):
         except OSError as exc:
             raise StoreError(f"cannot read {path}: {exc.strerror or exc}") from exc
         if known == info.st_ino and info.st_size == offset:
-            return JournalChunk([], _posix_cursor(known, offset))  # nothing appended: the file is not even opened
+            # Nothing appended: the file is not even opened (a journal replaced by one of exactly this size
+            # under the same inode number is seen once it grows).
+            return JournalChunk([], _posix_cursor(known, offset, head))
         try:
             # Not a FIFO (it would block a reader for ever), not a symlink (another file's lines as records).
             with files.open_regular_bytes(path) as handle:
                 opened = os.fstat(handle.fileno())
-                restarted = known is not None and (opened.st_ino != known or opened.st_size < offset)
-                if opened.st_ino != known or opened.st_size < offset:
+                now_head = _head_print(handle.read(_HEAD_BYTES))
+                restarted = known is not None and (opened.st_ino != known or opened.st_size < offset
+                                                   or (head is not None and now_head != head))
+                if restarted:
                     offset = 0
                 handle.seek(offset)
                 data = handle.read()
@@ -649,7 +672,7 @@ class PosixBackend(StoreBackend):
         except OSError as exc:
             raise StoreError(f"cannot read {path}: {exc.strerror or exc}") from exc
         end = data.rfind(b"\n") + 1
-        return JournalChunk(_journal_lines(path, data[:end]), _posix_cursor(opened.st_ino, offset + end),
+        return JournalChunk(_journal_lines(path, data[:end]), _posix_cursor(opened.st_ino, offset + end, now_head),
                             restarted=restarted, unterminated=_journal_lines(path, data[end:], torn=True))
 
     def _read_marker(self, prefix: str) -> Any:
