@@ -28,15 +28,16 @@ import abc
 import json
 import os
 import re
+import stat
 import threading
 import time
 import unicodedata
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 from urllib.parse import quote, unquote, urlsplit
 
 from airflow_provider_speculative.exceptions import StoreError, StoreNotWritableError, UnsafeStorePathError
@@ -80,6 +81,15 @@ class ObjectInfo:
     name: str
     size: int
     mtime: float
+    etag: str | None = None
+    """The object's entity tag where the backend has one (S3: changes with every write); None on POSIX."""
+
+
+class PrefixVersion(NamedTuple):
+    """What :meth:`StoreBackend.prefix_version` found: a key that changes with the prefix's entries, and when."""
+
+    key: tuple[int, ...]
+    changed_at: float
 
 
 @dataclass(frozen=True)
@@ -393,6 +403,40 @@ class StoreBackend(abc.ABC):
             raise _refuse(name, f"{OWNER_FILE} is the ownership marker: only claim() creates it")
         return name
 
+    # -- batches: many small objects without a request or a marker walk per object -------------------
+
+    def list_infos(self, prefix: str = "") -> list[ObjectInfo]:
+        """Every object below ``prefix`` with its size, mtime and ETag, sorted by name (here: a stat per name)."""
+        return [info for name in self.list_names(prefix) if (info := self.stat(name)) is not None]
+
+    def prefix_version(self, prefix: str) -> PrefixVersion | None:
+        """A key that changes whenever an object right below ``prefix`` is created, replaced or removed.
+
+        Read without listing the prefix (a directory's stat on POSIX); None where the backend has no such
+        thing (object stores: compare :meth:`list_infos` of an enclosing prefix instead) or no such prefix.
+        """
+        return None
+
+    def delete_many(self, names: Iterable[str]) -> None:
+        """Delete every object of ``names`` as :meth:`delete` does; missing ones are skipped.
+
+        Each parent prefix's ownership is checked once, and all of them before anything is deleted: a
+        refusal (StoreNotOwnedError) deletes nothing.
+        """
+        wanted = [self._writable(name) for name in names]
+        checked: set[str] = set()
+        for name in wanted:
+            parent = name.rpartition("/")[0]
+            if parent not in checked:
+                self._require_owned(name, parent_only=True)
+                checked.add(parent)
+        self._delete_many(wanted)
+
+    def _delete_many(self, names: list[str]) -> None:
+        """Delete ``names`` (ownership already checked), one by one unless the backend batches."""
+        for name in names:
+            self._delete(name)
+
 
 def _owner_of(marker: Any) -> str:
     if isinstance(marker, dict) and isinstance(marker.get("owner"), str):
@@ -568,6 +612,19 @@ class PosixBackend(StoreBackend):
     def _delete_tree(self, prefix: str, names: list[str]) -> int:
         return len(names) if files.remove_in_store(self.root, self.root / prefix, tree=True) else 0
 
+    def prefix_version(self, prefix: str) -> PrefixVersion | None:
+        """The directory's (inode, mtime, ctime) in ns: every entry created, renamed over or removed changes them.
+
+        None unless ``prefix`` is a directory itself (a symlink to one is not followed).
+        """
+        try:
+            info = os.stat(self.path(prefix), follow_symlinks=False)
+        except (OSError, ValueError):
+            return None
+        if not stat.S_ISDIR(info.st_mode):
+            return None
+        return PrefixVersion((info.st_ino, info.st_mtime_ns, info.st_ctime_ns), info.st_mtime_ns / 1e9)
+
 
 # -- S3 -------------------------------------------------------------------------------------------------
 
@@ -672,7 +729,7 @@ class S3Backend(StoreBackend):
             if _status(exc) == 404 and self._bucket_exists():
                 return None
             raise self._fail(name, "stat", exc) from None
-        return ObjectInfo(name, int(head["ContentLength"]), head["LastModified"].timestamp())
+        return ObjectInfo(name, int(head["ContentLength"]), head["LastModified"].timestamp(), head.get("ETag"))
 
     def _bucket_exists(self) -> bool:
         try:
@@ -856,6 +913,27 @@ class S3Backend(StoreBackend):
                                  f"{first.get('Code') or 'error'} ({len(errors)} objects not deleted)")
             deleted += len(batch)
         return deleted
+
+    def list_infos(self, prefix: str = "") -> list[ObjectInfo]:
+        """Every object below ``prefix`` with Size, LastModified and ETag from the listing itself (no HEAD)."""
+        check_name(prefix, prefix=True)
+        return sorted((ObjectInfo(self._relative(o["Key"]), int(o.get("Size") or 0), o["LastModified"].timestamp(),
+                                  o.get("ETag")) for page in self._pages(prefix) for o in page.get("Contents", [])),
+                      key=lambda info: info.name)
+
+    def _delete_many(self, names: list[str]) -> None:
+        # DeleteObjects in batches of 1,000 (a missing key counts as deleted): one request, not one per object.
+        for start in range(0, len(names), 1000):
+            batch = names[start:start + 1000]
+            try:
+                answer = self._client.delete_objects(Bucket=self.bucket, Delete={
+                    "Objects": [{"Key": self._key(n)} for n in batch], "Quiet": True})
+            except Exception as exc:
+                raise self._fail(batch[0], "delete", exc) from None
+            if answer.get("Errors"):
+                first = answer["Errors"][0]
+                raise StoreError(f"cannot delete {self.describe(self._relative(first.get('Key', '')))}: "
+                                 f"{first.get('Code') or 'error'} ({len(answer['Errors'])} objects not deleted)")
 
 
 def _shown_url(url: str) -> str:
