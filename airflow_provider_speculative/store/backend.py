@@ -615,10 +615,10 @@ class PosixBackend(StoreBackend):
     def prefix_version(self, prefix: str) -> PrefixVersion | None:
         """The directory's (inode, mtime, ctime) in ns: every entry created, renamed over or removed changes them.
 
-        None unless ``prefix`` is a directory itself (a symlink to one is not followed).
+        None unless ``prefix`` is a directory itself (a symlink to one is not followed; the root's own may be).
         """
         try:
-            info = os.stat(self.path(prefix), follow_symlinks=False)
+            info = os.stat(self.path(prefix), follow_symlinks=not prefix)
         except (OSError, ValueError):
             return None
         if not stat.S_ISDIR(info.st_mode):
