@@ -84,7 +84,7 @@ def _checked_plan(plan: Any, where: object) -> dict[str, Any]:
     return plan
 
 
-def _read_json(store: StoreBackend, name: str) -> Any:
+def read_document(store: StoreBackend, name: str) -> Any:
     """The JSON document ``name``, None if missing; StoreError naming it if it is corrupt or not a plain object.
 
     ``read`` and not POSIX's ``read_json``: the same refusals of a link or a FIFO in place of the document, in
@@ -122,7 +122,7 @@ def _stage_plans(store: StoreBackend, run: str) -> list[tuple[str, dict[str, Any
     for entry in store.children(run):
         if entry.endswith("/"):
             name = f"{run}/{entry}{PLAN_FILE}"
-            plan = _read_json(store, name)
+            plan = read_document(store, name)
             if plan is not None:
                 plans.append((name, _checked_plan(plan, store.describe(name))))
     return plans
@@ -185,7 +185,7 @@ def latest_run_id(root: Path, dag_id: str, *, store: StoreBackend | None = None)
                 newest = (info.mtime, name)
     if newest is None:
         raise NotFoundError(f"no speculative stages recorded for dag {dag_id!r} under {root}")
-    return str(_checked_plan(_read_json(store, newest[1]), store.describe(newest[1]))["run_id"])
+    return str(_checked_plan(read_document(store, newest[1]), store.describe(newest[1]))["run_id"])
 
 
 def run_report(root: Path, dag_id: str, run_id: str, stage: str | None = None, *,
@@ -232,8 +232,8 @@ def stage_report(layout: StageLayout, plan: Mapping[str, Any], *, liveness: str 
     backend = observer(layout, liveness) if attempts is None else attempts
     store = layout.store if store is None else store
     stage_name = layout.name(layout.dir)
-    summary: StageSummary = _read_json(store, f"{stage_name}/{layout.summary.name}") or StageSummary()
-    committed = _read_json(store, f"{stage_name}/{layout.committed.name}")
+    summary: StageSummary = read_document(store, f"{stage_name}/{layout.summary.name}") or StageSummary()
+    committed = read_document(store, f"{stage_name}/{layout.committed.name}")
     journal = journal_records(layout, store=store)
     reused = set(summary.get("reused") or [])
     input_waits = summary.get("input_waits") or {}
@@ -476,7 +476,7 @@ class _AttemptReader:
         listing = _CACHE.get(key, seen.key, self.mono)
         if listing is None:
             entries = self.index.entries(base)
-            marker = _read_json(self.store, f"{base}/{ADMITTED_FILE}") if ADMITTED_FILE in entries else None
+            marker = read_document(self.store, f"{base}/{ADMITTED_FILE}") if ADMITTED_FILE in entries else None
             listing = _Listing(sorted(n for _, n in _prefixes(entries, "attempt")), marker)
             if seen.cacheable:
                 _CACHE.put(key, seen.key, listing, self.mono)
@@ -495,13 +495,13 @@ class _AttemptReader:
             row = _CACHE.get(key, seen.key, self.mono)
             if row is not None:
                 return row  # type: ignore[no-any-return]
-        claim = _read_json(self.store, f"{base}/{CLAIM_FILE}")
+        claim = read_document(self.store, f"{base}/{CLAIM_FILE}")
         if claim is None:
             return None
         a = self.backend.poll(subtask, number, self.now)
-        status = _read_json(self.store, f"{base}/{STATUS_FILE}") or {}
+        status = read_document(self.store, f"{base}/{STATUS_FILE}") or {}
         phases = (attempt_phases(a.created_at, a.deploying_at, a.end_at,
-                                 (_read_json(self.store, f"{base}/{MANIFEST_FILE}") or {}).get("timings"))
+                                 (read_document(self.store, f"{base}/{MANIFEST_FILE}") or {}).get("timings"))
                   if a.end_at is not None else None)
         report = {
             "attempt": a.number, "state": a.state.value, "target": a.target, "node": a.node,
@@ -510,7 +510,7 @@ class _AttemptReader:
             "app_id": a.app_id, "launched_at": a.launched_at, "startup_seconds": a.startup_seconds,
             "duration": ((a.end_at or self.now) - a.deploying_at) if a.deploying_at else None,
             "phases": phases,
-            "last_seen": last_sign_of_life(status, _read_json(self.store, f"{base}/{HEARTBEAT_FILE}") or {}),
+            "last_seen": last_sign_of_life(status, read_document(self.store, f"{base}/{HEARTBEAT_FILE}") or {}),
         }
         row = _Row(a, report, phases, claim.get("reason"), claim.get("created_at"))
         # The version was taken before the reads: a change made while reading leaves a stale key, never a stale row.
