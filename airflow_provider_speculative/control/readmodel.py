@@ -221,15 +221,15 @@ def run_report(root: Path, dag_id: str, run_id: str, stage: str | None = None, *
 
 def stage_report(layout: StageLayout, plan: Mapping[str, Any], *, liveness: str = "process",
                  now: float | None = None, with_claims: bool = False, store: StoreBackend | None = None,
-                 attempts: Backend | None = None) -> dict[str, Any]:
+                 poller: Backend | None = None) -> dict[str, Any]:
     """One stage: summary, committed flag and every subtask's attempts with the current one.
 
     ``with_claims`` adds each attempt's claim ``reason`` and ``created`` (what the UI shows), read with the
     attempt instead of once more per poll. ``store`` is where the stage's objects are read by name (default:
-    the layout's POSIX directory) and ``attempts`` what polls an attempt (default: the ``liveness`` mode's).
+    the layout's POSIX directory) and ``poller`` what polls an attempt (default: the ``liveness`` mode's).
     """
     now = time.time() if now is None else now
-    backend = observer(layout, liveness) if attempts is None else attempts
+    backend = observer(layout, liveness) if poller is None else poller
     store = layout.store if store is None else store
     stage_name = layout.name(layout.dir)
     summary: StageSummary = read_document(store, f"{stage_name}/{layout.summary.name}") or StageSummary()

@@ -91,7 +91,7 @@ def test_the_report_reads_plans_subtasks_and_attempts_by_name() -> None:
     assert latest_run_id(ROOT, DAG, store=store) == RUN
     assert [r["event"] for r in journal_records(layout, store=store)] == ["launch"]
     reader = StoreReader(store, stage)
-    report = stage_report(layout, plan, store=store, attempts=reader, now=T0 + 100, with_claims=True)
+    report = stage_report(layout, plan, store=store, poller=reader, now=T0 + 100, with_claims=True)
     assert [s["admitted"] for s in report["subtasks"]] == [0, 0, None]
     assert [[a["state"] for a in s["attempts"]] for s in report["subtasks"]] == [
         ["FINISHED"], ["FINISHED", "FAILED"], ["CANCELED"]]
@@ -119,12 +119,12 @@ def test_a_poll_lists_the_stage_once_and_a_second_one_reads_no_attempt_object() 
     store, layout, plan, _ = _stage(n)
     reader = StoreReader(store, layout.name(layout.dir))
     store.listings = store.reads = store.stats = 0
-    first = stage_report(layout, plan, store=store, attempts=reader, now=T0 + 100)
+    first = stage_report(layout, plan, store=store, poller=reader, now=T0 + 100)
     # One listing of the stage prefix for every subtask and attempt (never one per subtask or attempt).
     assert store.listings == 1 and reader.polls == n
     store.listings = store.reads = store.stats = 0
     reader.polls = 0
-    second = stage_report(layout, plan, store=store, attempts=reader, now=T0 + 100)
+    second = stage_report(layout, plan, store=store, poller=reader, now=T0 + 100)
     assert second == first
     assert store.listings == 1 and reader.polls == 0 and store.stats == 0
     assert store.reads <= 4  # summary and committed; no attempt's object is read again
@@ -134,8 +134,8 @@ def test_a_poll_lists_the_stage_once_and_a_second_one_reads_no_attempt_object() 
 def test_a_replaced_or_new_object_shows_at_once_on_the_next_poll() -> None:
     store, layout, plan, stage = _stage(2)
     reader = StoreReader(store, stage)
-    stage_report(layout, plan, store=store, attempts=reader, now=T0 + 100)
-    stage_report(layout, plan, store=store, attempts=reader, now=T0 + 100)
+    stage_report(layout, plan, store=store, poller=reader, now=T0 + 100)
+    stage_report(layout, plan, store=store, poller=reader, now=T0 + 100)
     # The same size and no later mtime would not tell; the ETag does.
     base = f"{stage}/subtask=0/attempt=0"
     status = store.read_json(f"{base}/status.json")
@@ -143,9 +143,9 @@ def test_a_replaced_or_new_object_shows_at_once_on_the_next_poll() -> None:
     store.replace_json(f"{base}/invalidated.json", {"reason": "rerun"})
     store.delete(f"{stage}/subtask=0/admitted.json")
     store.create_exclusive_json(f"{stage}/subtask=1/attempt=1/claim.json", {"created_at": T0, "target": "local-a"})
-    after = stage_report(layout, plan, store=store, attempts=reader, now=T0 + 100)
+    after = stage_report(layout, plan, store=store, poller=reader, now=T0 + 100)
     clear_cache()
-    assert after == stage_report(layout, plan, store=store, attempts=reader, now=T0 + 100)
+    assert after == stage_report(layout, plan, store=store, poller=reader, now=T0 + 100)
     assert after["subtasks"][0]["admitted"] is None
     assert after["subtasks"][0]["attempts"][0]["exit_code"] == 7
     assert after["subtasks"][0]["attempts"][0]["state"] == "CANCELED"
@@ -158,9 +158,9 @@ def test_a_live_attempt_is_never_cached() -> None:
     store.create_exclusive_json(f"{base}/claim.json", {"created_at": time.time(), "target": "local-a"})
     store.replace_json(f"{base}/status.json", {"deploying_at": time.time(), "state": "RUNNING"})
     reader = StoreReader(store, stage)
-    stage_report(layout, plan, store=store, attempts=reader, now=T0 + 100)
+    stage_report(layout, plan, store=store, poller=reader, now=T0 + 100)
     reader.polls = 0
-    stage_report(layout, plan, store=store, attempts=reader, now=T0 + 100)
+    stage_report(layout, plan, store=store, poller=reader, now=T0 + 100)
     assert reader.polls == 1  # the running attempt, read again; the ended one from the cache
 
 
