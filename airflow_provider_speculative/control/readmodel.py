@@ -455,6 +455,7 @@ class _AttemptReader:
 
     def __init__(self, store: StoreBackend, stage: str, backend: Backend, liveness: str, now: float) -> None:
         self.store, self.stage, self.backend, self.liveness, self.now = store, stage, backend, liveness, now
+        self.url = store.url  # in every cache key: computed once, not per prefix
         self.mono = time.monotonic()
         # Compared with the store's timestamps, so the real clock, never the caller's ``now``.
         racy_before = time.time() - RACY_SECONDS
@@ -472,7 +473,7 @@ class _AttemptReader:
         seen = self.index.version(base)
         if seen is None:
             return [], None
-        key = (self.store.url, base, "listing")
+        key = (self.url, base, "listing")
         listing = _CACHE.get(key, seen.key, self.mono)
         if listing is None:
             entries = self.index.entries(base)
@@ -490,7 +491,7 @@ class _AttemptReader:
     def _attempt(self, subtask: int, number: int, base: str) -> _Row | None:
         """One attempt's row (None without a claim); from the cache if it ended and its prefix is unchanged."""
         seen = self.index.version(base)
-        key = (self.store.url, base, self.liveness)
+        key = (self.url, base, self.liveness)
         if seen is not None:
             row = _CACHE.get(key, seen.key, self.mono)
             if row is not None:

@@ -154,7 +154,9 @@ def check_name(name: str, *, prefix: bool = False) -> str:
         raise _refuse(name, "absolute (starts with '/')")
     if "\\" in name:
         raise _refuse(name, "contains a backslash")
-    if any(unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp") for c in name):
+    # Printable ASCII has none of these: the common case skips the per-character lookup (hot in listings).
+    if not (name.isascii() and name.isprintable()) and any(
+            unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp") for c in name):
         raise _refuse(name, "contains a control or format character")
     for segment in name.split("/"):
         if segment == "":
@@ -617,8 +619,10 @@ class PosixBackend(StoreBackend):
 
         None unless ``prefix`` is a directory itself (a symlink to one is not followed; the root's own may be).
         """
+        # A string path, not pathlib: a poll of a large stage asks this for every subtask and attempt.
+        path = os.path.join(self.root, check_name(prefix, prefix=True)) if prefix else self.root
         try:
-            info = os.stat(self.path(prefix), follow_symlinks=not prefix)
+            info = os.stat(path, follow_symlinks=not prefix)
         except (OSError, ValueError):
             return None
         if not stat.S_ISDIR(info.st_mode):
