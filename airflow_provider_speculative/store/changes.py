@@ -75,39 +75,45 @@ def remove(store: StoreBackend, names: Iterable[str]) -> bool:
 
 
 class NoticeReader:
-    """One controller's reading of a stage's notices: each taken once, removed a grace period after it was taken."""
+    """One controller's reading of a stage's notices: each taken once, removed a grace period after it was read.
+
+    A step calls :meth:`take` before polling and :meth:`acknowledge` once the attempts are polled: only then do
+    the notices count as read, so a step that fails in between finds them new again.
+    """
 
     def __init__(self, store: StoreBackend, stage: str, clock: Callable[[], float],
                  grace: float = GRACE_SECONDS) -> None:
         self.store, self.stage, self.clock, self.grace = store, stage, clock, grace
-        # Notices present at the last take: name -> when this reader first read it (or last failed to remove it).
-        self._taken: dict[str, float] = {}
+        # Notices present at the last acknowledged take: name -> when this reader read it (or last failed to
+        # remove it). Names no longer listed are dropped, so it holds at most a grace period's notices.
+        self._read: dict[str, float] = {}
+        self._taken: dict[str, tuple[int, int]] | None = None
 
     def changed(self) -> bool:
-        """True if a notice this reader has not taken yet is present (one listing of the notices' prefix)."""
-        return any(name not in self._taken for name in listed(self.store, self.stage))
+        """True if a notice this reader has not read yet is present (one listing of the notices' prefix)."""
+        return any(name not in self._read for name in listed(self.store, self.stage))
 
     def take(self) -> set[tuple[int, int]]:
-        """The attempts named by the notices this reader has not taken before; remembers them as taken."""
-        now = self.clock()
-        present = listed(self.store, self.stage)
-        new = {key for name, key in present.items() if name not in self._taken}
-        # Names no longer listed were removed by this reader or another one: forgotten, so memory follows the listing.
-        self._taken = {name: self._taken.get(name, now) for name in present}
-        return new
+        """The attempts named by the notices this reader has not read yet (read once :meth:`acknowledge` runs)."""
+        self._taken = listed(self.store, self.stage)
+        return {key for name, key in self._taken.items() if name not in self._read}
 
     def acknowledge(self) -> int:
-        """Remove the notices taken at least ``grace`` ago (their attempts were polled then); the number removed."""
+        """Count the last take as read; remove the notices read at least ``grace`` ago; the number removed."""
         now = self.clock()
-        due = [name for name, at in self._taken.items() if now - at >= self.grace]
+        if self._taken is not None:
+            # Names missing from the listing were removed by this reader or another one: forgotten.
+            self._read = {name: self._read.get(name, now) for name in self._taken}
+            self._taken = None
+        due = [name for name, at in self._read.items() if now - at >= self.grace]
         if not due:
             return 0
         if not remove(self.store, due):
             for name in due:  # left in place; asked again a grace period later, not on every step
-                self._taken[name] = now
+                self._read[name] = now
             return 0
         for name in due:
-            del self._taken[name]
+            del self._read[name]
         return len(due)
 
 

@@ -43,14 +43,24 @@ def test_each_reader_takes_a_notice_once_and_only_its_own_grace_removes_it() -> 
     second = changes.NoticeReader(store, STAGE, clock, grace=30.0)
     changes.post(store, STAGE, 0, 0)
     assert first.changed() and first.take() == {(0, 0)}
-    assert not first.changed() and first.take() == set()  # taken once
-    assert first.acknowledge() == 0  # too young: the other reader may not have listed it yet
+    assert first.acknowledge() == 0  # read now, but too young: the other reader may not have listed it yet
+    assert not first.changed() and first.take() == set()  # read once
     clock.now += 5.0
     assert second.changed() and second.take() == {(0, 0)}  # the hand-over's other controller still sees it
+    second.acknowledge()
     clock.now += 25.0
     assert first.acknowledge() == 1 and changes.listed(store, STAGE) == {}
     assert second.take() == set() and second.acknowledge() == 0  # forgotten: it is gone
-    assert not second._taken
+    assert not second._read
+
+
+def test_a_take_not_acknowledged_is_taken_again() -> None:
+    store = _owned_memory()
+    reader = changes.NoticeReader(store, STAGE, Clock(), grace=0.0)
+    changes.post(store, STAGE, 4, 2)
+    assert reader.take() == {(4, 2)}  # the step failed before its polls were done
+    assert reader.changed() and reader.take() == {(4, 2)}
+    assert reader.acknowledge() == 1 and not reader.changed() and changes.listed(store, STAGE) == {}
 
 
 def test_a_notice_posted_after_a_take_is_new_to_every_reader() -> None:
@@ -59,6 +69,7 @@ def test_a_notice_posted_after_a_take_is_new_to_every_reader() -> None:
     reader = changes.NoticeReader(store, STAGE, clock, grace=1.0)
     changes.post(store, STAGE, 0, 0)
     reader.take()
+    reader.acknowledge()
     changes.post(store, STAGE, 0, 0)
     assert reader.changed() and reader.take() == {(0, 0)}
 
@@ -69,6 +80,7 @@ def test_a_run_without_this_stores_marker_keeps_its_notices_and_nothing_raises()
     reader = changes.NoticeReader(store, STAGE, clock, grace=10.0)
     changes.post(store, STAGE, 1, 0)
     assert reader.take() == {(1, 0)}
+    reader.acknowledge()
     clock.now += 10.0
     assert reader.acknowledge() == 0 and len(changes.listed(store, STAGE)) == 1
     asked = store.marker_reads
@@ -132,7 +144,7 @@ def test_a_notices_directory_linked_elsewhere_is_never_deleted_through(tmp_path:
     (layout.dir / "changes").symlink_to(elsewhere, target_is_directory=True)
     clock = Clock()
     reader = changes.NoticeReader(layout.store, layout.name(layout.dir), clock, grace=0.0)
-    reader.take()
+    assert reader.take() == {(1, 2)}
     assert reader.acknowledge() == 0  # refused (a link on the way), not raised into the controller
     assert (elsewhere / "1.2.keep").read_text() == "not the store's"
 
