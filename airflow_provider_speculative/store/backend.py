@@ -34,16 +34,17 @@ import io
 import json
 import os
 import re
+import stat
 import threading
 import time
 import unicodedata
 import uuid
 import zlib
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
+from typing import TYPE_CHECKING, Any, BinaryIO, NamedTuple, Protocol
 from urllib.parse import quote, unquote, urlsplit
 
 from airflow_provider_speculative.exceptions import StoreError, StoreNotWritableError, UnsafeStorePathError
@@ -93,6 +94,15 @@ class ObjectInfo:
     """How many names share this object's bytes: POSIX hard links (``st_nlink``); 1 where there are none (S3)."""
     identity: str = ""
     """What every name sharing these bytes has in common (POSIX ``<device>:<inode>``); ``""``: the name alone."""
+    etag: str | None = None
+    """The object's entity tag where the backend has one (S3: changes with every write); None on POSIX."""
+
+
+class PrefixVersion(NamedTuple):
+    """What :meth:`StoreBackend.prefix_version` found: a key that changes with the prefix's entries, and when."""
+
+    key: tuple[int, ...]
+    changed_at: float
 
 
 @dataclass(frozen=True)
@@ -157,7 +167,9 @@ def check_name(name: str, *, prefix: bool = False) -> str:
         raise _refuse(name, "absolute (starts with '/')")
     if "\\" in name:
         raise _refuse(name, "contains a backslash")
-    if any(unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp") for c in name):
+    # Printable ASCII has none of these: the common case skips the per-character lookup (hot in listings).
+    if not (name.isascii() and name.isprintable()) and any(
+            unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp") for c in name):
         raise _refuse(name, "contains a control or format character")
     for segment in name.split("/"):
         if segment == "":
@@ -457,8 +469,8 @@ class StoreBackend(abc.ABC):
         prefix = check_name(prefix, prefix=True)
         return self._ours(self._read_marker(prefix), prefix)
 
-    def stat_all(self, prefix: str) -> list[ObjectInfo]:
-        """:meth:`stat` of every object below ``prefix`` (from a listing: for sizes, never proof data is whole)."""
+    def stat_all(self, prefix: str = "") -> list[ObjectInfo]:
+        """:meth:`stat` of every object below ``prefix``, by name: sizes, mtimes, ETags (never proof data is whole)."""
         return self._stat_all(check_name(prefix, prefix=True))
 
     def _stat_all(self, prefix: str) -> list[ObjectInfo]:
@@ -486,6 +498,36 @@ class StoreBackend(abc.ABC):
 
     def _prune_empty(self, prefix: str) -> bool:
         return False
+
+    # -- batches: many small objects without a request or a marker walk per object -------------------
+
+    def prefix_version(self, prefix: str) -> PrefixVersion | None:
+        """A key that changes whenever an object right below ``prefix`` is created, replaced or removed.
+
+        Read without listing the prefix (a directory's stat on POSIX); None where the backend has no such
+        thing (object stores: compare :meth:`stat_all` of an enclosing prefix instead) or no such prefix.
+        """
+        return None
+
+    def delete_many(self, names: Iterable[str]) -> None:
+        """Delete every object of ``names`` as :meth:`delete` does; missing ones are skipped.
+
+        Each parent prefix's ownership is checked once, and all of them before anything is deleted: a
+        refusal (StoreNotOwnedError) deletes nothing.
+        """
+        wanted = [self._writable(name) for name in names]
+        checked: set[str] = set()
+        for name in wanted:
+            parent = name.rpartition("/")[0]
+            if parent not in checked:
+                self._require_owned(name, parent_only=True)
+                checked.add(parent)
+        self._delete_many(wanted)
+
+    def _delete_many(self, names: list[str]) -> None:
+        """Delete ``names`` (ownership already checked), one by one unless the backend batches."""
+        for name in names:
+            self._delete(name)
 
 
 def _owner_of(marker: Any) -> str:
@@ -729,6 +771,21 @@ class PosixBackend(StoreBackend):
             return False
         return True
 
+    def prefix_version(self, prefix: str) -> PrefixVersion | None:
+        """The directory's (inode, mtime, ctime) in ns: every entry created, renamed over or removed changes them.
+
+        None unless ``prefix`` is a directory itself (a symlink to one is not followed; the root's own may be).
+        """
+        # A string path, not pathlib: a poll of a large stage asks this for every subtask and attempt.
+        path = os.path.join(self.root, check_name(prefix, prefix=True)) if prefix else self.root
+        try:
+            info = os.stat(path, follow_symlinks=not prefix)
+        except (OSError, ValueError):
+            return None
+        if not stat.S_ISDIR(info.st_mode):
+            return None
+        return PrefixVersion((info.st_ino, info.st_mtime_ns, info.st_ctime_ns), info.st_mtime_ns / 1e9)
+
 
 # -- S3 -------------------------------------------------------------------------------------------------
 
@@ -840,7 +897,7 @@ class S3Backend(StoreBackend):
             if _status(exc) == 404 and self._bucket_exists():
                 return None
             raise self._fail(name, "stat", exc) from None
-        return ObjectInfo(name, int(head["ContentLength"]), head["LastModified"].timestamp())
+        return ObjectInfo(name, int(head["ContentLength"]), head["LastModified"].timestamp(), etag=head.get("ETag"))
 
     def _bucket_exists(self) -> bool:
         try:
@@ -1093,9 +1150,24 @@ class S3Backend(StoreBackend):
                              f"{type(exc).__name__}") from None
 
     def _stat_all(self, prefix: str) -> list[ObjectInfo]:
-        # The listing carries each object's size and LastModified: no HeadObject per object.
-        return sorted((ObjectInfo(self._relative(o["Key"]), int(o.get("Size") or 0), o["LastModified"].timestamp())
-                       for page in self._pages(prefix) for o in page.get("Contents", [])), key=lambda i: i.name)
+        # The listing carries each object's Size, LastModified and ETag: no HeadObject per object.
+        listed = (o for page in self._pages(prefix) for o in page.get("Contents", []))
+        return sorted((ObjectInfo(self._relative(o["Key"]), int(o.get("Size") or 0), o["LastModified"].timestamp(),
+                                  etag=o.get("ETag")) for o in listed), key=lambda info: info.name)
+
+    def _delete_many(self, names: list[str]) -> None:
+        # DeleteObjects in batches of 1,000 (a missing key counts as deleted): one request, not one per object.
+        for start in range(0, len(names), 1000):
+            batch = names[start:start + 1000]
+            try:
+                answer = self._client.delete_objects(Bucket=self.bucket, Delete={
+                    "Objects": [{"Key": self._key(n)} for n in batch], "Quiet": True})
+            except Exception as exc:
+                raise self._fail(batch[0], "delete", exc) from None
+            if answer.get("Errors"):
+                first = answer["Errors"][0]
+                raise StoreError(f"cannot delete {self.describe(self._relative(first.get('Key', '')))}: "
+                                 f"{first.get('Code') or 'error'} ({len(answer['Errors'])} objects not deleted)")
 
 
 def _shown_url(url: str) -> str:

@@ -435,6 +435,21 @@ def test_a_change_notice_wakes_the_wait_before_the_check_interval(tmp_path: Path
     assert h.controller.done and h.controller.succeeded
 
 
+def test_a_notice_one_controller_read_is_still_there_for_the_other_during_a_hand_over(tmp_path: Path) -> None:
+    h = harness(tmp_path, parallelism=1, check_interval=1.0)
+    # The successor in another triggerer watches the same stage while the old one still steps.
+    other = StageController.open(h.controller.plan, clock=h.clock, backends={"local-a": h.backend},
+                                 observer=h.backend)
+    h.step()  # launches attempt 0, whose launch leaves a notice
+    h.step()  # reads the notice and polls the attempt
+    assert not h.controller.changed()
+    assert other.changed()  # not deleted from under the other controller, which has not read it yet
+    assert other.notices.take() == {(0, 0)}
+    h.step(changes.GRACE_SECONDS)  # a grace period after reading it, the first controller removes it
+    assert changes.pending(h.layout.dir) == (set(), [])
+    assert not other.changed() and other.notices.take() == set()
+
+
 def test_the_wake_up_after_a_step_follows_its_cpu_time(tmp_path: Path) -> None:
     h = harness(tmp_path, parallelism=1, check_interval=1.0)
     h.controller._step_cpu = 0.001

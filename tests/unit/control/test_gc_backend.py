@@ -25,7 +25,7 @@ from airflow_provider_speculative.store import files
 from airflow_provider_speculative.store.backend import OWNER_FILE, ObjectInfo, PosixBackend, StoreBackend
 from airflow_provider_speculative.store.layout import StageLayout
 from tests.unit.control.test_lifecycle import DAG, HOUR, NOW, RUN, Store
-from tests.unit.store.test_slots import MemoryBackend
+from tests.unit.store.memory import MemoryBackend
 
 
 class GcMemoryBackend(MemoryBackend):
@@ -60,6 +60,10 @@ class GcMemoryBackend(MemoryBackend):
         self.calls["stat"] += 1
         data = self.objects.get(name)
         return None if data is None else ObjectInfo(name, len(data), self.mtimes.get(name, 0.0))
+
+    def _stat_all(self, prefix: str) -> list[ObjectInfo]:
+        # This double's modification times, from one listing as on S3.
+        return [info for name in self._list(prefix) if (info := self._stat(name)) is not None]
 
     def _names(self, prefix: str) -> list[str]:
         start = f"{prefix}/" if prefix else ""  # the root prefix "" lists everything

@@ -362,6 +362,37 @@ class BackendConformance:
             ours.delete("theirs/plan.json")
         assert theirs.delete("theirs/plan.json") is True
 
+    def test_delete_many_refuses_all_before_deleting_any_and_skips_missing_names(self, backend: StoreBackend) -> None:
+        backend.claim("runs/a")
+        for name in ("runs/a/s/changes/0.0.x", "runs/a/s/changes/0.1.y", "runs/b/s/changes/0.0.z"):
+            assert backend.create_exclusive(name, b"")
+        with pytest.raises(StoreNotOwnedError, match="no ownership marker"):
+            backend.delete_many(["runs/a/s/changes/0.0.x", "runs/b/s/changes/0.0.z"])
+        assert backend.exists("runs/a/s/changes/0.0.x") and backend.exists("runs/b/s/changes/0.0.z")
+        backend.delete_many(["runs/a/s/changes/0.0.x", "runs/a/s/changes/0.1.y", "runs/a/s/changes/9.9.gone"])
+        assert backend.list_names("runs/a/s") == []
+        with pytest.raises(UnsafeStoreNameError):
+            backend.delete_many(["runs/a/_owner.json"])
+        assert backend.owns("runs/a")
+
+    # -- batches of objects ----------------------------------------------------------------------------
+
+    def test_stat_all_gives_what_stat_gives_and_a_new_etag_or_size_per_write(self, backend: StoreBackend) -> None:
+        backend.replace("s/subtask=0/attempt=0/status.json", b'{"state": "RUNNING"}')
+        backend.create_exclusive("s/subtask=0/attempt=0/data/part-0", b"rows")
+        backend.create_exclusive("s/subtask=0/admitted.json", b"{}")
+        infos = backend.stat_all("s")
+        assert [i.name for i in infos] == backend.list_names("s")
+        for info in infos:
+            stat = backend.stat(info.name)
+            assert stat is not None and (info.size, info.etag) == (stat.size, stat.etag)
+            assert abs(info.mtime - stat.mtime) < 1.0
+        before = {i.name: i for i in infos}["s/subtask=0/attempt=0/status.json"]
+        backend.replace("s/subtask=0/attempt=0/status.json", b'{"state": "FINISHED"}')
+        after = {i.name: i for i in backend.stat_all("s")}["s/subtask=0/attempt=0/status.json"]
+        # Where there is an ETag it tells the new document from the old; else the size does here.
+        assert (after.etag, after.size) != (before.etag, before.size)
+
     # -- names -----------------------------------------------------------------------------------------
 
     @pytest.mark.parametrize("name", HOSTILE_NAMES, ids=[repr(n)[:24] for n in HOSTILE_NAMES])

@@ -18,7 +18,7 @@ from airflow_provider_speculative.store.identity import (
     provider_plan,
 )
 from airflow_provider_speculative.store.layout import RunNotOwnedError, StageLayout
-from tests.unit.store.test_slots import MemoryBackend
+from tests.unit.store.memory import MemoryBackend
 
 
 class RootMemory(MemoryBackend):

@@ -15,7 +15,7 @@ from airflow_provider_speculative.store.backend import PosixBackend
 from airflow_provider_speculative.store.files import atomic_write_json, create_exclusive_json
 from airflow_provider_speculative.store.layout import StageLayout
 from airflow_provider_speculative.store.slots import TargetSlots, holder_record
-from tests.unit.store.memory import MemoryBackend
+from tests.unit.store import memory
 from tests.unit.store.slot_race import LateSlots, objects_per_slot, race_slots
 
 
@@ -87,6 +87,19 @@ def test_only_gone_holders_are_reclaimed(tmp_path):
 
 
 # -- release and reclaim by release records (no rename), pruning by owned deletes ------------------
+
+
+class MemoryBackend(memory.MemoryBackend):
+    """The shared store double (tests/unit/store/memory.py), held to what slots use: no journal, no prefix delete."""
+
+    def _append(self, journal: str, record: dict[str, Any]) -> None:
+        raise AssertionError("slots never append")
+
+    def _read_journal(self, journal: str) -> list[dict[str, Any]]:
+        raise AssertionError("slots never read a journal")
+
+    def _delete_tree(self, prefix: str, names: list[str]) -> int:
+        raise AssertionError("slots delete objects one by one")
 
 
 def _no_renames(monkeypatch: pytest.MonkeyPatch, under: Path) -> list[str]:

@@ -101,7 +101,7 @@ def test_old_probe_claims_are_pruned_by_owned_deletes_under_the_targets_marker(t
 def test_probe_claims_are_pruned_by_their_modification_time_on_any_backend(tmp_path: Path) -> None:
     from airflow_provider_speculative.store.backend import ObjectInfo
     from airflow_provider_speculative.store.speeds import claim_probe
-    from tests.unit.store.test_slots import MemoryBackend
+    from tests.unit.store.memory import MemoryBackend
 
     class Timed(MemoryBackend):
         """A store without paths whose objects carry the time they were written (S3's LastModified)."""
