@@ -9,14 +9,18 @@ script only builds the traces, runs each policy on the same trace, and prints ma
 - **calibration**: the slow-node benchmark's setups (bench/slow_node.py: 2 Connect servers of one core
   and 2 slots, one at 1/4 or 1/8 core) against the medians measured there (bench/README.md), each server
   with a core of its own and both on one shared 2-core host;
+- **pool**: the real 2-server pool's regression of the earlier tail-copy rule mirrored, and a sweep of
+  two-server pools, each with and without last-wave planning (``plan_last_wave``);
 - **scale**: how far a 1,000-node x 10,000-subtask stage (``--scale-sizes``) gets in ``--scale-budget`` wall
   seconds per policy.
 
     .venv/bin/python bench/simulate.py                       # everything (about 3 minutes on a quiet core)
     .venv/bin/python bench/simulate.py --only policies --scenarios slow10-q
     .venv/bin/python bench/simulate.py --only calibration
+    .venv/bin/python bench/simulate.py --only pool          # the 2-server regression, planned or not
     .venv/bin/python bench/simulate.py --only scale --scale-budget 60
     .venv/bin/python bench/simulate.py --only scale --scale-sizes 100x1000,1000x10000
+    .venv/bin/python bench/simulate.py --set plan_last_wave=false   # every policy without last-wave planning
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from airflow_provider_speculative.devtools.simulator import (
     Scenario,
     Simulator,
     StageSpec,
+    check_overrides,
     cluster,
     lognormal_work,
     pareto_work,
@@ -54,6 +59,13 @@ SLOTS = 2
 SUBTASKS = 400
 WORK = 30.0
 STARTUP = 1.0
+# ``--set name=value``: [speculative] options applied to every policy's runs (after the policy's own options).
+OVERRIDES: dict[str, object] = {}
+
+
+def run(scenario: Scenario, policy: str) -> RunResult:
+    """``simulate`` with the ``--set`` options."""
+    return simulate(scenario, policy, overrides=OVERRIDES or None)
 
 
 def _base(rng: random.Random, nodes: int = NODES, subtasks: int = SUBTASKS) -> tuple[tuple[NodeSpec, ...], StageSpec]:
@@ -125,9 +137,9 @@ def policy_rows(names: list[str], seed: int, policies: list[str]) -> list[str]:
     builders = scenarios(seed)
     for name in names:
         scenario = builders[name]()
-        ideal = simulate(scenario.healthy(), "none").makespan
-        results: dict[str, RunResult] = {p: simulate(scenario, p) for p in policies}
-        plain = results.get("none") or simulate(scenario, "none")
+        ideal = run(scenario.healthy(), "none").makespan
+        results: dict[str, RunResult] = {p: run(scenario, p) for p in policies}
+        plain = results.get("none") or run(scenario, "none")
         for policy, result in results.items():
             extra = 100.0 * (result.attempt_seconds - plain.attempt_seconds) / plain.attempt_seconds
             wasted = 100.0 * result.wasted_seconds / plain.attempt_seconds
@@ -200,13 +212,13 @@ def _bisect(makespan: Callable[[float], float], target: float, low: float, high:
 
 def fit(name: str) -> float:
     """Own cores: the gap between stages that makes the provider's row a (no slow node) equal its measured median."""
-    return _bisect(lambda gap: simulate(query(name, gap, None), "provider").makespan, MEASURED[(name, None)],
+    return _bisect(lambda gap: run(query(name, gap, None), "provider").makespan, MEASURED[(name, None)],
                    0.0, 10.0)
 
 
 def fit_scale(name: str, background: float) -> float:
     """Shared host: the work scale that makes row a equal its measured median (no gap between stages)."""
-    return _bisect(lambda scale: simulate(query(name, 0.0, None, background, scale), "provider").makespan,
+    return _bisect(lambda scale: run(query(name, 0.0, None, background, scale), "provider").makespan,
                    MEASURED[(name, None)], 0.02, 4.0)
 
 
@@ -220,7 +232,7 @@ def fit_host() -> tuple[float, dict[str, float]]:
     for step in range(31):
         background = step * 0.05
         scales = {name: fit_scale(name, background) for name in ("q1", "q3")}
-        miss = max(abs(simulate(query(name, 0.0, None, background, scales[name], single=True), "provider").makespan
+        miss = max(abs(run(query(name, 0.0, None, background, scales[name], single=True), "provider").makespan
                        / MEASURED_A1[name] - 1.0) for name in scales)
         if best is None or miss < best[0] - 1e-9:
             best = (miss, background, scales)
@@ -241,14 +253,70 @@ def calibration_rows() -> list[str]:
         for slow in (0.25, 0.125):
             plan += [("b", slow, "none", MEASURED_B[(name, slow)]), ("c", slow, "provider", MEASURED[(name, slow)])]
         for row, share, policy, measured in plan:
-            own = simulate(query(name, gap, share, single=row == "a1"), policy)
-            shared = simulate(query(name, 0.0, share, background, scales[name], single=row == "a1"), policy)
+            own = run(query(name, gap, share, single=row == "a1"), policy)
+            shared = run(query(name, 0.0, share, background, scales[name], single=row == "a1"), policy)
             rows.append(f"| {name.upper()} | {'-' if share is None else f'1/{round(1 / share)}'} | {row} | "
                         f"{measured:.1f} | {own.makespan:.1f} | {own.makespan / measured:.2f} | "
                         f"{shared.makespan:.1f} | {shared.makespan / measured:.2f} | "
                         f"{shared.copies} ({shared.copies_won}) |")
         rows.append(f"| {name.upper()} | | fitted | | gap between stages {gap:.2f} s | | work x {scales[name]:.2f}, "
                     f"host background {background:.2f} of {HOST_CORES:g} cores | | |")
+    return rows
+
+
+# -- the real pool's regression, and two-server pools with and without last-wave planning --------------
+
+OFF = {"plan_last_wave": False}
+
+
+def mirror(slow_speed: float) -> Scenario:
+    """The regression of the earlier tail-copy rule on the real pool (bench/README.md), in the simulator.
+
+    Two servers of one core and 2 slots; the speed check calls the throttled one 2x slower, so it runs one scan
+    original at a time, which becomes overdue early; one scan subtask 30 % shorter, so the fast server's slots
+    free one at a time and the copy is wanted while one is free and two originals remain queued.
+    """
+    nodes = (NodeSpec("local-a", slots=2, cores=1.0), NodeSpec("local-b", slots=2, cores=1.0, speed=slow_speed))
+    scan = StageSpec("scan", (1.0, 1.0, 1.0, 0.7, 1.0, 1.0, 1.0, 1.0))
+    return Scenario(f"2 servers, one at {slow_speed:g}", nodes, (scan, StageSpec("aggregate", (0.4, 0.4))),
+                    startup=0.25, speed_check=0.15)
+
+
+def pool_rows() -> list[str]:
+    """The mirror with and without last-wave planning, then a sweep of two-server pools: how many got slower."""
+    rows = ["| scenario | scan makespan: planned | not planned | copies (won): planned | not planned |",
+            "|---|---|---|---|---|"]
+    for speed in (0.14, 0.16, 0.18, 0.125):
+        on, off = simulate(mirror(speed), "provider"), simulate(mirror(speed), "provider", overrides=OFF)
+        rows.append(f"| {on.scenario} | {on.stages[0].makespan:.2f} | {off.stages[0].makespan:.2f} | "
+                    f"{on.copies} ({on.copies_won}) | {off.copies} ({off.copies_won}) |")
+    counts = {"slower": 0, "faster": 0, "same": 0}
+    worst = 0.0
+    for background in (None, 0.95):
+        for speed in (0.5, 0.33, 0.25, 0.18, 0.14, 0.125, 0.1):
+            for count in (4, 6, 8, 12):
+                for jitter in (0.0, 0.1, 0.3):
+                    for seed in (1, 2, 3):
+                        for check in (True, False):
+                            rng = random.Random(seed * 1000 + count)
+                            works = tuple(1.2 * (1 + jitter * (rng.random() * 2 - 1)) for _ in range(count))
+                            host = None if background is None else "host"
+                            nodes = (NodeSpec("local-a", slots=2, cores=1.0, host=host),
+                                     NodeSpec("local-b", slots=2, cores=1.0, speed=speed, host=host))
+                            scenario = Scenario("pool", nodes, (StageSpec("scan", works),
+                                                                StageSpec("aggregate", (0.4, 0.4))),
+                                                startup=0.25, speed_check=0.15 if check else None,
+                                                hosts=() if background is None else
+                                                (HostSpec("host", HOST_CORES, background),))
+                            ratio = (simulate(scenario, "provider").makespan
+                                     / simulate(scenario, "provider", overrides=OFF).makespan)
+                            worst = max(worst, ratio)
+                            counts["slower" if ratio > 1 + 1e-9 else "faster" if ratio < 1 - 1e-9 else "same"] += 1
+    rows.append("")
+    rows.append(f"Sweep of {sum(counts.values())} two-server pools (own cores or one 2-core host with 0.95 cores "
+                f"busy; the slow server at 1/2 to 1/10; 4-12 scan subtasks of equal or jittered work; 3 seeds; "
+                f"speed check or not), planned against not planned: {counts['slower']} slower, "
+                f"{counts['faster']} faster, {counts['same']} the same; worst ratio {worst:.3f}.")
     return rows
 
 
@@ -292,14 +360,20 @@ def scale_rows(budget: float, nodes: int = 1000, subtasks: int = 10_000) -> list
 def main() -> None:
     """Parse arguments, run the chosen parts, print markdown tables."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", choices=("policies", "calibration", "scale"), action="append")
+    parser.add_argument("--only", choices=("policies", "calibration", "pool", "scale"), action="append")
     parser.add_argument("--scenarios", default=",".join(scenarios(0)))
     parser.add_argument("--policies", default=",".join(POLICIES))
     parser.add_argument("--seed", type=int, default=43)
     parser.add_argument("--scale-budget", type=float, default=60.0)
     parser.add_argument("--scale-sizes", default="1000x10000", help="nodes x subtasks, comma-separated")
+    parser.add_argument("--set", action="append", default=[], metavar="OPTION=VALUE",
+                        help="a [speculative] option for every policy's runs, e.g. plan_last_wave=false")
     args = parser.parse_args()
-    parts = args.only or ["policies", "calibration", "scale"]
+    pairs = [item.split("=", 1) for item in args.set]
+    if any(len(pair) != 2 for pair in pairs):
+        parser.error("--set takes OPTION=VALUE")
+    OVERRIDES.update(check_overrides(dict(pairs)))
+    parts = args.only or ["policies", "calibration", "pool", "scale"]
     started = time.perf_counter()
     if "policies" in parts:
         print(f"### Policies ({NODES} nodes x {SLOTS} slots, {SUBTASKS} subtasks, lognormal work median {WORK:g} s "
@@ -308,6 +382,9 @@ def main() -> None:
     if "calibration" in parts:
         print("### Calibration against bench/slow_node.py (medians of slow-node-20261126-151150)\n")
         print("\n".join(calibration_rows()) + "\n")
+    if "pool" in parts:
+        print("### Two-server pools: the real pool's regression mirrored, and a sweep (last-wave planning on/off)\n")
+        print("\n".join(pool_rows()) + "\n")
     if "scale" in parts:
         print(f"### Scale (wall budget {args.scale_budget:g} s per policy)\n")
         rows: list[str] = []

@@ -9,6 +9,7 @@ another machine took the trigger over): nothing here assumes the attempt is a lo
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import socket
@@ -31,6 +32,7 @@ from airflow_provider_speculative.core.states import (
     heartbeat_alive,
 )
 from airflow_provider_speculative.store import changes
+from airflow_provider_speculative.store.backend import OWNER_FILE
 from airflow_provider_speculative.store.files import atomic_write_json, create_exclusive_json, read_json
 from airflow_provider_speculative.store.layout import (
     CANCEL_FILE,
@@ -39,8 +41,11 @@ from airflow_provider_speculative.store.layout import (
     HEARTBEAT_FILE,
     INVALIDATED_FILE,
     STATUS_FILE,
+    RunNotOwnedError,
     StageLayout,
 )
+
+log = logging.getLogger(__name__)
 
 # A claim with no process after this long was lost between claim and launch (controller crash).
 LAUNCH_LOST_AFTER = 60.0
@@ -243,13 +248,28 @@ class SupervisedBackend:
         return not self._group_alive(launch["pgid"])
 
     def invalidate(self, subtask: int, attempt: int, reason: str) -> None:
-        """Withdraw an attempt for good (its admission too, if it had it)."""
-        atomic_write_json(self.layout.invalidated(subtask, attempt),
-                          {"reason": reason, "at": time.time()})
-        changes.notify(self.layout.dir, subtask, attempt)
-        marker = read_json(self.layout.admitted(subtask))
-        if marker is not None and marker.get("attempt") == attempt:
-            self.layout.admitted(subtask).unlink(missing_ok=True)
+        """Withdraw an attempt for good (its admission too, if it had it, by an owned delete).
+
+        Raises RunNotOwnedError when the admission is to go in a run another store owns. A run without any
+        ownership marker (planned by an older version, docs/store.md "Runs without a marker") has its
+        admission withdrawn as before, by ``unlink``: keeping it would leave a withdrawn attempt admitted.
+        """
+        layout = self.layout
+        layout.replace_json(layout.invalidated(subtask, attempt), {"reason": reason, "at": time.time()})
+        changes.notify(layout.dir, subtask, attempt)
+        admitted = layout.admitted(subtask)
+        marker = layout.read_json(admitted)
+        if marker is None or marker.get("attempt") != attempt:
+            return
+        try:
+            layout.delete(admitted)
+        except RunNotOwnedError:
+            if _marked(layout):
+                raise
+            log.warning("DAG %r run %r stage %r: admission of subtask %d attempt %d withdrawn by unlink: the run "
+                        "has no %s (planned by an older version)", layout.dag_id, layout.run_id, layout.stage,
+                        subtask, attempt, OWNER_FILE)
+            admitted.unlink(missing_ok=True)
 
     @staticmethod
     def _alive(launch: dict[str, Any], now: float | None = None) -> bool:
@@ -311,3 +331,13 @@ class HeartbeatObserver(SupervisedBackend):
         if out.cause == "attempt process disappeared (killed or crashed)":
             out.cause = f"presumed lost: no heartbeat for {self.stale_after:.0f} s"
         return out
+
+
+def _marked(layout: StageLayout) -> bool:
+    """True if an ownership marker (anyone's) is at or above the DAG run's prefix, the store root's aside.
+
+    The root is claimed when the store is created, so its marker says nothing about a run an older version
+    planned there (store/layout.py ``owns_run``).
+    """
+    parts = layout.run_prefix.split("/")
+    return any(layout.store.exists("/".join([*parts[:end], OWNER_FILE])) for end in range(len(parts), 0, -1))

@@ -489,7 +489,13 @@ def gc(args: Any) -> None:
     """CLI entry: remove (or with ``--dry-run`` list) what the store no longer needs."""
     import time
 
-    from airflow_provider_speculative.control.lifecycle import execute_gc, list_sink_staging, plan_gc, store_dag_ids
+    from airflow_provider_speculative.control.lifecycle import (
+        adopt_runs,
+        execute_gc,
+        list_sink_staging,
+        plan_gc,
+        store_dag_ids,
+    )
     from airflow_provider_speculative.core.config import parse_option
     from airflow_provider_speculative.exceptions import SpeculativeError
     from airflow_provider_speculative.settings import airflow_config, metadata_db_identity, store_root
@@ -519,6 +525,13 @@ def gc(args: Any) -> None:
     if problem:
         # Its DagRun table says nothing about this store's runs: every run would look deleted.
         _fail(f"gc deletes nothing in store {root}: {problem}")
+    adopted: list[str] = []
+    if getattr(args, "claim", False):
+        try:
+            # Runs an older version planned (no _owner.json) become gc's once a plan of this provider names them.
+            adopted = adopt_runs(root, dag_id=args.dag_id)
+        except SpeculativeError as exc:
+            _fail(f"gc --claim could not claim the store's runs: {exc}")
     dag_ids = sorted(set(store_dag_ids(root).values()))
     if args.dag_id is not None:
         dag_ids = [d for d in dag_ids if d == args.dag_id]
@@ -529,9 +542,10 @@ def gc(args: Any) -> None:
                     older_than=older_than, sink_staging=list_sink_staging, kept=kept)
     summary = None if args.dry_run else execute_gc(items, root=root)
     document = {"store": str(root), "dry_run": bool(args.dry_run), "items": [i.to_json() for i in items],
-                "bytes": sum(i.bytes for i in items), "summary": summary, "kept": kept}
+                "bytes": sum(i.bytes for i in items), "summary": summary, "kept": kept, "claimed": adopted}
     emit(args.output, rows=gc_rows(str(root), items), document=document, header=[f"store {root}"],
-         footer=[*gc_footer(items, bool(args.dry_run), summary), *(f"kept: {reason}" for reason in kept)])
+         footer=[*gc_footer(items, bool(args.dry_run), summary), *(f"kept: {reason}" for reason in kept),
+                 *(f"claimed: run {run} (a plan of this provider names it)" for run in adopted)])
     if summary and summary["errors"]:
         sys.exit(1)
 

@@ -24,7 +24,8 @@ def get_cli_commands() -> list[Any]:
                      help="also remove runs missing from the metadata DB whose files are older than this "
                           "(e.g. 30d); without it only runs whose deletion the audit log records are removed")
     claim = Arg(("--claim",), action="store_true",
-                help="record this Airflow's metadata DB in the store's store.json if it records none")
+                help="record this Airflow's metadata DB in the store's store.json if it records none, and "
+                     "claim the runs without _owner.json that a plan of this provider names")
     return [
         GroupCommand(
             name="speculative",

@@ -176,6 +176,10 @@ class StageController:
         self._summary_at = float("-inf")
         self.recoveries: dict[tuple[str, int], PartitionRecovery] = {}
         self.result: CompleteStage | FailStage | None = None
+        # Change notices, read by name on the store's backend; removed only a grace period after this
+        # controller read them, so another controller of the stage (a triggerer hand-over) reads them too.
+        self.notices = changes.NoticeReader(self.layout.store, self.layout.name(self.layout.dir), clock,
+                                            grace=max(changes.GRACE_SECONDS, 2 * self.config.check_interval))
 
     @classmethod
     def open(cls, plan: StagePlan, *, clock: Callable[[], float] = time.time,
@@ -268,8 +272,8 @@ class StageController:
         return min(self.config.check_interval, max(WAKE_FLOOR, self._step_cpu / WAKE_DUTY))
 
     def changed(self) -> bool:
-        """True if an attempt left a change notice since the last step: worth stepping before check_interval."""
-        return changes.any_pending(self.layout.dir)
+        """True if an attempt left a notice this controller has not read: worth stepping before check_interval."""
+        return self.notices.changed()
 
     def _step(self) -> list[Action]:
         if not self._prestarted and self.result is None:
@@ -286,7 +290,7 @@ class StageController:
         now = self.clock()
         # Blocks other stages of the run added, then what changed, then decide.
         stimuli: list[Any] = [NodeBlocked(node, until) for node, until in self._shared_blocks().items()]
-        notices, names = changes.pending(self.layout.dir)
+        notices = self.notices.take()
         targets = self._observe_targets(now)
         if set(targets.lost_nodes) - self._lost_seen:
             # Executors' hosts are in heartbeats without change notices: re-read every live attempt once
@@ -307,7 +311,7 @@ class StageController:
         stimuli.append(targets)
         changed = bool(observed or self._launch_failures)
         self._launch_failures = []
-        changes.acknowledge(names)
+        self.notices.acknowledge()
         actions = self._run([*stimuli, Tick(now)], now)
         actions += self._run(self._step_recoveries(), now)
         self._reap(now)

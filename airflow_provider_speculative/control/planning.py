@@ -47,7 +47,8 @@ from airflow_provider_speculative.hooks.targets import connect_env_sync, resolve
 from airflow_provider_speculative.settings import airflow_config, metadata_db_identity, store_root
 from airflow_provider_speculative.sinks.base import PlanContext, Sink
 from airflow_provider_speculative.store import journal as journals
-from airflow_provider_speculative.store.identity import StoreNotOwnedError, claim_store, own_run, own_store
+from airflow_provider_speculative.store.backend import StoreNotOwnedError
+from airflow_provider_speculative.store.identity import claim_store, own_run, own_store
 from airflow_provider_speculative.store.layout import RunNotOwnedError, StageLayout
 from airflow_provider_speculative.store.results import broken_admissions, read_committed
 from airflow_provider_speculative.store.task_state import record_task_state

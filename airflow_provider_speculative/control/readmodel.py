@@ -12,16 +12,14 @@ Two ways to decide whether an attempt that has not recorded its end is still ali
 
 from __future__ import annotations
 
-import contextlib
-import os
+import json
 import random
-import stat
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from airflow_provider_speculative.backends.base import Backend
 from airflow_provider_speculative.backends.registry import attempt_observer, heartbeat_observer
@@ -48,6 +46,7 @@ from airflow_provider_speculative.core.states import (  # noqa: F401  (the liven
 )
 from airflow_provider_speculative.core.summary import StageSummary
 from airflow_provider_speculative.exceptions import NotFoundError, PipelineError, StoreError
+from airflow_provider_speculative.store.backend import ObjectInfo, PosixBackend, StoreBackend
 from airflow_provider_speculative.store.files import read_json
 from airflow_provider_speculative.store.layout import (
     ADMITTED_FILE,
@@ -75,22 +74,69 @@ def observer(layout: StageLayout, liveness: str = "process") -> Backend:
 
 def read_plan(path: Path) -> dict[str, Any]:
     """A stage's plan.json; :class:`StoreError` naming the file if it is corrupt or not a stage plan."""
-    plan = read_json(path)
+    return _checked_plan(read_json(path), path)
+
+
+def _checked_plan(plan: Any, where: object) -> dict[str, Any]:
     if not isinstance(plan, dict) or not all(k in plan for k in ("stage", "parallelism", "store_root")):
-        raise StoreError(f"{path} is not a stage plan (missing stage, parallelism or store_root); "
+        raise StoreError(f"{where} is not a stage plan (missing stage, parallelism or store_root); "
                          "it was damaged or written by something else")
     return plan
 
 
-def run_plans(root: Path, dag_id: str, run_id: str) -> dict[str, dict[str, Any]]:
+def read_document(store: StoreBackend, name: str) -> Any:
+    """The JSON document ``name``, None if missing; StoreError naming it if it is corrupt or not a plain object.
+
+    ``read`` and not POSIX's ``read_json``: the same refusals of a link or a FIFO in place of the document, in
+    one open instead of one per directory on the way (seven for an attempt's file, on every attempt of a
+    poll). The directories below a stage are found by listings, which never follow a link.
+    """
+    data = store.read(name)
+    if data is None:
+        return None
+    try:
+        return json.loads(data)
+    except ValueError as exc:
+        raise StoreError(f"corrupt JSON in {store.describe(name)}: {exc}") from None
+
+
+def _prefixes(entries: list[str], label: str) -> list[tuple[str, int]]:
+    """``(entry, n)`` of the sub-prefixes ``<label>=<n>/`` among ``children`` entries (a link is not one)."""
+    found = []
+    for entry in entries:
+        if entry.startswith(f"{label}=") and entry.endswith("/"):
+            try:
+                found.append((entry[:-1], int(entry[len(label) + 1:-1])))
+            except ValueError:
+                continue
+    return found
+
+
+def _run_prefix(dag_id: str, run_id: str) -> str:
+    return f"{safe_component(dag_id)}/{safe_component(run_id)}"
+
+
+def _stage_plans(store: StoreBackend, run: str) -> list[tuple[str, dict[str, Any]]]:
+    """(name, plan) of every stage prefix of the run holding a plan.json, by stage directory name."""
+    plans = []
+    for entry in store.children(run):
+        if entry.endswith("/"):
+            name = f"{run}/{entry}{PLAN_FILE}"
+            plan = read_document(store, name)
+            if plan is not None:
+                plans.append((name, _checked_plan(plan, store.describe(name))))
+    return plans
+
+
+def run_plans(root: Path, dag_id: str, run_id: str, *, store: StoreBackend | None = None) -> dict[str, dict[str, Any]]:
     """Every stage planned in the run (store key -> plan.json), empty when none is.
 
     Keyed by store key (the stage name, or the task id in a pipeline compiled as a TaskGroup): two grouped
-    pipelines of one DAG may both have a stage of a name.
+    pipelines of one DAG may both have a stage of a name. ``store``: the store ``root`` names (default: its
+    POSIX directory).
     """
-    run_dir = Path(root) / safe_component(dag_id) / safe_component(run_id)
-    plans = (read_plan(path) for path in sorted(run_dir.glob("*/plan.json")))
-    return {stage_key(plan): plan for plan in plans}
+    store = PosixBackend(root) if store is None else store
+    return {stage_key(plan): plan for _, plan in _stage_plans(store, _run_prefix(dag_id, run_id))}
 
 
 def upstream_keys(plan: Mapping[str, Any]) -> list[str]:
@@ -122,36 +168,46 @@ def pipeline_order(plans: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [by_name[name] for name in order]
 
 
-def latest_run_id(root: Path, dag_id: str) -> str:
+def latest_run_id(root: Path, dag_id: str, *, store: StoreBackend | None = None) -> str:
     """The run of ``dag_id`` whose stages were planned last in the store (its plan.json is the newest)."""
-    dag_dir = Path(root) / safe_component(dag_id)
-    newest: tuple[float, Path] | None = None
-    if dag_dir.is_dir():
-        for plan in dag_dir.glob("*/*/plan.json"):
-            with contextlib.suppress(OSError):
-                mtime = plan.stat().st_mtime
-                if newest is None or mtime > newest[0]:
-                    newest = (mtime, plan)
+    store = PosixBackend(root) if store is None else store
+    dag = safe_component(dag_id)
+    newest: tuple[float, str] | None = None
+    for run in store.children(dag):
+        if not run.endswith("/"):
+            continue
+        for stage in store.children(f"{dag}/{run[:-1]}"):
+            if not stage.endswith("/"):
+                continue
+            name = f"{dag}/{run}{stage}{PLAN_FILE}"
+            info = store.stat(name)
+            if info is not None and (newest is None or info.mtime > newest[0]):
+                newest = (info.mtime, name)
     if newest is None:
         raise NotFoundError(f"no speculative stages recorded for dag {dag_id!r} under {root}")
-    return str(read_plan(newest[1])["run_id"])
+    return str(_checked_plan(read_document(store, newest[1]), store.describe(newest[1]))["run_id"])
 
 
 def run_report(root: Path, dag_id: str, run_id: str, stage: str | None = None, *,
-               liveness: str = "process", now: float | None = None, with_claims: bool = False) -> dict[str, Any]:
+               liveness: str = "process", now: float | None = None, with_claims: bool = False,
+               store: StoreBackend | None = None) -> dict[str, Any]:
     """Stages (in plan order) -> subtasks -> attempts for one DAG run (``with_claims``: see stage_report)."""
-    run_dir = Path(root) / safe_component(dag_id) / safe_component(run_id)
-    if not run_dir.is_dir():
+    backend = PosixBackend(root) if store is None else store
+    run = _run_prefix(dag_id, run_id)
+    found = _stage_plans(backend, run)
+    # An empty run directory is a run with no stage yet; a missing one is not recorded at all (an object
+    # store has no empty prefix: there both are "not recorded").
+    if not found and not backend.children(run) and backend.prefix_version(run) is None:
         raise NotFoundError(f"no speculative stages recorded for dag {dag_id!r} run {run_id!r} under {root}")
     stages = []
-    plans = [read_plan(p / PLAN_FILE) for p in sorted(run_dir.iterdir()) if (p / PLAN_FILE).is_file()]
+    plans = [plan for _, plan in found]
     if stage:
         stage = find_stage_key({stage_key(p): p for p in plans}, stage, f"dag {dag_id!r} run {run_id!r}")
     for plan in pipeline_order(plans):
         if stage and stage_key(plan) != stage:
             continue
         stages.append(stage_report(StageLayout(Path(plan["store_root"]), dag_id, run_id, stage_key(plan)), plan,
-                                   liveness=liveness, now=now, with_claims=with_claims))
+                                   liveness=liveness, now=now, with_claims=with_claims, store=store))
     if stage and not stages:
         raise NotFoundError(f"stage {stage!r} not found in dag {dag_id!r} run {run_id!r}")
     order = {s["stage"]: i for i, s in enumerate(stages)}
@@ -164,25 +220,29 @@ def run_report(root: Path, dag_id: str, run_id: str, stage: str | None = None, *
 
 
 def stage_report(layout: StageLayout, plan: Mapping[str, Any], *, liveness: str = "process",
-                 now: float | None = None, with_claims: bool = False) -> dict[str, Any]:
+                 now: float | None = None, with_claims: bool = False, store: StoreBackend | None = None,
+                 poller: Backend | None = None) -> dict[str, Any]:
     """One stage: summary, committed flag and every subtask's attempts with the current one.
 
     ``with_claims`` adds each attempt's claim ``reason`` and ``created`` (what the UI shows), read with the
-    attempt instead of once more per poll.
+    attempt instead of once more per poll. ``store`` is where the stage's objects are read by name (default:
+    the layout's POSIX directory) and ``poller`` what polls an attempt (default: the ``liveness`` mode's).
     """
     now = time.time() if now is None else now
-    backend = observer(layout, liveness)
-    summary: StageSummary = read_json(layout.summary) or StageSummary()
-    committed = read_json(layout.committed)
-    journal = journal_records(layout)
+    backend = observer(layout, liveness) if poller is None else poller
+    store = layout.store if store is None else store
+    stage_name = layout.name(layout.dir)
+    summary: StageSummary = read_document(store, f"{stage_name}/{layout.summary.name}") or StageSummary()
+    committed = read_document(store, f"{stage_name}/{layout.committed.name}")
+    journal = journal_records(layout, store=store)
     reused = set(summary.get("reused") or [])
     input_waits = summary.get("input_waits") or {}
     subtasks = []
     admitted_phases = []
-    reader = _AttemptReader(layout, backend, liveness, now)
-    # One listing of the stage directory: a subtask without a directory has no attempt and no admission, so
-    # its paths are not built and probed one by one (32,768 of them took seconds on every poll).
-    present = _subtask_dirs(layout)
+    reader = _AttemptReader(store, stage_name, backend, liveness, now)
+    # One listing of the stage: a subtask without a prefix has no attempt and no admission, so its names
+    # are not built and probed one by one (32,768 of them took seconds on every poll).
+    present = reader.subtasks()
     for subtask in range(plan["parallelism"]):
         rows, marker = reader.subtask(subtask) if subtask in present else ([], None)
         current = current_attempt([row.attempt for row in rows])
@@ -243,16 +303,19 @@ def stage_report(layout: StageLayout, plan: Mapping[str, Any], *, liveness: str 
 #
 # The UI polls a stage every 2 s, and a stage of 32,768 subtasks has ~10 small files per attempt: reading
 # them all took tens of seconds per poll. An attempt whose status.json records a terminal state and its end
-# changes only when a file in its directory is created, replaced (every JSON file is renamed over) or
-# removed (invalidated.json, a loser's manifest, gc), and each of those changes the directory's mtime and
-# ctime. So its report row is kept per process, keyed by its directory's stat, and a poll costs one stat
-# per ended attempt plus one per subtask directory (new attempts, admitted.json created, replaced or
-# removed). Rows of attempts that have not ended are never kept: their answer depends on the clock.
+# changes only when an object right in its prefix is created, replaced (every JSON file is renamed over) or
+# removed (invalidated.json, a loser's manifest, gc). So its report row is kept per process, keyed by its
+# prefix's version (_Index): on POSIX the directory's stat, which each of those changes moves (inode, mtime,
+# ctime), so a poll costs one stat per ended attempt plus one per subtask directory (new attempts,
+# admitted.json created, replaced or removed); on a backend without directories, what one listing of the
+# whole stage says of the objects right in the prefix (name, size, mtime, ETag), so a poll costs that one
+# listing. Rows of attempts that have not ended are never kept: their answer depends on the clock.
 # A row is a few KB: two stages of the 32,768-subtask maximum, bounded to a couple of hundred MB of an
 # api-server's memory; beyond it the least recently polled rows are read again.
 ENDED_CACHE_ENTRIES = 65_536
-# A directory changed within this many seconds of being read may change again within the same tick of the
+# A prefix changed within this many seconds of being read may change again within the same tick of the
 # file system's clock (coarse on Linux, 1-2 s on some file systems) and keep its mtime: not cached yet.
+# Objects with an ETag need no such wait (another write is another ETag).
 RACY_SECONDS = 2.0
 # Every cached row is re-read in full after 150-300 s (spread, so a big stage is not re-read in one poll):
 # a bound on what a client's attribute cache (NFS) or a skewed server clock could hide.
@@ -270,7 +333,7 @@ class _Row:
 
 
 class _Listing:
-    """What a subtask directory held: its attempt numbers and its admitted.json marker."""
+    """What a subtask prefix held: its attempt numbers and its admitted.json marker."""
 
     __slots__ = ("marker", "numbers")
 
@@ -279,15 +342,15 @@ class _Listing:
 
 
 class _Cache:
-    """A bounded LRU of stat-keyed entries, shared by the api-server's threads."""
+    """A bounded LRU of version-keyed entries, shared by the api-server's threads."""
 
     def __init__(self, entries: int) -> None:
         self.entries = entries
-        self._items: OrderedDict[tuple[str, str], tuple[tuple[int, int, int], float, Any]] = OrderedDict()
+        self._items: OrderedDict[tuple[str, ...], tuple[Hashable, float, Any]] = OrderedDict()
         self._lock = threading.Lock()
 
-    def get(self, key: tuple[str, str], seen: tuple[int, int, int], now_mono: float) -> Any:
-        """The value cached for ``key`` under the same directory stat and not expired, else None."""
+    def get(self, key: tuple[str, ...], seen: Hashable, now_mono: float) -> Any:
+        """The value cached for ``key`` under the same prefix version and not expired, else None."""
         with self._lock:
             item = self._items.get(key)
             if item is None:
@@ -298,8 +361,8 @@ class _Cache:
             self._items.move_to_end(key)
             return item[2]
 
-    def put(self, key: tuple[str, str], seen: tuple[int, int, int], value: Any, now_mono: float) -> None:
-        """Keep ``value`` for ``key`` while its directory's stat is ``seen``; evicts the least recently used."""
+    def put(self, key: tuple[str, ...], seen: Hashable, value: Any, now_mono: float) -> None:
+        """Keep ``value`` for ``key`` while its prefix's version is ``seen``; evicts the least recently used."""
         expires = now_mono + MAX_AGE_SECONDS * (0.5 + random.random() / 2)  # spreading expiries, not a secret
         with self._lock:
             self._items[key] = (seen, expires, value)
@@ -324,69 +387,122 @@ def clear_cache() -> None:
     _CACHE.clear()
 
 
-def _dir_stat(path: str) -> tuple[tuple[int, int, int], int] | None:
-    """(inode, mtime, ctime) of a directory and its mtime, or None when it is not a directory."""
-    try:
-        info = os.stat(path)
-    except OSError:
-        return None
-    if not stat.S_ISDIR(info.st_mode):
-        return None
-    return (info.st_ino, info.st_mtime_ns, info.st_ctime_ns), info.st_mtime_ns
+class _Version(NamedTuple):
+    """A prefix's version for the cache, and whether it may be cached (no change can hide behind it)."""
+
+    key: Hashable
+    cacheable: bool
+
+
+class _Index:
+    """A stage's subtasks and attempts as found on a backend with directories: a listing or a stat per prefix."""
+
+    def __init__(self, store: StoreBackend, stage: str, racy_before: float) -> None:
+        self.store, self.stage, self.racy_before = store, stage, racy_before
+
+    def entries(self, prefix: str) -> list[str]:
+        """The entries right below ``prefix`` (sub-prefixes end with ``/``)."""
+        return self.store.children(prefix)
+
+    def version(self, prefix: str) -> _Version | None:
+        """The prefix's version, None when it is not there (or not a directory of its own)."""
+        found = self.store.prefix_version(prefix)
+        return None if found is None else _Version(found.key, found.changed_at < self.racy_before)
+
+
+class _ListedIndex(_Index):
+    """The same from one listing of the whole stage prefix, with each object's size, mtime and ETag (S3)."""
+
+    def __init__(self, store: StoreBackend, stage: str, racy_before: float) -> None:
+        super().__init__(store, stage, racy_before)
+        self._objects: dict[str, list[ObjectInfo]] = {}
+        self._below: dict[str, set[str]] = {}
+        start = len(stage) + 1
+        for info in store.stat_all(stage):
+            parts = info.name[start:].split("/", 2)
+            if len(parts) < 2 or not parts[0].startswith("subtask="):
+                continue
+            subtask = f"{stage}/{parts[0]}"
+            self._below.setdefault(stage, set()).add(parts[0] + "/")
+            if len(parts) == 2:
+                self._objects.setdefault(subtask, []).append(info)
+                continue
+            attempt = f"{subtask}/{parts[1]}"
+            self._below.setdefault(subtask, set()).add(parts[1] + "/")
+            if "/" in parts[2]:
+                self._below.setdefault(attempt, set()).add(parts[2].split("/", 1)[0] + "/")  # data/…: not read
+            else:
+                self._objects.setdefault(attempt, []).append(info)
+
+    def entries(self, prefix: str) -> list[str]:
+        """The entries right below ``prefix``, from the listing."""
+        objects = [info.name.rsplit("/", 1)[-1] for info in self._objects.get(prefix, [])]
+        return sorted(objects + list(self._below.get(prefix, ())))
+
+    def version(self, prefix: str) -> _Version | None:
+        """What the listing says of the objects right in ``prefix``, and of its sub-prefixes."""
+        objects = self._objects.get(prefix, [])
+        below = self._below.get(prefix)
+        if not objects and below is None:
+            return None
+        key = (tuple((i.name, i.size, i.mtime, i.etag) for i in objects), tuple(sorted(below or ())))
+        cacheable = all(i.etag is not None or i.mtime < self.racy_before for i in objects)
+        return _Version(key, cacheable)
 
 
 class _AttemptReader:
     """Reads one stage's subtasks for a report, through the process-wide cache of ended attempts."""
 
-    def __init__(self, layout: StageLayout, backend: Backend, liveness: str, now: float) -> None:
-        self.layout, self.backend, self.liveness, self.now = layout, backend, liveness, now
-        # Plain strings: pathlib and safe_component per path cost more than the stats of a cached poll.
-        self.stage_dir = str(layout.dir)
+    def __init__(self, store: StoreBackend, stage: str, backend: Backend, liveness: str, now: float) -> None:
+        self.store, self.stage, self.backend, self.liveness, self.now = store, stage, backend, liveness, now
+        self.url = store.url  # in every cache key: computed once, not per prefix
         self.mono = time.monotonic()
-        # Compared with file system timestamps, so the real clock, never the caller's ``now``.
-        self.racy_before_ns = time.time_ns() - int(RACY_SECONDS * 1e9)
+        # Compared with the store's timestamps, so the real clock, never the caller's ``now``.
+        racy_before = time.time() - RACY_SECONDS
+        # A backend with directories versions each prefix by its stat; any other lists the stage once.
+        self.index = (_Index(store, stage, racy_before) if store.prefix_version("") is not None
+                      else _ListedIndex(store, stage, racy_before))
+
+    def subtasks(self) -> set[int]:
+        """The subtask numbers that have a prefix in the stage (one listing)."""
+        return {n for _, n in _prefixes(self.index.entries(self.stage), "subtask")}
 
     def subtask(self, subtask: int) -> tuple[list[_Row], Any]:
         """The attempts (with a claim) of ``subtask`` in ascending order, and its admitted.json marker."""
-        base = os.path.join(self.stage_dir, f"subtask={subtask}")
-        seen = _dir_stat(base)
+        base = f"{self.stage}/subtask={subtask}"
+        seen = self.index.version(base)
         if seen is None:
             return [], None
-        key = (base, "listing")
-        listing = _CACHE.get(key, seen[0], self.mono)
+        key = (self.url, base, "listing")
+        listing = _CACHE.get(key, seen.key, self.mono)
         if listing is None:
-            names = os.listdir(base)
-            numbers = []
-            for name in names:
-                if name.startswith("attempt="):
-                    with contextlib.suppress(ValueError):
-                        numbers.append(int(name.split("=", 1)[1]))
-            marker = read_json(os.path.join(base, ADMITTED_FILE)) if ADMITTED_FILE in names else None
-            listing = _Listing(sorted(numbers), marker)
-            if seen[1] < self.racy_before_ns:
-                _CACHE.put(key, seen[0], listing, self.mono)
+            entries = self.index.entries(base)
+            marker = read_document(self.store, f"{base}/{ADMITTED_FILE}") if ADMITTED_FILE in entries else None
+            listing = _Listing(sorted(n for _, n in _prefixes(entries, "attempt")), marker)
+            if seen.cacheable:
+                _CACHE.put(key, seen.key, listing, self.mono)
         rows = []
         for number in listing.numbers:
-            row = self._attempt(subtask, number, os.path.join(base, f"attempt={number}"))
+            row = self._attempt(subtask, number, f"{base}/attempt={number}")
             if row is not None:
                 rows.append(row)
         return rows, listing.marker
 
     def _attempt(self, subtask: int, number: int, base: str) -> _Row | None:
-        """One attempt's row (None without a claim); from the cache if it ended and its directory is unchanged."""
-        seen = _dir_stat(base)
-        key = (base, self.liveness)
+        """One attempt's row (None without a claim); from the cache if it ended and its prefix is unchanged."""
+        seen = self.index.version(base)
+        key = (self.url, base, self.liveness)
         if seen is not None:
-            row = _CACHE.get(key, seen[0], self.mono)
+            row = _CACHE.get(key, seen.key, self.mono)
             if row is not None:
                 return row  # type: ignore[no-any-return]
-        claim = read_json(os.path.join(base, CLAIM_FILE))
+        claim = read_document(self.store, f"{base}/{CLAIM_FILE}")
         if claim is None:
             return None
         a = self.backend.poll(subtask, number, self.now)
-        status = read_json(os.path.join(base, STATUS_FILE)) or {}
+        status = read_document(self.store, f"{base}/{STATUS_FILE}") or {}
         phases = (attempt_phases(a.created_at, a.deploying_at, a.end_at,
-                                 (read_json(os.path.join(base, MANIFEST_FILE)) or {}).get("timings"))
+                                 (read_document(self.store, f"{base}/{MANIFEST_FILE}") or {}).get("timings"))
                   if a.end_at is not None else None)
         report = {
             "attempt": a.number, "state": a.state.value, "target": a.target, "node": a.node,
@@ -395,13 +511,13 @@ class _AttemptReader:
             "app_id": a.app_id, "launched_at": a.launched_at, "startup_seconds": a.startup_seconds,
             "duration": ((a.end_at or self.now) - a.deploying_at) if a.deploying_at else None,
             "phases": phases,
-            "last_seen": last_sign_of_life(status, read_json(os.path.join(base, HEARTBEAT_FILE)) or {}),
+            "last_seen": last_sign_of_life(status, read_document(self.store, f"{base}/{HEARTBEAT_FILE}") or {}),
         }
         row = _Row(a, report, phases, claim.get("reason"), claim.get("created_at"))
-        # The stat was taken before the reads: a change made while reading leaves a stale key, never a stale row.
-        if (seen is not None and seen[1] < self.racy_before_ns and status.get("state") in TERMINAL
+        # The version was taken before the reads: a change made while reading leaves a stale key, never a stale row.
+        if (seen is not None and seen.cacheable and status.get("state") in TERMINAL
                 and status.get("end_at") is not None and a.end_at is not None):
-            _CACHE.put(key, seen[0], row, self.mono)
+            _CACHE.put(key, seen.key, row, self.mono)
         return row
 
 
@@ -423,9 +539,9 @@ _JOURNALS_LOCK = threading.Lock()
 JOURNAL_CACHE_ENTRIES = 64
 
 
-def journal_records(layout: StageLayout) -> list[dict[str, Any]]:
+def journal_records(layout: StageLayout, *, store: StoreBackend | None = None) -> list[dict[str, Any]]:
     """Every complete record of the stage's journal, as ``read_journal`` reads it; parses only what was appended."""
-    store, name = layout.store, layout.name(layout.journal)
+    store, name = layout.store if store is None else store, layout.name(layout.journal)
     key = (store.url, name)
     with _JOURNALS_LOCK:
         cached = _JOURNALS.pop(key, None)
@@ -439,22 +555,6 @@ def journal_records(layout: StageLayout) -> list[dict[str, Any]]:
         while len(_JOURNALS) > JOURNAL_CACHE_ENTRIES:
             _JOURNALS.popitem(last=False)
     return cached.records + cached.tail
-
-
-def _subtask_dirs(layout: StageLayout) -> set[int]:
-    """The subtask numbers that have a directory in the stage's directory."""
-    try:
-        names = os.listdir(layout.dir)
-    except OSError:
-        return set()
-    present = set()
-    for name in names:
-        if name.startswith("subtask="):
-            try:
-                present.add(int(name.split("=", 1)[1]))
-            except ValueError:
-                continue
-    return present
 
 
 def speed_line(summary: StageSummary) -> str | None:

@@ -16,7 +16,7 @@ from airflow_provider_speculative.core.states import AttemptState
 from airflow_provider_speculative.exceptions import PartitionError
 from airflow_provider_speculative.store.journal import Journal
 from airflow_provider_speculative.store.layout import StageLayout
-from airflow_provider_speculative.store.manifest import verify_files
+from airflow_provider_speculative.store.manifest import verify_files_in
 from airflow_provider_speculative.store.results import admitted_results, read_committed, write_committed
 
 
@@ -107,8 +107,8 @@ class PartitionRecovery:
         manifest = self.layout.read_json(self.layout.manifest(self.subtask, number))
         if manifest is None:
             raise PartitionError(f"recovery attempt {number} of {self.stage}[{self.subtask}] has no manifest")
-        verify_files(self.layout.data(self.subtask, number), manifest["files"], stage=self.stage,
-                     subtask=self.subtask, attempt=number)
+        verify_files_in(self.layout.store, self.layout.name(self.layout.data(self.subtask, number)), manifest["files"],
+                        stage=self.stage, subtask=self.subtask, attempt=number)
         self.layout.replace_json(self.layout.admitted(self.subtask), {"attempt": number, "at": self.clock(),
                                                                      "replaces": self.lost_attempt})
         record = read_committed(self.layout)

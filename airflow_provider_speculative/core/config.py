@@ -474,6 +474,18 @@ class SpeculativeConfig:
         manual="also compare execution time per input byte, so a larger split earns more time; not for an attempt "
                "on a target known to be slow, which is held to the plain baseline (see [Speculative "
                "execution](running.md#speculative-execution-flip-168))")
+    plan_last_wave: bool = _bool_option(
+        True, "In a stage's last wave, place first the speculative copy (or large original) expected to end last "
+              "when the speed estimates say that ends it and the originals it overtakes sooner, and keep originals "
+              "and copies off a slow target they would end on later than after waiting (false: as before).",
+        manual="in a stage's last wave (the queued original attempts fit in the slots of targets that are not slow), "
+               "placement models the rest of the wave from the scheduler's speed estimates: in a round that wants a "
+               "copy, the launch expected to end last (a copy of a long-running original, or a large original queued "
+               "behind small ones) takes a free slot of a target that is not slow first when that ends it, and every "
+               "original it overtakes, sooner; an original is held off a slow target it would end on after the rest "
+               "of the wave, and a copy off one it would end on later, when waiting for a faster target ends it 20 % "
+               "sooner. `False`: originals first, as in Spark, and only the holds of [Speed-aware "
+               "placement](running.md#speed-aware-placement) points 2-3")
     max_failures_per_subtask: int = _int_option(
         3, "Failed attempts a subtask may have before the stage fails (>= 0).", 0,
         manual="failed attempts a subtask may have before the stage fails with every attempt's cause (a lost input "

@@ -16,10 +16,15 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from airflow_provider_speculative.core.blocklist import Blocklist
-from airflow_provider_speculative.core.config import Target
+from airflow_provider_speculative.core.config import SpeculativeConfig, Target
 from airflow_provider_speculative.core.messages import Action, Launch
 from airflow_provider_speculative.core.speed import HOLD_MARGIN, SLOW_FACTOR, HoldPlanner, Speeds
 from airflow_provider_speculative.core.states import Attempt, AttemptState
+
+# In the last wave, the launch expected to end last goes before the others only if that ends it, and every original
+# it overtakes, at least this share of one expected duration (the median split on the fastest target) before it
+# would have ended: a tie, or a gain within the estimates' noise, leaves the walk's order (originals first).
+TAIL_MARGIN = 0.1
 
 # What a round's hold planner reads of the attempts: the live ones on a target, whether any attempt went to
 # a target, and the longest execution time of a target's live attempts when the round's speeds tell it.
@@ -49,6 +54,10 @@ class PlacementState(Protocol):
     faster target, and released when launched), the queue (launched subtasks leave it, unplaced ones stay
     wanting) and, through :meth:`_add_attempt`, the attempts. Everything else is read only.
     """
+
+    @property
+    def config(self) -> SpeculativeConfig:
+        """The stage's options (placement reads ``plan_last_wave``)."""
 
     @property
     def targets(self) -> tuple[Target, ...]:
@@ -131,6 +140,10 @@ class Placement:
         self.state = state
         # What the current round computes once instead of per waiting subtask (None between rounds).
         self._round: _Round | None = None
+        # The round's copies wanted, and its last wave's model once built (see last_wave).
+        self._wanted: list[tuple[int, str]] = []
+        self._wave: _LastWave | None = None
+        self._wave_built = False
 
     def place(self, speculative: list[tuple[int, str]], load: dict[str, int], budget: int | None, speeds: Speeds,
               now: float) -> list[Action]:
@@ -140,10 +153,17 @@ class Placement:
         ``budget`` caps the launches (hybrid inputs keep slots for their producers), None for no cap.
         """
         self._round = _Round(self.state, load, now, speeds)
+        self._wanted = speculative
         try:
-            actions = self.walk(speculative, load, budget, speeds, now)
+            actions: list[Action] = []
+            if speculative:
+                # Last wave: what is expected to end the stage, launched first where that ends it sooner.
+                actions, speculative = self.tail_copies(speculative, load, budget, speeds, now)
+                if budget is not None:
+                    budget -= len(actions)
+            actions += self.walk(speculative, load, budget, speeds, now)
         finally:
-            self._round = None
+            self._round, self._wanted, self._wave, self._wave_built = None, [], None, False
         queue = self.state._queue
         order = queue.order
         if len(order) > 2 * len(queue.queued) + 64:
@@ -155,6 +175,68 @@ class Placement:
                 head += 1
             del order[:head]
         return actions
+
+    def tail_copies(self, speculative: list[tuple[int, str]], load: dict[str, int], budget: int | None,
+                    speeds: Speeds, now: float) -> tuple[list[Action], list[tuple[int, str]]]:
+        """In the last wave, launch first the copy (or queued original) expected to end last, if that pays.
+
+        The walk places the queued originals first, in subtask order, then the copies (as Spark's
+        TaskSetManager does). In the last wave (the queued originals fit in the slots of the targets that are
+        not slow) :class:`_LastWave` models that order on those targets' slots from the scheduler's speed
+        estimates. The launch expected to end last (a copy of a long-running original that would start only
+        after every queued original, or a large original queued behind small ones) takes a free slot of such
+        a target first when that weighs out: it ends :data:`TAIL_MARGIN` of an expected duration sooner, and
+        each original it overtakes, starting when the next such slot frees instead, still ends that much
+        before it would have. On a pool of few fast slots and splits of one size this never holds (an
+        overtaken original then waits about one attempt and ends when the copy would have); on a large
+        cluster the next slot frees soon. Only in rounds that want a copy; returns the launches and the copies
+        left for the walk.
+        """
+        assert self._round is not None
+        queued = len(self.state._queue.queued)
+        # Nothing to order without a queued original or a free fast slot, or when every launch wanted gets one now
+        # (checked in O(targets with a free slot) before the model is built).
+        free = self._round.free_fast() if queued else 0
+        if not free or queued + len(speculative) <= free:
+            return [], speculative
+        wave = self.last_wave(speeds, now)
+        if wave is None:
+            return [], speculative
+        state = self.state
+        walk = _Walk(load, speeds, now, budget)
+        placed: set[int] = set()
+        while wave.ahead < wave.free_now and not self._no_room(walk):
+            found = wave.first()
+            if found is None:
+                break
+            job, why = found
+            if job.copy:
+                avoid = {a.target for a in state.attempts[job.subtask].values() if a.live}
+                target = self.pick_target(load, now, avoid, allow_blocked=False, speeds=speeds)
+            else:
+                target = self.pick_target(load, now, set(), allow_blocked=True, speeds=speeds)
+            if target is None or speeds.is_slow(target.name):
+                break  # no free slot of a target that is not slow left for it
+            self._place_one(walk, job.subtask, job.copy, f"{job.reason}; {why}", target)
+            wave.took(job)
+            if job.copy:
+                placed.add(job.subtask)
+        if not placed:
+            return walk.actions, speculative
+        return walk.actions, [wanted for wanted in speculative if wanted[0] not in placed]
+
+    def last_wave(self, speeds: Speeds, now: float) -> _LastWave | None:
+        """The round's last-wave model, built from the state when first asked for; None before the last wave or if off.
+
+        Off with ``[speculative] plan_last_wave = false``. Asked at the round's start when a copy is wanted, else
+        when an original or copy would go to a slow target: O(targets + live attempts) then.
+        """
+        if not self._wave_built:
+            self._wave_built = True
+            assert self._round is not None
+            if self.state.config.plan_last_wave:
+                self._wave = _LastWave.build(self.state, self._round, self._wanted, speeds, now)
+        return self._wave
 
     def walk(self, speculative: list[tuple[int, str]], load: dict[str, int], budget: int | None,
              speeds: Speeds, now: float) -> list[Action]:
@@ -246,6 +328,7 @@ class Placement:
         if self._busy_slow(target, walk.speeds, walk.now, walk.load):
             return None  # held whatever the hold planner answers
         assert self._round is not None
+        # The original the planner would place there next may still be held by the last wave (_place_one).
         held = self._round.holds_in_a_row(self._hold_planner(walk), target.name, remaining)
         return None if held >= remaining else held
 
@@ -299,6 +382,22 @@ class Placement:
                     queue.unheld.discard(subtask)
                 queue.wanting.add(subtask)
                 return
+            wave = None if probe else self.last_wave(speeds, now)
+            late = wave.hold(subtask, speeds.of(target.name)) if wave is not None else None
+            if late is not None and self._round.fast_usable():
+                if subtask not in held_back:
+                    here, waiting, last = late
+                    held_back[subtask] = (now, f"for a faster target (last wave: expected to end in {here:.1f} on "
+                                               f"{target.name}, {speeds.of(target.name):.1f}x slower, "
+                                               f"{speeds.source.get(target.name, 'run')}, vs {waiting:.1f} after "
+                                               f"waiting, and the wave's last in {last:.1f})")
+                    queue.unheld.discard(subtask)
+                queue.wanting.add(subtask)
+                return
+        elif speculative and speeds.is_slow(target.name) and placement.fast_usable():
+            wave = self.last_wave(speeds, now)
+            if wave is not None and wave.hold(subtask, speeds.of(target.name), copy=True) is not None:
+                return  # the copy waits for a faster target: still wanted, it is placed in a later round
         if subtask in held_back:
             since, why = held_back.pop(subtask)
             reason += f"; held {now - since:.1f}s {why}"
@@ -337,6 +436,188 @@ class Placement:
         return self._round_for(load, now, speeds).fast_usable()
 
 
+def time_left(attempt: Attempt, speeds: Speeds, per_byte: float, size: float, now: float) -> float:
+    """Seconds ``attempt`` is expected to run from ``now``, from its target's slowness and what it ran.
+
+    Its expected execution time is ``per_byte`` (on the fastest target) times ``size`` times its target's
+    slowness. Where that cannot tell (it ran that long already, or only unfinished attempts bound the target's
+    slowness, so the bound is about its own elapsed time) it is taken to need at least as long again as it ran.
+    """
+    expected = per_byte * size * speeds.of(attempt.target) * (2.0 if speeds.bounded(attempt.target) else 1.0)
+    elapsed = attempt.execution_time(now)
+    if elapsed >= expected:
+        return elapsed
+    return expected - elapsed
+
+
+@dataclass
+class _Job:
+    """A launch the last wave may place first: a queued original or a wanted copy, and what is expected of it."""
+
+    subtask: int
+    reason: str
+    copy: bool
+    # Expected execution time on the fastest target.
+    duration: float
+    # A copy's subtask ends anyway when its best live attempt does, this long from now (inf for an original).
+    left: float = math.inf
+
+    def end(self, start: float) -> float:
+        """When its subtask is expected to end if it is launched ``start`` s from now."""
+        return min(self.left, start + self.duration)
+
+
+@dataclass
+class _LastWave:
+    """The last wave's launches as the walk orders them, on the slots of the targets that are not slow.
+
+    Times are seconds from now. ``events`` are the moments those slots free, in order: now for a free one,
+    else when the attempt holding it is expected to end (:func:`time_left`; a slot held by another stage's
+    attempt: one expected duration), and again one expected duration after each use. ``jobs`` (the queued
+    originals in queue order, then the copies in the walk's order) take them in turn after the ``ahead``
+    launched first. Built in O(fast targets + their live attempts + jobs log slots); :meth:`first` is O(jobs).
+    """
+
+    events: list[float]
+    jobs: list[_Job]
+    free_now: int
+    unit: float
+    ahead: int = 0
+    # The expected end of the last job in the walk's order (when first asked for), and each job's place in it.
+    _last: float | None = None
+    _index: dict[int, int] = field(default_factory=dict)
+    _copies: dict[int, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self._positions()
+
+    def _positions(self) -> None:
+        self._index = {job.subtask: i for i, job in enumerate(self.jobs) if not job.copy}
+        self._copies = {job.subtask: i for i, job in enumerate(self.jobs) if job.copy}
+
+    @classmethod
+    def build(cls, state: PlacementState, placement: _Round, speculative: list[tuple[int, str]], speeds: Speeds,
+              now: float) -> _LastWave | None:
+        """The round's model, or None before the last wave (or before the speeds tell a duration)."""
+        queue = state._queue
+        per_byte, median = speeds.fastest_per_byte, state._median_size()
+        if not (queue.queued or speculative) or per_byte is None or not median:
+            return None
+        free_slots, capacity, load = state.free_slots, state.capacity, placement.load
+        slow = speeds.slow_targets
+        fast: list[tuple[Target, int, int]] = []
+        free_now = fast_slots = 0
+        for target in placement.placeable_targets():
+            name = target.name
+            if name in slow:
+                continue
+            if free_slots is not None:
+                slots, free = capacity.get(name, target.slots), free_slots.get(name, 0)
+            else:
+                slots, free = target.slots, target.slots - load[name]
+            free = max(0, min(free, slots))
+            fast.append((target, slots, free))
+            fast_slots += slots
+            free_now += free
+        if len(queue.queued) > fast_slots:
+            return None  # not the last wave
+        sizes = state.input_bytes
+        jobs = [_Job(subtask, queue.queued[subtask], False, per_byte * (sizes.get(subtask) or median))
+                for subtask in queue.order if subtask in queue.queued]
+        for subtask, reason in speculative:
+            size = sizes.get(subtask) or median
+            live = [a for a in state.attempts[subtask].values() if a.live]
+            left = min((time_left(a, speeds, per_byte, a.input_bytes or size, now) for a in live), default=math.inf)
+            jobs.append(_Job(subtask, reason, True, per_byte * size, left))
+        live_on = state._hold_inputs(speeds, now)[0]
+        unit = per_byte * median
+        heap: list[tuple[float, float]] = []
+        for target, slots, free in fast:
+            slowness = speeds.of(target.name)
+            step = unit * slowness
+            heap.extend([(0.0, step)] * free)
+            busy = slots - free
+            if busy:
+                # time_left of each live attempt, inlined; the busy slots free when the first of them end.
+                factor = per_byte * slowness * (2.0 if speeds.bounded(target.name) else 1.0)
+                ends = []
+                for attempt in live_on(target.name):
+                    expected = factor * (sizes.get(attempt.subtask) or attempt.input_bytes or median)
+                    elapsed = attempt.execution_time(now)
+                    ends.append(elapsed if elapsed >= expected else expected - elapsed)
+                if len(ends) > busy:
+                    ends = sorted(ends)[:busy]
+                heap.extend((end, step) for end in ends)
+                heap.extend([(step, step)] * (busy - len(ends)))  # held by another stage's attempts
+        heapq.heapify(heap)
+        events: list[float] = []
+        while len(events) <= len(jobs):
+            at, step = heap[0]
+            events.append(at)
+            heapq.heapreplace(heap, (at + step, step))
+        return cls(events, jobs, free_now, unit)
+
+    def hold(self, subtask: int, slowness: float, copy: bool = False) -> tuple[float, float, float] | None:
+        """Whether a queued original (or a ``copy``) should wait for the faster targets, not go to a slower one.
+
+        An original waits if, launched now on a target ``slowness`` times slower than the fastest, it is expected
+        to end after the last job of the wave on the faster targets (so it would end the stage later), and later
+        by :data:`HOLD_MARGIN` of its time there than when it waits for its turn on them. A copy waits on the
+        second condition alone: its original's time left is a guess where the target is overdue or only bounded,
+        and a copy only helps by ending first. Returns (its time there, its time after waiting, the wave's last
+        end); None to place it. Uses the subtask's own size (the hold planner counts each as the median).
+        """
+        index = (self._copies if copy else self._index).get(subtask)
+        if index is None:
+            return None
+        if self._last is None:
+            events = self.events
+            self._last = max((job.end(events[self.ahead + i]) for i, job in enumerate(self.jobs)), default=0.0)
+        job = self.jobs[index]
+        here = job.duration * slowness
+        waiting = self.events[self.ahead + index] + job.duration
+        if here * (1.0 - HOLD_MARGIN) <= waiting or (not copy and here <= self._last):
+            return None
+        return here, waiting, self._last
+
+    def first(self) -> tuple[_Job, str] | None:
+        """The job to launch now before the rest, and why; None when the walk's order is as good.
+
+        Only the job expected to end last can bring the last end sooner by going first. It goes first if,
+        launched now, it ends :data:`TAIL_MARGIN` of an expected duration before it would have, every
+        original it overtakes (each one slot later) still ends that much before it would have, and every copy
+        it overtakes still ends before it would have (those are candidates like it: a later round may place
+        the one that is last then). Each move brings the last end sooner, or leaves fewer jobs at it.
+        """
+        jobs, events, ahead = self.jobs, self.events, self.ahead
+        ends = [job.end(events[ahead + i]) for i, job in enumerate(jobs)]
+        last = max(range(len(jobs)), key=ends.__getitem__)
+        if last == 0:
+            return None  # the walk launches it first anyway
+        job, was = jobs[last], ends[last]
+        now = job.end(events[ahead])
+        originals = copies = 0.0
+        overtaken = 0
+        for i, other in enumerate(jobs[:last]):
+            later = other.end(events[ahead + i + 1])
+            if other.copy:
+                copies = max(copies, later)
+            else:
+                originals = max(originals, later)
+                overtaken += 1
+        if max(now, originals) > was - TAIL_MARGIN * self.unit or copies >= was:
+            return None
+        return job, (f"placed first in the last wave: expected to end its subtask in {now:.1f}s instead of "
+                     f"{was:.1f}s; the {overtaken} queued original(s) it overtakes by {originals:.1f}s")
+
+    def took(self, job: _Job) -> None:
+        """``job`` was launched now: it leaves the order and takes the next free slot."""
+        self.jobs.remove(job)
+        self.ahead += 1
+        self._last = None
+        self._positions()
+
+
 class _Round:
     """One placement round's view of the targets: each waiting subtask costs O(log targets), not O(targets).
 
@@ -359,6 +640,7 @@ class _Round:
         self.pickable = {i for i, t in enumerate(targets)
                          if (self.all_blocked or not blocked[i]) and not (shared and t.name in lost)}
         self.placeable = [t.name for t, b in zip(targets, blocked, strict=True) if t.name not in lost and not b]
+        self._blocked = blocked
         free_slots = sched.free_slots
         with_room = (i for i in self.pickable
                      if (free_slots.get(targets[i].name, 0) > 0 if free_slots is not None
@@ -430,6 +712,22 @@ class _Round:
         position = self.sched._position(name)
         if position is not None and position in self.pickable:
             self._rekey(position)
+
+    def placeable_targets(self) -> list[Target]:
+        """The targets of :attr:`placeable` (neither lost nor blocked), in configuration order."""
+        lost = self.sched.lost_targets
+        return [t for t, b in zip(self.targets, self._blocked, strict=True) if not b and t.name not in lost]
+
+    def free_fast(self) -> int:
+        """Free slots of the pickable targets that are not slow, at the round's start (O(targets with a free slot))."""
+        free_slots = self.sched.free_slots
+        total = 0
+        for position, key in self._keys.items():
+            if not key[0]:
+                target = self.targets[position]
+                total += (free_slots.get(target.name, 0) if free_slots is not None
+                          else target.slots - self.load[target.name])
+        return total
 
     def fast_usable(self) -> bool:
         """Some target that is not slow is neither lost nor blocked."""

@@ -97,6 +97,8 @@ class _Bookkeeping:
     # Subtask -> the siblings its admission in this Tick cancelled, with their states before: an admission's
     # outcome is fed back before the next Tick, and a lost one gives the other controller's winner its state back.
     cancelled_by_admission: dict[int, dict[int, AttemptState]] = field(default_factory=dict)
+    # Set by the scheduler this belongs to: a second one given it (dataclasses.replace) refuses it.
+    owned: bool = field(default=False, repr=False, compare=False)
 
 
 @dataclass
@@ -202,10 +204,21 @@ class StageScheduler:
     placement_type: ClassVar[type[Placement]] = Placement
 
     def __post_init__(self) -> None:
+        # dataclasses.replace passes every init field on, so the copy would share _book and _queue (and the
+        # state dicts) with this one: two writers of one state. Nothing needs a copy, so it is refused; a
+        # copy.deepcopy copies everything, the groups included.
+        if self._book.owned:
+            raise TypeError(f"{type(self).__name__}: its bookkeeping belongs to another scheduler "
+                            "(dataclasses.replace would share it); build a new one and feed it Restored")
+        self._book.owned = True
         for subtask in range(self.parallelism):
             self.attempts.setdefault(subtask, {})
         self._book.dirty = set(range(self.parallelism))
         self._placement = self.placement_type(self)
+
+    def __copy__(self) -> StageScheduler:
+        raise TypeError(f"{type(self).__name__}: a shallow copy would share its state and bookkeeping with this "
+                        "scheduler; use copy.deepcopy, or build a new one and feed it Restored")
 
     # -- read-only views -------------------------------------------------------------------
 

@@ -42,6 +42,8 @@ from airflow_provider_speculative.core.states import EXECUTING, TERMINAL, Attemp
 SLOW_FACTOR = 1.5
 # Held only if waiting ends at least this share of the slow target's expected time sooner.
 HOLD_MARGIN = 0.2
+# Where a slowness came from when only unfinished attempts bound it from below (nothing finished there).
+UNFINISHED = "run (unfinished attempts)"
 # Slowness is capped: a throttled or swapping node can look arbitrarily slow, and the factor feeds a
 # simulation whose queue length grows with it.
 MAX_SLOWNESS = 64.0
@@ -71,6 +73,10 @@ class Speeds:
     def is_slow(self, target: str) -> bool:
         """Clearly slower than the fastest target (not noise)."""
         return self.of(target) >= SLOW_FACTOR
+
+    def bounded(self, target: str) -> bool:
+        """True if the target's slowness is only a lower bound: unfinished attempts set it, nothing finished there."""
+        return self.source.get(target) == UNFINISHED
 
     @functools.cached_property
     def slow_targets(self) -> frozenset[str]:
@@ -128,7 +134,7 @@ def _speeds(measured: Mapping[str, float], running: Mapping[str, float], history
             # Unfinished attempts only bound the slowness from below: history stays while it says more.
             if target not in measured and rate > fastest and rate / fastest > remembered:
                 slowness[target] = min(MAX_SLOWNESS, rate / fastest)
-                source[target] = "run (unfinished attempts)"
+                source[target] = UNFINISHED
     for target, factor in (history or {}).items():
         if target not in slowness and factor > 0:
             slowness[target] = min(MAX_SLOWNESS, max(1.0, factor))

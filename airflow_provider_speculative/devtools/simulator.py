@@ -395,18 +395,20 @@ class RuleScheduler(StageScheduler):
         return []
 
 
-# Spark, LATE and Mantri leave nodes unblocked and copies at their own limits; Flink is FLIP-168's defaults
-# (fixed 60 s lower bound, no per-byte normalisation); the core's early baseline and progress projection
-# have no option, so the Flink row keeps them.
+# Spark, LATE and Mantri leave nodes unblocked and copies at their own limits, and place the queued originals
+# before any copy (none of them plans the last wave: plan_last_wave off, core/placing.py tail_copies); Flink is
+# FLIP-168's defaults (fixed 60 s lower bound, no per-byte normalisation); the core's early baseline, progress
+# projection and last-wave planning have no Flink option, so the Flink row keeps them.
 POLICIES: dict[str, Policy] = {
     "provider": Policy("provider", {"enabled": True}, source="core/config.py defaults, enabled"),
     "flink": Policy("flink", {"enabled": True, "baseline_lower_bound": 60, "normalize_by_input_bytes": False},
                     source="FLIP-168 defaults: R 0.75, M 1.5, B 60 s, block 60 s, 2 executions"),
-    "spark": Policy("spark", {"enabled": True, "block_slow_node_duration": 0}, SparkRule(),
+    "spark": Policy("spark", {"enabled": True, "block_slow_node_duration": 0, "plan_last_wave": False}, SparkRule(),
                     source="Spark 4 docs / SPARK-47720: multiplier 3, quantile 0.9, minTaskRuntime 100 ms"),
-    "late": Policy("late", {"enabled": True, "block_slow_node_duration": 0}, LateRule(),
+    "late": Policy("late", {"enabled": True, "block_slow_node_duration": 0, "plan_last_wave": False}, LateRule(),
                    source="LATE, OSDI'08: SlowTaskThreshold 25 %, SlowNodeThreshold 25 %, SpeculativeCap 10 %"),
-    "mantri": Policy("mantri", {"enabled": True, "block_slow_node_duration": 0, "max_concurrent_executions": 3},
+    "mantri": Policy("mantri", {"enabled": True, "block_slow_node_duration": 0, "max_concurrent_executions": 3,
+                                "plan_last_wave": False},
                      MantriRule(), source="Mantri, OSDI'10: t_rem > t_new (c+1)/c, up to 3 copies"),
     "none": Policy("none", {"enabled": False}, source="speculation off"),
 }

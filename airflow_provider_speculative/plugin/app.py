@@ -36,11 +36,12 @@ from airflow_provider_speculative.hooks.masking import redact_lines, redact_text
 from airflow_provider_speculative.links import spark_history_url
 from airflow_provider_speculative.plugin.model import (
     is_done,
+    plan_of,
     resolve_stage,
     run_view,
     stage_view,
 )
-from airflow_provider_speculative.store.files import check_store_directory, read_json
+from airflow_provider_speculative.store.files import check_store_directory
 from airflow_provider_speculative.store.layout import StageLayout, safe_component
 
 log = logging.getLogger(__name__)
@@ -132,7 +133,7 @@ def create_app(store: Path | None = None) -> FastAPI:
         except ValueError as exc:
             raise HTTPException(422, str(exc)) from None
         ended = attempt_ended(_store(request), log)
-        plan = read_json(StageLayout(_store(request), dag_id, run_id, stage).plan)
+        plan = plan_of(StageLayout(_store(request), dag_id, run_id, stage))
         # The store path is the operator's business, not every DAG reader's: the page shows it as a relative path.
         return {**log.to_json(), "text": redact_text(log.text, plan), "path": _relative(log.path, _store(request)),
                 "ended": ended, "done": ended,
@@ -151,7 +152,7 @@ def create_app(store: Path | None = None) -> FastAPI:
             raise _not_found(str(exc), dag_id, run_id) from None
         name = safe_component(f"{dag_id}-{stage}-subtask{subtask}-attempt{log.attempt}") + ".log"
         # text/plain with nosniff (the middleware): a browser never renders an attempt's output as a page.
-        plan = read_json(StageLayout(_store(request), dag_id, run_id, stage).plan)
+        plan = plan_of(StageLayout(_store(request), dag_id, run_id, stage))
         return StreamingResponse(redact_lines(handle, plan), media_type="text/plain; charset=utf-8",
                                  headers={**_NO_STORE, "Content-Disposition": f'attachment; filename="{name}"'})
 

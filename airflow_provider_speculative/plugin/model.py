@@ -8,13 +8,13 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from airflow_provider_speculative.control.readmodel import journal_records, run_report
+from airflow_provider_speculative.control.readmodel import journal_records, read_document, run_report
 from airflow_provider_speculative.core.events import Event, is_routine
 from airflow_provider_speculative.core.states import FINISHED_RUN_STATES, LIVE
 from airflow_provider_speculative.core.summary import StageSummary
 from airflow_provider_speculative.core.urls import safe_http_url
 from airflow_provider_speculative.exceptions import StoreError, UnsafeStorePathError
-from airflow_provider_speculative.store.files import open_in_store, read_json
+from airflow_provider_speculative.store.files import open_in_store
 from airflow_provider_speculative.store.layout import StageLayout, stage_key
 
 RESTART_REASON = "restart after failure"
@@ -33,19 +33,25 @@ def resolve_stage(root: Path, dag_id: str, run_id: str, task_id: str) -> str | N
     keys), and only if that stage's plan was written by this task: a pipeline compiled as a TaskGroup keys its
     stages by task id, so one of them that has not planned yet is not another pipeline's stage of that name.
     """
-    if StageLayout(root, dag_id, run_id, task_id).plan.is_file():
+    own = StageLayout(root, dag_id, run_id, task_id)
+    if own.store.exists(own.name(own.plan)):
         return task_id
     last = StageLayout(root, dag_id, run_id, task_id.rsplit(".", 1)[-1])
-    if last.stage == task_id or not last.plan.is_file():
+    if last.stage == task_id or not last.store.exists(last.name(last.plan)):
         return None
     try:
-        plan = read_json(last.plan)
+        plan = plan_of(last)
     except StoreError:
         return last.stage  # unreadable: the stage view reports it
     if not isinstance(plan, dict):
         return last.stage
     planned_by = plan.get("task_id")  # absent from plans written before it was recorded
     return last.stage if not plan.get("store_prefix") and planned_by in (None, "", task_id) else None
+
+
+def plan_of(layout: StageLayout) -> Any:
+    """The stage's plan.json read by name (None if missing), as the read model reads a stage's documents."""
+    return read_document(layout.store, layout.name(layout.plan))
 
 
 def run_view(root: Path, dag_id: str, run_id: str, *, spark_history_url: str = "",
@@ -128,8 +134,8 @@ def _enrich(root: Path, dag_id: str, run_id: str, stage: dict[str, Any], history
     Links (Spark UI, history) are looked up only for the subtasks of ``page`` ([start, stop)), the ones listed.
     """
     layout = StageLayout(root, dag_id, run_id, stage["stage"])
-    plan = read_json(layout.plan) or {}
-    summary: StageSummary = read_json(layout.summary) or StageSummary()
+    plan = plan_of(layout) or {}
+    summary: StageSummary = read_document(layout.store, layout.name(layout.summary)) or StageSummary()
     journal = journal_records(layout)
     # The stage's own config (pipeline and stage overrides applied) wins over the global one. It was
     # validated when the DAG was parsed, but the plan is a file: one written before that check, or by
@@ -195,7 +201,7 @@ def _history_link(layout: StageLayout, subtask: int, attempt: dict[str, Any], hi
 def _app_id(layout: StageLayout, subtask: int, number: int) -> str | None:
     """The Spark application id an attempt recorded (status or heartbeat), if any."""
     for path in (layout.status(subtask, number), layout.heartbeat(subtask, number)):
-        record = read_json(path) or {}
+        record = read_document(layout.store, layout.name(path)) or {}
         for key in ("app_id", "application_id", "spark_app_id"):
             if record.get(key):
                 return str(record[key])
@@ -203,7 +209,11 @@ def _app_id(layout: StageLayout, subtask: int, number: int) -> str | None:
 
 
 def _live_spark_ui(layout: StageLayout, subtask: int, attempt: dict[str, Any]) -> str | None:
-    """The driver's Spark UI of a running attempt, read from the head of its spark-submit log."""
+    """The driver's Spark UI of a running attempt, read from the head of its spark-submit log.
+
+    A log is read by path, opened under the store's rules (no link anywhere below the root, a regular file
+    of its own): an attempt's code writes it and could put a link to the api-server's files in its place.
+    """
     path = layout.log(subtask, attempt["attempt"])
     try:
         with open_in_store(layout.root, path) as f:

@@ -37,13 +37,14 @@ from airflow_provider_speculative.runtime.heartbeat import Heartbeat, current_no
 from airflow_provider_speculative.runtime.inputs import StageInputs
 from airflow_provider_speculative.runtime.session import attempt_tag, open_session
 from airflow_provider_speculative.store import changes
-from airflow_provider_speculative.store.files import atomic_write_json, read_json
+from airflow_provider_speculative.store.backend import StoreBackend, StoreNotOwnedError
+from airflow_provider_speculative.store.files import read_json
 from airflow_provider_speculative.store.layout import StageLayout, stage_key
 from airflow_provider_speculative.store.manifest import (
     SUBPARTITION_COLUMN,
     PartitionError,
-    build_manifest,
-    write_manifest,
+    build_manifest_in,
+    write_manifest_in,
 )
 
 if TYPE_CHECKING:
@@ -85,7 +86,8 @@ class StageContext:
         self._executor_hosts: list[str] = []
         self._executors_missing_since: float | None = None
         self._node_lost: NodeLostError | None = None
-        self._heartbeat = Heartbeat(self.layout.heartbeat(subtask, attempt), self._progress)
+        self._heartbeat = Heartbeat(self.layout.name(self.layout.heartbeat(subtask, attempt)), self._progress,
+                                    store=self.layout.store)
         self._inputs = StageInputs(plan, subtask, self.layout, self.config, self._heartbeat, self._notify,
                                    lambda: self.spark)
 
@@ -170,18 +172,19 @@ class StageContext:
             exc = self._node_lost
         if exc is not None:
             code = _exit_code(exc)
+            kept = None
             if code == EXIT_STORE_FULL:
                 # The partial output is useless without a manifest: free it so the failure can be
                 # recorded. Files Spark's JVM still holds open are only freed when the attempt exits,
                 # so the exit code carries the cause to the supervisor too.
-                shutil.rmtree(self.layout.data(self.subtask, self.attempt), ignore_errors=True)
+                kept = self._free_output()
             # On a full or read-only store these writes fail too; the attempt must still exit FAILED.
             with contextlib.suppress(StoreError):
-                self._record_failure(exc)
+                self._record_failure(exc, kept)
             with contextlib.suppress(StoreError):
                 self._heartbeat.stop(HeartbeatPhase.FAILED)
             self._stop_spark()
-            print(f"[speculative] attempt failed: {exc}", file=sys.stderr)
+            print(f"[speculative] attempt failed: {exc}" + (f" ({kept})" if kept else ""), file=sys.stderr)
             os._exit(code)  # do not let Spark's shutdown hooks turn a failure into exit 0
         self._heartbeat.stop(HeartbeatPhase.FINISHED)
         self._stop_spark()
@@ -190,9 +193,26 @@ class StageContext:
         if self._spark is not None:
             self._spark.stop()
 
-    def _record_failure(self, exc: BaseException) -> None:
-        record = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exception(exc)[-5:],
-                  "at": time.time()}
+    def _free_output(self) -> str | None:
+        """Delete this attempt's partial output by an owned delete; None, or why (some of) it was kept.
+
+        Runs in the Spark driver, which may serve a run this store does not own (planned by an older
+        version): then the output stays, and the attempt's error says so rather than failing otherwise.
+        """
+        data = self.layout.data(self.subtask, self.attempt)
+        try:
+            if not self.layout.store.children(self.layout.name(data)):
+                return None  # nothing written: nothing to free, whoever owns the run
+            self.layout.delete_tree(data)
+        except StoreNotOwnedError as exc:
+            return f"its partial output was kept: {exc}"
+        except (StoreError, OSError) as exc:
+            return f"its partial output {data} was not all deleted: {exc}"
+        return None
+
+    def _record_failure(self, exc: BaseException, note: str | None = None) -> None:
+        error = f"{type(exc).__name__}: {exc}" + (f" ({note})" if note else "")
+        record = {"error": error, "traceback": traceback.format_exception(exc)[-5:], "at": time.time()}
         if isinstance(exc, PartitionError):
             # The controller names producers by stage name; a store read names them by store key.
             by_key = {stage_key(self.plan, str(u)): str(u) for u in self.plan.get("upstreams") or []}
@@ -200,7 +220,7 @@ class StageContext:
             record.update(kind="partition", stage=stage, subtask=exc.subtask, attempt=exc.attempt)
         elif isinstance(exc, NodeLostError):
             record.update(kind="node_lost", node=exc.node)
-        atomic_write_json(self.layout.failure(self.subtask, self.attempt), record)
+        self.layout.replace_json(self.layout.failure(self.subtask, self.attempt), record)
 
     def _on_remote_progress(self, stages: Any = None, inflight_tasks: int = 0, operation_id: str | None = None,
                             done: bool = False, **_: Any) -> None:
@@ -294,7 +314,9 @@ class StageContext:
 
         if self._written:
             raise RuntimeError(f"stage {self.stage!r}: ctx.write() may be called once per attempt")
+        store: StoreBackend = self.layout.store
         data_dir = self.layout.data(self.subtask, self.attempt)
+        data = self.layout.name(data_dir)
         output = self.plan["output"]
         key = output.get("key") or []
         # An exchange's schema is read back from the files Spark wrote (their footers carry it): asking the
@@ -312,9 +334,9 @@ class StageContext:
                 # subpartition it holds, so the output is not shuffled once more before it is written.
                 partitioned = df.withColumn(SUBPARTITION_COLUMN, sp)
                 partitioned.write.options(**EXCHANGE_WRITE_OPTIONS).partitionBy(SUBPARTITION_COLUMN) \
-                    .parquet(str(data_dir))
+                    .parquet(store.spark_url(data))
             else:
-                df.coalesce(1).write.options(**EXCHANGE_WRITE_OPTIONS).parquet(str(data_dir))
+                df.coalesce(1).write.options(**EXCHANGE_WRITE_OPTIONS).parquet(store.spark_url(data))
         except Exception as exc:
             # Spark reports a full disk as a long Java trace; name the store and the cause instead.
             store_error = store_write_error(data_dir, exc)
@@ -323,16 +345,16 @@ class StageContext:
             raise store_error from exc
         self._inject_faults()
         spark_done = time.time()
-        manifest = build_manifest(data_dir, stage=self.stage, subtask=self.subtask, attempt=self.attempt,
-                                  node=self.node, schema=schema_json, input_bytes=self.input_bytes,
-                                  written_at=time.time(), sink=sink_info)
+        manifest = build_manifest_in(store, data, stage=self.stage, subtask=self.subtask, attempt=self.attempt,
+                                     node=self.node, schema=schema_json, input_bytes=self.input_bytes,
+                                     written_at=time.time(), sink=sink_info)
         if key and not output.get("sink"):
             # A timestamp key hashes as its text in the session time zone: the consumer's plan compares the
             # zones its producers wrote in (core/copartition.py) and refuses a mix.
             manifest["partitioning"] = {"key": list(key), "max_parallelism": int(output["max_parallelism"]),
                                         "hash": output.get("hash") or "legacy",
                                         "session_time_zone": self.spark.conf.get("spark.sql.session.timeZone")}
-        manifest["records"], written_schema = _read_footers(data_dir, manifest["files"])
+        manifest["records"], written_schema = _read_footers(store, data, manifest["files"])
         if manifest["schema"] is None:
             # No file (an empty output) has no footer: only then ask the server.
             manifest["schema"] = written_schema if written_schema is not None else df.schema.jsonValue()
@@ -340,7 +362,7 @@ class StageContext:
             manifest["records"] = sink_info["records"]
         manifest["timings"] = self._timings(write_started, spark_done)
         self._written = True
-        write_manifest(self.layout.manifest(self.subtask, self.attempt), manifest)
+        write_manifest_in(store, self.layout.name(self.layout.manifest(self.subtask, self.attempt)), manifest)
 
     def _hashed_key(self, df: DataFrame, key: list[str], scheme: str | None) -> list[Column]:
         """The key columns as the plan's hash scheme hashes them (core/copartition.py ``key_cast``).
@@ -464,16 +486,17 @@ def store_write_error(path: Path, exc: BaseException) -> StoreError | None:
 SPARK_SCHEMA_KEY = b"org.apache.spark.sql.parquet.row.metadata"
 
 
-def _read_footers(data_dir: Path, files: list[dict[str, Any]]) -> tuple[int, dict[str, Any] | None]:
-    """Count each Parquet file's records (into its entry) and return the total and the Spark schema of the first."""
-    import json
+def _read_footers(store: StoreBackend, data: str, files: list[dict[str, Any]]) -> tuple[int, dict[str, Any] | None]:
+    """Count each Parquet file's records (into its entry) and return the total and the Spark schema of the first.
 
-    import pyarrow.parquet as pq
+    ``files`` are the manifest's, below prefix ``data``; footers are read through the store's pyarrow file system.
+    """
+    import json
 
     total = 0
     schema: dict[str, Any] | None = None
     for entry in files:
-        metadata = pq.ParquetFile(Path(data_dir) / entry["path"]).metadata
+        metadata = store.parquet_metadata(f"{data}/{entry['path']}")
         entry["records"] = metadata.num_rows
         total += metadata.num_rows
         if schema is None and SPARK_SCHEMA_KEY in (metadata.metadata or {}):

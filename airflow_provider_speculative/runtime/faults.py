@@ -17,7 +17,6 @@ from airflow_provider_speculative.core.contract import LAUNCHED_AT_ENV
 from airflow_provider_speculative.core.faults import FaultInjection, FaultSpec
 from airflow_provider_speculative.core.states import HeartbeatPhase
 from airflow_provider_speculative.runtime.heartbeat import Heartbeat
-from airflow_provider_speculative.store.files import wait_for_file
 from airflow_provider_speculative.store.layout import StageLayout
 
 
@@ -47,5 +46,5 @@ def wait_at_barrier(layout: StageLayout, subtask: int, heartbeat: Heartbeat, tim
     """Hold the attempt until the test releases its subtask's barrier (deterministic races)."""
     release = layout.barrier_release(subtask)
     heartbeat.set_phase(HeartbeatPhase.BARRIER)
-    if not wait_for_file(release, timeout, 0.005):
+    if not layout.wait_for(release, timeout, 0.005):
         raise TimeoutError(f"fault injection barrier {release} was not released within {timeout}s")

@@ -13,7 +13,7 @@ from typing import Any
 
 from airflow_provider_speculative.core.states import HeartbeatPhase
 from airflow_provider_speculative.exceptions import StoreError
-from airflow_provider_speculative.store.files import atomic_write_json
+from airflow_provider_speculative.store.backend import PosixBackend, StoreBackend
 
 
 def current_node() -> str:
@@ -22,10 +22,16 @@ def current_node() -> str:
 
 
 class Heartbeat:
-    """Writes progress every ``interval`` seconds until stopped; the last write says why it stopped."""
+    """Writes progress every ``interval`` seconds until stopped; the last write says why it stopped.
 
-    def __init__(self, path: str | Path, progress: Callable[[], dict[str, Any]], interval: float = 2.0) -> None:
-        self.path = Path(path)
+    The document is ``path``, or with ``store`` the object named ``path`` in it; every beat is an atomic replace.
+    """
+
+    def __init__(self, path: str | Path, progress: Callable[[], dict[str, Any]], interval: float = 2.0, *,
+                 store: StoreBackend | None = None) -> None:
+        if store is None:
+            store, path = PosixBackend(Path(path).parent), Path(path).name
+        self.store, self.name = store, str(path)
         self.progress = progress
         self.interval = interval
         self.started_at = time.time()
@@ -60,10 +66,10 @@ class Heartbeat:
         except Exception as exc:  # progress is best effort; the beat itself must not fail
             extra = {"progress_error": str(exc)}
         try:
-            atomic_write_json(self.path, {"node": current_node(), "pid": os.getpid(), "phase": phase,
-                                          "started_at": self.started_at, "at": time.time(),
-                                          "input_wait": round(self.input_wait, 3), "waiting_since": self.waiting_since,
-                                          **extra})
+            self.store.replace_json(self.name, {
+                "node": current_node(), "pid": os.getpid(), "phase": phase, "started_at": self.started_at,
+                "at": time.time(), "input_wait": round(self.input_wait, 3), "waiting_since": self.waiting_since,
+                **extra})
         except StoreError as exc:
             # A full store must fail the attempt through its write, not kill the heartbeat thread.
             print(f"[speculative] heartbeat not written: {exc}", file=sys.stderr)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_speculative.core.config import SpeculativeConfig
@@ -20,9 +19,8 @@ from airflow_provider_speculative.core.paths import is_object_url
 from airflow_provider_speculative.core.plan import StagePlan
 from airflow_provider_speculative.core.states import HeartbeatPhase
 from airflow_provider_speculative.runtime.heartbeat import Heartbeat
-from airflow_provider_speculative.store.files import read_json
 from airflow_provider_speculative.store.layout import StageLayout
-from airflow_provider_speculative.store.manifest import PartitionError, verify_files
+from airflow_provider_speculative.store.manifest import PartitionError, verify_files_in
 from airflow_provider_speculative.store.results import committed_files
 
 if TYPE_CHECKING:
@@ -85,12 +83,12 @@ class StageInputs:
         """
         shared = self.plan["inputs"][name]
         upstream = self._upstream(name)
-        committed = read_json(upstream.committed)
+        committed = upstream.read_json(upstream.committed)
         if committed is not None and committed.get("fingerprint") == shared.get("upstream_fingerprint"):
             return {p: int(committed["subtasks"][str(p)]["attempt"]) for p in producers}
         found = {}
         for p in producers:
-            marker = read_json(upstream.admitted(p))
+            marker = upstream.read_json(upstream.admitted(p))
             if marker is not None:
                 found[p] = int(marker["attempt"])
         return found
@@ -129,12 +127,17 @@ class StageInputs:
             time.sleep(delay)
             delay = min(1.0, delay * 2)
 
-    def _verify(self, data: Path, files: list[dict[str, Any]], stage: str, producer: int, attempt: int) -> None:
+    def _verified_urls(self, upstream: StageLayout, producer: int, attempt: int, files: list[dict[str, Any]],
+                       stage: str) -> list[str]:
+        """Check a producer attempt's ``files`` by name against its manifest; their URLs for Spark."""
+        store = self.layout.store
+        data = upstream.name(upstream.data(producer, attempt))
         started = time.monotonic()
         try:
-            verify_files(data, files, stage=stage, subtask=producer, attempt=attempt)
+            verify_files_in(store, data, files, stage=stage, subtask=producer, attempt=attempt)
         finally:
             self.verify_seconds += time.monotonic() - started
+        return [store.spark_url(f"{data}/{f['path']}") for f in files]
 
     def _files_of(self, name: str, attempts: dict[int, int]) -> list[str]:
         """Verified files of these producer attempts within this subtask's subpartition range."""
@@ -143,9 +146,7 @@ class StageInputs:
         paths: list[str] = []
         for producer, attempt in sorted(attempts.items()):
             files = files_in_range(committed_files(upstream, producer, attempt), mine["subpartitions"])
-            data = upstream.data(producer, attempt)
-            self._verify(data, files, shared["upstream"], producer, attempt)
-            paths += [str(data / f["path"]) for f in files]
+            paths += self._verified_urls(upstream, producer, attempt, files, shared["upstream"])
         return paths
 
     def _hybrid_files(self, name: str) -> list[str]:
@@ -194,7 +195,7 @@ class StageInputs:
             return shared["schema"]
         upstream = self._upstream(name)
         for producer, attempt in sorted(attempts.items()):
-            manifest = read_json(upstream.manifest(producer, attempt))
+            manifest = upstream.read_json(upstream.manifest(producer, attempt))
             if manifest and manifest.get("schema"):
                 return manifest["schema"]
         return None
@@ -210,7 +211,7 @@ class StageInputs:
             return self._hybrid_files(name)
         shared, mine = self.plan["inputs"][name], self.spec["inputs"][name]
         upstream = StageLayout.of_plan(self.plan, shared["upstream"], root=self.layout.root)
-        committed = read_json(upstream.committed)
+        committed = upstream.read_json(upstream.committed)
         if committed is None:
             raise PartitionError(f"stage {self.stage!r} input {name!r}: upstream {shared['upstream']!r} has no "
                                  f"committed result at {upstream.committed}", stage=shared["upstream"])
@@ -218,9 +219,7 @@ class StageInputs:
         for producer in range(*mine["producers"]):
             part = committed["subtasks"][str(producer)]
             files = files_in_range(committed_files(upstream, producer, part["attempt"]), mine["subpartitions"])
-            data = upstream.data(producer, part["attempt"])
-            self._verify(data, files, shared["upstream"], producer, part["attempt"])
-            paths += [str(data / f["path"]) for f in files]
+            paths += self._verified_urls(upstream, producer, part["attempt"], files, shared["upstream"])
         return paths
 
     def _read_exchange(self, name: str, shared: dict[str, Any], mine: dict[str, Any]) -> DataFrame:

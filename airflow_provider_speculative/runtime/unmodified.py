@@ -34,7 +34,7 @@ from airflow_provider_speculative.core.states import HeartbeatPhase
 from airflow_provider_speculative.exceptions import StoreError
 from airflow_provider_speculative.runtime.context import StageContext
 from airflow_provider_speculative.store.files import read_json
-from airflow_provider_speculative.store.manifest import build_manifest, write_manifest
+from airflow_provider_speculative.store.manifest import build_manifest_in, write_manifest_in
 
 # Exit codes the supervisor and the controller give a meaning of their own (lost input, full store, lost
 # node): an application exiting with one of them fails the attempt with EXIT_FAILED instead.
@@ -95,8 +95,9 @@ class UnmodifiedAttempt(StageContext):
             raise RuntimeError(f"stage {self.stage!r}: the attempt's manifest is already written")
         data_dir = self.layout.data(self.subtask, self.attempt)
         ended = time.time()
-        manifest = build_manifest(data_dir, stage=self.stage, subtask=self.subtask, attempt=self.attempt,
-                                  node=self.node, schema=None, input_bytes=0, written_at=ended, sink=None)
+        manifest = build_manifest_in(self.layout.store, self.layout.name(data_dir), stage=self.stage,
+                                     subtask=self.subtask, attempt=self.attempt, node=self.node, schema=None,
+                                     input_bytes=0, written_at=ended, sink=None)
         if manifest["files"]:
             # The data directory is the provider's: an application writing there would be committed by accident.
             raise ApplicationFailed(f"stage {self.stage!r}: the application wrote into the attempt's own data "
@@ -108,7 +109,8 @@ class UnmodifiedAttempt(StageContext):
                                "write_started_at": ended, "verify_s": 0.0, "write_s": 0.0,
                                "manifest_s": round(time.time() - ended, 4), "application_started_at": app_started}
         self._written = True
-        write_manifest(self.layout.manifest(self.subtask, self.attempt), manifest)
+        write_manifest_in(self.layout.store, self.layout.name(self.layout.manifest(self.subtask, self.attempt)),
+                          manifest)
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:

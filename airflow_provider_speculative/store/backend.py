@@ -17,6 +17,10 @@ Every backend gives:
    prefix whose ownership marker (``_owner.json``, created exclusively by :meth:`StoreBackend.claim`)
    names this store; never the marker itself, never below a prefix another store claimed.
 
+Attempt output needs four more, none of them a guarantee of its own: :meth:`StoreBackend.spark_url` (where
+Spark writes and reads a name), :meth:`StoreBackend.open_read` (a streamed read, for checksums),
+:meth:`StoreBackend.arrow_path` and :meth:`StoreBackend.parquet_metadata` (Parquet footers through ``pyarrow.fs``).
+
 :class:`PosixBackend` uses exactly the calls the store always used (``store/files.py``: a hard link of a
 complete temporary file, ``rename``, one ``write`` to an ``O_APPEND`` file). :class:`S3Backend` uses
 ``PutObject`` with ``If-None-Match: *``, a plain ``PutObject``, and one object per journal record.
@@ -25,18 +29,22 @@ complete temporary file, ``rename``, one ``write`` to an ``O_APPEND`` file). :cl
 from __future__ import annotations
 
 import abc
+import contextlib
+import io
 import json
 import os
 import re
+import stat
 import threading
 import time
 import unicodedata
 import uuid
-from collections.abc import Iterator
+import zlib
+from collections.abc import Collection, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, BinaryIO, NamedTuple, Protocol
 from urllib.parse import quote, unquote, urlsplit
 
 from airflow_provider_speculative.exceptions import StoreError, StoreNotWritableError, UnsafeStorePathError
@@ -44,6 +52,8 @@ from airflow_provider_speculative.store import files
 
 if TYPE_CHECKING:
     from botocore.client import BaseClient
+    from pyarrow.fs import FileSystem
+    from pyarrow.parquet import FileMetaData
 
 OWNER_FILE = "_owner.json"
 # Longest segment most file systems take (NAME_MAX), and the longest key S3 takes.
@@ -57,10 +67,10 @@ _RELIST_AFTER = 8
 _CONFLICT_RETRIES = 10
 _READ_THREADS = 16
 _TEMP_NAME = re.compile(r"^\..+\.tmp$")
-# Journal cursors (opaque to callers): POSIX ``posix:<inode>:<byte offset>``, S3 ``s3:<next number>:<ETag of
-# the record before it>``, any other backend ``count:<records read>``; plain strings, so a reader can keep one
-# in JSON.
-_POSIX_CURSOR = re.compile(r"^posix:(\d+):(\d+)$")
+# Journal cursors (opaque to callers): POSIX ``posix:<inode>:<byte offset>[:<first line's crc32>]``, S3
+# ``s3:<next number>:<ETag of the record before it>``, any other backend ``count:<records read>``; plain
+# strings, so a reader can keep one in JSON.
+_POSIX_CURSOR = re.compile(r"^posix:(\d+):(\d+)(?::([0-9a-f]{8}))?$")
 _S3_CURSOR = re.compile(r"^s3:(\d+):(.*)$", re.DOTALL)
 _COUNT_CURSOR = re.compile(r"^count:(\d+)$")
 
@@ -80,6 +90,19 @@ class ObjectInfo:
     name: str
     size: int
     mtime: float
+    links: int = 1
+    """How many names share this object's bytes: POSIX hard links (``st_nlink``); 1 where there are none (S3)."""
+    identity: str = ""
+    """What every name sharing these bytes has in common (POSIX ``<device>:<inode>``); ``""``: the name alone."""
+    etag: str | None = None
+    """The object's entity tag where the backend has one (S3: changes with every write); None on POSIX."""
+
+
+class PrefixVersion(NamedTuple):
+    """What :meth:`StoreBackend.prefix_version` found: a key that changes with the prefix's entries, and when."""
+
+    key: tuple[int, ...]
+    changed_at: float
 
 
 @dataclass(frozen=True)
@@ -144,7 +167,9 @@ def check_name(name: str, *, prefix: bool = False) -> str:
         raise _refuse(name, "absolute (starts with '/')")
     if "\\" in name:
         raise _refuse(name, "contains a backslash")
-    if any(unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp") for c in name):
+    # Printable ASCII has none of these: the common case skips the per-character lookup (hot in listings).
+    if not (name.isascii() and name.isprintable()) and any(
+            unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp") for c in name):
         raise _refuse(name, "contains a control or format character")
     for segment in name.split("/"):
         if segment == "":
@@ -393,6 +418,117 @@ class StoreBackend(abc.ABC):
             raise _refuse(name, f"{OWNER_FILE} is the ownership marker: only claim() creates it")
         return name
 
+    # -- attempt output: what Spark and the manifest need ----------------------------------------------
+
+    parallel_reads = 1
+    """How many objects a reader of many (hashing an attempt's files) may read at once: 1 on a local disk."""
+
+    def spark_url(self, name: str) -> str:
+        """Where Spark reads or writes object or prefix ``name``: a path or URL its file systems take."""
+        return self._spark_url(check_name(name))
+
+    def _spark_url(self, name: str) -> str:
+        raise StoreError(f"cannot hand {self.describe(name)} to Spark: {type(self).__name__} has no URL Spark reads")
+
+    def open_read(self, name: str) -> BinaryIO | None:
+        """Object ``name`` opened for a streamed binary read (the caller closes it), or None if it does not exist.
+
+        For hashing large objects: nothing holds a whole object in memory (but this fallback, for backends
+        without a stream of their own, e.g. a test double).
+        """
+        return self._open_read(check_name(name))
+
+    def _open_read(self, name: str) -> BinaryIO | None:
+        data = self._read(name)
+        return None if data is None else io.BytesIO(data)
+
+    def arrow_path(self, name: str) -> tuple[FileSystem, str]:
+        """A ``pyarrow.fs`` file system and the path of object ``name`` in it (Parquet footers, ranged reads)."""
+        return self._arrow_path(check_name(name))
+
+    def _arrow_path(self, name: str) -> tuple[FileSystem, str]:
+        raise StoreError(f"cannot read {self.describe(name)} with pyarrow: {type(self).__name__} has no pyarrow "
+                         "file system")
+
+    def parquet_metadata(self, name: str) -> FileMetaData:
+        """The Parquet footer (``pyarrow.parquet.FileMetaData``) of object ``name``, read through :meth:`arrow_path`."""
+        import pyarrow.parquet as pq
+
+        filesystem, path = self.arrow_path(name)
+        with filesystem.open_input_file(path) as handle:
+            return pq.ParquetFile(handle).metadata
+
+    # -- housekeeping (gc): what a walk of the store needs beyond names ---------------------------------
+
+    def claimed(self, prefix: str) -> bool:
+        """True if ``prefix`` itself carries this store's ownership marker.
+
+        Unlike :meth:`owns`, a marker above ``prefix`` does not count: a DAG run is the provider's only by its
+        own marker, whatever the store root's marker says (the root is claimed when the store is created).
+        """
+        prefix = check_name(prefix, prefix=True)
+        return self._ours(self._read_marker(prefix), prefix)
+
+    def stat_all(self, prefix: str = "") -> list[ObjectInfo]:
+        """:meth:`stat` of every object below ``prefix``, by name: sizes, mtimes, ETags (never proof data is whole)."""
+        return self._stat_all(check_name(prefix, prefix=True))
+
+    def _stat_all(self, prefix: str) -> list[ObjectInfo]:
+        # One stat per listed name; a backend whose listing carries sizes (S3) answers from the listing alone.
+        return [info for name in self._list(prefix) if (info := self._stat(name)) is not None]
+
+    def temporaries(self, prefix: str, *, recursive: bool = True, skip: Collection[str] = ()) -> list[ObjectInfo]:
+        """Temporary objects this backend's own writes left below ``prefix`` (a writer that died mid-write).
+
+        Listings never show them; gc removes the old ones by :meth:`delete`. ``recursive=False`` looks right
+        below ``prefix`` only; sub-prefixes whose last segment is in ``skip`` are not looked into. None on a
+        backend whose writes need no temporary object (S3: a ``PutObject`` is whole or absent).
+        """
+        check_name(prefix, prefix=True)
+        return []
+
+    def prune_empty(self, prefix: str) -> bool:
+        """Remove ``prefix`` if nothing is left below it; True if something was removed.
+
+        On a backend with real directories (POSIX) a directory outlives its last object, so this removes it
+        when empty (no object is ever deleted, hence no ownership check). Where a prefix exists only through
+        its objects (S3) an empty prefix is already gone: nothing to do. Never the root.
+        """
+        return self._prune_empty(self._writable(prefix))
+
+    def _prune_empty(self, prefix: str) -> bool:
+        return False
+
+    # -- batches: many small objects without a request or a marker walk per object -------------------
+
+    def prefix_version(self, prefix: str) -> PrefixVersion | None:
+        """A key that changes whenever an object right below ``prefix`` is created, replaced or removed.
+
+        Read without listing the prefix (a directory's stat on POSIX); None where the backend has no such
+        thing (object stores: compare :meth:`stat_all` of an enclosing prefix instead) or no such prefix.
+        """
+        return None
+
+    def delete_many(self, names: Iterable[str]) -> None:
+        """Delete every object of ``names`` as :meth:`delete` does; missing ones are skipped.
+
+        Each parent prefix's ownership is checked once, and all of them before anything is deleted: a
+        refusal (StoreNotOwnedError) deletes nothing.
+        """
+        wanted = [self._writable(name) for name in names]
+        checked: set[str] = set()
+        for name in wanted:
+            parent = name.rpartition("/")[0]
+            if parent not in checked:
+                self._require_owned(name, parent_only=True)
+                checked.add(parent)
+        self._delete_many(wanted)
+
+    def _delete_many(self, names: list[str]) -> None:
+        """Delete ``names`` (ownership already checked), one by one unless the backend batches."""
+        for name in names:
+            self._delete(name)
+
 
 def _owner_of(marker: Any) -> str:
     if isinstance(marker, dict) and isinstance(marker.get("owner"), str):
@@ -400,8 +536,24 @@ def _owner_of(marker: Any) -> str:
     return "its marker is not this provider's"
 
 
-def _posix_cursor(inode: int, offset: int) -> str:
-    return f"posix:{inode}:{offset}"
+def _posix_cursor(inode: int, offset: int, head: str | None = None) -> str:
+    return f"posix:{inode}:{offset}" + (f":{head}" if head else "")
+
+
+# How much of a journal's first line identifies the file (with its inode) in a POSIX cursor.
+_HEAD_BYTES = 4096
+
+
+def _head_print(first: bytes) -> str | None:
+    """A fingerprint of a journal's first line (``first``: its first bytes), or None while that line is torn.
+
+    An inode number is reused as soon as a file is deleted, so a journal removed and written again can come
+    back under the inode a reader's cursor names; its first record (an event with its time) tells them apart.
+    """
+    end = first.find(b"\n")
+    if end < 0 and len(first) < _HEAD_BYTES:
+        return None
+    return f"{zlib.crc32(first[:end] if end >= 0 else first):08x}"
 
 
 def _journal_lines(where: Path, data: bytes, *, torn: bool = False) -> list[dict[str, Any]]:
@@ -496,7 +648,7 @@ class PosixBackend(StoreBackend):
             return None
         except OSError as exc:
             raise StoreError(f"cannot stat {self.root / name}: {exc.strerror or exc}") from exc
-        return ObjectInfo(name, info.st_size, info.st_mtime)
+        return ObjectInfo(name, info.st_size, info.st_mtime, info.st_nlink, f"{info.st_dev}:{info.st_ino}")
 
     def _list(self, prefix: str) -> list[str]:
         base = self.root / prefix if prefix else self.root
@@ -524,16 +676,18 @@ class PosixBackend(StoreBackend):
         return files.read_jsonl(self.root / journal)
 
     def _read_journal_from(self, journal: str, cursor: str | None) -> JournalChunk:
-        # The file only grows by whole-line appends: a cursor is its inode and the offset after the last
-        # complete line read. Another inode, or a file shorter than the offset, is another journal.
+        # The file only grows by whole-line appends: a cursor is its inode, the offset after the last complete
+        # line read and a fingerprint of the first line. Another inode, a file shorter than the offset or
+        # another first line is another journal.
         path = self.root / journal
         known: int | None = None
         offset = 0
+        head: str | None = None
         if cursor is not None:
             match = _POSIX_CURSOR.match(cursor)
             if match is None:
                 raise StoreError(f"cannot read {path}: {cursor!r} is not a journal cursor of this store")
-            known, offset = int(match.group(1)), int(match.group(2))
+            known, offset, head = int(match.group(1)), int(match.group(2)), match.group(3)
         try:
             info = os.stat(path)
         except (FileNotFoundError, NotADirectoryError):
@@ -541,13 +695,17 @@ class PosixBackend(StoreBackend):
         except OSError as exc:
             raise StoreError(f"cannot read {path}: {exc.strerror or exc}") from exc
         if known == info.st_ino and info.st_size == offset:
-            return JournalChunk([], _posix_cursor(known, offset))  # nothing appended: the file is not even opened
+            # Nothing appended: the file is not even opened (a journal replaced by one of exactly this size
+            # under the same inode number is seen once it grows).
+            return JournalChunk([], _posix_cursor(known, offset, head))
         try:
             # Not a FIFO (it would block a reader for ever), not a symlink (another file's lines as records).
             with files.open_regular_bytes(path) as handle:
                 opened = os.fstat(handle.fileno())
-                restarted = known is not None and (opened.st_ino != known or opened.st_size < offset)
-                if opened.st_ino != known or opened.st_size < offset:
+                now_head = _head_print(handle.read(_HEAD_BYTES))
+                restarted = known is not None and (opened.st_ino != known or opened.st_size < offset
+                                                   or (head is not None and now_head != head))
+                if restarted:
                     offset = 0
                 handle.seek(offset)
                 data = handle.read()
@@ -556,7 +714,7 @@ class PosixBackend(StoreBackend):
         except OSError as exc:
             raise StoreError(f"cannot read {path}: {exc.strerror or exc}") from exc
         end = data.rfind(b"\n") + 1
-        return JournalChunk(_journal_lines(path, data[:end]), _posix_cursor(opened.st_ino, offset + end),
+        return JournalChunk(_journal_lines(path, data[:end]), _posix_cursor(opened.st_ino, offset + end, now_head),
                             restarted=restarted, unterminated=_journal_lines(path, data[end:], torn=True))
 
     def _read_marker(self, prefix: str) -> Any:
@@ -567,6 +725,66 @@ class PosixBackend(StoreBackend):
 
     def _delete_tree(self, prefix: str, names: list[str]) -> int:
         return len(names) if files.remove_in_store(self.root, self.root / prefix, tree=True) else 0
+
+    def _spark_url(self, name: str) -> str:
+        # The path itself, as attempts always handed it to Spark (the file: scheme implied).
+        return str(self.root / name)
+
+    def _open_read(self, name: str) -> BinaryIO | None:
+        path = self.root / name
+        try:
+            # Not a FIFO (it would block the reader for ever), not a symlink (another file's bytes as this one's).
+            return files.open_regular_bytes(path)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        except OSError as exc:
+            raise StoreError(f"cannot read {path}: {exc.strerror or exc}") from exc
+
+    def _arrow_path(self, name: str) -> tuple[FileSystem, str]:
+        from pyarrow.fs import LocalFileSystem
+
+        return LocalFileSystem(), str(self.root / name)
+
+    def temporaries(self, prefix: str, *, recursive: bool = True, skip: Collection[str] = ()) -> list[ObjectInfo]:
+        """The temporary files of interrupted atomic writes (``.<name>.<random>.tmp``) below ``prefix``."""
+        base = self.root / check_name(prefix, prefix=True) if prefix else self.root
+        found = []
+        # os.walk does not descend into symlinked directories; a temporary file is never followed (lstat).
+        for current, dirs, entries in os.walk(base):
+            dirs[:] = [d for d in dirs if recursive and d not in skip]
+            relative = Path(current).relative_to(self.root).as_posix()
+            for entry in entries:
+                if not _TEMP_NAME.match(entry):
+                    continue
+                try:
+                    info = os.lstat(os.path.join(current, entry))
+                except OSError:
+                    continue  # renamed or linked into place since the listing: not left over
+                found.append(ObjectInfo(entry if relative == "." else f"{relative}/{entry}", info.st_size,
+                                        info.st_mtime, info.st_nlink, f"{info.st_dev}:{info.st_ino}"))
+        return sorted(found, key=lambda info: info.name)
+
+    def _prune_empty(self, prefix: str) -> bool:
+        try:
+            os.rmdir(self.root / prefix)  # refused for a directory that still holds anything
+        except OSError:
+            return False
+        return True
+
+    def prefix_version(self, prefix: str) -> PrefixVersion | None:
+        """The directory's (inode, mtime, ctime) in ns: every entry created, renamed over or removed changes them.
+
+        None unless ``prefix`` is a directory itself (a symlink to one is not followed; the root's own may be).
+        """
+        # A string path, not pathlib: a poll of a large stage asks this for every subtask and attempt.
+        path = os.path.join(self.root, check_name(prefix, prefix=True)) if prefix else self.root
+        try:
+            info = os.stat(path, follow_symlinks=not prefix)
+        except (OSError, ValueError):
+            return None
+        if not stat.S_ISDIR(info.st_mode):
+            return None
+        return PrefixVersion((info.st_ino, info.st_mtime_ns, info.st_ctime_ns), info.st_mtime_ns / 1e9)
 
 
 # -- S3 -------------------------------------------------------------------------------------------------
@@ -596,6 +814,11 @@ class S3Backend(StoreBackend):
     service's error code, never the service's message, the request or a key.
     """
 
+    # How long a remembered next journal number is used without asking whether the record before it still
+    # exists (seconds; see _append), and the clock that measures it.
+    journal_trust_seconds: float = 1.0
+    _clock = staticmethod(time.monotonic)
+
     def __init__(self, url: str, credentials: S3Credentials | None = None, *, owner: str | None = None,
                  client: BaseClient | None = None) -> None:
         parts = urlsplit(url)
@@ -608,8 +831,10 @@ class S3Backend(StoreBackend):
             check_name(self.base)
         self._owner = owner
         self._client = client if client is not None else _client(credentials)
-        self._next_seq: dict[str, int] = {}
+        # Journal prefix -> (the next number to try, when this client last knew the record before it existed).
+        self._next_seq: dict[str, tuple[int, float]] = {}
         self._lock = threading.Lock()
+        self._arrow = _ArrowS3(credentials)
 
     @property
     def url(self) -> str:
@@ -672,7 +897,7 @@ class S3Backend(StoreBackend):
             if _status(exc) == 404 and self._bucket_exists():
                 return None
             raise self._fail(name, "stat", exc) from None
-        return ObjectInfo(name, int(head["ContentLength"]), head["LastModified"].timestamp())
+        return ObjectInfo(name, int(head["ContentLength"]), head["LastModified"].timestamp(), etag=head.get("ETag"))
 
     def _bucket_exists(self) -> bool:
         try:
@@ -725,8 +950,7 @@ class S3Backend(StoreBackend):
         prefix = self.journal_prefix(journal)
         check_name(prefix)
         body = files.json_line(record)
-        with self._lock:
-            seq = self._next_seq.get(prefix)
+        seq = self._remembered_seq(prefix)
         if seq is None:
             seq = (self._sequence_numbers(prefix) or [0])[-1] + 1
         taken = 0
@@ -735,12 +959,49 @@ class S3Backend(StoreBackend):
                 raise StoreError(f"journal {self.describe(prefix)} is full ({10 ** _SEQ_DIGITS - 1} records)")
             if self._create_exclusive(f"{prefix}/{seq:0{_SEQ_DIGITS}d}.json", body):
                 with self._lock:
-                    self._next_seq[prefix] = max(self._next_seq.get(prefix, 0), seq + 1)
+                    known = self._next_seq.get(prefix)
+                    if known is None or known[0] <= seq + 1:
+                        self._next_seq[prefix] = (seq + 1, self._clock())
                 return
             taken += 1
             seq += 1
             if taken % _RELIST_AFTER == 0:
                 seq = max(seq, (self._sequence_numbers(prefix) or [0])[-1] + 1)
+
+    def _remembered_seq(self, prefix: str) -> int | None:
+        """The next number this client remembers for journal ``prefix``, unless the record before it is gone.
+
+        The journal may have been deleted since (gc removing its run, another client's ``delete_prefix``) and
+        started again at 1 by a client that listed it; appending at the remembered number would then leave a
+        gap, and readers stop before a gap, so this and every later record would be hidden. Trade-off: a HEAD
+        of record n - 1 before every append would catch that at one extra request per record. Instead the
+        number is used as is for ``journal_trust_seconds`` after this client last knew n - 1 existed (its own
+        append of it: every append renews it), then checked by one HEAD. A burst of events costs one PutObject
+        each; an appender coming back to a journal later pays one HEAD. Not caught: another client deleting
+        and restarting the journal within that window after this client's last append (as on POSIX, an
+        append racing the removal of its journal is not protected). This client's own deletes forget the
+        number at once (:meth:`_forget_journals`).
+        """
+        with self._lock:
+            known = self._next_seq.get(prefix)
+        if known is None:
+            return None
+        seq, known_at = known
+        if self._clock() - known_at < self.journal_trust_seconds:
+            return seq
+        if self._stat(self._record_name(prefix, seq - 1)) is None:
+            with self._lock:
+                if self._next_seq.get(prefix) == known:
+                    del self._next_seq[prefix]
+            return None
+        return seq
+
+    def _forget_journals(self, name: str) -> None:
+        """Drop the remembered numbers of the journals a delete of ``name`` (an object or a prefix) touched."""
+        with self._lock:
+            for prefix in [p for p in self._next_seq
+                           if p == name or p.startswith(name + "/") or name.startswith(p + "/")]:
+                del self._next_seq[prefix]
 
     def _read_journal(self, journal: str) -> list[dict[str, Any]]:
         prefix = self.journal_prefix(journal)
@@ -830,6 +1091,7 @@ class S3Backend(StoreBackend):
             return {"owner": None}  # unreadable: not ours, and not nobody's either
 
     def _delete(self, name: str) -> bool:
+        self._forget_journals(name)
         existed = self._stat(name) is not None
         try:
             self._client.delete_object(Bucket=self.bucket, Key=self._key(name))
@@ -841,6 +1103,7 @@ class S3Backend(StoreBackend):
         marker = _join(prefix, OWNER_FILE)
         # The prefix's own marker goes last: a delete that stops half-way leaves the prefix still owned.
         ordered = [n for n in names if n != marker] + [n for n in names if n == marker]
+        self._forget_journals(prefix)  # a delete that fails half-way may have removed records too
         deleted = 0
         for start in range(0, len(ordered), 1000):
             batch = ordered[start:start + 1000]
@@ -856,6 +1119,55 @@ class S3Backend(StoreBackend):
                                  f"{first.get('Code') or 'error'} ({len(errors)} objects not deleted)")
             deleted += len(batch)
         return deleted
+
+    # Attempt output: Spark reads and writes through s3a, hashes stream GetObject, footers are ranged reads.
+    parallel_reads = _READ_THREADS
+
+    def _spark_url(self, name: str) -> str:
+        return f"s3a://{self.bucket}/{self._key(name)}"
+
+    def _open_read(self, name: str) -> BinaryIO | None:
+        try:
+            body = self._client.get_object(Bucket=self.bucket, Key=self._key(name))["Body"]
+        except Exception as exc:
+            if _status(exc) == 404 and _error_code(exc).startswith("NoSuchKey"):
+                return None
+            raise self._fail(name, "read", exc) from None
+        return io.BufferedReader(_S3Stream(self, name, body), buffer_size=1 << 20)
+
+    def _arrow_path(self, name: str) -> tuple[FileSystem, str]:
+        return self._arrow.filesystem(), f"{self.bucket}/{self._key(name)}"
+
+    def parquet_metadata(self, name: str) -> FileMetaData:
+        """The Parquet footer of object ``name``; an error names the object and the error's type, never its text."""
+        try:
+            return super().parquet_metadata(name)
+        except StoreError:
+            raise
+        except Exception as exc:
+            # pyarrow's message quotes the service's answer (its request ids, what it echoed): not shown.
+            raise StoreError(f"cannot read the Parquet footer of {self.describe(name)}: "
+                             f"{type(exc).__name__}") from None
+
+    def _stat_all(self, prefix: str) -> list[ObjectInfo]:
+        # The listing carries each object's Size, LastModified and ETag: no HeadObject per object.
+        listed = (o for page in self._pages(prefix) for o in page.get("Contents", []))
+        return sorted((ObjectInfo(self._relative(o["Key"]), int(o.get("Size") or 0), o["LastModified"].timestamp(),
+                                  etag=o.get("ETag")) for o in listed), key=lambda info: info.name)
+
+    def _delete_many(self, names: list[str]) -> None:
+        # DeleteObjects in batches of 1,000 (a missing key counts as deleted): one request, not one per object.
+        for start in range(0, len(names), 1000):
+            batch = names[start:start + 1000]
+            try:
+                answer = self._client.delete_objects(Bucket=self.bucket, Delete={
+                    "Objects": [{"Key": self._key(n)} for n in batch], "Quiet": True})
+            except Exception as exc:
+                raise self._fail(batch[0], "delete", exc) from None
+            if answer.get("Errors"):
+                first = answer["Errors"][0]
+                raise StoreError(f"cannot delete {self.describe(self._relative(first.get('Key', '')))}: "
+                                 f"{first.get('Code') or 'error'} ({len(answer['Errors'])} objects not deleted)")
 
 
 def _shown_url(url: str) -> str:
@@ -884,6 +1196,64 @@ def _client(credentials: S3Credentials | None) -> BaseClient:
     config = Config(max_pool_connections=64, retries={"mode": "standard", "max_attempts": 4},
                     s3={"addressing_style": "path"} if credentials is not None and credentials.endpoint_url else {})
     return boto3.session.Session().client("s3", config=config, **kwargs)
+
+
+class _S3Stream(io.RawIOBase):
+    """An object's GetObject body as a raw binary stream; a failed read names the object, never the service's text."""
+
+    def __init__(self, backend: S3Backend, name: str, body: Any) -> None:
+        self._backend, self._name, self._body = backend, name, body
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        try:
+            data = self._body.read(len(view))
+        except Exception as exc:  # botocore's and urllib3's read errors
+            raise self._backend._fail(self._name, "read", exc) from None
+        view[:len(data)] = data
+        return len(data)
+
+    def close(self) -> None:
+        if not self.closed:
+            # The connection goes back to the pool or is dropped: nothing to report either way.
+            with contextlib.suppress(Exception):
+                self._body.close()
+        super().close()
+
+
+class _ArrowS3:
+    """The store's ``pyarrow.fs.S3FileSystem``, built on first use; holds the credentials and never shows them."""
+
+    def __init__(self, credentials: S3Credentials | None) -> None:
+        self._credentials = credentials
+        self._filesystem: FileSystem | None = None
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return "_ArrowS3(<credentials hidden>)"
+
+    def filesystem(self) -> FileSystem:
+        """The file system (path-style addressing with a custom endpoint, as the boto3 client)."""
+        with self._lock:
+            if self._filesystem is None:
+                from pyarrow.fs import S3FileSystem
+
+                kwargs: dict[str, Any] = {}
+                credentials = self._credentials
+                if credentials is not None:
+                    kwargs["region"] = credentials.region or "us-east-1"
+                    if credentials.access_key and credentials.secret_key:
+                        kwargs.update(access_key=credentials.access_key, secret_key=credentials.secret_key,
+                                      session_token=credentials.session_token)
+                    if credentials.endpoint_url:
+                        endpoint = urlsplit(credentials.endpoint_url)
+                        kwargs.update(endpoint_override=endpoint.netloc or endpoint.path,
+                                      scheme=endpoint.scheme or "https", force_virtual_addressing=False)
+                self._filesystem = S3FileSystem(**kwargs)
+            return self._filesystem
 
 
 def open_backend(store_path: str | Path, credentials: S3Credentials | None = None) -> StoreBackend:

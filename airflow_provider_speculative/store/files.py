@@ -79,11 +79,18 @@ def create_exclusive_bytes(path: str | Path, data: bytes) -> bool:
     """Create ``path`` holding ``data`` only if it does not exist; return False if it did.
 
     The content is written to a temporary file first and hard-linked into place, so a reader
-    never sees an empty or partial claim even though creation is exclusive.
+    never sees an empty or partial claim even though creation is exclusive. Empty content (a change
+    notice) cannot be seen partial: it is created in place with ``O_EXCL``, without a temporary file or fsync.
     """
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
+        if not data:
+            try:
+                os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW, 0o644))
+            except FileExistsError:
+                return False
+            return True
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         try:
             with os.fdopen(fd, "wb") as handle:

@@ -12,19 +12,21 @@ deletes a run only on positive evidence (the audit log records its deletion) or 
 ``store.json`` is also the provider's ownership marker: a store root is the provider's only if the
 provider created it, or found it empty, or found nothing in it but its own run files. A shared,
 non-empty directory (``dags/``, ``logs/``, someone's project) is refused when a stage is planned and by
-``gc --claim``, so gc can never come to treat foreign directories as deleted DAG runs.
+``gc --claim``, so gc can never come to treat foreign directories as deleted DAG runs. With it the root
+carries the store backend's ownership marker (``_owner.json``, ``StoreBackend.claim("")``); the adoption
+checks walk the store by name through a backend, and count that marker as the provider's own file.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import time
 from pathlib import Path
 from typing import Any
 
 from airflow_provider_speculative.exceptions import StoreError
-from airflow_provider_speculative.store.backend import OWNER_FILE, PosixBackend
-from airflow_provider_speculative.store.files import read_json
+from airflow_provider_speculative.store.backend import OWNER_FILE, PosixBackend, StoreBackend, StoreNotOwnedError
 from airflow_provider_speculative.store.layout import (
     PLAN_FILE,
     TASK_STATE_FILE,
@@ -37,28 +39,41 @@ from airflow_provider_speculative.store.layout import (
 STORE_FILE = "store.json"
 PROVIDER = "airflow-provider-speculative"
 # Top-level entries of a store that are the provider's without being DAG directories.
-_OWN_TOP_LEVEL = frozenset({STORE_FILE, "_targets"})
+_OWN_TOP_LEVEL = frozenset({STORE_FILE, "_targets", OWNER_FILE})
 _SHOWN_ENTRIES = 5
 
 
-class StoreNotOwnedError(StoreError):
-    """The store root holds data that is not the provider's: nothing may be written or deleted there."""
+class StoreRootNotOwnedError(StoreNotOwnedError):
+    """The store root holds data that is not the provider's: nothing may be written or deleted there.
 
-
-def provider_plan(run_dir: Path) -> dict[str, Any] | None:
-    """A plan in ``run_dir`` the provider wrote for exactly this DAG run directory; None if there is none.
-
-    A stage directory's ``plan.json`` counts when it is a JSON object whose ``dag_id``, ``run_id`` and
-    ``stage`` map (as the layout maps them) to the run's and the stage's directory names.
+    A :class:`StoreNotOwnedError` like a refused owned delete (store/backend.py), so one ``except`` catches both.
     """
+
+
+def _backend(root: str | Path | StoreBackend) -> StoreBackend:
+    return root if isinstance(root, StoreBackend) else PosixBackend(root)
+
+
+def _sub_prefixes(store: StoreBackend, prefix: str) -> list[str]:
+    """The names of the sub-prefixes right below ``prefix`` (POSIX: directories, never a symlink), sorted."""
+    return sorted(entry[:-1] for entry in store.children(prefix) if entry.endswith("/"))
+
+
+def provider_plan(store: StoreBackend, run: str) -> dict[str, Any] | None:
+    """A plan under run prefix ``run`` (``<dag>/<run>``) the provider wrote for exactly that DAG run; else None.
+
+    A stage's ``plan.json`` counts when it is a JSON object whose ``dag_id``, ``run_id`` and ``stage`` map (as
+    the layout maps them) to the run's and the stage's names. One listing of the run and one read per stage.
+    """
+    dag_name, _, run_name = run.rpartition("/")
     try:
-        stage_dirs = sorted(p for p in run_dir.iterdir() if p.is_dir() and not p.is_symlink())
-    except OSError:
+        stages = _sub_prefixes(store, run)
+    except (StoreError, OSError):
         return None
-    for stage_dir in stage_dirs:
+    for stage_name in stages:
         try:
-            plan = read_json(stage_dir / PLAN_FILE)
-        except StoreError:
+            plan = store.read_json(f"{run}/{stage_name}/{PLAN_FILE}")
+        except (StoreError, OSError):
             continue
         if not isinstance(plan, dict):
             continue
@@ -68,81 +83,104 @@ def provider_plan(run_dir: Path) -> dict[str, Any] | None:
         dag_id, run_id = str(names[0]), str(names[1])
         stage = stage_key(plan)  # the directory is named by store key (a grouped pipeline's task id)
         if (safe_component(dag_id), safe_component(run_id), safe_component(stage)) == (
-                run_dir.parent.name, run_dir.name, stage_dir.name):
+                dag_name, run_name, stage_name):
             return plan
     return None
 
 
-def _task_states_only(run_dir: Path) -> bool:
-    """True if every stage directory of ``run_dir`` holds the provider's task record (a stage that failed to plan)."""
+def _task_states_only(store: StoreBackend, run: str) -> bool:
+    """True if every entry of run prefix ``run`` is a stage holding the provider's task record (failed to plan)."""
     try:
         # The run's ownership marker is the provider's too, and no stage.
-        stage_dirs = [p for p in run_dir.iterdir() if p.name != OWNER_FILE]
-    except OSError:
+        entries = [e for e in store.children(run) if e != OWNER_FILE]
+    except (StoreError, OSError):
         return False
-    for stage_dir in stage_dirs:
+    for entry in entries:
         try:
-            record = read_json(stage_dir / TASK_STATE_FILE) if stage_dir.is_dir() else None
-        except StoreError:
+            record = store.read_json(f"{run}/{entry}{TASK_STATE_FILE}") if entry.endswith("/") else None
+        except (StoreError, OSError):
             return False
         if not isinstance(record, dict) or not {"state", "at"} <= set(record):
             return False
-    return bool(stage_dirs)
+    return bool(entries)
 
 
-def _own_dag_dir(dag_dir: Path) -> bool:
-    """True if every entry of ``dag_dir`` is a provider run directory (for adopting a store without marker)."""
+def _own_dag_dir(store: StoreBackend, dag: str) -> bool:
+    """True if every entry of prefix ``dag`` is a provider run (for adopting a store without marker)."""
     try:
-        runs = list(dag_dir.iterdir())
-    except OSError:
+        runs = store.children(dag)
+    except (StoreError, OSError):
         return False
-    return bool(runs) and all(r.is_dir() and not r.is_symlink() and (provider_plan(r) is not None
-                                                                     or _task_states_only(r)) for r in runs)
+    return bool(runs) and all(r.endswith("/") and (provider_plan(store, f"{dag}/{r[:-1]}") is not None
+                                                   or _task_states_only(store, f"{dag}/{r[:-1]}")) for r in runs)
 
 
-def foreign_entries(root: str | Path) -> list[str]:
-    """Names of the entries of ``root`` that are not provably the provider's (sorted; [] if none or no root)."""
-    root = Path(root)
+def foreign_entries(root: str | Path | StoreBackend) -> list[str]:
+    """Names of the entries of the store root that are not provably the provider's (sorted; [] if none or no root).
+
+    The provider's own: ``store.json``, ``_targets/``, the root's ownership marker (``_owner.json``, claimed when
+    the store is created) and DAG prefixes holding only provider runs. A backend's in-flight temporary objects
+    never show in a listing. Sub-prefixes are shown with a trailing ``/``.
+    """
+    store = _backend(root)
     try:
-        entries = sorted(root.iterdir())
-    except FileNotFoundError:
-        return []
+        # In name order, as the directory walk listed them (a sub-prefix's trailing "/" aside).
+        entries = sorted(store.children(""), key=lambda entry: entry.rstrip("/"))
     except OSError as exc:
-        raise StoreError(f"cannot list store root {root}: {exc}") from None
+        raise StoreError(f"cannot list store root {store.describe('')}: {exc}") from None
     foreign = []
     for entry in entries:
-        if entry.name in _OWN_TOP_LEVEL or (entry.name.startswith(f".{STORE_FILE}.") and entry.name.endswith(".tmp")):
+        if entry.rstrip("/") in _OWN_TOP_LEVEL:
             continue
-        if entry.is_dir() and not entry.is_symlink() and _own_dag_dir(entry):
+        if entry.endswith("/") and _own_dag_dir(store, entry[:-1]):
             continue
-        foreign.append(entry.name + ("/" if entry.is_dir() else ""))
+        foreign.append(entry)
     return foreign
+
+
+def _claim_root(store: StoreBackend) -> None:
+    """Claim the store root (its ``_owner.json``) unless this store has: the marker of the whole store.
+
+    A root whose marker names another store (the same directory reached by another path, which the ownership
+    check takes for another store) is left as it is: the store stays usable, and only deletes that would need
+    the root's marker refuse, as every delete of another store's prefix does.
+    """
+    with contextlib.suppress(StoreNotOwnedError):
+        if not store.claimed(""):
+            store.claim("")
 
 
 def own_store(root: str | Path) -> dict[str, Any]:
     """Make sure ``root`` is the provider's store and return its ``store.json`` record.
 
-    Creates the root and the marker when the root is missing or empty, or holds only the provider's
-    own run files (a store from before the marker existed). Raises :class:`StoreNotOwnedError`
-    naming what is there otherwise.
+    Creates the root, claims it (``_owner.json``) and writes the record when the root is missing or empty,
+    or holds only the provider's own run files (a store from before the record existed). A store that has
+    the record but not the root's marker (made by an earlier version) is claimed as it is. Raises
+    :class:`StoreRootNotOwnedError` naming what is there otherwise.
     """
     root = Path(root)
     store = PosixBackend(root)
     record = store.read_json(STORE_FILE)
     if isinstance(record, dict):
+        # An existing store: its root's marker is added if missing, but a store that cannot take it (read-only,
+        # a marker the ownership check refuses) is used as it was before there were root markers.
+        with contextlib.suppress(StoreError, OSError):
+            _claim_root(store)
         return record
     if root.exists() and not root.is_dir():
-        raise StoreNotOwnedError(f"store root {str(root)!r} is not a directory")
-    foreign = foreign_entries(root)
+        raise StoreRootNotOwnedError(f"store root {str(root)!r} is not a directory")
+    foreign = foreign_entries(store)
     if foreign:
         record = store.read_json(STORE_FILE)
         if isinstance(record, dict):
             # Another stage created the store between our two looks (stages plan concurrently, e.g. at a run's
             # start in the triggerer): its marker came first, then the run directory we just saw.
+            with contextlib.suppress(StoreError, OSError):
+                _claim_root(store)
             return record
         shown = ", ".join(repr(n) for n in foreign[:_SHOWN_ENTRIES])
         shown += ", ..." if len(foreign) > _SHOWN_ENTRIES else ""
-        raise StoreNotOwnedError(
+        raise StoreRootNotOwnedError(
             f"store root {str(root)!r} is not the provider's: it has no {STORE_FILE} and holds {len(foreign)} "
             f"entries that are not provider run files ({shown}); set [speculative] store_path to a new or empty "
             "directory (the provider creates it)")
@@ -150,6 +188,8 @@ def own_store(root: str | Path) -> dict[str, Any]:
         root.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise StoreError(f"cannot create store root {root}: {exc}") from None
+    # The root's marker before the provider's first write there, as a DAG run's prefix is claimed.
+    _claim_root(store)
     store.create_exclusive_json(STORE_FILE, {"provider": PROVIDER, "created_at": time.time()})
     return store.read_json(STORE_FILE) or {}
 
@@ -168,8 +208,8 @@ def own_run(layout: StageLayout) -> None:
     store, prefix = layout.store, layout.run_prefix
     # Another store's marker: claim() below refuses naming it.
     marked = store.exists(f"{prefix}/{OWNER_FILE}")
-    if not marked and store.list_names(prefix) and provider_plan(layout.run_dir) is None \
-            and not _task_states_only(layout.run_dir):
+    if not marked and store.list_names(prefix) and provider_plan(store, prefix) is None \
+            and not _task_states_only(store, prefix):
         # Another stage of this run may have claimed the prefix and written its first files after the marker
         # was looked for above: its marker is created before anything else it writes, so it is there now.
         if layout.owns_run():

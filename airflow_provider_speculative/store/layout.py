@@ -141,8 +141,12 @@ class StageLayout:
         self.store.claim(self.run_prefix)
 
     def owns_run(self) -> bool:
-        """True if this store's ownership marker covers the DAG run's prefix."""
-        return self.store.owns(self.run_prefix)
+        """True if the DAG run's prefix carries this store's own ownership marker.
+
+        The run's own marker only: the store root's marker (claimed when the store is created) covers runs an
+        older version or another writer left there too, which the provider must not take for its own.
+        """
+        return self.store.claimed(self.run_prefix)
 
     def require_owned_run(self, path: Path | None = None) -> None:
         """Raise RunNotOwnedError naming the DAG run, stage and ``path`` unless this store owns the run's prefix."""

@@ -1,61 +1,164 @@
-"""Attempt manifests: the list of output files with sizes and checksums, written last."""
+"""Attempt manifests: the list of output files with sizes and checksums, written last.
+
+Every function works on a :class:`StoreBackend` and names (``*_in``): the data prefix is listed once, each
+file's size and SHA-256 come from one streamed read, and a consumer verifies a file by name (size from
+``stat``, checksum from a streamed read) before reading it. A listing only finds the files an attempt wrote;
+what a consumer reads is what the manifest names. The path forms (``build_manifest(data_dir)``, ...) are thin
+wrappers over a :class:`PosixBackend` of the directory, for callers that still have paths.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import re
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from airflow_provider_speculative.exceptions import PartitionError
-from airflow_provider_speculative.store.files import atomic_write_json, read_json, sha256_file
+from airflow_provider_speculative.exceptions import PartitionError, StoreError
+from airflow_provider_speculative.store.backend import PosixBackend, StoreBackend
 
 SUBPARTITION_COLUMN = "_sp"
 _SP = re.compile(rf"(?:^|/){SUBPARTITION_COLUMN}=(\d+)(?:/|$)")
+_CHUNK = 1 << 20
+_T = TypeVar("_T")
+_R = TypeVar("_R")
 
 
-def _data_files(data_dir: Path) -> list[Path]:
-    # Spark's own bookkeeping files are not data.
-    return sorted(p for p in data_dir.rglob("*") if p.is_file()
-                  and not p.name.startswith((".", "_")) and not p.name.endswith(".crc"))
+def _join(prefix: str, name: str) -> str:
+    return f"{prefix}/{name}" if prefix else name
 
 
-def build_manifest(data_dir: str | Path, **extra: Any) -> dict[str, Any]:
-    """Describe every data file under ``data_dir``: relative path, size, SHA-256, subpartition."""
-    data_dir = Path(data_dir)
-    files = []
-    for path in _data_files(data_dir) if data_dir.is_dir() else []:
-        rel = path.relative_to(data_dir).as_posix()
+def is_data_file(relative: str) -> bool:
+    """True if ``relative`` (a name below an attempt's data prefix) is a data file, not Spark's bookkeeping.
+
+    Not data: hidden files (``.part-0.crc``, a store's ``.x.tmp``), files named ``_*`` (``_SUCCESS``,
+    ``_committed_*``, ``_started_*``), ``*.crc``, and anything below a directory Spark's own readers skip, one
+    named ``.*`` or ``_*`` without ``=`` (``_temporary/`` of Hadoop's committers, ``__magic*/`` of s3a's,
+    ``.spark-staging-*/``); a partition directory (``_sp=3/``) holds data. On S3 a directory marker object
+    (``x/`` or ``x_$folder$``) is a directory, not a file.
+    """
+    *directories, base = relative.split("/")
+    if not base or base.startswith((".", "_")) or base.endswith((".crc", "_$folder$")):
+        return False
+    return not any(d.startswith(".") or (d.startswith("_") and "=" not in d) for d in directories)
+
+
+def data_files(store: StoreBackend, data: str) -> list[str]:
+    """The data files below prefix ``data`` (names relative to it), in the order manifests list them.
+
+    Ordered as paths compare (segment by segment: ``a/b`` before ``a-c``), as the walk of a directory
+    always listed them, so a manifest of the same files is the same on every backend.
+    """
+    start = len(data) + 1 if data else 0
+    names = [name[start:] for name in store.list_names(data)]
+    return sorted((n for n in names if is_data_file(n)), key=lambda n: n.split("/"))
+
+
+def _in_order(store: StoreBackend, work: Callable[[_T], _R], items: Iterable[_T]) -> Iterator[_R]:
+    """``work`` of each item, in order; on a backend that reads in parallel (S3), several at once."""
+    items = list(items)
+    if store.parallel_reads <= 1 or len(items) <= 1:
+        yield from map(work, items)
+        return
+    with ThreadPoolExecutor(max_workers=min(store.parallel_reads, len(items))) as pool:
+        yield from pool.map(work, items)
+
+
+def sha256_and_size(store: StoreBackend, name: str) -> tuple[str, int] | None:
+    """Hex SHA-256 and size of object ``name`` from one streamed read (no whole object in memory); None if missing."""
+    handle = store.open_read(name)
+    if handle is None:
+        return None
+    digest, size = hashlib.sha256(), 0
+    with handle:
+        while block := handle.read(_CHUNK):
+            digest.update(block)
+            size += len(block)
+    return digest.hexdigest(), size
+
+
+def build_manifest_in(store: StoreBackend, data: str, **extra: Any) -> dict[str, Any]:
+    """Describe every data file below prefix ``data``: path relative to it, size, SHA-256, subpartition."""
+
+    def describe(rel: str) -> dict[str, Any]:
+        name = _join(data, rel)
+        read = sha256_and_size(store, name)
+        if read is None:
+            raise StoreError(f"cannot read {store.describe(name)}: the data file disappeared while its manifest "
+                             "was built")
+        sha256, size = read
         match = _SP.search(rel)
-        files.append({"path": rel, "size": path.stat().st_size, "sha256": sha256_file(path),
-                      "subpartition": int(match.group(1)) if match else None})
+        return {"path": rel, "size": size, "sha256": sha256, "subpartition": int(match.group(1)) if match else None}
+
+    files = list(_in_order(store, describe, data_files(store, data)))
     return {"version": 1, "files": files, "bytes": sum(f["size"] for f in files), **extra}
 
 
+def build_manifest(data_dir: str | Path, **extra: Any) -> dict[str, Any]:
+    """Describe every data file under directory ``data_dir`` (:func:`build_manifest_in` on its PosixBackend)."""
+    return build_manifest_in(PosixBackend(data_dir), "", **extra)
+
+
+def write_manifest_in(store: StoreBackend, name: str, manifest: dict[str, Any]) -> None:
+    """Write the manifest ``name`` by an atomic replace; its presence marks the attempt's output complete."""
+    store.replace_json(name, manifest)
+
+
 def write_manifest(manifest_path: str | Path, manifest: dict[str, Any]) -> None:
-    """Write the manifest atomically; its presence marks the attempt's output complete."""
-    atomic_write_json(manifest_path, manifest)
+    """Write the manifest at ``manifest_path`` atomically (:func:`write_manifest_in` on its directory)."""
+    path = Path(manifest_path)
+    write_manifest_in(PosixBackend(path.parent), path.name, manifest)
+
+
+def read_manifest_in(store: StoreBackend, name: str) -> dict[str, Any] | None:
+    """Read the manifest ``name``, or None if the attempt has not completed its output."""
+    manifest: dict[str, Any] | None = store.read_json(name)
+    return manifest
 
 
 def read_manifest(manifest_path: str | Path) -> dict[str, Any] | None:
-    """Read a manifest, or None if the attempt has not completed its output."""
-    manifest: dict[str, Any] | None = read_json(manifest_path)
-    return manifest
+    """Read the manifest at ``manifest_path`` (:func:`read_manifest_in` on its directory)."""
+    path = Path(manifest_path)
+    return read_manifest_in(PosixBackend(path.parent), path.name)
+
+
+def verify_files_in(store: StoreBackend, data: str, files: list[dict[str, Any]], *, checksums: bool = True,
+                    stage: str | None = None, subtask: int | None = None, attempt: int | None = None) -> None:
+    """Raise :class:`PartitionError` if a file the manifest lists below ``data`` is missing, resized or changed.
+
+    Sizes by ``stat`` (``HeadObject`` on S3), checksums by a streamed read; the first bad file in the
+    manifest's order is the one reported.
+    """
+    who = f"stage {stage!r} subtask {subtask} attempt {attempt}"
+
+    def check(entry: dict[str, Any]) -> None:
+        name = _join(data, entry["path"])
+        shown = store.describe(name)
+        info = store.stat(name)
+        if info is None:
+            raise PartitionError(f"missing partition file {shown} ({who})",
+                                 stage=stage, subtask=subtask, attempt=attempt)
+        if info.size != entry["size"]:
+            raise PartitionError(f"corrupt partition file {shown} ({who}): size {info.size} != manifest "
+                                 f"{entry['size']}", stage=stage, subtask=subtask, attempt=attempt)
+        if not checksums:
+            return
+        read = sha256_and_size(store, name)
+        if read is None:
+            raise PartitionError(f"missing partition file {shown} ({who})",
+                                 stage=stage, subtask=subtask, attempt=attempt)
+        if read[0] != entry["sha256"]:
+            raise PartitionError(f"corrupt partition file {shown} ({who}): checksum mismatch",
+                                 stage=stage, subtask=subtask, attempt=attempt)
+
+    for _ in _in_order(store, check, files):
+        pass
 
 
 def verify_files(data_dir: str | Path, files: list[dict[str, Any]], *, checksums: bool = True,
                  stage: str | None = None, subtask: int | None = None, attempt: int | None = None) -> None:
-    """Raise :class:`PartitionError` if a listed file is missing, has another size or checksum."""
-    data_dir = Path(data_dir)
-    who = f"stage {stage!r} subtask {subtask} attempt {attempt}"
-    for entry in files:
-        path = data_dir / entry["path"]
-        if not path.is_file():
-            raise PartitionError(f"missing partition file {path} ({who})",
-                                 stage=stage, subtask=subtask, attempt=attempt)
-        size = path.stat().st_size
-        if size != entry["size"]:
-            raise PartitionError(f"corrupt partition file {path} ({who}): size {size} != manifest {entry['size']}",
-                                 stage=stage, subtask=subtask, attempt=attempt)
-        if checksums and sha256_file(path) != entry["sha256"]:
-            raise PartitionError(f"corrupt partition file {path} ({who}): checksum mismatch",
-                                 stage=stage, subtask=subtask, attempt=attempt)
+    """:func:`verify_files_in` for the files under directory ``data_dir`` (on its PosixBackend)."""
+    verify_files_in(PosixBackend(data_dir), "", files, checksums=checksums, stage=stage, subtask=subtask,
+                    attempt=attempt)

@@ -7,7 +7,7 @@ from typing import Any
 
 from airflow_provider_speculative.exceptions import PartitionError, StoreError
 from airflow_provider_speculative.store.layout import RunNotOwnedError, StageLayout
-from airflow_provider_speculative.store.manifest import verify_files
+from airflow_provider_speculative.store.manifest import verify_files_in
 
 log = logging.getLogger(__name__)
 
@@ -117,8 +117,8 @@ def broken_admissions(layout: StageLayout, parallelism: int) -> list[tuple[int, 
             continue
         try:
             # Sizes only: re-hashing every committed file on each retry would cost a full read.
-            verify_files(layout.data(subtask, attempt), manifest["files"], checksums=False,
-                         stage=layout.stage, subtask=subtask, attempt=attempt)
+            verify_files_in(layout.store, layout.name(layout.data(subtask, attempt)), manifest["files"],
+                            checksums=False, stage=layout.stage, subtask=subtask, attempt=attempt)
         except PartitionError as exc:
             broken.append((subtask, attempt, str(exc)))
     return broken

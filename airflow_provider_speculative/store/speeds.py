@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import os
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from airflow_provider_speculative.exceptions import StoreError
-from airflow_provider_speculative.store.backend import PosixBackend
+from airflow_provider_speculative.store.backend import PosixBackend, StoreBackend, StoreNotOwnedError
 from airflow_provider_speculative.store.layout import safe_component
 from airflow_provider_speculative.store.slots import TARGETS_DIR
 
@@ -125,21 +124,51 @@ def _probe_name(target: str, run: str) -> str:
     return f"{TARGETS_DIR}/{safe_component(target)}/probes/{hashlib.sha256(run.encode()).hexdigest()[:24]}.json"
 
 
-def claim_probe(root: Path, target: str, run: str, now: float) -> bool:
+def claim_probe(root: Path, target: str, run: str, now: float, store: StoreBackend | None = None) -> bool:
     """Claim the one probe of ``target`` for DAG run ``run`` (``"<dag_id>/<run_id>"``); False if taken.
 
     Exclusive create, so of several stages of a run starting at once exactly one probes; claims older
     than :data:`MAX_AGE` are pruned on the way (at most one file per DAG run and slow target).
+    ``store``: the store at ``root`` as a backend (default: the POSIX directory ``root``).
     """
-    store, claim = PosixBackend(root), _probe_name(target, run)
-    probes, name = claim.rsplit("/", 1)
-    # Pruning unlinks directly: the backend's owned deletes need a marker that target directories lack.
-    with contextlib.suppress(OSError):
-        for entry in os.scandir(store.path(probes)):
-            with contextlib.suppress(OSError):
-                if _PROBE_NAME.match(entry.name) and entry.name != name and now - entry.stat().st_mtime > MAX_AGE:
-                    os.unlink(entry.path)
+    store = PosixBackend(root) if store is None else store
+    claim = _probe_name(target, run)
+    _prune_probes(store, target, claim, now)
     try:
         return store.create_exclusive_json(claim, {"run": run, "at": now})
     except (StoreError, OSError):
         return False  # a store that cannot take it: no probe, history stays until it expires
+
+
+def _prune_probes(store: StoreBackend, target: str, keep: str, now: float) -> None:
+    """Delete the probe claims of ``target`` older than :data:`MAX_AGE` (by their modification time), but ``keep``.
+
+    One listing of the probes prefix and one stat per claim. Owned deletes: the first time there is something
+    to prune, the target's prefix (``_targets/<target>``, all of it the provider's: speed record, probe claims,
+    slots) is claimed, its marker kept outside ``probes/``; a prefix another store claimed is left unpruned.
+    """
+    probes = keep.rsplit("/", 1)[0]
+    with contextlib.suppress(StoreError, OSError):
+        owned: bool | None = None
+        for entry in store.children(probes):
+            if not _PROBE_NAME.match(entry) or f"{probes}/{entry}" == keep:
+                continue  # a sub-prefix, or not a name claim_probe makes: never ours to delete
+            name = f"{probes}/{entry}"
+            with contextlib.suppress(StoreError, OSError):
+                info = store.stat(name)
+                if info is None or now - info.mtime <= MAX_AGE:
+                    continue
+                if owned is None:
+                    owned = _own_target(store, target)
+                if not owned:
+                    return
+                store.delete(name)
+
+
+def _own_target(store: StoreBackend, target: str) -> bool:
+    """Own the target's prefix so that pruning may delete there; False if another store owns it."""
+    try:
+        store.claim(f"{TARGETS_DIR}/{safe_component(target)}")
+    except StoreNotOwnedError:
+        return False
+    return True

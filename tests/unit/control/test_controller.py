@@ -28,7 +28,7 @@ from airflow_provider_speculative.core.messages import (
     SlotLost,
     Tick,
 )
-from airflow_provider_speculative.core.states import Attempt, AttemptState
+from airflow_provider_speculative.core.states import TERMINAL, Attempt, AttemptState
 from airflow_provider_speculative.store import changes
 from airflow_provider_speculative.store.files import atomic_write_json, create_exclusive_json, read_json, read_jsonl
 from airflow_provider_speculative.store.layout import RunNotOwnedError, StageLayout
@@ -79,7 +79,9 @@ class FakeBackend:
 
     def cancel(self, subtask: int, attempt: int, reason: str) -> None:
         self.cancelled.append((subtask, attempt))
-        if (subtask, attempt) not in self.survives_cancel:
+        # As on the real backends, an attempt that already ended (FINISHED above all) keeps its state.
+        known = self.attempts.get((subtask, attempt))
+        if (subtask, attempt) not in self.survives_cancel and (known is None or known.state not in TERMINAL):
             self.set(subtask, attempt, S.CANCELED)
 
     def reap(self, subtask: int, attempt: int, now: float | None = None) -> bool:
@@ -124,6 +126,26 @@ def harness(tmp_path: Path, parallelism: int = 2, faults: Faults | None = None, 
     controller = StageController.open(plan, clock=clock, backends={"local-a": backend, "local-b": backend},
                                  observer=backend, faults=faults)
     return Harness(controller, backend, clock, layout)
+
+
+@pytest.mark.parametrize("ended", [S.FINISHED, S.FAILED, S.CANCELED])
+def test_the_fake_backend_cancels_as_the_real_ones_do(tmp_path: Path, ended: AttemptState) -> None:
+    """A cancel leaves an ended attempt's state alone: on SupervisedBackend, which spark_submit and
+    spark_connect extend (their cancel stops what is alive, their poll reports the recorded end), and on the fake."""
+    from airflow_provider_speculative.backends.supervised import SupervisedBackend
+
+    layout = write_plan(stage_plan(tmp_path / "store", parallelism=1))
+    create_exclusive_json(layout.claim(0, 0), {"target": "local-a", "created_at": 1.0})
+    # A pid and process group that do not exist: a wrong cancel could signal nothing of this test run.
+    atomic_write_json(layout.status(0, 0), {"state": ended.value, "pid": 999_999_999, "pgid": 999_999_999,
+                                            "deploying_at": 1.0, "end_at": 2.0})
+    real = SupervisedBackend(layout)
+    real.cancel(0, 0, "a sibling won")
+    fake = FakeBackend(layout, Clock())
+    fake.attempts[(0, 0)] = Attempt(0, 0, "local-a", ended, deploying_at=1.0, end_at=2.0)
+    fake.cancel(0, 0, "a sibling won")
+    assert real.poll(0, 0).state == fake.poll(0, 0).state == ended
+    assert fake.poll(0, 0).end_at == 2.0 and fake.cancelled == [(0, 0)]
 
 
 def test_a_launch_failure_is_a_failed_attempt_and_the_subtask_restarts(tmp_path: Path) -> None:
@@ -411,6 +433,21 @@ def test_a_change_notice_wakes_the_wait_before_the_check_interval(tmp_path: Path
     wait_for_next_step([h.controller])  # returns now, not after an hour
     h.step()
     assert h.controller.done and h.controller.succeeded
+
+
+def test_a_notice_one_controller_read_is_still_there_for_the_other_during_a_hand_over(tmp_path: Path) -> None:
+    h = harness(tmp_path, parallelism=1, check_interval=1.0)
+    # The successor in another triggerer watches the same stage while the old one still steps.
+    other = StageController.open(h.controller.plan, clock=h.clock, backends={"local-a": h.backend},
+                                 observer=h.backend)
+    h.step()  # launches attempt 0, whose launch leaves a notice
+    h.step()  # reads the notice and polls the attempt
+    assert not h.controller.changed()
+    assert other.changed()  # not deleted from under the other controller, which has not read it yet
+    assert other.notices.take() == {(0, 0)}
+    h.step(changes.GRACE_SECONDS)  # a grace period after reading it, the first controller removes it
+    assert changes.pending(h.layout.dir) == (set(), [])
+    assert not other.changed() and other.notices.take() == set()
 
 
 def test_the_wake_up_after_a_step_follows_its_cpu_time(tmp_path: Path) -> None:

@@ -112,9 +112,9 @@ class Store:
 
 
 def tree(root: Path) -> dict[str, int]:
-    """Every file under ``root`` with its size (but the store's store.json, which the CLI tests write)."""
+    """Every file under ``root`` with its size (but store.json and the root's marker, which the CLI tests write)."""
     return {str(p.relative_to(root)): p.stat().st_size for p in sorted(root.rglob("*"))
-            if p.is_file() and p != root / "store.json"}
+            if p.is_file() and p not in (root / "store.json", root / "_owner.json")}
 
 
 def paths(items: list[Any]) -> set[Path]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from dataclasses import replace
 
 import pytest
@@ -89,6 +90,32 @@ def straggler(**config) -> StageScheduler:
 
 
 # -- placement ----------------------------------------------------------------------------------
+
+
+def test_copies_of_a_scheduler_never_share_its_state_or_bookkeeping() -> None:
+    def snapshot(s: StageScheduler) -> tuple[object, ...]:
+        return (sorted((a.subtask, a.number) for a in s.all_attempts()), dict(s.admitted), set(s._book.dirty),
+                sorted(s._queue.wanting))
+
+    sched = scheduler(3, targets=targets(("local-a", 1)))
+    step(sched, 0.0)  # subtask 0 launched; 1 and 2 wait for the slot
+    before = snapshot(sched)
+    assert before[0] == [(0, 0)]
+    # dataclasses.replace would hand the copy this scheduler's _book, _queue and state dicts: refused, before
+    # anything of the shared bookkeeping is touched.
+    with pytest.raises(TypeError, match="bookkeeping belongs to another scheduler"):
+        replace(sched, label="copy")
+    with pytest.raises(TypeError, match="shallow copy"):
+        copy.copy(sched)
+    assert snapshot(sched) == before
+    # A deep copy is a scheduler of its own: stepping it leaves the original as it was.
+    clone = copy.deepcopy(sched)
+    assert clone._book is not sched._book and clone._queue is not sched._queue and clone._caches is not sched._caches
+    actions = step(clone, 1.0, [finished(clone, 0, end=1.0)])
+    assert clone.admitted == {0: 0} and launched(actions) == [(1, 0, "local-a")]
+    assert snapshot(sched) == before
+    actions = step(sched, 2.0, [finished(sched, 0, end=2.0)])
+    assert sched.admitted == {0: 0} and launched(actions) == [(1, 0, "local-a")]
 
 
 def test_initial_launches_fill_target_slots_in_subtask_order() -> None:

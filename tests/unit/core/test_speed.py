@@ -206,3 +206,29 @@ def test_a_held_original_that_leaves_the_queue_for_a_lost_input_is_no_longer_hel
     step(sched, 5.0, [failed])
     # Every reader of scan[2] now waits for it: nothing queued, so nothing is held (summary.json counts these).
     assert set(sched.waiting) >= {3, 4, 5, 6, 7} and sched.held_back == {}
+
+
+
+@pytest.mark.xfail(strict=True, reason="known bug, not fixed yet: a skewed split on the fastest target makes it 'slow' "
+                                      "relative to itself, so no target is fast and a busy slow server takes an "
+                                      "original (bench/README.md, 2026-11-28)")
+def test_a_busy_slow_server_takes_no_original_while_the_fastest_runs_a_long_split(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow_provider_speculative.devtools.simulator import POLICIES, NodeSpec, Scenario, Simulator, StageSpec
+
+    launches: list[tuple[float, int, str, int]] = []
+    carry_out = Simulator.carry_out
+
+    def seen(self: Simulator, actions: list[Launch]) -> list[Launch]:
+        for action in actions:
+            if isinstance(action, Launch) and not action.speculative:
+                launches.append((self.now, action.subtask, action.target, len(self.nodes[action.target].running)))
+        return carry_out(self, actions)  # type: ignore[return-value]
+
+    monkeypatch.setattr(Simulator, "carry_out", seen)
+    # Two servers; the speed check calls local-b (1/4 core) 2x slower, so it runs one original at a time. Scan
+    # subtask 0 has twice the work for the same bytes: on local-a it runs 1.7x its finished sibling per byte.
+    nodes = (NodeSpec("local-a", slots=2, cores=1.0), NodeSpec("local-b", slots=2, cores=1.0, speed=0.25))
+    scan = StageSpec("scan", (2.0,) + (1.0,) * 7, (10_000_000,) * 8)
+    Simulator(Scenario("skewed split", nodes, (scan,), startup=0.25, speed_check=0.15), POLICIES["provider"]).run()
+    assert launches and not [launch for launch in launches if launch[2] == "local-b" and launch[3] > 0], launches

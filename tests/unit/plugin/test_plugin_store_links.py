@@ -169,3 +169,21 @@ def test_not_found_answers_never_show_the_store_path(store: tuple[Path, Path]) -
         response = client.get(path, params=params)
         assert response.status_code == 404, (path, response.text)
         assert str(root) not in response.text and str(root.parent) not in response.text, (path, response.text)
+
+
+@pytest.mark.parametrize("level", ["attempt", "subtask"])
+def test_the_stage_view_never_shows_an_attempt_through_a_linked_directory(store: tuple[Path, Path],
+                                                                          level: str) -> None:
+    root, secret = store
+    layout = StageLayout(root, DAG, RUN, "scan")
+    directory = layout.attempt_dir(0, 0) if level == "attempt" else layout.subtask_dir(0)
+    outside = secret.parent / f"foreign-{level}"
+    shutil.copytree(directory, outside)
+    claim = outside / ("claim.json" if level == "attempt" else "attempt=0/claim.json")
+    claim.write_text(json.dumps({**json.loads(claim.read_text()), "target": "foreign-target", "node": "foreign"}))
+    shutil.rmtree(directory)
+    directory.symlink_to(outside, target_is_directory=True)
+    response = _served(root, "/api/stage")
+    assert response.status_code == 200, response.text
+    assert "foreign" not in response.text
+    assert response.json()["subtasks"][0]["attempts"] == []  # the link is not a directory of the store

@@ -270,6 +270,23 @@ class BackendConformance:
         assert again.restarted and again.records == [{"event": "new", "i": i} for i in range(4)]
         assert backend.read_journal_from(journal, again.cursor).records == []
 
+    def test_a_journal_deleted_by_its_appender_and_appended_again_is_read_whole(
+            self, make_backend: MakeBackend) -> None:
+        # The appender that deleted the journal must not continue its old numbering (on S3 a gap at the start
+        # of the new journal would hide its records from every reader), whoever appends first afterwards.
+        ours, other = make_backend(), make_backend()
+        journal = "runs/a/s/journal.jsonl"
+        ours.claim("runs/a")
+        for i in range(3):
+            ours.append_record(journal, {"event": "old", "i": i})
+        ours.delete_prefix("runs/a")
+        other.append_record(journal, {"event": "new", "i": 0})
+        ours.append_record(journal, {"event": "new", "i": 1})
+        other.append_record(journal, {"event": "new", "i": 2})
+        expected = [{"event": "new", "i": i} for i in range(3)]
+        assert ours.read_journal(journal) == expected
+        assert make_backend().read_journal_from(journal).records == expected
+
     def test_a_cursor_not_from_this_store_is_refused(self, backend: StoreBackend) -> None:
         backend.append_record("d/journal.jsonl", {"event": "x"})
         with pytest.raises(StoreError, match=r"d/journal.*not a journal cursor"):
@@ -344,6 +361,37 @@ class BackendConformance:
         with pytest.raises(StoreNotOwnedError, match="owned by another store"):
             ours.delete("theirs/plan.json")
         assert theirs.delete("theirs/plan.json") is True
+
+    def test_delete_many_refuses_all_before_deleting_any_and_skips_missing_names(self, backend: StoreBackend) -> None:
+        backend.claim("runs/a")
+        for name in ("runs/a/s/changes/0.0.x", "runs/a/s/changes/0.1.y", "runs/b/s/changes/0.0.z"):
+            assert backend.create_exclusive(name, b"")
+        with pytest.raises(StoreNotOwnedError, match="no ownership marker"):
+            backend.delete_many(["runs/a/s/changes/0.0.x", "runs/b/s/changes/0.0.z"])
+        assert backend.exists("runs/a/s/changes/0.0.x") and backend.exists("runs/b/s/changes/0.0.z")
+        backend.delete_many(["runs/a/s/changes/0.0.x", "runs/a/s/changes/0.1.y", "runs/a/s/changes/9.9.gone"])
+        assert backend.list_names("runs/a/s") == []
+        with pytest.raises(UnsafeStoreNameError):
+            backend.delete_many(["runs/a/_owner.json"])
+        assert backend.owns("runs/a")
+
+    # -- batches of objects ----------------------------------------------------------------------------
+
+    def test_stat_all_gives_what_stat_gives_and_a_new_etag_or_size_per_write(self, backend: StoreBackend) -> None:
+        backend.replace("s/subtask=0/attempt=0/status.json", b'{"state": "RUNNING"}')
+        backend.create_exclusive("s/subtask=0/attempt=0/data/part-0", b"rows")
+        backend.create_exclusive("s/subtask=0/admitted.json", b"{}")
+        infos = backend.stat_all("s")
+        assert [i.name for i in infos] == backend.list_names("s")
+        for info in infos:
+            stat = backend.stat(info.name)
+            assert stat is not None and (info.size, info.etag) == (stat.size, stat.etag)
+            assert abs(info.mtime - stat.mtime) < 1.0
+        before = {i.name: i for i in infos}["s/subtask=0/attempt=0/status.json"]
+        backend.replace("s/subtask=0/attempt=0/status.json", b'{"state": "FINISHED"}')
+        after = {i.name: i for i in backend.stat_all("s")}["s/subtask=0/attempt=0/status.json"]
+        # Where there is an ETag it tells the new document from the old; else the size does here.
+        assert (after.etag, after.size) != (before.etag, before.size)
 
     # -- names -----------------------------------------------------------------------------------------
 

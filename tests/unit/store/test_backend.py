@@ -209,6 +209,27 @@ def test_store_modules_reach_the_store_through_the_layouts_backend(tmp_path: Pat
     assert layout.attempt_numbers(0) == [3] and layout.attempt_numbers(7) == []
 
 
+def test_posix_journal_written_again_under_a_reused_inode_number_is_read_from_its_start(tmp_path: Path) -> None:
+    # A deleted file's inode number is free at once: a journal removed and written again may get it back, and
+    # be longer than the reader's offset. Its first line tells it apart.
+    backend = PosixBackend(tmp_path)
+    journal = "d/journal.jsonl"
+    for i in range(3):
+        backend.append_record(journal, {"event": "old", "i": i})
+    old = backend.read_journal_from(journal)
+    backend.path(journal).unlink()
+    for i in range(5):
+        backend.append_record(journal, {"event": "new", "i": i})
+    _, _, offset, head = old.cursor.split(":")
+    reused = f"posix:{backend.path(journal).stat().st_ino}:{offset}:{head}"
+    again = backend.read_journal_from(journal, reused)
+    assert again.restarted and [(r["event"], r["i"]) for r in again.records] == [("new", i) for i in range(5)]
+    # The same journal grown: only what is new, and a cursor without the fingerprint (older versions) still reads.
+    backend.append_record(journal, {"event": "new", "i": 5})
+    assert backend.read_journal_from(journal, again.cursor).records == [{"event": "new", "i": 5}]
+    assert not backend.read_journal_from(journal, again.cursor.rsplit(":", 1)[0]).restarted
+
+
 def test_posix_incremental_journal_read_follows_the_inode_and_never_a_link_or_fifo(tmp_path: Path) -> None:
     backend = PosixBackend(tmp_path)
     journal = "d/journal.jsonl"

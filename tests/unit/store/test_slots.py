@@ -11,10 +11,11 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_speculative.store.backend import ObjectInfo, PosixBackend, StoreBackend
+from airflow_provider_speculative.store.backend import PosixBackend
 from airflow_provider_speculative.store.files import atomic_write_json, create_exclusive_json
 from airflow_provider_speculative.store.layout import StageLayout
 from airflow_provider_speculative.store.slots import TargetSlots, holder_record
+from tests.unit.store import memory
 from tests.unit.store.slot_race import LateSlots, objects_per_slot, race_slots
 
 
@@ -88,61 +89,14 @@ def test_only_gone_holders_are_reclaimed(tmp_path):
 # -- release and reclaim by release records (no rename), pruning by owned deletes ------------------
 
 
-class MemoryBackend(StoreBackend):
-    """A store double in memory: exclusive create, listing and deletes, and no file, so nothing can be renamed."""
-
-    def __init__(self) -> None:
-        self.objects: dict[str, bytes] = {}
-        self.lock = threading.Lock()
-        self.reads = 0
-
-    @property
-    def url(self) -> str:
-        """A name for errors."""
-        return "memory://"
-
-    def _create_exclusive(self, name: str, data: bytes) -> bool:
-        with self.lock:
-            if name in self.objects:
-                return False
-            self.objects[name] = data
-            return True
-
-    def _replace(self, name: str, data: bytes) -> None:
-        with self.lock:
-            self.objects[name] = data
-
-    def _read(self, name: str) -> bytes | None:
-        self.reads += 1
-        return self.objects.get(name)
-
-    def _stat(self, name: str) -> ObjectInfo | None:
-        data = self.objects.get(name)
-        return None if data is None else ObjectInfo(name, len(data), 0.0)
-
-    def _list(self, prefix: str) -> list[str]:
-        return sorted(n for n in self.objects if n.startswith(prefix + "/"))
-
-    def _children(self, prefix: str) -> list[str]:
-        out = set()
-        for name in self._list(prefix):
-            head, sep, _ = name[len(prefix) + 1:].partition("/")
-            out.add(head + ("/" if sep else ""))
-        return sorted(out)
+class MemoryBackend(memory.MemoryBackend):
+    """The shared store double (tests/unit/store/memory.py), held to what slots use: no journal, no prefix delete."""
 
     def _append(self, journal: str, record: dict[str, Any]) -> None:
         raise AssertionError("slots never append")
 
     def _read_journal(self, journal: str) -> list[dict[str, Any]]:
         raise AssertionError("slots never read a journal")
-
-    def _read_marker(self, prefix: str) -> Any:
-        data = self.objects.get(f"{prefix}/_owner.json")
-        return None if data is None else json.loads(data)
-
-    def _delete(self, name: str) -> bool:
-        with self.lock:
-            return self.objects.pop(name, None) is not None
 
     def _delete_tree(self, prefix: str, names: list[str]) -> int:
         raise AssertionError("slots delete objects one by one")

@@ -69,3 +69,64 @@ def test_one_speed_check_per_dag_run_and_target_set(tmp_path: Path) -> None:
     assert not claim_speed_check(tmp_path, ["a", "b"], "d/r", now=2.0)  # a concurrent stage of the run
     assert claim_speed_check(tmp_path, ["a", "b"], "d/r2", now=3.0)
     assert not claim_speed_check(tmp_path, [], "d/r3", now=4.0)
+
+
+def test_old_probe_claims_are_pruned_by_owned_deletes_under_the_targets_marker(tmp_path: Path) -> None:
+    import json
+    import os
+
+    from airflow_provider_speculative.store.backend import PosixBackend
+    from airflow_provider_speculative.store.speeds import claim_probe
+
+    assert claim_probe(tmp_path, "slow", "d/r1", now=100.0)
+    target = tmp_path / "_targets" / "slow"
+    assert not (target / "_owner.json").exists()  # nothing to prune yet: no marker written
+    for entry in (target / "probes").iterdir():
+        os.utime(entry, (0.0, 0.0))
+    assert claim_probe(tmp_path, "slow", "d/r2", now=MAX_AGE + 10.0)
+    # The target's prefix is claimed for the delete; the marker sits outside probes/, which holds claims only.
+    assert json.loads((target / "_owner.json").read_text())["prefix"] == "_targets/slow"
+    assert len(list((target / "probes").iterdir())) == 1
+
+    # A target prefix another store claimed (the same directory named by another path) is left unpruned.
+    other = tmp_path / "other"
+    PosixBackend(other, owner="another store").claim("_targets/slow")
+    assert claim_probe(other, "slow", "d/r1", now=100.0)
+    for entry in (other / "_targets" / "slow" / "probes").iterdir():
+        os.utime(entry, (0.0, 0.0))
+    assert claim_probe(other, "slow", "d/r2", now=MAX_AGE + 10.0)
+    assert len(list((other / "_targets" / "slow" / "probes").iterdir())) == 2
+
+
+def test_probe_claims_are_pruned_by_their_modification_time_on_any_backend(tmp_path: Path) -> None:
+    from airflow_provider_speculative.store.backend import ObjectInfo
+    from airflow_provider_speculative.store.speeds import claim_probe
+    from tests.unit.store.memory import MemoryBackend
+
+    class Timed(MemoryBackend):
+        """A store without paths whose objects carry the time they were written (S3's LastModified)."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.now, self.mtimes = 0.0, {}
+
+        def _create_exclusive(self, name: str, data: bytes) -> bool:
+            created = super()._create_exclusive(name, data)
+            if created:
+                self.mtimes[name] = self.now
+            return created
+
+        def _stat(self, name: str) -> ObjectInfo | None:
+            data = self.objects.get(name)
+            return None if data is None else ObjectInfo(name, len(data), self.mtimes[name])
+
+    store = Timed()
+    assert claim_probe(tmp_path, "slow", "d/r1", now=0.0, store=store)
+    store.now = MAX_AGE / 2
+    assert claim_probe(tmp_path, "slow", "d/r2", now=store.now, store=store)
+    store.objects["_targets/slow/probes/notes.txt"] = b"not a claim"
+    store.now = MAX_AGE + 1.0
+    assert claim_probe(tmp_path, "slow", "d/r3", now=store.now, store=store)
+    probes = sorted(n.rsplit("/", 1)[-1] for n in store.objects if "/probes/" in n)
+    assert len(probes) == 3 and "notes.txt" in probes  # r1's claim went, r2's is younger than MAX_AGE
+    assert "_targets/slow/_owner.json" in store.objects and not list(tmp_path.iterdir())  # nothing on disk

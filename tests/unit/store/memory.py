@@ -1,0 +1,106 @@
+"""An in-memory StoreBackend for unit tests: no file, no directory, no inode, nothing that can be renamed.
+
+What a store on S3 offers and nothing more: objects by name with a size, a modification time and an ETag,
+exclusive create, listings, one ordered list of records per journal, and owned deletes. Code that runs on
+it never reached for a POSIX call on a path.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from typing import Any
+
+from airflow_provider_speculative.store.backend import ObjectInfo, StoreBackend
+
+
+class MemoryBackend(StoreBackend):
+    """A store double in memory: exclusive create, replace, listings, journals and deletes; counts reads."""
+
+    def __init__(self) -> None:
+        self.objects: dict[str, bytes] = {}
+        self.infos: dict[str, ObjectInfo] = {}
+        self.journals: dict[str, list[dict[str, Any]]] = {}
+        self.lock = threading.Lock()
+        self.reads = 0
+        self.listings = 0
+        self.stats = 0
+        self.marker_reads = 0
+        self._writes = 0
+
+    @property
+    def url(self) -> str:
+        """A name for errors."""
+        return "memory://"
+
+    def _put(self, name: str, data: bytes) -> None:
+        # Caller holds the lock. A logical clock: every write has a newer mtime and its own ETag, as on S3.
+        self._writes += 1
+        self.objects[name] = data
+        etag = hashlib.md5(data + str(self._writes).encode(), usedforsecurity=False).hexdigest()
+        self.infos[name] = ObjectInfo(name, len(data), float(self._writes), etag=f'"{etag}"')
+
+    def _create_exclusive(self, name: str, data: bytes) -> bool:
+        with self.lock:
+            if name in self.objects:
+                return False
+            self._put(name, data)
+            return True
+
+    def _replace(self, name: str, data: bytes) -> None:
+        with self.lock:
+            self._put(name, data)
+
+    def _read(self, name: str) -> bytes | None:
+        self.reads += 1
+        return self.objects.get(name)
+
+    def _stat(self, name: str) -> ObjectInfo | None:
+        self.stats += 1
+        return self._info(name)
+
+    def _info(self, name: str) -> ObjectInfo | None:
+        # A test may change ``objects`` directly (a corrupted file): its size is then what the bytes say.
+        data = self.objects.get(name)
+        if data is None:
+            return None
+        info = self.infos.get(name)
+        return info if info is not None and info.size == len(data) else ObjectInfo(name, len(data), 0.0)
+
+    def _list(self, prefix: str) -> list[str]:
+        self.listings += 1
+        start = prefix + "/" if prefix else ""
+        return sorted(n for n in self.objects if n.startswith(start))
+
+    def _children(self, prefix: str) -> list[str]:
+        out = set()
+        start = prefix + "/" if prefix else ""
+        for name in self._list(prefix):
+            head, sep, _ = name[len(start):].partition("/")
+            out.add(head + ("/" if sep else ""))
+        return sorted(out)
+
+    def _stat_all(self, prefix: str) -> list[ObjectInfo]:
+        # One listing, as S3's carries sizes and ETags.
+        return [info for name in self._list(prefix) if (info := self._info(name)) is not None]
+
+    def _append(self, journal: str, record: dict[str, Any]) -> None:
+        with self.lock:
+            self.journals.setdefault(journal, []).append(json.loads(json.dumps(record, default=str)))
+
+    def _read_journal(self, journal: str) -> list[dict[str, Any]]:
+        return list(self.journals.get(journal, []))
+
+    def _read_marker(self, prefix: str) -> Any:
+        self.marker_reads += 1
+        data = self.objects.get(f"{prefix}/_owner.json" if prefix else "_owner.json")
+        return None if data is None else json.loads(data)
+
+    def _delete(self, name: str) -> bool:
+        with self.lock:
+            self.infos.pop(name, None)
+            return self.objects.pop(name, None) is not None
+
+    def _delete_tree(self, prefix: str, names: list[str]) -> int:
+        return sum(self._delete(name) for name in names)
