@@ -252,7 +252,7 @@ class SupervisedBackend:
 
         Raises RunNotOwnedError when the admission is to go in a run another store owns. A run without any
         ownership marker (planned by an older version, docs/store.md "Runs without a marker") has its
-        admission withdrawn as before, by ``unlink``: keeping it would leave a withdrawn attempt admitted.
+        admission withdrawn by ``unlink``: keeping it would leave a withdrawn attempt admitted.
         """
         layout = self.layout
         layout.replace_json(layout.invalidated(subtask, attempt), {"reason": reason, "at": time.time()})

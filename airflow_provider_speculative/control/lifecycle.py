@@ -33,7 +33,6 @@ skipped, whatever it holds. Which metadata database the store belongs to is the 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import time
 from collections.abc import Callable, Iterable
@@ -485,14 +484,7 @@ def _document(layout: StageLayout, path: Path) -> Any:
     checks the stage's directory for links once itself, so each document need not be reached component by
     component as ``PosixBackend.read_json`` does.
     """
-    name = layout.name(path)
-    data = layout.store.read(name)
-    if data is None:
-        return None
-    try:
-        return json.loads(data)
-    except ValueError as exc:
-        raise StoreError(f"corrupt JSON in {layout.store.describe(name)}: {exc}") from None
+    return layout.store.read_document(layout.name(path))
 
 
 # -- planning -------------------------------------------------------------------------------------

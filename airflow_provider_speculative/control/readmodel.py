@@ -12,7 +12,6 @@ Two ways to decide whether an attempt that has not recorded its end is still ali
 
 from __future__ import annotations
 
-import json
 import random
 import threading
 import time
@@ -91,13 +90,7 @@ def read_document(store: StoreBackend, name: str) -> Any:
     one open instead of one per directory on the way (seven for an attempt's file, on every attempt of a
     poll). The directories below a stage are found by listings, which never follow a link.
     """
-    data = store.read(name)
-    if data is None:
-        return None
-    try:
-        return json.loads(data)
-    except ValueError as exc:
-        raise StoreError(f"corrupt JSON in {store.describe(name)}: {exc}") from None
+    return store.read_document(name)
 
 
 def _prefixes(entries: list[str], label: str) -> list[tuple[str, int]]:

@@ -477,7 +477,8 @@ class SpeculativeConfig:
     plan_last_wave: bool = _bool_option(
         True, "In a stage's last wave, place first the speculative copy (or large original) expected to end last "
               "when the speed estimates say that ends it and the originals it overtakes sooner, and keep originals "
-              "and copies off a slow target they would end on later than after waiting (false: as before).",
+              "and copies off a slow target they would end on later than after waiting (false: originals first, as "
+              "Spark places them).",
         manual="in a stage's last wave (the queued original attempts fit in the slots of targets that are not slow), "
                "placement models the rest of the wave from the scheduler's speed estimates: in a round that wants a "
                "copy, the launch expected to end last (a copy of a long-running original, or a large original queued "

@@ -357,6 +357,13 @@ class Placement:
                 queue.wanting.add(subtask)  # no free slot now: try again next tick
             return
         if not speculative and speeds.is_slow(target.name):
+            def hold(why: Callable[[], str]) -> None:
+                # An original held for a faster target: its reason is kept from the round it was first held.
+                if subtask not in held_back:
+                    held_back[subtask] = (now, why())
+                    queue.unheld.discard(subtask)
+                queue.wanting.add(subtask)
+
             holds = self._hold_planner(walk)
             # A target only an earlier DAG run calls slow gets one original per DAG run: a node that was
             # fixed is measured again instead of being avoided until its record expires.
@@ -365,34 +372,21 @@ class Placement:
             held = None if probe else placement.hold_for(holds, target.name)
             if held is not None:
                 faster, finish, here = held
-                if subtask not in held_back:
-                    held_back[subtask] = (now, f"for faster target {faster} (expected to end in "
-                                               f"{finish:.1f} there vs {here:.1f} on {target.name}, "
-                                               f"{speeds.of(target.name):.1f}x slower, "
-                                               f"{speeds.source.get(target.name, 'run')})")
-                    queue.unheld.discard(subtask)
-                queue.wanting.add(subtask)
+                hold(lambda: f"for faster target {faster} (expected to end in {finish:.1f} there vs {here:.1f} on "
+                              f"{target.name}, {speeds.of(target.name):.1f}x slower, "
+                              f"{speeds.source.get(target.name, 'run')})")
                 return
             if not probe and self._busy_slow(target, speeds, now, walk.load):
-                if subtask not in held_back:
-                    held_back[subtask] = (now, f"for a faster target ({target.name} is "
-                                               f"{speeds.of(target.name):.1f}x slower, "
-                                               f"{speeds.source.get(target.name, 'run')}, and runs "
-                                               "one attempt at a time)")
-                    queue.unheld.discard(subtask)
-                queue.wanting.add(subtask)
+                hold(lambda: f"for a faster target ({target.name} is {speeds.of(target.name):.1f}x slower, "
+                              f"{speeds.source.get(target.name, 'run')}, and runs one attempt at a time)")
                 return
             wave = None if probe else self.last_wave(speeds, now)
             late = wave.hold(subtask, speeds.of(target.name)) if wave is not None else None
             if late is not None and self._round.fast_usable():
-                if subtask not in held_back:
-                    here, waiting, last = late
-                    held_back[subtask] = (now, f"for a faster target (last wave: expected to end in {here:.1f} on "
-                                               f"{target.name}, {speeds.of(target.name):.1f}x slower, "
-                                               f"{speeds.source.get(target.name, 'run')}, vs {waiting:.1f} after "
-                                               f"waiting, and the wave's last in {last:.1f})")
-                    queue.unheld.discard(subtask)
-                queue.wanting.add(subtask)
+                on_here, waiting, last = late
+                hold(lambda: f"for a faster target (last wave: expected to end in {on_here:.1f} on {target.name}, "
+                              f"{speeds.of(target.name):.1f}x slower, {speeds.source.get(target.name, 'run')}, vs "
+                              f"{waiting:.1f} after waiting, and the wave's last in {last:.1f})")
                 return
         elif speculative and speeds.is_slow(target.name) and placement.fast_usable():
             wave = self.last_wave(speeds, now)

@@ -303,6 +303,14 @@ class StoreBackend(abc.ABC):
 
     def read_json(self, name: str, default: Any = None) -> Any:
         """The JSON document ``name``; ``default`` if it does not exist; StoreError naming it if corrupt."""
+        return self.read_document(name, default)
+
+    def read_document(self, name: str, default: Any = None) -> Any:
+        """:meth:`read_json` in one :meth:`read` of the object, whatever the backend's ``read_json`` checks more.
+
+        For callers that checked the prefix above ``name`` themselves: on POSIX ``read_json`` opens every
+        directory on the way to refuse a link there, ``read`` refuses only a link or a FIFO as the object.
+        """
         data = self.read(name)
         if data is None:
             return default

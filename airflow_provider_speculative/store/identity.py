@@ -154,7 +154,7 @@ def own_store(root: str | Path) -> dict[str, Any]:
     """Make sure ``root`` is the provider's store and return its ``store.json`` record.
 
     Creates the root, claims it (``_owner.json``) and writes the record when the root is missing or empty,
-    or holds only the provider's own run files (a store from before the record existed). A store that has
+    or holds only the provider's own run files (a store whose record was never written). A store that has
     the record but not the root's marker (made by an earlier version) is claimed as it is. Raises
     :class:`StoreRootNotOwnedError` naming what is there otherwise.
     """
@@ -163,7 +163,7 @@ def own_store(root: str | Path) -> dict[str, Any]:
     record = store.read_json(STORE_FILE)
     if isinstance(record, dict):
         # An existing store: its root's marker is added if missing, but a store that cannot take it (read-only,
-        # a marker the ownership check refuses) is used as it was before there were root markers.
+        # a marker the ownership check refuses) is used without a root marker.
         with contextlib.suppress(StoreError, OSError):
             _claim_root(store)
         return record
