@@ -247,6 +247,12 @@ def _reference_place(sched: StageScheduler, speculative: list[tuple[int, str]], 
                  if t.name not in sched.lost_targets and not sched.blocklist.is_blocked(t.node_label, now)]
     queued = sched._queue.queued
     wanted = [(s, False, queued[s]) for s in sorted(queued)] + [(s, True, r) for s, r in speculative]
+
+    def hold(subtask: int, why: str) -> None:
+        # The reason of the round that first held it is kept.
+        sched.held_back.setdefault(subtask, (now, why))
+        sched._queue.wanting.add(subtask)
+
     actions: list[Action] = []
     holds: HoldPlanner | None = None
     tried: set[str] = set()
@@ -273,33 +279,23 @@ def _reference_place(sched: StageScheduler, speculative: list[tuple[int, str]], 
                     placing_now.add(target.name)
             if held is not None:
                 faster, finish, here = held
-                if subtask not in sched.held_back:
-                    sched.held_back[subtask] = (now, f"for faster target {faster} (expected to end in "
-                                                     f"{finish:.1f} there vs {here:.1f} on {target.name}, "
-                                                     f"{speeds.of(target.name):.1f}x slower, "
-                                                     f"{speeds.source.get(target.name, 'run')})")
-                sched._queue.wanting.add(subtask)
+                hold(subtask, f"for faster target {faster} (expected to end in {finish:.1f} there vs {here:.1f} on "
+                              f"{target.name}, {speeds.of(target.name):.1f}x slower, "
+                              f"{speeds.source.get(target.name, 'run')})")
                 continue
             busy = (sched.free_slots.get(target.name, 0) < sched.capacity.get(target.name, target.slots)
                     if sched.free_slots is not None else load[target.name] > 0)
             if not probe and busy and any(not speeds.is_slow(name) for name in placeable):
-                if subtask not in sched.held_back:
-                    sched.held_back[subtask] = (now, f"for a faster target ({target.name} is "
-                                                     f"{speeds.of(target.name):.1f}x slower, "
-                                                     f"{speeds.source.get(target.name, 'run')}, and runs "
-                                                     "one attempt at a time)")
-                sched._queue.wanting.add(subtask)
+                hold(subtask, f"for a faster target ({target.name} is {speeds.of(target.name):.1f}x slower, "
+                              f"{speeds.source.get(target.name, 'run')}, and runs one attempt at a time)")
                 continue
             model = None if probe else wave()
             late = model.hold(subtask, speeds.of(target.name)) if model is not None else None
             if late is not None and any(not speeds.is_slow(name) for name in placeable):
-                if subtask not in sched.held_back:
-                    here, waiting, last = late
-                    sched.held_back[subtask] = (now, f"for a faster target (last wave: expected to end in {here:.1f} "
-                                                     f"on {target.name}, {speeds.of(target.name):.1f}x slower, "
-                                                     f"{speeds.source.get(target.name, 'run')}, vs {waiting:.1f} "
-                                                     f"after waiting, and the wave's last in {last:.1f})")
-                sched._queue.wanting.add(subtask)
+                on_here, waiting, last = late
+                hold(subtask, f"for a faster target (last wave: expected to end in {on_here:.1f} on {target.name}, "
+                              f"{speeds.of(target.name):.1f}x slower, {speeds.source.get(target.name, 'run')}, vs "
+                              f"{waiting:.1f} after waiting, and the wave's last in {last:.1f})")
                 continue
         elif copy and speeds.is_slow(target.name) and any(not speeds.is_slow(name) for name in placeable):
             model = wave()
