@@ -216,6 +216,60 @@ def timed(cmd: list[str], run_dir: Path, log_name: str, env: dict[str, str],
             "cpu": round(cpu_process + cpu_servers, 1), "cpu_samples": samples}
 
 
+# Which part of a deployment a process is, by its own or an ancestor's command line (first match wins).
+ROLES = (("connect servers", "SparkConnectServer"), ("triggerer", "triggerer"), ("scheduler", "scheduler"),
+         ("api-server", "api-server"), ("dag-processor", "dag-processor"), ("postgres", "postgres"))
+
+
+def _proc_table() -> dict[int, tuple[int, str, float]]:
+    """Every process: pid -> (parent pid, command line, CPU seconds of itself and its reaped children)."""
+    table: dict[int, tuple[int, str, float]] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        table[int(entry.name)] = (int(fields[1]), cmdline,
+                                  sum(int(f) for f in fields[11:15]) / tick)
+    return table
+
+
+def _role(pid: int, table: dict[int, tuple[int, str, float]]) -> str:
+    """The role of ``pid``: the first of ROLES its own or an ancestor's command line names, else "other"."""
+    seen = 0
+    while pid in table and seen < 64:
+        parent, cmdline, _ = table[pid]
+        for role, marker in ROLES:
+            if marker in cmdline:
+                return role
+        pid, seen = parent, seen + 1
+    return "other"
+
+
+def role_cpu(before: dict[int, tuple[int, str, float]],
+             after: dict[int, tuple[int, str, float]]) -> dict[str, float]:
+    """CPU seconds each role used between two process tables.
+
+    A process's figure includes its reaped children, so a child that ended in between is counted in its
+    parent's end figure, less its own figure at the start: every CPU second is counted once.
+    """
+    totals: dict[str, float] = {}
+    for table, sign in ((after, 1.0), (before, -1.0)):
+        for pid, (_, _, cpu) in table.items():
+            role = _role(pid, table)
+            totals[role] = totals.get(role, 0.0) + sign * cpu
+    out = {role: round(cpu, 1) for role, cpu in sorted(totals.items(), key=lambda kv: -kv[1])}
+    # The largest processes no role names, so a reader can tell what "other" was.
+    others = sorted(((cpu - before.get(pid, (0, "", 0.0))[2], cmd[:80]) for pid, (_, cmd, cpu) in after.items()
+                     if _role(pid, after) == "other"), reverse=True)[:3]
+    out.update({f"other: {cmd}": round(cpu, 1) for cpu, cmd in others if cpu >= 0.5})
+    return out
+
+
 def cpu_between(samples: list[tuple[float, float]], start: float, end: float) -> float | None:
     """The servers' CPU seconds between two times, interpolated from the samples (None without samples)."""
     if len(samples) < 2:
@@ -297,6 +351,7 @@ def run_scheduled(bench: Bench, run_dir: Path, tpch: Path, extra_env: dict[str, 
         deployment.wait_dag(bench.dag_id)
         deployment.cli("dags", "unpause", bench.dag_id)
         with shared.LoadSampler(str(run_dir)) as sampler:
+            procs_before = _proc_table()
             started = time.time()
             run = deployment.api("POST", f"/dags/{bench.dag_id}/dagRuns", {"logical_date": f"{DATE}T00:00:00Z"})
             run_id = run["dag_run_id"]
@@ -308,9 +363,10 @@ def run_scheduled(bench: Bench, run_dir: Path, tpch: Path, extra_env: dict[str, 
             final = wait_until(finished, 1800, f"{bench.dag_id} run {run_id} to finish", interval=0.5)
         if final["state"] != "success":
             raise RuntimeError(f"{bench.dag_id} run {run_id} ended {final['state']}; see {deployment.logs}")
+        roles = role_cpu(procs_before, _proc_table())
         ended = _parse_time(final.get("end_date"))
         wall = (ended.timestamp() if ended else time.time()) - started
-        result = {"wall": round(wall, 2), "load": sampler.summary()}
+        result = {"wall": round(wall, 2), "load": sampler.summary(), "cpu_roles": roles}
     except Exception:
         (run_dir / "diagnostics.txt").write_text(deployment.diagnostics())
         raise
@@ -528,6 +584,9 @@ def report(results: list[dict[str, Any]]) -> str:
                     lines.append(f"   independent stages overlap: the parts add up to more than the wall; Airflow "
                                  f"from the run's creation to the first plan {m['airflow_start']:.1f}s, from the last "
                                  f"commit to the run's end {m['exit']:.1f}s")
+                    if m.get("cpu_roles"):
+                        lines.append("   CPU seconds by role, the whole machine from the run's creation to its "
+                                     "end: " + ", ".join(f"{k} {v}" for k, v in m["cpu_roles"].items()))
                     lines += _stage_lines(m)
                     continue
                 plain = f"; stages alone / a = {m['stage_spans'] / r['a']['wall']:.2f}" if "a" in r else ""
