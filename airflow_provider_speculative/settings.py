@@ -6,7 +6,7 @@ import dataclasses
 import logging
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow_provider_speculative.core.config import (
     NOT_OPTIONS,
@@ -19,6 +19,9 @@ from airflow_provider_speculative.core.config import (
     unknown_options,
 )
 from airflow_provider_speculative.store.layout import default_store_root
+
+if TYPE_CHECKING:
+    from airflow_provider_speculative.core.graph import PipelineGraph
 
 log = logging.getLogger(__name__)
 
@@ -99,3 +102,10 @@ def metadata_db_identity() -> dict[str, str] | None:
         return db_identity(url) if url else None
     except Exception:  # Airflow 3 task processes get "airflow-db-not-allowed:///", which is no URL
         return None
+
+
+def stage_config(graph: PipelineGraph, stage: str) -> SpeculativeConfig:
+    """The deployment's options with the pipeline's and then the stage's overrides."""
+    return (airflow_config()
+            .with_overrides(graph.config, f"pipeline {graph.name!r}")
+            .with_overrides(graph.stages[stage].config, f"stage {stage!r}"))

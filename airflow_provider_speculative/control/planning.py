@@ -44,7 +44,7 @@ from airflow_provider_speculative.exceptions import (
     UpstreamSkippedError,
 )
 from airflow_provider_speculative.hooks.targets import connect_env_sync, resolve_targets
-from airflow_provider_speculative.settings import airflow_config, metadata_db_identity, store_root
+from airflow_provider_speculative.settings import metadata_db_identity, stage_config, store_root
 from airflow_provider_speculative.sinks.base import PlanContext, Sink
 from airflow_provider_speculative.store import journal as journals
 from airflow_provider_speculative.store.backend import StoreNotOwnedError
@@ -368,13 +368,6 @@ class StagePlanner:
                       ("enabled" if self.config.enabled else "disabled"), layout.plan)
         self.record_state(TaskState.DEFERRED)
         return plan
-
-
-def stage_config(graph: PipelineGraph, stage: str) -> SpeculativeConfig:
-    """The deployment's options with the pipeline's and then the stage's overrides."""
-    return (airflow_config()
-            .with_overrides(graph.config, f"pipeline {graph.name!r}")
-            .with_overrides(graph.stages[stage].config, f"stage {stage!r}"))
 
 
 def _last_change(layout: StageLayout) -> float:

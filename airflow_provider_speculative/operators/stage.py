@@ -5,52 +5,31 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Mapping
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowRescheduleException
 from airflow.triggers.base import StartTriggerArgs
 
-from airflow_provider_speculative.control.appids import app_id_xcoms
-from airflow_provider_speculative.control.attemptlog import failure_log_lines
-from airflow_provider_speculative.control.commit import (
-    admitted_of,
-    cleanup_sink_staging,
-    commit_admitted,
-    commit_summary,
-    remove_losers,
-    sink_finalizer,
-)
-from airflow_provider_speculative.control.planning import (
-    HybridWait,
-    RunInfo,
-    StagePlanner,
-    iso_or_none,
-    stage_config,
-)
-from airflow_provider_speculative.control.speedcheck import prepare_if_needed
-from airflow_provider_speculative.core.asset_events import asset_event_extra
-from airflow_provider_speculative.core.events import Event
 from airflow_provider_speculative.core.graph import PipelineGraph, RenderedStage
-from airflow_provider_speculative.core.plan import StagePlan, load_plan
-from airflow_provider_speculative.core.readiness import partition_key
 from airflow_provider_speculative.core.states import TaskState
 from airflow_provider_speculative.core.trigger_events import DECIDED, ControllerEvent, TriggerStatus
 from airflow_provider_speculative.exceptions import StageFailedError
-from airflow_provider_speculative.hooks.openlineage import prepare_openlineage
-from airflow_provider_speculative.hooks.targets import target_connect_urls_sync
 from airflow_provider_speculative.links import SparkHistoryLink, StageViewLink
-from airflow_provider_speculative.metrics import StageMetrics
+from airflow_provider_speculative.settings import stage_config
 from airflow_provider_speculative.sinks.base import Sink
-from airflow_provider_speculative.store import journal as journals
-from airflow_provider_speculative.store.files import read_json
-from airflow_provider_speculative.store.layout import StageLayout
-from airflow_provider_speculative.store.results import read_committed
-from airflow_provider_speculative.store.task_state import record_task_state
-from airflow_provider_speculative.triggers.controller import StageControllerTrigger
-from airflow_provider_speculative.triggers.hybrid import HybridInputsTrigger
-from airflow_provider_speculative.triggers.stage import StageStartTrigger
-from airflow_provider_speculative.triggers.timing import runs_in_line
+
+if TYPE_CHECKING:
+    from airflow_provider_speculative.control.planning import StagePlanner
+    from airflow_provider_speculative.core.events import Event
+    from airflow_provider_speculative.core.plan import StagePlan
+    from airflow_provider_speculative.store.layout import StageLayout
+
+# Every DAG file that builds a pipeline imports this module, and a dag-processor parses each file in a
+# process of its own every ``min_file_process_interval``: what a stage needs only when it runs (planning,
+# the controller, commits, the store) is imported inside the methods that use it, which keeps a parse
+# from importing the control plane (about 0.3 s of CPU per file and parse).
+START_TRIGGER = "airflow_provider_speculative.triggers.stage.StageStartTrigger"
 
 # A hybrid consumer waits for its producers' plans in a trigger for this long at a time, then
 # reschedules: under dag.test() (one task at a time) a consumer picked before its producer must give
@@ -117,7 +96,7 @@ class SparkStageOperator(BaseOperator):
         sink = self.sink.to_json() if self.sink is not None else None
         self.start_from_trigger = True
         self.start_trigger_args = StartTriggerArgs(
-            trigger_cls=f"{StageStartTrigger.__module__}.{StageStartTrigger.__qualname__}",
+            trigger_cls=START_TRIGGER,
             next_method="resume_from_trigger",
             trigger_kwargs={"graph": graph, "stage": self.stage, "sink_class": sink["class"] if sink else None,
                             "sink_args": self.sink_args, "declared_sink": json.loads(json.dumps(self.sink_args)),
@@ -128,6 +107,8 @@ class SparkStageOperator(BaseOperator):
             next_kwargs=None, timeout=None)
 
     def _planner(self, context: Any) -> StagePlanner:
+        from airflow_provider_speculative.control.planning import RunInfo, StagePlanner, iso_or_none
+
         dag_run = context.get("dag_run")
         logical_date = context.get("logical_date")
         run = RunInfo(dag_id=context["dag"].dag_id, run_id=context["run_id"], try_number=context["ti"].try_number,
@@ -145,6 +126,8 @@ class SparkStageOperator(BaseOperator):
 
     def execute(self, context: Any) -> Any:
         """Resolve the plan, write plan.json, and defer to the stage controller (recording the task's state)."""
+        from airflow_provider_speculative.hooks.openlineage import prepare_openlineage
+
         prepare_openlineage()  # its import overlaps planning instead of delaying the first wave
         planner = self._planner(context)
         _prepare_speed_check(planner, self.log)
@@ -175,6 +158,11 @@ class SparkStageOperator(BaseOperator):
 
     def _plan_and_defer(self, planner: StagePlanner) -> Any:
         """Plan (once every hybrid producer has a plan), write plan.json, defer to the stage controller."""
+        from airflow_provider_speculative.control.planning import HybridWait
+        from airflow_provider_speculative.triggers.controller import StageControllerTrigger
+        from airflow_provider_speculative.triggers.hybrid import HybridInputsTrigger
+        from airflow_provider_speculative.triggers import timing
+
         # Checks that need no upstream output come first, before waiting for hybrid producers.
         planner.application()
         planner.validate_sink()
@@ -192,7 +180,7 @@ class SparkStageOperator(BaseOperator):
             trigger = HybridInputsTrigger(where=hybrid.where, inputs=hybrid.inputs,
                                           clear_number=planner.run.clear_number, deferred_at=time.time(),
                                           window=HYBRID_WAIT_WINDOW)
-            if runs_in_line():
+            if timing.runs_in_line():
                 # dag.test() runs one task at a time and would run this trigger in line: nothing can change
                 # while it waits, so give way to the producers at once (or fail if one failed).
                 event = trigger.check()
@@ -238,6 +226,9 @@ class SparkStageOperator(BaseOperator):
 
             raise AirflowSkipException(event.get("reason") or f"{where}: a producer stage was skipped")
         if status == TriggerStatus.COMMITTED:
+            from airflow_provider_speculative.store.layout import StageLayout
+            from airflow_provider_speculative.store.results import read_committed
+
             plan = _plan_at(event.get("plan_path"), where)
             layout = StageLayout.of_plan(plan)
             record = read_committed(layout)  # raises naming the stage if the commit is gone
@@ -251,6 +242,18 @@ class SparkStageOperator(BaseOperator):
 
     def execute_complete(self, context: Any, event: dict[str, Any]) -> dict[str, Any]:
         """Finalize-on-master: commit exactly the admitted attempt of every subtask, then clean losers."""
+        from airflow_provider_speculative.control.attemptlog import failure_log_lines
+        from airflow_provider_speculative.control.commit import (
+            admitted_of,
+            commit_admitted,
+            commit_summary,
+            remove_losers,
+            sink_finalizer,
+        )
+        from airflow_provider_speculative.metrics import StageMetrics
+        from airflow_provider_speculative.store.layout import StageLayout
+        from airflow_provider_speculative.store.task_state import record_task_state
+
         if (event or {}).get("status") == TriggerStatus.TIMED_OUT:
             _raise_timed_out(event, f"pipeline {self.graph.name!r}, stage {self.stage!r}")
         plan, decided = _event_plan(event, self.graph.name, self.stage)
@@ -299,6 +302,9 @@ class SparkStageOperator(BaseOperator):
     def _publish_asset_event(self, context: Any, plan: StagePlan, record: dict[str, Any],
                              summary: Mapping[str, Any], sink_result: dict[str, Any] | None) -> None:
         """Describe the commit in the sink asset's event; Airflow records it when the task succeeds."""
+        from airflow_provider_speculative.core.asset_events import asset_event_extra
+        from airflow_provider_speculative.core.readiness import partition_key
+
         outlet_events = context.get("outlet_events") if hasattr(context, "get") else None
         if self.sink_asset is None or outlet_events is None:
             return
@@ -311,10 +317,14 @@ class SparkStageOperator(BaseOperator):
 
     def _cleanup_sink_staging(self, plan: StagePlan, layout: StageLayout,
                               attempts: tuple[tuple[int, int], ...] | None) -> None:
+        from airflow_provider_speculative.control.commit import cleanup_sink_staging
+
         cleanup_sink_staging(plan, layout, attempts, self.log)
 
     def _push_app_ids(self, context: Any, plan: StagePlan, layout: StageLayout) -> None:
         """Push the attempts' Spark application ids under their stable XCom keys (control/appids.py)."""
+        from airflow_provider_speculative.control.appids import app_id_xcoms
+
         for key, value in app_id_xcoms(layout, plan["parallelism"], self.log.warning).items():
             context["ti"].xcom_push(key=key, value=value)
 
@@ -346,6 +356,8 @@ def sink_asset(sink: Sink | None) -> Any:
 
 def journal(layout: StageLayout, event: Event, **fields: Any) -> None:
     """Record a planning or finalize step next to the controller's decisions."""
+    from airflow_provider_speculative.store import journal as journals
+
     journals.record(layout.journal, event, **fields)
 
 
@@ -369,6 +381,9 @@ def _event_plan(event: Any, pipeline: str, stage: str) -> tuple[StagePlan, Contr
 
 def _plan_at(plan_path: Any, where: str) -> StagePlan:
     """The stage run's plan.json an event points at, or a clear error if it is gone or of another version."""
+    from airflow_provider_speculative.core.plan import load_plan
+    from airflow_provider_speculative.store.files import read_json
+
     plan = read_json(plan_path) if isinstance(plan_path, str) and plan_path else None
     if plan is None:
         raise StageFailedError(f"{where}: the plan {plan_path!r} of this stage run is gone from the store")
@@ -406,6 +421,9 @@ def _raise_timed_out(event: dict[str, Any], where: str) -> None:
 
 def _prepare_speed_check(planner: StagePlanner, log: Any) -> None:
     """Warm the speed check's server sessions while the stage plans, if the run will check (speedcheck.py)."""
+    from airflow_provider_speculative.control.speedcheck import prepare_if_needed
+    from airflow_provider_speculative.hooks.targets import target_connect_urls_sync
+
     run = planner.run
     try:
         prepare_if_needed(planner.root, target_connect_urls_sync(planner.config.targets), f"{run.dag_id}/{run.run_id}",

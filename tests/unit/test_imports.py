@@ -88,3 +88,23 @@ def test_no_import_circle_in_the_package() -> None:
     for module in sorted(graph):
         if module not in state:
             visit(module, [module])
+
+
+def test_a_dag_file_loads_no_control_plane() -> None:
+    """A dag-processor parses every DAG file in a process of its own: the pipeline and its operator load only
+    what a parse needs, not planning, the controller, commits or the trigger (operators/stage.py)."""
+    loaded = _loaded("airflow_provider_speculative.pipeline", "airflow_provider_speculative.operators.stage",
+                     "airflow_provider_speculative.sensors")
+    heavy = {m for m in loaded if m.startswith(("airflow_provider_speculative.control",
+                                                "airflow_provider_speculative.triggers",
+                                                "airflow_provider_speculative.backends",
+                                                "airflow_provider_speculative.hooks.asset_events",
+                                                "pyspark", "pyarrow", "boto3"))}
+    assert not heavy, f"a DAG parse imports {sorted(heavy)}"
+
+
+def test_the_start_trigger_path_names_the_trigger_class() -> None:
+    from airflow_provider_speculative.operators.stage import START_TRIGGER
+    from airflow_provider_speculative.triggers.stage import StageStartTrigger
+
+    assert START_TRIGGER == f"{StageStartTrigger.__module__}.{StageStartTrigger.__qualname__}"

@@ -291,7 +291,9 @@ def test_under_dag_test_a_consumer_that_gives_way_is_not_failed_for_its_own_cons
 
     from airflow_provider_speculative.operators import stage as stage_module
 
-    monkeypatch.setattr(stage_module, "runs_in_line", lambda: True)  # dag.test(): one task at a time
+    from airflow_provider_speculative.triggers import timing
+
+    monkeypatch.setattr(timing, "runs_in_line", lambda: True)  # dag.test(): one task at a time
     with DAG("d", schedule=None), Pipeline("p") as pipeline:
         scan = pipeline.stage("scan", application=str(env / "app.py"), parallelism=2,
                               inputs={"src": parquet_source(str(env / "src"))})
