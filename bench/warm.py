@@ -218,7 +218,7 @@ def timed(cmd: list[str], run_dir: Path, log_name: str, env: dict[str, str],
 
 # Which part of a deployment a process is, by its own or an ancestor's command line (first match wins).
 ROLES = (("connect servers", "SparkConnectServer"), ("triggerer", "triggerer"), ("scheduler", "scheduler"),
-         ("api-server", "api-server"), ("dag-processor", "dag-processor"), ("postgres", "postgres"))
+         ("api-server", "api_server"), ("dag-processor", "dag-processor"), ("postgres", "postgres"))
 
 
 def _proc_table() -> dict[int, tuple[int, str, float]]:
