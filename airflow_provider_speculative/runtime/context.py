@@ -402,7 +402,7 @@ class StageContext:
         context = InitializationContext(
             task_number=self.subtask, num_tasks=self.parallelism, attempt_number=self.attempt,
             dag_id=self.plan["dag_id"], run_id=self.plan["run_id"], stage=self.layout.stage, data_dir=data_dir,
-            logical_date=self.logical_date)
+            logical_date=self.logical_date, data_url=self.layout.store.spark_url(self.layout.name(data_dir)))
         return Sink.from_json(sink_json).create_writer(context)
 
     def _inject_faults(self) -> None:

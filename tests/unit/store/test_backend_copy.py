@@ -57,7 +57,7 @@ def test_memory_copy_reads_the_source_and_replaces_the_name() -> None:
 
 def test_copy_of_a_missing_object_names_it_and_writes_nothing(tmp_path: Path) -> None:
     target = MemoryBackend()
-    with pytest.raises(StoreError, match="d/missing.*does not exist"):
+    with pytest.raises(StoreError, match=r"d/missing.*does not exist"):
         target.copy_from("v/f", PosixBackend(tmp_path), "d/missing")
     assert target.objects == {}
 
