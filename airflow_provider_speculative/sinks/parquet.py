@@ -240,7 +240,8 @@ def _object_asset_uri(url: str) -> str | None:
             break
         if part:
             fixed.append(part)
-    return f"s3://{bucket}/" + "/".join(fixed) if fixed else f"s3://{bucket}"
+    # A prefix that starts with a template has no fixed part, as a local path starting with one: no asset.
+    return f"s3://{bucket}/" + "/".join(fixed) if fixed else None
 
 
 def clashing_sink_paths(sinks: dict[str, Sink]) -> str | None:
@@ -248,7 +249,7 @@ def clashing_sink_paths(sinks: dict[str, Sink]) -> str | None:
 
     Compared as written (templates included): two stages with "/out/{{ ds }}" collide in every run.
     """
-    paths = {name: posixpath.normpath(os.fspath(sink.path)) for name, sink in sorted(sinks.items())
+    paths = {name: _comparable(os.fspath(sink.path)) for name, sink in sorted(sinks.items())
              if isinstance(sink, ParquetSink) and isinstance(sink.path, str | os.PathLike) and os.fspath(sink.path)}
     names = list(paths)
     for i, a in enumerate(names):
@@ -261,6 +262,13 @@ def clashing_sink_paths(sinks: dict[str, Sink]) -> str | None:
                 return (f"stage {inner!r} sinks to {paths[inner]!r}, inside the sink path {paths[outer]!r} of "
                         f"stage {outer!r}; committing {outer!r} would move the output of {inner!r} away")
     return None
+
+
+def _comparable(path: str) -> str:
+    """``path`` as two sink paths are compared: a local path normalised, an S3 URL as ``s3://`` without trailing '/'."""
+    if is_object_url(path):
+        return "s3://" + path.split("://", 1)[1].rstrip("/")
+    return posixpath.normpath(path)
 
 
 def _run_key(dag_id: str, run_id: str, stage: str, final: Path) -> str:

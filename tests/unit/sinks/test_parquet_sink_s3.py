@@ -357,6 +357,19 @@ def test_asset_and_lineage_uris_of_an_s3_sink() -> None:
     assert ParquetSink("s3://lake/out/q1/{{ ds }}").asset_uri() == "s3://lake/out/q1"
     assert ParquetSink("s3a://lake/out/q1").lineage_uri() == "s3://lake/out/q1"
     assert ParquetSink("s3://key:secret@lake/out").asset_uri() is None
+    assert ParquetSink("s3://lake/{{ var.value.prefix }}/q1").asset_uri() is None
+
+
+def test_two_stages_sinking_to_one_s3_prefix_or_one_inside_the_other_clash() -> None:
+    from airflow_provider_speculative.sinks.parquet import clashing_sink_paths
+
+    same = clashing_sink_paths({"a": ParquetSink("s3://lake/out/{{ ds }}"),
+                                "b": ParquetSink("s3a://lake/out/{{ ds }}/")})
+    assert same == ("stages 'a' and 'b' both sink to 's3://lake/out/{{ ds }}'; each commit would replace the "
+                    "other's output")
+    nested = clashing_sink_paths({"a": ParquetSink("s3://lake/out"), "b": ParquetSink("s3://lake/out/q1")})
+    assert nested is not None and "inside the sink path 's3://lake/out' of stage 'a'" in nested
+    assert clashing_sink_paths({"a": ParquetSink("s3://lake/out"), "b": ParquetSink("s3://lake/output")}) is None
 
 
 def test_a_template_rendered_empty_is_refused_at_plan(tmp_path: Path) -> None:
