@@ -335,7 +335,10 @@ def published_files(location: str, *, store: StoreBackend | None = None,
 
         from airflow_provider_speculative.store.files import read_json
 
-        manifest = read_json(Path(location) / "_SUCCESS")
+        try:
+            manifest = read_json(Path(location) / "_SUCCESS")
+        except StoreError:
+            manifest = None  # Spark's own empty _SUCCESS, or anything else that is not a sink's manifest
         if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), list):
             raise StoreError(f"nothing was published at {location}: no ParquetSink manifest (_SUCCESS)")
         return [str(Path(location) / f["path"]) for f in manifest["files"]]

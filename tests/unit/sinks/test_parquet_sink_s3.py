@@ -420,6 +420,9 @@ def test_published_files_of_a_local_sink_are_the_files_its_manifest_names(tmp_pa
     assert published_files(str(final)) == [str(final / "part-00000-000.parquet")]
     with pytest.raises(StoreError, match="nothing was published"):
         published_files(str(tmp_path))
+    (data / "_SUCCESS").write_bytes(b"")  # what plain Spark leaves: not a sink's manifest
+    with pytest.raises(StoreError, match="nothing was published"):
+        published_files(str(data))
 
 
 # -- on moto's S3 -----------------------------------------------------------------------------------------
