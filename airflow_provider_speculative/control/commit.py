@@ -41,15 +41,26 @@ def sink_finalizer(plan: StagePlan, layout: StageLayout) -> SinkFinalizer | None
         sink = Sink.from_json(plan["output"]["sink"])
         ctx = FinalizationContext(
             parallelism=plan["parallelism"], dag_id=plan["dag_id"], run_id=plan["run_id"], stage=layout.stage,
-            logical_date=plan.get("logical_date"),
+            logical_date=plan.get("logical_date"), store=layout.store,
+            # An object-store sink opens its own backend: with the plan's S3 connection, read only if it asks.
+            extra={"pipeline": plan.get("pipeline"), "s3_credentials": lambda: _s3_credentials(plan)},
             attempts={s: AttemptResult(subtask=s, attempt=a, data_dir=layout.data(s, a),
                                        files=record["subtasks"][str(s)]["files"],
                                        records=record["subtasks"][str(s)]["records"],
-                                       sink_info=record["subtasks"][str(s)]["sink"])
+                                       sink_info=record["subtasks"][str(s)]["sink"],
+                                       data_name=layout.name(layout.data(s, a)))
                       for s, a in admitted.items()})
         return sink.finalize_global(ctx)
 
     return finalize_sink
+
+
+def _s3_credentials(plan: StagePlan) -> Any:
+    """The plan's ``[speculative] s3_conn_id`` (or the AWS environment) as S3 credentials for a sink."""
+    from airflow_provider_speculative.hooks.objectstore import s3_settings
+
+    where = f"pipeline {plan.get('pipeline')!r}, stage {plan['stage']!r}"
+    return s3_settings(str((plan.get("config") or {}).get("s3_conn_id") or ""), where)
 
 
 def cleanup_sink_staging(plan: StagePlan, layout: StageLayout, attempts: tuple[tuple[int, int], ...] | None,

@@ -29,6 +29,7 @@ from airflow_provider_speculative.core.contract import (
 )
 from airflow_provider_speculative.core.copartition import key_cast
 from airflow_provider_speculative.core.faults import current as current_faults
+from airflow_provider_speculative.core.paths import is_object_url, split_object_url
 from airflow_provider_speculative.core.plan import StagePlan, load_plan
 from airflow_provider_speculative.core.states import HeartbeatPhase
 from airflow_provider_speculative.exceptions import StoreError, StoreFullError, StoreNotWritableError
@@ -339,7 +340,7 @@ class StageContext:
                 df.coalesce(1).write.options(**EXCHANGE_WRITE_OPTIONS).parquet(store.spark_url(data))
         except Exception as exc:
             # Spark reports a full disk as a long Java trace; name the store and the cause instead.
-            store_error = store_write_error(data_dir, exc)
+            store_error = store_write_error(store.spark_url(data), exc)
             if store_error is None:
                 raise
             raise store_error from exc
@@ -402,7 +403,7 @@ class StageContext:
         context = InitializationContext(
             task_number=self.subtask, num_tasks=self.parallelism, attempt_number=self.attempt,
             dag_id=self.plan["dag_id"], run_id=self.plan["run_id"], stage=self.layout.stage, data_dir=data_dir,
-            logical_date=self.logical_date)
+            logical_date=self.logical_date, data_url=self.layout.store.spark_url(self.layout.name(data_dir)))
         return Sink.from_json(sink_json).create_writer(context)
 
     def _inject_faults(self) -> None:
@@ -418,6 +419,10 @@ EXCHANGE_WRITE_OPTIONS = {"parquet.enable.dictionary": "false"}
 
 _FULL_MESSAGES = ("No space left on device", "Disk quota exceeded")
 _DENIED_MESSAGES = ("Permission denied", "Read-only file system", "Mkdirs failed to create")
+# What s3a (AWS SDK) and S3-compatible services put in a failed write's message.
+_S3_DENIED = ("AccessDenied", "Access Denied", "Status Code: 403", "403 Forbidden")
+_S3_QUOTA = ("QuotaExceeded", "XMinioStorageFull", "Storage backend has reached its minimum free drive threshold")
+_S3_THROTTLED = ("SlowDown", "Slow Down", "Status Code: 503")
 
 
 def _running_context(spark: Any) -> Any:
@@ -458,11 +463,17 @@ def _exit_code(exc: BaseException) -> int:
     return EXIT_FAILED
 
 
-def store_write_error(path: Path, exc: BaseException) -> StoreError | None:
-    """A :class:`StoreError` naming ``path`` if writing it failed because the store is full or not writable."""
+def store_write_error(path: str | Path, exc: BaseException) -> StoreError | None:
+    """A :class:`StoreError` naming ``path`` if writing it failed because the store is full or not writable.
+
+    ``path`` may be an ``s3a://`` URL (a store on S3): then S3's refusals count, access denied (403), a quota
+    or throttling (SlowDown, 503), and only when the message names that output (not a source read in the job).
+    """
     if isinstance(exc, StoreError):
         return exc
     text = str(exc)
+    if is_object_url(str(path)):
+        return _object_store_write_error(str(path), text)
     code = getattr(exc, "errno", None)
     full = code in (errno.ENOSPC, errno.EDQUOT) or any(m in text for m in _FULL_MESSAGES)
     denied = code in (errno.EACCES, errno.EROFS, errno.EPERM) or any(m in text for m in _DENIED_MESSAGES)
@@ -479,6 +490,21 @@ def store_write_error(path: Path, exc: BaseException) -> StoreError | None:
     if denied and (names_store or not os.access(probe, os.W_OK)):
         return StoreNotWritableError(
             f"store is not writable: cannot write {path}: permission denied or read-only file system")
+    return None
+
+
+def _object_store_write_error(url: str, text: str) -> StoreError | None:
+    """:func:`store_write_error` for an output on S3: what the service refused, without the Java trace."""
+    bucket, key = split_object_url(url)
+    if f"{bucket}/{key}" not in text:
+        return None
+    # Quota first: Ceph's RGW answers an exceeded quota with a 403 too.
+    if any(m in text for m in _S3_QUOTA):
+        return StoreFullError(f"store is full: cannot write {url}: the bucket's quota is exceeded")
+    if any(m in text for m in _S3_DENIED):
+        return StoreNotWritableError(f"store is not writable: cannot write {url}: access denied (HTTP 403)")
+    if any(m in text for m in _S3_THROTTLED):
+        return StoreError(f"cannot write {url}: S3 throttled the writes (SlowDown, HTTP 503)")
     return None
 
 

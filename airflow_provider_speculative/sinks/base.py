@@ -23,6 +23,8 @@ class AttemptResult:
     files: list[dict[str, Any]]
     records: int | None = None
     sink_info: dict[str, Any] = field(default_factory=dict)
+    # The data prefix's name in ``FinalizationContext.store``; None: read ``data_dir`` on the local disk.
+    data_name: str | None = None
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,8 @@ class FinalizationContext:
     stage: str
     logical_date: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    # The result store holding the attempts' output (a StoreBackend), when the caller has one.
+    store: Any = None
 
     def finished_attempt(self, subtask: int) -> int:
         """The attempt number of ``subtask`` that finished and must be committed."""
@@ -54,6 +58,8 @@ class InitializationContext:
     stage: str
     data_dir: Path
     logical_date: str | None = None
+    # Where Spark writes ``data_dir`` (the store's URL for it: the path itself on POSIX, s3a:// on S3).
+    data_url: str | None = None
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,8 @@
 
 It only ever replaces a directory it wrote itself (its ``_SUCCESS`` manifest names this DAG and
 stage) or an empty one; anything else at the path makes the commit fail with nothing touched.
+On S3 (``s3://bucket/prefix``) a commit is a new version prefix published by a ``_CURRENT`` pointer
+instead (``sinks/parquet_s3.py``).
 """
 
 from __future__ import annotations
@@ -17,7 +19,9 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from airflow_provider_speculative.core.paths import is_object_url, redact_url, split_object_url, url_scheme
 from airflow_provider_speculative.exceptions import PipelineError, PlanError, StoreError
+from airflow_provider_speculative.sinks import parquet_s3
 from airflow_provider_speculative.sinks.base import (
     FinalizationContext,
     InitializationContext,
@@ -28,6 +32,7 @@ from airflow_provider_speculative.sinks.base import (
     StagingScope,
     SupportsConcurrentExecutionAttempts,
 )
+from airflow_provider_speculative.store.backend import S3Credentials
 from airflow_provider_speculative.store.files import atomic_write_json, read_json, sha256_file
 
 MANIFEST = "_SUCCESS"
@@ -40,7 +45,8 @@ class ParquetSink(Sink, SupportsConcurrentExecutionAttempts):
 
     Attempts write into their own attempt directories, so concurrent attempts never collide; finalize
     builds a complete staging directory from the admitted attempts only and swaps it in with renames.
-    A rerun of the same logical date replaces the directory, never appends to it.
+    A rerun of the same logical date replaces the directory, never appends to it. ``path`` may be an
+    ``s3://bucket/prefix`` URL: finalize then publishes a new version by its ``_CURRENT`` pointer.
     """
 
 
@@ -58,6 +64,8 @@ class ParquetSink(Sink, SupportsConcurrentExecutionAttempts):
         carry the rendered path and the logical date (docs/assets.md).
         """
         text = os.fspath(self.path) if isinstance(self.path, str | os.PathLike) else ""
+        if is_object_url(text):
+            return _object_asset_uri(text)
         fixed: list[str] = []
         for part in text.split("/"):
             if "{{" in part or "{%" in part:
@@ -80,6 +88,17 @@ class ParquetSink(Sink, SupportsConcurrentExecutionAttempts):
             raise PipelineError(f"{where}: path {text!r} contains a NUL byte")
         if text.lstrip().startswith("{{"):
             return  # e.g. "{{ var.value.out }}/q1": only the rendered value can be judged
+        scheme = url_scheme(text)
+        if scheme is not None:
+            if not is_object_url(text):
+                raise PipelineError(f"{where}: path {redact_url(text)!r}: scheme {scheme + '://'!r} is not supported "
+                                    "(an absolute local path or s3://bucket/prefix)")
+            # Templated segments are judged once rendered (validate_plan); the fixed ones now, without I/O.
+            checked = _untemplated(text)
+            problem = parquet_s3.sink_url_problem(checked)
+            if problem:
+                raise PipelineError(f"{where}: {problem.replace(redact_url(checked), redact_url(text))}")
+            return
         if not posixpath.isabs(text):
             raise PipelineError(f"{where}: path {text!r} is relative; it would be resolved against the worker's "
                                 "current directory. Give an absolute path")
@@ -94,7 +113,11 @@ class ParquetSink(Sink, SupportsConcurrentExecutionAttempts):
             raise PlanError(str(exc)) from None
         problem = _rendered_problem(os.fspath(self.path), (context.declared or {}).get("path"))
         if problem:
-            raise PlanError(f"{context.where}: path {os.fspath(self.path)!r} {problem}")
+            raise PlanError(f"{context.where}: path {redact_url(os.fspath(self.path))!r} {problem}")
+        if is_object_url(os.fspath(self.path)):
+            # Outside any local store by construction; whether the prefix is free is checked by finalize, before
+            # it writes anything (the plan has no S3 credentials to look with).
+            return
         final = Path(os.path.abspath(os.fspath(self.path)))
         resolved = final.resolve()
         store = context.store_root.resolve()
@@ -112,10 +135,12 @@ class ParquetSink(Sink, SupportsConcurrentExecutionAttempts):
 
     def create_writer(self, context: InitializationContext) -> SinkWriter:
         """Attempts write Parquet into their own attempt directory."""
-        return _ParquetWriter(context)
+        return _ParquetWriter(context, versioned=is_object_url(os.fspath(self.path)))
 
     def finalize_global(self, context: FinalizationContext) -> dict[str, Any]:
         """Publish the admitted attempts' files as ``part-<subtask>-<n>.parquet`` plus a ``_SUCCESS`` manifest."""
+        if is_object_url(os.fspath(self.path)):
+            return parquet_s3.finalize_s3(os.fspath(self.path), context)
         final = Path(os.fspath(self.path))
         if not final.is_absolute():
             raise StoreError(f"ParquetSink will not commit to relative path {str(final)!r}")
@@ -157,6 +182,8 @@ class ParquetSink(Sink, SupportsConcurrentExecutionAttempts):
 
     def staging(self, scope: StagingScope) -> list[StagingObject]:
         """Staging and backup directories a crashed finalize of this stage run left next to the path."""
+        if is_object_url(os.fspath(self.path)):
+            return parquet_s3.staging_s3(os.fspath(self.path), scope)[1]
         final = Path(os.fspath(self.path))
         if not final.is_absolute() or not final.parent.is_dir():
             return []
@@ -165,6 +192,8 @@ class ParquetSink(Sink, SupportsConcurrentExecutionAttempts):
 
     def cleanup_staging(self, scope: StagingScope) -> list[str]:
         """Remove this stage run's staging leftovers; attempts' own files live in the store, not here."""
+        if is_object_url(os.fspath(self.path)):
+            return parquet_s3.cleanup_s3(os.fspath(self.path), scope)
         removed = []
         for obj in self.staging(scope):
             if _remove_own(Path(obj.name)):
@@ -173,13 +202,46 @@ class ParquetSink(Sink, SupportsConcurrentExecutionAttempts):
 
 
 class _ParquetWriter(SinkWriter):
-    def __init__(self, context: InitializationContext) -> None:
+    def __init__(self, context: InitializationContext, *, versioned: bool = False) -> None:
         self.context = context
+        self.versioned = versioned
 
     def write(self, df: Any) -> dict[str, Any]:
         # One file per subtask keeps the committed directory small and its names predictable.
-        df.coalesce(1).write.parquet(str(self.context.data_dir))
-        return {}
+        df.coalesce(1).write.parquet(self.context.data_url or str(self.context.data_dir))
+        # On S3 each written output gets an id: a rerun's commit then publishes a version of its own even when
+        # its attempt numbers and bytes match the last one, while a retry of one commit keeps its version.
+        return {"write_id": uuid.uuid4().hex} if self.versioned else {}
+
+
+def published_files(location: str, *, credentials: S3Credentials | None = None) -> list[str]:
+    """The files a ParquetSink published at ``location`` (a path or ``s3://`` URL): what readers must read.
+
+    On S3 they are the files ``_CURRENT`` names; ``spark.read.parquet(prefix)`` would also read retired and
+    unpublished versions. Pass the result to ``spark.read.parquet(*files)`` or ``pyarrow.parquet``.
+    ``credentials``: e.g. ``hooks.objectstore.s3_settings(conn_id, where)``; None: the AWS SDK's default chain.
+    """
+    return parquet_s3.published_files(location, credentials=credentials)
+
+
+def _untemplated(url: str) -> str:
+    """``url`` with each templated segment replaced by a placeholder, so its fixed part can be checked at parse."""
+    return "/".join("tmpl" if "{{" in part or "{%" in part else part for part in url.split("/"))
+
+
+def _object_asset_uri(url: str) -> str | None:
+    """``s3://bucket/fixed/part`` of an S3 sink URL (``s3a`` shown as ``s3``, no credentials); None if unusable."""
+    bucket, key = split_object_url(url)
+    if "@" in bucket or parquet_s3.sink_url_problem(_untemplated(url)):
+        return None
+    fixed = []
+    for part in key.split("/"):
+        if "{{" in part or "{%" in part:
+            break
+        if part:
+            fixed.append(part)
+    # A prefix that starts with a template has no fixed part, as a local path starting with one: no asset.
+    return f"s3://{bucket}/" + "/".join(fixed) if fixed else None
 
 
 def clashing_sink_paths(sinks: dict[str, Sink]) -> str | None:
@@ -187,7 +249,7 @@ def clashing_sink_paths(sinks: dict[str, Sink]) -> str | None:
 
     Compared as written (templates included): two stages with "/out/{{ ds }}" collide in every run.
     """
-    paths = {name: posixpath.normpath(os.fspath(sink.path)) for name, sink in sorted(sinks.items())
+    paths = {name: _comparable(os.fspath(sink.path)) for name, sink in sorted(sinks.items())
              if isinstance(sink, ParquetSink) and isinstance(sink.path, str | os.PathLike) and os.fspath(sink.path)}
     names = list(paths)
     for i, a in enumerate(names):
@@ -200,6 +262,13 @@ def clashing_sink_paths(sinks: dict[str, Sink]) -> str | None:
                 return (f"stage {inner!r} sinks to {paths[inner]!r}, inside the sink path {paths[outer]!r} of "
                         f"stage {outer!r}; committing {outer!r} would move the output of {inner!r} away")
     return None
+
+
+def _comparable(path: str) -> str:
+    """``path`` as two sink paths are compared: a local path normalised, an S3 URL as ``s3://`` without trailing '/'."""
+    if is_object_url(path):
+        return "s3://" + path.split("://", 1)[1].rstrip("/")
+    return posixpath.normpath(path)
 
 
 def _run_key(dag_id: str, run_id: str, stage: str, final: Path) -> str:

@@ -29,12 +29,15 @@ complete temporary file, ``rename``, one ``write`` to an ``O_APPEND`` file). :cl
 from __future__ import annotations
 
 import abc
+import base64
 import contextlib
+import hashlib
 import io
 import json
 import os
 import re
 import stat
+import tempfile
 import threading
 import time
 import unicodedata
@@ -66,6 +69,9 @@ _SEQ_NAME = re.compile(rf"^(\d{{{_SEQ_DIGITS}}})\.json$")
 _RELIST_AFTER = 8
 _CONFLICT_RETRIES = 10
 _READ_THREADS = 16
+# A copy through this process moves this much at a time; S3 copies one object server-side up to 5 GiB.
+_COPY_CHUNK = 1 << 20
+_MAX_SINGLE_COPY = 5 << 30
 _TEMP_NAME = re.compile(r"^\..+\.tmp$")
 # Journal cursors (opaque to callers): POSIX ``posix:<inode>:<byte offset>[:<first line's crc32>]``, S3
 # ``s3:<next number>:<ETag of the record before it>``, any other backend ``count:<records read>``; plain
@@ -537,6 +543,24 @@ class StoreBackend(abc.ABC):
         for name in names:
             self._delete(name)
 
+    # -- copies: publishing another backend's object under a name of this one ---------------------------
+
+    def copy_from(self, name: str, source: StoreBackend, source_name: str) -> str | None:
+        """Replace ``name`` with a copy of object ``source_name`` of ``source``; the copy's SHA-256 (hex) if known.
+
+        Readers see the old object or the whole copy (an atomic replace). None: the bytes never passed
+        through this process and the service reported no checksum (a multipart server-side copy); the
+        caller then checks the size. This fallback reads the whole object into memory (a test double).
+        """
+        self._writable(name)
+        stream = source.open_read(source_name)
+        if stream is None:
+            raise StoreError(f"cannot copy {source.describe(source_name)}: it does not exist")
+        with stream:
+            data = stream.read()
+        self._replace(name, data)
+        return hashlib.sha256(data).hexdigest()
+
 
 def _owner_of(marker: Any) -> str:
     if isinstance(marker, dict) and isinstance(marker.get("owner"), str):
@@ -793,6 +817,34 @@ class PosixBackend(StoreBackend):
         if not stat.S_ISDIR(info.st_mode):
             return None
         return PrefixVersion((info.st_ino, info.st_mtime_ns, info.st_ctime_ns), info.st_mtime_ns / 1e9)
+
+    def copy_from(self, name: str, source: StoreBackend, source_name: str) -> str | None:
+        """Copy ``source``'s object into a temporary file next to ``name`` (fsync), then rename it over ``name``."""
+        self._writable(name)
+        stream = source.open_read(source_name)
+        if stream is None:
+            raise StoreError(f"cannot copy {source.describe(source_name)}: it does not exist")
+        path = self.root / name
+        digest = hashlib.sha256()
+        try:
+            with stream:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+                try:
+                    with os.fdopen(fd, "wb") as handle:
+                        while block := stream.read(_COPY_CHUNK):
+                            digest.update(block)
+                            handle.write(block)
+                        handle.flush()
+                        os.fsync(handle.fileno())
+                    os.replace(tmp, path)
+                except BaseException:
+                    with contextlib.suppress(OSError):
+                        os.unlink(tmp)
+                    raise
+        except OSError as exc:
+            raise StoreError(f"cannot write {path}: {exc.strerror or exc}") from exc
+        return digest.hexdigest()
 
 
 # -- S3 -------------------------------------------------------------------------------------------------
@@ -1177,6 +1229,45 @@ class S3Backend(StoreBackend):
                 raise StoreError(f"cannot delete {self.describe(self._relative(first.get('Key', '')))}: "
                                  f"{first.get('Code') or 'error'} ({len(answer['Errors'])} objects not deleted)")
 
+    def copy_from(self, name: str, source: StoreBackend, source_name: str) -> str | None:
+        """Server-side ``CopyObject`` from an S3 source on this endpoint, else a streamed (multipart) upload.
+
+        A copy up to 5 GiB asks S3 for the copy's SHA-256 (``ChecksumAlgorithm``); a larger one is a multipart
+        copy (``UploadPartCopy``), whose checksum is not the object's: None. An upload hashes what it sends.
+        """
+        self._writable(name)
+        key = self._key(name)
+        if isinstance(source, S3Backend) and source._client.meta.endpoint_url == self._client.meta.endpoint_url:
+            info = source.stat(source_name)
+            if info is None:
+                raise StoreError(f"cannot copy {source.describe(source_name)}: it does not exist")
+            copy_source = {"Bucket": source.bucket, "Key": source._key(source_name)}
+            try:
+                if info.size <= _MAX_SINGLE_COPY:
+                    answer = self._client.copy_object(Bucket=self.bucket, Key=key, CopySource=copy_source,
+                                                      ChecksumAlgorithm="SHA256")
+                    checksum = (answer.get("CopyObjectResult") or {}).get("ChecksumSHA256")
+                    return base64.b64decode(checksum).hex() if checksum else None
+                from boto3.s3.transfer import TransferConfig
+
+                self._client.copy(copy_source, self.bucket, key,
+                                  Config=TransferConfig(multipart_threshold=_MAX_SINGLE_COPY))
+                return None
+            except Exception as exc:
+                raise self._fail(name, "write", exc) from None
+        stream = source.open_read(source_name)
+        if stream is None:
+            raise StoreError(f"cannot copy {source.describe(source_name)}: it does not exist")
+        hashing = _HashingReader(stream)
+        try:
+            with stream:
+                self._client.upload_fileobj(hashing, self.bucket, key)
+        except StoreError:
+            raise
+        except Exception as exc:
+            raise self._fail(name, "write", exc) from None
+        return hashing.digest.hexdigest()
+
 
 def _shown_url(url: str) -> str:
     """``url`` with any ``user:password@`` replaced, for messages."""
@@ -1230,6 +1321,27 @@ class _S3Stream(io.RawIOBase):
             with contextlib.suppress(Exception):
                 self._body.close()
         super().close()
+
+
+class _HashingReader(io.RawIOBase):
+    """A binary stream that hashes (SHA-256) what is read through it: an upload's checksum of the bytes it sent."""
+
+    def __init__(self, stream: BinaryIO) -> None:
+        self._stream = stream
+        self.digest = hashlib.sha256()
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int = -1) -> bytes:
+        data = self._stream.read(size)
+        self.digest.update(data)
+        return data
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.read(len(memoryview(buffer)))
+        memoryview(buffer).cast("B")[:len(data)] = data
+        return len(data)
 
 
 class _ArrowS3:

@@ -426,6 +426,11 @@ CASES = [
          r"pipeline 'p': stage 'b' sinks to '/out/q1/day=2', inside the sink path '/out/q1' of stage 'a'"),
     Case("sink-path-dot-part", lambda t: stage(sink=ParquetSink("/out/../etc")), PipelineError,
          r"stage 's', sink ParquetSink: path '/out/../etc' has a '.' or '..' part"),
+    Case("sink-s3-url-invalid", lambda t: stage(sink=ParquetSink("s3://key:secret@lake/out/{{ ds }}")),
+         PipelineError, r"stage 's', sink ParquetSink: sink URL 's3://\*\*\*@lake/out/\{\{ ds \}\}' carries "
+         r"credentials"),
+    Case("sink-url-scheme", lambda t: stage(sink=ParquetSink("gs://lake/out")), PipelineError,
+         r"stage 's', sink ParquetSink: path 'gs://lake/out': scheme 'gs://' is not supported"),
     Case("source-filesystem-root", lambda t: stage({"rows": parquet_source("/**/*.parquet")}), PipelineError,
          r"pipeline 'p', stage 's', input 'rows': source path '/\*\*/\*.parquet' is rooted at '/': planning would "
          r"list the whole filesystem"),

@@ -173,3 +173,34 @@ def test_spark_write_errors_are_reported_as_store_errors(small_store: Path, tmp_
     assert store_write_error(roomy, RuntimeError("AnalysisException: column x not found")) is None
 
 
+
+
+def test_s3_write_refusals_are_reported_as_store_errors_naming_the_output() -> None:
+    from airflow_provider_speculative.exceptions import StoreFullError, StoreNotWritableError
+    from airflow_provider_speculative.runtime.context import store_write_error
+
+    url = "s3a://lake/store/etl/run/extract/subtask=0/attempt=0/data"
+
+    def s3a_failure(cause: str, key: str = "store/etl/run/extract/subtask=0/attempt=0/data",
+                    java: str = "java.nio.file.AccessDeniedException") -> Exception:
+        # The shape of what s3a raises through PySpark (AWS SDK v2), abbreviated.
+        return RuntimeError(f"An error occurred while calling o52.parquet.\n: {java}: "
+                            f"s3a://lake/{key}/part-00000.parquet: PUT 0-byte object on {key}: "
+                            f"software.amazon.awssdk.services.s3.model.S3Exception: {cause}")
+
+    denied = store_write_error(url, s3a_failure("Access Denied (Service: S3, Status Code: 403, Request ID: X)"))
+    assert isinstance(denied, StoreNotWritableError)
+    assert str(denied) == f"store is not writable: cannot write {url}: access denied (HTTP 403)"
+    # Ceph answers an exceeded bucket quota with a 403: a full store, not a permission problem.
+    quota = store_write_error(url, s3a_failure("QuotaExceeded (Service: S3, Status Code: 403)"))
+    assert isinstance(quota, StoreFullError) and str(quota).startswith("store is full")
+    full = store_write_error(url, s3a_failure("XMinioStorageFull (Service: S3, Status Code: 507, Request ID: X)",
+                                              java="org.apache.hadoop.fs.s3a.AWSStatus500Exception"))
+    assert isinstance(full, StoreFullError) and "quota" in str(full) and "Request ID" not in str(full)
+    throttled = store_write_error(url, s3a_failure("Please reduce your request rate. (Service: S3, "
+                                                   "Status Code: 503, Error Code: SlowDown)",
+                                                   java="org.apache.hadoop.fs.s3a.AWSServiceThrottledException"))
+    assert type(throttled) is StoreError and "SlowDown" in str(throttled) and "Java" not in str(throttled)
+    # A 403 on another object of the job (a source read inside the write's job) is not blamed on the store.
+    assert store_write_error(url, s3a_failure("Access Denied (Status Code: 403)", key="sources/orders")) is None
+    assert store_write_error(url, RuntimeError("AnalysisException: column x not found")) is None
