@@ -22,11 +22,13 @@ from airflow_provider_speculative.control.sources import list_object_files
 from airflow_provider_speculative.core.graph import SourceSpec
 from airflow_provider_speculative.devtools import services as services_module
 from airflow_provider_speculative.exceptions import PlanError
+from airflow_provider_speculative.hooks.objectstore import settings_from_environment
+from airflow_provider_speculative.sinks.parquet import published_files
 from airflow_provider_speculative.store.files import read_json
 from airflow_provider_speculative.store.layout import StageLayout
 from tests import services
 from tests.conftest import TEST_ENV
-from tests.integration.q3 import duckdb_q3, q3_difference, read_q3_output
+from tests.integration.q3 import Q3_COLUMNS, duckdb_q3, q3_difference, read_q3_output, sort_q3
 from tests.integration.spark_helpers import HERE, load_dag
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(900)]
@@ -123,6 +125,49 @@ def test_q3_with_sources_on_s3_equals_duckdb(airflow_db, s3_tpch, connect_pool, 
              *(Path(s.log).parent for s in connect_pool.values())]
     leaked = [str(p) for root in where for p in Path(root).rglob("*") if p.is_file() and secret in p.read_bytes()]
     assert not leaked, f"the S3 secret key is written in {leaked}"
+
+
+def test_q3_with_its_sink_on_s3_publishes_duckdbs_answer_once_per_run(airflow_db, s3_tpch, aws_env, connect_pool,
+                                                                      monkeypatch):
+    """The sink on S3: each run publishes a new version by ``_CURRENT`` and deletes the one it replaced."""
+    import pyarrow.parquet as pq
+    from pyarrow.fs import S3FileSystem
+
+    local, _ = s3_tpch
+    aws_env.create_bucket("q3-sink")
+    monkeypatch.setenv("SPECULATIVE_TEST_TPCH", str(local))
+    monkeypatch.setenv("SPECULATIVE_EXAMPLE_OUTPUT", "s3://q3-sink/out")  # read when the DAG folder is parsed
+    settings = settings_from_environment()
+    endpoint = str(settings.endpoint_url).split("://", 1)
+    fs = S3FileSystem(access_key=settings.access_key, secret_key=settings.secret_key, region="us-east-1",
+                      endpoint_override=endpoint[1], scheme=endpoint[0])
+    want = duckdb_q3(local)
+    published: list[list[str]] = []
+    for logical in (pendulum.datetime(2026, 5, 4, tz="UTC"), pendulum.datetime(2026, 5, 4, 1, tz="UTC")):
+        dag = load_dag("connect_q3", HERE / "dags")
+        run = dag.test(logical_date=logical, run_conf={})
+        assert run.state == "success"
+        files = published_files("s3://q3-sink/out/connect_q3/2026-05-04", credentials=settings)
+        assert files and all(f.startswith("s3://q3-sink/out/connect_q3/2026-05-04/_v=") for f in files)
+        rows = [r for f in files for r in pq.read_table(f.removeprefix("s3://"), filesystem=fs).to_pylist()]
+        got = sort_q3([{c: r[c] for c in Q3_COLUMNS} for r in rows])
+        assert q3_difference(got, want) is None, q3_difference(got, want)
+        published.append(files)
+    # The second run of the same date published a new version, and the first version's files are gone.
+    assert set(published[0]).isdisjoint(published[1])
+    left = {info.path for info in fs.get_file_info(pyarrow_selector("q3-sink/out/connect_q3/2026-05-04"))
+            if info.path.endswith(".parquet")}
+    assert left == {f.removeprefix("s3://") for f in published[1]}
+    secret = services.s3().secret_key.encode()
+    leaked = [str(p) for p in (STORE / "connect_q3").rglob("*") if p.is_file() and secret in p.read_bytes()]
+    assert not leaked, f"the S3 secret key is written in {leaked}"
+
+
+def pyarrow_selector(prefix: str):
+    """Every object below ``prefix`` (bucket/key), recursively."""
+    from pyarrow.fs import FileSelector
+
+    return FileSelector(prefix, recursive=True)
 
 
 def test_the_endpoint_gives_one_winner_to_racing_conditional_creates():
