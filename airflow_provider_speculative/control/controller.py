@@ -338,9 +338,13 @@ class StageController:
         self.views = self.watcher.observe(now)
         self.slots.reclaim(self.views, bool(self.scheduler.slot_status(now)), now)
         lost_targets = {name: v.reason or "not live" for name, v in self.views.items() if not v.live}
+        own: dict[str, int] = {}
+        for target, _, _ in self.slots.held.values():
+            own[target] = own.get(target, 0) + 1
         return TargetsObserved(free={name: v.free for name, v in self.views.items()},
                                capacity={name: v.capacity for name, v in self.views.items()},
-                               lost_targets=lost_targets, lost_nodes=dict(self.watcher.lost_nodes))
+                               lost_targets=lost_targets, lost_nodes=dict(self.watcher.lost_nodes),
+                               others={name: max(0, v.held - own.get(name, 0)) for name, v in self.views.items()})
 
     def _release_slots(self) -> int:
         return self.slots.release_over(self.scheduler.attempts, self.reaping, decided=self.result is not None)

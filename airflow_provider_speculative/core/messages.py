@@ -87,6 +87,7 @@ class TargetsObserved:
 
     ``free``: slots this stage may claim now per target (a target absent or at 0 gets no launch).
     ``capacity``: each target's live capacity; when every target's is 0 the stage waits for a live slot.
+    ``others``: slots of each target held by other stage runs; an attempt running there meanwhile is shared.
     ``lost_targets`` / ``lost_nodes``: target or node -> why it is gone (a server stopped answering, a
     worker left the master's alive list); live attempts there are cancelled and rerun elsewhere, and
     their failures do not count against the failure limits.
@@ -96,6 +97,8 @@ class TargetsObserved:
     capacity: Mapping[str, int]
     lost_targets: Mapping[str, str] = field(default_factory=dict)
     lost_nodes: Mapping[str, str] = field(default_factory=dict)
+    # Slots of each target other stage runs hold now: this stage's attempts there share it (Attempt.shared).
+    others: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -186,6 +186,8 @@ class StageScheduler:
     capacity: dict[str, int] = field(default_factory=dict)
     lost_targets: dict[str, str] = field(default_factory=dict)
     lost_nodes: dict[str, str] = field(default_factory=dict)
+    # Slots of each target other stage runs held at the last TargetsObserved (only targets with some).
+    others: dict[str, int] = field(default_factory=dict)
     # Attempts that failed or were cancelled because their target or node was lost: not their fault.
     target_lost: set[tuple[int, int]] = field(default_factory=set)
     waiting_for_slot_since: float | None = None
@@ -413,6 +415,8 @@ class StageScheduler:
         """Record what the targets offer; a new loss is acted on at the Tick, after this call's observations."""
         self.free_slots = dict(seen.free)
         self.capacity = dict(seen.capacity)
+        self.others = {name: n for name, n in seen.others.items() if n > 0}
+        self._mark_shared(self.others)
         if any(t not in self.lost_targets for t in seen.lost_targets) or any(
                 n not in self.lost_nodes for n in seen.lost_nodes):
             self._book.new_loss = True
@@ -585,6 +589,7 @@ class StageScheduler:
                 update.state = AttemptState.CANCELED
             if known is not None:
                 update.speculative = known.speculative
+                update.shared = known.shared or update.shared
                 update.created_at = known.created_at if update.created_at is None else update.created_at
             if known is not None and known.state == AttemptState.CANCELING and update.state in LIVE:
                 update.state = AttemptState.CANCELING  # a cancel is never undone by a stale observation
@@ -783,8 +788,8 @@ class StageScheduler:
         # The last placement round's speeds: a target it calls slow explains its attempts' time (core/detector.py).
         return watch.judge(self.baseline, now, self.speeds.slow_targets if self.speeds is not None else frozenset())
 
-    def _observe_speeds(self, now: float) -> Speeds:
-        """``observe`` of every attempt, from the speed view brought up to date with the subtasks that changed."""
+    def _speed_view(self) -> SpeedView:
+        """The speed view, brought up to date with the subtasks that changed since it was last used."""
         view = self._caches.speed_view
         if view is None or view.input_bytes is not self.input_bytes:
             view = self._caches.speed_view = SpeedView(self.input_bytes)
@@ -792,7 +797,11 @@ class StageScheduler:
         for subtask in self._caches.speed_pending:
             view.update(subtask, self.attempts.get(subtask, {}).values())
         self._caches.speed_pending = set()
-        self._caches.viewed = view.speeds(now, self.target_history, self.history_source)
+        return view
+
+    def _observe_speeds(self, now: float) -> Speeds:
+        """``observe`` of every attempt, from the speed view brought up to date with the subtasks that changed."""
+        self._caches.viewed = self._speed_view().speeds(now, self.target_history, self.history_source)
         return self._caches.viewed
 
     def _hold_inputs(self, speeds: Speeds, now: float) -> HoldInputs:
@@ -803,8 +812,20 @@ class StageScheduler:
         longest = functools.partial(view.longest, now=now) if self._caches.viewed is speeds else None
         return view.live_on, view.went_to, longest
 
+    def _mark_shared(self, others: Mapping[str, int]) -> None:
+        """Mark the live attempts on targets other stage runs use now: O(live attempts there)."""
+        if not others:
+            return
+        view = self._speed_view()
+        for name in others:
+            for attempt in view.live_on(name):
+                if not attempt.shared:
+                    attempt.shared = True
+                    self._caches.speed_pending.add(attempt.subtask)
+
     def _add_attempt(self, attempt: Attempt) -> None:
         """Record an attempt placement launched; the speed view counts it as live from then on."""
+        attempt.shared = attempt.shared or attempt.target in self.others
         per = self.attempts[attempt.subtask]
         per[attempt.number] = attempt
         self._caches.speed_pending.add(attempt.subtask)

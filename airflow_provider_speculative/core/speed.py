@@ -86,7 +86,7 @@ class Speeds:
 
 def _per_byte(attempt: Attempt, input_bytes: Mapping[int, int], now: float) -> float | None:
     size = input_bytes.get(attempt.subtask) or attempt.input_bytes or 0
-    if size <= 0 or attempt.deploying_at is None:
+    if size <= 0 or attempt.deploying_at is None or attempt.shared:
         return None
     if attempt.state == AttemptState.CANCELED:
         # A loser cancelled after running e seconds needed at least e: the slow node's usual fate.
@@ -195,7 +195,8 @@ class SpeedView:
         if attempt.state not in TERMINAL:
             self._live[(attempt.subtask, attempt.number)] = attempt
             self._live_on.setdefault(target, {})[(attempt.subtask, attempt.number)] = attempt
-        size = self.input_bytes.get(attempt.subtask) or attempt.input_bytes or 0
+        # A shared attempt is not timed (_per_byte): its time is the target's load, not its speed.
+        size = 0 if attempt.shared else self.input_bytes.get(attempt.subtask) or attempt.input_bytes or 0
         kind, rate = "", None
         if size > 0 and attempt.deploying_at is not None:
             if attempt.state == AttemptState.FINISHED:

@@ -131,6 +131,9 @@ class Attempt:
     # of an attempt that only waits for its producers, and no inflated baseline).
     input_wait: float = 0.0
     waiting_since: float | None = None
+    # Attempts of other stages or DAG runs held slots of the target while this one ran: its time tells how
+    # busy the target was, not how fast it is, so speed-aware placement does not time it (core/speed.py).
+    shared: bool = False
 
     @property
     def startup_seconds(self) -> float | None:

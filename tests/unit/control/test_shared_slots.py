@@ -89,3 +89,29 @@ def test_kill_all_gives_back_the_slots(tmp_path):
     controller.step()
     controller.kill_all("test")
     assert TargetSlots(tmp_path, "host").count() == 0
+
+
+def test_attempts_that_ran_beside_another_stages_are_not_timed_for_speed(tmp_path):
+    # Two stages share the host's two slots: each stage's attempt ran beside the other stage's, so
+    # neither tells the host's speed (core/speed.py); an attempt alone on it does.
+    clock = Clock()
+    (first, first_backend), (second, second_backend) = (stage(tmp_path, f"scan{i}", clock, parallelism=1)
+                                                        for i in range(2))
+    first.step()
+    second.step()
+    assert live([first_backend, second_backend]) == 2
+    clock.now += 1
+    first.step()
+    second.step()
+    assert all(a.shared for per in first.scheduler.attempts.values() for a in per.values())
+    assert all(a.shared for per in second.scheduler.attempts.values() for a in per.values())
+    alone, alone_backend = stage(tmp_path, "scan_alone", clock, parallelism=1)
+    for controller, backend in ((first, first_backend), (second, second_backend)):
+        for key, attempt in list(backend.attempts.items()):
+            if attempt.state.value == "RUNNING":
+                backend.finish(*key)
+        clock.now += 1
+        controller.step()
+    clock.now += 1
+    alone.step()
+    assert not any(a.shared for per in alone.scheduler.attempts.values() for a in per.values())

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from airflow_provider_speculative.core.config import SpeculativeConfig
-from airflow_provider_speculative.core.messages import Launch
+from airflow_provider_speculative.core.messages import Launch, TargetsObserved, Tick
 from airflow_provider_speculative.core.scheduler import StageScheduler
 from airflow_provider_speculative.core.speed import (
     CHECK_SLOW_FACTOR,
     HoldPlanner,
+    SpeedView,
     check_slowness,
     check_wanted,
     observe,
@@ -232,3 +235,53 @@ def test_a_busy_slow_server_takes_no_original_while_the_fastest_runs_a_long_spli
     scan = StageSpec("scan", (2.0,) + (1.0,) * 7, (10_000_000,) * 8)
     Simulator(Scenario("skewed split", nodes, (scan,), startup=0.25, speed_check=0.15), POLICIES["provider"]).run()
     assert launches and not [launch for launch in launches if launch[2] == "local-b" and launch[3] > 0], launches
+
+
+def test_a_shared_attempt_is_not_timed_for_its_targets_speed() -> None:
+    shared = attempt(1, "b", S.FINISHED, 0, 40)
+    shared.shared = True
+    speeds = observe([attempt(0, "a", S.FINISHED, 0, 10), shared, attempt(2, "a", S.FINISHED, 0, 12)], SIZES, now=50)
+    assert "b" not in speeds.slowness
+    still = attempt(3, "b", S.RUNNING, 0)
+    still.shared = True
+    assert "b" not in observe([attempt(0, "a", S.FINISHED, 0, 10), still], SIZES, now=25).slowness
+    view = SpeedView(SIZES)
+    for a in (attempt(0, "a", S.FINISHED, 0, 10), shared, still):
+        view.update(a.subtask, [a])
+    assert view.speeds(25.0) == observe([attempt(0, "a", S.FINISHED, 0, 10), shared, still], SIZES, now=25.0)
+
+
+def test_a_target_other_stages_share_is_not_called_slow_from_this_stages_times() -> None:
+    # As in the test above, but another stage holds a slot of "slow" while this stage's attempts run there:
+    # their 20 s say the server was busy, not slow, and nothing is held back from it.
+    sched = scheduler(8, history={})
+
+    def shared_step(now: float, updates: list[Attempt]) -> list[Any]:
+        """A controller check while another stage holds one more slot of "slow" (3 slots there)."""
+        now_known = {(a.subtask, a.number): a for per in sched.attempts.values() for a in per.values()}
+        now_known.update({(a.subtask, a.number): a for a in updates})
+        live = {name: sum(a.live for a in now_known.values() if a.target == name) for name in ("fast", "slow")}
+        sched.handle(TargetsObserved(free={"fast": 2 - live["fast"], "slow": 2 - live["slow"]},
+                                     capacity={"fast": 2, "slow": 3}, others={"slow": 1}))
+        return step(sched, now, updates)
+
+    assert launched(shared_step(0.0, [])) == [(0, 0, "fast"), (1, 0, "slow"), (2, 0, "fast"), (3, 0, "slow")]
+    shared_step(1.0, [running(sched, s, at=1.0) for s in range(4)])
+    assert launched(shared_step(5.0, [finished(sched, s, end=5.0) for s in (0, 2)])) == [(4, 0, "fast"),
+                                                                                          (5, 0, "fast")]
+    shared_step(20.0, [running(sched, s, at=20.0) for s in (4, 5)])
+    actions = shared_step(21.0, [finished(sched, 1, end=21.0)])
+    assert launched(actions) == [(6, 0, "slow")] and not sched.held_back
+    assert sched.speeds is not None and "slow" not in sched.speeds.slowness
+    assert all(a.shared for a in sched.attempts[1].values())
+
+
+def test_an_attempt_becomes_shared_when_another_stage_takes_a_slot_of_its_target_while_it_runs() -> None:
+    sched = scheduler(2, history={})
+    assert launched(step(sched, 0.0)) == [(0, 0, "fast"), (1, 0, "slow")]
+    step(sched, 1.0, [running(sched, s, at=1.0) for s in range(2)])
+    sched.handle(TargetsObserved(free={"fast": 1, "slow": 0}, capacity={"fast": 2, "slow": 2}, others={"slow": 1}),
+                 Tick(2.0))
+    assert sched.attempts[1][0].shared and not sched.attempts[0][0].shared
+    step(sched, 30.0, [finished(sched, 1, end=30.0)])  # an observation keeps the mark
+    assert sched.attempts[1][0].shared
