@@ -596,7 +596,7 @@ class PosixBackend(StoreBackend):
     """A store in a local or shared POSIX directory: the calls of ``store/files.py``, unchanged."""
 
     def __init__(self, root: str | Path, *, owner: str | None = None) -> None:
-        self.root = Path(root)
+        self.root = Path(os.fspath(root))  # a StorePath (store/layout.py) refuses here
         self._owner = owner
 
     @property

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -158,7 +159,7 @@ def own_store(root: str | Path) -> dict[str, Any]:
     the record but not the root's marker (made by an earlier version) is claimed as it is. Raises
     :class:`StoreRootNotOwnedError` naming what is there otherwise.
     """
-    root = Path(root)
+    root = Path(os.fspath(root))
     store = PosixBackend(root)
     record = store.read_json(STORE_FILE)
     if isinstance(record, dict):

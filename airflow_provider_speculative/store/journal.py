@@ -7,6 +7,7 @@ all record through :func:`record` (or :func:`append`, the same on any store back
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -28,7 +29,7 @@ def append(store: StoreBackend, name: str, event: Event, *, at: float | None = N
 
 
 def _posix(path: str | Path) -> tuple[PosixBackend, str]:
-    path = Path(path)
+    path = Path(os.fspath(path))
     return PosixBackend(path.parent), path.name
 
 
@@ -52,7 +53,7 @@ class Journal:
     """A journal bound to one stage run and a clock (the controller's, which tests fake)."""
 
     def __init__(self, path: str | Path, clock: Callable[[], float] = time.time, **common: Any) -> None:
-        self.path = Path(path)
+        self.path = Path(os.fspath(path))
         self.store: StoreBackend
         self.store, self.name = _posix(self.path)
         self.clock = clock

@@ -45,6 +45,7 @@ older one does not see generations above 0 and may take back a pruned ``slot-<k>
 
 from __future__ import annotations
 
+import os
 import re
 import time
 import uuid
@@ -86,7 +87,7 @@ class TargetSlots:
     """The slot claims of one target in one store."""
 
     def __init__(self, root: Path, target: str, store: StoreBackend | None = None) -> None:
-        self.root = Path(root)
+        self.root = Path(os.fspath(root))
         self.target = target
         self.store: StoreBackend = PosixBackend(self.root) if store is None else store
         self.prefix = f"{TARGETS_DIR}/{safe_component(target)}/slots"
