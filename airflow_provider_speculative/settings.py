@@ -18,7 +18,9 @@ from airflow_provider_speculative.core.config import (
     store_root_path,
     unknown_options,
 )
+from airflow_provider_speculative.store.backend import S3Credentials, StoreBackend
 from airflow_provider_speculative.store.layout import default_store_root
+from airflow_provider_speculative.store.roots import is_s3_root, open_store, resolve_connections_with
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +87,40 @@ def store_root(config: SpeculativeConfig) -> Path:
     if not config.store_path:
         return default_store_root()
     return Path(store_root_path(config.store_path, "store_path")).expanduser().resolve()
+
+
+def store_location(config: SpeculativeConfig) -> str:
+    """The store root ``config`` names: the absolute POSIX root (as :func:`store_root`), or an ``s3://`` URL.
+
+    ``store_path`` on S3 is refused when the configuration is parsed (``core/config.py``, until the fault tests
+    run on S3); everything from here down serves it.
+    """
+    if is_s3_root(config.store_path):
+        return config.store_path
+    return str(store_root(config))
+
+
+def configured_store(config: SpeculativeConfig | None = None) -> StoreBackend:
+    """The store of ``[speculative] store_path`` (default ``$AIRFLOW_HOME/speculative-store``) as a backend.
+
+    What the CLI and the UI read and gc: opened through the process's cache (``store/roots.py``), an S3 root
+    with the credentials of ``[speculative] s3_conn_id`` or the AWS environment, as S3 sources.
+    """
+    config = airflow_config() if config is None else config
+    return open_store(store_location(config), conn_id=config.s3_conn_id)
+
+
+def connection_credentials(conn_id: str) -> S3Credentials:
+    """The S3 credentials of Airflow connection ``conn_id`` (``hooks/objectstore.py``), for a store on S3."""
+    from airflow_provider_speculative.hooks.objectstore import s3_settings
+
+    return s3_settings(conn_id, "the store ([speculative] store_path)")
+
+
+# Every Airflow process of the provider imports this module before it opens a store: from here on, an S3 store
+# opened with a connection id (a plan's s3_conn_id) takes that connection's credentials. An attempt's runtime
+# never imports it and uses the AWS environment.
+resolve_connections_with(connection_credentials)
 
 
 def metadata_db_identity() -> dict[str, str] | None:

@@ -64,6 +64,7 @@ from airflow_provider_speculative.store.layout import (
     StageLayout,
     safe_component,
     stage_key,
+    store_at,
 )
 from airflow_provider_speculative.store.slots import TARGETS_DIR
 
@@ -147,7 +148,7 @@ class _Stage:
 
 
 def _backend(root: str | Path | StoreBackend) -> StoreBackend:
-    return root if isinstance(root, StoreBackend) else PosixBackend(root)
+    return store_at(root)
 
 
 def _where(store: StoreBackend, name: str) -> Path | str:

@@ -45,7 +45,7 @@ from airflow_provider_speculative.core.states import (  # noqa: F401  (the liven
 )
 from airflow_provider_speculative.core.summary import StageSummary
 from airflow_provider_speculative.exceptions import NotFoundError, PipelineError, StoreError
-from airflow_provider_speculative.store.backend import ObjectInfo, PosixBackend, StoreBackend
+from airflow_provider_speculative.store.backend import ObjectInfo, StoreBackend
 from airflow_provider_speculative.store.files import read_json
 from airflow_provider_speculative.store.layout import (
     ADMITTED_FILE,
@@ -56,7 +56,9 @@ from airflow_provider_speculative.store.layout import (
     STATUS_FILE,
     StageLayout,
     safe_component,
+    shown_root,
     stage_key,
+    store_at,
 )
 
 LIVENESS_MODES = ("process", "heartbeat")
@@ -122,15 +124,8 @@ def _stage_plans(store: StoreBackend, run: str) -> list[tuple[str, dict[str, Any
 
 
 def _opened(root: Path | StoreBackend, store: StoreBackend | None) -> StoreBackend:
-    """The store to read: ``store``, else ``root`` when it is a backend, else the POSIX directory ``root``."""
-    if store is not None:
-        return store
-    return root if isinstance(root, StoreBackend) else PosixBackend(root)
-
-
-def _shown(store: StoreBackend) -> str:
-    """How messages name the store: a POSIX root's path, else its URL."""
-    return str(store.root) if isinstance(store, PosixBackend) else store.url
+    """The store to read: ``store``, else ``root``'s (a backend, a StorePath's store, a POSIX directory's)."""
+    return store_at(root) if store is None else store
 
 
 def run_plans(root: Path | StoreBackend, dag_id: str, run_id: str, *,
@@ -190,7 +185,7 @@ def latest_run_id(root: Path | StoreBackend, dag_id: str, *, store: StoreBackend
             if info is not None and (newest is None or info.mtime > newest[0]):
                 newest = (info.mtime, name)
     if newest is None:
-        raise NotFoundError(f"no speculative stages recorded for dag {dag_id!r} under {_shown(store)}")
+        raise NotFoundError(f"no speculative stages recorded for dag {dag_id!r} under {shown_root(store)}")
     return str(_checked_plan(read_document(store, newest[1]), store.describe(newest[1]))["run_id"])
 
 
@@ -204,7 +199,8 @@ def run_report(root: Path | StoreBackend, dag_id: str, run_id: str, stage: str |
     # An empty run directory is a run with no stage yet; a missing one is not recorded at all (an object
     # store has no empty prefix: there both are "not recorded").
     if not found and not backend.children(run) and backend.prefix_version(run) is None:
-        raise NotFoundError(f"no speculative stages recorded for dag {dag_id!r} run {run_id!r} under {_shown(backend)}")
+        raise NotFoundError(f"no speculative stages recorded for dag {dag_id!r} run {run_id!r} "
+                            f"under {shown_root(backend)}")
     stages = []
     plans = [plan for _, plan in found]
     if stage:

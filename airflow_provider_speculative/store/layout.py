@@ -155,6 +155,22 @@ class StorePath(PosixPath):
         return self.__fspath__().encode()
 
 
+def store_at(root: str | Path | StoreBackend) -> StoreBackend:
+    """The backend of ``root``: a backend itself, the store a :class:`StorePath` is in, else the POSIX directory's."""
+    if isinstance(root, StoreBackend):
+        return root
+    if isinstance(root, StorePath):
+        from airflow_provider_speculative.store.roots import opened_store
+
+        return opened_store(root.store_url)
+    return PosixBackend(root)
+
+
+def shown_root(store: StoreBackend) -> str:
+    """How messages and reports name a store: a POSIX root's path, as always, else its URL (no credential)."""
+    return str(store.root) if isinstance(store, PosixBackend) else store.url
+
+
 def layout_root(store: StoreBackend) -> Path:
     """The root of ``store``'s layouts: a POSIX store's directory, else its :class:`StorePath` anchor."""
     return store.root if isinstance(store, PosixBackend) else StorePath.anchor_of(store.url)
@@ -185,6 +201,13 @@ class StageLayout:
         return cls(layout_root(store), dag_id, run_id, stage, store)
 
     @classmethod
+    def at(cls, root: str | Path | StoreBackend, dag_id: str, run_id: str, stage: str) -> StageLayout:
+        """The layout of a stage run in ``root``: a store's backend, or a root path (a POSIX one or a StorePath)."""
+        if isinstance(root, StoreBackend):
+            return cls.over(root, dag_id, run_id, stage)
+        return cls(root if isinstance(root, Path) else Path(root), dag_id, run_id, stage)
+
+    @classmethod
     def of_plan(cls, plan: Mapping[str, Any], stage: str | None = None,
                 root: Path | StoreBackend | None = None) -> StageLayout:
         """The layout of the plan's stage (or of ``stage`` of its pipeline) in the plan's DAG run.
@@ -196,7 +219,7 @@ class StageLayout:
         if isinstance(root, StoreBackend):
             return cls.over(root, dag_id, run_id, key)
         if root is not None:
-            return cls(root if isinstance(root, StorePath) else Path(root), dag_id, run_id, key)
+            return cls.at(root, dag_id, run_id, key)
         from airflow_provider_speculative.store.roots import open_store
 
         config = plan.get("config")
@@ -208,13 +231,7 @@ class StageLayout:
         """The store these paths are in, as a backend (names relative to ``root``)."""
         if self.backend is None:
             # Built from a root path: the backend is made once, on first use (the dataclass is frozen).
-            if isinstance(self.root, StorePath):
-                from airflow_provider_speculative.store.roots import opened_store
-
-                made: StoreBackend = opened_store(self.root.store_url)
-            else:
-                made = PosixBackend(self.root)
-            object.__setattr__(self, "backend", made)
+            object.__setattr__(self, "backend", store_at(self.root))
         assert self.backend is not None
         return self.backend
 
