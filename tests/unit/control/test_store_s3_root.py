@@ -147,3 +147,15 @@ def test_attempt_logs_of_an_s3_store_are_refused_by_name_not_read_as_missing(
     err = capsys.readouterr().err
     assert f"{S3_ROOT}/" in err and "not a local directory" in err
     assert issubclass(NotALocalPathError, TypeError)
+
+
+def test_the_airflow_layer_resolves_a_plans_connection_for_its_store(monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow.sdk import BaseHook
+
+    assert roots._resolver is settings.connection_credentials  # registered when settings.py is imported
+    conn = SimpleNamespace(login="AKIDCONN", password="conn-secret", extra_dejson={"endpoint_url": "http://s3:9000"})
+    monkeypatch.setattr(BaseHook, "get_connection", classmethod(lambda cls, conn_id: conn))
+    credentials = settings.connection_credentials("spec_s3")
+    assert (credentials.access_key, credentials.secret_key, credentials.endpoint_url) == (
+        "AKIDCONN", "conn-secret", "http://s3:9000")
+    assert "conn-secret" not in repr(credentials)

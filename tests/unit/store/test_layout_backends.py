@@ -22,12 +22,12 @@ SECRET = "wJalrXUtnFEMI-K7MDENG-bPxRfiCYEXAMPLEKEY"
 
 
 @pytest.fixture(autouse=True)
-def _fresh_stores() -> Iterator[None]:
+def _fresh_stores(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     roots.forget_stores()
-    roots.resolve_connections_with(None)
+    # As in an attempt's runtime: no Airflow layer resolving connections (settings.py's is put back after).
+    monkeypatch.setattr(roots, "_resolver", None)
     yield
     roots.forget_stores()
-    roots.resolve_connections_with(None)
 
 
 @pytest.fixture(params=["posix", "s3-memory"])
