@@ -53,17 +53,17 @@ class Journal:
     """A journal bound to one stage run and a clock (the controller's, which tests fake)."""
 
     def __init__(self, path: str | Path, clock: Callable[[], float] = time.time, **common: Any) -> None:
-        self.path = Path(os.fspath(path))
-        self.store: StoreBackend
-        self.store, self.name = _posix(self.path)
-        self.clock = clock
-        self.common = common
+        self._bind(Path(os.fspath(path)), *_posix(path), clock, common)
+
+    def _bind(self, path: Path, store: StoreBackend, name: str, clock: Callable[[], float],
+              common: dict[str, Any]) -> None:
+        self.path, self.store, self.name, self.clock, self.common = path, store, name, clock, common
 
     @classmethod
     def of_stage(cls, layout: StageLayout, clock: Callable[[], float] = time.time, **common: Any) -> Journal:
-        """The journal of ``layout``'s stage run, appended to through the layout's store."""
-        journal = cls(layout.journal, clock, **common)
-        journal.store, journal.name = layout.store, layout.name(layout.journal)
+        """The journal of ``layout``'s stage run, appended to through the layout's store (its path never opened)."""
+        journal = cls.__new__(cls)
+        journal._bind(layout.journal, layout.store, layout.name(layout.journal), clock, common)
         return journal
 
     def __call__(self, event: Event, **fields: Any) -> dict[str, Any]:
