@@ -537,6 +537,15 @@ class StoreBackend(abc.ABC):
         for name in names:
             self._delete(name)
 
+    @property
+    def notice_poll_seconds(self) -> float:
+        """How often a waiting controller looks for a change notice (a listing of the notices' prefix).
+
+        1 s on a store where each look is a request (S3: one ``ListObjectsV2`` per stage per look, a thousand
+        stages waiting make a thousand requests a second); a directory read on POSIX is cheap and polled faster.
+        """
+        return 1.0
+
 
 def _owner_of(marker: Any) -> str:
     if isinstance(marker, dict) and isinstance(marker.get("owner"), str):
@@ -793,6 +802,11 @@ class PosixBackend(StoreBackend):
         if not stat.S_ISDIR(info.st_mode):
             return None
         return PrefixVersion((info.st_ino, info.st_mtime_ns, info.st_ctime_ns), info.st_mtime_ns / 1e9)
+
+    @property
+    def notice_poll_seconds(self) -> float:
+        """0.1 s: a look for a change notice is one read of a local or mounted directory."""
+        return 0.1
 
 
 # -- S3 -------------------------------------------------------------------------------------------------
@@ -1176,6 +1190,11 @@ class S3Backend(StoreBackend):
                 first = answer["Errors"][0]
                 raise StoreError(f"cannot delete {self.describe(self._relative(first.get('Key', '')))}: "
                                  f"{first.get('Code') or 'error'} ({len(answer['Errors'])} objects not deleted)")
+
+    @property
+    def notice_poll_seconds(self) -> float:
+        """1 s: a look for a change notice is a ``ListObjectsV2`` request (a notice waits 0.5 s more on average)."""
+        return 1.0
 
 
 def _shown_url(url: str) -> str:
