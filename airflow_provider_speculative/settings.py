@@ -110,6 +110,11 @@ def configured_store(config: SpeculativeConfig | None = None) -> StoreBackend:
     return open_store(store_location(config), conn_id=config.s3_conn_id)
 
 
+def store_of(root: str, conn_id: str = "") -> StoreBackend:
+    """The backend of a store root a plan or a trigger names, an S3 one with connection ``conn_id``'s credentials."""
+    return open_store(root, conn_id=conn_id)
+
+
 def connection_credentials(conn_id: str) -> S3Credentials:
     """The S3 credentials of Airflow connection ``conn_id`` (``hooks/objectstore.py``), for a store on S3."""
     from airflow_provider_speculative.hooks.objectstore import s3_settings

@@ -184,7 +184,7 @@ class SparkStageOperator(BaseOperator):
             uncommitted = planner.uncommitted_producers()
             if uncommitted:
                 hybrid = HybridWait(planner.where, {
-                    f"{p} (commit)": {"stage": p, "dir": str(planner.layout_of(p).dir), "need": "commit"}
+                    f"{p} (commit)": planner.watch_entry(p, need="commit")
                     for p in uncommitted})
         if isinstance(hybrid, HybridWait):
             self.log.info("stage %s: waiting for the plans (or commits) of producers %s", self.stage,
