@@ -18,6 +18,7 @@ from airflow_provider_speculative.core.config import (
     store_root_path,
     unknown_options,
 )
+from airflow_provider_speculative.exceptions import StoreError
 from airflow_provider_speculative.store.backend import S3Credentials, StoreBackend
 from airflow_provider_speculative.store.layout import default_store_root
 from airflow_provider_speculative.store.roots import is_s3_root, open_store, resolve_connections_with
@@ -113,6 +114,29 @@ def configured_store(config: SpeculativeConfig | None = None) -> StoreBackend:
 def store_of(root: str, conn_id: str = "") -> StoreBackend:
     """The backend of a store root a plan or a trigger names, an S3 one with connection ``conn_id``'s credentials."""
     return open_store(root, conn_id=conn_id)
+
+
+def read_plan_at(location: str, conn_id: str | None = None) -> Any:
+    """The ``plan.json`` at ``location`` (``str(layout.plan)``, what triggers and events carry); None if missing.
+
+    A local path is read as always; an object URL by name in its store, whose root is the URL less its last
+    four segments (``<dag>/<run>/<stage>/plan.json``), opened with connection ``conn_id``'s credentials (None:
+    ``[speculative] s3_conn_id``'s).
+    """
+    if not is_s3_root(location):
+        from airflow_provider_speculative.store.files import read_json
+
+        return read_json(location)
+    root, name = _split_plan_url(location)
+    return store_of(root, airflow_config().s3_conn_id if conn_id is None else conn_id).read_json(name)
+
+
+def _split_plan_url(location: str) -> tuple[str, str]:
+    """(store root, the plan's name) of a plan's URL: the name is its last four segments."""
+    segments = location.rstrip("/").split("/")
+    if len(segments) < 8:  # s3:, "", bucket, dag, run, stage, plan.json at least
+        raise StoreError(f"{location!r} is not the URL of a stage's plan.json in a store")
+    return "/".join(segments[:-4]), "/".join(segments[-4:])
 
 
 def connection_credentials(conn_id: str) -> S3Credentials:

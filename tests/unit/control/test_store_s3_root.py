@@ -20,6 +20,7 @@ from airflow_provider_speculative import settings
 from airflow_provider_speculative.control.lifecycle import LOSER, execute_gc, plan_gc
 from airflow_provider_speculative.control.readmodel import clear_cache, latest_run_id, run_plans, run_report
 from airflow_provider_speculative.core.config import SpeculativeConfig
+from airflow_provider_speculative.core.plan import PLAN_VERSION
 from airflow_provider_speculative.exceptions import ConfigError
 from airflow_provider_speculative.store import roots
 from airflow_provider_speculative.store.layout import NotALocalPathError, StageLayout, StorePath
@@ -50,7 +51,8 @@ def store(monkeypatch: pytest.MonkeyPatch) -> Iterator[MemoryBackend]:
 
 def _write_run(store: MemoryBackend) -> StageLayout:
     """One stage of two subtasks: subtask 0 admitted attempt 0 and lost copy 1 (output left), subtask 1 running."""
-    plan = stage_plan(S3_ROOT, dag_id=DAG, run_id=RUN, stage="scan", parallelism=2)
+    plan = stage_plan(S3_ROOT, dag_id=DAG, run_id=RUN, stage="scan", parallelism=2, version=PLAN_VERSION,
+                      fingerprint="fp")
     layout = StageLayout.of_plan(plan)
     assert layout.store is store and isinstance(layout.plan, StorePath)
     layout.claim_run()
@@ -159,3 +161,16 @@ def test_the_airflow_layer_resolves_a_plans_connection_for_its_store(monkeypatch
     assert (credentials.access_key, credentials.secret_key, credentials.endpoint_url) == (
         "AKIDCONN", "conn-secret", "http://s3:9000")
     assert "conn-secret" not in repr(credentials)
+
+
+def test_a_plan_is_read_at_the_url_triggers_and_events_carry(store: MemoryBackend) -> None:
+    from airflow_provider_speculative.exceptions import StoreError
+    from airflow_provider_speculative.triggers.controller import StageControllerTrigger
+
+    layout = _write_run(store)
+    assert str(layout.plan) == f"{S3_ROOT}/{layout.name(layout.plan)}"
+    assert settings.read_plan_at(str(layout.plan))["run_id"] == RUN
+    assert StageControllerTrigger(plan_path=str(layout.plan), deferred_at=T0)._plan()["stage"] == "scan"
+    assert settings.read_plan_at(f"{S3_ROOT}/{DAG}/no-run/scan/plan.json") is None
+    with pytest.raises(StoreError, match=r"not the URL of a stage's plan\.json"):
+        settings.read_plan_at("s3://lake/plan.json")
