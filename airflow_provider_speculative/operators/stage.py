@@ -41,9 +41,9 @@ from airflow_provider_speculative.hooks.openlineage import prepare_openlineage
 from airflow_provider_speculative.hooks.targets import target_connect_urls_sync
 from airflow_provider_speculative.links import SparkHistoryLink, StageViewLink
 from airflow_provider_speculative.metrics import StageMetrics
+from airflow_provider_speculative.settings import read_plan_at
 from airflow_provider_speculative.sinks.base import Sink
 from airflow_provider_speculative.store import journal as journals
-from airflow_provider_speculative.store.files import read_json
 from airflow_provider_speculative.store.layout import StageLayout
 from airflow_provider_speculative.store.results import read_committed
 from airflow_provider_speculative.store.task_state import record_task_state
@@ -369,7 +369,8 @@ def _event_plan(event: Any, pipeline: str, stage: str) -> tuple[StagePlan, Contr
 
 def _plan_at(plan_path: Any, where: str) -> StagePlan:
     """The stage run's plan.json an event points at, or a clear error if it is gone or of another version."""
-    plan = read_json(plan_path) if isinstance(plan_path, str) and plan_path else None
+    # A path on POSIX, the plan's URL on a store without paths (read by name there).
+    plan = read_plan_at(plan_path) if isinstance(plan_path, str) and plan_path else None
     if plan is None:
         raise StageFailedError(f"{where}: the plan {plan_path!r} of this stage run is gone from the store")
     return load_plan(plan, f"{where}: plan {plan_path}")

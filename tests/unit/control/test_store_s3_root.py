@@ -165,12 +165,14 @@ def test_the_airflow_layer_resolves_a_plans_connection_for_its_store(monkeypatch
 
 def test_a_plan_is_read_at_the_url_triggers_and_events_carry(store: MemoryBackend) -> None:
     from airflow_provider_speculative.exceptions import StoreError
+    from airflow_provider_speculative.operators import stage as operator_stage
     from airflow_provider_speculative.triggers.controller import StageControllerTrigger
 
     layout = _write_run(store)
     assert str(layout.plan) == f"{S3_ROOT}/{layout.name(layout.plan)}"
     assert settings.read_plan_at(str(layout.plan))["run_id"] == RUN
     assert StageControllerTrigger(plan_path=str(layout.plan), deferred_at=T0)._plan()["stage"] == "scan"
+    assert operator_stage._plan_at(str(layout.plan), "stage task")["dag_id"] == DAG  # the worker, resumed
     assert settings.read_plan_at(f"{S3_ROOT}/{DAG}/no-run/scan/plan.json") is None
     with pytest.raises(StoreError, match=r"not the URL of a stage's plan\.json"):
         settings.read_plan_at("s3://lake/plan.json")
