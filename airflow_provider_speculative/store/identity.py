@@ -163,7 +163,7 @@ def own_store(root: str | Path | StoreBackend) -> dict[str, Any]:
     store = store_at(root)
     # A directory tree's root is a directory the provider creates; a store without directories has none.
     directory = store.root if isinstance(store, PosixBackend) else None
-    shown = shown_root(store)
+    named = shown_root(store)
     record = store.read_json(STORE_FILE)
     if isinstance(record, dict):
         # An existing store: its root's marker is added if missing, but a store that cannot take it (read-only,
@@ -172,7 +172,7 @@ def own_store(root: str | Path | StoreBackend) -> dict[str, Any]:
             _claim_root(store)
         return record
     if directory is not None and directory.exists() and not directory.is_dir():
-        raise StoreRootNotOwnedError(f"store root {shown!r} is not a directory")
+        raise StoreRootNotOwnedError(f"store root {named!r} is not a directory")
     foreign = foreign_entries(store)
     if foreign:
         record = store.read_json(STORE_FILE)
@@ -185,14 +185,14 @@ def own_store(root: str | Path | StoreBackend) -> dict[str, Any]:
         shown = ", ".join(repr(n) for n in foreign[:_SHOWN_ENTRIES])
         shown += ", ..." if len(foreign) > _SHOWN_ENTRIES else ""
         raise StoreRootNotOwnedError(
-            f"store root {shown!r} is not the provider's: it has no {STORE_FILE} and holds {len(foreign)} "
+            f"store root {named!r} is not the provider's: it has no {STORE_FILE} and holds {len(foreign)} "
             f"entries that are not provider run files ({shown}); set [speculative] store_path to a new or empty "
             "directory (the provider creates it)")
     try:
         if directory is not None:
             directory.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise StoreError(f"cannot create store root {shown}: {exc}") from None
+        raise StoreError(f"cannot create store root {named}: {exc}") from None
     # The root's marker before the provider's first write there, as a DAG run's prefix is claimed.
     _claim_root(store)
     store.create_exclusive_json(STORE_FILE, {"provider": PROVIDER, "created_at": time.time()})
