@@ -291,9 +291,9 @@ class SparkStageOperator(BaseOperator):
         A committed output carries its schema and output statistics, as in a try that ends in the triggerer.
         """
         from airflow_provider_speculative.control.lineage_events import operator_lineage
-        from airflow_provider_speculative.settings import store_root
+        from airflow_provider_speculative.settings import configured_store
 
-        return operator_lineage(store_root(stage_config(self.graph, self.stage)), task_instance.dag_id,
+        return operator_lineage(configured_store(stage_config(self.graph, self.stage)), task_instance.dag_id,
                                 task_instance.run_id, self.graph.store_key(self.stage), self.sink)
 
     def _publish_asset_event(self, context: Any, plan: StagePlan, record: dict[str, Any],

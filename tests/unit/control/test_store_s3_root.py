@@ -176,3 +176,14 @@ def test_a_plan_is_read_at_the_url_triggers_and_events_carry(store: MemoryBacken
     assert settings.read_plan_at(f"{S3_ROOT}/{DAG}/no-run/scan/plan.json") is None
     with pytest.raises(StoreError, match=r"not the URL of a stage's plan\.json"):
         settings.read_plan_at("s3://lake/plan.json")
+
+
+def test_lineage_reads_the_plans_of_an_s3_root(store: MemoryBackend) -> None:
+    from airflow_provider_speculative.control.lineage import lineage_of_stage
+    from airflow_provider_speculative.exceptions import NotFoundError
+
+    _write_run(store)
+    inputs, outputs = lineage_of_stage(settings.configured_store(), DAG, RUN, "scan", None)
+    assert inputs == [] and [(d.namespace, d.name) for d in outputs] == [("speculative", f"{DAG}/scan")]
+    with pytest.raises(NotFoundError, match=f"stage 'nope' has no plan under {S3_ROOT}$"):
+        lineage_of_stage(store, DAG, RUN, "nope", None)
