@@ -13,9 +13,9 @@ object of a stage run is. **The rule: read and write the store through ``layout.
   :class:`NotALocalPathError`, a ``TypeError`` (not an ``OSError`` or ``ValueError``, which ``Path.exists`` and
   ``os.path.exists`` swallow, nor a ``StoreError``, which callers catch as an unreadable store): a caller still on
   path I/O fails loudly on S3, never reads "missing" or writes a local file. Converting one with ``Path(path)``
-  gives a path whose first component holds a NUL byte, on which every system call fails too (but
-  ``Path.exists()`` answers False): never convert a layout path; ``Path(str(path))`` would make the URL a
-  relative local path.
+  gives a path holding a NUL byte (in its anchor), on which every system call fails too, but ``Path.exists()``
+  answers False: never convert a layout path; ``Path(str(path))`` would make the URL a relative local path. A
+  string for a local call is ``os.fspath(path)``, which refuses, never ``str(path)``.
 
 ``plan["store_root"]`` is ``str(layout.root)``: the POSIX root's path, unchanged, or the store's URL.
 :meth:`StageLayout.of_plan` opens that root through the process's cache (``store/roots.py``: one backend per
