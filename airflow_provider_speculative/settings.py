@@ -18,7 +18,10 @@ from airflow_provider_speculative.core.config import (
     store_root_path,
     unknown_options,
 )
+from airflow_provider_speculative.exceptions import StoreError
+from airflow_provider_speculative.store.backend import S3Credentials, StoreBackend
 from airflow_provider_speculative.store.layout import default_store_root
+from airflow_provider_speculative.store.roots import is_s3_root, open_store, resolve_connections_with
 
 if TYPE_CHECKING:
     from airflow_provider_speculative.core.graph import PipelineGraph
@@ -88,6 +91,68 @@ def store_root(config: SpeculativeConfig) -> Path:
     if not config.store_path:
         return default_store_root()
     return Path(store_root_path(config.store_path, "store_path")).expanduser().resolve()
+
+
+def store_location(config: SpeculativeConfig) -> str:
+    """The store root ``config`` names: the absolute POSIX root (as :func:`store_root`), or an ``s3://`` URL.
+
+    ``store_path`` on S3 is refused when the configuration is parsed (``core/config.py``, until the fault tests
+    run on S3); everything from here down serves it.
+    """
+    if is_s3_root(config.store_path):
+        return config.store_path
+    return str(store_root(config))
+
+
+def configured_store(config: SpeculativeConfig | None = None) -> StoreBackend:
+    """The store of ``[speculative] store_path`` (default ``$AIRFLOW_HOME/speculative-store``) as a backend.
+
+    What the CLI and the UI read and gc: opened through the process's cache (``store/roots.py``), an S3 root
+    with the credentials of ``[speculative] s3_conn_id`` or the AWS environment, as S3 sources.
+    """
+    config = airflow_config() if config is None else config
+    return open_store(store_location(config), conn_id=config.s3_conn_id)
+
+
+def store_of(root: str, conn_id: str = "") -> StoreBackend:
+    """The backend of a store root a plan or a trigger names, an S3 one with connection ``conn_id``'s credentials."""
+    return open_store(root, conn_id=conn_id)
+
+
+def read_plan_at(location: str, conn_id: str | None = None) -> Any:
+    """The ``plan.json`` at ``location`` (``str(layout.plan)``, what triggers and events carry); None if missing.
+
+    A local path is read as always; an object URL by name in its store, whose root is the URL less its last
+    four segments (``<dag>/<run>/<stage>/plan.json``), opened with connection ``conn_id``'s credentials (None:
+    ``[speculative] s3_conn_id``'s).
+    """
+    if not is_s3_root(location):
+        from airflow_provider_speculative.store.files import read_json
+
+        return read_json(location)
+    root, name = _split_plan_url(location)
+    return store_of(root, airflow_config().s3_conn_id if conn_id is None else conn_id).read_json(name)
+
+
+def _split_plan_url(location: str) -> tuple[str, str]:
+    """(store root, the plan's name) of a plan's URL: the name is its last four segments."""
+    segments = location.rstrip("/").split("/")
+    if len(segments) < 8:  # s3:, "", bucket, dag, run, stage, plan.json at least
+        raise StoreError(f"{location!r} is not the URL of a stage's plan.json in a store")
+    return "/".join(segments[:-4]), "/".join(segments[-4:])
+
+
+def connection_credentials(conn_id: str) -> S3Credentials:
+    """The S3 credentials of Airflow connection ``conn_id`` (``hooks/objectstore.py``), for a store on S3."""
+    from airflow_provider_speculative.hooks.objectstore import s3_settings
+
+    return s3_settings(conn_id, "the store ([speculative] store_path)")
+
+
+# Every Airflow process of the provider imports this module before it opens a store: from here on, an S3 store
+# opened with a connection id (a plan's s3_conn_id) takes that connection's credentials. An attempt's runtime
+# never imports it and uses the AWS environment.
+resolve_connections_with(connection_credentials)
 
 
 def metadata_db_identity() -> dict[str, str] | None:

@@ -32,7 +32,7 @@ from airflow_provider_speculative.core.states import (
     heartbeat_alive,
 )
 from airflow_provider_speculative.store import changes
-from airflow_provider_speculative.store.backend import OWNER_FILE
+from airflow_provider_speculative.store.backend import OWNER_FILE, PosixBackend
 from airflow_provider_speculative.store.files import atomic_write_json, create_exclusive_json, read_json
 from airflow_provider_speculative.store.layout import (
     CANCEL_FILE,
@@ -78,6 +78,8 @@ class SupervisedBackend:
         self.fork_server = False
         self._dirs: dict[tuple[int, int], str] = {}
         self._stage_dir: str | None = None
+        # On a store without paths (S3): how much of an attempt's key string (below) precedes its store name.
+        self._name_from: int | None = None
 
     def cleanup_pending(self, subtask: int, attempt: int) -> bool:
         """False: a supervised attempt leaves nothing to stop once its process group is gone."""
@@ -131,11 +133,11 @@ class SupervisedBackend:
         now = time.time() if now is None else now
         # Plain string paths: a tick may poll thousands of attempts, and pathlib costs more than the reads.
         base = self._dir(subtask, attempt)
-        claim = read_json(os.path.join(base, CLAIM_FILE)) or {}
-        status = read_json(os.path.join(base, STATUS_FILE)) or {}
+        claim = self._read(base, CLAIM_FILE) or {}
+        status = self._read(base, STATUS_FILE) or {}
         launch = status
-        heartbeat = read_json(os.path.join(base, HEARTBEAT_FILE)) or {}
-        cancel = read_json(os.path.join(base, CANCEL_FILE))
+        heartbeat = self._read(base, HEARTBEAT_FILE) or {}
+        cancel = self._read(base, CANCEL_FILE)
         out = Attempt(subtask=subtask, number=attempt, target=claim.get("target", "?"),
                       speculative=bool(claim.get("speculative")), created_at=claim.get("created_at"),
                       node=heartbeat.get("node") or status.get("node") or claim.get("node"),
@@ -151,7 +153,7 @@ class SupervisedBackend:
             _SEEN.clear()
         _SEEN[base] = launch
         state = status.get("state")
-        invalidated = read_json(os.path.join(base, INVALIDATED_FILE))
+        invalidated = self._read(base, INVALIDATED_FILE)
         if invalidated is not None:
             # Withdrawn by a rerun or failover: history only, never admitted again.
             out.state, out.cause = AttemptState.CANCELED, f"invalidated: {invalidated.get('reason')}"
@@ -159,7 +161,7 @@ class SupervisedBackend:
         if state in _ENDED:
             out.state = AttemptState(state)
             if state == AttemptState.FAILED and status.get("failure_kind") in ("partition", "node_lost"):
-                out.failure = read_json(os.path.join(base, FAILURE_FILE)) or {"kind": status["failure_kind"]}
+                out.failure = self._read(base, FAILURE_FILE) or {"kind": status["failure_kind"]}
             return out
         alive = self.attempt_alive(launch, heartbeat, now)
         if launch and not alive:
@@ -207,9 +209,23 @@ class SupervisedBackend:
         if path is None:
             # layout.attempt_dir as a string, without its pathlib and safe_component work per attempt.
             if self._stage_dir is None:
-                self._stage_dir = str(self.layout.dir)
+                self._stage_dir = self._stage_base()
             path = self._dirs[key] = os.path.join(self._stage_dir, f"subtask={subtask}", f"attempt={attempt}")
         return path
+
+    def _stage_base(self) -> str:
+        """The stage directory as a string on POSIX; elsewhere the store's URL and the stage's name (read by name)."""
+        store = self.layout.store
+        if isinstance(store, PosixBackend):
+            return os.fspath(self.layout.dir)
+        self._name_from = len(store.url) + 1
+        return f"{store.url}/{self.layout.name(self.layout.dir)}"
+
+    def _read(self, base: str, file: str) -> Any:
+        """The JSON document ``file`` of the attempt at ``base`` (``_dir``); None if it is missing."""
+        if self._name_from is None:
+            return read_json(os.path.join(base, file))
+        return self.layout.store.read_json(f"{base[self._name_from:]}/{file}")
 
     def attempt_alive(self, status: dict[str, Any], heartbeat: dict[str, Any], now: float) -> bool:
         """Whether a launched, not yet ended attempt is still alive (here: its process; see the read model)."""

@@ -359,9 +359,9 @@ def status(args: Any) -> None:
     """CLI entry: print the attempts table or JSON for ``--dag-id``/``--run-id`` (``--watch``: live progress)."""
     from airflow_provider_speculative.control.readmodel import latest_run_id, run_report
     from airflow_provider_speculative.exceptions import SpeculativeError
-    from airflow_provider_speculative.settings import airflow_config, store_root
+    from airflow_provider_speculative.settings import configured_store
 
-    root = store_root(airflow_config())
+    root = configured_store()
     try:
         if not args.run_id:
             args.run_id = latest_run_id(root, args.dag_id)
@@ -388,18 +388,21 @@ def logs(args: Any) -> None:
     from airflow_provider_speculative.control.attemptlog import attempt_ended, attempt_log, read_from
     from airflow_provider_speculative.control.readmodel import latest_run_id
     from airflow_provider_speculative.exceptions import SpeculativeError
-    from airflow_provider_speculative.settings import airflow_config, store_root
+    from airflow_provider_speculative.settings import configured_store
+    from airflow_provider_speculative.store.layout import NotALocalPathError, layout_root
 
     if args.follow and args.interval <= 0:
         _fail("--interval must be > 0")
-    root = store_root(airflow_config())
+    store = configured_store()
+    # Attempt logs are read by path (local by nature): from a store without paths they are refused, loudly.
+    root = layout_root(store)
     try:
         if not args.run_id:
-            args.run_id = latest_run_id(root, args.dag_id)
+            args.run_id = latest_run_id(store, args.dag_id)
             print(f"DAG {args.dag_id}: latest run in the store is {args.run_id}", file=sys.stderr)
         log = attempt_log(root, args.dag_id, args.run_id, args.stage, args.subtask, args.attempt,
                           max_bytes=args.tail_bytes)
-    except (SpeculativeError, OSError, ValueError) as exc:  # unknown run/stage/subtask/attempt, bad --tail-bytes
+    except (SpeculativeError, OSError, ValueError, NotALocalPathError) as exc:  # unknown run/stage/...: bad args
         _fail(str(exc))
     if args.output in ("json", "yaml"):
         emit(args.output, rows=[], document=log.to_json())
@@ -498,19 +501,21 @@ def gc(args: Any) -> None:
     )
     from airflow_provider_speculative.core.config import parse_option
     from airflow_provider_speculative.exceptions import SpeculativeError
-    from airflow_provider_speculative.settings import airflow_config, metadata_db_identity, store_root
+    from airflow_provider_speculative.settings import configured_store, metadata_db_identity
     from airflow_provider_speculative.store.identity import (
         StoreNotOwnedError,
         claim_store,
         mismatch,
         read_store_identity,
+        store_present,
     )
+    from airflow_provider_speculative.store.layout import shown_root
 
     try:
         retention = None if args.retention is None else parse_option("retention", args.retention, "--retention")
         older = getattr(args, "older_than", None)
         older_than = None if older is None else parse_option("retention", older, "--older-than")
-        root = store_root(airflow_config())
+        root = configured_store()
         identity = metadata_db_identity()
         if getattr(args, "claim", False):
             if identity is None:
@@ -519,12 +524,12 @@ def gc(args: Any) -> None:
                 claim_store(root, identity)
             except StoreNotOwnedError as exc:
                 _fail(f"gc --claim refused, nothing written or deleted: {exc}")
-        problem = mismatch(read_store_identity(root), identity) if root.is_dir() else None
+        problem = mismatch(read_store_identity(root), identity) if store_present(root) else None
     except SpeculativeError as exc:
         _fail(str(exc))
     if problem:
         # Its DagRun table says nothing about this store's runs: every run would look deleted.
-        _fail(f"gc deletes nothing in store {root}: {problem}")
+        _fail(f"gc deletes nothing in store {shown_root(root)}: {problem}")
     adopted: list[str] = []
     if getattr(args, "claim", False):
         try:
@@ -541,9 +546,10 @@ def gc(args: Any) -> None:
                     deleted_runs=facts.deleted_runs, known_dags=facts.known_dags, deleted_dags=facts.deleted_dags,
                     older_than=older_than, sink_staging=list_sink_staging, kept=kept)
     summary = None if args.dry_run else execute_gc(items, root=root)
-    document = {"store": str(root), "dry_run": bool(args.dry_run), "items": [i.to_json() for i in items],
+    shown = shown_root(root)
+    document = {"store": shown, "dry_run": bool(args.dry_run), "items": [i.to_json() for i in items],
                 "bytes": sum(i.bytes for i in items), "summary": summary, "kept": kept, "claimed": adopted}
-    emit(args.output, rows=gc_rows(str(root), items), document=document, header=[f"store {root}"],
+    emit(args.output, rows=gc_rows(shown, items), document=document, header=[f"store {shown}"],
          footer=[*gc_footer(items, bool(args.dry_run), summary), *(f"kept: {reason}" for reason in kept),
                  *(f"claimed: run {run} (a plan of this provider names it)" for run in adopted)])
     if summary and summary["errors"]:
@@ -584,10 +590,10 @@ def rerun(args: Any) -> None:
     """CLI entry: print the affected region, invalidate exactly it and clear its stage tasks."""
     from airflow_provider_speculative.control.rerun import request_rerun
     from airflow_provider_speculative.exceptions import SpeculativeError
-    from airflow_provider_speculative.settings import airflow_config, store_root
+    from airflow_provider_speculative.settings import configured_store
 
     try:
-        result = request_rerun(store_root(airflow_config()), args.dag_id, args.run_id, args.stage, args.subtask,
+        result = request_rerun(configured_store(), args.dag_id, args.run_id, args.stage, args.subtask,
                                downstream=not getattr(args, "no_downstream", False), dry_run=bool(args.dry_run),
                                by=f"airflow speculative rerun --stage {args.stage}", owner=_os_user())
     except (SpeculativeError, OSError, ValueError) as exc:  # unknown run/stage/subtask, corrupt plan.json
@@ -626,10 +632,10 @@ def whatif(args: Any) -> None:
     from airflow_provider_speculative.control.readmodel import latest_run_id
     from airflow_provider_speculative.devtools.simulator import whatif as replay
     from airflow_provider_speculative.exceptions import SpeculativeError
-    from airflow_provider_speculative.settings import airflow_config, store_root
+    from airflow_provider_speculative.settings import configured_store
 
     overrides = parse_sets(args.overrides)
-    root = store_root(airflow_config())
+    root = configured_store()
     try:
         if not args.run_id:
             args.run_id = latest_run_id(root, args.dag_id)

@@ -95,7 +95,8 @@ SUMMARY_REFRESH = 10.0
 # time divided by WAKE_DUTY (and at least WAKE_FLOOR), so a 10,000-attempt stage is not stepped in a loop.
 WAKE_DUTY = 0.1
 WAKE_FLOOR = 0.05
-# How often a waiting controller looks for a notice (one directory entry read).
+# How often a waiting controller looks for a notice on POSIX (one directory read); each store says its own
+# (StoreBackend.notice_poll_seconds: 1 s on S3, where a look is a listing request).
 NOTICE_POLL = 0.1
 # Rounds of outcomes fed back to the scheduler within one call of StageController._run: far more than
 # any chain of lost slots, claims and admissions needs, so reaching it means the two feed each other forever.
@@ -107,10 +108,11 @@ def wait_for_next_step(controllers: list[StageController]) -> None:
     if not controllers:
         return
     interval = min(c.config.check_interval for c in controllers)
+    poll = min(c.notice_poll for c in controllers)
     started = time.monotonic()
     time.sleep(min(c.wake_after() for c in controllers))
     while (left := interval - (time.monotonic() - started)) > 0 and not any(c.changed() for c in controllers):
-        time.sleep(min(NOTICE_POLL, left))
+        time.sleep(min(poll, left))
 
 
 class StageController:
@@ -274,6 +276,11 @@ class StageController:
     def changed(self) -> bool:
         """True if an attempt left a notice this controller has not read: worth stepping before check_interval."""
         return self.notices.changed()
+
+    @property
+    def notice_poll(self) -> float:
+        """Seconds between two looks for a notice while waiting: the store's (0.1 s on POSIX, 1 s on S3)."""
+        return self.layout.store.notice_poll_seconds
 
     def _step(self) -> list[Action]:
         if not self._prestarted and self.result is None:

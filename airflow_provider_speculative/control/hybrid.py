@@ -10,7 +10,6 @@ The producer task's own state (``task.json``, written by its operator) says when
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from airflow_provider_speculative.core.copartition import KeyedParts, hybrid_key_refusal
@@ -51,7 +50,8 @@ class HybridInputWatcher:
         self.timeout = timeout
         self.producers: dict[str, _Producer] = {}
         self.failed = False
-        root = Path(plan["store_root"])
+        # The plan's store, opened once (store/roots.py): every producer's layout is over it.
+        store = StageLayout.of_plan(plan).store
         for name, edge in edges.items():
             entry = plan["inputs"][name]
             known = self.producers.get(edge.upstream)
@@ -59,10 +59,10 @@ class HybridInputWatcher:
                 known.inputs.append(name)
                 continue
             self.producers[edge.upstream] = _Producer(
-                StageLayout.of_plan(plan, edge.upstream, root=root), edge.producer_parallelism,
+                StageLayout.of_plan(plan, edge.upstream, root=store), edge.producer_parallelism,
                 entry.get("upstream_fingerprint"), [name], last_change=now)
         self._first = True
-        self._root = root
+        self._store = store
         self._dag_run = (plan["dag_id"], plan["run_id"])
         self._prefix = stage_key(plan, "")
         # all_to_all inputs: their key types are checked again when a hybrid producer's first subtask is admitted.
@@ -176,7 +176,7 @@ class HybridInputWatcher:
         for name, (upstream, mode) in self._keyed.items():
             if mode == "hybrid":
                 continue
-            layout = StageLayout(self._root, *self._dag_run, self._prefix + upstream)
+            layout = StageLayout.over(self._store, *self._dag_run, self._prefix + upstream)
             committed = layout.read_json(layout.committed) or {}
             parts = [(p.get("schema"), p.get("partitioning")) for p in (committed.get("subtasks") or {}).values()]
             key = next(((r or {}).get("key") for _, r in parts if (r or {}).get("key")), None)

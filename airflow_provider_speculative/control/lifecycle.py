@@ -39,7 +39,6 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 from airflow_provider_speculative.backends.registry import attempt_observer
 from airflow_provider_speculative.core.config import SpeculativeConfig
@@ -65,6 +64,7 @@ from airflow_provider_speculative.store.layout import (
     StageLayout,
     safe_component,
     stage_key,
+    store_at,
 )
 from airflow_provider_speculative.store.slots import TARGETS_DIR
 
@@ -148,19 +148,12 @@ class _Stage:
 
 
 def _backend(root: str | Path | StoreBackend) -> StoreBackend:
-    return root if isinstance(root, StoreBackend) else PosixBackend(root)
+    return store_at(root)
 
 
 def _where(store: StoreBackend, name: str) -> Path | str:
     """What an item shows as its path: the POSIX path, or the backend's description of the name."""
     return store.path(name) if isinstance(store, PosixBackend) else store.describe(name)
-
-
-def _layout_root(store: StoreBackend) -> Path:
-    # A StageLayout still speaks paths. gc takes only names from it (arithmetic on the root) and hands it to the
-    # attempt observer (backends/, which reads attempts by path until it moves onto the store interface). A store
-    # without paths gets a root spelling its URL, under which no local file exists.
-    return store.root if isinstance(store, PosixBackend) else Path("/", quote(store.url, safe=""))
 
 
 def _sub_prefixes(store: StoreBackend, prefix: str) -> list[str]:
@@ -506,7 +499,7 @@ def _read_stages(store: StoreBackend, run: str, now: float) -> dict[str, _Stage]
     stages: dict[str, _Stage] = {}
     for stage_name in _sub_prefixes(store, run):
         # Names are already path-safe, so a layout built from them points back at them.
-        layout = StageLayout(_layout_root(store), dag, run_name, stage_name)
+        layout = StageLayout.over(store, dag, run_name, stage_name)
         prefix = f"{run}/{stage_name}"
         try:
             plan = store.read_json(f"{prefix}/{PLAN_FILE}")

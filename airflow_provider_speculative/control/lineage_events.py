@@ -38,6 +38,7 @@ from airflow_provider_speculative.core.plan import StagePlan
 from airflow_provider_speculative.exceptions import StoreError
 from airflow_provider_speculative.hooks.openlineage import openlineage_adapter, task_run_ids
 from airflow_provider_speculative.sinks.base import Sink
+from airflow_provider_speculative.store.backend import StoreBackend
 from airflow_provider_speculative.store.layout import StageLayout
 from airflow_provider_speculative.store.results import read_committed
 
@@ -68,7 +69,7 @@ class TaskEnd:
                                succeeded=self.succeeded)
 
 
-def operator_lineage(root: Path, dag_id: str, run_id: str, stage: str, sink: Sink | None) -> Any:
+def operator_lineage(root: Path | StoreBackend, dag_id: str, run_id: str, stage: str, sink: Sink | None) -> Any:
     """The stage's ``OperatorLineage``: datasets from the run's plans, output facets when it is committed.
 
     ``stage`` is the store key. Raises NotFoundError when the stage was never planned.
@@ -77,7 +78,7 @@ def operator_lineage(root: Path, dag_id: str, run_id: str, stage: str, sink: Sin
 
     inputs, outputs = lineage_of_stage(root, dag_id, run_id, stage, sink)
     try:
-        stats: OutputStats | None = output_stats(read_committed(StageLayout(root, dag_id, run_id, stage)))
+        stats: OutputStats | None = output_stats(read_committed(StageLayout.at(root, dag_id, run_id, stage)))
     except StoreError:  # not committed (a failed try): datasets without statistics
         stats = None
     return OperatorLineage(inputs=[_input(d) for d in inputs], outputs=[_output(d, stats) for d in outputs])
@@ -142,7 +143,7 @@ def _emit(plan: StagePlan, end: TaskEnd, events: tuple[LineageEvent, ...], sink:
     if ids is None:  # a plan without its task id: no run id the listener would use
         return []
     layout = StageLayout.of_plan(plan)
-    lineage = operator_lineage(layout.root, plan["dag_id"], plan["run_id"], layout.stage, sink)
+    lineage = operator_lineage(layout.store, plan["dag_id"], plan["run_id"], layout.stage, sink)
     parent = get_task_parent_run_facet(parent_run_id=ids.dag_run_id, parent_job_name=ids.dag_id,
                                        parent_job_namespace=namespace, dr_conf=end.dag_run_conf)
     common: dict[str, Any] = {"run_id": ids.run_id, "job_name": ids.job_name, "job_description": None,

@@ -132,6 +132,13 @@ class StagePlanner:
         """The store directory of ``stage`` (this stage or one of its pipeline's) in this DAG run."""
         return StageLayout(self.root, self.run.dag_id, self.run.run_id, self.graph.store_key(stage))
 
+    def watch_entry(self, stage: str, **extra: str) -> dict[str, str]:
+        """What a trigger waiting for ``stage`` needs to read it: its store root and name (and, for triggers of
+        older versions, its directory), plus ``extra``; the connection id only names where credentials are."""
+        layout = self.layout_of(stage)
+        return {"stage": stage, "dir": str(layout.dir), "store": layout.store_root, "name": layout.name(layout.dir),
+                "conn_id": self.config.s3_conn_id, **extra}
+
     def _committed(self, stage: str) -> Any:
         """The committed record of ``stage`` in this DAG run, or None."""
         layout = self.layout_of(stage)
@@ -268,7 +275,7 @@ class StagePlanner:
             if usable and plan is not None:
                 records[entry.upstream] = producer_record(plan)
             else:
-                watch[name] = {"stage": entry.upstream, "dir": str(producer.dir)}
+                watch[name] = self.watch_entry(entry.upstream)
         if not watch:
             return records
         marker = self.layout.read_json(self.layout.hybrid_wait) or {}

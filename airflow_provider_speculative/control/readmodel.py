@@ -45,7 +45,7 @@ from airflow_provider_speculative.core.states import (  # noqa: F401  (the liven
 )
 from airflow_provider_speculative.core.summary import StageSummary
 from airflow_provider_speculative.exceptions import NotFoundError, PipelineError, StoreError
-from airflow_provider_speculative.store.backend import ObjectInfo, PosixBackend, StoreBackend
+from airflow_provider_speculative.store.backend import ObjectInfo, StoreBackend
 from airflow_provider_speculative.store.files import read_json
 from airflow_provider_speculative.store.layout import (
     ADMITTED_FILE,
@@ -56,7 +56,9 @@ from airflow_provider_speculative.store.layout import (
     STATUS_FILE,
     StageLayout,
     safe_component,
+    shown_root,
     stage_key,
+    store_at,
 )
 
 LIVENESS_MODES = ("process", "heartbeat")
@@ -121,14 +123,20 @@ def _stage_plans(store: StoreBackend, run: str) -> list[tuple[str, dict[str, Any
     return plans
 
 
-def run_plans(root: Path, dag_id: str, run_id: str, *, store: StoreBackend | None = None) -> dict[str, dict[str, Any]]:
+def _opened(root: Path | StoreBackend, store: StoreBackend | None) -> StoreBackend:
+    """The store to read: ``store``, else ``root``'s (a backend, a StorePath's store, a POSIX directory's)."""
+    return store_at(root) if store is None else store
+
+
+def run_plans(root: Path | StoreBackend, dag_id: str, run_id: str, *,
+              store: StoreBackend | None = None) -> dict[str, dict[str, Any]]:
     """Every stage planned in the run (store key -> plan.json), empty when none is.
 
     Keyed by store key (the stage name, or the task id in a pipeline compiled as a TaskGroup): two grouped
     pipelines of one DAG may both have a stage of a name. ``store``: the store ``root`` names (default: its
     POSIX directory).
     """
-    store = PosixBackend(root) if store is None else store
+    store = _opened(root, store)
     return {stage_key(plan): plan for _, plan in _stage_plans(store, _run_prefix(dag_id, run_id))}
 
 
@@ -161,9 +169,9 @@ def pipeline_order(plans: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [by_name[name] for name in order]
 
 
-def latest_run_id(root: Path, dag_id: str, *, store: StoreBackend | None = None) -> str:
+def latest_run_id(root: Path | StoreBackend, dag_id: str, *, store: StoreBackend | None = None) -> str:
     """The run of ``dag_id`` whose stages were planned last in the store (its plan.json is the newest)."""
-    store = PosixBackend(root) if store is None else store
+    store = _opened(root, store)
     dag = safe_component(dag_id)
     newest: tuple[float, str] | None = None
     for run in store.children(dag):
@@ -177,21 +185,22 @@ def latest_run_id(root: Path, dag_id: str, *, store: StoreBackend | None = None)
             if info is not None and (newest is None or info.mtime > newest[0]):
                 newest = (info.mtime, name)
     if newest is None:
-        raise NotFoundError(f"no speculative stages recorded for dag {dag_id!r} under {root}")
+        raise NotFoundError(f"no speculative stages recorded for dag {dag_id!r} under {shown_root(store)}")
     return str(_checked_plan(read_document(store, newest[1]), store.describe(newest[1]))["run_id"])
 
 
-def run_report(root: Path, dag_id: str, run_id: str, stage: str | None = None, *,
+def run_report(root: Path | StoreBackend, dag_id: str, run_id: str, stage: str | None = None, *,
                liveness: str = "process", now: float | None = None, with_claims: bool = False,
                store: StoreBackend | None = None) -> dict[str, Any]:
     """Stages (in plan order) -> subtasks -> attempts for one DAG run (``with_claims``: see stage_report)."""
-    backend = PosixBackend(root) if store is None else store
+    backend = _opened(root, store)
     run = _run_prefix(dag_id, run_id)
     found = _stage_plans(backend, run)
     # An empty run directory is a run with no stage yet; a missing one is not recorded at all (an object
     # store has no empty prefix: there both are "not recorded").
     if not found and not backend.children(run) and backend.prefix_version(run) is None:
-        raise NotFoundError(f"no speculative stages recorded for dag {dag_id!r} run {run_id!r} under {root}")
+        raise NotFoundError(f"no speculative stages recorded for dag {dag_id!r} run {run_id!r} "
+                            f"under {shown_root(backend)}")
     stages = []
     plans = [plan for _, plan in found]
     if stage:
@@ -199,8 +208,10 @@ def run_report(root: Path, dag_id: str, run_id: str, stage: str | None = None, *
     for plan in pipeline_order(plans):
         if stage and stage_key(plan) != stage:
             continue
-        stages.append(stage_report(StageLayout(Path(plan["store_root"]), dag_id, run_id, stage_key(plan)), plan,
-                                   liveness=liveness, now=now, with_claims=with_claims, store=store))
+        # The layout is over the store read, not over the root the plan recorded: a store mounted elsewhere
+        # since, or an S3 store, is read where it is.
+        stages.append(stage_report(StageLayout.over(backend, dag_id, run_id, stage_key(plan)), plan,
+                                   liveness=liveness, now=now, with_claims=with_claims))
     if stage and not stages:
         raise NotFoundError(f"stage {stage!r} not found in dag {dag_id!r} run {run_id!r}")
     order = {s["stage"]: i for i, s in enumerate(stages)}
@@ -219,7 +230,7 @@ def stage_report(layout: StageLayout, plan: Mapping[str, Any], *, liveness: str 
 
     ``with_claims`` adds each attempt's claim ``reason`` and ``created`` (what the UI shows), read with the
     attempt instead of once more per poll. ``store`` is where the stage's objects are read by name (default:
-    the layout's POSIX directory) and ``poller`` what polls an attempt (default: the ``liveness`` mode's).
+    the layout's store) and ``poller`` what polls an attempt (default: the ``liveness`` mode's).
     """
     now = time.time() if now is None else now
     backend = observer(layout, liveness) if poller is None else poller

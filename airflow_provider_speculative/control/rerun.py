@@ -13,15 +13,19 @@ from airflow_provider_speculative.core.failover import Region, rerun_region
 from airflow_provider_speculative.core.graph import ExchangeSpec, PipelineGraph, SourceSpec, StageSpec
 from airflow_provider_speculative.exceptions import NotFoundError
 from airflow_provider_speculative.store import journal
+from airflow_provider_speculative.store.backend import StoreBackend
 from airflow_provider_speculative.store.identity import own_run
-from airflow_provider_speculative.store.layout import StageLayout, stage_key
+from airflow_provider_speculative.store.layout import StageLayout, shown_root, stage_key, store_at
 from airflow_provider_speculative.store.results import remove_attempt_output
+
+# A store root as a path (POSIX, or a layout's StorePath) or the store's backend.
+StoreRoot = Path | StoreBackend
 
 # The event of the audit-log rows a rerun writes (Airflow's Log.event, at most 60 characters).
 AUDIT_EVENT = "speculative_rerun"
 
 
-def graph_from_plans(root: Path, dag_id: str, run_id: str) -> tuple[PipelineGraph, dict[str, dict[str, Any]]]:
+def graph_from_plans(root: StoreRoot, dag_id: str, run_id: str) -> tuple[PipelineGraph, dict[str, dict[str, Any]]]:
     """Rebuild the stage graph of a run from its plan.json files (what actually ran).
 
     Its stages are named by store key (the task id in a pipeline compiled as a TaskGroup), so the stages of
@@ -29,7 +33,8 @@ def graph_from_plans(root: Path, dag_id: str, run_id: str) -> tuple[PipelineGrap
     """
     plans = run_plans(root, dag_id, run_id)
     if not plans:
-        raise NotFoundError(f"no speculative stages recorded for dag {dag_id!r} run {run_id!r} under {root}")
+        raise NotFoundError(f"no speculative stages recorded for dag {dag_id!r} run {run_id!r} "
+                            f"under {shown_root(store_at(root))}")
     stages = {}
     for name, plan in plans.items():
         inputs: dict[str, SourceSpec | ExchangeSpec] = {}
@@ -45,7 +50,7 @@ def graph_from_plans(root: Path, dag_id: str, run_id: str) -> tuple[PipelineGrap
     return PipelineGraph(name=dag_id, stages=stages), plans
 
 
-def plan_rerun(root: Path, dag_id: str, run_id: str, stage: str, subtasks: list[int] | None,
+def plan_rerun(root: StoreRoot, dag_id: str, run_id: str, stage: str, subtasks: list[int] | None,
                downstream: bool = True) -> Region:
     """The region a rerun of ``stage`` (some or all subtasks) affects, with the run's failover strategy.
 
@@ -64,7 +69,7 @@ def plan_rerun(root: Path, dag_id: str, run_id: str, stage: str, subtasks: list[
                         in_flight=in_flight_reads(root, dag_id, run_id, graph))
 
 
-def in_flight_reads(root: Path, dag_id: str, run_id: str, graph: PipelineGraph) -> dict[str, dict[int, Any]]:
+def in_flight_reads(root: StoreRoot, dag_id: str, run_id: str, graph: PipelineGraph) -> dict[str, dict[int, Any]]:
     """Consumers of hybrid edges: what each live attempt recorded reading (its heartbeat), by stage and subtask.
 
     Reads only the stages fed by a hybrid edge, and of them only attempts that are not finished.
@@ -72,7 +77,7 @@ def in_flight_reads(root: Path, dag_id: str, run_id: str, graph: PipelineGraph) 
     out: dict[str, dict[int, Any]] = {}
     hybrid = {c for name in graph.stages for c, _, spec in graph.consumers(name) if spec.mode == "hybrid"}
     for stage in sorted(hybrid):
-        layout = StageLayout(Path(root), dag_id, run_id, stage)
+        layout = StageLayout.at(root, dag_id, run_id, stage)
         # An attempt records its producers by stage name; the graph names them by store key.
         plan = layout.read_json(layout.plan) or {"stage": stage}
         observer = attempt_observer(layout)
@@ -102,15 +107,15 @@ def stage_task_ids(stages: list[str], task_ids: list[str]) -> dict[str, str]:
     return found
 
 
-def invalidate_region(root: Path, dag_id: str, run_id: str, region: Region, reason: str) -> dict[str, list[int]]:
+def invalidate_region(root: StoreRoot, dag_id: str, run_id: str, region: Region, reason: str) -> dict[str, list[int]]:
     """Withdraw the admitted attempts of the region and the stages' commits; return what was invalidated."""
     done: dict[str, list[int]] = {}
     first = next(iter(region.subtasks), None)
     if first is not None:
         # Before anything is withdrawn (one prefix covers the run): a run this store cannot own keeps it all.
-        own_run(StageLayout(Path(root), dag_id, run_id, first))
+        own_run(StageLayout.at(root, dag_id, run_id, first))
     for stage, subtasks in region.subtasks.items():
-        layout = StageLayout(Path(root), dag_id, run_id, stage)
+        layout = StageLayout.at(root, dag_id, run_id, stage)
         backend = attempt_observer(layout)
         for subtask in sorted(subtasks):
             marker = layout.read_json(layout.admitted(subtask))
@@ -133,7 +138,7 @@ def plans_parallelism(graph: PipelineGraph, stage: str) -> int:
     return parallelism
 
 
-def request_rerun(root: Path, dag_id: str, run_id: str, stage: str, subtasks: list[int] | None, *,
+def request_rerun(root: StoreRoot, dag_id: str, run_id: str, stage: str, subtasks: list[int] | None, *,
                   downstream: bool, dry_run: bool, by: str, owner: str | None = None) -> dict[str, Any]:
     """A rerun as the CLI and the UI ask for it: the region, and unless ``dry_run`` its invalidation and cleared tasks.
 

@@ -31,7 +31,7 @@ class SlotLedger:
     def __init__(self, layout: StageLayout, config: SpeculativeConfig, journal: Callable[..., Any]) -> None:
         self.layout = layout
         self.journal = journal
-        self.stores = {t.name: TargetSlots(layout.root, t.name) for t in config.targets}
+        self.stores = {t.name: TargetSlots(layout.root, t.name, layout.store) for t in config.targets}
         self.held: dict[Key, tuple[str, int, str]] = {}
         self._reclaim_at = float("-inf")
 

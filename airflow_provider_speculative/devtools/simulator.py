@@ -995,25 +995,23 @@ def check_overrides(overrides: Mapping[str, str]) -> dict[str, Any]:
 
 def read_stage(root: Any, dag_id: str, run_id: str, plan: Mapping[str, Any]) -> RecordedStage:
     """One finished stage run from the store: its attempts (as the read model polls them) and journal figures."""
-    from pathlib import Path
-
     from airflow_provider_speculative.control.readmodel import observer
-    from airflow_provider_speculative.store.files import read_json, read_jsonl
     from airflow_provider_speculative.store.layout import StageLayout, stage_key
 
-    layout = StageLayout(Path(root), dag_id, run_id, stage_key(plan))
+    # Read by name on the layout's store: a POSIX directory or a store without paths.
+    layout = StageLayout.at(root, dag_id, run_id, stage_key(plan))
     poll = observer(layout, "heartbeat")
-    now = max([float(e.get("at") or 0) for e in read_jsonl(layout.journal)] + [0.0])
+    events = layout.store.read_journal(layout.name(layout.journal))
+    now = max([float(e.get("at") or 0) for e in events] + [0.0])
     attempts = []
     admitted: dict[int, int] = {}
     for subtask in range(int(plan["parallelism"])):
         for number in layout.attempt_numbers(subtask):
-            if layout.claim(subtask, number).exists():
+            if layout.exists(layout.claim(subtask, number)):
                 attempts.append(poll.poll(subtask, number, now))
-        marker = read_json(layout.admitted(subtask))
+        marker = layout.read_json(layout.admitted(subtask))
         if marker:
             admitted[subtask] = int(marker["attempt"])
-    events = read_jsonl(layout.journal)
     launches = [e for e in events if e.get("event") == Event.LAUNCH]
     complete = [float(e["at"]) for e in events if e.get("event") == Event.STAGE_COMPLETE]
     first = min((float(e["at"]) for e in launches), default=None)
@@ -1027,14 +1025,14 @@ def read_stage(root: Any, dag_id: str, run_id: str, plan: Mapping[str, Any]) -> 
 
 def read_run(root: Any, dag_id: str, run_id: str) -> list[RecordedStage]:
     """Every stage of a finished DAG run, producers first (``control/readmodel.py``'s order)."""
-    from pathlib import Path
-
     from airflow_provider_speculative.control.readmodel import pipeline_order, run_plans
     from airflow_provider_speculative.exceptions import NotFoundError
+    from airflow_provider_speculative.store.layout import shown_root, store_at
 
-    plans = pipeline_order(list(run_plans(Path(root), dag_id, run_id).values()))
+    plans = pipeline_order(list(run_plans(root, dag_id, run_id).values()))
     if not plans:
-        raise NotFoundError(f"no speculative stages recorded for dag {dag_id!r} run {run_id!r} under {root}")
+        raise NotFoundError(f"no speculative stages recorded for dag {dag_id!r} run {run_id!r} "
+                            f"under {shown_root(store_at(root))}")
     return [read_stage(root, dag_id, run_id, plan) for plan in plans]
 
 

@@ -13,44 +13,19 @@ reads the keys from the environment of its own process.
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_speculative.core.paths import split_object_url
 from airflow_provider_speculative.exceptions import PlanError
 
+# Defined with the store (an attempt's runtime opens an S3 store from the environment without this layer).
+from airflow_provider_speculative.store.roots import S3Settings, settings_from_environment
+
+__all__ = ["S3Settings", "fs_path", "s3_filesystem", "s3_settings", "settings_from_connection",
+           "settings_from_environment", "spark_s3_conf"]
+
 if TYPE_CHECKING:
     from pyarrow.fs import FileSystem
-
-
-@dataclass(frozen=True)
-class S3Settings:
-    """Where the S3 endpoint is and who we are there (secrets never shown by ``repr``)."""
-
-    endpoint_url: str | None = None
-    region: str | None = None
-    access_key: str | None = field(default=None, repr=False)
-    secret_key: str | None = field(default=None, repr=False)
-    session_token: str | None = field(default=None, repr=False)
-    source: str = "environment"
-
-    @property
-    def secrets(self) -> tuple[str, ...]:
-        """The secret values, so a caller can check that none of them appears in what it writes."""
-        return tuple(s for s in (self.secret_key, self.session_token) if s)
-
-
-def settings_from_environment(environ: dict[str, str] | None = None) -> S3Settings:
-    """The standard AWS environment variables as :class:`S3Settings`."""
-    env = os.environ if environ is None else environ
-    return S3Settings(
-        endpoint_url=env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL") or None,
-        region=env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or None,
-        access_key=env.get("AWS_ACCESS_KEY_ID") or None,
-        secret_key=env.get("AWS_SECRET_ACCESS_KEY") or None,
-        session_token=env.get("AWS_SESSION_TOKEN") or None,
-        source="environment")
 
 
 def settings_from_connection(conn: Any, conn_id: str) -> S3Settings:

@@ -159,9 +159,9 @@ class SparkStageOperator(BaseOperator):
     def _plan_and_defer(self, planner: StagePlanner) -> Any:
         """Plan (once every hybrid producer has a plan), write plan.json, defer to the stage controller."""
         from airflow_provider_speculative.control.planning import HybridWait
+        from airflow_provider_speculative.triggers import timing
         from airflow_provider_speculative.triggers.controller import StageControllerTrigger
         from airflow_provider_speculative.triggers.hybrid import HybridInputsTrigger
-        from airflow_provider_speculative.triggers import timing
 
         # Checks that need no upstream output come first, before waiting for hybrid producers.
         planner.application()
@@ -172,7 +172,7 @@ class SparkStageOperator(BaseOperator):
             uncommitted = planner.uncommitted_producers()
             if uncommitted:
                 hybrid = HybridWait(planner.where, {
-                    f"{p} (commit)": {"stage": p, "dir": str(planner.layout_of(p).dir), "need": "commit"}
+                    f"{p} (commit)": planner.watch_entry(p, need="commit")
                     for p in uncommitted})
         if isinstance(hybrid, HybridWait):
             self.log.info("stage %s: waiting for the plans (or commits) of producers %s", self.stage,
@@ -294,9 +294,9 @@ class SparkStageOperator(BaseOperator):
         A committed output carries its schema and output statistics, as in a try that ends in the triggerer.
         """
         from airflow_provider_speculative.control.lineage_events import operator_lineage
-        from airflow_provider_speculative.settings import store_root
+        from airflow_provider_speculative.settings import configured_store
 
-        return operator_lineage(store_root(stage_config(self.graph, self.stage)), task_instance.dag_id,
+        return operator_lineage(configured_store(stage_config(self.graph, self.stage)), task_instance.dag_id,
                                 task_instance.run_id, self.graph.store_key(self.stage), self.sink)
 
     def _publish_asset_event(self, context: Any, plan: StagePlan, record: dict[str, Any],
@@ -382,9 +382,10 @@ def _event_plan(event: Any, pipeline: str, stage: str) -> tuple[StagePlan, Contr
 def _plan_at(plan_path: Any, where: str) -> StagePlan:
     """The stage run's plan.json an event points at, or a clear error if it is gone or of another version."""
     from airflow_provider_speculative.core.plan import load_plan
-    from airflow_provider_speculative.store.files import read_json
+    from airflow_provider_speculative.settings import read_plan_at
 
-    plan = read_json(plan_path) if isinstance(plan_path, str) and plan_path else None
+    # A path on POSIX, the plan's URL on a store without paths (read by name there).
+    plan = read_plan_at(plan_path) if isinstance(plan_path, str) and plan_path else None
     if plan is None:
         raise StageFailedError(f"{where}: the plan {plan_path!r} of this stage run is gone from the store")
     return load_plan(plan, f"{where}: plan {plan_path}")

@@ -41,8 +41,9 @@ from airflow_provider_speculative.plugin.model import (
     run_view,
     stage_view,
 )
+from airflow_provider_speculative.store.backend import PosixBackend, StoreBackend
 from airflow_provider_speculative.store.files import check_store_directory
-from airflow_provider_speculative.store.layout import StageLayout, safe_component
+from airflow_provider_speculative.store.layout import StageLayout, layout_root, safe_component, shown_root, store_at
 
 log = logging.getLogger(__name__)
 
@@ -65,8 +66,8 @@ SECURITY_HEADERS = {"Content-Security-Policy": CONTENT_SECURITY_POLICY, "X-Conte
                     "Referrer-Policy": "same-origin"}
 
 
-def create_app(store: Path | None = None) -> FastAPI:
-    """Build the app; ``store`` overrides the ``[speculative] store_path`` root (for tests)."""
+def create_app(store: Path | StoreBackend | None = None) -> FastAPI:
+    """Build the app; ``store`` overrides the ``[speculative] store_path`` store (a root or a backend: tests)."""
     from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
     from airflow.api_fastapi.core_api.security import get_user, requires_access_dag
 
@@ -101,7 +102,7 @@ def create_app(store: Path | None = None) -> FastAPI:
         """Stages of a DAG run: graph edges, per-stage progress, restarts and notable journal events."""
         root = _store(request)
         try:
-            check_store_directory(root, StageLayout(root, dag_id, run_id, "-").run_dir)
+            _check_directory(root, StageLayout.over(root, dag_id, run_id, "-").run_dir)
         except UnsafeStorePathError:
             raise _not_found(f"run {run_id!r}: its records in the store are not served", dag_id, run_id) from None
         except OSError:
@@ -127,15 +128,15 @@ def create_app(store: Path | None = None) -> FastAPI:
         """The end of one attempt's driver log (default: the subtask's latest attempt), as JSON text."""
         stage = _stage_or_404(request, dag_id, run_id, task_id)
         try:
-            log = attempt_log(_store(request), dag_id, run_id, stage, subtask, attempt, max_bytes=tail_bytes)
+            log = attempt_log(_log_root(request), dag_id, run_id, stage, subtask, attempt, max_bytes=tail_bytes)
         except NotFoundError as exc:
             raise _not_found(str(exc), dag_id, run_id) from None
         except ValueError as exc:
             raise HTTPException(422, str(exc)) from None
-        ended = attempt_ended(_store(request), log)
-        plan = plan_of(StageLayout(_store(request), dag_id, run_id, stage))
+        ended = attempt_ended(_log_root(request), log)
+        plan = plan_of(StageLayout.over(_store(request), dag_id, run_id, stage))
         # The store path is the operator's business, not every DAG reader's: the page shows it as a relative path.
-        return {**log.to_json(), "text": redact_text(log.text, plan), "path": _relative(log.path, _store(request)),
+        return {**log.to_json(), "text": redact_text(log.text, plan), "path": _relative(log.path, _log_root(request)),
                 "ended": ended, "done": ended,
                 "refresh_seconds": REFRESH_SECONDS, "now": time.time()}
 
@@ -145,14 +146,14 @@ def create_app(store: Path | None = None) -> FastAPI:
         """The whole log of one attempt as a download (streamed from disk, whatever its size)."""
         stage = _stage_or_404(request, dag_id, run_id, task_id)
         try:
-            log = attempt_log(_store(request), dag_id, run_id, stage, subtask, attempt, max_bytes=1)
+            log = attempt_log(_log_root(request), dag_id, run_id, stage, subtask, attempt, max_bytes=1)
             # The file opened under the store's rules is the one streamed: no second open by name.
-            handle = open_attempt_log(_store(request), log)
+            handle = open_attempt_log(_log_root(request), log)
         except NotFoundError as exc:
             raise _not_found(str(exc), dag_id, run_id) from None
         name = safe_component(f"{dag_id}-{stage}-subtask{subtask}-attempt{log.attempt}") + ".log"
         # text/plain with nosniff (the middleware): a browser never renders an attempt's output as a page.
-        plan = plan_of(StageLayout(_store(request), dag_id, run_id, stage))
+        plan = plan_of(StageLayout.over(_store(request), dag_id, run_id, stage))
         return StreamingResponse(redact_lines(handle, plan), media_type="text/plain; charset=utf-8",
                                  headers={**_NO_STORE, "Content-Disposition": f'attachment; filename="{name}"'})
 
@@ -233,18 +234,29 @@ async def _damaged_store(request: Request, exc: StoreError) -> Response:
     """A store file that cannot be read (damaged, or not a regular file): 409 naming it relative to the store."""
     from fastapi.responses import JSONResponse
 
-    root = str(_store(request)).rstrip("/") + "/"
+    root = shown_root(_store(request)).rstrip("/") + "/"
     return JSONResponse({"detail": {"message": str(exc).replace(root, ""), "damaged_store": True}}, status_code=409,
                         headers=_NO_STORE)
 
 
-def _store(request: Request) -> Path:
-    """The store root: the app's override, else ``[speculative] store_path``."""
+def _store(request: Request) -> StoreBackend:
+    """The store: the app's override, else ``[speculative] store_path``'s (``settings.configured_store``)."""
     if request.app.state.store is not None:
-        return Path(request.app.state.store)
-    from airflow_provider_speculative.settings import airflow_config, store_root
+        return store_at(request.app.state.store)
+    from airflow_provider_speculative.settings import configured_store
 
-    return store_root(airflow_config())
+    return configured_store()
+
+
+def _log_root(request: Request) -> Path:
+    """The root attempt logs are read under (by path: local files); a store without paths refuses their reads."""
+    return layout_root(_store(request))
+
+
+def _check_directory(store: StoreBackend, path: Path) -> None:
+    """Refuse a run's or stage's directory reached through a link (POSIX; a store without paths has no links)."""
+    if isinstance(store, PosixBackend):
+        check_store_directory(store.root, path)
 
 
 class RerunBody(BaseModel):
@@ -301,7 +313,7 @@ def _stage_or_404(request: Request, dag_id: str, run_id: str, task_id: str) -> s
                          "(not a stage task, or not planned yet)", dag_id, run_id)
     try:
         # The run's and stage's directories must be this DAG's own, not links to another DAG's.
-        check_store_directory(root, StageLayout(root, dag_id, run_id, stage).dir)
+        _check_directory(root, StageLayout.over(root, dag_id, run_id, stage).dir)
     except (OSError, UnsafeStorePathError):
         raise _not_found(f"task {task_id!r}: its stage's records in the store are not served", dag_id, run_id) from None
     return stage
@@ -345,7 +357,7 @@ async def _login_redirect(request: Request, exc: StarletteHTTPException) -> Resp
             log.debug("no login redirect", exc_info=True)
     if exc.status_code == 404 and isinstance(exc, HTTPException):
         # Where the store lives on the api-server's host is the operator's business, not every reader's.
-        exc = HTTPException(404, _without_root(exc.detail, str(_store(request)).rstrip("/") + "/"), exc.headers)
+        exc = HTTPException(404, _without_root(exc.detail, shown_root(_store(request)).rstrip("/") + "/"), exc.headers)
     return await http_exception_handler(request, exc)
 
 

@@ -14,6 +14,7 @@ from airflow_provider_speculative.core.states import FINISHED_RUN_STATES, LIVE
 from airflow_provider_speculative.core.summary import StageSummary
 from airflow_provider_speculative.core.urls import safe_http_url
 from airflow_provider_speculative.exceptions import StoreError, UnsafeStorePathError
+from airflow_provider_speculative.store.backend import PosixBackend, StoreBackend
 from airflow_provider_speculative.store.files import open_in_store
 from airflow_provider_speculative.store.layout import StageLayout, stage_key
 
@@ -26,17 +27,17 @@ _SPARK_UI_PORT = re.compile(r"Successfully started service '?SparkUI'? on port (
 _DRIVER_HOST = re.compile(r"(?:Server created on |Starting executor ID driver on host )([^\s:]+)")
 
 
-def resolve_stage(root: Path, dag_id: str, run_id: str, task_id: str) -> str | None:
+def resolve_stage(root: Path | StoreBackend, dag_id: str, run_id: str, task_id: str) -> str | None:
     """The store key of ``task_id``'s stage in this run: the task id itself, or its last part inside a task group.
 
     The last part only for a pipeline put in a task group by hand (its stages keep their names as store
     keys), and only if that stage's plan was written by this task: a pipeline compiled as a TaskGroup keys its
     stages by task id, so one of them that has not planned yet is not another pipeline's stage of that name.
     """
-    own = StageLayout(root, dag_id, run_id, task_id)
+    own = StageLayout.at(root, dag_id, run_id, task_id)
     if own.store.exists(own.name(own.plan)):
         return task_id
-    last = StageLayout(root, dag_id, run_id, task_id.rsplit(".", 1)[-1])
+    last = StageLayout.at(root, dag_id, run_id, task_id.rsplit(".", 1)[-1])
     if last.stage == task_id or not last.store.exists(last.name(last.plan)):
         return None
     try:
@@ -54,7 +55,7 @@ def plan_of(layout: StageLayout) -> Any:
     return read_document(layout.store, layout.name(layout.plan))
 
 
-def run_view(root: Path, dag_id: str, run_id: str, *, spark_history_url: str = "",
+def run_view(root: Path | StoreBackend, dag_id: str, run_id: str, *, spark_history_url: str = "",
              now: float | None = None) -> dict[str, Any]:
     """Every stage of a run with the stage graph's edges; raises NotFoundError when none is recorded."""
     now = time.time() if now is None else now
@@ -80,7 +81,7 @@ def run_view(root: Path, dag_id: str, run_id: str, *, spark_history_url: str = "
             "pending_stages": pending, "all_committed": all_committed}
 
 
-def stage_view(root: Path, dag_id: str, run_id: str, stage: str, *, spark_history_url: str = "",
+def stage_view(root: Path | StoreBackend, dag_id: str, run_id: str, stage: str, *, spark_history_url: str = "",
                now: float | None = None, offset: int = 0, limit: int | None = None) -> dict[str, Any]:
     """One stage with its blocked nodes, baseline, metrics and the subtasks ``[offset, offset + limit)``.
 
@@ -127,13 +128,13 @@ def subtask_totals(subtasks: list[dict[str, Any]]) -> dict[str, int]:
     return totals
 
 
-def _enrich(root: Path, dag_id: str, run_id: str, stage: dict[str, Any], history: str,
+def _enrich(root: Path | StoreBackend, dag_id: str, run_id: str, stage: dict[str, Any], history: str,
             now: float, page: tuple[int, int | None] = (0, None)) -> dict[str, Any]:
     """Add to run_report's stage what the views need: reasons, inputs, progress, restarts, events, window.
 
     Links (Spark UI, history) are looked up only for the subtasks of ``page`` ([start, stop)), the ones listed.
     """
-    layout = StageLayout(root, dag_id, run_id, stage["stage"])
+    layout = StageLayout.at(root, dag_id, run_id, stage["stage"])
     plan = plan_of(layout) or {}
     summary: StageSummary = read_document(layout.store, layout.name(layout.summary)) or StageSummary()
     journal = journal_records(layout)
@@ -214,6 +215,8 @@ def _live_spark_ui(layout: StageLayout, subtask: int, attempt: dict[str, Any]) -
     A log is read by path, opened under the store's rules (no link anywhere below the root, a regular file
     of its own): an attempt's code writes it and could put a link to the api-server's files in its place.
     """
+    if not isinstance(layout.store, PosixBackend):
+        return None  # attempt logs are local files: a store without paths has none to read
     path = layout.log(subtask, attempt["attempt"])
     try:
         with open_in_store(layout.root, path) as f:

@@ -561,6 +561,15 @@ class StoreBackend(abc.ABC):
         self._replace(name, data)
         return hashlib.sha256(data).hexdigest()
 
+    @property
+    def notice_poll_seconds(self) -> float:
+        """How often a waiting controller looks for a change notice (a listing of the notices' prefix).
+
+        1 s on a store where each look is a request (S3: one ``ListObjectsV2`` per stage per look, a thousand
+        stages waiting make a thousand requests a second); a directory read on POSIX is cheap and polled faster.
+        """
+        return 1.0
+
 
 def _owner_of(marker: Any) -> str:
     if isinstance(marker, dict) and isinstance(marker.get("owner"), str):
@@ -620,7 +629,7 @@ class PosixBackend(StoreBackend):
     """A store in a local or shared POSIX directory: the calls of ``store/files.py``, unchanged."""
 
     def __init__(self, root: str | Path, *, owner: str | None = None) -> None:
-        self.root = Path(root)
+        self.root = Path(os.fspath(root))  # a StorePath (store/layout.py) refuses here
         self._owner = owner
 
     @property
@@ -845,6 +854,11 @@ class PosixBackend(StoreBackend):
         except OSError as exc:
             raise StoreError(f"cannot write {path}: {exc.strerror or exc}") from exc
         return digest.hexdigest()
+
+    @property
+    def notice_poll_seconds(self) -> float:
+        """0.1 s: a look for a change notice is one read of a local or mounted directory."""
+        return 0.1
 
 
 # -- S3 -------------------------------------------------------------------------------------------------
@@ -1267,6 +1281,11 @@ class S3Backend(StoreBackend):
         except Exception as exc:
             raise self._fail(name, "write", exc) from None
         return hashing.digest.hexdigest()
+
+    @property
+    def notice_poll_seconds(self) -> float:
+        """1 s: a look for a change notice is a ``ListObjectsV2`` request (a notice waits 0.5 s more on average)."""
+        return 1.0
 
 
 def _shown_url(url: str) -> str:

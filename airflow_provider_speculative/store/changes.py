@@ -20,6 +20,7 @@ same operations for writers that have a stage directory rather than a backend (s
 from __future__ import annotations
 
 import contextlib
+import os
 import uuid
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -122,7 +123,7 @@ class NoticeReader:
 
 def _stage_store(stage_dir: str | Path) -> tuple[PosixBackend, str]:
     """The store a stage directory ``<root>/<dag>/<run>/<stage>`` is in, and the stage's name there."""
-    path = Path(stage_dir)
+    path = Path(os.fspath(stage_dir))
     if len(path.parts) < 4:
         return PosixBackend(path), ""  # not below a store root: its notices, but no owned delete
     return PosixBackend(path.parents[2]), "/".join(path.parts[-3:])
@@ -152,7 +153,7 @@ def acknowledge(names: list[str]) -> None:
     """Remove notices (paths :func:`pending` returned) by owned delete; left where the run has no marker."""
     by_store: dict[Path, list[str]] = {}
     for name in names:
-        path = Path(name)
+        path = Path(os.fspath(name))
         by_store.setdefault(path.parents[4] if len(path.parts) >= 6 else path.parents[1], []).append(path.as_posix())
     for root, paths in by_store.items():
         store = PosixBackend(root)

@@ -52,7 +52,7 @@ def json_line(record: dict[str, Any]) -> bytes:
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     """Write ``data`` to a temporary file in the same directory, fsync it, then rename over ``path``."""
-    path = Path(path)
+    path = Path(os.fspath(path))  # a layout path of a store without paths refuses here
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -82,7 +82,7 @@ def create_exclusive_bytes(path: str | Path, data: bytes) -> bool:
     never sees an empty or partial claim even though creation is exclusive. Empty content (a change
     notice) cannot be seen partial: it is created in place with ``O_EXCL``, without a temporary file or fsync.
     """
-    path = Path(path)
+    path = Path(os.fspath(path))
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         if not data:
@@ -117,7 +117,7 @@ def create_exclusive_json(path: str | Path, obj: Any) -> bool:
 
 def _store_parts(root: str | Path, path: str | Path) -> tuple[str, ...]:
     try:
-        parts = Path(path).relative_to(Path(root)).parts
+        parts = Path(os.fspath(path)).relative_to(Path(os.fspath(root))).parts
     except ValueError:
         raise UnsafeStorePathError("a path outside the store was refused") from None
     if not parts or any(part in ("", ".", "..") for part in parts):
@@ -286,7 +286,7 @@ def read_json(path: str | Path, default: Any = None) -> Any:
 
 def append_jsonl(path: str | Path, record: dict[str, Any]) -> None:
     """Append one JSON line; a single ``write`` on an O_APPEND file keeps concurrent lines whole."""
-    path = Path(path)
+    path = Path(os.fspath(path))
     line = json_line(record)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -33,7 +33,9 @@ from airflow_provider_speculative.store.layout import (
     RunNotOwnedError,
     StageLayout,
     safe_component,
+    shown_root,
     stage_key,
+    store_at,
 )
 
 STORE_FILE = "store.json"
@@ -51,7 +53,7 @@ class StoreRootNotOwnedError(StoreNotOwnedError):
 
 
 def _backend(root: str | Path | StoreBackend) -> StoreBackend:
-    return root if isinstance(root, StoreBackend) else PosixBackend(root)
+    return store_at(root)
 
 
 def _sub_prefixes(store: StoreBackend, prefix: str) -> list[str]:
@@ -150,7 +152,7 @@ def _claim_root(store: StoreBackend) -> None:
             store.claim("")
 
 
-def own_store(root: str | Path) -> dict[str, Any]:
+def own_store(root: str | Path | StoreBackend) -> dict[str, Any]:
     """Make sure ``root`` is the provider's store and return its ``store.json`` record.
 
     Creates the root, claims it (``_owner.json``) and writes the record when the root is missing or empty,
@@ -158,8 +160,10 @@ def own_store(root: str | Path) -> dict[str, Any]:
     the record but not the root's marker (made by an earlier version) is claimed as it is. Raises
     :class:`StoreRootNotOwnedError` naming what is there otherwise.
     """
-    root = Path(root)
-    store = PosixBackend(root)
+    store = store_at(root)
+    # A directory tree's root is a directory the provider creates; a store without directories has none.
+    directory = store.root if isinstance(store, PosixBackend) else None
+    named = shown_root(store)
     record = store.read_json(STORE_FILE)
     if isinstance(record, dict):
         # An existing store: its root's marker is added if missing, but a store that cannot take it (read-only,
@@ -167,8 +171,8 @@ def own_store(root: str | Path) -> dict[str, Any]:
         with contextlib.suppress(StoreError, OSError):
             _claim_root(store)
         return record
-    if root.exists() and not root.is_dir():
-        raise StoreRootNotOwnedError(f"store root {str(root)!r} is not a directory")
+    if directory is not None and directory.exists() and not directory.is_dir():
+        raise StoreRootNotOwnedError(f"store root {named!r} is not a directory")
     foreign = foreign_entries(store)
     if foreign:
         record = store.read_json(STORE_FILE)
@@ -181,13 +185,14 @@ def own_store(root: str | Path) -> dict[str, Any]:
         shown = ", ".join(repr(n) for n in foreign[:_SHOWN_ENTRIES])
         shown += ", ..." if len(foreign) > _SHOWN_ENTRIES else ""
         raise StoreRootNotOwnedError(
-            f"store root {str(root)!r} is not the provider's: it has no {STORE_FILE} and holds {len(foreign)} "
+            f"store root {named!r} is not the provider's: it has no {STORE_FILE} and holds {len(foreign)} "
             f"entries that are not provider run files ({shown}); set [speculative] store_path to a new or empty "
             "directory (the provider creates it)")
     try:
-        root.mkdir(parents=True, exist_ok=True)
+        if directory is not None:
+            directory.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise StoreError(f"cannot create store root {root}: {exc}") from None
+        raise StoreError(f"cannot create store root {named}: {exc}") from None
     # The root's marker before the provider's first write there, as a DAG run's prefix is claimed.
     _claim_root(store)
     store.create_exclusive_json(STORE_FILE, {"provider": PROVIDER, "created_at": time.time()})
@@ -235,13 +240,19 @@ def db_identity(url: str) -> dict[str, str]:
             "url": shown}
 
 
-def read_store_identity(root: str | Path) -> dict[str, Any] | None:
+def read_store_identity(root: str | Path | StoreBackend) -> dict[str, Any] | None:
     """The store's record of its metadata database, or None if it has none."""
-    record: dict[str, Any] | None = PosixBackend(root).read_json(STORE_FILE)
+    record: dict[str, Any] | None = store_at(root).read_json(STORE_FILE)
     return record
 
 
-def claim_store(root: str | Path, identity: dict[str, str]) -> dict[str, Any]:
+def store_present(root: str | Path | StoreBackend) -> bool:
+    """True if the store's root exists: a POSIX root's directory, elsewhere any object under the root."""
+    store = store_at(root)
+    return store.root.is_dir() if isinstance(store, PosixBackend) else bool(store.children(""))
+
+
+def claim_store(root: str | Path | StoreBackend, identity: dict[str, str]) -> dict[str, Any]:
     """Own the store (see :func:`own_store`) and record ``identity`` as its database unless one is recorded.
 
     Returns the record; a database recorded already is kept, whichever it is.
@@ -250,7 +261,7 @@ def claim_store(root: str | Path, identity: dict[str, str]) -> dict[str, Any]:
     if not record.get("metadata_db"):
         # Written by a process that did not know the database (an Airflow 3 task): add it now.
         record = {**record, "provider": PROVIDER, "metadata_db": identity}
-        PosixBackend(root).replace_json(STORE_FILE, record)
+        store_at(root).replace_json(STORE_FILE, record)
     return record
 
 

@@ -7,6 +7,7 @@ all record through :func:`record` (or :func:`append`, the same on any store back
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -28,7 +29,7 @@ def append(store: StoreBackend, name: str, event: Event, *, at: float | None = N
 
 
 def _posix(path: str | Path) -> tuple[PosixBackend, str]:
-    path = Path(path)
+    path = Path(os.fspath(path))
     return PosixBackend(path.parent), path.name
 
 
@@ -52,17 +53,17 @@ class Journal:
     """A journal bound to one stage run and a clock (the controller's, which tests fake)."""
 
     def __init__(self, path: str | Path, clock: Callable[[], float] = time.time, **common: Any) -> None:
-        self.path = Path(path)
-        self.store: StoreBackend
-        self.store, self.name = _posix(self.path)
-        self.clock = clock
-        self.common = common
+        self._bind(Path(os.fspath(path)), *_posix(path), clock, common)
+
+    def _bind(self, path: Path, store: StoreBackend, name: str, clock: Callable[[], float],
+              common: dict[str, Any]) -> None:
+        self.path, self.store, self.name, self.clock, self.common = path, store, name, clock, common
 
     @classmethod
     def of_stage(cls, layout: StageLayout, clock: Callable[[], float] = time.time, **common: Any) -> Journal:
-        """The journal of ``layout``'s stage run, appended to through the layout's store."""
-        journal = cls(layout.journal, clock, **common)
-        journal.store, journal.name = layout.store, layout.name(layout.journal)
+        """The journal of ``layout``'s stage run, appended to through the layout's store (its path never opened)."""
+        journal = cls.__new__(cls)
+        journal._bind(layout.journal, layout.store, layout.name(layout.journal), clock, common)
         return journal
 
     def __call__(self, event: Event, **fields: Any) -> dict[str, Any]:

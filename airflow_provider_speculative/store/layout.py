@@ -1,4 +1,27 @@
-"""Where everything lives in the store (docs/architecture.md, "Store layout")."""
+"""Where everything lives in the store (docs/architecture.md, "Store layout").
+
+A :class:`StageLayout` is built over a store (a :class:`StoreBackend`) and computes, without any I/O, where each
+object of a stage run is. **The rule: read and write the store through ``layout.store`` and the object's name
+(``layout.name(path)``, or the layout's ``read_json``, ``replace_json``, ``create_json``, ``exists``,
+``delete``...), never by a POSIX call on a layout path.**
+
+- On a POSIX store the layout's paths are real :class:`~pathlib.Path` objects under the root directory, exactly
+  as before, so code that still does path I/O keeps working there (attempt logs, the supervisor, the sink).
+- On any other store (S3) they are :class:`StorePath` objects: pure path arithmetic under an anchor that names
+  the store's URL, so ``layout.name(path)`` is the object's key relative to the root and ``str(path)`` its URL
+  (``s3://bucket/prefix/dag/run/stage/plan.json``, what messages show). Every file-system call on one raises
+  :class:`NotALocalPathError`, a ``TypeError`` (not an ``OSError`` or ``ValueError``, which ``Path.exists`` and
+  ``os.path.exists`` swallow, nor a ``StoreError``, which callers catch as an unreadable store): a caller still on
+  path I/O fails loudly on S3, never reads "missing" or writes a local file. Converting one with ``Path(path)``
+  gives a path holding a NUL byte (in its anchor), on which every system call fails too, but ``Path.exists()``
+  answers False: never convert a layout path; ``Path(str(path))`` would make the URL a relative local path. A
+  string for a local call is ``os.fspath(path)``, which refuses, never ``str(path)``.
+
+``plan["store_root"]`` is ``str(layout.root)``: the POSIX root's path, unchanged, or the store's URL.
+:meth:`StageLayout.of_plan` opens that root through the process's cache (``store/roots.py``: one backend per
+root and credentials, S3 credentials from ``[speculative] s3_conn_id`` or the AWS environment); credentials
+live in the backend only, never in a layout's fields, ``repr``, paths or messages.
+"""
 
 from __future__ import annotations
 
@@ -7,12 +30,18 @@ import os
 import re
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from functools import cached_property
-from pathlib import Path
+from dataclasses import dataclass, field
+from pathlib import Path, PosixPath
 from typing import Any
+from urllib.parse import quote, unquote
 
-from airflow_provider_speculative.store.backend import PosixBackend, StoreNotOwnedError
+from airflow_provider_speculative.store.backend import (
+    PosixBackend,
+    StoreBackend,
+    StoreNotOwnedError,
+    UnsafeStoreNameError,
+    check_name,
+)
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
@@ -84,32 +113,143 @@ class RunNotOwnedError(StoreNotOwnedError):
     """A removal in a DAG run whose prefix carries no ownership marker of this store: refused, nothing deleted."""
 
 
+class NotALocalPathError(TypeError):
+    """A file-system call on a path of a store that is not a POSIX directory (module docstring)."""
+
+
+# The first component of a StorePath's anchor: a NUL byte (which no file-system path can hold) and the quoted URL.
+_ANCHOR_MARK = "\0"
+
+
+class StorePath(PosixPath):
+    """A path of a layout on a store without a directory tree: arithmetic only, every file-system call refused.
+
+    A ``PosixPath`` so that what is typed as a ``Path`` takes it, with every call that reaches the operating
+    system going through ``__fspath__``, which raises :class:`NotALocalPathError` naming the object's URL.
+    """
+
+    @classmethod
+    def anchor_of(cls, url: str) -> StorePath:
+        """The root of store ``url``'s layouts."""
+        return cls("/", _ANCHOR_MARK + quote(url, safe=""))
+
+    @property
+    def store_url(self) -> str:
+        """The URL of the store this path is in."""
+        parts = self.parts
+        if len(parts) < 2 or parts[0] != "/" or not parts[1].startswith(_ANCHOR_MARK):
+            raise NotALocalPathError(f"{super().__str__()!r} is not under a store's anchor")
+        return unquote(parts[1][len(_ANCHOR_MARK):])
+
+    def __str__(self) -> str:
+        parts = self.parts
+        if len(parts) >= 2 and parts[0] == "/" and parts[1].startswith(_ANCHOR_MARK):
+            return "/".join((self.store_url, *parts[2:]))
+        return super().__str__()  # a relative part, as relative_to gives it
+
+    def __fspath__(self) -> str:
+        raise NotALocalPathError(f"{str(self)!r} is an object of a store that is not a local directory: read and "
+                                 "write it through layout.store by layout.name(path), not by a file-system call")
+
+    def __bytes__(self) -> bytes:
+        return self.__fspath__().encode()
+
+
+def store_at(root: str | Path | StoreBackend) -> StoreBackend:
+    """The backend of ``root``: a backend itself, the store a :class:`StorePath` is in, else the POSIX directory's."""
+    if isinstance(root, StoreBackend):
+        return root
+    if isinstance(root, StorePath):
+        from airflow_provider_speculative.store.roots import opened_store
+
+        return opened_store(root.store_url)
+    return PosixBackend(root)
+
+
+def shown_root(store: StoreBackend) -> str:
+    """How messages and reports name a store: a POSIX root's path, as always, else its URL (no credential)."""
+    return str(store.root) if isinstance(store, PosixBackend) else store.url
+
+
+def layout_root(store: StoreBackend) -> Path:
+    """The root of ``store``'s layouts: a POSIX store's directory, else its :class:`StorePath` anchor."""
+    return store.root if isinstance(store, PosixBackend) else StorePath.anchor_of(store.url)
+
+
 @dataclass(frozen=True)
 class StageLayout:
-    """Paths of one stage run: ``<root>/<dag_id>/<run_id>/<stage>/...``.
+    """Paths of one stage run: ``<root>/<dag_id>/<run_id>/<stage>/...``, in the store ``store``.
 
-    ``stage`` is the stage's store key: its name, or in a pipeline compiled as a TaskGroup its task id.
+    ``stage`` is the stage's store key: its name, or in a pipeline compiled as a TaskGroup its task id. Built
+    from a root ``Path``, the store is a ``PosixBackend`` of it (a :class:`StorePath` root: the backend this
+    process opened for its URL); :meth:`over` and :meth:`of_plan` build it over a backend (module docstring).
     """
 
     root: Path
     dag_id: str
     run_id: str
     stage: str
+    backend: StoreBackend | None = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.root, Path):  # a root given as a string (older callers, tests)
+            object.__setattr__(self, "root", Path(self.root))
 
     @classmethod
-    def of_plan(cls, plan: Mapping[str, Any], stage: str | None = None, root: Path | None = None) -> StageLayout:
-        """The layout of the plan's stage (or of ``stage`` of its pipeline) in the plan's DAG run."""
-        return cls(Path(plan["store_root"]) if root is None else Path(root), str(plan["dag_id"]), str(plan["run_id"]),
-                   stage_key(plan, stage))
+    def over(cls, store: StoreBackend, dag_id: str, run_id: str, stage: str) -> StageLayout:
+        """The layout of a stage run in ``store``."""
+        return cls(layout_root(store), dag_id, run_id, stage, store)
 
-    @cached_property
-    def store(self) -> PosixBackend:
+    @classmethod
+    def at(cls, root: str | Path | StoreBackend, dag_id: str, run_id: str, stage: str) -> StageLayout:
+        """The layout of a stage run in ``root``: a store's backend, or a root path (a POSIX one or a StorePath)."""
+        if isinstance(root, StoreBackend):
+            return cls.over(root, dag_id, run_id, stage)
+        return cls(root if isinstance(root, Path) else Path(root), dag_id, run_id, stage)
+
+    @classmethod
+    def of_plan(cls, plan: Mapping[str, Any], stage: str | None = None,
+                root: Path | StoreBackend | None = None) -> StageLayout:
+        """The layout of the plan's stage (or of ``stage`` of its pipeline) in the plan's DAG run.
+
+        Without ``root`` the plan's ``store_root`` is opened through the process's cache (``store/roots.py``),
+        with the plan's ``s3_conn_id`` for an S3 root where the Airflow layer resolves connections.
+        """
+        dag_id, run_id, key = str(plan["dag_id"]), str(plan["run_id"]), stage_key(plan, stage)
+        if isinstance(root, StoreBackend):
+            return cls.over(root, dag_id, run_id, key)
+        if root is not None:
+            return cls.at(root, dag_id, run_id, key)
+        from airflow_provider_speculative.store.roots import open_store
+
+        config = plan.get("config")
+        conn_id = str(config.get("s3_conn_id") or "") if isinstance(config, Mapping) else ""
+        return cls.over(open_store(str(plan["store_root"]), conn_id=conn_id), dag_id, run_id, key)
+
+    @property
+    def store(self) -> StoreBackend:
         """The store these paths are in, as a backend (names relative to ``root``)."""
-        return PosixBackend(self.root)
+        if self.backend is None:
+            # Built from a root path: the backend is made once, on first use (the dataclass is frozen).
+            object.__setattr__(self, "backend", store_at(self.root))
+        assert self.backend is not None
+        return self.backend
+
+    @property
+    def store_root(self) -> str:
+        """What ``plan.json`` records as ``store_root``: the POSIX root's path, or the store's URL."""
+        return str(self.root)
 
     def name(self, path: Path) -> str:
-        """The store name of ``path``, one of this layout's paths."""
-        return self.store.name_of(path)
+        """The store name of ``path``, one of this layout's paths (arithmetic on the root: no I/O)."""
+        store = self.store
+        if isinstance(store, PosixBackend):
+            return store.name_of(path)
+        try:
+            relative = path.relative_to(self.root)
+        except ValueError:
+            raise UnsafeStoreNameError(f"{str(path)!r} is not in the store {store.url!r}") from None
+        return check_name("/".join(relative.parts))
 
     def read_json(self, path: Path, default: Any = None) -> Any:
         """The JSON document at ``path`` (one of this layout's paths) read by name; ``default`` if missing."""
@@ -195,7 +335,7 @@ class StageLayout:
     @property
     def run_dir(self) -> Path:
         """Directory of the whole DAG run."""
-        return Path(self.root) / safe_component(self.dag_id) / safe_component(self.run_id)
+        return self.root / safe_component(self.dag_id) / safe_component(self.run_id)
 
     @property
     def dir(self) -> Path:

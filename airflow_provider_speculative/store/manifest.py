@@ -10,6 +10,7 @@ wrappers over a :class:`PosixBackend` of the directory, for callers that still h
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -108,7 +109,7 @@ def write_manifest_in(store: StoreBackend, name: str, manifest: dict[str, Any]) 
 
 def write_manifest(manifest_path: str | Path, manifest: dict[str, Any]) -> None:
     """Write the manifest at ``manifest_path`` atomically (:func:`write_manifest_in` on its directory)."""
-    path = Path(manifest_path)
+    path = Path(os.fspath(manifest_path))
     write_manifest_in(PosixBackend(path.parent), path.name, manifest)
 
 
@@ -120,7 +121,7 @@ def read_manifest_in(store: StoreBackend, name: str) -> dict[str, Any] | None:
 
 def read_manifest(manifest_path: str | Path) -> dict[str, Any] | None:
     """Read the manifest at ``manifest_path`` (:func:`read_manifest_in` on its directory)."""
-    path = Path(manifest_path)
+    path = Path(os.fspath(manifest_path))
     return read_manifest_in(PosixBackend(path.parent), path.name)
 
 

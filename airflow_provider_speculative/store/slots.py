@@ -54,8 +54,8 @@ from pathlib import Path
 from typing import Any
 
 from airflow_provider_speculative.core.slots import holder_gone
-from airflow_provider_speculative.store.backend import PosixBackend, StoreBackend, StoreNotOwnedError
-from airflow_provider_speculative.store.layout import StageLayout, safe_component
+from airflow_provider_speculative.store.backend import StoreBackend, StoreNotOwnedError
+from airflow_provider_speculative.store.layout import StageLayout, safe_component, store_at
 
 TARGETS_DIR = "_targets"
 RELEASED_SUFFIX = ".released"
@@ -86,9 +86,10 @@ class TargetSlots:
     """The slot claims of one target in one store."""
 
     def __init__(self, root: Path, target: str, store: StoreBackend | None = None) -> None:
-        self.root = Path(root)
+        # A layout's root: a POSIX directory, or a StorePath whose store is the one its URL was opened as.
+        self.root = root if isinstance(root, Path) else Path(root)
         self.target = target
-        self.store: StoreBackend = PosixBackend(self.root) if store is None else store
+        self.store: StoreBackend = store_at(self.root) if store is None else store
         self.prefix = f"{TARGETS_DIR}/{safe_component(target)}/slots"
         self.dir = self.root / self.prefix
         self._owned: bool | None = None  # None: not claimed yet by this instance

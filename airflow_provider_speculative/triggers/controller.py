@@ -35,7 +35,7 @@ from airflow_provider_speculative.hooks.asset_events import AssetApiConnection, 
 from airflow_provider_speculative.hooks.openlineage import openlineage_spark_conf
 from airflow_provider_speculative.hooks.targets import connect_env
 from airflow_provider_speculative.metrics import StageMetrics
-from airflow_provider_speculative.store.files import read_json
+from airflow_provider_speculative.settings import read_plan_at
 from airflow_provider_speculative.store.layout import StageLayout
 from airflow_provider_speculative.store.results import read_committed
 from airflow_provider_speculative.store.task_state import record_task_state
@@ -69,7 +69,8 @@ class StageControllerTrigger(BaseTrigger):
                 {"plan_path": self.plan_path, "deferred_at": self.deferred_at, "commit": self.commit})
 
     def _plan(self) -> StagePlan:
-        plan = read_json(self.plan_path)
+        # A path on POSIX, the plan's URL on a store without paths: read by name there.
+        plan = read_plan_at(self.plan_path)
         if plan is None:
             raise FileNotFoundError(f"stage plan {self.plan_path} is missing")
         return load_plan(plan, f"stage plan {self.plan_path}")
@@ -270,7 +271,9 @@ class StageControllerTrigger(BaseTrigger):
                 await asyncio.to_thread(controller.kill_all, "execution_timeout")
             else:
                 await asyncio.to_thread(kill_stage, plan, "execution_timeout", extra_env=env, target_env=target_env)
-            await asyncio.to_thread(record_task_state, StageLayout.of_plan(plan), TaskState.FAILED, reason=reason)
+            # The layout opens its store in the thread too: a first open may read an Airflow connection.
+            await asyncio.to_thread(lambda: record_task_state(StageLayout.of_plan(plan), TaskState.FAILED,
+                                                              reason=reason))
         return reason
 
     async def cleanup(self) -> None:
@@ -311,9 +314,9 @@ class StageControllerTrigger(BaseTrigger):
         plan = await asyncio.to_thread(self._plan)
         env, target_env = await self._kill_env(plan)
         await asyncio.to_thread(kill_stage, plan, "task killed by user", extra_env=env, target_env=target_env)
-        await asyncio.to_thread(record_task_state, StageLayout.of_plan(plan), TaskState.KILLED,
-                                reason="stopped from outside: marked success or failed, cleared, or its DAG run "
-                                       "deleted")
+        await asyncio.to_thread(lambda: record_task_state(
+            StageLayout.of_plan(plan), TaskState.KILLED,
+            reason="stopped from outside: marked success or failed, cleared, or its DAG run deleted"))
 
 
 def _iso(moment: Any) -> str | None:

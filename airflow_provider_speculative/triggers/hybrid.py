@@ -16,11 +16,24 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_provider_speculative.core.hybrid import producer_commit_usable, producer_plan_usable
 from airflow_provider_speculative.core.trigger_events import TaskEvent, TriggerStatus
+from airflow_provider_speculative.settings import store_of
 from airflow_provider_speculative.store.files import read_json
 from airflow_provider_speculative.store.layout import COMMITTED_FILE, PLAN_FILE, TASK_STATE_FILE
 from airflow_provider_speculative.triggers.timing import min_seconds_before_event
 
 POLL_SECONDS = 1.0
+
+
+def _stage_documents(entry: dict[str, Any]) -> tuple[Any, Any, Any]:
+    """A producer stage's plan, task state and commit: by name in its store, or by path (older kwargs)."""
+    if "name" not in entry:  # serialized by a version whose entries named only the stage directory
+        stage_dir = Path(entry["dir"])
+        return (read_json(stage_dir / PLAN_FILE), read_json(stage_dir / TASK_STATE_FILE),
+                read_json(stage_dir / COMMITTED_FILE))
+    store = store_of(entry["store"], entry.get("conn_id") or "")
+    plan, task_state, committed = (store.read_json(f"{entry['name']}/{file}")
+                                   for file in (PLAN_FILE, TASK_STATE_FILE, COMMITTED_FILE))
+    return plan, task_state, committed
 
 
 class HybridInputsTrigger(BaseTrigger):
@@ -30,7 +43,9 @@ class HybridInputsTrigger(BaseTrigger):
                  window: float) -> None:
         super().__init__()
         self.where = where
-        self.inputs = inputs  # input name -> {"stage": producer stage, "dir": its stage directory}
+        # input name -> {"stage": producer stage, "store": its store root, "name": its stage's name there,
+        # "conn_id": where the store's credentials are, "dir": its directory (what older versions read)}
+        self.inputs = inputs
         self.clear_number = clear_number
         self.deferred_at = deferred_at
         self.window = window
@@ -45,10 +60,8 @@ class HybridInputsTrigger(BaseTrigger):
         """One look at the producers' stage directories: an event payload, or None to keep waiting."""
         waiting = []
         for name, entry in self.inputs.items():
-            stage_dir = Path(entry["dir"])
-            committed = read_json(stage_dir / COMMITTED_FILE)
-            usable, failure = producer_plan_usable(
-                read_json(stage_dir / PLAN_FILE), read_json(stage_dir / TASK_STATE_FILE), committed, self.clear_number)
+            plan, task_state, committed = _stage_documents(entry)
+            usable, failure = producer_plan_usable(plan, task_state, committed, self.clear_number)
             if entry.get("need") == "commit":  # a blocking producer: its commit, not its plan
                 usable = producer_commit_usable(committed, self.clear_number)
             if failure:

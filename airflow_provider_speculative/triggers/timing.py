@@ -41,12 +41,11 @@ async def await_next_step(controller: StageController) -> None:
     Not that function run in a thread: a triggerer's small thread pool would be held by every waiting
     stage. Only the notice check (one directory read) goes to a thread.
     """
-    from airflow_provider_speculative.control.controller import NOTICE_POLL
-
     interval = controller.config.check_interval
     started = time.monotonic()
     await asyncio.sleep(controller.wake_after())
     while (left := interval - (time.monotonic() - started)) > 0:
         if await asyncio.to_thread(controller.changed):
             return
-        await asyncio.sleep(min(NOTICE_POLL, left))
+        # The store's own poll (StoreBackend.notice_poll_seconds): a look on S3 is a listing request.
+        await asyncio.sleep(min(controller.notice_poll, left))

@@ -435,6 +435,36 @@ def test_a_change_notice_wakes_the_wait_before_the_check_interval(tmp_path: Path
     assert h.controller.done and h.controller.succeeded
 
 
+def test_a_waiting_controller_looks_for_notices_as_often_as_its_store_says(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import SimpleNamespace
+
+    from airflow_provider_speculative.store import roots
+    from airflow_provider_speculative.store.backend import PosixBackend, S3Backend
+    from tests.unit.store.memory import MemoryBackend
+
+    assert harness(tmp_path, parallelism=1).controller.notice_poll == 0.1 == PosixBackend(tmp_path).notice_poll_seconds
+    assert S3Backend("s3://lake/x", client=object()).notice_poll_seconds == 1.0  # type: ignore[arg-type]
+    roots.forget_stores()
+    roots.install_store(MemoryBackend("s3://lake/x"))  # the double stands for S3: each look a listing
+    try:
+        assert StageController(stage_plan("s3://lake/x"), backends={}, observer=object()).notice_poll == 1.0  # type: ignore[arg-type]
+    finally:
+        roots.forget_stores()
+    # The wait sleeps the shortest poll of the controllers it waits for, until the check interval is over.
+    now, slept = [0.0], []
+
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        now[0] += seconds
+
+    monkeypatch.setattr(controller_module, "time", SimpleNamespace(monotonic=lambda: now[0], sleep=sleep))
+    waiting = [SimpleNamespace(config=SimpleNamespace(check_interval=3.0), wake_after=lambda: 0.0,
+                               changed=lambda: False, notice_poll=poll) for poll in (1.0, 2.0)]
+    wait_for_next_step(waiting)  # type: ignore[arg-type]
+    assert slept == [0.0, 1.0, 1.0, 1.0]
+
+
 def test_a_notice_one_controller_read_is_still_there_for_the_other_during_a_hand_over(tmp_path: Path) -> None:
     h = harness(tmp_path, parallelism=1, check_interval=1.0)
     # The successor in another triggerer watches the same stage while the old one still steps.

@@ -107,11 +107,13 @@ def test_run_report_finds_the_run_on_the_backend_and_refuses_a_missing_one() -> 
         run_report(ROOT, DAG, "no-such-run", store=store)
     with pytest.raises(NotFoundError):
         latest_run_id(ROOT, "no-such-dag", store=store)
-    # Without an attempt reader of its own, run_report polls through the layout's observer (POSIX paths,
-    # where nothing exists): the attempts show, unread, but every name came from the backend.
+    # Without an attempt reader of its own, run_report polls through the observer of a layout over the store it
+    # reads, which reads each attempt's records by name there (a store without paths).
     report = run_report(ROOT, DAG, RUN, store=store, liveness="heartbeat", now=T0 + 100)
     assert [s["stage"] for s in report["stages"]] == [STAGE]
     assert [s["admitted"] for s in report["stages"][0]["subtasks"]] == [0, 0]
+    assert [[(a["state"], a["node"]) for a in s["attempts"]] for s in report["stages"][0]["subtasks"]] == [
+        [("FINISHED", "n1")], [("FINISHED", "n1")]]
 
 
 def test_a_poll_lists_the_stage_once_and_a_second_one_reads_no_attempt_object() -> None:

@@ -379,3 +379,45 @@ def test_the_whole_log_downloads_as_plain_text(store: Path):
     missing = client.get("/api/log/download", params={**params, "attempt": 1})
     assert missing.status_code == 404 and "has written no log yet" in missing.text
     assert _app(store, authorized=False).get("/api/log/download", params=params).status_code == 401
+
+
+def _on_s3(root: Path) -> Any:
+    """The store at ``root`` copied, object by object, into an in-memory store for an S3 root URL, in the cache."""
+    from airflow_provider_speculative.store import roots
+    from tests.unit.store.memory import MemoryBackend
+
+    memory = MemoryBackend("s3://lake/speculative")
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        name = path.relative_to(root).as_posix()
+        if path.name == "_owner.json":  # claimed by this store, as on POSIX
+            memory.claim(path.parent.relative_to(root).as_posix() if path.parent != root else "")
+        elif path.name == "journal.jsonl":  # on S3 a journal is one object per record
+            for line in path.read_text().splitlines():
+                memory.append_record(name, json.loads(line))
+        else:
+            memory.replace(name, path.read_bytes())
+    roots.install_store(memory)
+    return memory
+
+
+def test_the_views_of_an_s3_root_are_the_views_of_the_same_posix_store(store: Path) -> None:
+    from airflow_provider_speculative.store import roots
+
+    memory = _on_s3(store)
+    try:
+        posix, s3 = _app(store, authorized=True), _app(memory, authorized=True)
+        run = {"dag_id": DAG, "run_id": RUN}
+        assert s3.get("/api/run", params=run).json()["stages"] == posix.get("/api/run", params=run).json()["stages"]
+        for task in ("scan", "aggregate"):
+            on_posix = posix.get("/api/stage", params={**run, "task_id": task}).json()
+            on_s3 = s3.get("/api/stage", params={**run, "task_id": task}).json()
+            # Attempt logs are local files: the driver's UI link read from one is not shown from S3. A live
+            # attempt's age is measured at each request.
+            for attempt in (a for view in (on_posix, on_s3) for s in view["subtasks"] for a in s["attempts"]):
+                attempt["spark_ui"] = None
+                if attempt["live"]:
+                    attempt["duration"] = attempt["heartbeat_age"] = None
+            assert {k: v for k, v in on_s3.items() if k != "now"} == {k: v for k, v in on_posix.items() if k != "now"}
+        assert s3.get("/api/run", params={**run, "run_id": "other"}).status_code == 404
+    finally:
+        roots.forget_stores()

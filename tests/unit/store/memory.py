@@ -18,7 +18,9 @@ from airflow_provider_speculative.store.backend import ObjectInfo, StoreBackend
 class MemoryBackend(StoreBackend):
     """A store double in memory: exclusive create, replace, listings, journals and deletes; counts reads."""
 
-    def __init__(self) -> None:
+    def __init__(self, url: str = "memory://") -> None:
+        # ``url``: the root it stands for, e.g. ``s3://bucket/prefix`` to serve an S3 root through store/roots.py.
+        self._url = url
         self.objects: dict[str, bytes] = {}
         self.infos: dict[str, ObjectInfo] = {}
         self.journals: dict[str, list[dict[str, Any]]] = {}
@@ -31,8 +33,8 @@ class MemoryBackend(StoreBackend):
 
     @property
     def url(self) -> str:
-        """A name for errors."""
-        return "memory://"
+        """A name for errors, and the root's URL in the process's cache of opened stores."""
+        return self._url
 
     def _put(self, name: str, data: bytes) -> None:
         # Caller holds the lock. A logical clock: every write has a newer mtime and its own ETag, as on S3.
