@@ -105,7 +105,7 @@ def test_attempts_that_ran_beside_another_stages_are_not_timed_for_speed(tmp_pat
     second.step()
     assert all(a.shared for per in first.scheduler.attempts.values() for a in per.values())
     assert all(a.shared for per in second.scheduler.attempts.values() for a in per.values())
-    alone, alone_backend = stage(tmp_path, "scan_alone", clock, parallelism=1)
+    alone, _ = stage(tmp_path, "scan_alone", clock, parallelism=1)
     for controller, backend in ((first, first_backend), (second, second_backend)):
         for key, attempt in list(backend.attempts.items()):
             if attempt.state.value == "RUNNING":

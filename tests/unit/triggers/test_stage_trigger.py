@@ -289,8 +289,6 @@ def test_under_dag_test_a_consumer_that_gives_way_is_not_failed_for_its_own_cons
         env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from airflow.sdk.exceptions import AirflowRescheduleException
 
-    from airflow_provider_speculative.operators import stage as stage_module
-
     from airflow_provider_speculative.triggers import timing
 
     monkeypatch.setattr(timing, "runs_in_line", lambda: True)  # dag.test(): one task at a time
