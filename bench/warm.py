@@ -92,6 +92,8 @@ from tests.integration.q3 import duckdb_q3, q3_difference, read_q3_output  # noq
 from tests.integration.tpch_sql import QUERIES, duckdb_rows, rows_difference  # noqa: E402
 
 DATE = "2026-01-01"
+# The scheduled scenarios' untimed first run (--warm-deployment).
+WARM_UP_DATE = "2026-01-02"
 GOAL_C_OVER_A = 2.0
 GOAL_C_OVER_A_SF1 = 1.3
 GOAL_STARTUP = 2.0
@@ -329,9 +331,9 @@ def run_pipeline(bench: Bench, run_dir: Path, env: dict[str, str], server_pids: 
 
 
 def run_scheduled(bench: Bench, run_dir: Path, tpch: Path, extra_env: dict[str, str],
-                  asset_api: bool = False) -> dict[str, Any]:
+                  asset_api: bool = False, warm_deployment: bool = True) -> dict[str, Any]:
     """Scenario d: one DAG run through a real Airflow deployment (started before the clock, stopped after)."""
-    from tests.integration.airflow_cluster import AirflowCluster, PostgresDatabase, _parse_time, wait_until
+    from tests.integration.airflow_cluster import AirflowCluster, PostgresDatabase
 
     run_dir.mkdir(parents=True)
     db = PostgresDatabase()
@@ -350,30 +352,47 @@ def run_scheduled(bench: Bench, run_dir: Path, tpch: Path, extra_env: dict[str, 
         deployment.wait_healthy()
         deployment.wait_dag(bench.dag_id)
         deployment.cli("dags", "unpause", bench.dag_id)
+        warm_up = None
+        if warm_deployment:
+            # A deployment runs for days: its triggerer's one-time set-up (Airflow's in-process execution API,
+            # the provider's control plane, the first Connect sessions) is not a DAG run's cost. One run of
+            # the same DAG for the next day pays it, untimed beyond its own wall; its speed records are removed
+            # so the timed run checks the servers as a daily run (records older than speed_check_age) does.
+            warm_up = _scheduled_run(deployment, bench.dag_id, WARM_UP_DATE)
+            for record in (deployment.store / "_targets").glob("*/speed.json"):
+                record.unlink()
         with shared.LoadSampler(str(run_dir)) as sampler:
             procs_before = _proc_table()
             started = time.time()
-            run = deployment.api("POST", f"/dags/{bench.dag_id}/dagRuns", {"logical_date": f"{DATE}T00:00:00Z"})
-            run_id = run["dag_run_id"]
-
-            def finished() -> dict[str, Any] | None:
-                state = deployment.dag_runs(bench.dag_id)[run_id]
-                return state if state["state"] in ("success", "failed") else None
-
-            final = wait_until(finished, 1800, f"{bench.dag_id} run {run_id} to finish", interval=0.5)
-        if final["state"] != "success":
-            raise RuntimeError(f"{bench.dag_id} run {run_id} ended {final['state']}; see {deployment.logs}")
+            wall = _scheduled_run(deployment, bench.dag_id, DATE)
         roles = role_cpu(procs_before, _proc_table())
-        ended = _parse_time(final.get("end_date"))
-        wall = (ended.timestamp() if ended else time.time()) - started
-        result = {"wall": round(wall, 2), "load": sampler.summary(), "cpu_roles": roles}
+        result = {"wall": round(wall, 2), "load": sampler.summary(), "cpu_roles": roles, "warm_up_wall": warm_up}
     except Exception:
         (run_dir / "diagnostics.txt").write_text(deployment.diagnostics())
         raise
     finally:
         deployment.shutdown()
         db.drop()
-    return {**result, **breakdown(deployment.store / bench.dag_id, started, result["wall"])}
+    return {**result, **breakdown(deployment.store / bench.dag_id, started, result["wall"], run_prefix="manual__")}
+
+
+def _scheduled_run(deployment: Any, dag_id: str, date: str) -> float:
+    """Create one run of ``dag_id`` for ``date`` through the REST API, wait for success; its wall seconds."""
+    from tests.integration.airflow_cluster import _parse_time, wait_until
+
+    started = time.time()
+    run = deployment.api("POST", f"/dags/{dag_id}/dagRuns", {"logical_date": f"{date}T00:00:00Z"})
+    run_id = run["dag_run_id"]
+
+    def finished() -> dict[str, Any] | None:
+        state = deployment.dag_runs(dag_id)[run_id]
+        return state if state["state"] in ("success", "failed") else None
+
+    final = wait_until(finished, 1800, f"{dag_id} run {run_id} to finish", interval=0.5)
+    if final["state"] != "success":
+        raise RuntimeError(f"{dag_id} run {run_id} ended {final['state']}; see {deployment.logs}")
+    ended = _parse_time(final.get("end_date"))
+    return round((ended.timestamp() if ended else time.time()) - started, 2)
 
 
 def _first_events(stage_dir: Path) -> dict[str, float]:
@@ -384,9 +403,16 @@ def _first_events(stage_dir: Path) -> dict[str, float]:
 
 
 def breakdown(dag_store: Path, started: float, wall: float,
-              cpu_samples: list[tuple[float, float]] | None = None) -> dict[str, Any]:
-    """Where the wall time of one pipeline run went, from the store (stages in the order they ran)."""
-    (run,) = [p for p in dag_store.iterdir() if p.is_dir()]
+              cpu_samples: list[tuple[float, float]] | None = None, run_prefix: str | None = None) -> dict[str, Any]:
+    """Where the wall time of one pipeline run went, from the store (stages in the order they ran).
+
+    ``run_prefix``: the store holds a warm-up run too; the timed one is the last created (its run id
+    carries its creation time after the prefix).
+    """
+    runs = sorted(p for p in dag_store.iterdir() if p.is_dir() and p.name.startswith(run_prefix or ""))
+    run = runs[-1] if run_prefix else runs[0]
+    if not run_prefix and len(runs) != 1:
+        raise RuntimeError(f"expected one DAG run in {dag_store}, found {len(runs)}")
     rows = []
     for stage_dir in run.iterdir():
         if (stage_dir / "journal.jsonl").exists():
@@ -451,6 +477,9 @@ def main() -> int:
                         help="Spark task threads of each of c's two Connect servers (local[N])")
     parser.add_argument("--slots", type=int, default=2,
                         help="slots (concurrent attempts) of each of c's and d's two Connect targets")
+    parser.add_argument("--warm-deployment", action=argparse.BooleanOptionalAction, default=True,
+                        help="d, e, f: run the DAG once (untimed, a day later) before the timed run, as a "
+                             "deployment that has been up runs it; its wall is reported as warm_up_wall")
     args = parser.parse_args()
     scenarios = args.scenarios.split(",")
     benches = [BENCHES[name] for name in args.pipelines.split(",")]
@@ -494,7 +523,7 @@ def main() -> int:
                         row[scenario] = run_scheduled(bench, run_dir, tpch, {
                             **conns, "AIRFLOW__SPECULATIVE__TARGETS": json.dumps(connect_targets(args.slots)),
                             "AIRFLOW__SPECULATIVE__START_IN_TRIGGERER": "false" if scenario == "e" else "true"},
-                            asset_api=scenario == "f")
+                            asset_api=scenario == "f", warm_deployment=args.warm_deployment)
                     else:
                         env = base_env(run_dir, tpch)
                         if scenario == "b":
@@ -584,6 +613,9 @@ def report(results: list[dict[str, Any]]) -> str:
                     lines.append(f"   independent stages overlap: the parts add up to more than the wall; Airflow "
                                  f"from the run's creation to the first plan {m['airflow_start']:.1f}s, from the last "
                                  f"commit to the run's end {m['exit']:.1f}s")
+                    if m.get("warm_up_wall") is not None:
+                        lines.append("   the deployment's first run of the DAG (untimed warm-up): "
+                                     f"{m['warm_up_wall']:.1f}s")
                     if m.get("cpu_roles"):
                         lines.append("   CPU seconds by role, the whole machine from the run's creation to its "
                                      "end: " + ", ".join(f"{k} {v}" for k, v in m["cpu_roles"].items()))
