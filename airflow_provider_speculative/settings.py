@@ -18,10 +18,9 @@ from airflow_provider_speculative.core.config import (
     store_root_path,
     unknown_options,
 )
-from airflow_provider_speculative.exceptions import StoreError
 from airflow_provider_speculative.store.backend import S3Credentials, StoreBackend
 from airflow_provider_speculative.store.layout import default_store_root
-from airflow_provider_speculative.store.roots import is_s3_root, open_store, resolve_connections_with
+from airflow_provider_speculative.store.roots import is_s3_root, open_store, resolve_connections_with, split_plan_url
 
 if TYPE_CHECKING:
     from airflow_provider_speculative.core.graph import PipelineGraph
@@ -96,8 +95,8 @@ def store_root(config: SpeculativeConfig) -> Path:
 def store_location(config: SpeculativeConfig) -> str:
     """The store root ``config`` names: the absolute POSIX root (as :func:`store_root`), or an ``s3://`` URL.
 
-    ``store_path`` on S3 is refused when the configuration is parsed (``core/config.py``, until the fault tests
-    run on S3); everything from here down serves it.
+    ``store_path`` on S3 is accepted when the configuration is parsed only with ``experimental_s3_store``
+    (``core/config.py``: the fault tests have not run on S3 yet); everything from here down serves it.
     """
     if is_s3_root(config.store_path):
         return config.store_path
@@ -130,16 +129,8 @@ def read_plan_at(location: str, conn_id: str | None = None) -> Any:
         from airflow_provider_speculative.store.files import read_json
 
         return read_json(location)
-    root, name = _split_plan_url(location)
+    root, name = split_plan_url(location)
     return store_of(root, airflow_config().s3_conn_id if conn_id is None else conn_id).read_json(name)
-
-
-def _split_plan_url(location: str) -> tuple[str, str]:
-    """(store root, the plan's name) of a plan's URL: the name is its last four segments."""
-    segments = location.rstrip("/").split("/")
-    if len(segments) < 8:  # s3:, "", bucket, dag, run, stage, plan.json at least
-        raise StoreError(f"{location!r} is not the URL of a stage's plan.json in a store")
-    return "/".join(segments[:-4]), "/".join(segments[-4:])
 
 
 def connection_credentials(conn_id: str) -> S3Credentials:

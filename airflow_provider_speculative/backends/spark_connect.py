@@ -44,7 +44,6 @@ from airflow_provider_speculative.backends.supervised import SupervisedBackend
 from airflow_provider_speculative.core.contract import REMOTE_ENV
 from airflow_provider_speculative.core.events import Event
 from airflow_provider_speculative.store import journal
-from airflow_provider_speculative.store.files import atomic_write_json, read_json
 from airflow_provider_speculative.store.layout import StageLayout
 
 DEFAULT_USER_ID = "speculative"
@@ -288,7 +287,7 @@ class SparkConnectBackend(SupervisedBackend):
 
     def connect_record(self, subtask: int, attempt: int) -> dict[str, Any] | None:
         """The attempt's recorded session (``server``, ``user_id``, ``session_id``), if it was launched here."""
-        return read_json(self.layout.connect(subtask, attempt))
+        return self.layout.read_json(self.layout.connect(subtask, attempt))
 
     def launch(self, spec: LaunchSpec) -> None:
         """Give the attempt its own session on the server, record it, then start the client supervised."""
@@ -300,9 +299,9 @@ class SparkConnectBackend(SupervisedBackend):
         session_id = str(uuid.uuid4())
         url = compose_url(remote, session_id=session_id, user_id=DEFAULT_USER_ID)
         _, params = split_url(url)
-        atomic_write_json(self.layout.connect(spec.subtask, spec.attempt),
-                          {"server": public_url(url), "user_id": params["user_id"], "session_id": session_id,
-                           "at": time.time()})
+        self.layout.replace_json(self.layout.connect(spec.subtask, spec.attempt),
+                                 {"server": public_url(url), "user_id": params["user_id"], "session_id": session_id,
+                                  "at": time.time()})
         super().launch(LaunchSpec(spec.subtask, spec.attempt, spec.target, spec.node, spec.speculative,
                                   spec.command, {**spec.env, REMOTE_ENV: url}))
 
@@ -314,9 +313,9 @@ class SparkConnectBackend(SupervisedBackend):
     def cancel(self, subtask: int, attempt: int, reason: str) -> None:
         """Record the cancel, interrupt the session's work on the server, then end the client."""
         path = self.layout.cancel(subtask, attempt)
-        if read_json(path) is None:
+        if self.layout.read_json(path) is None:
             # First, so that a client dying of the interrupt is classified as cancelled, not failed.
-            atomic_write_json(path, {"reason": reason, "at": time.time()})
+            self.layout.replace_json(path, {"reason": reason, "at": time.time()})
         record = self.connect_record(subtask, attempt)
         if record is not None and not (self._cancel_state(subtask, attempt).get("interrupted_at")):
             self._server_step(subtask, attempt, record, release=False)
@@ -348,7 +347,7 @@ class SparkConnectBackend(SupervisedBackend):
         return not any(state.get(key) for key in _FINISHED)
 
     def _cancel_state(self, subtask: int, attempt: int) -> dict[str, Any]:
-        return read_json(self.layout.connect_cancel(subtask, attempt)) or {}
+        return self.layout.read_json(self.layout.connect_cancel(subtask, attempt)) or {}
 
     def _server_step(self, subtask: int, attempt: int, record: dict[str, Any], *, release: bool,
                      now: float | None = None) -> bool:
@@ -359,7 +358,7 @@ class SparkConnectBackend(SupervisedBackend):
         """
         now = time.time() if now is None else now
         path = self.layout.connect_cancel(subtask, attempt)
-        state = read_json(path) or {"server": record["server"], "user_id": record["user_id"],
+        state = self.layout.read_json(path) or {"server": record["server"], "user_id": record["user_id"],
                                     "session_id": record["session_id"], "started_at": now, "interrupted": []}
         done = False
         try:
@@ -368,9 +367,9 @@ class SparkConnectBackend(SupervisedBackend):
                 # No server on that port: the session and its queries ended with the server's process.
                 state.update(server_gone_at=state.get("server_gone_at") or time.time(), running=[],
                              error=down[1])
-                journal.record(self.layout.journal, Event.CONNECT_SERVER_GONE, subtask=subtask, attempt=attempt,
+                journal.record_stage(self.layout, Event.CONNECT_SERVER_GONE, subtask=subtask, attempt=attempt,
                                server=record["server"], error=down[1])
-                atomic_write_json(path, state)
+                self.layout.replace_json(path, state)
                 return True
             if down is not None:
                 raise ConnectionError(down[1])  # as an RPC to it would, without its deadline
@@ -397,12 +396,12 @@ class SparkConnectBackend(SupervisedBackend):
                 state["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
                 state["errors"] = int(state.get("errors") or 0) + 1
                 if first:
-                    journal.record(self.layout.journal, Event.CONNECT_UNREACHABLE, subtask=subtask, attempt=attempt,
+                    journal.record_stage(self.layout, Event.CONNECT_UNREACHABLE, subtask=subtask, attempt=attempt,
                                    server=record["server"], error=state["error"])
                 if release and now - float(state.get("started_at") or now) >= UNREACHABLE_GIVE_UP:
                     state["gave_up_at"] = time.time()
-                    journal.record(self.layout.journal, Event.CONNECT_CANCEL_GAVE_UP, subtask=subtask, attempt=attempt,
+                    journal.record_stage(self.layout, Event.CONNECT_CANCEL_GAVE_UP, subtask=subtask, attempt=attempt,
                                    server=record["server"], error=state["error"])
                     done = True
-        atomic_write_json(path, state)
+        self.layout.replace_json(path, state)
         return done

@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from airflow_provider_speculative.backends.base import LaunchSpec
-from airflow_provider_speculative.backends.supervised import SupervisedBackend
+from airflow_provider_speculative.backends.supervised import SupervisedBackend, local_attempt_dir
 from airflow_provider_speculative.core.placement import blocked_nodes_submission
+from airflow_provider_speculative.store.backend import PosixBackend
 from airflow_provider_speculative.store.layout import POD_TEMPLATE_FILE
 
 POD_TEMPLATE_KEY = "spark.kubernetes.executor.podTemplateFile"
@@ -79,7 +80,11 @@ class SparkSubmitBackend(SupervisedBackend):
     def launch(self, spec: LaunchSpec) -> None:
         """Start the attempt, first adding the current blocklist to its submission (YARN, Kubernetes)."""
         if spec.blocked_nodes:
-            attempt_dir = self.layout.attempt_dir(spec.subtask, spec.attempt)
+            # spark-submit reads the pod template from a local file: on a store without paths, the attempt's
+            # local working directory holds it.
+            attempt_dir = (self.layout.attempt_dir(spec.subtask, spec.attempt)
+                           if isinstance(self.layout.store, PosixBackend)
+                           else local_attempt_dir(self.layout, spec.subtask, spec.attempt))
             command, template, template_path = with_blocked_nodes(spec.command, spec.blocked_nodes, attempt_dir)
             if template is not None:
                 attempt_dir.mkdir(parents=True, exist_ok=True)

@@ -4,18 +4,27 @@ The supervisor records pid, host, timestamps and the exit code in ``status.json`
 ``alive_at`` while the command runs. The controller decides liveness from the pid when the
 supervisor runs on its own host, and from ``alive_at`` when it runs elsewhere (an HA triggerer on
 another machine took the trigger over): nothing here assumes the attempt is a local process.
+
+Every document of the store (claim, status, heartbeat, cancel, admission) is read and written by name through
+``layout.store``. What must be local stays out of the store: on a store without paths (S3) the supervisor's log is
+written in a local working directory for the attempt (:func:`local_attempt_dir`, under ``$AIRFLOW_HOME`` or the
+temporary directory) and uploaded to the attempt's ``spark-submit.log`` name when the attempt ends; the pid and the
+process group are recorded in ``status.json`` as on POSIX.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import os
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 from typing import Any, ClassVar
 
 import psutil
@@ -33,13 +42,14 @@ from airflow_provider_speculative.core.states import (
 )
 from airflow_provider_speculative.store import changes
 from airflow_provider_speculative.store.backend import OWNER_FILE, PosixBackend
-from airflow_provider_speculative.store.files import atomic_write_json, create_exclusive_json, read_json
+from airflow_provider_speculative.store.files import read_json
 from airflow_provider_speculative.store.layout import (
     CANCEL_FILE,
     CLAIM_FILE,
     FAILURE_FILE,
     HEARTBEAT_FILE,
     INVALIDATED_FILE,
+    LOG_FILE,
     STATUS_FILE,
     RunNotOwnedError,
     StageLayout,
@@ -87,23 +97,33 @@ class SupervisedBackend:
 
     def claim(self, subtask: int, attempt: int, record: dict[str, Any]) -> bool:
         """Atomically claim an attempt number; False if someone (a restarted controller) has it."""
-        return create_exclusive_json(self.layout.claim(subtask, attempt), record)
+        return self.layout.create_json(self.layout.claim(subtask, attempt), record)
 
     def launch(self, spec: LaunchSpec) -> None:
         """Start the supervisor detached, in its own session; return once its status is recorded."""
-        status = self.layout.status(spec.subtask, spec.attempt)
-        log = self.layout.log(spec.subtask, spec.attempt)
+        layout = self.layout
+        status = layout.status(spec.subtask, spec.attempt)
+        manifest = layout.manifest(spec.subtask, spec.attempt)
         env = self.launch_env(spec)
-        args = ["--status", str(status), "--log", str(log),
-                "--manifest", str(self.layout.manifest(spec.subtask, spec.attempt)), "--daemonize",
-                "--", *spec.command]
-        code = self._launch_forked(spec, args, env, str(log)) if self.fork_server else None
+        if isinstance(layout.store, PosixBackend):
+            log = os.fspath(layout.log(spec.subtask, spec.attempt))
+            args = ["--status", os.fspath(status), "--log", log, "--manifest", os.fspath(manifest)]
+        else:
+            # The store's URL and names only: its credentials reach the supervisor through its environment.
+            local = local_attempt_dir(layout, spec.subtask, spec.attempt)
+            local.mkdir(parents=True, exist_ok=True)
+            log = os.fspath(local / LOG_FILE)
+            args = ["--store", layout.store.url, "--status", layout.name(status), "--log", log,
+                    "--log-name", layout.name(layout.log(spec.subtask, spec.attempt)),
+                    "--manifest", layout.name(manifest)]
+        args = [*args, "--daemonize", "--", *spec.command]
+        code = self._launch_forked(spec, args, env, log) if self.fork_server else None
         if code is None:
             with open(log, "ab") as out:
                 code = subprocess.call([sys.executable, "-m", "airflow_provider_speculative.backends.supervisor",
                                         *args], stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                        start_new_session=True, env=env, close_fds=True, timeout=60)
-        if code != 0 or read_json(status) is None:
+        if code != 0 or layout.read_json(status) is None:
             raise RuntimeError(f"could not start attempt {spec.attempt} of subtask {spec.subtask}: "
                                f"supervisor exited {code}; see {log}")
 
@@ -114,12 +134,12 @@ class SupervisedBackend:
         try:
             return forkserver.launch(args, env, log)
         except forkserver.LaunchUnknown as exc:
-            if read_json(self.layout.status(spec.subtask, spec.attempt)) is not None:
+            if self.layout.read_json(self.layout.status(spec.subtask, spec.attempt)) is not None:
                 return 0  # the supervisor recorded itself before the server died: it runs
             # A supervisor forked just before the server died may still come up: the cancel stops it
             # within a second of its start, and the attempt is reported failed (never started twice).
-            atomic_write_json(self.layout.cancel(spec.subtask, spec.attempt),
-                              {"reason": f"launch lost: {exc}", "at": time.time()})
+            self.layout.replace_json(self.layout.cancel(spec.subtask, spec.attempt),
+                                     {"reason": f"launch lost: {exc}", "at": time.time()})
             raise RuntimeError(f"could not start attempt {spec.attempt} of subtask {spec.subtask}: {exc}") from None
 
     def launch_env(self, spec: LaunchSpec) -> dict[str, str]:
@@ -233,11 +253,12 @@ class SupervisedBackend:
 
     def cancel(self, subtask: int, attempt: int, reason: str) -> None:
         """Ask the attempt's process group to stop (SIGTERM); :meth:`reap` escalates to SIGKILL."""
-        path = self.layout.cancel(subtask, attempt)
-        if read_json(path) is None:
-            atomic_write_json(path, {"reason": reason, "at": time.time()})
-            changes.notify(self.layout.dir, subtask, attempt)
-        launch = read_json(self.layout.status(subtask, attempt)) or {}
+        layout = self.layout
+        path = layout.cancel(subtask, attempt)
+        if layout.read_json(path) is None:
+            layout.replace_json(path, {"reason": reason, "at": time.time()})
+            self._notify(subtask, attempt)
+        launch = layout.read_json(layout.status(subtask, attempt)) or {}
         if launch.get("host") not in (None, HOST):
             # Another host's process group id means nothing (or another process) here: the remote
             # supervisor sees cancel.json and stops the attempt itself.
@@ -249,8 +270,8 @@ class SupervisedBackend:
     def reap(self, subtask: int, attempt: int, now: float | None = None) -> bool:
         """SIGKILL a cancelled attempt's group once the grace period is over; True when nothing is left."""
         now = time.time() if now is None else now
-        cancel = read_json(self.layout.cancel(subtask, attempt)) or {}
-        launch = read_json(self.layout.status(subtask, attempt)) or {}
+        cancel = self.layout.read_json(self.layout.cancel(subtask, attempt)) or {}
+        launch = self.layout.read_json(self.layout.status(subtask, attempt)) or {}
         if not launch.get("pgid"):
             return True
         if launch.get("host") not in (None, HOST):
@@ -272,7 +293,7 @@ class SupervisedBackend:
         """
         layout = self.layout
         layout.replace_json(layout.invalidated(subtask, attempt), {"reason": reason, "at": time.time()})
-        changes.notify(layout.dir, subtask, attempt)
+        self._notify(subtask, attempt)
         admitted = layout.admitted(subtask)
         marker = layout.read_json(admitted)
         if marker is None or marker.get("attempt") != attempt:
@@ -280,12 +301,17 @@ class SupervisedBackend:
         try:
             layout.delete(admitted)
         except RunNotOwnedError:
-            if _marked(layout):
+            # Only a POSIX store holds runs of versions before the markers; elsewhere an unmarked run is not ours.
+            if _marked(layout) or not isinstance(layout.store, PosixBackend):
                 raise
             log.warning("DAG %r run %r stage %r: admission of subtask %d attempt %d withdrawn by unlink: the run "
                         "has no %s (planned by an older version)", layout.dag_id, layout.run_id, layout.stage,
                         subtask, attempt, OWNER_FILE)
             admitted.unlink(missing_ok=True)
+
+    def _notify(self, subtask: int, attempt: int) -> None:
+        """Leave a change notice for the attempt, by name."""
+        changes.post(self.layout.store, self.layout.name(self.layout.dir), subtask, attempt)
 
     @staticmethod
     def _alive(launch: dict[str, Any], now: float | None = None) -> bool:
@@ -347,6 +373,18 @@ class HeartbeatObserver(SupervisedBackend):
         if out.cause == "attempt process disappeared (killed or crashed)":
             out.cause = f"presumed lost: no heartbeat for {self.stale_after:.0f} s"
         return out
+
+
+def local_attempt_dir(layout: StageLayout, subtask: int, attempt: int) -> Path:
+    """The local working directory of an attempt whose store has no paths: its supervisor's log, never the store.
+
+    ``$AIRFLOW_HOME/speculative-local`` (else the temporary directory's ``speculative-local``), then a digest of the
+    store's URL (two stores never share a directory; the URL carries no credential) and the attempt's name there.
+    """
+    home = os.environ.get("AIRFLOW_HOME")
+    base = Path(home) if home else Path(tempfile.gettempdir())
+    digest = hashlib.sha256(layout.store.url.encode()).hexdigest()[:16]
+    return base / "speculative-local" / digest / layout.name(layout.attempt_dir(subtask, attempt))
 
 
 def _marked(layout: StageLayout) -> bool:

@@ -4,12 +4,19 @@ Started with ``start_new_session=True`` so it and everything spark-submit starts
 and its Python process) share one process group that ``killpg`` stops as a whole. It imports
 neither Airflow nor Spark, so it starts in milliseconds. Forked from the fork server instead
 (``backends/forkserver.py``), it forks a Python application from that warm image.
+
+On a POSIX store ``--status`` and ``--manifest`` are paths in the attempt's directory and ``--log`` is the
+attempt's log there. With ``--store URL`` (a store without paths, S3) they are store names read and written
+through that store (opened with the AWS environment, as an attempt opens it: never a connection), ``--log`` is a
+local file (the launcher's working directory for the attempt) and ``--log-name`` the name it is uploaded to when
+the attempt ends, before its final status, so a reader that sees the end finds the log.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import posixpath
 import signal
 import socket
 import subprocess
@@ -21,9 +28,12 @@ from airflow_provider_speculative.backends import warmstart
 from airflow_provider_speculative.backends.identity import start_ticks
 from airflow_provider_speculative.core.contract import EXIT_NODE_LOST, LAUNCHED_AT_ENV, STORE_EXIT_CAUSES
 from airflow_provider_speculative.core.faults import current as current_faults
+from airflow_provider_speculative.exceptions import StoreError
 from airflow_provider_speculative.store import changes
+from airflow_provider_speculative.store.backend import PosixBackend, StoreBackend
 from airflow_provider_speculative.store.files import atomic_write_json, read_json, wait_for_file
 from airflow_provider_speculative.store.layout import CANCEL_FILE, FAILURE_FILE
+from airflow_provider_speculative.store.roots import open_store
 
 _READY_FD: list[int] = []
 # How often the supervisor refreshes alive_at and looks for a cancel request written by a controller
@@ -57,18 +67,72 @@ def _create_time() -> float | None:
         return None
 
 
-def _record(status_path: str, status: dict[str, object], *, notify: bool = True) -> None:
-    """Write status.json and, for a state change, leave a change notice for the controller."""
-    atomic_write_json(status_path, status)
-    if notify:
-        attempt_dir = os.path.dirname(status_path)
-        subtask_dir = os.path.dirname(attempt_dir)
+class AttemptDocuments:
+    """The attempt's documents the supervisor reads and writes: by path on a POSIX store, by name in ``store``."""
+
+    def __init__(self, status: str, manifest: str, store: StoreBackend | None = None,
+                 log_name: str | None = None) -> None:
+        self.status, self.manifest, self.store, self.log_name = status, manifest, store, log_name
+        # Names are /-separated whatever the host; paths are the host's.
+        self._path = posixpath if store is not None else os.path
+        self.dir = self._path.dirname(status)
+
+    def shown(self) -> str:
+        """The attempt's directory as messages name it: its path, or its URL in the store."""
+        return self.dir if self.store is None else f"{self.store.url}/{self.dir}"
+
+    def read(self, file: str) -> Any:
+        """The JSON document ``file`` of the attempt's directory; None if missing."""
+        where = self._path.join(self.dir, file)
+        return read_json(where) if self.store is None else self.store.read_json(where)
+
+    def exists(self, file: str) -> bool:
+        """True if ``file`` of the attempt's directory exists."""
+        where = self._path.join(self.dir, file)
+        return os.path.exists(where) if self.store is None else self.store.exists(where)
+
+    def manifest_written(self) -> bool:
+        """True once the attempt's manifest exists (it is written last, so the output is complete)."""
+        found = read_json(self.manifest) if self.store is None else self.store.read_json(self.manifest)
+        return found is not None
+
+    def record(self, status: dict[str, object], *, notify: bool = True) -> None:
+        """Write status.json and, for a state change, leave a change notice for the controller."""
+        if self.store is None:
+            atomic_write_json(self.status, status)
+        else:
+            self.store.replace_json(self.status, status)
+        if not notify:
+            return
+        subtask_dir = self._path.dirname(self.dir)
         try:
-            subtask = int(os.path.basename(subtask_dir).split("=", 1)[1])
-            attempt = int(os.path.basename(attempt_dir).split("=", 1)[1])
+            subtask = int(self._path.basename(subtask_dir).split("=", 1)[1])
+            attempt = int(self._path.basename(self.dir).split("=", 1)[1])
         except (IndexError, ValueError):
             return  # not in the store layout (a unit test's own path): nobody to notify
-        changes.notify(os.path.dirname(subtask_dir), subtask, attempt)
+        if self.store is None:
+            changes.notify(os.path.dirname(subtask_dir), subtask, attempt)
+        else:
+            changes.post(self.store, posixpath.dirname(subtask_dir), subtask, attempt)
+
+    def upload_log(self, log: str) -> None:
+        """Upload the local log to ``log_name`` in the store (nothing on a POSIX store: the log is already there).
+
+        Best effort: a log that cannot be uploaded must not turn the attempt's result into a failure.
+        """
+        if self.store is None or not self.log_name:
+            return
+        folder, file = os.path.split(os.path.abspath(log))
+        try:
+            self.store.copy_from(self.log_name, PosixBackend(folder), file)
+        except (StoreError, OSError) as exc:
+            print(f"[speculative] could not upload the attempt's log to {self.store.url}/{self.log_name}: "
+                  f"{type(exc).__name__}", file=sys.stderr)
+
+
+def _record(status_path: str, status: dict[str, object], *, notify: bool = True) -> None:
+    """Write status.json at a path and, for a state change, leave a change notice for the controller."""
+    AttemptDocuments(status_path, "").record(status, notify=notify)
 
 
 def main(argv: list[str] | None = None, warm: bool = False) -> int:
@@ -81,19 +145,23 @@ def main(argv: list[str] | None = None, warm: bool = False) -> int:
     parser.add_argument("--status", required=True)
     parser.add_argument("--log", required=True)
     parser.add_argument("--manifest", required=True)
+    parser.add_argument("--store", default="", help="the store's root URL: --status and --manifest are its names")
+    parser.add_argument("--log-name", default="", help="the store name the local --log is uploaded to at the end")
     parser.add_argument("--daemonize", action="store_true", help="fork, detach and return once started")
     parser.add_argument("cmd", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     cmd = args.cmd[1:] if args.cmd and args.cmd[0] == "--" else args.cmd
     if args.daemonize:
         _daemonize(args.status)
+    store = open_store(args.store) if args.store else None
+    docs = AttemptDocuments(args.status, args.manifest, store, args.log_name or None)
     now = time.time()
     launched = os.environ.get(LAUNCHED_AT_ENV)
     status = {"state": "DEPLOYING", "pid": os.getpid(), "pgid": os.getpgid(0), "deploying_at": now,
               "launched_at": float(launched) if launched else now, "alive_at": now, "host": socket.gethostname(),
               "create_time": _create_time(), "start_ticks": start_ticks(os.getpid()),
               "node": os.environ.get("SPECULATIVE_NODE")}
-    _record(args.status, status)
+    docs.record(status)
     if args.daemonize:
         os.write(_READY_FD[0], b"1")
         os.close(_READY_FD[0])
@@ -113,34 +181,35 @@ def main(argv: list[str] | None = None, warm: bool = False) -> int:
                 child = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
         except OSError as exc:
             status.update(state="FAILED", end_at=time.time(), exit_code=127, cause=f"cannot start {cmd[0]}: {exc}")
-            _record(args.status, status)
+            docs.upload_log(args.log)
+            docs.record(status)
             return 127
         status["child_pid"] = child.pid
-        _record(args.status, status)
-        code = _wait(child, args.status, status, cancelled)
+        docs.record(status)
+        code = _wait(child, docs, status, cancelled)
     hold = current_faults().hold_end_release
-    if hold and code == 0 and cancelled["signal"] is None and read_json(args.manifest) is not None:
-        _hold_end(hold, args.status, status, cancelled)
+    if hold and code == 0 and cancelled["signal"] is None and docs.manifest_written():
+        _hold_end(hold, docs, status, cancelled)
     status.update(end_at=time.time(), exit_code=code)
     if cancelled["signal"] is not None:
         status.update(state="CANCELED", cause=f"cancelled (signal {cancelled['signal']})")
-    elif code == 0 and read_json(args.manifest) is not None:
+    elif code == 0 and docs.manifest_written():
         status.update(state="FINISHED")
     else:
-        failure = read_json(os.path.join(os.path.dirname(args.status), FAILURE_FILE)) or {}
+        failure = docs.read(FAILURE_FILE) or {}
         cause = failure.get("error") or (f"exit code {code} without a manifest" if code == 0 else f"exit code {code}")
         if not failure and code in STORE_EXIT_CAUSES:
             cause = (f"{STORE_EXIT_CAUSES[code]}: the attempt could not write its output under "
-                     f"{os.path.dirname(args.status)} (exit code {code})")
+                     f"{docs.shown()} (exit code {code})")
         kind = failure.get("kind") or ("node_lost" if code == EXIT_NODE_LOST else None)
         status.update(state="FAILED", cause=cause, failure_kind=kind)
-    _record(args.status, status)
+    docs.upload_log(args.log)
+    docs.record(status)
     return code
 
 
-def _wait(child: Any, status_path: str, status: dict[str, object],
+def _wait(child: Any, docs: AttemptDocuments, status: dict[str, object],
           cancelled: dict[str, int | None]) -> int:
-    cancel_path = os.path.join(os.path.dirname(status_path), CANCEL_FILE)
     term_sent_at: float | None = None
     while True:
         try:
@@ -149,11 +218,19 @@ def _wait(child: Any, status_path: str, status: dict[str, object],
             pass
         except InterruptedError:
             continue
-        if time.time() - float(status["alive_at"]) >= ALIVE_INTERVAL:  # type: ignore[arg-type]
-            # A refresh is not a change: no notice (controllers of other hosts read it on their own clock).
-            status["alive_at"] = time.time()
-            _record(status_path, status, notify=False)
-        if os.path.exists(cancel_path):
+        try:
+            if time.time() - float(status["alive_at"]) >= ALIVE_INTERVAL:  # type: ignore[arg-type]
+                # A refresh is not a change: no notice (controllers of other hosts read it on their own clock).
+                status["alive_at"] = time.time()
+                docs.record(status, notify=False)
+            cancel = docs.exists(CANCEL_FILE)
+        except StoreError:
+            if docs.store is None:
+                raise
+            # An object store's passing error (throttled, a dropped connection) must not orphan the attempt:
+            # asked again at the next check, well within REMOTE_ALIVE_TIMEOUT.
+            continue
+        if cancel:
             # A controller on another host cannot signal this group: it asks through the store.
             if term_sent_at is None:
                 cancelled["signal"] = signal.SIGTERM
@@ -163,16 +240,15 @@ def _wait(child: Any, status_path: str, status: dict[str, object],
                 _signal_children(signal.SIGKILL)
 
 
-def _hold_end(release: str, status_path: str, status: dict[str, object], cancelled: dict[str, int | None],
+def _hold_end(release: str, docs: AttemptDocuments, status: dict[str, object], cancelled: dict[str, int | None],
               timeout: float = 900.0) -> None:
     """Fault injection (``hold_end``): keep a successful end unrecorded until ``release`` exists."""
     status["held_at"] = time.time()
     # Not a change the controller acts on: the attempt still looks alive to it, as it should.
-    _record(status_path, status, notify=False)
-    cancel_path = os.path.join(os.path.dirname(status_path), CANCEL_FILE)
+    docs.record(status, notify=False)
 
     def cancel_requested() -> bool:
-        return cancelled["signal"] is not None or os.path.exists(cancel_path)
+        return cancelled["signal"] is not None or docs.exists(CANCEL_FILE)
 
     # 5 ms: the two attempts of a race record their ends within milliseconds of each other. After the
     # timeout the end is recorded anyway.

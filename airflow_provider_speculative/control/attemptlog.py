@@ -17,7 +17,8 @@ from typing import Any, BinaryIO
 
 from airflow_provider_speculative.control.readmodel import find_stage_key, run_plans
 from airflow_provider_speculative.core.states import Attempt
-from airflow_provider_speculative.exceptions import NotFoundError, UnsafeStorePathError
+from airflow_provider_speculative.exceptions import NotFoundError, StoreError, UnsafeStorePathError
+from airflow_provider_speculative.store.backend import PosixBackend
 from airflow_provider_speculative.store.files import open_in_store
 from airflow_provider_speculative.store.layout import StageLayout
 
@@ -136,8 +137,13 @@ def failure_log_lines(layout: StageLayout, failed: list[tuple[int, int]]) -> lis
              f"print one with: {logs_command(layout.dag_id, layout.run_id, layout.stage, *failed[0])}"]
     subtask, attempt = failed[0]
     try:
-        _, _, text = read_tail(Path(layout.root), layout.log(subtask, attempt), 16 * 1024)
-    except (OSError, UnsafeStorePathError):
+        if isinstance(layout.store, PosixBackend):
+            _, _, text = read_tail(Path(layout.root), layout.log(subtask, attempt), 16 * 1024)
+        else:
+            # A store without paths holds the log once the attempt ended (its supervisor uploads it by name).
+            data = layout.store.read(layout.name(layout.log(subtask, attempt))) or b""
+            text = data[-16 * 1024:].decode("utf-8", errors="replace")
+    except (OSError, StoreError):
         return lines
     tail = [line if len(line) <= FAILURE_LINE_CHARS else line[:FAILURE_LINE_CHARS] + " [...]"
             for line in text.splitlines()[-FAILURE_TAIL_LINES:]]

@@ -203,7 +203,7 @@ class StageController:
         measured = frozenset(t for t, r in records.items() if r.of_run(run_key))
         # One probe original per DAG run for a target only an earlier run found slow (store/speeds.py).
         probes = frozenset(t for t in probe_candidates(history, measured)
-                           if claim_probe(self.layout.root, t, run_key, self.clock()))
+                           if claim_probe(self.layout.store, t, run_key, self.clock()))
         self.scheduler.target_history = history
         self.scheduler.probe_targets = probes
         self.scheduler.history_source = {t: "speed check" for t, r in records.items() if r.checked_in(run_key)}
@@ -225,24 +225,24 @@ class StageController:
         urls = {name: url for name in names if kinds.get(name) == CONNECT_KIND
                 and (url := self.target_env.get(name, {}).get(REMOTE_ENV))}
         now = self.clock()
-        records = read_records(self.layout.root, names, now)
+        records = read_records(self.layout.store, names, now)
         if not check_needed(urls, records, run_key, now, self.config.speed_check_age):
             return records
-        if claim_speed_check(self.layout.root, urls, run_key, now):
+        if claim_speed_check(self.layout.store, urls, run_key, now):
             started = self.clock()
             result = check_speeds(urls, check)
             slowness = result.slowness
             self.journal(Event.SPEED_CHECK, started=started, waited=round(result.waited, 3),
                          seconds={k: None if v is None else round(v, 3) for k, v in result.durations.items()},
                          slowness={k: round(v, 2) for k, v in slowness.items()}, failed=result.failed)
-            record_speeds(self.layout.root, slowness, self.clock(), f"{run_key}/{SPEED_CHECK}")
-            return read_records(self.layout.root, names, self.clock())
-        claimed = speed_check_claimed_at(self.layout.root, urls, run_key)
+            record_speeds(self.layout.store, slowness, self.clock(), f"{run_key}/{SPEED_CHECK}")
+            return read_records(self.layout.store, names, self.clock())
+        claimed = speed_check_claimed_at(self.layout.store, urls, run_key)
         left = 0.0 if claimed is None else claimed + CHECK_TIMEOUT + 1.0 - self.clock()
         deadline = time.monotonic() + min(max(0.0, left), CHECK_TIMEOUT + 1.0)
         while not all(t in records and records[t].of_run(run_key) for t in urls) and time.monotonic() < deadline:
             time.sleep(0.05)
-            records = read_records(self.layout.root, names, self.clock())
+            records = read_records(self.layout.store, names, self.clock())
         return records
 
     # -- restore ----------------------------------------------------------------------------
@@ -544,7 +544,7 @@ class StageController:
         self.result = action
         self.journal(Event.STAGE_COMPLETE, admitted=action.admitted)
         # What this run measured of its targets seeds the next run's first wave (core/speed.py).
-        record_speeds(self.layout.root, run_slowness(self.scheduler.all_attempts(), self.scheduler.input_bytes),
+        record_speeds(self.layout.store, run_slowness(self.scheduler.all_attempts(), self.scheduler.input_bytes),
                       self.clock(), f"{self.plan['dag_id']}/{self.plan['run_id']}/{self.layout.stage}")
         return []
 
@@ -552,7 +552,7 @@ class StageController:
     def _recover(self, action: RecoverPartition, now: float) -> list[Stimulus]:
         self.journal(Event.RECOVER_PARTITION, stage=action.stage, subtask=action.subtask, reason=action.reason)
         recovery = PartitionRecovery(
-            self.layout.root, self.plan["dag_id"], self.plan["run_id"], stage_key(self.plan, action.stage),
+            self.layout.store, self.plan["dag_id"], self.plan["run_id"], stage_key(self.plan, action.stage),
             action.subtask,
             env=self.extra_env, target_env=self.target_env,
             blocked=lambda node: self.scheduler.blocklist.is_blocked(node, self.clock()),

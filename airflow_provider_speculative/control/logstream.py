@@ -16,7 +16,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from airflow_provider_speculative.core.states import TERMINAL, Attempt
-from airflow_provider_speculative.exceptions import UnsafeStorePathError
+from airflow_provider_speculative.exceptions import StoreError, UnsafeStorePathError
+from airflow_provider_speculative.store.backend import PosixBackend
 from airflow_provider_speculative.store.files import open_in_store
 from airflow_provider_speculative.store.layout import StageLayout
 
@@ -102,6 +103,8 @@ class DriverLogStream:
     def _read(self, key: tuple[int, int], follow: _Follow, ended: bool) -> tuple[list[str], bool]:
         """The lines to show of one attempt's log, and whether it can never be read (a refused path)."""
         notes: list[str] = []
+        if not isinstance(self.layout.store, PosixBackend):
+            return self._read_uploaded(key, follow, ended)
         try:
             with open_in_store(self.layout.root, self.layout.log(*key)) as log:
                 info = os.fstat(log.fileno())
@@ -120,6 +123,26 @@ class DriverLogStream:
             return notes, False
         except UnsafeStorePathError as exc:
             return [f"its log is not shown ({exc})"], True
+        return self._lines(notes, follow, start, data, ended), False
+
+    def _read_uploaded(self, key: tuple[int, int], follow: _Follow, ended: bool) -> tuple[list[str], bool]:
+        """On a store without paths: the log is uploaded by name when the attempt ends, so it is read then, whole.
+
+        While the attempt runs its log is a local file of the host that supervises it (backends/supervised.py).
+        """
+        if not ended:
+            return [], False
+        try:
+            data = self.layout.store.read(self.layout.name(self.layout.log(*key)))
+        except StoreError as exc:
+            return [f"its log is not shown ({exc})"], True
+        if data is None:
+            return [], True  # ended without an uploaded log (the upload failed): nothing to follow
+        start = max(follow.offset, len(data) - self.max_bytes)
+        return self._lines([], follow, start, data[start:], ended), False
+
+    def _lines(self, notes: list[str], follow: _Follow, start: int, data: bytes, ended: bool) -> list[str]:
+        """The lines to show of ``data``, read from offset ``start`` of the log; advances ``follow``."""
         unread = start - follow.offset
         if unread and b"\n" in data[:-1]:
             # The first line read is the end of a line not read: half a line helps nobody.
@@ -140,4 +163,4 @@ class DriverLogStream:
             counts = [f"{skipped} line{'s' if skipped != 1 else ''}"] if skipped else []
             counts += [f"{unread} bytes" if not skipped else f"{unread} more bytes"] if unread else []
             notes.append(f"... {' and '.join(counts)} skipped")
-        return notes + [_show(line) for line in raw[skipped:]], False
+        return notes + [_show(line) for line in raw[skipped:]]

@@ -44,12 +44,12 @@ from airflow_provider_speculative.exceptions import (
     UpstreamSkippedError,
 )
 from airflow_provider_speculative.hooks.targets import connect_env_sync, resolve_targets
-from airflow_provider_speculative.settings import metadata_db_identity, stage_config, store_root
+from airflow_provider_speculative.settings import configured_store, metadata_db_identity, stage_config
 from airflow_provider_speculative.sinks.base import PlanContext, Sink
 from airflow_provider_speculative.store import journal as journals
-from airflow_provider_speculative.store.backend import StoreNotOwnedError
+from airflow_provider_speculative.store.backend import StoreBackend, StoreNotOwnedError
 from airflow_provider_speculative.store.identity import claim_store, own_run, own_store
-from airflow_provider_speculative.store.layout import RunNotOwnedError, StageLayout
+from airflow_provider_speculative.store.layout import RunNotOwnedError, StageLayout, layout_root, shown_root, store_at
 from airflow_provider_speculative.store.results import broken_admissions, read_committed
 from airflow_provider_speculative.store.task_state import record_task_state
 
@@ -101,15 +101,18 @@ def airflow_targets(config: SpeculativeConfig, application: str, spark_conf: dic
 class StagePlanner:
     """Plans one stage of a graph for one task try; every refusal names pipeline, stage and input.
 
-    The operator and the start trigger use the deployment's config (:func:`stage_config`), the store
-    root it names and targets from Airflow connections. The development runner (``devtools/runner.py``)
+    The operator and the start trigger use the deployment's config (:func:`stage_config`), the store it
+    names (:func:`settings.configured_store`: a POSIX directory or an S3 root, with ``s3_conn_id``'s
+    credentials) and targets from Airflow connections. The development runner (``devtools/runner.py``)
     passes its own ``config``, ``root`` and ``targets`` (local spark-submit or Connect servers) and
     shares everything else: source listing, Parquet and sink checks, and :func:`core.plan.plan_stage`.
+    Every layout is built over :attr:`store` and read and written by name; ``root`` is the layouts' root
+    (a POSIX directory, or a ``StorePath`` anchor naming the store's URL).
     """
 
     def __init__(self, graph: PipelineGraph, stage: str, *, sink: Sink | None, declared_sink: dict[str, Any] | None,
                  run: RunInfo, force_rerun: bool = False, logger: Any = None,
-                 config: SpeculativeConfig | None = None, root: Path | None = None,
+                 config: SpeculativeConfig | None = None, root: Path | StoreBackend | None = None,
                  targets: TargetResolver = airflow_targets, rendered: RenderedStage | None = None,
                  target_env: Callable[[StagePlan], dict[str, dict[str, str]]] = airflow_connect_env) -> None:
         # The stage's templated fields as Airflow rendered them for this run, checked as at parse time.
@@ -122,7 +125,8 @@ class StagePlanner:
         self.log = logger or log
         self.where = f"pipeline {graph.name!r}, stage {stage!r}"
         self.config: SpeculativeConfig = config if config is not None else stage_config(graph, stage)
-        self.root = root if root is not None else store_root(self.config)
+        self.store: StoreBackend = store_at(root) if root is not None else configured_store(self.config)
+        self.root: Path = layout_root(self.store)
         self.targets = targets
         # Resolves the secrets a Connect target needs to stop a previous plan's attempts (never stored).
         self.target_env = target_env
@@ -130,7 +134,7 @@ class StagePlanner:
 
     def layout_of(self, stage: str) -> StageLayout:
         """The store directory of ``stage`` (this stage or one of its pipeline's) in this DAG run."""
-        return StageLayout(self.root, self.run.dag_id, self.run.run_id, self.graph.store_key(stage))
+        return StageLayout.over(self.store, self.run.dag_id, self.run.run_id, self.graph.store_key(stage))
 
     def watch_entry(self, stage: str, **extra: str) -> dict[str, str]:
         """What a trigger waiting for ``stage`` needs to read it: its store root and name (and, for triggers of
@@ -173,11 +177,11 @@ class StagePlanner:
 
     def claim_store(self) -> None:
         """Own the store root (refuse a foreign directory) and record which metadata database it belongs to."""
-        root = self.layout.root
+        store = self.layout.store
         identity = metadata_db_identity()
         try:
             # Without a database here (an Airflow 3 task or trigger) only the ownership marker is written.
-            record = claim_store(root, identity) if identity is not None else own_store(root)
+            record = claim_store(store, identity) if identity is not None else own_store(store)
         except StoreNotOwnedError as exc:
             # Writing here would make gc treat whatever else lives there as deleted DAG runs.
             raise PlanError(f"{self.where}: {exc}") from None
@@ -189,8 +193,8 @@ class StagePlanner:
         recorded = (record or {}).get("metadata_db") or {}
         if recorded.get("id") != identity["id"]:
             self.log.warning("store %s belongs to metadata database %s, not this Airflow's %s: "
-                             "`airflow speculative gc` here will not delete runs", root, recorded.get("url"),
-                             identity["url"])
+                             "`airflow speculative gc` here will not delete runs", shown_root(store),
+                             recorded.get("url"), identity["url"])
 
     def speculation_blocker(self) -> str | None:
         """Why no two attempts of a subtask may run at once (a source or the sink cannot take it), or None."""
@@ -337,7 +341,7 @@ class StagePlanner:
             self.graph, self.stage, self.config, source_files=source_files, upstream_committed=upstream,
             sink=self.sink.to_json() if self.sink is not None else None,
             speculation_blocker=self.speculation_blocker(),
-            context={"dag_id": self.run.dag_id, "run_id": self.run.run_id, "store_root": str(self.layout.root),
+            context={"dag_id": self.run.dag_id, "run_id": self.run.run_id, "store_root": self.layout.store_root,
                      "logical_date": self.run.logical_date, "application": application,
                      "try_number": self.run.try_number, "clear_number": self.run.clear_number,
                      "task_id": self.run.task_id, "run_after": self.run.run_after,

@@ -14,6 +14,7 @@ from airflow_provider_speculative.core.events import Event
 from airflow_provider_speculative.core.plan import StagePlan, load_plan
 from airflow_provider_speculative.core.states import AttemptState
 from airflow_provider_speculative.exceptions import PartitionError
+from airflow_provider_speculative.store.backend import StoreBackend
 from airflow_provider_speculative.store.journal import Journal
 from airflow_provider_speculative.store.layout import StageLayout
 from airflow_provider_speculative.store.manifest import verify_files_in
@@ -21,7 +22,11 @@ from airflow_provider_speculative.store.results import admitted_results, read_co
 
 
 def attempt_command(plan: StagePlan, layout: StageLayout, subtask: int, attempt: int, target: str) -> list[str]:
-    """The command line of one attempt: the target's launch command plus the attempt's arguments."""
+    """The command line of one attempt: the target's launch command plus the attempt's arguments.
+
+    ``--plan`` is the plan's path on a POSIX store and its URL on a store without paths (never a credential);
+    the runtime reads either (``runtime/context.py``, ``read_attempt_plan``).
+    """
     return [*plan["targets"][target]["command"], "--plan", str(layout.plan), "--subtask", str(subtask),
             "--attempt", str(attempt), "--target", target]
 
@@ -32,10 +37,10 @@ class PartitionRecovery:
     Re-entrant: a restarted controller adopts a recovery attempt that is already running or finished.
     """
 
-    def __init__(self, root: Path, dag_id: str, run_id: str, stage: str, subtask: int, *,
+    def __init__(self, root: Path | StoreBackend, dag_id: str, run_id: str, stage: str, subtask: int, *,
                  env: dict[str, str], blocked: Callable[[str], bool], clock: Callable[[], float] = time.time,
                  target_env: dict[str, dict[str, str]] | None = None) -> None:
-        self.layout = StageLayout(root, dag_id, run_id, stage)
+        self.layout = StageLayout.at(root, dag_id, run_id, stage)
         raw = self.layout.read_json(self.layout.plan)
         if raw is None:
             raise FileNotFoundError(f"cannot re-produce {stage}[{subtask}]: its plan {self.layout.plan} is missing")

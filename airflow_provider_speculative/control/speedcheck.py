@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from airflow_provider_speculative.core.speed import CHECK_WAIT_FACTOR, check_slowness, check_wanted
+from airflow_provider_speculative.store.backend import StoreBackend
 from airflow_provider_speculative.store.speeds import SpeedRecord, read_records
 
 # No server answered the check within this: give up waiting (the stage must not stall on a dead pool).
@@ -77,8 +78,11 @@ def prepare_checks(urls: Mapping[str, str]) -> threading.Thread | None:
     return thread
 
 
-def prepare_if_needed(root: Path, urls: Mapping[str, str], run_key: str, max_age: float) -> bool:
-    """Start warming the check sessions (:func:`prepare_checks`) if a stage of this DAG run will check."""
+def prepare_if_needed(root: Path | StoreBackend, urls: Mapping[str, str], run_key: str, max_age: float) -> bool:
+    """Start warming the check sessions (:func:`prepare_checks`) if a stage of this DAG run will check.
+
+    ``root``: the store (a planner's ``store``), whose speed records are read by name; or a POSIX root.
+    """
     records = read_records(root, list(urls), time.time())
     if not check_needed(urls, records, run_key, time.time(), max_age):
         return False

@@ -231,8 +231,55 @@ def _master_ui(name: str, value: Any, where: str, auto: bool) -> str | None:
     return str(value).rstrip("/")
 
 
-# Store roots other helpers may add later (hdfs://, s3://) need an object-store layer first: see docs/store.md.
+# Store roots given as a URL: file:// (a local path). s3:// and s3a:// are served too, but only with the
+# experimental opt-in (experimental_s3_store): the fault tests have not run on S3 yet (docs/store.md).
 STORE_SCHEMES = ("file",)
+EXPERIMENTAL_STORE_SCHEMES = ("s3", "s3a")
+_S3_BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
+
+
+def _s3_store_problem(text: str) -> str | None:
+    """Why ``text`` (an ``s3://`` or ``s3a://`` URL) is not a usable store root; None if it is (no secret shown)."""
+    rest = text.split("://", 1)[1]
+    bucket, _, prefix = rest.partition("/")
+    if "@" in bucket or ":" in bucket:
+        return ("the URL carries credentials or a port in its authority: give s3://bucket/prefix, and the "
+                "credentials through [speculative] s3_conn_id or the AWS environment")
+    if "?" in rest or "#" in rest:
+        return "the URL has a query or fragment: give s3://bucket/prefix"
+    if not _S3_BUCKET.fullmatch(bucket) or ".." in bucket:
+        return f"{bucket!r} is not an S3 bucket name (3-63 lower-case letters, digits, '.' and '-')"
+    segments = prefix.strip("/").split("/") if prefix.strip("/") else []
+    if any(s in ("", ".", "..") for s in segments):
+        return "the prefix has empty, '.' or '..' segments, which S3 keeps as literal key names"
+    if any(ord(c) < 0x20 or ord(c) == 0x7F or c == "\\" for c in prefix):
+        return "the prefix has a control character or a backslash"
+    return None
+
+
+def _redacted(text: str) -> str:
+    """A store URL as messages show it: any ``user:password@`` replaced."""
+    scheme, sep, rest = text.partition("://")
+    authority, slash, tail = rest.partition("/")
+    if sep and "@" in authority:
+        authority = "***@" + authority.rsplit("@", 1)[1]
+    return f"{scheme}{sep}{authority}{slash}{tail}"
+
+
+def _store_scheme(text: str) -> str | None:
+    """The lower-case scheme of a store root given as ``scheme://...``; None for a path."""
+    head, sep, _ = text.partition("://")
+    return head.lower() if sep and re.fullmatch(r"[A-Za-z][A-Za-z0-9+.-]*", head) else None
+
+
+def check_store_opt_in(config: SpeculativeConfig, where: str) -> None:
+    """Refuse an ``s3://`` ``store_path`` unless ``experimental_s3_store`` is set in the same configuration."""
+    scheme = _store_scheme(config.store_path)
+    if scheme in EXPERIMENTAL_STORE_SCHEMES and not config.experimental_s3_store:
+        raise _bad("store_path", _redacted(config.store_path), where,
+                   f"store scheme {scheme!r} is not supported (supported: a local path or file://; a shared POSIX "
+                   "mount such as NFS works as file://); a store on S3 is experimental and needs "
+                   "[speculative] experimental_s3_store = true (docs/store.md)")
 
 
 def store_root_path(value: str, where: str = "configuration") -> str:
@@ -275,6 +322,12 @@ def _store_path(name: str, value: Any, where: str) -> str:
     text = _text(name, value, where)
     if not text:
         return text  # the default, $AIRFLOW_HOME/speculative-store
+    if _store_scheme(text) in EXPERIMENTAL_STORE_SCHEMES:
+        # Only the URL's text is judged here; whether S3 is allowed at all is the opt-in's (check_store_opt_in).
+        problem = _s3_store_problem(text)
+        if problem:
+            raise _bad(name, _redacted(text), where, problem)
+        return text.rstrip("/")
     # Fail when the DAG is parsed, not when an attempt starts; no I/O: only the path's text is judged.
     local = os.path.expanduser(store_root_path(text, where))
     if "\0" in local:
@@ -564,12 +617,20 @@ class SpeculativeConfig:
                "since the last check gets its latest bytes shown and the rest skipped; a size such as `16KB`")
     store_path: str = _option(
         "", _store_path,
-        "Root of the result store: a local path or file:// URL; empty means $AIRFLOW_HOME/speculative-store.",
+        "Root of the result store: a local path or file:// URL (s3:// only with experimental_s3_store); empty "
+        "means $AIRFLOW_HOME/speculative-store.",
         readme_default="`$AIRFLOW_HOME/speculative-store`",
         manual="root of the result store: an absolute path or a `file://` URL, shared by every host that runs "
-               "attempts (other schemes are refused naming the scheme; see [docs/store.md](store.md)); neither `/` "
+               "attempts, or `s3://bucket/prefix` with `experimental_s3_store` (other schemes are refused naming the "
+               "scheme; see [docs/store.md](store.md)); neither `/` "
                "nor `$AIRFLOW_HOME` itself, and a directory the provider creates or finds empty (see [Partition "
                "life cycle and gc](operations.md#partition-life-cycle-and-gc))")
+    experimental_s3_store: bool = _bool_option(
+        False, "Accept an s3:// store_path (experimental: the fault tests have not run on S3 yet).",
+        manual="accept an `s3://bucket/prefix` (or `s3a://`) `store_path`: the store on S3, with the credentials of "
+               "`s3_conn_id` or the AWS environment for the Airflow processes and the AWS environment for the "
+               "attempts. Experimental: the fault tests have not run on S3 yet; without it such a `store_path` is "
+               "refused naming the scheme. See [The store on S3](store.md#the-store-on-s3-experimental)")
     spark_history_url: str = _option(
         "", _history_url, "Spark history server URL for the UI's links to admitted attempts; empty: no link.",
         readme_default="empty",
@@ -609,7 +670,9 @@ class SpeculativeConfig:
         if not overrides:
             return self
         parsed = {name: parse_option(name, value, where) for name, value in overrides.items()}
-        return replace(self, **parsed)
+        result = replace(self, **parsed)
+        check_store_opt_in(result, where)
+        return result
 
     def to_json(self) -> dict[str, Any]:
         """Serialise to plain JSON types (for plan.json and trigger kwargs)."""

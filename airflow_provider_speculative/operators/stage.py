@@ -427,7 +427,7 @@ def _prepare_speed_check(planner: StagePlanner, log: Any) -> None:
 
     run = planner.run
     try:
-        prepare_if_needed(planner.root, target_connect_urls_sync(planner.config.targets), f"{run.dag_id}/{run.run_id}",
+        prepare_if_needed(planner.store, target_connect_urls_sync(planner.config.targets), f"{run.dag_id}/{run.run_id}",
                           planner.config.speed_check_age)
     except Exception as exc:  # only a head start: the check itself still runs and reports
         log.warning("stage %s: could not prepare the speed check: %s", planner.stage, type(exc).__name__)

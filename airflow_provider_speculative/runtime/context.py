@@ -47,6 +47,7 @@ from airflow_provider_speculative.store.manifest import (
     build_manifest_in,
     write_manifest_in,
 )
+from airflow_provider_speculative.store.roots import is_s3_root, read_plan_url, root_url
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -98,15 +99,12 @@ class StageContext:
     def from_argv(cls, argv: list[str] | None = None) -> StageContext:
         """Parse the arguments the controller passes to every attempt."""
         parser = argparse.ArgumentParser(description="airflow-provider-speculative stage attempt")
-        parser.add_argument("--plan", required=True, help="path of the stage's plan.json")
+        parser.add_argument("--plan", required=True, help="the stage's plan.json: a path, or its s3:// URL")
         parser.add_argument("--subtask", required=True, type=int)
         parser.add_argument("--attempt", required=True, type=int)
         parser.add_argument("--target", default="")
         args, _ = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
-        plan = read_json(args.plan)
-        if plan is None:
-            raise FileNotFoundError(f"plan not found: {args.plan}")
-        plan = load_plan(plan, f"plan {args.plan}")
+        plan = load_plan(read_attempt_plan(args.plan), f"plan {args.plan}")
         if not 0 <= args.subtask < plan["parallelism"]:
             raise ValueError(f"subtask {args.subtask} out of range for parallelism {plan['parallelism']}")
         return cls(plan, args.subtask, args.attempt, args.target)
@@ -162,7 +160,8 @@ class StageContext:
         return self
 
     def _notify(self) -> None:
-        changes.notify(self.layout.dir, self.subtask, self.attempt)
+        # By name: on a store without paths the stage directory is a StorePath no file-system call takes.
+        changes.post(self.layout.store, self.layout.name(self.layout.dir), self.subtask, self.attempt)
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
@@ -410,6 +409,27 @@ class StageContext:
         faults = current_faults().of_stage(self.layout.dag_id, self.layout.stage)
         inject_faults(faults, self.target, self.subtask, self.attempt, self._heartbeat, self.layout,
                       lambda: self._node_lost)
+
+
+def read_attempt_plan(location: str) -> Any:
+    """The plan.json an attempt is started with: a local path (a POSIX store), or an ``s3://`` URL read by name.
+
+    An attempt runs without Airflow: a store on S3 is opened with the AWS environment's credentials
+    (``store/roots.py``), never a connection. The plan must name the store it was read from (its ``store_root``),
+    so the attempt writes where its plan is. FileNotFoundError naming ``location`` when there is no plan there.
+    """
+    if not is_s3_root(location):
+        plan = read_json(location)
+        if plan is None:
+            raise FileNotFoundError(f"plan not found: {location}")
+        return plan
+    store, _, plan = read_plan_url(location)
+    if plan is None:
+        raise FileNotFoundError(f"plan not found: {location}")
+    recorded = plan.get("store_root") if isinstance(plan, dict) else None
+    if not isinstance(recorded, str) or not is_s3_root(recorded) or root_url(recorded) != root_url(store.url):
+        raise StoreError(f"plan {location} names another store ({recorded!r}): an attempt writes where its plan is")
+    return plan
 
 
 # An exchange is written once and read once, like a Spark shuffle file, which has no dictionaries. Its

@@ -73,7 +73,7 @@ class StageInputs:
         return self.plan["inputs"][name].get("mode") == "hybrid"
 
     def _upstream(self, name: str) -> StageLayout:
-        return StageLayout.of_plan(self.plan, self.plan["inputs"][name]["upstream"], root=self.layout.root)
+        return StageLayout.of_plan(self.plan, self.plan["inputs"][name]["upstream"], root=self.layout.store)
 
     def _admitted_producers(self, name: str, producers: Iterable[int]) -> dict[int, int]:
         """Hybrid input: the admitted attempt of each producer in ``producers`` that has one now.
@@ -210,7 +210,7 @@ class StageInputs:
         if self._hybrid(name):
             return self._hybrid_files(name)
         shared, mine = self.plan["inputs"][name], self.spec["inputs"][name]
-        upstream = StageLayout.of_plan(self.plan, shared["upstream"], root=self.layout.root)
+        upstream = StageLayout.of_plan(self.plan, shared["upstream"], root=self.layout.store)
         committed = upstream.read_json(upstream.committed)
         if committed is None:
             raise PartitionError(f"stage {self.stage!r} input {name!r}: upstream {shared['upstream']!r} has no "

@@ -33,7 +33,6 @@ from airflow_provider_speculative.core.spark_submit import UnmodifiedApplication
 from airflow_provider_speculative.core.states import HeartbeatPhase
 from airflow_provider_speculative.exceptions import StoreError
 from airflow_provider_speculative.runtime.context import StageContext
-from airflow_provider_speculative.store.files import read_json
 from airflow_provider_speculative.store.manifest import build_manifest_in, write_manifest_in
 
 # Exit codes the supervisor and the controller give a meaning of their own (lost input, full store, lost
@@ -61,7 +60,7 @@ class UnmodifiedAttempt(StageContext):
         if self.parallelism != 1:
             raise ApplicationFailed(f"stage {self.stage!r}: an unmodified application runs as one subtask, "
                                     f"the plan has {self.parallelism}")
-        claim = read_json(self.layout.claim(self.subtask, self.attempt)) or {}
+        claim = self.layout.read_json(self.layout.claim(self.subtask, self.attempt)) or {}
         if claim.get("speculative"):
             raise ApplicationFailed(f"stage {self.stage!r}: attempt {self.attempt} is a speculative copy; an "
                                     "unmodified application writes its own output and never runs twice at once")

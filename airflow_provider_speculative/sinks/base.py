@@ -73,6 +73,7 @@ class PlanContext:
     run_id: str
     stage: str
     where: str
+    # The store's layout root: a POSIX directory, or a ``store.layout.StorePath`` (S3: no file-system call on it).
     store_root: Path
     # Absolute local paths of the stage's sources (a glob's fixed directory part).
     source_paths: tuple[Path, ...] = ()

@@ -34,6 +34,7 @@ from airflow_provider_speculative.sinks.base import (
 )
 from airflow_provider_speculative.store.backend import S3Credentials
 from airflow_provider_speculative.store.files import atomic_write_json, read_json, sha256_file
+from airflow_provider_speculative.store.layout import StorePath
 
 MANIFEST = "_SUCCESS"
 # Everything finalize puts into a directory; a staging directory holding anything else is not ours.
@@ -120,10 +121,12 @@ class ParquetSink(Sink, SupportsConcurrentExecutionAttempts):
             return
         final = Path(os.path.abspath(os.fspath(self.path)))
         resolved = final.resolve()
-        store = context.store_root.resolve()
-        if _overlaps(resolved, store):
-            raise PlanError(f"{context.where}: path {str(final)!r} overlaps the result store {str(store)!r}; "
-                            "a sink must write outside the store")
+        # A store without paths (S3: its root a StorePath) cannot overlap a local directory.
+        if not isinstance(context.store_root, StorePath):
+            store = context.store_root.resolve()
+            if _overlaps(resolved, store):
+                raise PlanError(f"{context.where}: path {str(final)!r} overlaps the result store {str(store)!r}; "
+                                "a sink must write outside the store")
         for source in context.source_paths:
             source = source.resolve()
             if _overlaps(resolved, source):

@@ -24,6 +24,7 @@ import os
 import re
 import shutil
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -40,6 +41,7 @@ from airflow_provider_speculative.sinks.base import (
     StagingScope,
     SupportsConcurrentExecutionAttempts,
 )
+from airflow_provider_speculative.store.layout import StorePath
 
 _T = TypeVar("_T")
 
@@ -197,7 +199,7 @@ class PostgresSink(Sink, SupportsConcurrentExecutionAttempts):
                                f"environment ({dsn_env_var(self.postgres_conn_id)}); the controller sets it")
         table = f"{self.staging_prefix(context.dag_id, context.run_id, context.stage)}" \
                 f"s{context.task_number}_a{context.attempt_number}"
-        return _PostgresWriter(dsn, self.staging_schema, table, Path(context.data_dir) / "_postgres_copy")
+        return _PostgresWriter(dsn, self.staging_schema, table, _spool_dir(context, table))
 
     # -- master side ------------------------------------------------------------------------
 
@@ -334,6 +336,18 @@ class PostgresSink(Sink, SupportsConcurrentExecutionAttempts):
         for name in tables:
             cur.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(self.staging_schema, name)))
         return len(tables)
+
+
+def _spool_dir(context: InitializationContext, table: str) -> Path:
+    """Where Spark writes the CSV files COPY loads: the attempt's data directory on a POSIX store.
+
+    A store without paths (S3: ``data_dir`` is a ``StorePath``) has no directory the driver can list and read, so
+    the spool is a local directory named by the attempt's staging table (unique per stage run, subtask and attempt);
+    Spark's executors must then write the driver's disk (a local master, or a Connect server on the same host).
+    """
+    if isinstance(context.data_dir, StorePath):
+        return Path(tempfile.gettempdir()) / "speculative-postgres-spool" / table
+    return Path(context.data_dir) / "_postgres_copy"
 
 
 class _PostgresWriter(SinkWriter):

@@ -30,6 +30,7 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from airflow_provider_speculative.exceptions import StoreError
@@ -155,6 +156,28 @@ def opened_store(url: str) -> StoreBackend:
     with _lock:
         found = _installed.get(key) or next((b for (u, _), b in _opened.items() if u == key), None)
     return found if found is not None else open_store(url)
+
+
+def split_plan_url(location: str) -> tuple[str, str]:
+    """(store root, the plan's name) of a plan's URL (``str(layout.plan)`` on S3): the name is its last four segments.
+
+    ``<root>/<dag>/<run>/<stage>/plan.json``: the layout's names (``store/layout.py``) never hold a ``/``.
+    """
+    segments = location.rstrip("/").split("/")
+    if len(segments) < 8 or segments[-1] != "plan.json":  # s3:, "", bucket, dag, run, stage, plan.json at least
+        raise StoreError(f"{location!r} is not the URL of a stage's plan.json in a store")
+    return "/".join(segments[:-4]), "/".join(segments[-4:])
+
+
+def read_plan_url(location: str, *, conn_id: str = "") -> tuple[StoreBackend, str, Any]:
+    """(the store, the plan's name, the plan document or None) of a plan's ``s3://`` URL, read by name.
+
+    The store is opened through the cache with ``conn_id``'s credentials where a resolver is registered, else the
+    AWS environment (an attempt's runtime).
+    """
+    root, name = split_plan_url(location)
+    store = open_store(root, conn_id=conn_id)
+    return store, name, store.read_json(name)
 
 
 def install_store(backend: StoreBackend, url: str | None = None) -> None:

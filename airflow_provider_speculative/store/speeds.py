@@ -6,6 +6,9 @@ slow last week is not avoided forever; a target that history from an earlier DAG
 gets one original in one stage of the next DAG run (a probe, see ``core/scheduler.py``; claimed in
 ``probes/`` so that concurrent stages of a run do not each send one), so a node that was fixed is
 measured again. A record written by an earlier stage of the same DAG run needs no probe.
+
+Every function takes the store as its backend (a stage's ``layout.store``) or, for callers with a POSIX root,
+its directory: records and claims are read and written by name, never by a path of the root.
 """
 
 from __future__ import annotations
@@ -18,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from airflow_provider_speculative.exceptions import StoreError
-from airflow_provider_speculative.store.backend import PosixBackend, StoreBackend, StoreNotOwnedError
-from airflow_provider_speculative.store.layout import safe_component
+from airflow_provider_speculative.store.backend import StoreBackend, StoreNotOwnedError
+from airflow_provider_speculative.store.layout import safe_component, store_at
 from airflow_provider_speculative.store.slots import TARGETS_DIR
 
 MAX_AGE = 7 * 86400.0
@@ -35,8 +38,12 @@ def speed_name(target: str) -> str:
 
 
 def speed_path(root: Path, target: str) -> Path:
-    """The speed record of ``target`` in the store at ``root``."""
+    """The speed record of ``target`` in the POSIX store at ``root``."""
     return Path(root) / speed_name(target)
+
+
+# A store: its backend, or (callers with a POSIX root) its directory.
+Store = Path | StoreBackend
 
 
 @dataclass(frozen=True)
@@ -57,10 +64,10 @@ class SpeedRecord:
         return self.source == f"{run}/{SPEED_CHECK}"
 
 
-def read_records(root: Path, targets: Iterable[str], now: float) -> dict[str, SpeedRecord]:
+def read_records(root: Store, targets: Iterable[str], now: float) -> dict[str, SpeedRecord]:
     """Each target's record if readable, valid and not older than :data:`MAX_AGE` (the others are left out)."""
     out: dict[str, SpeedRecord] = {}
-    store = PosixBackend(root)
+    store = store_at(root)
     for target in targets:
         try:
             record = store.read_json(speed_name(target))
@@ -74,7 +81,7 @@ def read_records(root: Path, targets: Iterable[str], now: float) -> dict[str, Sp
     return out
 
 
-def read_history(root: Path, targets: Iterable[str], now: float,
+def read_history(root: Store, targets: Iterable[str], now: float,
                  run: str | None = None) -> tuple[dict[str, float], frozenset[str]]:
     """Slowness of each target from its valid record, and the targets whose record DAG run ``run`` wrote.
 
@@ -85,9 +92,9 @@ def read_history(root: Path, targets: Iterable[str], now: float,
             frozenset(t for t, r in records.items() if run is not None and r.of_run(run)))
 
 
-def record_speeds(root: Path, slowness: Mapping[str, float], now: float, where: str) -> None:
+def record_speeds(root: Store, slowness: Mapping[str, float], now: float, where: str) -> None:
     """Keep what a completed stage run measured; a store that cannot take it must not fail the stage."""
-    store = PosixBackend(root)
+    store = store_at(root)
     for target, factor in slowness.items():
         with contextlib.suppress(StoreError, OSError):
             store.replace_json(speed_name(target), {"slowness": round(factor, 3), "at": now, "from": where})
@@ -99,7 +106,7 @@ def _check_claim(targets: Iterable[str], run: str) -> tuple[str, str] | None:
     return (names[0], f"{run}#{SPEED_CHECK}:{','.join(names)}") if names else None
 
 
-def claim_speed_check(root: Path, targets: Iterable[str], run: str, now: float) -> bool:
+def claim_speed_check(root: Store, targets: Iterable[str], run: str, now: float) -> bool:
     """Claim DAG run ``run``'s speed check of ``targets``; False if a concurrent stage of the run has it.
 
     Kept with the first target's probe claims (same file names, same pruning).
@@ -108,13 +115,13 @@ def claim_speed_check(root: Path, targets: Iterable[str], run: str, now: float) 
     return claim is not None and claim_probe(root, claim[0], claim[1], now)
 
 
-def speed_check_claimed_at(root: Path, targets: Iterable[str], run: str) -> float | None:
+def speed_check_claimed_at(root: Store, targets: Iterable[str], run: str) -> float | None:
     """When DAG run ``run``'s speed check of ``targets`` was claimed; None if not (or unreadable)."""
     claim = _check_claim(targets, run)
     if claim is None:
         return None
     with contextlib.suppress(StoreError, OSError, ValueError):
-        record = PosixBackend(root).read_json(_probe_name(claim[0], claim[1]))
+        record = store_at(root).read_json(_probe_name(claim[0], claim[1]))
         if isinstance(record, dict) and isinstance(record.get("at"), int | float):
             return float(record["at"])
     return None
@@ -124,14 +131,14 @@ def _probe_name(target: str, run: str) -> str:
     return f"{TARGETS_DIR}/{safe_component(target)}/probes/{hashlib.sha256(run.encode()).hexdigest()[:24]}.json"
 
 
-def claim_probe(root: Path, target: str, run: str, now: float, store: StoreBackend | None = None) -> bool:
+def claim_probe(root: Store, target: str, run: str, now: float, store: StoreBackend | None = None) -> bool:
     """Claim the one probe of ``target`` for DAG run ``run`` (``"<dag_id>/<run_id>"``); False if taken.
 
     Exclusive create, so of several stages of a run starting at once exactly one probes; claims older
     than :data:`MAX_AGE` are pruned on the way (at most one file per DAG run and slow target).
-    ``store``: the store at ``root`` as a backend (default: the POSIX directory ``root``).
+    ``store``: the store at ``root`` as a backend (default: ``root`` itself, or the POSIX directory ``root``).
     """
-    store = PosixBackend(root) if store is None else store
+    store = store_at(root) if store is None else store
     claim = _probe_name(target, run)
     _prune_probes(store, target, claim, now)
     try:

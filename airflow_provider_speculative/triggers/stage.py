@@ -153,7 +153,7 @@ class StageStartTrigger(StageControllerTrigger):
         run = planner.run
         try:
             urls = await target_connect_urls(planner.config.targets)
-            await asyncio.to_thread(prepare_if_needed, planner.root, urls, f"{run.dag_id}/{run.run_id}",
+            await asyncio.to_thread(prepare_if_needed, planner.store, urls, f"{run.dag_id}/{run.run_id}",
                                     planner.config.speed_check_age)
         except Exception as exc:  # only a head start: the check itself still runs and reports
             self.log.warning("stage %s: could not prepare the speed check: %s", self.stage, type(exc).__name__)

@@ -114,6 +114,7 @@ def test_the_operator_prepares_from_its_connections_and_never_fails_the_stage(
 
     from airflow_provider_speculative.core.config import Target
     from airflow_provider_speculative.operators import stage as stage_operator
+    from airflow_provider_speculative.store.backend import PosixBackend
 
     monkeypatch.setenv("AIRFLOW_CONN_SC_A", '{"conn_type": "spark_connect", "host": "127.0.0.1", "port": 15101}')
     monkeypatch.setenv("AIRFLOW_CONN_SC_B", '{"conn_type": "spark_connect", "host": "127.0.0.1", "port": 15102}')
@@ -121,14 +122,14 @@ def test_the_operator_prepares_from_its_connections_and_never_fails_the_stage(
     started: list[dict[str, str]] = []
     monkeypatch.setattr(speedcheck, "prepare_checks", lambda urls: started.append(dict(urls)))
     targets = [Target("a", "sc_a"), Target("b", "sc_b"), Target("c", "local"), Target("d", "missing")]
-    planner = SimpleNamespace(root=tmp_path, run=SimpleNamespace(dag_id="d", run_id="r"), stage="s",
+    planner = SimpleNamespace(store=PosixBackend(tmp_path), run=SimpleNamespace(dag_id="d", run_id="r"), stage="s",
                               config=SimpleNamespace(targets=targets, speed_check_age=3600.0))
     warnings: list[Any] = []
     log = SimpleNamespace(warning=lambda *args: warnings.append(args))
     stage_operator._prepare_speed_check(planner, log)  # type: ignore[arg-type]
     assert [sorted(u) for u in started] == [["a", "b"]] and not warnings
-    planner.root = tmp_path / "file"
-    planner.root.write_text("not a store")
+    (tmp_path / "file").write_text("not a store")
+    planner.store = PosixBackend(tmp_path / "file")
     monkeypatch.setattr(speedcheck, "read_records", lambda *a: 1 / 0)
     stage_operator._prepare_speed_check(planner, log)  # type: ignore[arg-type]
     assert warnings and warnings[0][2] == "ZeroDivisionError"
