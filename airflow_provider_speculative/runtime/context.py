@@ -38,7 +38,7 @@ from airflow_provider_speculative.runtime.heartbeat import Heartbeat, current_no
 from airflow_provider_speculative.runtime.inputs import StageInputs
 from airflow_provider_speculative.runtime.session import attempt_tag, open_session
 from airflow_provider_speculative.store import changes
-from airflow_provider_speculative.store.backend import StoreBackend, StoreNotOwnedError
+from airflow_provider_speculative.store.backend import PosixBackend, StoreBackend, StoreNotOwnedError
 from airflow_provider_speculative.store.files import read_json
 from airflow_provider_speculative.store.layout import StageLayout, stage_key
 from airflow_provider_speculative.store.manifest import (
@@ -133,7 +133,8 @@ class StageContext:
             key = self.layout.stage
             opened = open_session(f"{self.plan['dag_id']}.{key}[{self.subtask}]#{self.attempt}",
                                   target.get("spark_conf") or {},
-                                  attempt_tag(self.plan["dag_id"], key, self.subtask, self.attempt))
+                                  attempt_tag(self.plan["dag_id"], key, self.subtask, self.attempt),
+                                  local_store=isinstance(self.layout.store, PosixBackend))
             self._spark, self._remote = opened.spark, opened.remote
             if opened.remote:
                 self._spark.registerProgressHandler(self._on_remote_progress)  # type: ignore[arg-type]

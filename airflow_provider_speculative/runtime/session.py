@@ -47,12 +47,24 @@ class OpenedSession:
     remote: bool
 
 
-def open_session(app_name: str, spark_conf: dict[str, str], tag: str) -> OpenedSession:
+def session_defaults(local_store: bool) -> dict[str, str]:
+    """:data:`SESSION_DEFAULTS` for an attempt whose store is local (a path) or not (an object store).
+
+    s3a buffers an upload in a local file it creates through Hadoop's ``FileSystem.getLocal``, which
+    casts the ``file`` filesystem to ``LocalFileSystem``: the raw one fails every s3a write there.
+    """
+    if local_store:
+        return dict(SESSION_DEFAULTS)
+    return {k: v for k, v in SESSION_DEFAULTS.items() if not k.startswith("fs.file.")}
+
+
+def open_session(app_name: str, spark_conf: dict[str, str], tag: str, local_store: bool = True) -> OpenedSession:
     """Open the session this process is meant to use (Connect if ``SPECULATIVE_SPARK_REMOTE`` is set)."""
     from pyspark.sql import SparkSession
 
     remote = os.environ.get(REMOTE_ENV)
     extra = controller_conf()
+    defaults = session_defaults(local_store)
     if not remote:
         # spark-submit already passed the stage's spark_conf as --conf; the controller's go in before the
         # context starts, where listeners (OpenLineage's) read them.
@@ -62,13 +74,13 @@ def open_session(app_name: str, spark_conf: dict[str, str], tag: str) -> OpenedS
         spark = builder.getOrCreate()
         spark.sparkContext.setLogLevel("WARN")
         submitted = spark.sparkContext.getConf()
-        for key, value in SESSION_DEFAULTS.items():
+        for key, value in defaults.items():
             if not submitted.contains(key):  # a --conf of the stage or target wins
                 spark.conf.set(key, value)
         return OpenedSession(spark, spark.sparkContext.applicationId, remote=False)
     spark = SparkSession.builder.remote(remote).getOrCreate()
     spark.addTag(tag)
-    for key, value in {**SESSION_DEFAULTS, **spark_conf, **extra}.items():
+    for key, value in {**defaults, **spark_conf, **extra}.items():
         try:
             spark.conf.set(key, value)
         except Exception as exc:  # static confs (executor memory...) belong to the server, not a session

@@ -128,3 +128,11 @@ def test_a_missing_plan_or_one_naming_another_store_is_refused(attempt: Attempt)
     assert SECRET not in str(refused.value)
     with pytest.raises(StoreError, match=r"is not the URL of a stage's plan\.json"):
         runtime.read_attempt_plan(f"{S3_ROOT}/plan.json")
+
+
+def test_an_attempt_on_an_object_store_keeps_hadoops_local_filesystem() -> None:
+    """s3a buffers uploads through Hadoop's LocalFileSystem: the raw one is for exchanges on a local store only."""
+    from airflow_provider_speculative.runtime.session import SESSION_DEFAULTS, session_defaults
+
+    assert session_defaults(True) == SESSION_DEFAULTS
+    assert "fs.file.impl" in SESSION_DEFAULTS and not any(k.startswith("fs.file.") for k in session_defaults(False))
