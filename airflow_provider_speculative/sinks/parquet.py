@@ -164,7 +164,10 @@ class ParquetSink(Sink, SupportsConcurrentExecutionAttempts):
                 result = context.attempts[subtask]
                 for n, entry in enumerate(sorted(result.files, key=lambda f: f["path"])):
                     name = f"part-{subtask:05d}-{n:03d}.parquet"
-                    _link_or_copy(Path(result.data_dir) / entry["path"], staging / name)
+                    if result.data_name is not None and _without_paths(context.store):
+                        _download(context.store, f"{result.data_name}/{entry['path']}", staging / name)
+                    else:
+                        _link_or_copy(Path(result.data_dir) / entry["path"], staging / name)
                     files.append({"path": name, "size": entry["size"], "sha256": entry["sha256"],
                                   "subtask": subtask, "attempt": result.attempt, "records": entry.get("records")})
             for entry in files:
@@ -386,6 +389,22 @@ def _dir_bytes(directory: Path) -> int:
             with contextlib.suppress(OSError):
                 total += p.stat().st_size
     return total
+
+
+def _without_paths(store: Any) -> bool:
+    """Whether the attempts' output lives in a store without local paths (an object store)."""
+    from airflow_provider_speculative.store.backend import PosixBackend
+
+    return store is not None and not isinstance(store, PosixBackend)
+
+
+def _download(store: Any, name: str, dst: Path) -> None:
+    """Copy object ``name`` of ``store`` into the local file ``dst`` (the staging checksum check follows)."""
+    stream = store.open_read(name)
+    if stream is None:
+        raise StoreError(f"ParquetSink cannot stage {store.describe(name)}: it does not exist")
+    with stream, open(dst, "xb") as out:
+        shutil.copyfileobj(stream, out, 1 << 20)
 
 
 def _link_or_copy(src: Path, dst: Path) -> None:

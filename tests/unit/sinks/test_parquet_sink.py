@@ -250,3 +250,27 @@ def test_crashed_finalize_leftovers_are_listed_and_cleaned_for_their_own_run_onl
     assert [(o.name, o.bytes) for o in sink.staging(scope)] == [(str(mine), 10)]
     assert sink.cleanup_staging(scope) == [str(mine)]
     assert not mine.exists() and theirs.exists()
+
+
+def test_a_local_sink_stages_the_attempts_files_from_a_store_without_paths(tmp_path: Path, final: Path) -> None:
+    """The store on S3, the sink on a local path: finalize downloads each admitted file and checks its checksum."""
+    import dataclasses
+
+    from tests.unit.store.memory import MemoryBackend
+
+    result = attempt_output(tmp_path / "store", 0, 0, [1, 2], [3])
+    store = MemoryBackend("s3://bucket/store")
+    data = "run/write/subtask=0/attempt=0/data"
+    for entry in result.files:
+        store.replace(f"{data}/{entry['path']}", (result.data_dir / entry["path"]).read_bytes())
+    on_s3 = AttemptResult(subtask=0, attempt=0, data_dir=Path("/nonexistent/on-s3"), files=result.files,
+                          data_name=data)
+    ctx = dataclasses.replace(context(on_s3), store=store)
+    ParquetSink(str(final)).finalize_global(ctx)
+    assert committed_ids(final) == [1, 2, 3]
+    # A file whose bytes changed in the store since its manifest was written is refused, nothing published.
+    store.replace(f"{data}/{result.files[0]['path']}", b"not the manifest's bytes")
+    before = snapshot(final)
+    with pytest.raises(StoreError, match="checksum mismatch"):
+        ParquetSink(str(final)).finalize_global(ctx)
+    assert snapshot(final) == before and leftovers(final) == []
