@@ -1,0 +1,67 @@
+"""The store itself on S3 (``experimental_s3_store``), end to end on the suite's S3 endpoint and Connect pool.
+
+Q1 (``connect_q1``: a scan of two subtasks, an exchange, the final aggregate into a local Parquet sink)
+runs through ``dag.test()`` with ``store_path = s3://…``: planning writes its plans by name, attempts
+read their plans from the ``s3://`` URL and write their exchange output through s3a, the controller
+observes and commits them by name, and the answer equals DuckDB's. No file of the run is written
+under the local store root, and the S3 secret key is in no object of the store.
+"""
+
+from __future__ import annotations
+
+import pendulum
+import pytest
+
+from airflow_provider_speculative.control.readmodel import run_report
+from airflow_provider_speculative.store.layout import MANIFEST_FILE
+from airflow_provider_speculative.store.roots import forget_stores, open_store
+from tests import services
+from tests.conftest import TEST_ENV
+from tests.integration.q1 import assert_q1_equal, duckdb_q1, read_q1_output
+from tests.integration.spark_helpers import HERE, load_dag
+
+pytestmark = [pytest.mark.spark, pytest.mark.timeout(900)]
+
+BUCKET = "speculative-store"
+
+
+def test_q1_with_its_store_on_s3_equals_duckdb(airflow_db, tpch_data, connect_pool, monkeypatch, tmp_path):
+    from pathlib import Path
+
+    server = services.s3()
+    for name, value in server.environment().items():
+        monkeypatch.setenv(name, value)
+    server.create_bucket(BUCKET)
+    root = f"s3://{BUCKET}/store"
+    monkeypatch.setenv("AIRFLOW__SPECULATIVE__STORE_PATH", root)
+    monkeypatch.setenv("AIRFLOW__SPECULATIVE__EXPERIMENTAL_S3_STORE", "true")
+    output = tmp_path / "output"
+    monkeypatch.setenv("SPECULATIVE_EXAMPLE_OUTPUT", str(output))  # read when the DAG folder is parsed
+    forget_stores()
+    local_root = Path(TEST_ENV["AIRFLOW__SPECULATIVE__STORE_PATH"])
+    before = {p for p in local_root.rglob("*")} if local_root.exists() else set()
+
+    run = load_dag("connect_q1", HERE / "dags").test(logical_date=pendulum.datetime(2026, 5, 2, tz="UTC"))
+    assert run.state == "success"
+    assert_q1_equal(read_q1_output(output / "connect_q1" / "2026-05-02"), duckdb_q1(tpch_data))
+
+    store = open_store(root)
+    report = run_report(store, "connect_q1", run.run_id)
+    assert {s["stage"] for s in report["stages"]} == {"scan", "aggregate"}
+    assert all(s.get("committed") for s in report["stages"]), report["stages"]
+    names = [info.name for info in store.stat_all(f"connect_q1/{safe(run.run_id)}")]
+    # Both stages' manifests and the exchange's Parquet files are objects of the store (a sample on failure).
+    assert sum(n.endswith("/" + MANIFEST_FILE) for n in names) >= 3, names[:20]
+    assert any(n.endswith(".parquet") for n in names), names[:20]
+    secret = server.secret_key.encode()
+    leaked = [n for n in names if not n.endswith(".parquet") and secret in (store.read(n) or b"")]
+    assert not leaked, f"the S3 secret key is in {leaked}"
+    after = {p for p in local_root.rglob("*")} if local_root.exists() else set()
+    assert not {p for p in after - before if "connect_q1" in str(p)}, "the run wrote under the local store root"
+
+
+def safe(run_id: str) -> str:
+    """The store's directory name of a run id (store/layout.py)."""
+    from airflow_provider_speculative.store.layout import safe_component
+
+    return safe_component(run_id)
