@@ -264,7 +264,7 @@ def fake_spark(monkeypatch: pytest.MonkeyPatch) -> _FakeSpark:
     spark = _FakeSpark()
     opened: list[str] = []
 
-    def open_session(name: str, conf: dict[str, str], tag: str) -> OpenedSession:
+    def open_session(name: str, conf: dict[str, str], tag: str, local_store: bool = True) -> OpenedSession:
         opened.append(os.environ.get("SPECULATIVE_EXTRA_SPARK_CONF") or "")
         return OpenedSession(spark, "local-1234", remote=False)  # type: ignore[arg-type]
 
