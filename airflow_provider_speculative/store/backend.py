@@ -37,7 +37,6 @@ import json
 import os
 import re
 import stat
-import tempfile
 import threading
 import time
 import unicodedata
@@ -833,26 +832,15 @@ class PosixBackend(StoreBackend):
         stream = source.open_read(source_name)
         if stream is None:
             raise StoreError(f"cannot copy {source.describe(source_name)}: it does not exist")
-        path = self.root / name
         digest = hashlib.sha256()
-        try:
-            with stream:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-                try:
-                    with os.fdopen(fd, "wb") as handle:
-                        while block := stream.read(_COPY_CHUNK):
-                            digest.update(block)
-                            handle.write(block)
-                        handle.flush()
-                        os.fsync(handle.fileno())
-                    os.replace(tmp, path)
-                except BaseException:
-                    with contextlib.suppress(OSError):
-                        os.unlink(tmp)
-                    raise
-        except OSError as exc:
-            raise StoreError(f"cannot write {path}: {exc.strerror or exc}") from exc
+
+        def chunks() -> Iterator[bytes]:
+            while block := stream.read(_COPY_CHUNK):
+                digest.update(block)
+                yield block
+
+        with stream:
+            files.atomic_write_chunks(self.root / name, chunks())
         return digest.hexdigest()
 
     @property

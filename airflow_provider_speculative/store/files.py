@@ -11,7 +11,7 @@ import shutil
 import stat
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -52,13 +52,19 @@ def json_line(record: dict[str, Any]) -> bytes:
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     """Write ``data`` to a temporary file in the same directory, fsync it, then rename over ``path``."""
+    atomic_write_chunks(path, (data,))
+
+
+def atomic_write_chunks(path: str | Path, chunks: Iterable[bytes]) -> None:
+    """:func:`atomic_write_bytes` of the concatenated ``chunks``, written as they come (a streamed copy)."""
     path = Path(os.fspath(path))  # a layout path of a store without paths refuses here
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         try:
             with os.fdopen(fd, "wb") as handle:
-                handle.write(data)
+                for chunk in chunks:
+                    handle.write(chunk)
                 handle.flush()
                 os.fsync(handle.fileno())
             os.replace(tmp, path)

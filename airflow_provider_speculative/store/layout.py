@@ -5,8 +5,8 @@ object of a stage run is. **The rule: read and write the store through ``layout.
 (``layout.name(path)``, or the layout's ``read_json``, ``replace_json``, ``create_json``, ``exists``,
 ``delete``...), never by a POSIX call on a layout path.**
 
-- On a POSIX store the layout's paths are real :class:`~pathlib.Path` objects under the root directory, exactly
-  as before, so code that still does path I/O keeps working there (attempt logs, the supervisor, the sink).
+- On a POSIX store the layout's paths are real :class:`~pathlib.Path` objects under the root directory, so code
+  that does path I/O works there (attempt logs, the supervisor, the local sink).
 - On any other store (S3) they are :class:`StorePath` objects: pure path arithmetic under an anchor that names
   the store's URL, so ``layout.name(path)`` is the object's key relative to the root and ``str(path)`` its URL
   (``s3://bucket/prefix/dag/run/stage/plan.json``, what messages show). Every file-system call on one raises
