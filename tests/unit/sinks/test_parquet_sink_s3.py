@@ -139,6 +139,14 @@ def rerun(store: MemoryBackend) -> FinalizationContext:
     return context(store, attempt_output(store, "run2", 0, 1, [10]), attempt_output(store, "run2", 1, 0, [20], [30]),
                    run="run2")
 
+def crashed_finalize(bucket: Bucket, point: str, ctx: FinalizationContext) -> None:
+    """Run finalize until it dies at ``point`` (a crash, nothing caught), then let the bucket work again."""
+    bucket.crash = CRASH_POINTS[point]
+    with pytest.raises(Crash):
+        ParquetSink(URL).finalize_global(ctx)
+    bucket.crash = lambda op, name: False
+
+
 
 def test_finalize_copies_the_admitted_files_into_a_version_and_points_current_at_it(bucket: Bucket) -> None:
     store = MemoryBackend()
@@ -254,10 +262,7 @@ def test_old_versions_whose_deletes_were_interrupted_go_with_the_next_commit(buc
     store = MemoryBackend()
     first_commit(bucket, store)
     first = pointer(bucket)["version"]
-    bucket.crash = CRASH_POINTS["first delete"]
-    with pytest.raises(Crash):
-        ParquetSink(URL).finalize_global(rerun(store))
-    bucket.crash = lambda op, name: False
+    crashed_finalize(bucket, "first delete", rerun(store))
 
     # Not a retry: a third run. The version the interrupted commit retired is still named, and deleted now.
     third = context(store, attempt_output(store, "run3", 0, 0, [7]), run="run3")
@@ -309,10 +314,7 @@ def test_anything_foreign_at_the_prefix_fails_the_commit_with_nothing_touched(
 def test_two_stages_racing_for_one_empty_prefix_cannot_both_publish(bucket: Bucket) -> None:
     store = MemoryBackend()
     # Stage a claims the prefix and dies before its pointer; stage b then finds a marker that is not its own.
-    bucket.crash = CRASH_POINTS["pointer"]
-    with pytest.raises(Crash):
-        ParquetSink(URL).finalize_global(context(store, attempt_output(store, "run1", 0, 0, [1]), stage="a"))
-    bucket.crash = lambda op, name: False
+    crashed_finalize(bucket, "pointer", context(store, attempt_output(store, "run1", 0, 0, [1]), stage="a"))
     before = dict(bucket.objects)
     with pytest.raises(StoreError, match=r"stage 'b'.*claimed by .*\"a\""):
         ParquetSink(URL).finalize_global(context(store, attempt_output(store, "run1", 0, 1, [2]), stage="b"))
@@ -323,10 +325,7 @@ def test_clean_up_removes_only_this_runs_unpublished_part_files(bucket: Bucket) 
     store = MemoryBackend()
     first_commit(bucket, store)
     published = pointer(bucket)["version"]
-    bucket.crash = CRASH_POINTS["last copy"]
-    with pytest.raises(Crash):
-        ParquetSink(URL).finalize_global(rerun(store))
-    bucket.crash = lambda op, name: False
+    crashed_finalize(bucket, "last copy", rerun(store))
     orphan = next(v for v in versions(bucket) if v != published)
     bucket.replace(f"{KEY}/{orphan}/notes.txt", b"someone else's")
     sink = ParquetSink(URL)
