@@ -33,6 +33,10 @@ and for each of the scenarios:
      pool started with the s3a jars (`make jars`) and endpoint; planning lists and checks the objects,
      attempts read them through s3a. With s, c runs on the same S3-capable pool, so s/c is the cost
      of the sources being on S3 (docs/store.md, "Sources on S3")
+  t  as s, with the store on S3 as well (``store_path = s3://…``, ``experimental_s3_store``): plans,
+     exchanges, manifests, journals and commits are objects of the same endpoint; t/c is the cost of
+     running on object storage instead of the local file system, t/s the store's share of it. Its
+     breakdown is not printed (the breakdown reads the store's journal files by path)
 
   z  Airflow's own floor: ``airflow dags test`` of a DAG with one task that does nothing
      (bench/dags/bench_floor.py), in the same environment as c. What c costs beyond it is the
@@ -52,7 +56,7 @@ Spark work = ready to end), resume (``stage_complete`` to the resumed task's fin
 (finalize) and exit (last commit to the end of ``airflow dags test``). Each scenario runs under the
 contention sampler of speculation.py (foreign CPU use on the machine).
 
-    .venv/bin/python bench/warm.py [--data .data/tpch] [--pipelines q1,q3] [--repeat N] [--scenarios a,b,c,d,e,f,s,z]
+    .venv/bin/python bench/warm.py [--data .data/tpch] [--pipelines q1,q3] [--repeat N] [--scenarios a,b,c,d,e,f,s,t,z]
 """
 
 from __future__ import annotations
@@ -326,6 +330,8 @@ def run_pipeline(bench: Bench, run_dir: Path, env: dict[str, str], server_pids: 
     result = timed([airflow, "dags", "test", bench.dag_id, DATE], run_dir, "dags-test.log", env, server_pids)
     started = result.pop("started")
     samples = result.pop("cpu_samples")
+    if env["AIRFLOW__SPECULATIVE__STORE_PATH"].startswith("s3://"):
+        return result  # scenario t: the breakdown reads journal files by path
     store = Path(env["AIRFLOW__SPECULATIVE__STORE_PATH"])
     return {**result, **breakdown(store / bench.dag_id, started, result["wall"], samples)}
 
@@ -495,15 +501,16 @@ def main() -> int:
     s3_url = ""
     try:
         pool_conf: dict[str, str] = {}
-        if "s" in scenarios:
+        if {"s", "t"} & set(scenarios):
             s3, s3_url = start_s3(), "s3://tpch/data"
             s3.create_bucket("tpch")
+            s3.create_bucket("tpch-store")
             for table in ("customer", "orders", "lineitem"):
                 s3.upload_tree(tpch / table, "tpch", f"data/{table}")
             os.environ.update(s3.environment())  # the pool's servers and the dags-test processes inherit it
             pool_conf = {**spark_s3_conf(settings_from_environment()), "spark.jars": ",".join(jar_paths(s3a_jars()))}
             print(f"S3 endpoint {s3.endpoint_url}: customer, orders, lineitem uploaded to {s3_url}", flush=True)
-        if {"c", "d", "e", "f", "s"} & set(scenarios):
+        if {"c", "d", "e", "f", "s", "t"} & set(scenarios):
             t0 = time.time()
             servers, _ = pool.start(servers=2, base_port=args.base_port, ui_base_port=args.ui_base_port,
                                       cores=args.server_cores, conf=pool_conf or None)
@@ -529,9 +536,12 @@ def main() -> int:
                         if scenario == "b":
                             targets = [{"name": n, "conn_id": "spark_default", "slots": 1, "conf": SUBMIT_CONF}
                                        for n in ("local-a", "local-b")]
-                        elif scenario == "s":
+                        elif scenario in ("s", "t"):
                             env.update(conns)
                             env.update(SPECULATIVE_EXAMPLE_TPCH=s3_url, SPECULATIVE_EXAMPLE_DATA=f"{s3_url}/lineitem")
+                            if scenario == "t":
+                                env.update(AIRFLOW__SPECULATIVE__STORE_PATH=f"s3://tpch-store/r{repeat}-{bench.name}",
+                                           AIRFLOW__SPECULATIVE__EXPERIMENTAL_S3_STORE="true")
                             targets = connect_targets(args.slots)
                         else:
                             env.update(conns)
@@ -552,10 +562,10 @@ def main() -> int:
                           + (", output equal to the reference" if scenario != "z" else ", no output (floor)")
                           + f"; foreign CPU mean {load.get('foreign_cores_mean')} cores"
                           f"{' (contended)' if load.get('contended') else ''}", flush=True)
-                for s in ("b", "c", "d", "e", "f", "s"):
+                for s in ("b", "c", "d", "e", "f", "s", "t"):
                     if "a" in row and s in row:
                         row[f"{s}/a"] = round(row[s]["wall"] / row["a"]["wall"], 2)
-                for s in ("b", "c", "s"):
+                for s in ("b", "c", "s", "t"):
                     if "a" in row and s in row and row["a"].get("cpu"):
                         row[f"{s}/a cpu"] = round(row[s]["cpu"] / row["a"]["cpu"], 2)
                         row[f"{s}/a spark cpu"] = round(
@@ -564,6 +574,12 @@ def main() -> int:
                     row["(c-z)/a"] = round((row["c"]["wall"] - row["z"]["wall"]) / row["a"]["wall"], 2)
                 if "c" in row and "s" in row:
                     row["s/c"] = round(row["s"]["wall"] / row["c"]["wall"], 2)
+                if "c" in row and "t" in row:
+                    row["t/c"] = round(row["t"]["wall"] / row["c"]["wall"], 2)
+                    if row["c"].get("cpu_servers") and row["t"].get("cpu_servers"):
+                        row["t/c servers cpu"] = round(row["t"]["cpu_servers"] / row["c"]["cpu_servers"], 2)
+                if "s" in row and "t" in row:
+                    row["t/s"] = round(row["t"]["wall"] / row["s"]["wall"], 2)
                 results.append(row)
                 (results_dir / "results.json").write_text(json.dumps(
                     {"pool_start": pool_started, "runs": results}, indent=1, default=str))
@@ -588,14 +604,15 @@ def report(results: list[dict[str, Any]]) -> str:
         lines += ["", f"== {name} ==", "wall seconds: " + "; ".join(
             f"r{r['repeat']}: " + ", ".join(
                 f"{s}={r[s]['wall']:.1f}{'*' if r[s]['load'].get('contended') else ''}"
-                for s in ("a", "b", "c", "d", "e", "f", "s", "z") if s in r) for r in runs) + "   (* = contended)"]
+                for s in ("a", "b", "c", "d", "e", "f", "s", "t", "z") if s in r) for r in runs) + "   (* = contended)"]
         for ratio in ("b/a", "c/a", "(c-z)/a", "d/a", "e/a", "f/a", "s/a", "s/c", "c/a cpu", "c/a spark cpu",
-                      "s/a cpu"):
+                      "s/a cpu", "t/a", "t/c", "t/s", "t/c servers cpu"):
             values = [r[ratio] for r in runs if ratio in r]
             if values:
                 goal = (f" (goals: <= {GOAL_C_OVER_A:g} at SF 0.1, <= {GOAL_C_OVER_A_SF1:g} at SF 1)"
                         if ratio in ("c/a", "d/a", "e/a", "f/a") else
-                        f" (goal: <= {GOAL_S_OVER_C:g}, sources on S3 vs local)" if ratio == "s/c" else "")
+                        f" (goal: <= {GOAL_S_OVER_C:g}, sources on S3 vs local)" if ratio == "s/c" else
+                        f" (goal: <= {GOAL_S_OVER_C:g}, sources and store on S3 vs local)" if ratio == "t/c" else "")
                 lines.append(f"{ratio}: {values}, median {statistics.median(values):.2f}{goal}")
         for s in ("b", "c", "d", "e", "f", "s"):
             for r in runs:
