@@ -35,8 +35,7 @@ and for each of the scenarios:
      of the sources being on S3 (docs/store.md, "Sources on S3")
   t  as s, with the store on S3 as well (``store_path = s3://…``, ``experimental_s3_store``): plans,
      exchanges, manifests, journals and commits are objects of the same endpoint; t/c is the cost of
-     running on object storage instead of the local file system, t/s the store's share of it. Its
-     breakdown is not printed (the breakdown reads the store's journal files by path)
+     running on object storage instead of the local file system, t/s the store's share of it
 
   z  Airflow's own floor: ``airflow dags test`` of a DAG with one task that does nothing
      (bench/dags/bench_floor.py), in the same environment as c. What c costs beyond it is the
@@ -330,10 +329,8 @@ def run_pipeline(bench: Bench, run_dir: Path, env: dict[str, str], server_pids: 
     result = timed([airflow, "dags", "test", bench.dag_id, DATE], run_dir, "dags-test.log", env, server_pids)
     started = result.pop("started")
     samples = result.pop("cpu_samples")
-    if env["AIRFLOW__SPECULATIVE__STORE_PATH"].startswith("s3://"):
-        return result  # scenario t: the breakdown reads journal files by path
-    store = Path(env["AIRFLOW__SPECULATIVE__STORE_PATH"])
-    return {**result, **breakdown(store / bench.dag_id, started, result["wall"], samples)}
+    return {**result, **breakdown(env["AIRFLOW__SPECULATIVE__STORE_PATH"], bench.dag_id, started, result["wall"],
+                                  samples)}
 
 
 def run_scheduled(bench: Bench, run_dir: Path, tpch: Path, extra_env: dict[str, str],
@@ -379,7 +376,7 @@ def run_scheduled(bench: Bench, run_dir: Path, tpch: Path, extra_env: dict[str, 
     finally:
         deployment.shutdown()
         db.drop()
-    return {**result, **breakdown(deployment.store / bench.dag_id, started, result["wall"], run_prefix="manual__")}
+    return {**result, **breakdown(deployment.store, bench.dag_id, started, result["wall"], run_prefix="manual__")}
 
 
 def _scheduled_run(deployment: Any, dag_id: str, date: str) -> float:
@@ -401,42 +398,51 @@ def _scheduled_run(deployment: Any, dag_id: str, date: str) -> float:
     return round((ended.timestamp() if ended else time.time()) - started, 2)
 
 
-def _first_events(stage_dir: Path) -> dict[str, float]:
+def _first_events(store: Any, stage: str) -> dict[str, float]:
     first: dict[str, float] = {}
-    for event in shared._read_jsonl(stage_dir / "journal.jsonl"):
+    for event in store.read_journal(f"{stage}/journal.jsonl"):
         first.setdefault(event["event"], event["at"])
     return first
 
 
-def breakdown(dag_store: Path, started: float, wall: float,
+def breakdown(root: str | Path, dag: str, started: float, wall: float,
               cpu_samples: list[tuple[float, float]] | None = None, run_prefix: str | None = None) -> dict[str, Any]:
     """Where the wall time of one pipeline run went, from the store (stages in the order they ran).
 
     ``run_prefix``: the store holds a warm-up run too; the timed one is the last created (its run id
     carries its creation time after the prefix).
     """
-    runs = sorted(p for p in dag_store.iterdir() if p.is_dir() and p.name.startswith(run_prefix or ""))
+    from airflow_provider_speculative.store.roots import open_store
+
+    # Read by name, so that a store on S3 (scenario t) is broken down as a local one is.
+    store = open_store(str(root))
+    runs = sorted(f"{dag}/{r.rstrip('/')}" for r in store.children(dag)
+                  if r.endswith("/") and r.startswith(run_prefix or ""))
     run = runs[-1] if run_prefix else runs[0]
     if not run_prefix and len(runs) != 1:
-        raise RuntimeError(f"expected one DAG run in {dag_store}, found {len(runs)}")
+        raise RuntimeError(f"expected one DAG run of {dag} in {root}, found {len(runs)}")
     rows = []
-    for stage_dir in run.iterdir():
-        if (stage_dir / "journal.jsonl").exists():
-            rows.append((stage_dir, _first_events(stage_dir)))
+    for entry in store.children(run):
+        stage_name = f"{run}/{entry.rstrip('/')}"
+        first = _first_events(store, stage_name) if entry.endswith("/") else {}
+        if "plan_decided" in first:  # a stage run (other entries: the run's marker, task records)
+            rows.append((stage_name, first))
     rows.sort(key=lambda row: row[1]["plan_decided"])
     stages: dict[str, Any] = {}
     totals = dict.fromkeys(("airflow_start", "handover", "deferral", "stage_spans", "resume", "commit"), 0.0)
     finalized: list[float] = []  # finalize_done of the stages so far (d overlaps independent stages)
     startups_all: list[float] = []
-    for stage_dir, first in rows:
+    for stage_name, first in rows:
         planned, launch = first["plan_decided"], first["launch"]
         complete = first["stage_complete"]
         finalize_started = first.get("finalize_started", complete)
         finalize_done = first.get("finalize_done", finalize_started)
         startups, works, ends = [], [], []
-        for attempt_dir in stage_dir.glob("subtask=*/attempt=*"):
-            status = shared._read_json(attempt_dir / "status.json") or {}
-            beat = shared._read_json(attempt_dir / "heartbeat.json") or {}
+        for status_name in store.list_names(stage_name):
+            if not status_name.endswith("/status.json") or "/attempt=" not in status_name:
+                continue
+            status = store.read_json(status_name) or {}
+            beat = store.read_json(status_name[:-len("status.json")] + "heartbeat.json") or {}
             if status.get("state") != "FINISHED" or not beat.get("session_ready_at"):
                 continue
             startups.append(beat["session_ready_at"] - status["launched_at"])
@@ -452,7 +458,7 @@ def breakdown(dag_store: Path, started: float, wall: float,
         totals["stage_spans"] += complete - launch
         totals["resume"] += finalize_started - complete
         totals["commit"] += finalize_done - finalize_started
-        stages[stage_dir.name] = {
+        stages[stage_name.rsplit("/", 1)[-1]] = {
             "before": round(before, 2), "deferral": round(launch - planned, 2), "span": round(complete - launch, 2),
             "tail": round(complete - max(ends), 2) if ends else None,
             "resume": round(finalize_started - complete, 2), "commit": round(finalize_done - finalize_started, 2),
@@ -614,7 +620,7 @@ def report(results: list[dict[str, Any]]) -> str:
                         f" (goal: <= {GOAL_S_OVER_C:g}, sources on S3 vs local)" if ratio == "s/c" else
                         f" (goal: <= {GOAL_S_OVER_C:g}, sources and store on S3 vs local)" if ratio == "t/c" else "")
                 lines.append(f"{ratio}: {values}, median {statistics.median(values):.2f}{goal}")
-        for s in ("b", "c", "d", "e", "f", "s"):
+        for s in ("b", "c", "d", "e", "f", "s", "t"):
             for r in runs:
                 if s not in r:
                     continue

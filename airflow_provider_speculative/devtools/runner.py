@@ -19,7 +19,7 @@ from airflow_provider_speculative.core.states import TaskState
 from airflow_provider_speculative.core.trigger_events import TriggerStatus
 from airflow_provider_speculative.exceptions import StoreError
 from airflow_provider_speculative.store import journal
-from airflow_provider_speculative.store.files import atomic_write_json
+from airflow_provider_speculative.store.backend import StoreBackend
 from airflow_provider_speculative.store.identity import own_run
 from airflow_provider_speculative.store.layout import StageLayout
 from airflow_provider_speculative.store.task_state import record_task_state
@@ -32,7 +32,7 @@ def local_spark_submit(master: str = "local[1]") -> list[str]:
             "--master", master, "--conf", "spark.ui.enabled=false"]
 
 
-def plan_local_stage(graph: PipelineGraph, stage: str, root: Path, dag_id: str, run_id: str,
+def plan_local_stage(graph: PipelineGraph, stage: str, root: Path | StoreBackend, dag_id: str, run_id: str,
                      config: SpeculativeConfig, master: str = "local[1]") -> StagePlan:
     """Plan one stage for spark-submit attempts on ``master`` (sources listed from disk, upstreams committed).
 
@@ -52,7 +52,7 @@ def plan_local_stage(graph: PipelineGraph, stage: str, root: Path, dag_id: str, 
     return _decide(graph, stage, root, dag_id, run_id, config, targets)
 
 
-def plan_connect_stage(graph: PipelineGraph, stage: str, root: Path, dag_id: str, run_id: str,
+def plan_connect_stage(graph: PipelineGraph, stage: str, root: Path | StoreBackend, dag_id: str, run_id: str,
                        config: SpeculativeConfig) -> StagePlan:
     """Plan one stage for Spark Connect targets (``config.targets``; their servers' URLs go to :func:`run_stages`)."""
     def targets(config: SpeculativeConfig, application: str, spark_conf: dict[str, str], app_name: str,
@@ -64,8 +64,8 @@ def plan_connect_stage(graph: PipelineGraph, stage: str, root: Path, dag_id: str
     return _decide(graph, stage, root, dag_id, run_id, config, targets)
 
 
-def _decide(graph: PipelineGraph, stage: str, root: Path, dag_id: str, run_id: str, config: SpeculativeConfig,
-            targets: TargetResolver) -> StagePlan:
+def _decide(graph: PipelineGraph, stage: str, root: Path | StoreBackend, dag_id: str, run_id: str,
+            config: SpeculativeConfig, targets: TargetResolver) -> StagePlan:
     """The operator's planning (:class:`StagePlanner`: listing, checks, plan) with this runner's targets."""
     planner = StagePlanner(graph, stage, sink=None, declared_sink=None, config=config, root=root, targets=targets,
                            run=RunInfo(dag_id=dag_id, run_id=run_id, try_number=1, clear_number=0))
@@ -73,8 +73,8 @@ def _decide(graph: PipelineGraph, stage: str, root: Path, dag_id: str, run_id: s
     hybrid = planner.hybrid_inputs()
     if isinstance(hybrid, HybridWait):
         waiting = ", ".join(sorted(w["stage"] for w in hybrid.inputs.values()))
-        raise StoreError(f"{planner.where}: hybrid producer {waiting} has no usable plan under {root} yet "
-                         "(write the producer's plan first: write_plan)")
+        raise StoreError(f"{planner.where}: hybrid producer {waiting} has no usable plan under "
+                         f"{planner.layout.store_root} yet (write the producer's plan first: write_plan)")
     return planner.decide(hybrid)
 
 
@@ -82,8 +82,8 @@ def write_plan(plan: StagePlan) -> StageLayout:
     """Write a stage's plan and journal it, as the operator does (hybrid consumers may plan on it then)."""
     layout = StageLayout.of_plan(plan)
     own_run(layout)  # as planning does before its first write: the run's removals are owned deletes
-    atomic_write_json(layout.plan, plan)
-    journal.record(layout.journal, Event.PLAN_DECIDED, parallelism=plan["parallelism"],
+    layout.store.replace_json(layout.name(layout.plan), plan)
+    journal.record_stage(layout, Event.PLAN_DECIDED, parallelism=plan["parallelism"],
                    decision=plan.get("parallelism_decision"))
     record_task_state(layout, TaskState.DEFERRED)
     return layout
@@ -130,11 +130,11 @@ def run_stage(plan: StagePlan, timeout: float = 1800.0, fresh: bool = False) -> 
     own_run(layout)
     if fresh:
         wipe_stage_attempts(layout)
-    atomic_write_json(layout.plan, plan)
-    journal.record(layout.journal, Event.PLAN_DECIDED, parallelism=plan["parallelism"],
+    layout.store.replace_json(layout.name(layout.plan), plan)
+    journal.record_stage(layout, Event.PLAN_DECIDED, parallelism=plan["parallelism"],
                    decision=plan.get("parallelism_decision"))
     for warning in plan.get("warnings") or []:
-        journal.record(layout.journal, Event.PLAN_WARNING, message=warning)
+        journal.record_stage(layout, Event.PLAN_WARNING, message=warning)
     controller = StageController.open(plan)
     deadline = time.monotonic() + timeout
     while not controller.done:

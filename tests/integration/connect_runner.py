@@ -20,7 +20,7 @@ from airflow_provider_speculative.core.graph import PipelineGraph
 from airflow_provider_speculative.devtools.localcluster import ServerInfo
 from airflow_provider_speculative.devtools.runner import plan_connect_stage, run_stages, write_plan
 from airflow_provider_speculative.hooks.targets import REMOTE_ENV
-from airflow_provider_speculative.store.files import read_json
+from airflow_provider_speculative.store.backend import StoreBackend
 from airflow_provider_speculative.store.layout import StageLayout
 
 
@@ -62,8 +62,8 @@ def stage_levels(graph: PipelineGraph) -> list[list[str]]:
     return levels
 
 
-def run_pipeline(pool: ConnectPool, graph: PipelineGraph, root: Path, run_id: str, timeout: float = 300.0,
-                 **config: Any) -> None:
+def run_pipeline(pool: ConnectPool, graph: PipelineGraph, root: Path | StoreBackend, run_id: str,
+                 timeout: float = 300.0, **config: Any) -> None:
     """Plan and run every stage of ``graph`` on the pool (dag id = pipeline name); raise if one fails.
 
     Planning errors (PlanError) propagate from the stage that raised them, as the operator would fail
@@ -79,18 +79,20 @@ def run_pipeline(pool: ConnectPool, graph: PipelineGraph, root: Path, run_id: st
         run_stages(plans, target_env=pool.target_env(), timeout=timeout)
 
 
-def committed_table(root: Path, dag_id: str, run_id: str, stage: str) -> pa.Table:
-    """Every row a stage committed (its admitted attempts' manifest files), as one Arrow table."""
-    layout = StageLayout(root, dag_id, run_id, stage)
-    committed = read_json(layout.committed)
+def committed_table(root: Path | StoreBackend, dag_id: str, run_id: str, stage: str) -> pa.Table:
+    """Every row a stage committed (its admitted attempts' manifest files), as one Arrow table; read by name."""
+    layout = StageLayout.at(root, dag_id, run_id, stage)
+    store = layout.store
+    committed = store.read_json(layout.name(layout.committed))
     if committed is None:
-        raise AssertionError(f"stage {stage!r} has no committed.json under {layout.dir}")
+        raise AssertionError(f"stage {stage!r} has no committed.json under {layout.store_root}")
     tables = []
     for subtask, part in sorted(committed["subtasks"].items(), key=lambda item: int(item[0])):
-        manifest = read_json(layout.manifest(int(subtask), part["attempt"]))
-        data = layout.data(int(subtask), part["attempt"])
+        manifest = store.read_json(layout.name(layout.manifest(int(subtask), part["attempt"])))
+        data = layout.name(layout.data(int(subtask), part["attempt"]))
         # Read file by file: the exchange's _sp=<p> directories are not a column of the result.
-        tables += [pq.read_table(data / entry["path"], partitioning=None) for entry in manifest["files"]]
+        tables += [pq.read_table(pa.BufferReader(store.read(f"{data}/{entry['path']}")), partitioning=None)
+                   for entry in manifest["files"]]
     non_empty = [t for t in tables if t.num_rows]
     if not non_empty:
         return tables[0].slice(0, 0) if tables else pa.table({})

@@ -20,7 +20,7 @@ CONNECT_CANCEL: Rules = {"connect_cancel/*": {"force_speculation": [0]}}
 # together only if their supervisors hold the ends (hold_end) until the test releases the pair. Then the
 # discard path runs, not a cancel. race_unmarked's sink lacks the concurrency marker: forced copies must not run.
 _RACE = {"force_speculation": [0, 1, 2], "hold_end": True}
-RACE_SINKS: Rules = {"race_parquet/*": _RACE, "race_postgres/*": _RACE,
+RACE_SINKS: Rules = {"race_parquet/*": _RACE, "race_postgres/*": _RACE, "race_connect/*": _RACE,
                      "race_unmarked/*": {"force_speculation": [0, 1]}}
 # e2e_dags/e2e_q1.py: the scan attempts of e2e_q1_barrier wait at the barrier; the triggers of e2e_q1_commit's
 # scan and e2e_q1_publish's aggregate hold after their commit.

@@ -72,13 +72,17 @@ def read_q1_output(directory: str | Path) -> Q1Result:
     parts = sorted(p for p in Path(directory).glob("*.parquet") if not p.name.startswith((".", "_")))
     if not parts:
         raise FileNotFoundError(f"no Parquet part files in {directory}")
+    return q1_of_records([r for part in parts for r in pq.read_table(part).to_pylist()], str(directory))
+
+
+def q1_of_records(records: list[dict[str, Any]], where: str) -> Q1Result:
+    """Q1 rows (dicts of the output's columns) in :func:`duckdb_q1`'s shape; raises if a group appears twice."""
     out: Q1Result = {}
-    for part in parts:
-        for record in pq.read_table(part).to_pylist():
-            key = (record["l_returnflag"], record["l_linestatus"])
-            if key in out:
-                raise AssertionError(f"group {key} appears more than once in {directory}")
-            out[key] = {c: _number(record[c]) for c in Q1_COLUMNS}
+    for record in records:
+        key = (record["l_returnflag"], record["l_linestatus"])
+        if key in out:
+            raise AssertionError(f"group {key} appears more than once in {where}")
+        out[key] = {c: _number(record[c]) for c in Q1_COLUMNS}
     return out
 
 

@@ -16,6 +16,7 @@ import pytest
 
 from airflow_provider_speculative.control.readmodel import run_report
 from airflow_provider_speculative.devtools.faults import injected
+from airflow_provider_speculative.store.backend import PosixBackend, StoreBackend
 from airflow_provider_speculative.store.files import read_json
 from tests import services
 from tests.conftest import TEST_ENV
@@ -59,23 +60,35 @@ def checksum(rows: list[tuple]) -> str:
     return hashlib.sha256(repr(sorted(rows)).encode()).hexdigest()
 
 
-def release_pairs_at_barrier(dag_id: str, stop: threading.Event) -> None:
-    """Release a subtask's held ends (fault injection hold_end, dag_faults.RACE_SINKS) once both attempts succeeded."""
-    released: set[int] = set()
-    while not stop.wait(0.02):
-        for subtask_dir in STORE.glob(f"{dag_id}/*/write/subtask=*"):
-            subtask = int(subtask_dir.name.split("=")[1])
-            if subtask in released:
+def release_pairs_at_barrier(dag_id: str, stop: threading.Event, store: StoreBackend) -> None:
+    """Release a subtask's held ends (fault injection hold_end, dag_faults.RACE_SINKS) once both attempts succeeded.
+
+    Read and written by name, so the same releaser serves a POSIX store and one on S3.
+    """
+    released: set[str] = set()
+    # Each look at an object store is a request per object: less often there (the ends stay held meanwhile).
+    interval = 0.02 if isinstance(store, PosixBackend) else 0.1
+    while not stop.wait(interval):
+        held: dict[str, int] = {}
+        for name in store.list_names(dag_id):
+            # <dag>/<run>/write/subtask=<n>/attempt=<m>/status.json
+            parts = name.split("/")
+            if len(parts) != 6 or parts[2] != "write" or parts[5] != "status.json":
                 continue
-            held = [(read_json(s) or {}).get("held_at") for s in subtask_dir.glob("attempt=*/status.json")]
-            if sum(h is not None for h in held) >= 2:
-                (subtask_dir.parent / f"barrier.release.{subtask}").touch()
-                released.add(subtask)
+            release = f"{parts[0]}/{parts[1]}/write/barrier.release.{parts[3].split('=')[1]}"
+            if release not in released and (store.read_json(name) or {}).get("held_at") is not None:
+                held[release] = held.get(release, 0) + 1
+        for release, count in held.items():
+            if count >= 2:
+                store.replace(release, b"")
+                released.add(release)
 
 
-def run_race(dag_id: str, logical_date: pendulum.DateTime) -> tuple[object, dict]:
+def run_race(dag_id: str, logical_date: pendulum.DateTime, store: StoreBackend | None = None) -> tuple[object, dict]:
+    """Run a race DAG through dag.test() with its pairs released together; check one admission per subtask."""
+    store = store or PosixBackend(STORE)
     stop = threading.Event()
-    releaser = threading.Thread(target=release_pairs_at_barrier, args=(dag_id, stop), daemon=True)
+    releaser = threading.Thread(target=release_pairs_at_barrier, args=(dag_id, stop, store), daemon=True)
     releaser.start()
     try:
         with injected(RACE_SINKS):
@@ -83,7 +96,7 @@ def run_race(dag_id: str, logical_date: pendulum.DateTime) -> tuple[object, dict
     finally:
         stop.set()
     assert run.state == "success"
-    report = run_report(STORE, dag_id, run.run_id)
+    report = run_report(store, dag_id, run.run_id)
     (stage,) = report["stages"]
     assert len(stage["subtasks"]) == FILES, "race_sinks.PARALLELISM must equal FILES (one source file each)"
     for sub in stage["subtasks"]:

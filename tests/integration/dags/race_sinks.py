@@ -31,6 +31,9 @@ RACE = {
     "targets": [{"name": "local-a", "slots": PARALLELISM, "conf": {"spark.ui.enabled": "false"}},
                 {"name": "local-b", "slots": PARALLELISM, "conf": {"spark.ui.enabled": "false"}}],
 }
+# race_connect: the Parquet sink's race on the suite's Connect servers (test_s3_faults.py, the store on S3).
+CONNECT_RACE = {**RACE, "targets": [{"name": "connect-a", "conn_id": "spark_connect_test_a", "slots": PARALLELISM},
+                                    {"name": "connect-b", "conn_id": "spark_connect_test_b", "slots": PARALLELISM}]}
 SINKS = {
     "race_parquet": ParquetSink(OUTPUT + "/race_parquet/{{ ds }}"),
     "race_postgres": PostgresSink(os.environ.get("SPECULATIVE_RACE_TABLE", "race_results"),
@@ -45,6 +48,11 @@ for dag_id, sink in SINKS.items():
             Pipeline(dag_id, config=RACE, spark_conf=SHUFFLE) as pipeline:
         pipeline.stage("write", application=APP, parallelism=PARALLELISM,
                        inputs={"rows": parquet_source(DATA)}, sink=sink)
+
+with DAG(dag_id="race_connect", schedule=None, start_date=pendulum.datetime(2026, 1, 1, tz="UTC")), \
+        Pipeline("race_connect", config=CONNECT_RACE, spark_conf=SHUFFLE) as pipeline:
+    pipeline.stage("write", application=APP, parallelism=PARALLELISM, inputs={"rows": parquet_source(DATA)},
+                   sink=ParquetSink(OUTPUT + "/race_connect/{{ ds }}"))
 
 with DAG(dag_id="race_unmarked", schedule=None, start_date=pendulum.datetime(2026, 1, 1, tz="UTC")), \
         Pipeline("race_unmarked", config=RACE, spark_conf=SHUFFLE) as pipeline:

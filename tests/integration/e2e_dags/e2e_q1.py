@@ -123,3 +123,5 @@ e2e_q1_publish = q1_dag("e2e_q1_publish", schedule=None, aggregate_config={"asse
 e2e_q1_eager = q1_dag("e2e_q1_eager", schedule=None, templated=True)
 # Its scan cannot plan (the application does not exist): the aggregate, waiting in the triggerer, must fail.
 e2e_q1_broken = q1_dag("e2e_q1_broken", schedule=None, scan_application="no_such_scan.py")
+# test_e2e_s3.py's deployment, whose store is on S3, holds its scan attempts at the barrier.
+e2e_q1_s3 = q1_dag("e2e_q1_s3", schedule=None, connect=True)

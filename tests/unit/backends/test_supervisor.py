@@ -59,3 +59,31 @@ def test_a_cancel_during_the_hold_ends_the_attempt_cancelled(held) -> None:
     atomic_write_json(attempt / "cancel.json", {"reason": "test", "at": time.time()})
     proc.wait(timeout=30)
     assert status()["state"] == "CANCELED"
+
+
+def test_a_held_end_on_a_store_without_paths_waits_for_the_release_object() -> None:
+    """On S3 the controller names the release by its URL: the supervisor polls that object by name."""
+    import threading
+
+    from airflow_provider_speculative.backends.supervisor import AttemptDocuments, _hold_end
+    from tests.unit.store.memory import MemoryBackend
+
+    store = MemoryBackend("s3://bucket/root")
+    docs = AttemptDocuments("d/r/s/subtask=0/attempt=0/status.json", "d/r/s/subtask=0/attempt=0/manifest.json",
+                            store=store)
+    status: dict[str, object] = {"state": "DEPLOYING"}
+
+    def release_once_held() -> None:
+        _until(lambda: (store.read_json(docs.status) or {}).get("held_at"), "the hold to be recorded")
+        assert not ended.is_set(), "the end was recorded before its release"
+        store.replace("d/r/s/barrier.release.0", b"")
+
+    ended = threading.Event()
+    releaser = threading.Thread(target=release_once_held)
+    releaser.start()
+    started = time.monotonic()
+    _hold_end("s3://bucket/root/d/r/s/barrier.release.0", docs, status, {"signal": None}, timeout=600)
+    ended.set()
+    releaser.join()
+    # Ended by the release, not by the hold's timeout (a wait for a local file of that name never ends).
+    assert time.monotonic() - started < 300 and store.exists("d/r/s/barrier.release.0") and status["held_at"]
