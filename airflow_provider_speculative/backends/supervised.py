@@ -375,16 +375,20 @@ class HeartbeatObserver(SupervisedBackend):
         return out
 
 
+def local_root() -> Path:
+    """Where this host keeps attempts' local working directories: ``$AIRFLOW_HOME/speculative-local`` (else tmp's)."""
+    home = os.environ.get("AIRFLOW_HOME")
+    return (Path(home) if home else Path(tempfile.gettempdir())) / "speculative-local"
+
+
 def local_attempt_dir(layout: StageLayout, subtask: int, attempt: int) -> Path:
     """The local working directory of an attempt whose store has no paths: its supervisor's log, never the store.
 
-    ``$AIRFLOW_HOME/speculative-local`` (else the temporary directory's ``speculative-local``), then a digest of the
-    store's URL (two stores never share a directory; the URL carries no credential) and the attempt's name there.
+    :func:`local_root`, then a digest of the store's URL (two stores never share a directory; the URL carries no
+    credential) and the attempt's name there.
     """
-    home = os.environ.get("AIRFLOW_HOME")
-    base = Path(home) if home else Path(tempfile.gettempdir())
     digest = hashlib.sha256(layout.store.url.encode()).hexdigest()[:16]
-    return base / "speculative-local" / digest / layout.name(layout.attempt_dir(subtask, attempt))
+    return local_root() / digest / layout.name(layout.attempt_dir(subtask, attempt))
 
 
 def _marked(layout: StageLayout) -> bool:
