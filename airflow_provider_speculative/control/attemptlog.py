@@ -8,7 +8,7 @@ agree on which attempt is meant and never read more than ``max_bytes`` of a log 
 On a POSIX store the log is a file of the attempt's directory, read by path under the store's rules
 (:func:`~airflow_provider_speculative.store.files.open_in_store`: no link, no FIFO, one hard link). On a store
 without paths (S3) it is read by name through the backend (``stat``, then ``read_range``): the attempt's supervisor
-writes it to a local file of its host (``backends/supervised.py``'s ``local_attempt_dir``) and uploads it to that
+writes it to a local file of its host (``store/layout.py``'s ``local_attempt_dir``) and uploads it to that
 name when the attempt ends. Until then :class:`AttemptLog` says where it is (``note``); a reader on the
 supervisor's own host reads that local file, under the same rules as a store file.
 """
@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import socket
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +29,7 @@ from airflow_provider_speculative.core.states import Attempt
 from airflow_provider_speculative.exceptions import NotFoundError, StoreError, UnsafeStorePathError
 from airflow_provider_speculative.store.backend import PosixBackend, StoreBackend
 from airflow_provider_speculative.store.files import open_in_store
-from airflow_provider_speculative.store.layout import StageLayout
+from airflow_provider_speculative.store.layout import LOG_FILE, StageLayout, local_attempt_dir, local_root
 
 # What the UI and CLI show by default: the end of a driver log is where the error is.
 DEFAULT_TAIL_BYTES = 64 * 1024
@@ -168,11 +169,11 @@ def _log_by_name(layout: StageLayout, subtask: int, attempt: int, max_bytes: int
         return AttemptLog(*ids, 0, 0, "", exists=False, elsewhere=True, note=(
             f"attempt {attempt} ended but its log is not in the store (its upload failed, or gc removed it); "
             f"its supervisor's local copy may still be {on_host}, in {where} under its $AIRFLOW_HOME"))
-    if host is not None and host == _this_host():
+    if host is not None and host == socket.gethostname():
         local = _local_log(layout, subtask, attempt)
         try:
             # Under the rules of a store file: the attempt's code on this host can write that directory too.
-            size, start, text = read_tail(_local_root(), local, max_bytes)
+            size, start, text = read_tail(local_root(), local, max_bytes)
         except (OSError, UnsafeStorePathError):
             pass  # not readable here after all (a link or a FIFO is refused): say where it is instead
         else:
@@ -184,30 +185,15 @@ def _log_by_name(layout: StageLayout, subtask: int, attempt: int, max_bytes: int
         f"{on_host}, in {where} under its $AIRFLOW_HOME"))
 
 
-def _local_root() -> Path:
-    from airflow_provider_speculative.backends.supervised import local_root
-
-    return local_root()
-
-
 def _local_log(layout: StageLayout, subtask: int, attempt: int) -> Path:
     """The supervisor's local log of an attempt on this host (computed from the store's URL and the names only)."""
-    from airflow_provider_speculative.backends.supervised import local_attempt_dir
-    from airflow_provider_speculative.store.layout import LOG_FILE
-
     return local_attempt_dir(layout, subtask, attempt) / LOG_FILE
 
 
 def _local_log_shown(layout: StageLayout, subtask: int, attempt: int) -> str:
     """The local log's path relative to ``$AIRFLOW_HOME``: no absolute path of this host in a message."""
-    local = _local_log(layout, subtask, attempt)
-    return (Path(_local_root().name) / local.relative_to(_local_root())).as_posix()
-
-
-def _this_host() -> str:
-    from airflow_provider_speculative.backends.supervised import HOST
-
-    return HOST
+    root = local_root()
+    return (Path(root.name) / _local_log(layout, subtask, attempt).relative_to(root)).as_posix()
 
 
 def _supervisor_host(status: dict[str, Any]) -> str | None:
@@ -243,7 +229,7 @@ def open_attempt_log(root: Path | StoreBackend, log: AttemptLog) -> BinaryIO:
 
 def _open_local(local: Path) -> BinaryIO:
     """A supervisor's local log on this host, opened as :func:`open_in_store` opens a store file under its root."""
-    return open_in_store(_local_root(), local)
+    return open_in_store(local_root(), local)
 
 
 def logs_command(dag_id: str, run_id: str, stage: str, subtask: int | str, attempt: int | str) -> str:
@@ -318,7 +304,7 @@ def read_log_from(root: Path | StoreBackend, log: AttemptLog, offset: int,
         return read_from(layout.root, log.path, offset, max_bytes)
     data = layout.store.read_range(layout.name(log.path), offset, max_bytes)
     if data is None and log.local is not None:
-        return read_from(_local_root(), log.local, offset, max_bytes)
+        return read_from(local_root(), log.local, offset, max_bytes)
     return _advance(offset, data or b"", max_bytes)
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -20,7 +21,6 @@ from typing import Any
 import pytest
 
 from airflow_provider_speculative import settings
-from airflow_provider_speculative.backends.supervised import HOST, local_attempt_dir
 from airflow_provider_speculative.control.attemptlog import (
     attempt_ended,
     attempt_log,
@@ -32,12 +32,13 @@ from airflow_provider_speculative.control.readmodel import clear_cache
 from airflow_provider_speculative.core.config import SpeculativeConfig
 from airflow_provider_speculative.exceptions import NotFoundError
 from airflow_provider_speculative.store import roots
-from airflow_provider_speculative.store.layout import LOG_FILE, StageLayout
+from airflow_provider_speculative.store.layout import LOG_FILE, StageLayout, local_attempt_dir
 from tests.factories import stage_plan
 from tests.unit.store.memory import MemoryBackend
 from tests.unit.store.no_store_paths import refuse_store_paths
 
 S3_ROOT = "s3://lake/speculative"
+HOST = socket.gethostname()  # what a supervisor records as its host
 DAG, RUN = "logs_dag", "manual__2026-11-28T00:00:00+00:00"
 LOG = b"".join(f"row {i}\n".encode() for i in range(2000)) + b"boom: ValueError\n"
 
