@@ -15,16 +15,13 @@ process group are recorded in ``status.json`` as on POSIX.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import logging
 import os
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
 from typing import Any, ClassVar
 
 import psutil
@@ -53,6 +50,7 @@ from airflow_provider_speculative.store.layout import (
     STATUS_FILE,
     RunNotOwnedError,
     StageLayout,
+    local_attempt_dir,
 )
 
 log = logging.getLogger(__name__)
@@ -373,18 +371,6 @@ class HeartbeatObserver(SupervisedBackend):
         if out.cause == "attempt process disappeared (killed or crashed)":
             out.cause = f"presumed lost: no heartbeat for {self.stale_after:.0f} s"
         return out
-
-
-def local_attempt_dir(layout: StageLayout, subtask: int, attempt: int) -> Path:
-    """The local working directory of an attempt whose store has no paths: its supervisor's log, never the store.
-
-    ``$AIRFLOW_HOME/speculative-local`` (else the temporary directory's ``speculative-local``), then a digest of the
-    store's URL (two stores never share a directory; the URL carries no credential) and the attempt's name there.
-    """
-    home = os.environ.get("AIRFLOW_HOME")
-    base = Path(home) if home else Path(tempfile.gettempdir())
-    digest = hashlib.sha256(layout.store.url.encode()).hexdigest()[:16]
-    return base / "speculative-local" / digest / layout.name(layout.attempt_dir(subtask, attempt))
 
 
 def _marked(layout: StageLayout) -> bool:

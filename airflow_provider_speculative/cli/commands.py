@@ -384,47 +384,60 @@ def status(args: Any) -> None:
 
 
 def logs(args: Any) -> None:
-    """CLI entry: print the end of an attempt's driver log (default: the subtask's latest attempt)."""
-    from airflow_provider_speculative.control.attemptlog import attempt_ended, attempt_log, read_from
+    """CLI entry: print the end of an attempt's driver log (default: the subtask's latest attempt).
+
+    On a store without paths (S3) a running attempt's log reaches the store when the attempt ends: unless this is
+    its supervisor's host (the local file is read then), the command says where the log is and exits 1, or with
+    ``--follow`` waits for the end and prints the log then. An attempt that ended without an uploaded log: exit 1.
+    """
+    from airflow_provider_speculative.control.attemptlog import attempt_ended, attempt_log, read_log_from
     from airflow_provider_speculative.control.readmodel import latest_run_id
     from airflow_provider_speculative.exceptions import SpeculativeError
     from airflow_provider_speculative.settings import configured_store
-    from airflow_provider_speculative.store.layout import NotALocalPathError, layout_root
 
     if args.follow and args.interval <= 0:
         _fail("--interval must be > 0")
     store = configured_store()
-    # Attempt logs are read by path (local by nature): from a store without paths they are refused, loudly.
-    root = layout_root(store)
     try:
         if not args.run_id:
             args.run_id = latest_run_id(store, args.dag_id)
             print(f"DAG {args.dag_id}: latest run in the store is {args.run_id}", file=sys.stderr)
-        log = attempt_log(root, args.dag_id, args.run_id, args.stage, args.subtask, args.attempt,
+        log = attempt_log(store, args.dag_id, args.run_id, args.stage, args.subtask, args.attempt,
                           max_bytes=args.tail_bytes)
-    except (SpeculativeError, OSError, ValueError, NotALocalPathError) as exc:  # unknown run/stage/...: bad args
+    except (SpeculativeError, OSError, ValueError) as exc:  # unknown run/stage/...: bad args
         _fail(str(exc))
     if args.output in ("json", "yaml"):
         emit(args.output, rows=[], document=log.to_json())
+        if log.elsewhere:
+            sys.exit(1)  # the document says why there is no text: a script must not take it for an empty log
         return
-    state = "" if log.exists else " (no output yet)"
+    state = "" if log.exists else " (not in the store)" if log.elsewhere else " (no output yet)"
     cut = f", last {format_bytes(log.size - log.start)} of {format_bytes(log.size)}" if log.truncated else ""
     print(f"stage {log.stage} subtask {log.subtask} attempt {log.attempt}: {log.path}{cut}{state}",
           file=sys.stderr)
+    if log.note:
+        print(clean_text(log.note), file=sys.stderr)
     sys.stdout.write(clean_text(log.text))
     sys.stdout.flush()
     if not args.follow:
+        if log.elsewhere:
+            if not attempt_ended(store, log):
+                print("run with --follow to wait for the attempt's end and print its log then", file=sys.stderr)
+            sys.exit(1)
         return
     offset = log.size
     try:
         while True:
             # Read once more after the end is recorded: the last lines may land just before it.
-            ended = attempt_ended(root, log)
-            offset, text = read_from(root, log.path, offset)
+            ended = attempt_ended(store, log)
+            offset, text = read_log_from(store, log, offset)
             if text:
                 sys.stdout.write(clean_text(text))
                 sys.stdout.flush()
             elif ended:
+                if log.elsewhere and offset == 0 and not attempt_log(
+                        store, log.dag_id, log.run_id, log.stage, log.subtask, log.attempt, max_bytes=1).exists:
+                    _fail(f"attempt {log.attempt} ended and its log is not in the store: nothing to print")
                 return
             else:
                 time.sleep(args.interval)  # polling a file another process appends to

@@ -132,14 +132,17 @@ class DriverLogStream:
         """
         if not ended:
             return [], False
+        name = self.layout.name(self.layout.log(*key))
         try:
-            data = self.layout.store.read(self.layout.name(self.layout.log(*key)))
+            # Its size, then at most max_bytes of its end: a log of gigabytes is never read whole.
+            info = self.layout.store.stat(name)
+            start = max(follow.offset, info.size - self.max_bytes) if info is not None else 0
+            data = None if info is None else self.layout.store.read_range(name, start, max(0, info.size - start))
         except StoreError as exc:
             return [f"its log is not shown ({exc})"], True
         if data is None:
             return [], True  # ended without an uploaded log (the upload failed): nothing to follow
-        start = max(follow.offset, len(data) - self.max_bytes)
-        return self._lines([], follow, start, data[start:], ended), False
+        return self._lines([], follow, start, data, ended), False
 
     def _lines(self, notes: list[str], follow: _Follow, start: int, data: bytes, ended: bool) -> list[str]:
         """The lines to show of ``data``, read from offset ``start`` of the log; advances ``follow``."""

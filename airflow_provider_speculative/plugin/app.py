@@ -127,33 +127,36 @@ def create_app(store: Path | StoreBackend | None = None) -> FastAPI:
                 attempt: int | None = None, tail_bytes: int = DEFAULT_TAIL_BYTES) -> dict[str, Any]:
         """The end of one attempt's driver log (default: the subtask's latest attempt), as JSON text."""
         stage = _stage_or_404(request, dag_id, run_id, task_id)
+        store = _store(request)
         try:
-            log = attempt_log(_log_root(request), dag_id, run_id, stage, subtask, attempt, max_bytes=tail_bytes)
+            log = attempt_log(store, dag_id, run_id, stage, subtask, attempt, max_bytes=tail_bytes)
         except NotFoundError as exc:
             raise _not_found(str(exc), dag_id, run_id) from None
         except ValueError as exc:
             raise HTTPException(422, str(exc)) from None
-        ended = attempt_ended(_log_root(request), log)
-        plan = plan_of(StageLayout.over(_store(request), dag_id, run_id, stage))
+        ended = attempt_ended(store, log)
+        plan = plan_of(StageLayout.over(store, dag_id, run_id, stage))
         # The store path is the operator's business, not every DAG reader's: the page shows it as a relative path.
-        return {**log.to_json(), "text": redact_text(log.text, plan), "path": _relative(log.path, _log_root(request)),
+        # ``note`` (a running attempt's log on S3: where it is meanwhile) is plain text the page never parses.
+        return {**log.to_json(), "text": redact_text(log.text, plan), "path": _relative(log.path, layout_root(store)),
                 "ended": ended, "done": ended,
                 "refresh_seconds": REFRESH_SECONDS, "now": time.time()}
 
     @app.get("/api/log/download", dependencies=[Depends(read_logs)], response_class=StreamingResponse)
     def api_log_download(request: Request, dag_id: str, run_id: str, task_id: str, subtask: int,
                          attempt: int | None = None) -> StreamingResponse:
-        """The whole log of one attempt as a download (streamed from disk, whatever its size)."""
+        """The whole log of one attempt as a download (streamed from disk or from the object, whatever its size)."""
         stage = _stage_or_404(request, dag_id, run_id, task_id)
+        store = _store(request)
         try:
-            log = attempt_log(_log_root(request), dag_id, run_id, stage, subtask, attempt, max_bytes=1)
+            log = attempt_log(store, dag_id, run_id, stage, subtask, attempt, max_bytes=1)
             # The file opened under the store's rules is the one streamed: no second open by name.
-            handle = open_attempt_log(_log_root(request), log)
+            handle = open_attempt_log(store, log)
         except NotFoundError as exc:
             raise _not_found(str(exc), dag_id, run_id) from None
         name = safe_component(f"{dag_id}-{stage}-subtask{subtask}-attempt{log.attempt}") + ".log"
         # text/plain with nosniff (the middleware): a browser never renders an attempt's output as a page.
-        plan = plan_of(StageLayout.over(_store(request), dag_id, run_id, stage))
+        plan = plan_of(StageLayout.over(store, dag_id, run_id, stage))
         return StreamingResponse(redact_lines(handle, plan), media_type="text/plain; charset=utf-8",
                                  headers={**_NO_STORE, "Content-Disposition": f'attachment; filename="{name}"'})
 
@@ -246,11 +249,6 @@ def _store(request: Request) -> StoreBackend:
     from airflow_provider_speculative.settings import configured_store
 
     return configured_store()
-
-
-def _log_root(request: Request) -> Path:
-    """The root attempt logs are read under (by path: local files); a store without paths refuses their reads."""
-    return layout_root(_store(request))
 
 
 def _check_directory(store: StoreBackend, path: Path) -> None:

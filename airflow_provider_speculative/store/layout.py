@@ -28,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import tempfile
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -465,3 +466,20 @@ class StageLayout:
                 except ValueError:
                     continue
         return sorted(numbers)
+
+
+def local_root() -> Path:
+    """Where this host keeps attempts' local working directories: ``$AIRFLOW_HOME/speculative-local`` (else tmp's)."""
+    home = os.environ.get("AIRFLOW_HOME")
+    return (Path(home) if home else Path(tempfile.gettempdir())) / "speculative-local"
+
+
+def local_attempt_dir(layout: StageLayout, subtask: int, attempt: int) -> Path:
+    """The local working directory of an attempt whose store has no paths: its supervisor's log, never the store.
+
+    :func:`local_root`, then a digest of the store's URL (two stores never share a directory; the URL carries no
+    credential) and the attempt's name there. Computed without I/O, the same on every host (``backends/supervised.py``
+    launches there; ``control/attemptlog.py`` says where a running attempt's log is, and reads it on that host).
+    """
+    digest = hashlib.sha256(layout.store.url.encode()).hexdigest()[:16]
+    return local_root() / digest / layout.name(layout.attempt_dir(subtask, attempt))

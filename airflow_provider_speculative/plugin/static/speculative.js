@@ -606,8 +606,11 @@
         h("a", {href: "stage?" + query({task_id: TASK_ID}), id: "stage-link"}, "back to the stage")),
       h("p", {class: "sub", id: "log-path"}, "store: " + d.path + (d.truncated
         ? ` (showing the last ${d.size - d.start} of ${d.size} bytes)` : ` (${d.size} bytes)`)));
-    if (!d.exists) frag.append(h("p", {class: "message", id: "log-missing"}, "The attempt has written no log yet."));
-    else frag.append(h("p", {class: "sub"}, h("a", {id: "log-download", href: "../api/log/download?" + query(
+    // The note (a running attempt's log on S3: where it is meanwhile) is text, as everything h() appends.
+    if (d.note) frag.append(h("p", {class: "message", id: "log-note"}, d.note));
+    if (!d.exists) {
+      if (!d.note) frag.append(h("p", {class: "message", id: "log-missing"}, "The attempt has written no log yet."));
+    } else frag.append(h("p", {class: "sub"}, h("a", {id: "log-download", href: "../api/log/download?" + query(
       {task_id: TASK_ID, subtask: d.subtask, attempt: d.attempt})}, `download the whole log (${d.size} bytes)`)));
     // textContent only: the log is whatever the application printed.
     frag.append(h("pre", {id: "log-text", class: "log"}, d.text));

@@ -138,16 +138,17 @@ def test_the_cli_reads_and_collects_the_configured_s3_store(store: MemoryBackend
     assert report["summary"]["removed"] == 1 and not store.list_names(layout.name(layout.data(0, 1)))
 
 
-def test_attempt_logs_of_an_s3_store_are_refused_by_name_not_read_as_missing(
-        store: MemoryBackend, capsys: pytest.CaptureFixture[str]) -> None:
+def test_attempt_logs_of_an_s3_store_are_read_by_name(
+        store: MemoryBackend, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     from airflow_provider_speculative.cli import commands
 
-    _write_run(store)
-    with pytest.raises(SystemExit):
-        commands.logs(SimpleNamespace(dag_id=DAG, run_id=RUN, stage="scan", subtask=0, attempt=0, tail_bytes=1024,
-                                      follow=False, interval=1.0, output="json"))
-    err = capsys.readouterr().err
-    assert f"{S3_ROOT}/" in err and "not a local directory" in err
+    layout = _write_run(store)
+    store.replace(layout.name(layout.log(0, 0)), b"driver output\n")
+    no_paths(monkeypatch)
+    commands.logs(SimpleNamespace(dag_id=DAG, run_id=RUN, stage="scan", subtask=0, attempt=0, tail_bytes=1024,
+                                  follow=False, interval=1.0, output="json"))
+    shown = json.loads(capsys.readouterr().out)
+    assert (shown["text"], shown["path"]) == ("driver output\n", f"{S3_ROOT}/{layout.name(layout.log(0, 0))}")
     assert issubclass(NotALocalPathError, TypeError)
 
 

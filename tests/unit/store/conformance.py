@@ -405,7 +405,7 @@ class BackendConformance:
             calls.append(lambda: backend.claim(name))
         if name != f"a/{OWNER_FILE}":  # reading or listing a marker by name is harmless; writing one is not
             calls += [lambda: backend.read(name), lambda: backend.read_json(name), lambda: backend.stat(name),
-                      lambda: backend.read_journal(name)]
+                      lambda: backend.read_journal(name), lambda: backend.read_range(name, 0, 1)]
             if name:  # "" is the root: listing it is fine
                 calls += [lambda: backend.list_names(name), lambda: backend.children(name)]
         for call in calls:
@@ -422,3 +422,14 @@ class BackendConformance:
             backend.read_json("d/r/s/committed.json")
         assert "d/r/s/committed.json" in backend.describe("d/r/s/committed.json")
         assert backend.url in repr(backend)
+
+    # -- ranged reads ----------------------------------------------------------------------------------
+
+    def test_a_ranged_read_returns_the_range_and_nothing_past_the_end(self, backend: StoreBackend) -> None:
+        data = b"".join(b"line %d\n" % i for i in range(100))
+        backend.replace("d/r/s/subtask=0/attempt=0/spark-submit.log", data)
+        name = "d/r/s/subtask=0/attempt=0/spark-submit.log"
+        assert backend.read_range(name, 10, 20) == data[10:30]
+        assert backend.read_range(name, len(data) - 4, 100) == data[-4:]
+        assert backend.read_range(name, len(data), 100) == b""
+        assert backend.read_range("d/r/s/missing.log", 0, 10) is None

@@ -26,6 +26,7 @@ class MemoryBackend(StoreBackend):
         self.journals: dict[str, list[dict[str, Any]]] = {}
         self.lock = threading.Lock()
         self.reads = 0
+        self.ranged_reads = 0
         self.listings = 0
         self.stats = 0
         self.marker_reads = 0
@@ -106,3 +107,10 @@ class MemoryBackend(StoreBackend):
 
     def _delete_tree(self, prefix: str, names: list[str]) -> int:
         return sum(self._delete(name) for name in names)
+
+    def _read_range(self, name: str, offset: int, length: int) -> bytes | None:
+        # Counted as a read, as S3 counts a ranged GetObject; only the range is handed back.
+        self.reads += 1
+        self.ranged_reads += 1
+        data = self.objects.get(name)
+        return None if data is None else data[offset:offset + length]
