@@ -283,8 +283,12 @@ class StageScheduler:
 
     @property
     def wants_slots(self) -> bool:
-        """Whether the next Tick may launch: originals waiting or not decided yet, or copies wanted (O(1))."""
-        return bool(self._queue.wanting or self._book.dirty or self.slow_subtasks)
+        """Whether the next Tick may launch: originals waiting or not decided yet, or copies possible (O(1)).
+
+        With speculation on, any tick before every subtask is done may find a slow subtask and want a copy.
+        """
+        return bool(self._queue.wanting or self._book.dirty or self.slow_subtasks) or (
+            self.speculation_enabled and len(self.admitted) + len(self.reused) < self.parallelism)
 
     def done_subtasks(self) -> set[int]:
         """Subtasks with an admitted or reused result."""
