@@ -64,6 +64,7 @@ from airflow_provider_speculative.core.messages import (
     Tick,
 )
 from airflow_provider_speculative.core.plan import StagePlan
+from airflow_provider_speculative.core.priority import CRITICAL_PATH, claimable_slots, published_pending
 from airflow_provider_speculative.core.scheduler import StageScheduler
 from airflow_provider_speculative.core.slots import TargetView
 from airflow_provider_speculative.core.speed import probe_candidates, run_slowness
@@ -71,6 +72,7 @@ from airflow_provider_speculative.core.states import TERMINAL, Attempt, AttemptS
 from airflow_provider_speculative.core.summary import StageSummary
 from airflow_provider_speculative.core.trigger_events import ControllerEvent, TriggerStatus
 from airflow_provider_speculative.store import changes
+from airflow_provider_speculative.store.demand import DemandBoard
 from airflow_provider_speculative.store.journal import Journal
 from airflow_provider_speculative.store.layout import StageLayout, stage_key
 from airflow_provider_speculative.store.results import discard_attempt_output
@@ -162,6 +164,9 @@ class StageController:
         self.watcher = watcher if watcher is not None else TargetWatcher(
             self.config, plan.get("targets") or {}, self.target_env, self.slots.stores)
         self.views: dict[str, TargetView] = {}
+        # slot_priority = critical_path: this stage run's demand, and that of the stages of its run ahead of it.
+        self.demand = (DemandBoard(self.layout, plan, tuple(t.name for t in self.config.targets))
+                       if self.config.slot_priority == CRITICAL_PATH else None)
         self._lost_seen: set[str] = set()
         # Hybrid inputs (FLIP-235): the producers' admissions, read from their store as they happen (open()).
         self.hybrid: HybridInputWatcher | None = None
@@ -252,6 +257,13 @@ class StageController:
         self.reaping |= stored.reaping
         self.scheduler.handle(Restored(tuple(stored.attempts), stored.admitted, self._shared_blocks()))
         self.slots.restore()
+        if self.demand is not None:
+            # Before the first step: a stage of lower priority starting meanwhile sees this one waiting.
+            attempts = self.scheduler.attempts
+            waiting = sum(1 for subtask in range(self.plan["parallelism"])
+                          if subtask not in self.scheduler.admitted and subtask not in self.scheduler.reused
+                          and not any(a.possible_to_finish for a in attempts.get(subtask, {}).values()))
+            self._publish_demand(waiting, self.clock())
         if stored.attempts:
             self.journal(Event.RESTORED, attempts=len(stored.attempts), admitted=stored.admitted)
 
@@ -293,6 +305,7 @@ class StageController:
             # Decided, but a cancelled loser may still be dying: keep reaping it, or `done` never turns true.
             self._reap(self.clock())
             self._release_slots()
+            self._publish_demand(0, self.clock())
             return []
         now = self.clock()
         # Blocks other stages of the run added, then what changed, then decide.
@@ -328,6 +341,7 @@ class StageController:
             actions += self._run([self._observe_targets(now), Tick(now)], now)
             self._release_slots()
         self._live_stale = self._live_stale or bool(actions) or changed
+        self._publish_demand(0 if self.result is not None else self.scheduler.originals_waiting, now)
         self._persist_blocks()
         if changed or actions or now - self._summary_at >= SUMMARY_REFRESH:
             # summary.json is O(subtasks): rewritten when something changed, else every SUMMARY_REFRESH.
@@ -348,10 +362,28 @@ class StageController:
         own: dict[str, int] = {}
         for target, _, _ in self.slots.held.values():
             own[target] = own.get(target, 0) + 1
-        return TargetsObserved(free={name: v.free for name, v in self.views.items()},
+        free, yielded = self._claimable({name: v.free for name, v in self.views.items()}, now)
+        return TargetsObserved(free=free, yielded=yielded,
                                capacity={name: v.capacity for name, v in self.views.items()},
                                lost_targets=lost_targets, lost_nodes=dict(self.watcher.lost_nodes),
                                others={name: max(0, v.held - own.get(name, 0)) for name, v in self.views.items()})
+
+    def _claimable(self, free: dict[str, int], now: float) -> tuple[dict[str, int], dict[str, int]]:
+        """The free slots this stage run may claim, and those it leaves to stages ahead of it (core/priority.py).
+
+        The demand of the stages ahead is read only when it can change something: this stage may launch and
+        one of its targets has a free slot.
+        """
+        if self.demand is None or not self.demand.ahead or not self.scheduler.wants_slots or not any(free.values()):
+            return free, {}
+        return claimable_slots(free, self.demand.priority, self.demand.read(now), self.demand.stage, now)
+
+    def _publish_demand(self, waiting: int, now: float) -> None:
+        """Publish the originals this stage run waits to launch (bounded by its targets' capacity)."""
+        if self.demand is not None:
+            capacity = (sum(v.capacity for v in self.views.values()) if self.views
+                        else sum(t.slots for t in self.config.targets))
+            self.demand.publish(published_pending(waiting, capacity), now)
 
     def _release_slots(self) -> int:
         return self.slots.release_over(self.scheduler.attempts, self.reaping, decided=self.result is not None)
@@ -629,6 +661,7 @@ class StageController:
                           admitted=self.scheduler.admitted, slots=self.slots, reason=reason,
                           kill_grace=max(b.kill_grace for b in [self.observer, *self.backends.values()]),
                           clock=self.clock)
+        self._publish_demand(0, self.clock())
 
     # -- records ----------------------------------------------------------------------------
 

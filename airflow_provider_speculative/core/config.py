@@ -44,6 +44,10 @@ class Target:
 LOCAL_CONF = {"spark.ui.enabled": "false"}
 # The api-server connection a stage ending in the triggerer records its asset event through, if it is defined.
 DEFAULT_ASSET_EVENTS_CONN_ID = "speculative_api"
+# slot_priority's values (core/priority.py): the chain after a stage first, or first come, first served.
+CRITICAL_PATH = "critical_path"
+FIFO = "fifo"
+SLOT_PRIORITIES = (CRITICAL_PATH, FIFO)
 DEFAULT_TARGETS: tuple[Target, ...] = (
     Target(name="local-a", conn_id="spark_default", slots=2, conf=LOCAL_CONF),
     Target(name="local-b", conn_id="spark_default", slots=2, conf=LOCAL_CONF),
@@ -586,6 +590,15 @@ class SpeculativeConfig:
         manual="how long a stage waits for a live slot (every target lost, or a reactive target without an alive "
                "worker) before it fails naming pipeline, stage and targets (> 0); see [Targets and "
                "slots](#targets-and-slots)")
+    slot_priority: str = _option(
+        CRITICAL_PATH, lambda n, v, w: _choice(n, v, w, SLOT_PRIORITIES),
+        "Order of slot claims between stage runs of one DAG run sharing a target: 'critical_path' (a stage with a "
+        "longer chain of stages after it claims free slots first) or 'fifo' (first come, first served).",
+        manual="order of slot claims between the stage runs of one DAG run that share a target: `critical_path` = a "
+               "stage whose chain of downstream stages is longer (estimated in waves of the targets' slots from the "
+               "pipeline graph) claims free slots first, and a stage behind it leaves as many free slots as the stages "
+               "ahead of it have originals waiting (never more, so nothing starves); `fifo` = first come, first "
+               "served. See [Targets and slots](#targets-and-slots)")
     hybrid_min_admitted_share: float = _float_option(
         0.5, "A consumer of an all_to_all hybrid exchange starts once this share of its producers is admitted, and "
              "reads the rest as they are admitted (0 < s <= 1).",

@@ -99,6 +99,9 @@ class TargetsObserved:
     lost_nodes: Mapping[str, str] = field(default_factory=dict)
     # Slots of each target other stage runs hold now: this stage's attempts there share it (Attempt.shared).
     others: Mapping[str, int] = field(default_factory=dict)
+    # Free slots of each target left to higher-priority stage runs of the DAG run (core/priority.py): not in
+    # ``free``; only shown while the stage waits.
+    yielded: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from airflow_provider_speculative.core.copartition import (
 )
 from airflow_provider_speculative.core.graph import ExchangeSpec, PipelineGraph, SourceSpec, split_files
 from airflow_provider_speculative.core.parallelism import decide_parallelism, exchange_ranges, skew_message
+from airflow_provider_speculative.core.priority import priority_slots, stage_priorities
 from airflow_provider_speculative.exceptions import PlanError
 
 # 2: exchanges by producer and subpartition range; shared input descriptions under plan["inputs"].
@@ -72,6 +73,8 @@ class StagePlan(_PlanKeys, total=False):
     # logical date); absent from older plans.
     task_id: str
     run_after: str | None
+    # Every stage of the pipeline -> its slot claim priority (core/priority.py); absent from older plans.
+    priorities: dict[str, int]
 
 
 def load_plan(raw: Any, where: str) -> StagePlan:
@@ -190,6 +193,7 @@ def plan_stage(
         "subtasks": subtasks,
         "config": config.to_json(),
         "speculation_blocker": speculation_blocker,
+        "priorities": stage_priorities(graph, priority_slots(config)),
         **context,
     }
     plan["fingerprint"] = fingerprint(plan)

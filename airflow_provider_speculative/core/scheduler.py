@@ -188,6 +188,8 @@ class StageScheduler:
     lost_nodes: dict[str, str] = field(default_factory=dict)
     # Slots of each target other stage runs held at the last TargetsObserved (only targets with some).
     others: dict[str, int] = field(default_factory=dict)
+    # Free slots of each target this stage left to higher-priority stage runs at the last TargetsObserved.
+    yielded: dict[str, int] = field(default_factory=dict)
     # Attempts that failed or were cancelled because their target or node was lost: not their fault.
     target_lost: set[tuple[int, int]] = field(default_factory=set)
     waiting_for_slot_since: float | None = None
@@ -273,6 +275,20 @@ class StageScheduler:
         if not self.hybrid or subtask not in self.input_blocked:
             return None
         return waiting_for(self.hybrid, subtask, self.input_admitted, self.input_committed)
+
+    @property
+    def originals_waiting(self) -> int:
+        """Subtasks that waited for a slot for an original attempt after the last Tick (O(1))."""
+        return len(self._queue.wanting)
+
+    @property
+    def wants_slots(self) -> bool:
+        """Whether the next Tick may launch: originals waiting or not decided yet, or copies possible (O(1)).
+
+        With speculation on, any tick before every subtask is done may find a slow subtask and want a copy.
+        """
+        return bool(self._queue.wanting or self._book.dirty or self.slow_subtasks) or (
+            self.speculation_enabled and len(self.admitted) + len(self.reused) < self.parallelism)
 
     def done_subtasks(self) -> set[int]:
         """Subtasks with an admitted or reused result."""
@@ -416,6 +432,7 @@ class StageScheduler:
         self.free_slots = dict(seen.free)
         self.capacity = dict(seen.capacity)
         self.others = {name: n for name, n in seen.others.items() if n > 0}
+        self.yielded = {name: n for name, n in seen.yielded.items() if n > 0}
         self._mark_shared(self.others)
         if any(t not in self.lost_targets for t in seen.lost_targets) or any(
                 n not in self.lost_nodes for n in seen.lost_nodes):
@@ -950,6 +967,10 @@ class StageScheduler:
             return (f"waiting for a live slot on targets {names} for {now - self.waiting_for_slot_since:.0f}s "
                     f"(fails after slot_wait_timeout = {self.config.slot_wait_timeout:g}s)")
         if self._queue.wanting and self.free_slots is not None and not any(self.free_slots.values()):
+            if self.yielded:
+                left = sum(self.yielded.values())
+                return (f"waiting for a free slot on targets {names} ({left} free slot{'s' if left != 1 else ''} "
+                        "left to stages of the run ahead on the critical path, the rest held by running attempts)")
             return f"waiting for a free slot on targets {names} (held by running attempts)"
         return None
 

@@ -64,6 +64,7 @@ EXPIRED_FILE = "expired.json"
 TASK_STATE_FILE = "task.json"
 HYBRID_WAIT_FILE = "hybrid_wait.json"
 ASSET_EVENTS_FILE = "asset_events.json"
+DEMAND_FILE = "demand.json"
 # In a subtask's directory:
 ADMITTED_FILE = "admitted.json"
 # In an attempt's directory:
@@ -387,6 +388,11 @@ class StageLayout:
     def asset_events(self) -> Path:
         """The asset events recorded through the api-server for this stage run's commit."""
         return self.dir / ASSET_EVENTS_FILE
+
+    @property
+    def demand(self) -> Path:
+        """The slots this stage run waits for, at its priority (store/demand.py, ``slot_priority``)."""
+        return self.dir / DEMAND_FILE
 
     def subtask_dir(self, subtask: int) -> Path:
         """Directory of one subtask."""

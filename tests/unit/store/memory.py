@@ -37,6 +37,11 @@ class MemoryBackend(StoreBackend):
         """A name for errors, and the root's URL in the process's cache of opened stores."""
         return self._url
 
+    @property
+    def writes(self) -> int:
+        """Objects created or replaced so far (each one request on S3)."""
+        return self._writes
+
     def _put(self, name: str, data: bytes) -> None:
         # Caller holds the lock. A logical clock: every write has a newer mtime and its own ETag, as on S3.
         self._writes += 1
