@@ -13,15 +13,17 @@ reads the keys from the environment of its own process.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_speculative.core.paths import split_object_url
+from airflow_provider_speculative.core.plan import plan_uses_s3
 from airflow_provider_speculative.exceptions import PlanError
 
 # Defined with the store (an attempt's runtime opens an S3 store from the environment without this layer).
-from airflow_provider_speculative.store.roots import S3Settings, settings_from_environment
+from airflow_provider_speculative.store.roots import S3Settings, environment_of, settings_from_environment
 
-__all__ = ["S3Settings", "fs_path", "s3_filesystem", "s3_settings", "settings_from_connection",
+__all__ = ["S3Settings", "attempt_s3_env", "fs_path", "s3_filesystem", "s3_settings", "settings_from_connection",
            "settings_from_environment", "spark_s3_conf"]
 
 if TYPE_CHECKING:
@@ -53,6 +55,41 @@ def s3_settings(conn_id: str, where: str) -> S3Settings:
         raise PlanError(f"{where}: the S3 connection {conn_id!r} ([speculative] s3_conn_id) cannot be read "
                         f"({type(exc).__name__})") from None
     return settings_from_connection(conn, conn_id)
+
+
+async def attempt_s3_env(plan: Mapping[str, Any]) -> dict[str, str]:
+    """The AWS environment a stage run's attempts get from ``[speculative] s3_conn_id`` (empty: they inherit theirs).
+
+    Resolved once per stage run in the controller's process (the triggerer: the async lookup), only when the
+    stage's store or one of its sources is on S3. The values go into the launch environment only (core/contract.py
+    ``attempt_env``): never plan.json, a journal, argv or a log; the secrets are registered with Airflow's masker.
+    """
+    config = plan.get("config")
+    conn_id = str(config.get("s3_conn_id") or "") if isinstance(config, Mapping) else ""
+    if not conn_id or not plan_uses_s3(plan):
+        return {}
+    from airflow.sdk import BaseHook
+
+    try:
+        conn = await BaseHook.aget_connection(conn_id)
+    except Exception as exc:  # AirflowNotFoundException, or a secrets backend's own error
+        # Its text can quote the connection's URI, secrets included: name only its type.
+        raise PlanError(f"pipeline {plan.get('pipeline')!r}, stage {plan.get('stage')!r}: the S3 connection "
+                        f"{conn_id!r} ([speculative] s3_conn_id) for the attempts cannot be read "
+                        f"({type(exc).__name__})") from None
+    settings = settings_from_connection(conn, conn_id)
+    _mask(settings.secrets)
+    return environment_of(settings)
+
+
+def _mask(secrets: tuple[str, ...]) -> None:
+    """Register ``secrets`` with Airflow's masker, so a log line of this process that quotes one shows ``***``."""
+    try:
+        from airflow.sdk._shared.secrets_masker import mask_secret
+    except ImportError:  # pragma: no cover - another Airflow layout: the values are never logged here anyway
+        return
+    for secret in secrets:
+        mask_secret(secret)
 
 
 def s3_filesystem(settings: S3Settings) -> FileSystem:

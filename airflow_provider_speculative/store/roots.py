@@ -69,6 +69,20 @@ def settings_from_environment(environ: Mapping[str, str] | None = None) -> S3Set
         source="environment")
 
 
+def environment_of(credentials: S3Credentials) -> dict[str, str]:
+    """``credentials`` as the standard AWS environment (what :func:`settings_from_environment` reads back).
+
+    For an attempt's launch environment only (never a document, an argument or a log line). The endpoint goes in
+    ``AWS_ENDPOINT_URL_S3`` and ``AWS_ENDPOINT_URL``, the region in ``AWS_REGION`` and ``AWS_DEFAULT_REGION``, so
+    every AWS client reads the same; a field that is not set is absent.
+    """
+    values = {"AWS_ACCESS_KEY_ID": credentials.access_key, "AWS_SECRET_ACCESS_KEY": credentials.secret_key,
+              "AWS_SESSION_TOKEN": credentials.session_token, "AWS_ENDPOINT_URL_S3": credentials.endpoint_url,
+              "AWS_ENDPOINT_URL": credentials.endpoint_url, "AWS_REGION": credentials.region,
+              "AWS_DEFAULT_REGION": credentials.region}
+    return {name: str(value) for name, value in values.items() if value}
+
+
 ConnectionResolver = Callable[[str], S3Credentials]
 
 _lock = threading.Lock()
