@@ -21,7 +21,12 @@ from airflow_provider_speculative.core.plan import plan_uses_s3
 from airflow_provider_speculative.exceptions import PlanError
 
 # Defined with the store (an attempt's runtime opens an S3 store from the environment without this layer).
-from airflow_provider_speculative.store.roots import S3Settings, environment_of, settings_from_environment
+from airflow_provider_speculative.store.roots import (
+    S3Settings,
+    environment_of,
+    settings_from_environment,
+    spark_s3_conf,
+)
 
 __all__ = ["S3Settings", "attempt_s3_env", "fs_path", "s3_filesystem", "s3_settings", "settings_from_connection",
            "settings_from_environment", "spark_s3_conf"]
@@ -107,29 +112,6 @@ def s3_filesystem(settings: S3Settings) -> FileSystem:
         kwargs.update(endpoint_override=endpoint.netloc or endpoint.path, scheme=endpoint.scheme or "https",
                       force_virtual_addressing=False)
     return S3FileSystem(**kwargs)
-
-
-def spark_s3_conf(settings: S3Settings) -> dict[str, str]:
-    """Spark settings that let s3a serve ``s3://`` and ``s3a://`` paths at ``settings``' endpoint (no secret).
-
-    The keys reach s3a through the environment of the Spark process (its default credential chain reads
-    ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY``), never through Spark configuration.
-    """
-    from urllib.parse import urlsplit
-
-    conf = {"spark.hadoop.fs.s3.impl": "org.apache.hadoop.fs.s3a.S3AFileSystem"}
-    if settings.region:
-        conf["spark.hadoop.fs.s3a.endpoint.region"] = settings.region
-    if settings.endpoint_url:
-        endpoint = urlsplit(settings.endpoint_url)
-        conf.update({
-            "spark.hadoop.fs.s3a.endpoint": settings.endpoint_url,
-            # A private endpoint (MinIO, Ceph, a test server) serves buckets as paths, not as host names.
-            "spark.hadoop.fs.s3a.path.style.access": "true",
-            "spark.hadoop.fs.s3a.connection.ssl.enabled": "true" if endpoint.scheme == "https" else "false",
-        })
-        conf.setdefault("spark.hadoop.fs.s3a.endpoint.region", settings.region or "us-east-1")
-    return conf
 
 
 def fs_path(url: str) -> str:

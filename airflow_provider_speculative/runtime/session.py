@@ -67,8 +67,7 @@ def s3a_defaults(environ: Mapping[str, str], local_store: bool) -> dict[str, str
     endpoint, which a private S3 service (MinIO, Ceph, the suite's) needs. Only for a store on S3 or an endpoint
     in the environment; a ``--conf`` of the target or stage for the same key wins (the caller skips those).
     """
-    from airflow_provider_speculative.hooks.objectstore import spark_s3_conf
-    from airflow_provider_speculative.store.roots import settings_from_environment
+    from airflow_provider_speculative.store.roots import settings_from_environment, spark_s3_conf
 
     settings = settings_from_environment(environ)
     if local_store and not settings.endpoint_url:
