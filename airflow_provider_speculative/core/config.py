@@ -257,6 +257,11 @@ def _s3_store_problem(text: str) -> str | None:
     return None
 
 
+def s3_store_url_problem(text: str) -> str | None:
+    """Why ``text`` (an ``s3://`` or ``s3a://`` URL) is not a usable store root, never echoing it; None if it is."""
+    return _s3_store_problem(text)
+
+
 def _redacted(text: str) -> str:
     """A store URL as messages show it: any ``user:password@`` replaced."""
     scheme, sep, rest = text.partition("://")
