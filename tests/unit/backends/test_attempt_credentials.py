@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import subprocess
 from pathlib import Path
@@ -118,7 +119,9 @@ def _store_bytes(root: Path) -> bytes:
 
 
 def test_the_secret_reaches_the_attempt_in_its_environment_only(connection: None, tmp_path: Path,
-                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+                                                                monkeypatch: pytest.MonkeyPatch,
+                                                                caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
     plan = s3_source_plan(tmp_path / "store")
     layout = write_plan(plan)
     env = asyncio.run(StageControllerTrigger._attempt_env(plan))
@@ -151,3 +154,4 @@ def test_the_secret_reaches_the_attempt_in_its_environment_only(connection: None
     assert (launched["AWS_SECRET_ACCESS_KEY"], launched["AWS_SESSION_TOKEN"]) == (SECRET, TOKEN)
     assert os.environ["AWS_SESSION_TOKEN"] == "launcher-token"  # the launcher's own environment is untouched
     assert SECRET.encode() not in _store_bytes(tmp_path / "store")
+    assert SECRET not in caplog.text and TOKEN not in caplog.text  # no log line of the launch names them
