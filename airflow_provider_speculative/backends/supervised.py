@@ -28,7 +28,7 @@ import psutil
 
 from airflow_provider_speculative.backends.base import LaunchSpec
 from airflow_provider_speculative.backends.identity import same_process
-from airflow_provider_speculative.core.contract import LAUNCHED_AT_ENV
+from airflow_provider_speculative.core.contract import LAUNCHED_AT_ENV, inherited_env
 from airflow_provider_speculative.core.states import (
     HEARTBEAT_STALE_AFTER,
     LIVE_PHASES,
@@ -143,8 +143,11 @@ class SupervisedBackend:
     def launch_env(self, spec: LaunchSpec) -> dict[str, str]:
         """The attempt's environment: the launcher's, the plan's, and what the runtime needs to know."""
         # The driver's Python must be the one with pyspark and this package: the launcher's own.
-        return {"PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable, **os.environ,
-                **spec.env, "SPECULATIVE_NODE": spec.node, LAUNCHED_AT_ENV: str(time.time())}
+        # S3 credentials in ``spec.env`` (the stage's connection, or the target's own) replace the launcher's whole
+        # AWS set (core/contract.py ``inherited_env``). Environment only: never argv, which ``ps`` shows.
+        return {"PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable,
+                **inherited_env(os.environ, spec.env), "SPECULATIVE_NODE": spec.node,
+                LAUNCHED_AT_ENV: str(time.time())}
 
     def poll(self, subtask: int, attempt: int, now: float | None = None) -> Attempt:
         """Read one attempt's state from the store, checking that a live one's process still exists."""

@@ -7,7 +7,8 @@ neither Airflow nor Spark, so it starts in milliseconds. Forked from the fork se
 
 On a POSIX store ``--status`` and ``--manifest`` are paths in the attempt's directory and ``--log`` is the
 attempt's log there. With ``--store URL`` (a store without paths, S3) they are store names read and written
-through that store (opened with the AWS environment, as an attempt opens it: never a connection), ``--log`` is a
+through that store (opened with the AWS environment, as an attempt opens it: never a connection itself; the
+launcher puts ``[speculative] s3_conn_id``'s credentials there, core/contract.py ``attempt_env``), ``--log`` is a
 local file (the launcher's working directory for the attempt) and ``--log-name`` the name it is uploaded to when
 the attempt ends, before its final status, so a reader that sees the end finds the log.
 """

@@ -32,7 +32,7 @@ from airflow_provider_speculative.control.slotledger import SlotLedger
 from airflow_provider_speculative.control.speedcheck import CHECK_TIMEOUT, check_needed, check_speeds
 from airflow_provider_speculative.control.summary import stage_summary
 from airflow_provider_speculative.core.config import SpeculativeConfig
-from airflow_provider_speculative.core.contract import REMOTE_ENV
+from airflow_provider_speculative.core.contract import REMOTE_ENV, attempt_env
 from airflow_provider_speculative.core.events import Event
 from airflow_provider_speculative.core.failover import input_readers
 from airflow_provider_speculative.core.faults import Faults
@@ -615,8 +615,8 @@ class StageController:
             self.slots.release(key)
             return [ClaimLost(self.observer.poll(action.subtask, action.attempt, now))]
         command = attempt_command(self.plan, self.layout, action.subtask, action.attempt, target.name)
-        env = {**(self.plan["targets"][target.name].get("env") or {}), **self.target_env.get(target.name, {}),
-               **self.extra_env, **self.faults.attempt_env(str(self.layout.barrier_release(action.subtask)))}
+        env = attempt_env(self.plan["targets"][target.name].get("env") or {}, self.target_env.get(target.name, {}),
+                          self.extra_env, self.faults.attempt_env(str(self.layout.barrier_release(action.subtask))))
         try:
             # YARN and Kubernetes submissions are kept off the nodes blocked now (backends/spark_submit.py).
             backend.launch(LaunchSpec(action.subtask, action.attempt, target.name, target.node_label,

@@ -10,6 +10,7 @@ from typing import Any
 from airflow_provider_speculative.backends.base import LaunchSpec
 from airflow_provider_speculative.backends.registry import attempt_observer, plan_backends
 from airflow_provider_speculative.core.config import SpeculativeConfig, Target
+from airflow_provider_speculative.core.contract import attempt_env
 from airflow_provider_speculative.core.events import Event
 from airflow_provider_speculative.core.plan import StagePlan, load_plan
 from airflow_provider_speculative.core.states import AttemptState
@@ -80,8 +81,8 @@ class PartitionRecovery:
         if not self.backend.claim(self.subtask, number, record):
             self.attempt = number  # another controller launched it: adopt
             return
-        env = {**(self.plan["targets"][target.name].get("env") or {}), **self.target_env.get(target.name, {}),
-               **self.env}
+        env = attempt_env(self.plan["targets"][target.name].get("env") or {}, self.target_env.get(target.name, {}),
+                          self.env)
         self.backends[target.name].launch(LaunchSpec(self.subtask, number, target.name, target.node_label, False,
                                        attempt_command(self.plan, self.layout, self.subtask, number, target.name),
                                        env))

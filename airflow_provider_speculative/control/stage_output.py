@@ -5,6 +5,11 @@ created (``scheduled__``, ``manual__``, asset-triggered, a custom id), while eve
 records the run's ``logical_date``. Scanning costs one small JSON read per run directory of that
 DAG, and only once per directory: a run's logical date never changes, so directories already seen
 with another date are skipped on later polls (cost linear in the DAG's runs, then in new runs).
+
+Every read goes by name through the store's backend: a POSIX root, or an ``s3://bucket/prefix`` root opened
+through ``store/roots.py`` with the credentials of connection ``conn_id`` (``[speculative] s3_conn_id``) where
+the Airflow layer resolves connections, else the AWS environment. The backend is opened on the first look, in
+the thread that looks (a first open may read an Airflow connection, which a triggerer's event loop must not).
 """
 
 from __future__ import annotations
@@ -16,9 +21,14 @@ from pathlib import Path
 from typing import Any
 
 from airflow_provider_speculative.core.readiness import Readiness, check_committed, describe_wait, same_instant
+from airflow_provider_speculative.core.states import TaskState
 from airflow_provider_speculative.exceptions import NotFoundError, StoreError
-from airflow_provider_speculative.store.backend import PosixBackend
+from airflow_provider_speculative.store.backend import StoreBackend
 from airflow_provider_speculative.store.layout import PLAN_FILE, StageLayout, safe_component, stage_key
+from airflow_provider_speculative.store.roots import is_s3_root, open_store
+
+# The longest failure reason of a stage task a sensor's message quotes.
+MAX_REASON = 300
 
 
 @dataclass(frozen=True)
@@ -44,18 +54,32 @@ class OutputObservation:
 class StageOutputLocator:
     """Watch ``<store>/<dag_id>/<run>/<stage>/committed.json`` of the run with ``logical_date`` (or ``run_id``)."""
 
-    def __init__(self, store_root: str | Path, dag_id: str, stage: str, *, logical_date: Any = None,
+    def __init__(self, store_root: str | Path | StoreBackend, dag_id: str, stage: str, *, logical_date: Any = None,
                  run_id: str | None = None, subtasks: Sequence[int] | None = None,
-                 subpartitions: Sequence[int] | None = None) -> None:
+                 subpartitions: Sequence[int] | None = None, conn_id: str = "") -> None:
         if (logical_date is None) == (run_id is None):
             raise ValueError(f"DAG {dag_id!r}, stage {stage!r}: give exactly one of logical_date and run_id")
-        self.root = Path(store_root)
-        self.store = PosixBackend(self.root)
+        # A POSIX root as a Path, as before; an object store's root by its URL (str(Path) would mangle "s3://").
+        self.root: str | Path | StoreBackend = store_root if isinstance(store_root, StoreBackend) or \
+            is_s3_root(store_root) else Path(store_root)
+        self.conn_id = conn_id
+        self._store: StoreBackend | None = store_root if isinstance(store_root, StoreBackend) else None
         self.dag_id, self.stage = dag_id, stage
         self.logical_date, self.run_id = logical_date, run_id
         self.subtasks = list(subtasks) if subtasks is not None else None
         self.subpartitions = list(subpartitions) if subpartitions is not None else None
         self._other_dates: set[str] = set()  # run directories of other logical dates (never rescanned)
+
+    @property
+    def store(self) -> StoreBackend:
+        """The watched store's backend, opened on first use (module docstring)."""
+        if self._store is None:
+            root = self.root
+            self._store = root if isinstance(root, StoreBackend) else open_store(root, conn_id=self.conn_id)
+        return self._store
+
+    def _layout(self, run_id: str, stage: str) -> StageLayout:
+        return StageLayout.over(self.store, self.dag_id, run_id, stage)
 
     def _subdirs(self, prefix: str) -> list[str]:
         """Names of the sub-prefixes right below ``prefix`` (one listing), in name order."""
@@ -93,10 +117,24 @@ class StageOutputLocator:
                                 "its task id")
         return named[0] if named else self.stage
 
+    @staticmethod
+    def _failed_try(layout: StageLayout) -> str:
+        """What to add when the stage task's last try failed or was stopped: the sensor still waits (a retry or a
+        clear may commit), but its log says why nothing comes."""
+        task: Any = None
+        with contextlib.suppress(StoreError):  # a torn task.json says nothing; looked at again next poll
+            task = layout.read_json(layout.task_state)
+        if not isinstance(task, dict) or task.get("state") not in (TaskState.FAILED, TaskState.KILLED):
+            return ""
+        # Written by the stage's operator, shown in a log line: one bounded line.
+        reason = " ".join(str(task.get("reason") or "no reason recorded").split())
+        shown = reason[:MAX_REASON] + ("..." if len(reason) > MAX_REASON else "")
+        return f"; its last try {task['state']}: {shown}"
+
     def _candidates(self) -> list[tuple[str, StageLayout]]:
         if self.run_id is not None:
             run_dir = f"{safe_component(self.dag_id)}/{safe_component(self.run_id)}"
-            return [(self.run_id, StageLayout(self.root, self.dag_id, self.run_id, self._stage_key(run_dir)))]
+            return [(self.run_id, self._layout(self.run_id, self._stage_key(run_dir)))]
         dag_dir = safe_component(self.dag_id)
         found: list[tuple[str, StageLayout]] = []
         for run_name in self._subdirs(dag_dir):
@@ -113,7 +151,7 @@ class StageOutputLocator:
                 self._other_dates.add(run_name)
                 continue
             run_id = str(plan.get("run_id") or run_name)
-            found.append((run_id, StageLayout(self.root, self.dag_id, run_id, self._stage_key(run_dir))))
+            found.append((run_id, self._layout(run_id, self._stage_key(run_dir))))
         return found
 
     def check(self) -> OutputObservation:
@@ -133,5 +171,7 @@ class StageOutputLocator:
         message = describe_wait(self.dag_id, self.stage, date, run_id, readiness, self.subtasks, self.subpartitions)
         if readiness.ready:
             message = f"DAG {self.dag_id!r}, stage {self.stage!r}, run {run_id!r}: committed output is there"
+        elif not readiness.committed:
+            message += self._failed_try(layout)
         return OutputObservation(run_id=run_id, readiness=readiness, message=message,
                                  committed_path=str(layout.committed) if readiness.committed else None)

@@ -261,6 +261,11 @@ def _s3_store_problem(text: str) -> str | None:
     return None
 
 
+def s3_store_url_problem(text: str) -> str | None:
+    """Why ``text`` (an ``s3://`` or ``s3a://`` URL) is not a usable store root, never echoing it; None if it is."""
+    return _s3_store_problem(text)
+
+
 def _redacted(text: str) -> str:
     """A store URL as messages show it: any ``user:password@`` replaced."""
     scheme, sep, rest = text.partition("://")
@@ -641,8 +646,8 @@ class SpeculativeConfig:
     experimental_s3_store: bool = _bool_option(
         False, "Accept an s3:// store_path (experimental: the fault tests have not run on S3 yet).",
         manual="accept an `s3://bucket/prefix` (or `s3a://`) `store_path`: the store on S3, with the credentials of "
-               "`s3_conn_id` or the AWS environment for the Airflow processes and the AWS environment for the "
-               "attempts. Experimental: the fault tests have not run on S3 yet; without it such a `store_path` is "
+               "`s3_conn_id` or the AWS environment (the attempts get the connection's in their launch environment). "
+               "Experimental: the fault tests have not run on S3 yet; without it such a `store_path` is "
                "refused naming the scheme. See [The store on S3](store.md#the-store-on-s3-experimental)")
     spark_history_url: str = _option(
         "", _history_url, "Spark history server URL for the UI's links to admitted attempts; empty: no link.",
@@ -668,8 +673,9 @@ class SpeculativeConfig:
         readme_default="empty",
         manual="an `aws` connection for `s3://` sources, listed and checked at plan (login = access key id, "
                "password = secret key, extras `endpoint_url`, `region_name`, `aws_session_token`); empty: the "
-               "standard AWS environment (`AWS_ACCESS_KEY_ID`, `AWS_ENDPOINT_URL_S3`, ...). Spark reads the files "
-               "with its own credentials; see [Sources on S3](store.md#sources-on-s3)")
+               "standard AWS environment (`AWS_ACCESS_KEY_ID`, `AWS_ENDPOINT_URL_S3`, ...). When a stage's store or "
+               "sources are on S3, its attempts get the connection as that environment (a Spark Connect server keeps "
+               "its own); see [Sources on S3](store.md#sources-on-s3)")
     targets: tuple[Target, ...] = _option(
         DEFAULT_TARGETS, _targets,
         "JSON list of targets: name, conn_id, slots (a number, or 'auto' with master_ui), node, conf.",

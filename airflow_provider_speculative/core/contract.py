@@ -6,6 +6,8 @@ and the controller that reads its end agree on one definition instead of retyped
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 # How an attempt's process exits (runtime/context.py sets them; backends/supervisor.py reads them).
 EXIT_FAILED = 1
 EXIT_PARTITION = 3  # an input partition is missing or corrupt: the controller reruns its producer
@@ -26,3 +28,31 @@ LAUNCHED_AT_ENV = "SPECULATIVE_LAUNCHED_AT"
 FAULTS_ENV = "SPECULATIVE_FAULT_INJECTION"
 # Fault injection hold_end: the release file whose existence lets a successful end be recorded.
 HOLD_END_ENV = "SPECULATIVE_HOLD_END"
+
+# The standard AWS environment an attempt, its supervisor and its Spark driver open an S3 store and S3 sources
+# with (store/roots.py ``settings_from_environment`` reads them; s3a's default chain reads the keys). They come as
+# one set: credentials from two sources are never mixed (a connection's keys with another session's token).
+S3_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3",
+          "AWS_ENDPOINT_URL", "AWS_REGION", "AWS_DEFAULT_REGION")
+
+
+def attempt_env(template: Mapping[str, str], target: Mapping[str, str], extra: Mapping[str, str],
+                faults: Mapping[str, str] | None = None) -> dict[str, str]:
+    """What the controller adds to an attempt's environment: the target's, then the stage run's, then faults.
+
+    ``template`` is the plan's launch template ``env``, ``target`` what the trigger resolved for the target
+    (a Connect URL), ``extra`` the stage run's (sink connections, OpenLineage, the S3 credentials of
+    ``[speculative] s3_conn_id``). A target whose own environment names any of :data:`S3_ENV` keeps its whole
+    set: the connection's S3 variables are then left out, never mixed in.
+    """
+    own = {**template, **target}
+    if any(name in own for name in S3_ENV):
+        extra = {k: v for k, v in extra.items() if k not in S3_ENV}
+    return {**own, **extra, **(faults or {})}
+
+
+def inherited_env(environ: Mapping[str, str], env: Mapping[str, str]) -> dict[str, str]:
+    """The launcher's ``environ`` under an attempt's ``env``, whose :data:`S3_ENV` replaces the inherited set."""
+    if any(name in env for name in S3_ENV):
+        environ = {k: v for k, v in environ.items() if k not in S3_ENV}
+    return {**environ, **env}

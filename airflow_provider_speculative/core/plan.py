@@ -17,6 +17,7 @@ from airflow_provider_speculative.core.copartition import (
 )
 from airflow_provider_speculative.core.graph import ExchangeSpec, PipelineGraph, SourceSpec, split_files
 from airflow_provider_speculative.core.parallelism import decide_parallelism, exchange_ranges, skew_message
+from airflow_provider_speculative.core.paths import is_object_url
 from airflow_provider_speculative.core.priority import priority_slots, stage_priorities
 from airflow_provider_speculative.exceptions import PlanError
 
@@ -399,3 +400,22 @@ def fingerprint(plan: Mapping[str, Any]) -> str:
     for spec in plan["subtasks"]:
         digest.update(json.dumps(spec["inputs"], sort_keys=True).encode())
     return digest.hexdigest()[:16]
+
+
+def plan_uses_s3(plan: Mapping[str, Any]) -> bool:
+    """True if the stage's attempts open S3: its store root, or a source file it reads, is an ``s3://`` URL."""
+    def has_url(value: Any, depth: int) -> bool:
+        if depth > 8:
+            return False
+        if isinstance(value, Mapping):
+            path = value.get("path")
+            if isinstance(path, str) and is_object_url(path):
+                return True
+            return any(has_url(v, depth + 1) for v in value.values() if isinstance(v, Mapping | list))
+        if isinstance(value, list):
+            return any(has_url(v, depth + 1) for v in value)
+        return False
+
+    root = plan.get("store_root")
+    return (isinstance(root, str) and is_object_url(root)) or has_url(plan.get("inputs"), 0) \
+        or has_url(plan.get("subtasks"), 0)

@@ -13,15 +13,22 @@ reads the keys from the environment of its own process.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_speculative.core.paths import split_object_url
+from airflow_provider_speculative.core.plan import plan_uses_s3
 from airflow_provider_speculative.exceptions import PlanError
 
 # Defined with the store (an attempt's runtime opens an S3 store from the environment without this layer).
-from airflow_provider_speculative.store.roots import S3Settings, settings_from_environment
+from airflow_provider_speculative.store.roots import (
+    S3Settings,
+    environment_of,
+    settings_from_environment,
+    spark_s3_conf,
+)
 
-__all__ = ["S3Settings", "fs_path", "s3_filesystem", "s3_settings", "settings_from_connection",
+__all__ = ["S3Settings", "attempt_s3_env", "fs_path", "s3_filesystem", "s3_settings", "settings_from_connection",
            "settings_from_environment", "spark_s3_conf"]
 
 if TYPE_CHECKING:
@@ -55,6 +62,41 @@ def s3_settings(conn_id: str, where: str) -> S3Settings:
     return settings_from_connection(conn, conn_id)
 
 
+async def attempt_s3_env(plan: Mapping[str, Any]) -> dict[str, str]:
+    """The AWS environment a stage run's attempts get from ``[speculative] s3_conn_id`` (empty: they inherit theirs).
+
+    Resolved once per stage run in the controller's process (the triggerer: the async lookup), only when the
+    stage's store or one of its sources is on S3. The values go into the launch environment only (core/contract.py
+    ``attempt_env``): never plan.json, a journal, argv or a log; the secrets are registered with Airflow's masker.
+    """
+    config = plan.get("config")
+    conn_id = str(config.get("s3_conn_id") or "") if isinstance(config, Mapping) else ""
+    if not conn_id or not plan_uses_s3(plan):
+        return {}
+    from airflow.sdk import BaseHook
+
+    try:
+        conn = await BaseHook.aget_connection(conn_id)
+    except Exception as exc:  # AirflowNotFoundException, or a secrets backend's own error
+        # Its text can quote the connection's URI, secrets included: name only its type.
+        raise PlanError(f"pipeline {plan.get('pipeline')!r}, stage {plan.get('stage')!r}: the S3 connection "
+                        f"{conn_id!r} ([speculative] s3_conn_id) for the attempts cannot be read "
+                        f"({type(exc).__name__})") from None
+    settings = settings_from_connection(conn, conn_id)
+    _mask(settings.secrets)
+    return environment_of(settings)
+
+
+def _mask(secrets: tuple[str, ...]) -> None:
+    """Register ``secrets`` with Airflow's masker, so a log line of this process that quotes one shows ``***``."""
+    try:
+        from airflow.sdk._shared.secrets_masker import mask_secret
+    except ImportError:  # pragma: no cover - another Airflow layout: the values are never logged here anyway
+        return
+    for secret in secrets:
+        mask_secret(secret)
+
+
 def s3_filesystem(settings: S3Settings) -> FileSystem:
     """A ``pyarrow.fs.S3FileSystem`` for ``settings`` (path-style addressing with a custom endpoint)."""
     from urllib.parse import urlsplit
@@ -70,29 +112,6 @@ def s3_filesystem(settings: S3Settings) -> FileSystem:
         kwargs.update(endpoint_override=endpoint.netloc or endpoint.path, scheme=endpoint.scheme or "https",
                       force_virtual_addressing=False)
     return S3FileSystem(**kwargs)
-
-
-def spark_s3_conf(settings: S3Settings) -> dict[str, str]:
-    """Spark settings that let s3a serve ``s3://`` and ``s3a://`` paths at ``settings``' endpoint (no secret).
-
-    The keys reach s3a through the environment of the Spark process (its default credential chain reads
-    ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY``), never through Spark configuration.
-    """
-    from urllib.parse import urlsplit
-
-    conf = {"spark.hadoop.fs.s3.impl": "org.apache.hadoop.fs.s3a.S3AFileSystem"}
-    if settings.region:
-        conf["spark.hadoop.fs.s3a.endpoint.region"] = settings.region
-    if settings.endpoint_url:
-        endpoint = urlsplit(settings.endpoint_url)
-        conf.update({
-            "spark.hadoop.fs.s3a.endpoint": settings.endpoint_url,
-            # A private endpoint (MinIO, Ceph, a test server) serves buckets as paths, not as host names.
-            "spark.hadoop.fs.s3a.path.style.access": "true",
-            "spark.hadoop.fs.s3a.connection.ssl.enabled": "true" if endpoint.scheme == "https" else "false",
-        })
-        conf.setdefault("spark.hadoop.fs.s3a.endpoint.region", settings.region or "us-east-1")
-    return conf
 
 
 def fs_path(url: str) -> str:

@@ -12,6 +12,7 @@ import json
 import os
 import re
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -58,6 +59,23 @@ def session_defaults(local_store: bool) -> dict[str, str]:
     return {k: v for k, v in SESSION_DEFAULTS.items() if not k.startswith("fs.file.")}
 
 
+def s3a_defaults(environ: Mapping[str, str], local_store: bool) -> dict[str, str]:
+    """s3a's endpoint settings from the AWS environment (no secret), as Hadoop keys a classic driver's session sets.
+
+    A spark-submit driver inherits the attempt's environment, where the stage's S3 credentials are
+    (``[speculative] s3_conn_id`` or the launcher's own): s3a's default chain reads the keys from it, but not the
+    endpoint, which a private S3 service (MinIO, Ceph, the suite's) needs. Only for a store on S3 or an endpoint
+    in the environment; a ``--conf`` of the target or stage for the same key wins (the caller skips those).
+    """
+    from airflow_provider_speculative.store.roots import settings_from_environment, spark_s3_conf
+
+    settings = settings_from_environment(environ)
+    if local_store and not settings.endpoint_url:
+        return {}
+    prefix = "spark.hadoop."
+    return {key.removeprefix(prefix): value for key, value in spark_s3_conf(settings).items()}
+
+
 def open_session(app_name: str, spark_conf: dict[str, str], tag: str, local_store: bool = True) -> OpenedSession:
     """Open the session this process is meant to use (Connect if ``SPECULATIVE_SPARK_REMOTE`` is set)."""
     from pyspark.sql import SparkSession
@@ -76,6 +94,10 @@ def open_session(app_name: str, spark_conf: dict[str, str], tag: str, local_stor
         submitted = spark.sparkContext.getConf()
         for key, value in defaults.items():
             if not submitted.contains(key):  # a --conf of the stage or target wins
+                spark.conf.set(key, value)
+        for key, value in s3a_defaults(os.environ, local_store).items():
+            # Session settings reach the Hadoop configuration of every read and write (as fs.file.impl above).
+            if not submitted.contains(f"spark.hadoop.{key}") and not submitted.contains(key):
                 spark.conf.set(key, value)
         return OpenedSession(spark, spark.sparkContext.applicationId, remote=False)
     spark = SparkSession.builder.remote(remote).getOrCreate()

@@ -14,10 +14,12 @@ from airflow.sdk import BaseSensorOperator
 from airflow.sdk.exceptions import AirflowException, AirflowSensorTimeout, AirflowSkipException
 
 from airflow_provider_speculative.control.stage_output import OutputObservation
+from airflow_provider_speculative.core.config import s3_store_url_problem
+from airflow_provider_speculative.core.paths import OBJECT_SCHEMES, is_object_url, redact_url, url_scheme
 from airflow_provider_speculative.core.readiness import parse_instant
 from airflow_provider_speculative.core.trigger_events import TriggerStatus
 from airflow_provider_speculative.exceptions import PipelineError
-from airflow_provider_speculative.settings import airflow_config, store_root
+from airflow_provider_speculative.settings import airflow_config, store_location
 from airflow_provider_speculative.triggers.stage_output import StageOutputTrigger
 
 # As check_interval's minimum: below it a deferred sensor only spins in the shared triggerer.
@@ -37,7 +39,9 @@ class StageOutputSensor(BaseSensorOperator):
     triggerer; ``deferrable=False`` pokes in ``reschedule`` mode (no slot held between pokes). Unset, it is
     ``[operators] default_deferrable``, as for Airflow's own deferrable operators.
     ``timeout`` fails the sensor naming what is missing; ``soft_fail=True`` skips it instead.
-    Returns (XCom) the run id and the path of the committed record.
+    ``store_path``: the store to watch, an absolute local path or an ``s3://bucket/prefix`` URL (read with
+    ``[speculative] s3_conn_id``'s credentials); unset, the configured ``[speculative] store_path``.
+    Returns (XCom) the run id and the path (on S3 the URL) of the committed record.
     """
 
     template_fields: Sequence[str] = ("external_dag_id", "stage", "logical_date", "run_id", "store_path")
@@ -62,12 +66,7 @@ class StageOutputSensor(BaseSensorOperator):
                                 f"got {poke_interval!r}")
         if not isinstance(stage, str) or not stage:
             raise PipelineError(f"{where}: stage must be the name of a stage, got {stage!r}")
-        if store_path is not None and not isinstance(store_path, str | os.PathLike):
-            raise PipelineError(f"{where}: store_path must be a path, got {store_path!r}")
-        if store_path and "{{" not in os.fspath(store_path) \
-                and not os.path.isabs(os.path.expanduser(os.fspath(store_path))):
-            raise PipelineError(f"{where}: store_path {os.fspath(store_path)!r} is relative; it would be resolved "
-                                "against the triggerer's working directory. Give an absolute path")
+        checked_store_path(where, store_path, rendered=False)
         super().__init__(poke_interval=poke_interval, **kwargs)
         if logical_date is not None and run_id is not None:
             raise ValueError(f"{self.task_id}: give logical_date or run_id, not both")
@@ -85,8 +84,14 @@ class StageOutputSensor(BaseSensorOperator):
 
     def _trigger(self, context: Any, deadline: float | None) -> StageOutputTrigger:
         dag_id = self.external_dag_id or context["dag"].dag_id
-        root = (Path(self.store_path).expanduser().resolve() if self.store_path
-                else store_root(airflow_config()))
+        # Checked again once rendered: a template may have produced anything.
+        given = checked_store_path(f"StageOutputSensor {self.task_id!r}", self.store_path, rendered=True)
+        if given is None:
+            root = store_location(airflow_config())
+        else:
+            root = given if is_object_url(given) else str(Path(given).expanduser().resolve())
+        # Only the connection's id goes into the trigger: the triggerer resolves it, no credential is serialized.
+        conn_id = airflow_config().s3_conn_id if is_object_url(root) else ""
         run_id = self.run_id or None
         logical_date = None
         if run_id is None:
@@ -96,9 +101,9 @@ class StageOutputSensor(BaseSensorOperator):
                 raise AirflowException(f"{self.task_id}: waiting for DAG {dag_id!r}, stage {self.stage!r}: this run "
                                        "has no logical date; give logical_date or run_id")
             logical_date = moment.isoformat()
-        return StageOutputTrigger(str(root), dag_id, self.stage, logical_date=logical_date, run_id=run_id,
+        return StageOutputTrigger(root, dag_id, self.stage, logical_date=logical_date, run_id=run_id,
                                   subtasks=self.subtasks, subpartitions=self.subpartitions,
-                                  poke_interval=float(self.poke_interval), deadline=deadline)
+                                  poke_interval=float(self.poke_interval), deadline=deadline, conn_id=conn_id)
 
     # -- reschedule / poke mode -------------------------------------------------------------
 
@@ -141,6 +146,33 @@ class StageOutputSensor(BaseSensorOperator):
             # BaseSensorOperator.resume_execution turns this into a skip when soft_fail is set.
             raise AirflowSensorTimeout(self._timeout_message(event.get("message")))
         raise AirflowException(f"{self.task_id}: watching the store failed: {event.get('message') or event!r}")
+
+
+def checked_store_path(where: str, value: Any, *, rendered: bool) -> str | None:
+    """``store_path`` as text if usable: an absolute local path, an ``s3://bucket/prefix`` URL, or (not yet
+    ``rendered``) a template; None when unset; else a PipelineError naming the sensor (never echoing credentials).
+    """
+    if value is None or value == "":
+        return None
+    text = os.fspath(value) if isinstance(value, str | os.PathLike) else None
+    if not isinstance(text, str):
+        raise PipelineError(f"{where}: store_path must be an absolute path or an s3://bucket/prefix URL, got "
+                            f"{type(value).__name__}")
+    if not rendered and "{{" in text:
+        return text  # checked again once rendered
+    scheme = url_scheme(text)
+    if scheme in OBJECT_SCHEMES:
+        problem = s3_store_url_problem(text)
+        if problem is not None:
+            raise PipelineError(f"{where}: store_path {redact_url(text)!r}: {problem}")
+        return text
+    if scheme is not None:
+        raise PipelineError(f"{where}: store_path {redact_url(text)!r}: scheme {scheme + '://'!r} is not supported; "
+                            "give an absolute local path or an s3://bucket/prefix URL")
+    if not os.path.isabs(os.path.expanduser(text)):
+        raise PipelineError(f"{where}: store_path {text!r} is relative; it would be resolved against the "
+                            "triggerer's working directory. Give an absolute path")
+    return text
 
 
 def _indexes(where: str, name: str, values: Any) -> list[int] | None:

@@ -69,6 +69,41 @@ def settings_from_environment(environ: Mapping[str, str] | None = None) -> S3Set
         source="environment")
 
 
+def environment_of(credentials: S3Credentials) -> dict[str, str]:
+    """``credentials`` as the standard AWS environment (what :func:`settings_from_environment` reads back).
+
+    For an attempt's launch environment only (never a document, an argument or a log line). The endpoint goes in
+    ``AWS_ENDPOINT_URL_S3`` and ``AWS_ENDPOINT_URL``, the region in ``AWS_REGION`` and ``AWS_DEFAULT_REGION``, so
+    every AWS client reads the same; a field that is not set is absent.
+    """
+    values = {"AWS_ACCESS_KEY_ID": credentials.access_key, "AWS_SECRET_ACCESS_KEY": credentials.secret_key,
+              "AWS_SESSION_TOKEN": credentials.session_token, "AWS_ENDPOINT_URL_S3": credentials.endpoint_url,
+              "AWS_ENDPOINT_URL": credentials.endpoint_url, "AWS_REGION": credentials.region,
+              "AWS_DEFAULT_REGION": credentials.region}
+    return {name: str(value) for name, value in values.items() if value}
+
+
+def spark_s3_conf(settings: S3Credentials) -> dict[str, str]:
+    """Spark settings that let s3a serve ``s3://`` and ``s3a://`` paths at ``settings``' endpoint (no secret).
+
+    The keys reach s3a through the environment of the Spark process (its default credential chain reads
+    ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY``), never through Spark configuration.
+    """
+    conf = {"spark.hadoop.fs.s3.impl": "org.apache.hadoop.fs.s3a.S3AFileSystem"}
+    if settings.region:
+        conf["spark.hadoop.fs.s3a.endpoint.region"] = settings.region
+    if settings.endpoint_url:
+        endpoint = urlsplit(settings.endpoint_url)
+        conf.update({
+            "spark.hadoop.fs.s3a.endpoint": settings.endpoint_url,
+            # A private endpoint (MinIO, Ceph, a test server) serves buckets as paths, not as host names.
+            "spark.hadoop.fs.s3a.path.style.access": "true",
+            "spark.hadoop.fs.s3a.connection.ssl.enabled": "true" if endpoint.scheme == "https" else "false",
+        })
+        conf.setdefault("spark.hadoop.fs.s3a.endpoint.region", settings.region or "us-east-1")
+    return conf
+
+
 ConnectionResolver = Callable[[str], S3Credentials]
 
 _lock = threading.Lock()

@@ -32,6 +32,7 @@ from airflow_provider_speculative.core.plan import StagePlan, load_plan
 from airflow_provider_speculative.core.states import TaskState
 from airflow_provider_speculative.core.trigger_events import ControllerEvent, TaskEvent, TriggerStatus
 from airflow_provider_speculative.hooks.asset_events import AssetApiConnection, AssetApiError, AssetEventsApi
+from airflow_provider_speculative.hooks.objectstore import attempt_s3_env
 from airflow_provider_speculative.hooks.openlineage import openlineage_spark_conf
 from airflow_provider_speculative.hooks.targets import connect_env
 from airflow_provider_speculative.metrics import StageMetrics
@@ -77,8 +78,9 @@ class StageControllerTrigger(BaseTrigger):
 
     @staticmethod
     async def _attempt_env(plan: StagePlan) -> dict[str, str]:
-        """What attempts get in their environment, never in the store: sink connections, OpenLineage properties."""
-        env: dict[str, str] = {}
+        """What attempts get in their environment, never in the store: S3 and sink connections, OpenLineage."""
+        # The S3 credentials of [speculative] s3_conn_id when the store or a source is on S3 (hooks/objectstore.py).
+        env: dict[str, str] = await attempt_s3_env(plan)
         lineage = await asyncio.to_thread(openlineage_spark_conf, plan)
         if lineage:
             env[EXTRA_CONF_ENV] = json.dumps(lineage)

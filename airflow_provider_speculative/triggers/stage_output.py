@@ -16,15 +16,18 @@ from airflow_provider_speculative.core.trigger_events import OutputEvent, Trigge
 class StageOutputTrigger(BaseTrigger):
     """Fire ``success`` once the stage run's output is committed, or ``timeout`` naming what is missing.
 
-    Reads only the store (files, through a thread); never the metadata database.
+    Reads only the store (by name, through a thread: a POSIX directory or an S3 prefix); never the metadata database.
     """
 
     def __init__(self, store_root: str, dag_id: str, stage: str, *, logical_date: str | None = None,
                  run_id: str | None = None, subtasks: list[int] | None = None,
                  subpartitions: list[int] | None = None, poke_interval: float = 30.0,
-                 deadline: float | None = None) -> None:
+                 deadline: float | None = None, conn_id: str = "") -> None:
         super().__init__()
+        # ``store_root``: a POSIX path or an ``s3://`` URL; ``conn_id`` names the connection of its credentials
+        # (``[speculative] s3_conn_id``), resolved by the triggerer: no credential is ever serialized.
         self.store_root, self.dag_id, self.stage = store_root, dag_id, stage
+        self.conn_id = conn_id
         self.logical_date, self.run_id = logical_date, run_id
         self.subtasks, self.subpartitions = subtasks, subpartitions
         self.poke_interval, self.deadline = poke_interval, deadline
@@ -35,12 +38,13 @@ class StageOutputTrigger(BaseTrigger):
                 {"store_root": self.store_root, "dag_id": self.dag_id, "stage": self.stage,
                  "logical_date": self.logical_date, "run_id": self.run_id, "subtasks": self.subtasks,
                  "subpartitions": self.subpartitions, "poke_interval": self.poke_interval,
-                 "deadline": self.deadline})
+                 "deadline": self.deadline, "conn_id": self.conn_id})
 
     def locator(self) -> StageOutputLocator:
         """The store watcher this trigger polls."""
         return StageOutputLocator(self.store_root, self.dag_id, self.stage, logical_date=self.logical_date,
-                                  run_id=self.run_id, subtasks=self.subtasks, subpartitions=self.subpartitions)
+                                  run_id=self.run_id, subtasks=self.subtasks, subpartitions=self.subpartitions,
+                                  conn_id=self.conn_id)
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         """Poll every ``poke_interval`` seconds; yield exactly one event."""

@@ -409,6 +409,8 @@ CASES = [
          r"StageOutputSensor 'wait': subtasks must be a list of indexes >= 0, got 'a' in \['a'\]"),
     Case("sensor-store-path-relative", lambda t: sensor(store_path="store"), PipelineError,
          r"StageOutputSensor 'wait': store_path 'store' is relative"),
+    Case("sensor-store-path-url", lambda t: sensor(store_path="gs://lake/store"), PipelineError,
+         r"StageOutputSensor 'wait': store_path 'gs://lake/store': scheme 'gs://' is not supported"),
     Case("postgres-table-upper-case", lambda t: stage(sink=PostgresSink("public.Sales")), PipelineError,
          r"sink PostgresSink: table 'public.Sales' is not \[schema.\]table: 'Sales' has upper-case letters: the sink "
          r"writes it quoted"),

@@ -136,3 +136,20 @@ def test_an_attempt_on_an_object_store_keeps_hadoops_local_filesystem() -> None:
 
     assert session_defaults(True) == SESSION_DEFAULTS
     assert "fs.file.impl" in SESSION_DEFAULTS and not any(k.startswith("fs.file.") for k in session_defaults(False))
+
+
+def test_a_spark_submit_driver_takes_s3as_endpoint_from_its_environment_never_a_key() -> None:
+    """The stage's connection reaches a classic driver as the AWS environment: s3a reads the keys from it, and
+    the session gets the endpoint (a private S3 service) as Hadoop settings; no key ever becomes a setting."""
+    from airflow_provider_speculative.runtime.session import s3a_defaults
+
+    env = {"AWS_ACCESS_KEY_ID": "AKID", "AWS_SECRET_ACCESS_KEY": "s3a-secret", "AWS_SESSION_TOKEN": "s3a-token",
+           "AWS_ENDPOINT_URL_S3": "http://127.0.0.1:9", "AWS_REGION": "eu-west-1"}
+    conf = s3a_defaults(env, local_store=False)
+    assert conf["fs.s3a.endpoint"] == "http://127.0.0.1:9" and conf["fs.s3a.path.style.access"] == "true"
+    assert conf["fs.s3a.endpoint.region"] == "eu-west-1" and conf["fs.s3.impl"].endswith("S3AFileSystem")
+    assert not any(secret in " ".join([*conf, *conf.values()]) for secret in ("AKID", "s3a-secret", "s3a-token"))
+    assert not any(key.startswith("spark.") for key in conf)
+    # A local store without an endpoint in the environment: nothing (AWS S3 itself needs no endpoint).
+    assert s3a_defaults({"AWS_ACCESS_KEY_ID": "AKID"}, local_store=True) == {}
+    assert s3a_defaults(env, local_store=True)["fs.s3a.endpoint"] == "http://127.0.0.1:9"  # S3 sources
