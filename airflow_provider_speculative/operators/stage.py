@@ -358,7 +358,7 @@ def journal(layout: StageLayout, event: Event, **fields: Any) -> None:
     """Record a planning or finalize step next to the controller's decisions."""
     from airflow_provider_speculative.store import journal as journals
 
-    journals.record(layout.journal, event, **fields)
+    journals.record_stage(layout, event, **fields)
 
 
 def _clear_number(context: Any) -> int:

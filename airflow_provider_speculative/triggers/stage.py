@@ -200,7 +200,7 @@ class StageStartTrigger(StageControllerTrigger):
             if asking is not None:
                 asking.cancel()
         if planner.blocking_producers():
-            await asyncio.to_thread(journals.record, planner.layout.journal, Event.INPUTS_COMMITTED,
+            await asyncio.to_thread(journals.record_stage, planner.layout, Event.INPUTS_COMMITTED,
                                     waited=round(time.monotonic() - started, 3))
 
     def _producer_states(self, planner: StagePlanner, producers: list[str]) -> dict[str, str | None]:
