@@ -32,6 +32,11 @@ if TYPE_CHECKING:
 SESSION_DEFAULTS = {"spark.sql.sources.parallelPartitionDiscovery.threshold": "4096",
                     "fs.file.impl": "org.apache.hadoop.fs.RawLocalFileSystem",
                     "fs.file.impl.disable.cache": "true"}
+# An attempt whose store is an object store: Hadoop's file output committer v2 moves each task's files into the
+# output once, at task commit, where v1 moves them twice (task, then job commit); on S3 a move is a copy and a
+# delete per file. v2's job commit is not atomic, which costs nothing here: the attempt's data prefix is its own,
+# and its output counts only once its manifest, written after Spark's job succeeded, names the files.
+OBJECT_STORE_DEFAULTS = {"mapreduce.fileoutputcommitter.algorithm.version": "2"}
 
 
 def attempt_tag(dag_id: str, stage: str, subtask: int, attempt: int) -> str:
@@ -56,7 +61,7 @@ def session_defaults(local_store: bool) -> dict[str, str]:
     """
     if local_store:
         return dict(SESSION_DEFAULTS)
-    return {k: v for k, v in SESSION_DEFAULTS.items() if not k.startswith("fs.file.")}
+    return {**{k: v for k, v in SESSION_DEFAULTS.items() if not k.startswith("fs.file.")}, **OBJECT_STORE_DEFAULTS}
 
 
 def s3a_defaults(environ: Mapping[str, str], local_store: bool) -> dict[str, str]:

@@ -136,6 +136,9 @@ def test_an_attempt_on_an_object_store_keeps_hadoops_local_filesystem() -> None:
 
     assert session_defaults(True) == SESSION_DEFAULTS
     assert "fs.file.impl" in SESSION_DEFAULTS and not any(k.startswith("fs.file.") for k in session_defaults(False))
+    # On an object store the task commit moves each file once (a copy on S3), not twice.
+    assert session_defaults(False)["mapreduce.fileoutputcommitter.algorithm.version"] == "2"
+    assert "mapreduce.fileoutputcommitter.algorithm.version" not in session_defaults(True)
 
 
 def test_a_spark_submit_driver_takes_s3as_endpoint_from_its_environment_never_a_key() -> None:
