@@ -65,6 +65,8 @@ def s3_deployment(tmp_path_factory: pytest.TempPathFactory,
         **server.environment(),
         "AIRFLOW__SPECULATIVE__STORE_PATH": root_url,
         "AIRFLOW__SPECULATIVE__EXPERIMENTAL_S3_STORE": "true",
+        # The REST API hands out admin tokens without credentials (polling, triggering).
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",
         "AIRFLOW__TRIGGERER__TRIGGERER_HEALTH_CHECK_THRESHOLD": "15",
         "AIRFLOW__CORE__PARALLELISM": "8",
         # The scan attempts of e2e_q1_s3 wait at the barrier until the test writes their release objects.

@@ -5,7 +5,7 @@ exchanges, admissions, journals and commits are objects of the endpoint, read an
 
 - A committed exchange object corrupted on S3 is found by its reader's checksum: exactly its producer
   reruns and is committed again, then the readers, and Q1 equals DuckDB's. gc then removes only what the
-  provider wrote: the expired stages' data and a deleted run; objects under the store that
+  provider wrote: the expired scan's data and a deleted run; objects under the store that
   it did not write (a foreign run prefix, a foreign DAG) are kept.
 - A Connect server killed in the middle of its attempts' Spark jobs: those attempts rerun on the other
   server, nothing they began is admitted, and the answer is DuckDB's.
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,7 +28,7 @@ import psutil
 import pyarrow.parquet as pq
 import pytest
 
-from airflow_provider_speculative.control.lifecycle import execute_gc, plan_gc
+from airflow_provider_speculative.control.lifecycle import DELETED_RUN, execute_gc, plan_gc
 from airflow_provider_speculative.control.readmodel import run_report
 from airflow_provider_speculative.core.config import SpeculativeConfig
 from airflow_provider_speculative.core.graph import ExchangeSpec, PipelineGraph, SourceSpec, StageSpec
@@ -146,16 +147,18 @@ def test_a_corrupted_exchange_object_reruns_its_producer_then_gc_removes_only_th
         store.replace(key, b"not the provider's")
     assert any(n.endswith(".parquet") for n in store.list_names("f/r1")), "the run's data should be there"
     kept: list[str] = []
-    # The run succeeded and its stages' retention is over: their data goes, their records stay (expired.json).
-    items = plan_gc(store, now=committed["committed_at"] + 1, run_states={("f", "r1"): "success"}, retention=0,
-                    kept=kept)
+    # The run succeeded and the scan's retention is over: its data goes (its consumer committed), its records stay
+    # (expired.json); the aggregate, a final stage without a sink, keeps the pipeline's only copy of its output.
+    now = time.time() + 1
+    items = plan_gc(store, now=now, run_states={("f", "r1"): "success"}, retention=0, kept=kept)
     summary = execute_gc(items, root=store)
     assert not summary["errors"], summary
-    assert not [n for n in store.list_names("f/r1") if n.endswith(".parquet")], "gc left data of expired stages"
+    left = [n for n in store.list_names("f/r1") if n.endswith(".parquet")]
+    assert left and all(n.startswith("f/r1/aggregate/") for n in left), f"gc left data of the expired scan: {left}"
     assert store.read_json(scan.name(scan.dir / "expired.json")) is not None, "the expired scan is not marked"
     # The run is deleted in Airflow: gc removes its whole prefix, and only it.
-    items = plan_gc(store, now=committed["committed_at"] + 1, run_states={}, deleted_runs=[("f", "r1")], kept=kept)
-    assert {i.reason for i in items} == {"deleted_run"} or items, items
+    items = plan_gc(store, now=now, run_states={}, deleted_runs=[("f", "r1")], kept=kept)
+    assert [i.name for i in items if i.reason == DELETED_RUN] == ["f/r1"], items
     summary = execute_gc(items, root=store)
     assert not summary["errors"], summary
     assert not store.list_names("f/r1"), "gc left objects of the deleted run"
