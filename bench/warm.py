@@ -492,8 +492,11 @@ def main() -> int:
     parser.add_argument("--warm-deployment", action=argparse.BooleanOptionalAction, default=True,
                         help="d, e, f: run the DAG once (untimed, a day later) before the timed run, as a "
                              "deployment that has been up runs it; its wall is reported as warm_up_wall")
+    parser.add_argument("--slot-priority", choices=("critical_path", "fifo"), default=None,
+                        help="d, e, f: [speculative] slot_priority of the deployment (default: the provider's)")
     args = parser.parse_args()
     scenarios = args.scenarios.split(",")
+    priority = {"AIRFLOW__SPECULATIVE__SLOT_PRIORITY": args.slot_priority} if args.slot_priority else {}
     benches = [BENCHES[name] for name in args.pipelines.split(",")]
     tpch = args.data.resolve()
     results_dir = HERE / "results" / f"warm-{dt.datetime.now():%Y%m%d-%H%M%S}"
@@ -535,7 +538,8 @@ def main() -> int:
                     elif scenario in ("d", "e", "f"):
                         row[scenario] = run_scheduled(bench, run_dir, tpch, {
                             **conns, "AIRFLOW__SPECULATIVE__TARGETS": json.dumps(connect_targets(args.slots)),
-                            "AIRFLOW__SPECULATIVE__START_IN_TRIGGERER": "false" if scenario == "e" else "true"},
+                            "AIRFLOW__SPECULATIVE__START_IN_TRIGGERER": "false" if scenario == "e" else "true",
+                            **priority},
                             asset_api=scenario == "f", warm_deployment=args.warm_deployment)
                     else:
                         env = base_env(run_dir, tpch)
