@@ -969,8 +969,13 @@ class S3Backend(StoreBackend):
             raise self._fail(name, "write", exc) from None
 
     def _read(self, name: str) -> bytes | None:
+        return self._get(name)
+
+    def _get(self, name: str, byte_range: str | None = None) -> bytes | None:
+        """One GetObject, whole or of ``byte_range`` (a Range header): None if missing, b"" past the end."""
+        extra = {} if byte_range is None else {"Range": byte_range}
         try:
-            body = self._client.get_object(Bucket=self.bucket, Key=self._key(name))["Body"]
+            body = self._client.get_object(Bucket=self.bucket, Key=self._key(name), **extra)["Body"]
             try:
                 data: bytes = body.read()
             finally:
@@ -979,6 +984,8 @@ class S3Backend(StoreBackend):
         except Exception as exc:
             if _status(exc) == 404 and _error_code(exc).startswith("NoSuchKey"):
                 return None
+            if byte_range is not None and _status(exc) == 416:
+                return b""  # InvalidRange: the object exists and ends at or before the range's start
             raise self._fail(name, "read", exc) from None
 
     def _stat(self, name: str) -> ObjectInfo | None:
@@ -1309,20 +1316,7 @@ class S3Backend(StoreBackend):
         # One GetObject with a Range header: only the bytes asked for cross the network.
         if length == 0:
             return None if self._stat(name) is None else b""
-        try:
-            body = self._client.get_object(Bucket=self.bucket, Key=self._key(name),
-                                           Range=f"bytes={offset}-{offset + length - 1}")["Body"]
-            try:
-                data: bytes = body.read()
-            finally:
-                body.close()
-            return data
-        except Exception as exc:
-            if _status(exc) == 404 and _error_code(exc).startswith("NoSuchKey"):
-                return None
-            if _status(exc) == 416:
-                return b""  # InvalidRange: the object exists and ends at or before ``offset``
-            raise self._fail(name, "read", exc) from None
+        return self._get(name, f"bytes={offset}-{offset + length - 1}")
 
 
 def _shown_url(url: str) -> str:

@@ -4,6 +4,7 @@ same pool as the connections the Connect test DAGs (tests/integration/dags/conne
 from __future__ import annotations
 
 import os
+import uuid
 from collections.abc import Iterator
 
 import pytest
@@ -17,6 +18,8 @@ from airflow_provider_speculative.devtools.localcluster import (
     s3a_jars,
 )
 from airflow_provider_speculative.hooks.objectstore import settings_from_environment, spark_s3_conf
+from airflow_provider_speculative.store.backend import StoreBackend
+from airflow_provider_speculative.store.roots import forget_stores, open_store
 from tests import services
 from tests.integration.connect_runner import ConnectPool
 
@@ -79,3 +82,18 @@ def connect_pool(shared_connect_pool: ConnectPool) -> Iterator[dict[str, object]
     finally:
         for name in env:
             os.environ.pop(name, None)
+
+
+@pytest.fixture
+def s3_store(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, StoreBackend]]:
+    """A fresh store root on the suite's S3 endpoint, configured as this process's ``store_path``."""
+    server = services.s3()
+    for name, value in server.environment().items():
+        monkeypatch.setenv(name, value)
+    server.create_bucket("speculative-store")
+    root = f"s3://speculative-store/{uuid.uuid4().hex[:12]}"
+    monkeypatch.setenv("AIRFLOW__SPECULATIVE__STORE_PATH", root)
+    monkeypatch.setenv("AIRFLOW__SPECULATIVE__EXPERIMENTAL_S3_STORE", "true")
+    forget_stores()
+    yield root, open_store(root)
+    forget_stores()

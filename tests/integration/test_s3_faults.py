@@ -18,8 +18,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-import uuid
-from collections.abc import Iterator
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +33,7 @@ from airflow_provider_speculative.core.config import SpeculativeConfig
 from airflow_provider_speculative.core.graph import ExchangeSpec, PipelineGraph, SourceSpec, StageSpec
 from airflow_provider_speculative.devtools.localcluster import (
     LocalCluster,
+    application_id,
     free_base_port,
     jar_paths,
     s3a_jars,
@@ -43,8 +43,6 @@ from airflow_provider_speculative.hooks.objectstore import settings_from_environ
 from airflow_provider_speculative.hooks.targets import REMOTE_ENV
 from airflow_provider_speculative.store.backend import StoreBackend
 from airflow_provider_speculative.store.layout import StageLayout
-from airflow_provider_speculative.store.roots import forget_stores, open_store
-from tests import services
 from tests.conftest import TEST_ENV
 from tests.integration.airflow_cluster import wait_until
 from tests.integration.connect_runner import ConnectPool, committed_table
@@ -64,22 +62,6 @@ HERE = Path(__file__).resolve().parent
 APPS = HERE.parents[1] / "dags" / "apps"
 SHUFFLE = {"spark.sql.shuffle.partitions": "4"}
 KEY = ("l_returnflag", "l_linestatus")
-BUCKET = "speculative-faults"
-
-
-@pytest.fixture
-def s3_store(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, StoreBackend]]:
-    """A fresh store root on the suite's S3 endpoint, configured as this process's ``store_path``."""
-    server = services.s3()
-    for name, value in server.environment().items():
-        monkeypatch.setenv(name, value)
-    server.create_bucket(BUCKET)
-    root = f"s3://{BUCKET}/{uuid.uuid4().hex[:12]}"
-    monkeypatch.setenv("AIRFLOW__SPECULATIVE__STORE_PATH", root)
-    monkeypatch.setenv("AIRFLOW__SPECULATIVE__EXPERIMENTAL_S3_STORE", "true")
-    forget_stores()
-    yield root, open_store(root)
-    forget_stores()
 
 
 def q1_graph(name: str, data: Path, scan_app: Path = APPS / "q1_scan.py", scans: int = 2) -> PipelineGraph:
@@ -107,6 +89,16 @@ def lineitem_parts(tpch_data: Path, tmp_path: Path, count: int) -> Path:
     for path in sorted(tpch_data.glob("*.parquet"))[:count]:
         (parts / path.name).symlink_to(path)
     return parts
+
+
+def running_jobs(ui_port: int) -> int:
+    """The Spark jobs running now on the Connect server whose UI is on ``ui_port`` (Spark's REST API)."""
+    app = application_id(ui_port)
+    if app is None:
+        return 0
+    url = f"http://127.0.0.1:{ui_port}/api/v1/applications/{app}/jobs?status=running"
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return len(json.loads(response.read()))
 
 
 def events(layout: StageLayout) -> list[str]:
@@ -167,8 +159,7 @@ def test_a_corrupted_exchange_object_reruns_its_producer_then_gc_removes_only_th
 
 
 def test_a_connect_server_killed_mid_job_reruns_its_attempts_on_the_other(
-        s3_store, shared_connect_pool: ConnectPool, tpch_data: Path, tmp_path: Path,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        s3_store, shared_connect_pool: ConnectPool, tpch_data: Path, tmp_path: Path) -> None:
     root, store = s3_store
     data = lineitem_parts(tpch_data, tmp_path, 4)
     graph = q1_graph("lost", data, HERE / "apps" / "q1_scan_held_on.py", scans=4)
@@ -182,8 +173,9 @@ def test_a_connect_server_killed_mid_job_reruns_its_attempts_on_the_other(
                    {"name": survivor.name, "conn_id": survivor.conn_id, "slots": 2}]
         config = SpeculativeConfig().with_overrides(
             {"enabled": False, "check_interval": "200ms", "speed_check_age": 0, "targets": targets}, "test")
-        target_env = {"doomed": {REMOTE_ENV: doomed.url + "/"}, survivor.name: {REMOTE_ENV: survivor.url + "/"}}
-        monkeypatch.setenv("SPECULATIVE_TEST_HELD_TARGET", "doomed")  # the attempts inherit it
+        # The attempts on the doomed server hold in a Spark job there (apps/q1_scan_held_on.py) until it dies.
+        target_env = {"doomed": {REMOTE_ENV: doomed.url + "/", "SPECULATIVE_TEST_HELD": "1"},
+                      survivor.name: {REMOTE_ENV: survivor.url + "/"}}
         failure: list[BaseException] = []
 
         def scan() -> None:
@@ -196,11 +188,15 @@ def test_a_connect_server_killed_mid_job_reruns_its_attempts_on_the_other(
         runner.start()
         layout = StageLayout.over(store, "lost", "r1", "scan")
 
-        def held() -> list[str]:
+        def job_running_on_doomed() -> bool:
             assert runner.is_alive() or not failure, failure
-            return [n for n in store.children(layout.name(layout.dir)) if n.startswith("held.")]
+            return running_jobs(doomed.ui_port) > 0
 
-        on_doomed = wait_until(held, 300, "an attempt to run its Spark job on the doomed server", interval=0.5)
+        wait_until(job_running_on_doomed, 300, "a Spark job of an attempt to run on the doomed server", interval=0.5)
+        claims = {(subtask, number): store.read_json(layout.name(layout.claim(subtask, number))) or {}
+                  for subtask in range(4) for number in layout.attempt_numbers(subtask)}
+        held_attempts = {key for key, claim in claims.items() if claim.get("target") == "doomed"}
+        assert held_attempts, "no attempt was claimed on the doomed server"
         process = cluster.process(doomed)
         assert process is not None, "the doomed server is not running"
         for proc in [process, *process.children(recursive=True)]:
@@ -213,7 +209,6 @@ def test_a_connect_server_killed_mid_job_reruns_its_attempts_on_the_other(
         cluster.stop()
 
     report = {s["stage"]: s for s in run_report(store, "lost", "r1")["stages"]}["scan"]
-    held_attempts = {tuple(int(x) for x in n.split(".")[1:3]) for n in on_doomed}
     for sub in report["subtasks"]:
         winner = next(a for a in sub["attempts"] if a["admitted"])
         assert winner["target"] == survivor.name, f"subtask {sub['subtask']} was admitted on {winner}"

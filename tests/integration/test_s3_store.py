@@ -14,7 +14,6 @@ import pytest
 
 from airflow_provider_speculative.control.readmodel import run_report
 from airflow_provider_speculative.store.layout import MANIFEST_FILE
-from airflow_provider_speculative.store.roots import forget_stores, open_store
 from tests import services
 from tests.conftest import TEST_ENV
 from tests.integration.q1 import assert_q1_equal, duckdb_q1, read_q1_output
@@ -22,22 +21,14 @@ from tests.integration.spark_helpers import HERE, load_dag
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(900)]
 
-BUCKET = "speculative-store"
 
-
-def test_q1_with_its_store_on_s3_equals_duckdb(airflow_db, tpch_data, connect_pool, monkeypatch, tmp_path):
+def test_q1_with_its_store_on_s3_equals_duckdb(airflow_db, tpch_data, connect_pool, s3_store, monkeypatch, tmp_path):
     from pathlib import Path
 
+    _, store = s3_store
     server = services.s3()
-    for name, value in server.environment().items():
-        monkeypatch.setenv(name, value)
-    server.create_bucket(BUCKET)
-    root = f"s3://{BUCKET}/store"
-    monkeypatch.setenv("AIRFLOW__SPECULATIVE__STORE_PATH", root)
-    monkeypatch.setenv("AIRFLOW__SPECULATIVE__EXPERIMENTAL_S3_STORE", "true")
     output = tmp_path / "output"
     monkeypatch.setenv("SPECULATIVE_EXAMPLE_OUTPUT", str(output))  # read when the DAG folder is parsed
-    forget_stores()
     local_root = Path(TEST_ENV["AIRFLOW__SPECULATIVE__STORE_PATH"])
     before = {p for p in local_root.rglob("*")} if local_root.exists() else set()
 
@@ -45,7 +36,6 @@ def test_q1_with_its_store_on_s3_equals_duckdb(airflow_db, tpch_data, connect_po
     assert run.state == "success"
     assert_q1_equal(read_q1_output(output / "connect_q1" / "2026-05-02"), duckdb_q1(tpch_data))
 
-    store = open_store(root)
     report = run_report(store, "connect_q1", run.run_id)
     assert {s["stage"] for s in report["stages"]} == {"scan", "aggregate"}
     assert all(s.get("committed") for s in report["stages"]), report["stages"]
