@@ -891,6 +891,11 @@ def _error_code(exc: Exception) -> str:
     return type(exc).__name__
 
 
+def _objects(page: dict[str, Any]) -> list[dict[str, Any]]:
+    """The objects of one ListObjectsV2 page, less directory markers (keys ending in ``/``: never a store name)."""
+    return [o for o in page.get("Contents", []) if not o["Key"].endswith("/")]
+
+
 def _status(exc: Exception) -> int | None:
     response = getattr(exc, "response", None)
     if isinstance(response, dict):
@@ -1017,12 +1022,12 @@ class S3Backend(StoreBackend):
         return key[len(self.base) + 1:] if self.base else key
 
     def _list(self, prefix: str) -> list[str]:
-        return sorted(self._relative(o["Key"]) for page in self._pages(prefix) for o in page.get("Contents", []))
+        return sorted(self._relative(o["Key"]) for page in self._pages(prefix) for o in _objects(page))
 
     def _children(self, prefix: str) -> list[str]:
         out = []
         for page in self._pages(prefix, Delimiter="/"):
-            out += [self._relative(o["Key"]).rsplit("/", 1)[-1] for o in page.get("Contents", [])]
+            out += [self._relative(o["Key"]).rsplit("/", 1)[-1] for o in _objects(page)]
             out += [self._relative(p["Prefix"]).rstrip("/").rsplit("/", 1)[-1] + "/"
                     for p in page.get("CommonPrefixes", [])]
         return sorted(out)
@@ -1200,15 +1205,19 @@ class S3Backend(StoreBackend):
 
     def _delete_tree(self, prefix: str, names: list[str]) -> int:
         marker = _join(prefix, OWNER_FILE)
-        # The prefix's own marker goes last: a delete that stops half-way leaves the prefix still owned.
-        ordered = [n for n in names if n != marker] + [n for n in names if n == marker]
+        # Directory markers (keys ending in "/", which s3a and consoles create) are no names of the store, but
+        # the prefix's removal removes them too. The prefix's own marker goes last: a delete that stops
+        # half-way leaves the prefix still owned.
+        folders = [o["Key"] for page in self._pages(prefix) for o in page.get("Contents", []) if o["Key"].endswith("/")]
+        ordered = ([self._key(n) for n in names if n != marker] + folders
+                   + [self._key(n) for n in names if n == marker])
         self._forget_journals(prefix)  # a delete that fails half-way may have removed records too
         deleted = 0
         for start in range(0, len(ordered), 1000):
             batch = ordered[start:start + 1000]
             try:
                 answer = self._client.delete_objects(Bucket=self.bucket, Delete={
-                    "Objects": [{"Key": self._key(n)} for n in batch], "Quiet": True})
+                    "Objects": [{"Key": key} for key in batch], "Quiet": True})
             except Exception as exc:
                 raise self._fail(prefix, "delete", exc) from None
             errors = answer.get("Errors") or []
@@ -1250,7 +1259,7 @@ class S3Backend(StoreBackend):
 
     def _stat_all(self, prefix: str) -> list[ObjectInfo]:
         # The listing carries each object's Size, LastModified and ETag: no HeadObject per object.
-        listed = (o for page in self._pages(prefix) for o in page.get("Contents", []))
+        listed = (o for page in self._pages(prefix) for o in _objects(page))
         return sorted((ObjectInfo(self._relative(o["Key"]), int(o.get("Size") or 0), o["LastModified"].timestamp(),
                                   etag=o.get("ETag")) for o in listed), key=lambda info: info.name)
 
