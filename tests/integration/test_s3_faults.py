@@ -189,7 +189,12 @@ def test_a_connect_server_killed_mid_job_reruns_its_attempts_on_the_other(
         layout = StageLayout.over(store, "lost", "r1", "scan")
 
         def job_running_on_doomed() -> bool:
-            assert runner.is_alive() or not failure, failure
+            if failure:
+                causes = {(s, n): ((store.read_json(layout.name(layout.status(s, n))) or {}).get("cause"),
+                                   (store.read(layout.name(layout.attempt_dir(s, n) / "spark-submit.log")) or b"")
+                                   .decode(errors="replace")[-600:])
+                          for s in range(4) for n in layout.attempt_numbers(s)}
+                raise AssertionError(f"the scan failed before the kill: {failure[0]!r}; attempts: {causes}")
             return running_jobs(doomed.ui_port) > 0
 
         wait_until(job_running_on_doomed, 300, "a Spark job of an attempt to run on the doomed server", interval=0.5)

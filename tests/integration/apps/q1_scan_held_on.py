@@ -17,12 +17,15 @@ from airflow_provider_speculative.core.contract import REMOTE_ENV
 if os.environ.get("SPECULATIVE_TEST_HELD"):
     from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
+    from pyspark.sql.types import LongType
 
-    @F.udf("long")
+    spark = SparkSession.builder.remote(os.environ[REMOTE_ENV]).getOrCreate()
+
+    @F.udf(LongType())
     def sleepy(value: int) -> int:
         time.sleep(600)
         return value
 
-    SparkSession.builder.remote(os.environ[REMOTE_ENV]).getOrCreate().range(1).select(sleepy("id")).collect()
+    spark.range(1).select(sleepy("id")).collect()
 
 runpy.run_path(str(Path(__file__).resolve().parents[3] / "dags" / "apps" / "q1_scan.py"), run_name="__main__")
