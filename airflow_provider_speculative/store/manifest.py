@@ -108,7 +108,6 @@ def entry_integrity(entry: dict[str, Any], *, stage: str | None, subtask: int | 
                          stage=stage, subtask=subtask, attempt=attempt)
 
 
-
 def _subpartition(rel: str) -> int | None:
     match = _SP.search(rel)
     return int(match.group(1)) if match else None
