@@ -35,6 +35,7 @@ from airflow_provider_speculative.sinks.base import (
 from airflow_provider_speculative.store.backend import S3Credentials
 from airflow_provider_speculative.store.files import atomic_write_json, read_json, sha256_file
 from airflow_provider_speculative.store.layout import StorePath
+from airflow_provider_speculative.store.manifest import ETAG, bare_etag, entry_integrity, is_plain_md5
 
 MANIFEST = "_SUCCESS"
 # Everything finalize puts into a directory; a staging directory holding anything else is not ours.
@@ -164,11 +165,22 @@ class ParquetSink(Sink, SupportsConcurrentExecutionAttempts):
                 result = context.attempts[subtask]
                 for n, entry in enumerate(sorted(result.files, key=lambda f: f["path"])):
                     name = f"part-{subtask:05d}-{n:03d}.parquet"
-                    if result.data_name is not None and _without_paths(context.store):
-                        _download(context.store, f"{result.data_name}/{entry['path']}", staging / name)
+                    remote = result.data_name is not None and _without_paths(context.store)
+                    source = (context.store.describe(f"{result.data_name}/{entry['path']}") if remote
+                              else str(Path(result.data_dir) / entry["path"]))
+                    kind = entry_integrity(entry, stage=context.stage, subtask=subtask, attempt=result.attempt,
+                                           shown=source)
+                    if remote:
+                        digests = _download(context.store, f"{result.data_name}/{entry['path']}", staging / name,
+                                            expected=entry if kind == ETAG else None)
                     else:
                         _link_or_copy(Path(result.data_dir) / entry["path"], staging / name)
-                    files.append({"path": name, "size": entry["size"], "sha256": entry["sha256"],
+                        digests = _file_digests(staging / name) if kind == ETAG else None
+                    checked: dict[str, Any] = {}
+                    if kind == ETAG and digests is not None:
+                        # The sink's own manifest keeps SHA-256 (of the staged bytes), checked below as ever.
+                        checked = {"sha256": digests[0], "checked": _check_by_etag(entry, digests, source, final)}
+                    files.append({"path": name, "size": entry["size"], "sha256": entry.get("sha256"), **checked,
                                   "subtask": subtask, "attempt": result.attempt, "records": entry.get("records")})
             for entry in files:
                 if sha256_file(staging / entry["path"]) != entry["sha256"]:
@@ -398,13 +410,58 @@ def _without_paths(store: Any) -> bool:
     return store is not None and not isinstance(store, PosixBackend)
 
 
-def _download(store: Any, name: str, dst: Path) -> None:
-    """Copy object ``name`` of ``store`` into the local file ``dst`` (the staging checksum check follows)."""
+def _download(store: Any, name: str, dst: Path,
+              expected: dict[str, Any] | None = None) -> tuple[str, str, int] | None:
+    """Copy object ``name`` of ``store`` into the local file ``dst`` (the staging checksum check follows).
+
+    With ``expected`` (a manifest entry carrying the store's ETag): the object's size and ETag are checked
+    against it first (one HeadObject), and the SHA-256, MD5 and size of the bytes streamed are handed back.
+    """
+    if expected is not None:
+        info = store.stat(name)
+        if info is None or info.size != expected["size"] or bare_etag(info.etag) != expected[ETAG]:
+            raise StoreError(f"ParquetSink cannot stage {store.describe(name)}: checksum mismatch (the store's "
+                             f"size and ETag are not the manifest's {expected['size']}, {expected[ETAG]})")
     stream = store.open_read(name)
     if stream is None:
         raise StoreError(f"ParquetSink cannot stage {store.describe(name)}: it does not exist")
+    sha256, md5, size = hashlib.sha256(), hashlib.md5(usedforsecurity=False), 0
     with stream, open(dst, "xb") as out:
-        shutil.copyfileobj(stream, out, 1 << 20)
+        while block := stream.read(1 << 20):
+            out.write(block)
+            if expected is not None:
+                sha256.update(block)
+                md5.update(block)
+                size += len(block)
+    return None if expected is None else (sha256.hexdigest(), md5.hexdigest(), size)
+
+
+def _file_digests(path: Path) -> tuple[str, str, int]:
+    """SHA-256, MD5 and size of the local file ``path``, from one read."""
+    sha256, md5, size = hashlib.sha256(), hashlib.md5(usedforsecurity=False), 0
+    with open(path, "rb") as handle:
+        while block := handle.read(1 << 20):
+            sha256.update(block)
+            md5.update(block)
+            size += len(block)
+    return sha256.hexdigest(), md5.hexdigest(), size
+
+
+def _check_by_etag(entry: dict[str, Any], digests: tuple[str, str, int], source: str, final: Path) -> str:
+    """Check staged bytes against a manifest entry's ETag; what they were checked by (``md5`` or ``etag-size``).
+
+    A plain ETag is the MD5 of the bytes: compared with the MD5 of what was staged. A multipart ETag
+    (``...-N``) is a digest of the parts' MD5s, which needs the part size to recompute: the store's ETag was
+    checked against the manifest before the download, and the staged size is checked here.
+    """
+    _, md5, size = digests
+    if size != entry["size"]:
+        raise StoreError(f"size mismatch while staging {source} for {final}: {size} != manifest {entry['size']}")
+    if is_plain_md5(entry[ETAG]):
+        if md5 != entry[ETAG]:
+            raise StoreError(f"checksum mismatch while staging {source} for {final}")
+        return "md5"
+    return "etag-size"
 
 
 def _link_or_copy(src: Path, dst: Path) -> None:

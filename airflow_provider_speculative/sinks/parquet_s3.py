@@ -41,6 +41,7 @@ from airflow_provider_speculative.store.backend import (
     StoreNotOwnedError,
     check_name,
 )
+from airflow_provider_speculative.store.manifest import ETAG, bare_etag, entry_integrity, is_plain_md5
 
 POINTER = "_CURRENT"
 VERSION = "_v="
@@ -107,7 +108,7 @@ def run_key(dag_id: str, run_id: str, stage: str, url: str) -> str:
 def version_token(context: FinalizationContext, url: str) -> str:
     """``<run key>-<digest of the admitted attempts' files>``: the same for a retry of one commit, new otherwise."""
     admitted = [[s, r.attempt, r.sink_info.get("write_id"),
-                 sorted([f["path"], f["size"], f["sha256"]] for f in r.files)]
+                 sorted([f["path"], f["size"], f.get("sha256") or f.get("etag")] for f in r.files)]
                 for s, r in sorted(context.attempts.items())]
     digest = hashlib.sha256(json.dumps(admitted, sort_keys=True).encode()).hexdigest()[:16]
     return f"{run_key(context.dag_id, context.run_id, context.stage, url)}-{digest}"
@@ -228,7 +229,16 @@ def finalize_s3(url: str, context: FinalizationContext) -> dict[str, Any]:
         for n, entry in enumerate(sorted(result.files, key=lambda f: f["path"])):
             path = f"{version}/part-{subtask:05d}-{n:03d}.parquet"
             target = location.name(path)
-            checksum = store.copy_from(target, source, f"{base}/{entry['path']}" if base else entry["path"])
+            source_name = f"{base}/{entry['path']}" if base else entry["path"]
+            kind = entry_integrity(entry, stage=context.stage, subtask=subtask, attempt=result.attempt,
+                                   shown=source.describe(source_name))
+            if kind == ETAG:
+                published = _publish_by_etag(store, target, source, source_name, entry, where, subtask,
+                                             result.attempt)
+                files.append({"path": path, **published, "subtask": subtask, "attempt": result.attempt,
+                              "records": entry.get("records")})
+                continue
+            checksum = store.copy_from(target, source, source_name)
             if checksum is not None and checksum != entry["sha256"]:
                 raise StoreError(f"ParquetSink ({where}): checksum mismatch while publishing "
                                  f"{store.describe(target)} from attempt {result.attempt} of subtask {subtask}")
@@ -266,6 +276,40 @@ def delete_retired(store: StoreBackend, location: S3Location, retired: list[dict
     if names:
         store.delete_many(names)
     return len(names)
+
+
+def _publish_by_etag(store: StoreBackend, target: str, source: StoreBackend, source_name: str, entry: dict[str, Any],
+                     where: str, subtask: int, attempt: int) -> dict[str, Any]:
+    """Copy a file whose manifest entry carries the store's ETag; check source and copy by size and ETag, no read.
+
+    The source must still have the manifest's size and ETag (one HeadObject). A copy of a single-part object
+    has the source's ETag when the bytes are equal (S3's ETag is then their MD5), so both plain MD5s must
+    match; where either is a multipart ETag (``...-N``) the copy's size is checked and the copy's SHA-256, if
+    the service reported one, is recorded; ``checked`` says what the content was checked by.
+    """
+    def mismatch(what: str) -> StoreError:
+        return StoreError(f"ParquetSink ({where}): {what} while publishing {store.describe(target)} from attempt "
+                          f"{attempt} of subtask {subtask}")
+
+    before = source.stat(source_name)
+    if before is None:
+        raise mismatch(f"{source.describe(source_name)} is missing")
+    if before.size != entry["size"] or bare_etag(before.etag) != entry[ETAG]:
+        raise mismatch(f"checksum mismatch of {source.describe(source_name)} (size {before.size}, ETag "
+                       f"{bare_etag(before.etag)} != manifest {entry['size']}, {entry[ETAG]})")
+    checksum = store.copy_from(target, source, source_name)
+    after = store.stat(target)
+    if after is None or after.size != entry["size"]:
+        raise mismatch("size mismatch")
+    copied = bare_etag(after.etag) or ""
+    plain = is_plain_md5(copied) and is_plain_md5(entry[ETAG])
+    if plain and copied != entry[ETAG]:
+        raise mismatch("checksum mismatch (ETag)")
+    published: dict[str, Any] = {"size": entry["size"], ETAG: copied,
+                                 "checked": "etag" if plain else "source-etag-and-size"}
+    if checksum is not None:
+        published["sha256"] = checksum
+    return published
 
 
 def _source(context: FinalizationContext, result: Any) -> tuple[StoreBackend, str]:

@@ -586,6 +586,12 @@ class StoreBackend(abc.ABC):
         data = self._read(name)
         return None if data is None else data[offset:offset + length]
 
+    # -- integrity: a content token the store computes itself ---------------------------------------------
+
+    content_token: str | None = None
+    """The token every object's :class:`ObjectInfo` carries that changes whenever its bytes do, computed by the
+    store itself (``"etag"``: S3's ETag in every listing); None: none, manifests carry SHA-256 (POSIX)."""
+
 
 def _owner_of(marker: Any) -> str:
     if isinstance(marker, dict) and isinstance(marker.get("owner"), str):
@@ -1326,6 +1332,10 @@ class S3Backend(StoreBackend):
         if length == 0:
             return None if self._stat(name) is None else b""
         return self._get(name, f"bytes={offset}-{offset + length - 1}")
+
+    # S3 computes each object's ETag (MD5 of a single-part object, a digest of the parts' MD5s for a multipart
+    # one) and lists it with the size: manifests record it instead of reading every byte back.
+    content_token: str | None = "etag"
 
 
 def _shown_url(url: str) -> str:

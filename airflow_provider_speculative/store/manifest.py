@@ -2,9 +2,13 @@
 
 Every function works on a :class:`StoreBackend` and names (``*_in``): the data prefix is listed once, each
 file's size and SHA-256 come from one streamed read, and a consumer verifies a file by name (size from
-``stat``, checksum from a streamed read) before reading it. A listing only finds the files an attempt wrote;
-what a consumer reads is what the manifest names. The path forms (``build_manifest(data_dir)``, ...) are thin
-wrappers over a :class:`PosixBackend` of the directory, for callers that still have paths.
+``stat``, checksum from a streamed read) before reading it. On a backend with a content token
+(:attr:`StoreBackend.content_token`, S3's ETag) the entries carry ``etag`` instead of ``sha256``, taken
+from the one listing of the data prefix with the sizes, and a consumer compares them with one listing: no byte
+is read back (the manifest's ``"integrity": "etag"``; absent: ``"sha256"``). A listing only finds the files an
+attempt wrote; what a consumer reads is what the manifest names. The path forms
+(``build_manifest(data_dir)``, ...) are thin wrappers over a :class:`PosixBackend` of the directory, for
+callers that still have paths.
 """
 
 from __future__ import annotations
@@ -18,11 +22,13 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from airflow_provider_speculative.exceptions import PartitionError, StoreError
-from airflow_provider_speculative.store.backend import PosixBackend, StoreBackend
+from airflow_provider_speculative.store.backend import ObjectInfo, PosixBackend, StoreBackend
 
 SUBPARTITION_COLUMN = "_sp"
 _SP = re.compile(rf"(?:^|/){SUBPARTITION_COLUMN}=(\d+)(?:/|$)")
 _CHUNK = 1 << 20
+ETAG = "etag"
+"""A manifest entry's key for the store's content token, and the manifest's ``integrity`` when entries carry it."""
 _T = TypeVar("_T")
 _R = TypeVar("_R")
 
@@ -80,8 +86,51 @@ def sha256_and_size(store: StoreBackend, name: str) -> tuple[str, int] | None:
     return digest.hexdigest(), size
 
 
+def bare_etag(etag: str | None) -> str | None:
+    """An ETag without the quotes S3 puts around it (listings and ``HeadObject`` both quote it); None stays None."""
+    return None if etag is None else etag.strip('"')
+
+
+def is_plain_md5(etag: str) -> bool:
+    """True if ``etag`` is the MD5 (hex) of the object's bytes: a single-part upload's, not a multipart ``...-N``."""
+    return re.fullmatch(r"[0-9a-f]{32}", etag) is not None
+
+
+def entry_integrity(entry: dict[str, Any], *, stage: str | None, subtask: int | None, attempt: int | None,
+                    shown: str) -> str:
+    """``"sha256"`` or ``"etag"``: what the manifest entry's content is checked by; an entry with neither is refused."""
+    if entry.get("sha256"):
+        return "sha256"
+    if entry.get(ETAG):
+        return ETAG
+    raise PartitionError(f"manifest entry for {shown} (stage {stage!r} subtask {subtask} attempt {attempt}) "
+                         "carries neither sha256 nor etag: its content cannot be checked",
+                         stage=stage, subtask=subtask, attempt=attempt)
+
+
+def _subpartition(rel: str) -> int | None:
+    match = _SP.search(rel)
+    return int(match.group(1)) if match else None
+
+
+def _manifest_by_token(store: StoreBackend, data: str, extra: dict[str, Any]) -> dict[str, Any]:
+    # One listing gives every data file's size and the store's own token: nothing is read back.
+    start = len(data) + 1 if data else 0
+    listed = {info.name[start:]: info for info in store.stat_all(data)}
+    files = []
+    for rel in sorted((n for n in listed if is_data_file(n)), key=lambda n: n.split("/")):
+        token = bare_etag(listed[rel].etag)
+        if not token:
+            raise StoreError(f"cannot describe {store.describe(_join(data, rel))}: the store listed it without "
+                             f"its {store.content_token}")
+        files.append({"path": rel, "size": listed[rel].size, ETAG: token, "subpartition": _subpartition(rel)})
+    return {"version": 1, "integrity": ETAG, "files": files, "bytes": sum(f["size"] for f in files), **extra}
+
+
 def build_manifest_in(store: StoreBackend, data: str, **extra: Any) -> dict[str, Any]:
-    """Describe every data file below prefix ``data``: path relative to it, size, SHA-256, subpartition."""
+    """Describe every data file below prefix ``data``: path relative to it, size, SHA-256 or ETag, subpartition."""
+    if store.content_token == ETAG:
+        return _manifest_by_token(store, data, extra)
 
     def describe(rel: str) -> dict[str, Any]:
         name = _join(data, rel)
@@ -129,14 +178,37 @@ def verify_files_in(store: StoreBackend, data: str, files: list[dict[str, Any]],
                     stage: str | None = None, subtask: int | None = None, attempt: int | None = None) -> None:
     """Raise :class:`PartitionError` if a file the manifest lists below ``data`` is missing, resized or changed.
 
-    Sizes by ``stat`` (``HeadObject`` on S3), checksums by a streamed read; the first bad file in the
-    manifest's order is the one reported.
+    Sizes by ``stat`` (``HeadObject`` on S3), checksums by a streamed read; an entry with an ``etag``: size
+    and ETag from one listing of ``data``, no read. The first bad file in the manifest's order is the one
+    reported; an entry with neither checksum is refused.
     """
     who = f"stage {stage!r} subtask {subtask} attempt {attempt}"
+    kinds = [entry_integrity(e, stage=stage, subtask=subtask, attempt=attempt,
+                             shown=store.describe(_join(data, e["path"]))) for e in files]
+    listed: dict[str, ObjectInfo] = {}
+    if ETAG in kinds:
+        # One ListObjectsV2 per 1,000 files instead of a HeadObject and a whole GetObject per file.
+        listed = {info.name: info for info in store.stat_all(data)}
+
+    def check_token(entry: dict[str, Any], name: str, shown: str) -> None:
+        info = listed.get(name)
+        if info is None:
+            raise PartitionError(f"missing partition file {shown} ({who})",
+                                 stage=stage, subtask=subtask, attempt=attempt)
+        if info.size != entry["size"]:
+            raise PartitionError(f"corrupt partition file {shown} ({who}): size {info.size} != manifest "
+                                 f"{entry['size']}", stage=stage, subtask=subtask, attempt=attempt)
+        if checksums and bare_etag(info.etag) != entry[ETAG]:
+            raise PartitionError(f"corrupt partition file {shown} ({who}): checksum mismatch (ETag "
+                                 f"{bare_etag(info.etag)} != manifest {entry[ETAG]})",
+                                 stage=stage, subtask=subtask, attempt=attempt)
 
     def check(entry: dict[str, Any]) -> None:
         name = _join(data, entry["path"])
         shown = store.describe(name)
+        if not entry.get("sha256"):
+            check_token(entry, name, shown)
+            return
         info = store.stat(name)
         if info is None:
             raise PartitionError(f"missing partition file {shown} ({who})",

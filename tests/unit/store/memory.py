@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
+from dataclasses import replace
 from typing import Any
 
 from airflow_provider_speculative.store.backend import ObjectInfo, StoreBackend
@@ -18,9 +19,12 @@ from airflow_provider_speculative.store.backend import ObjectInfo, StoreBackend
 class MemoryBackend(StoreBackend):
     """A store double in memory: exclusive create, replace, listings, journals and deletes; counts reads."""
 
-    def __init__(self, url: str = "memory://") -> None:
+    def __init__(self, url: str = "memory://", *, content_token: str | None = None) -> None:
         # ``url``: the root it stands for, e.g. ``s3://bucket/prefix`` to serve an S3 root through store/roots.py.
+        # ``content_token="etag"``: manifests carry ETags, as on S3; None: SHA-256, as on POSIX.
         self._url = url
+        self.content_token = content_token
+        self._written: dict[str, bytes] = {}
         self.objects: dict[str, bytes] = {}
         self.infos: dict[str, ObjectInfo] = {}
         self.journals: dict[str, list[dict[str, Any]]] = {}
@@ -46,8 +50,12 @@ class MemoryBackend(StoreBackend):
         # Caller holds the lock. A logical clock: every write has a newer mtime and its own ETag, as on S3.
         self._writes += 1
         self.objects[name] = data
-        etag = hashlib.md5(data + str(self._writes).encode(), usedforsecurity=False).hexdigest()
+        # With a content token the ETag is S3's for a single-part object (MD5 of the bytes), which a download
+        # can check; otherwise each write has its own.
+        salt = b"" if self.content_token else str(self._writes).encode()
+        etag = hashlib.md5(data + salt, usedforsecurity=False).hexdigest()
         self.infos[name] = ObjectInfo(name, len(data), float(self._writes), etag=f'"{etag}"')
+        self._written[name] = data
 
     def _create_exclusive(self, name: str, data: bytes) -> bool:
         with self.lock:
@@ -74,7 +82,13 @@ class MemoryBackend(StoreBackend):
         if data is None:
             return None
         info = self.infos.get(name)
-        return info if info is not None and info.size == len(data) else ObjectInfo(name, len(data), 0.0)
+        if info is not None and data is self._written.get(name):
+            return info
+        # Changed behind the store's back: a new ETag, as any replacement of an object's bytes on S3 has.
+        etag = f'"{hashlib.md5(data, usedforsecurity=False).hexdigest()}"'
+        if info is not None and info.size == len(data):
+            return replace(info, etag=etag)
+        return ObjectInfo(name, len(data), 0.0, etag=etag)
 
     def _list(self, prefix: str) -> list[str]:
         self.listings += 1
@@ -108,6 +122,7 @@ class MemoryBackend(StoreBackend):
     def _delete(self, name: str) -> bool:
         with self.lock:
             self.infos.pop(name, None)
+            self._written.pop(name, None)
             return self.objects.pop(name, None) is not None
 
     def _delete_tree(self, prefix: str, names: list[str]) -> int:
@@ -119,3 +134,6 @@ class MemoryBackend(StoreBackend):
         self.ranged_reads += 1
         data = self.objects.get(name)
         return None if data is None else data[offset:offset + length]
+
+    content_token: str | None = None
+    """``"etag"`` (set by the constructor): manifests on this double carry ETags, as on S3."""

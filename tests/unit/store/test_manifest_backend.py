@@ -7,6 +7,7 @@ import io
 import json
 import os
 import re
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -310,11 +311,23 @@ def test_a_manifest_names_the_same_files_on_s3_and_posix(tmp_path: Path) -> None
 
             class Pages:
                 def paginate(self, Bucket: str, Prefix: str, **_: Any) -> list[dict[str, Any]]:
-                    return [{"Contents": [{"Key": k} for k in sorted(objects) if k.startswith(Prefix)]}]
+                    return [{"Contents": [
+                        {"Key": k, "Size": len(objects[k]), "LastModified": datetime.now(UTC),
+                         "ETag": f'"{hashlib.md5(objects[k], usedforsecurity=False).hexdigest()}"'}
+                        for k in sorted(objects) if k.startswith(Prefix)]}]
 
             return Pages()
 
     objects = {f"root/{DATA}/{rel}": data for rel, data in {**OUTPUT, **BOOKKEEPING, **IN_FLIGHT}.items()}
     objects[f"root/{DATA}/_sp=1/"] = b""  # a directory marker s3a may keep
-    s3 = S3Backend("s3://b/root", client=Listing(objects))  # type: ignore[arg-type]
-    assert json.dumps(build_manifest_in(s3, DATA, at=1)) == json.dumps(build_manifest(tmp_path / DATA, at=1))
+    client = Listing(objects)
+    s3 = S3Backend("s3://b/root", client=client)  # type: ignore[arg-type]
+    on_s3, on_posix = build_manifest_in(s3, DATA, at=1), build_manifest(tmp_path / DATA, at=1)
+    # The same files, sizes and subpartitions; S3's entries carry the listed ETag, read from no object.
+    assert on_s3.pop("integrity") == "etag" and "integrity" not in on_posix
+    for entry in on_s3["files"]:
+        assert entry.pop("etag") == hashlib.md5(OUTPUT[entry["path"]], usedforsecurity=False).hexdigest()
+    for entry in on_posix["files"]:
+        assert entry.pop("sha256") == hashlib.sha256(OUTPUT[entry["path"]]).hexdigest()
+    assert json.dumps(on_s3) == json.dumps(on_posix)
+    assert client.bodies == []
