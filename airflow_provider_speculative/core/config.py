@@ -596,7 +596,7 @@ class SpeculativeConfig:
                "worker) before it fails naming pipeline, stage and targets (> 0); see [Targets and "
                "slots](#targets-and-slots)")
     slot_priority: str = _option(
-        CRITICAL_PATH, lambda n, v, w: _choice(n, v, w, SLOT_PRIORITIES),
+        FIFO, lambda n, v, w: _choice(n, v, w, SLOT_PRIORITIES),
         "Order of slot claims between stage runs of one DAG run sharing a target: 'critical_path' (a stage with a "
         "longer chain of stages after it claims free slots first) or 'fifo' (first come, first served).",
         manual="order of slot claims between the stage runs of one DAG run that share a target: `critical_path` = a "

@@ -21,7 +21,8 @@ PRIORITIES = {"scan_customer": 3, "scan_orders": 3, "scan_lineitem": 2, "join_or
 def stage(root: Path, name: str, clock: Clock, parallelism: int, targets: tuple[str, ...] = ("host",),
           faults: Faults | None = None, **config: Any) -> tuple[StageController, FakeBackend]:
     plan = stage_plan(root, stage=name, parallelism=parallelism, priorities=PRIORITIES,
-                      config={"targets": [{"name": t, "slots": 2} for t in targets], **config})
+                      config={"targets": [{"name": t, "slots": 2} for t in targets],
+                              "slot_priority": "critical_path", **config})
     layout = write_plan(plan)
     backend = FakeBackend(layout, clock)
     return StageController.open(plan, clock=clock, backends=dict.fromkeys(targets, backend), observer=backend,

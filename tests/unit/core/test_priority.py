@@ -84,8 +84,9 @@ def test_every_plan_names_every_stage_with_its_priority():
 
 
 def test_the_option_takes_critical_path_or_fifo():
-    assert SpeculativeConfig().slot_priority == "critical_path"
-    assert SpeculativeConfig().with_overrides({"slot_priority": "fifo"}, "test").slot_priority == "fifo"
+    assert SpeculativeConfig().slot_priority == "fifo"  # opt-in until measured (bench/README.md)
+    assert (SpeculativeConfig().with_overrides({"slot_priority": "critical_path"}, "test").slot_priority
+            == "critical_path")
     with pytest.raises(ConfigError, match="slot_priority"):
         SpeculativeConfig().with_overrides({"slot_priority": "lifo"}, "test")
 
