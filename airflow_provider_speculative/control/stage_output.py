@@ -59,7 +59,7 @@ class StageOutputLocator:
                  subpartitions: Sequence[int] | None = None, conn_id: str = "") -> None:
         if (logical_date is None) == (run_id is None):
             raise ValueError(f"DAG {dag_id!r}, stage {stage!r}: give exactly one of logical_date and run_id")
-        # A POSIX root as a Path, as before; an object store's root by its URL (str(Path) would mangle "s3://").
+        # A POSIX root as a Path; an object store's root by its URL (str(Path) would mangle "s3://").
         self.root: str | Path | StoreBackend = store_root if isinstance(store_root, StoreBackend) or \
             is_s3_root(store_root) else Path(store_root)
         self.conn_id = conn_id
