@@ -190,41 +190,33 @@ def verify_files_in(store: StoreBackend, data: str, files: list[dict[str, Any]],
         # One ListObjectsV2 per 1,000 files instead of a HeadObject and a whole GetObject per file.
         listed = {info.name: info for info in store.stat_all(data)}
 
-    def check_token(entry: dict[str, Any], name: str, shown: str) -> None:
-        info = listed.get(name)
+    def bad(shown: str, why: str = "") -> PartitionError:
+        kind = f"corrupt partition file {shown} ({who}): {why}" if why else f"missing partition file {shown} ({who})"
+        return PartitionError(kind, stage=stage, subtask=subtask, attempt=attempt)
+
+    def sized(entry: dict[str, Any], info: ObjectInfo | None, shown: str) -> ObjectInfo:
         if info is None:
-            raise PartitionError(f"missing partition file {shown} ({who})",
-                                 stage=stage, subtask=subtask, attempt=attempt)
+            raise bad(shown)
         if info.size != entry["size"]:
-            raise PartitionError(f"corrupt partition file {shown} ({who}): size {info.size} != manifest "
-                                 f"{entry['size']}", stage=stage, subtask=subtask, attempt=attempt)
-        if checksums and bare_etag(info.etag) != entry[ETAG]:
-            raise PartitionError(f"corrupt partition file {shown} ({who}): checksum mismatch (ETag "
-                                 f"{bare_etag(info.etag)} != manifest {entry[ETAG]})",
-                                 stage=stage, subtask=subtask, attempt=attempt)
+            raise bad(shown, f"size {info.size} != manifest {entry['size']}")
+        return info
 
     def check(entry: dict[str, Any]) -> None:
         name = _join(data, entry["path"])
         shown = store.describe(name)
         if not entry.get("sha256"):
-            check_token(entry, name, shown)
+            token = bare_etag(sized(entry, listed.get(name), shown).etag)
+            if checksums and token != entry[ETAG]:
+                raise bad(shown, f"checksum mismatch (ETag {token} != manifest {entry[ETAG]})")
             return
-        info = store.stat(name)
-        if info is None:
-            raise PartitionError(f"missing partition file {shown} ({who})",
-                                 stage=stage, subtask=subtask, attempt=attempt)
-        if info.size != entry["size"]:
-            raise PartitionError(f"corrupt partition file {shown} ({who}): size {info.size} != manifest "
-                                 f"{entry['size']}", stage=stage, subtask=subtask, attempt=attempt)
+        sized(entry, store.stat(name), shown)
         if not checksums:
             return
         read = sha256_and_size(store, name)
         if read is None:
-            raise PartitionError(f"missing partition file {shown} ({who})",
-                                 stage=stage, subtask=subtask, attempt=attempt)
+            raise bad(shown)
         if read[0] != entry["sha256"]:
-            raise PartitionError(f"corrupt partition file {shown} ({who}): checksum mismatch",
-                                 stage=stage, subtask=subtask, attempt=attempt)
+            raise bad(shown, "checksum mismatch")
 
     for _ in _in_order(store, check, files):
         pass
