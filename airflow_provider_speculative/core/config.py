@@ -11,6 +11,7 @@ from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from typing import Any, TypeVar
 
 from airflow_provider_speculative.core.contract import FAULTS_ENV
+from airflow_provider_speculative.core.paths import redact_url, url_scheme
 from airflow_provider_speculative.exceptions import ConfigError
 
 SECTION = "speculative"
@@ -266,26 +267,11 @@ def s3_store_url_problem(text: str) -> str | None:
     return _s3_store_problem(text)
 
 
-def _redacted(text: str) -> str:
-    """A store URL as messages show it: any ``user:password@`` replaced."""
-    scheme, sep, rest = text.partition("://")
-    authority, slash, tail = rest.partition("/")
-    if sep and "@" in authority:
-        authority = "***@" + authority.rsplit("@", 1)[1]
-    return f"{scheme}{sep}{authority}{slash}{tail}"
-
-
-def _store_scheme(text: str) -> str | None:
-    """The lower-case scheme of a store root given as ``scheme://...``; None for a path."""
-    head, sep, _ = text.partition("://")
-    return head.lower() if sep and re.fullmatch(r"[A-Za-z][A-Za-z0-9+.-]*", head) else None
-
-
 def check_store_opt_in(config: SpeculativeConfig, where: str) -> None:
     """Refuse an ``s3://`` ``store_path`` unless ``experimental_s3_store`` is set in the same configuration."""
-    scheme = _store_scheme(config.store_path)
+    scheme = url_scheme(config.store_path)
     if scheme in EXPERIMENTAL_STORE_SCHEMES and not config.experimental_s3_store:
-        raise _bad("store_path", _redacted(config.store_path), where,
+        raise _bad("store_path", redact_url(config.store_path), where,
                    f"store scheme {scheme!r} is not supported (supported: a local path or file://; a shared POSIX "
                    "mount such as NFS works as file://); a store on S3 is experimental and needs "
                    "[speculative] experimental_s3_store = true (docs/store.md)")
@@ -331,11 +317,11 @@ def _store_path(name: str, value: Any, where: str) -> str:
     text = _text(name, value, where)
     if not text:
         return text  # the default, $AIRFLOW_HOME/speculative-store
-    if _store_scheme(text) in EXPERIMENTAL_STORE_SCHEMES:
+    if url_scheme(text) in EXPERIMENTAL_STORE_SCHEMES:
         # Only the URL's text is judged here; whether S3 is allowed at all is the opt-in's (check_store_opt_in).
         problem = _s3_store_problem(text)
         if problem:
-            raise _bad(name, _redacted(text), where, problem)
+            raise _bad(name, redact_url(text), where, problem)
         return text.rstrip("/")
     # Fail when the DAG is parsed, not when an attempt starts; no I/O: only the path's text is judged.
     local = os.path.expanduser(store_root_path(text, where))
