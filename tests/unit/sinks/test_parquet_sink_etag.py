@@ -5,13 +5,10 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import boto3
-import moto
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -93,24 +90,6 @@ def test_an_entry_with_neither_checksum_is_refused_naming_the_attempt_and_file(t
     with pytest.raises(PartitionError, match=r"part-0.parquet \(stage 'write' subtask 0 attempt 0\) carries "
                                              "neither sha256 nor etag"):
         ParquetSink(str(tmp_path / "out") if sink == "local" else URL).finalize_global(_context(store, result))
-
-
-@pytest.fixture
-def s3(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
-    """Moto's S3 with buckets ``lake`` (the sink) and ``store``; yields the sink client's operations."""
-    with moto.mock_aws():
-        client = boto3.client("s3", region_name="us-east-1")
-        client.create_bucket(Bucket="lake")
-        client.create_bucket(Bucket="store")
-        calls: list[str] = []
-
-        def open_backend(location: Any, owner: str, credentials: Any) -> StoreBackend:
-            sink_client = boto3.client("s3", region_name="us-east-1")
-            sink_client.meta.events.register("before-call.s3.*", lambda model, **_: calls.append(model.name))
-            return S3Backend(f"s3://{location.bucket}", owner=owner, client=sink_client)
-
-        monkeypatch.setattr(parquet_s3, "open_sink_backend", open_backend)
-        yield calls
 
 
 def test_on_s3_etag_files_are_copied_server_side_and_checked_by_etag_without_a_read(s3: list[str]) -> None:

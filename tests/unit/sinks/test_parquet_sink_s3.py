@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import io
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import boto3
-import moto
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -425,24 +424,6 @@ def test_published_files_of_a_local_sink_are_the_files_its_manifest_names(tmp_pa
 
 
 # -- on moto's S3 -----------------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def s3(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
-    """An in-process S3 with buckets ``lake`` (the sink) and ``store``; yields the sink client's operations."""
-    with moto.mock_aws():
-        client = boto3.client("s3", region_name="us-east-1")
-        client.create_bucket(Bucket="lake")
-        client.create_bucket(Bucket="store")
-        calls: list[str] = []
-
-        def open_backend(location: Any, owner: str, credentials: Any) -> StoreBackend:
-            sink_client = boto3.client("s3", region_name="us-east-1")
-            sink_client.meta.events.register("before-call.s3.*", lambda model, **_: calls.append(model.name))
-            return S3Backend(f"s3://{location.bucket}", owner=owner, client=sink_client)
-
-        monkeypatch.setattr(parquet_s3, "open_sink_backend", open_backend)
-        yield calls
 
 
 def test_on_s3_a_store_on_s3_is_copied_server_side_and_readers_follow_the_pointer(s3: list[str]) -> None:
