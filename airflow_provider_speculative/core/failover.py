@@ -8,7 +8,7 @@ from typing import Any
 
 from airflow_provider_speculative.core.graph import PipelineGraph
 from airflow_provider_speculative.core.hybrid import read_attempt
-from airflow_provider_speculative.core.plan import StagePlan
+from airflow_provider_speculative.core.plan import StagePlan, file_subpartitions
 
 
 class InputReaders:
@@ -43,11 +43,14 @@ def input_readers(plan: StagePlan) -> InputReaders:
 
 
 def files_in_range(files: list[dict[str, Any]], subpartitions: list[int] | None) -> list[dict[str, Any]]:
-    """The producer files one consumer subtask reads: its subpartition range [start, stop), or all."""
+    """The producer files one consumer subtask reads: those with rows in its subpartition range [start, stop), or all.
+
+    A packed file with rows in the range is read too; the reader keeps only the range's rows of it.
+    """
     if subpartitions is None:
         return list(files)
     start, stop = subpartitions
-    return [f for f in files if f.get("subpartition") is not None and start <= f["subpartition"] < stop]
+    return [f for f in files if any(start <= sp < stop for sp in file_subpartitions(f))]
 
 
 @dataclass

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from itertools import accumulate
 from typing import Any, TypedDict, cast
 
-from airflow_provider_speculative.core.config import SpeculativeConfig
+from airflow_provider_speculative.core.config import AUTO, PACKED, PARTITIONED, SpeculativeConfig
 from airflow_provider_speculative.core.copartition import (
     HASH_SCHEME,
     check_key_types,
@@ -189,7 +189,8 @@ def plan_stage(
                           for name in graph.upstreams(stage_name)},
         "consumers": sorted({c for c, _, _ in graph.consumers(stage_name)}),
         "output": {"key": list(key), "max_parallelism": stage.max_parallelism, "sink": sink,
-                   **({"hash": HASH_SCHEME} if key else {})},
+                   **({"hash": HASH_SCHEME, "layout": exchange_layout(config, context.get("store_root"))}
+                      if key else {})},
         "inputs": inputs,
         "subtasks": subtasks,
         "config": config.to_json(),
@@ -372,14 +373,56 @@ def _plan_all_to_all(graph: PipelineGraph, stage_name: str, config: SpeculativeC
     return skew
 
 
+def exchange_layout(config: SpeculativeConfig, store_root: Any) -> str:
+    """The layout a keyed exchange is written in: ``exchange_layout``, with ``auto`` resolved by the store."""
+    if config.exchange_layout != AUTO:
+        return config.exchange_layout
+    return PACKED if isinstance(store_root, str) and is_object_url(store_root) else PARTITIONED
+
+
+def file_subpartitions(entry: dict[str, Any]) -> dict[int, int]:
+    """Bytes per subpartition of one manifest entry: a partitioned file's one, or a packed file's index.
+
+    A packed file (one per Spark task, rows sorted by subpartition) carries ``subpartitions``: its bytes
+    apportioned to each subpartition it holds rows of, by row count. A file of neither kind holds none.
+    """
+    packed = entry.get("subpartitions")
+    if packed is not None:
+        return {int(sp): int(size) for sp, size in packed.items()}
+    if entry.get("subpartition") is not None:
+        return {int(entry["subpartition"]): int(entry["size"])}
+    return {}
+
+
+def is_packed(entry: dict[str, Any]) -> bool:
+    """True for a packed exchange file: a reader of a subpartition range filters its rows by ``_sp``."""
+    return entry.get("subpartitions") is not None
+
+
+def packed_index(size: int, rows: dict[int, int]) -> dict[str, int]:
+    """A packed file's index: its ``size`` in bytes apportioned to each subpartition by its ``rows``.
+
+    Planning balances consumers' ranges on these bytes, as on a partitioned file's sizes; they add up to
+    ``size``. Keys are strings, as JSON keeps them.
+    """
+    total = sum(rows.values())
+    if total <= 0:
+        return {}
+    shares = {sp: size * n // total for sp, n in sorted(rows.items()) if n > 0}
+    # The bytes the floors dropped go to the largest subpartition, so the index adds up to the file.
+    if shares:
+        shares[max(shares, key=lambda sp: (rows[sp], -sp))] += size - sum(shares.values())
+    return {str(sp): b for sp, b in shares.items()}
+
+
 def subpartition_bytes(part: dict[str, Any]) -> dict[int, int]:
     """Bytes per subpartition of one committed producer subtask (compact record or full file list)."""
     if "subpartition_bytes" in part:
         return {int(sp): int(size) for sp, size in part["subpartition_bytes"].items()}
     out: dict[int, int] = {}
     for f in part.get("files") or []:
-        if f.get("subpartition") is not None:
-            out[int(f["subpartition"])] = out.get(int(f["subpartition"]), 0) + int(f["size"])
+        for sp, size in file_subpartitions(f).items():
+            out[sp] = out.get(sp, 0) + size
     return out
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from airflow_provider_speculative.core.plan import file_subpartitions
 from airflow_provider_speculative.exceptions import PartitionError, StoreError
 from airflow_provider_speculative.store.layout import RunNotOwnedError, StageLayout
 from airflow_provider_speculative.store.manifest import verify_files_in
@@ -46,8 +47,8 @@ def compact(entry: dict[str, Any]) -> dict[str, Any]:
         return entry
     per_sp: dict[str, int] = {}
     for f in files:
-        if f.get("subpartition") is not None:
-            per_sp[str(f["subpartition"])] = per_sp.get(str(f["subpartition"]), 0) + int(f["size"])
+        for sp, size in file_subpartitions(f).items():
+            per_sp[str(sp)] = per_sp.get(str(sp), 0) + size
     out = {k: v for k, v in entry.items() if k != "files"}
     out.update(file_count=len(files), subpartition_bytes=per_sp,
                bytes=entry.get("bytes") if entry.get("bytes") is not None else sum(int(f["size"]) for f in files))
