@@ -592,6 +592,26 @@ class StoreBackend(abc.ABC):
     """The token every object's :class:`ObjectInfo` carries that changes whenever its bytes do, computed by the
     store itself (``"etag"``: S3's ETag in every listing); None: none, manifests carry SHA-256 (POSIX)."""
 
+    # -- packed exchanges: a file's footer and one column's value counts ---------------------------------
+
+    def parquet_value_counts(self, name: str, column: str) -> tuple[FileMetaData, dict[int, int]]:
+        """The Parquet footer of object ``name`` and the row count of each value of its integer ``column``.
+
+        One open through :meth:`arrow_path`: the footer, then only that column's chunks are read (a sorted
+        subpartition column is a few bytes per page).
+        """
+        import pyarrow.compute as pc
+        import pyarrow.parquet as pq
+
+        filesystem, path = self.arrow_path(name)
+        with filesystem.open_input_file(path) as handle:
+            parquet = pq.ParquetFile(handle)
+            if column not in parquet.schema_arrow.names:
+                raise StoreError(f"{self.describe(name)} has no column {column!r}: not a packed exchange file")
+            counted = pc.value_counts(parquet.read(columns=[column]).column(column))
+            counts = {int(v["values"]): int(v["counts"]) for v in counted.to_pylist() if v["values"] is not None}
+            return parquet.metadata, counts
+
 
 def _owner_of(marker: Any) -> str:
     if isinstance(marker, dict) and isinstance(marker.get("owner"), str):
@@ -1336,6 +1356,15 @@ class S3Backend(StoreBackend):
     # S3 computes each object's ETag (MD5 of a single-part object, a digest of the parts' MD5s for a multipart
     # one) and lists it with the size: manifests record it instead of reading every byte back.
     content_token: str | None = "etag"
+
+    def parquet_value_counts(self, name: str, column: str) -> tuple[FileMetaData, dict[int, int]]:
+        """:meth:`StoreBackend.parquet_value_counts`; an error names the object and its type, never its text."""
+        try:
+            return super().parquet_value_counts(name, column)
+        except StoreError:
+            raise
+        except Exception as exc:
+            raise StoreError(f"cannot read column {column!r} of {self.describe(name)}: {type(exc).__name__}") from None
 
 
 def _shown_url(url: str) -> str:

@@ -11,7 +11,7 @@ import boto3
 import moto
 import pytest
 
-from airflow_provider_speculative.exceptions import PartitionError
+from airflow_provider_speculative.exceptions import PartitionError, StoreError
 from airflow_provider_speculative.store.backend import PosixBackend, S3Backend
 from airflow_provider_speculative.store.files import json_document
 from airflow_provider_speculative.store.manifest import build_manifest, build_manifest_in, verify_files_in
@@ -144,3 +144,39 @@ def test_on_s3_manifests_carry_etags_and_verify_by_listing(s3: S3Backend) -> Non
     s3._client.delete_object(Bucket=s3.bucket, Key=f"{s3.base}/{DATA}/_sp=2/part-00000.parquet")
     with pytest.raises(PartitionError, match=r"missing partition file .*_sp=2/part-00000.parquet"):
         verify_files_in(s3, DATA, manifest["files"], **WHO)
+
+
+def _packed_file(subpartitions: list[int]) -> bytes:
+    """A packed exchange file as pyarrow writes one: rows sorted by ``_sp``, small row groups."""
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    sink = io.BytesIO()
+    pq.write_table(pa.table({"k": list(range(len(subpartitions))), "_sp": sorted(subpartitions)}), sink,
+                   row_group_size=2)
+    return sink.getvalue()
+
+
+def test_a_packed_files_footer_and_subpartition_counts_come_from_one_open(tmp_path: Path) -> None:
+    # On S3 the same pyarrow read goes through S3FileSystem: the S3 store's integration tests write packed files.
+    store = PosixBackend(tmp_path)
+    store.replace(f"{DATA}/part-0.parquet", _packed_file([3, 0, 3, 7, 3]))
+    metadata, counts = store.parquet_value_counts(f"{DATA}/part-0.parquet", "_sp")
+    assert metadata.num_rows == 5 and metadata.num_row_groups == 3
+    assert counts == {0: 1, 3: 3, 7: 1}
+
+
+def test_a_file_without_the_subpartition_column_is_refused_naming_it(tmp_path: Path) -> None:
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    sink = io.BytesIO()
+    pq.write_table(pa.table({"k": [1]}), sink)
+    store = PosixBackend(tmp_path)
+    store.replace(f"{DATA}/part-0.parquet", sink.getvalue())
+    with pytest.raises(StoreError, match=r"part-0\.parquet has no column '_sp'"):
+        store.parquet_value_counts(f"{DATA}/part-0.parquet", "_sp")
