@@ -19,7 +19,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from airflow_provider_speculative.core.config import SpeculativeConfig
+from airflow_provider_speculative.core.config import PACKED, PARTITIONED, SpeculativeConfig
 from airflow_provider_speculative.core.contract import (
     EXIT_FAILED,
     EXIT_NODE_LOST,
@@ -30,7 +30,7 @@ from airflow_provider_speculative.core.contract import (
 from airflow_provider_speculative.core.copartition import key_cast
 from airflow_provider_speculative.core.faults import current as current_faults
 from airflow_provider_speculative.core.paths import is_object_url, split_object_url
-from airflow_provider_speculative.core.plan import StagePlan, load_plan
+from airflow_provider_speculative.core.plan import StagePlan, load_plan, packed_index
 from airflow_provider_speculative.core.states import HeartbeatPhase
 from airflow_provider_speculative.exceptions import StoreError, StoreFullError, StoreNotWritableError
 from airflow_provider_speculative.runtime.faults import inject_faults
@@ -324,6 +324,7 @@ class StageContext:
         # server for df.schema first is one more analysis of the whole plan, ~0.5 s per attempt on Connect.
         schema_json = df.schema.jsonValue() if output.get("sink") else None
         sink_info: dict[str, Any] | None = None
+        packed = bool(key) and not output.get("sink") and output.get("layout") == PACKED
         write_started = time.time()
         try:
             if output.get("sink"):
@@ -334,8 +335,14 @@ class StageContext:
                 # No repartition: Spark's writer sorts each task's rows by subpartition and writes one file per
                 # subpartition it holds, so the output is not shuffled once more before it is written.
                 partitioned = df.withColumn(SUBPARTITION_COLUMN, sp)
-                partitioned.write.options(**EXCHANGE_WRITE_OPTIONS).partitionBy(SUBPARTITION_COLUMN) \
-                    .parquet(store.spark_url(data))
+                if packed:
+                    # One file per Spark task, sorted so that each subpartition is a run of rows: a reader's
+                    # filter on _sp skips the others' row groups and pages by their statistics.
+                    partitioned.sortWithinPartitions(SUBPARTITION_COLUMN).write \
+                        .options(**EXCHANGE_WRITE_OPTIONS, **PACKED_WRITE_OPTIONS).parquet(store.spark_url(data))
+                else:
+                    partitioned.write.options(**EXCHANGE_WRITE_OPTIONS).partitionBy(SUBPARTITION_COLUMN) \
+                        .parquet(store.spark_url(data))
             else:
                 df.coalesce(1).write.options(**EXCHANGE_WRITE_OPTIONS).parquet(store.spark_url(data))
         except Exception as exc:
@@ -354,8 +361,9 @@ class StageContext:
             # zones its producers wrote in (core/copartition.py) and refuses a mix.
             manifest["partitioning"] = {"key": list(key), "max_parallelism": int(output["max_parallelism"]),
                                         "hash": output.get("hash") or "legacy",
-                                        "session_time_zone": self.spark.conf.get("spark.sql.session.timeZone")}
-        manifest["records"], written_schema = _read_footers(store, data, manifest["files"])
+                                        "session_time_zone": self.spark.conf.get("spark.sql.session.timeZone"),
+                                        "layout": PACKED if packed else PARTITIONED}
+        manifest["records"], written_schema = _read_footers(store, data, manifest["files"], packed=packed)
         if manifest["schema"] is None:
             # No file (an empty output) has no footer: only then ask the server.
             manifest["schema"] = written_schema if written_schema is not None else df.schema.jsonValue()
@@ -437,6 +445,8 @@ def read_attempt_plan(location: str) -> Any:
 # columns are mostly join keys and measures with few repeats, so Parquet's dictionary is built for every
 # file and column chunk and then abandoned (bench/README.md, exchange_write.py). Sinks keep the defaults.
 EXCHANGE_WRITE_OPTIONS = {"parquet.enable.dictionary": "false"}
+# A packed file's subpartition column is sorted: as a dictionary it is a few bytes per page.
+PACKED_WRITE_OPTIONS = {f"parquet.enable.dictionary#{SUBPARTITION_COLUMN}": "true"}
 
 _FULL_MESSAGES = ("No space left on device", "Disk quota exceeded")
 _DENIED_MESSAGES = ("Permission denied", "Read-only file system", "Mkdirs failed to create")
@@ -533,19 +543,29 @@ def _object_store_write_error(url: str, text: str) -> StoreError | None:
 SPARK_SCHEMA_KEY = b"org.apache.spark.sql.parquet.row.metadata"
 
 
-def _read_footers(store: StoreBackend, data: str, files: list[dict[str, Any]]) -> tuple[int, dict[str, Any] | None]:
+def _read_footers(store: StoreBackend, data: str, files: list[dict[str, Any]], *,
+                  packed: bool = False) -> tuple[int, dict[str, Any] | None]:
     """Count each Parquet file's records (into its entry) and return the total and the Spark schema of the first.
 
     ``files`` are the manifest's, below prefix ``data``; footers are read through the store's pyarrow file system.
+    A ``packed`` file's entry gets its subpartition index too (:func:`packed_index`), and the schema returned
+    is the rows' own, without the subpartition column.
     """
     import json
 
     total = 0
     schema: dict[str, Any] | None = None
     for entry in files:
-        metadata = store.parquet_metadata(f"{data}/{entry['path']}")
+        name = f"{data}/{entry['path']}"
+        if packed:
+            metadata, counts = store.parquet_value_counts(name, SUBPARTITION_COLUMN)
+            entry["subpartitions"] = packed_index(int(entry["size"]), counts)
+        else:
+            metadata = store.parquet_metadata(name)
         entry["records"] = metadata.num_rows
         total += metadata.num_rows
         if schema is None and SPARK_SCHEMA_KEY in (metadata.metadata or {}):
             schema = json.loads(metadata.metadata[SPARK_SCHEMA_KEY])
+    if packed and schema is not None:
+        schema = {**schema, "fields": [f for f in schema["fields"] if f.get("name") != SUBPARTITION_COLUMN]}
     return total, schema

@@ -11,20 +11,28 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from airflow_provider_speculative.core.config import SpeculativeConfig
 from airflow_provider_speculative.core.failover import files_in_range
 from airflow_provider_speculative.core.paths import is_object_url
-from airflow_provider_speculative.core.plan import StagePlan
+from airflow_provider_speculative.core.plan import StagePlan, is_packed
 from airflow_provider_speculative.core.states import HeartbeatPhase
 from airflow_provider_speculative.runtime.heartbeat import Heartbeat
 from airflow_provider_speculative.store.layout import StageLayout
-from airflow_provider_speculative.store.manifest import PartitionError, verify_files_in
+from airflow_provider_speculative.store.manifest import SUBPARTITION_COLUMN, PartitionError, verify_files_in
 from airflow_provider_speculative.store.results import committed_files
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.types import StructType
+
+
+class ExchangeFile(NamedTuple):
+    """A verified exchange file to read: its URL for Spark, and whether it is packed (filtered by ``_sp``)."""
+
+    url: str
+    packed: bool
 
 
 class StageInputs:
@@ -128,7 +136,7 @@ class StageInputs:
             delay = min(1.0, delay * 2)
 
     def _verified_urls(self, upstream: StageLayout, producer: int, attempt: int, files: list[dict[str, Any]],
-                       stage: str) -> list[str]:
+                       stage: str) -> list[ExchangeFile]:
         """Check a producer attempt's ``files`` by name against its manifest; their URLs for Spark."""
         store = self.layout.store
         data = upstream.name(upstream.data(producer, attempt))
@@ -137,19 +145,19 @@ class StageInputs:
             verify_files_in(store, data, files, stage=stage, subtask=producer, attempt=attempt)
         finally:
             self.verify_seconds += time.monotonic() - started
-        return [store.spark_url(f"{data}/{f['path']}") for f in files]
+        return [ExchangeFile(store.spark_url(f"{data}/{f['path']}"), is_packed(f)) for f in files]
 
-    def _files_of(self, name: str, attempts: dict[int, int]) -> list[str]:
-        """Verified files of these producer attempts within this subtask's subpartition range."""
+    def _files_of(self, name: str, attempts: dict[int, int]) -> list[ExchangeFile]:
+        """Verified files of these producer attempts with rows in this subtask's subpartition range."""
         shared, mine = self.plan["inputs"][name], self.spec["inputs"][name]
         upstream = self._upstream(name)
-        paths: list[str] = []
+        paths: list[ExchangeFile] = []
         for producer, attempt in sorted(attempts.items()):
             files = files_in_range(committed_files(upstream, producer, attempt), mine["subpartitions"])
             paths += self._verified_urls(upstream, producer, attempt, files, shared["upstream"])
         return paths
 
-    def _hybrid_files(self, name: str) -> list[str]:
+    def _hybrid_files(self, name: str) -> list[ExchangeFile]:
         """Hybrid input read whole: wait until every producer of the range is admitted, then its files."""
         producers = range(*self.spec["inputs"][name]["producers"])
         chosen: dict[int, int] = {}
@@ -185,8 +193,7 @@ class StageInputs:
             paths = self._files_of(name, batch)
             if paths:
                 schema = self._exchange_schema(name, batch)
-                reader = self.spark().read.schema(StructType.fromJson(schema)) if schema else self.spark().read
-                yield reader.parquet(*paths)
+                yield self._load(name, paths, StructType.fromJson(schema) if schema else None)
 
     def _exchange_schema(self, name: str, attempts: dict[int, int]) -> dict[str, Any] | None:
         """The input's schema: planned (blocking), else from an admitted producer's manifest (hybrid)."""
@@ -206,7 +213,19 @@ class StageInputs:
         Resolved from the producers' commits when the attempt starts (the plan names only producer and
         subpartition ranges): a partition re-produced by failover is read from its new attempt. A hybrid
         input waits until every producer of its range is admitted and reads the admitted attempts.
+        Refused for a subpartition range of packed files: they hold other subtasks' rows too.
         """
+        found = self._exchange_files(name)
+        if self.spec["inputs"][name]["subpartitions"] is not None and any(f.packed for f in found):
+            raise PartitionError(
+                f"pipeline {self.plan.get('pipeline')!r}, stage {self.stage!r}, input {name!r}: upstream "
+                f"{self.plan['inputs'][name]['upstream']!r} wrote packed files (exchange_layout), which hold other "
+                "subtasks' subpartitions too; read the input with ctx.read(), or set exchange_layout = partitioned",
+                stage=self.plan["inputs"][name]["upstream"])
+        return [f.url for f in found]
+
+    def _exchange_files(self, name: str) -> list[ExchangeFile]:
+        """:meth:`exchange_files` with each file's layout."""
         if self._hybrid(name):
             return self._hybrid_files(name)
         shared, mine = self.plan["inputs"][name], self.spec["inputs"][name]
@@ -215,7 +234,7 @@ class StageInputs:
         if committed is None:
             raise PartitionError(f"stage {self.stage!r} input {name!r}: upstream {shared['upstream']!r} has no "
                                  f"committed result at {upstream.committed}", stage=shared["upstream"])
-        paths: list[str] = []
+        paths: list[ExchangeFile] = []
         for producer in range(*mine["producers"]):
             part = committed["subtasks"][str(producer)]
             files = files_in_range(committed_files(upstream, producer, part["attempt"]), mine["subpartitions"])
@@ -225,7 +244,7 @@ class StageInputs:
     def _read_exchange(self, name: str, shared: dict[str, Any], mine: dict[str, Any]) -> DataFrame:
         from pyspark.sql.types import StructType
 
-        paths = self.exchange_files(name)
+        paths = self._exchange_files(name)
         if not shared.get("schema") and self._hybrid(name):
             found = self._exchange_schema(name, {int(p): a for p, a in self.reads.get(shared["upstream"], {}).items()})
             shared = {**shared, "schema": found}
@@ -235,7 +254,36 @@ class StageInputs:
                 raise PartitionError(f"stage {self.stage!r} input {name!r}: upstream {shared['upstream']!r} "
                                      "committed no schema", stage=shared["upstream"])
             return self.spark().createDataFrame([], schema)
-        reader = self.spark().read
-        if schema is not None:
-            reader = reader.schema(schema)
-        return reader.parquet(*paths)
+        return self._load(name, paths, schema)
+
+    def _load(self, name: str, files: list[ExchangeFile], schema: StructType | None) -> DataFrame:
+        """One DataFrame of exchange ``files``: a packed file's rows filtered to this subtask's range.
+
+        The filter on the sorted subpartition column lets Parquet's statistics skip the other subtasks'
+        row groups and pages; the column itself is dropped, so both layouts read the same rows and columns.
+        """
+        from pyspark.sql import functions as F
+        from pyspark.sql.types import LongType, StructField, StructType
+
+        def reader(fields: StructType | None) -> Any:
+            return self.spark().read.schema(fields) if fields is not None else self.spark().read
+
+        frames = []
+        plain = [f.url for f in files if not f.packed]
+        if plain:
+            frames.append(reader(schema).parquet(*plain))
+        packed = [f.url for f in files if f.packed]
+        if packed:
+            wanted = self.spec["inputs"][name]["subpartitions"]
+            with_sp = StructType([*schema.fields, StructField(SUBPARTITION_COLUMN, LongType())]) \
+                if schema is not None else None
+            frame = reader(with_sp).parquet(*packed)
+            if wanted is not None:
+                start, stop = wanted
+                sp = F.col(SUBPARTITION_COLUMN)
+                frame = frame.where((sp >= start) & (sp < stop))
+            frames.append(frame.drop(SUBPARTITION_COLUMN))
+        result = frames[0]
+        for frame in frames[1:]:
+            result = result.unionByName(frame)
+        return result

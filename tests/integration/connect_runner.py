@@ -22,6 +22,7 @@ from airflow_provider_speculative.devtools.runner import plan_connect_stage, run
 from airflow_provider_speculative.hooks.targets import REMOTE_ENV
 from airflow_provider_speculative.store.backend import StoreBackend
 from airflow_provider_speculative.store.layout import StageLayout
+from airflow_provider_speculative.store.manifest import SUBPARTITION_COLUMN
 
 
 @dataclass(frozen=True)
@@ -90,9 +91,12 @@ def committed_table(root: Path | StoreBackend, dag_id: str, run_id: str, stage: 
     for subtask, part in sorted(committed["subtasks"].items(), key=lambda item: int(item[0])):
         manifest = store.read_json(layout.name(layout.manifest(int(subtask), part["attempt"])))
         data = layout.name(layout.data(int(subtask), part["attempt"]))
-        # Read file by file: the exchange's _sp=<p> directories are not a column of the result.
-        tables += [pq.read_table(pa.BufferReader(store.read(f"{data}/{entry['path']}")), partitioning=None)
-                   for entry in manifest["files"]]
+        # Read file by file: the exchange's _sp=<p> directories are not a column of the result, nor is a packed
+        # file's _sp column.
+        for entry in manifest["files"]:
+            table = pq.read_table(pa.BufferReader(store.read(f"{data}/{entry['path']}")), partitioning=None)
+            tables.append(table.drop_columns([SUBPARTITION_COLUMN]) if SUBPARTITION_COLUMN in table.column_names
+                          else table)
     non_empty = [t for t in tables if t.num_rows]
     if not non_empty:
         return tables[0].slice(0, 0) if tables else pa.table({})

@@ -266,14 +266,18 @@ def spark_answer(table: pa.Table, columns: list[str]) -> list[tuple]:
 
 
 def run_and_compare(pool: ConnectPool, shape: Shape, data: dict[str, tuple[pa.Table, list[int]]],
-                    directory: Path) -> None:
-    """Build, run and compare one pipeline; check a refusal names the stage the contract refuses."""
+                    directory: Path, layout: str = "partitioned") -> None:
+    """Build, run and compare one pipeline; check a refusal names the stage the contract refuses.
+
+    ``layout`` is the exchanges' ``exchange_layout``: a packed file's rows are filtered to each reader's range.
+    """
     paths = write_tables(data, directory / "data")
     name, run_id = "differential", f"run-{next(_runs)}"
     refused = shape.refused_at()
     # --hypothesis-show-statistics then says what the examples covered.
     event(f"{len(shape.joins)} join(s): " + ", ".join(f"{j.left_input}+{j.dim_input}" for j in shape.joins))
     event("refused at parse" if refused else "ran")
+    event(f"exchange_layout {layout}")
     try:
         graph = build(shape, paths, name).graph()
     except PipelineError as exc:
@@ -283,7 +287,7 @@ def run_and_compare(pool: ConnectPool, shape: Shape, data: dict[str, tuple[pa.Ta
     assert refused is None, f"accepted a pipeline whose stage {refused!r} reads a split dimension beside another input"
     root = directory / "store"
     try:
-        run_pipeline(pool, graph, root, run_id)
+        run_pipeline(pool, graph, root, run_id, exchange_layout=layout)
     except PlanError as exc:  # nothing this generator draws is refused at plan
         raise AssertionError(f"refused at plan: {exc}") from exc
     got = spark_answer(committed_table(root, name, run_id, "aggregate"),
@@ -321,14 +325,14 @@ def _broadcast_shape() -> Shape:
 
 
 @differential_settings(examples=6, long_examples=100)
-@given(shape=shapes(), data=tables())
-@example(shape=_seeded_shape(), data=_seeded_data())
+@given(shape=shapes(), data=tables(), layout=st.sampled_from(["partitioned", "packed"]))
+@example(shape=_seeded_shape(), data=_seeded_data(), layout="packed")
 @example(shape=_broadcast_shape(), data={**_seeded_data(), "fact": (_seeded_data()["fact"][0], [0, 6, 2]),
-                                         "d1": (_seeded_data()["d1"][0], [0, 5])})
+                                         "d1": (_seeded_data()["d1"][0], [0, 5])}, layout="partitioned")
 def test_random_join_pipelines_equal_duckdb(shared_connect_pool: ConnectPool,
                                             tmp_path_factory: pytest.TempPathFactory, shape: Shape,
-                                            data: dict[str, tuple[pa.Table, list[int]]]) -> None:
-    run_and_compare(shared_connect_pool, shape, data, tmp_path_factory.mktemp("differential"))
+                                            data: dict[str, tuple[pa.Table, list[int]]], layout: str) -> None:
+    run_and_compare(shared_connect_pool, shape, data, tmp_path_factory.mktemp("differential"), layout)
 
 
 # -- the three mistakes of issue 29 ---------------------------------------------------------------

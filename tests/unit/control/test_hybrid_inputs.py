@@ -7,6 +7,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from airflow_provider_speculative.control.controller import StageController
 from airflow_provider_speculative.control.readmodel import stage_report
 from airflow_provider_speculative.core.states import AttemptState
@@ -14,7 +16,7 @@ from airflow_provider_speculative.runtime.context import StageContext
 from airflow_provider_speculative.store import journal
 from airflow_provider_speculative.store.files import atomic_write_json, read_json, read_jsonl
 from airflow_provider_speculative.store.layout import StageLayout
-from airflow_provider_speculative.store.manifest import build_manifest, write_manifest
+from airflow_provider_speculative.store.manifest import PartitionError, build_manifest, write_manifest
 from airflow_provider_speculative.store.task_state import record_task_state
 from tests.factories import Clock, stage_plan, write_plan
 from tests.unit.control.test_controller import FakeBackend
@@ -238,3 +240,23 @@ def test_the_producers_journal_is_tailed_by_cursor_torn_line_and_replacement_inc
     replacement.write_text('{"event": "admit", "subtask": 2, "attempt": 0}\n')
     replacement.replace(producer.layout.journal)
     assert HybridInputWatcher._read_journal(watched) == ({0, 1, 2}, True, 2)
+
+
+def test_exchange_files_of_a_range_of_packed_files_is_refused_naming_pipeline_stage_and_input(tmp_path: Path) -> None:
+    root = tmp_path / "store"
+    producer = Producer(root)
+    for subtask in range(3):
+        producer.finish(subtask, 0)
+        # Written packed: the one file holds rows of subpartitions 0-5.
+        manifest = read_json(producer.layout.manifest(subtask, 0))
+        for entry in manifest["files"]:
+            entry["subpartitions"] = {str(sp): 1 for sp in range(6)}
+        write_manifest(producer.layout.manifest(subtask, 0), manifest)
+    plan = consumer_plan(root, distribution="all_to_all")
+    whole = StageContext(plan, 0, 0, "local-a").exchange_files("rows")
+    assert len(whole) == 3  # the whole input: a packed file is read as it is
+    for spec in plan["subtasks"]:
+        spec["inputs"]["rows"]["subpartitions"] = [0, 4]
+    with pytest.raises(PartitionError, match="pipeline 'p', stage 'enrich', input 'rows': upstream 'scan' wrote "
+                                             "packed files"):
+        StageContext(plan, 1, 0, "local-a").exchange_files("rows")
