@@ -56,6 +56,7 @@ Spark work = ready to end), resume (``stage_complete`` to the resumed task's fin
 contention sampler of speculation.py (foreign CPU use on the machine).
 
     .venv/bin/python bench/warm.py [--data .data/tpch] [--pipelines q1,q3] [--repeat N] [--scenarios a,b,c,d,e,f,s,t,z]
+        [--slot-priority critical_path|fifo] [--exchange-layout auto|partitioned|packed]
 """
 
 from __future__ import annotations
@@ -494,9 +495,13 @@ def main() -> int:
                              "deployment that has been up runs it; its wall is reported as warm_up_wall")
     parser.add_argument("--slot-priority", choices=("critical_path", "fifo"), default=None,
                         help="d, e, f: [speculative] slot_priority of the deployment (default: the provider's)")
+    parser.add_argument("--exchange-layout", choices=("auto", "partitioned", "packed"), default=None,
+                        help="c-f, s, t: [speculative] exchange_layout (default: the provider's)")
     args = parser.parse_args()
     scenarios = args.scenarios.split(",")
-    priority = {"AIRFLOW__SPECULATIVE__SLOT_PRIORITY": args.slot_priority} if args.slot_priority else {}
+    options = {"AIRFLOW__SPECULATIVE__SLOT_PRIORITY": args.slot_priority} if args.slot_priority else {}
+    if args.exchange_layout:
+        options["AIRFLOW__SPECULATIVE__EXCHANGE_LAYOUT"] = args.exchange_layout
     benches = [BENCHES[name] for name in args.pipelines.split(",")]
     tpch = args.data.resolve()
     results_dir = HERE / "results" / f"warm-{dt.datetime.now():%Y%m%d-%H%M%S}"
@@ -539,10 +544,10 @@ def main() -> int:
                         row[scenario] = run_scheduled(bench, run_dir, tpch, {
                             **conns, "AIRFLOW__SPECULATIVE__TARGETS": json.dumps(connect_targets(args.slots)),
                             "AIRFLOW__SPECULATIVE__START_IN_TRIGGERER": "false" if scenario == "e" else "true",
-                            **priority},
+                            **options},
                             asset_api=scenario == "f", warm_deployment=args.warm_deployment)
                     else:
-                        env = base_env(run_dir, tpch)
+                        env = {**base_env(run_dir, tpch), **options}
                         if scenario == "b":
                             targets = [{"name": n, "conn_id": "spark_default", "slots": 1, "conf": SUBMIT_CONF}
                                        for n in ("local-a", "local-b")]
