@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from airflow_provider_speculative.core.config import SpeculativeConfig
 from airflow_provider_speculative.core.failover import files_in_range
 from airflow_provider_speculative.core.paths import is_object_url
-from airflow_provider_speculative.core.plan import StagePlan, is_packed
+from airflow_provider_speculative.core.plan import StagePlan, file_subpartitions, is_packed
 from airflow_provider_speculative.core.states import HeartbeatPhase
 from airflow_provider_speculative.runtime.heartbeat import Heartbeat
 from airflow_provider_speculative.store.layout import StageLayout
@@ -29,10 +29,12 @@ if TYPE_CHECKING:
 
 
 class ExchangeFile(NamedTuple):
-    """A verified exchange file to read: its URL for Spark, and whether it is packed (filtered by ``_sp``)."""
+    """A verified exchange file to read: its URL for Spark, whether it is packed, and if so whether all its rows
+    are in the reader's subpartition range (else they are filtered by ``_sp``)."""
 
     url: str
     packed: bool
+    whole: bool
 
 
 class StageInputs:
@@ -136,8 +138,11 @@ class StageInputs:
             delay = min(1.0, delay * 2)
 
     def _verified_urls(self, upstream: StageLayout, producer: int, attempt: int, files: list[dict[str, Any]],
-                       stage: str) -> list[ExchangeFile]:
-        """Check a producer attempt's ``files`` by name against its manifest; their URLs for Spark."""
+                       stage: str, span: list[int] | None) -> list[ExchangeFile]:
+        """Check a producer attempt's ``files`` by name against its manifest; their URLs for Spark.
+
+        ``span`` is the reader's subpartition range (None: all), which tells whether a packed file is read whole.
+        """
         store = self.layout.store
         data = upstream.name(upstream.data(producer, attempt))
         started = time.monotonic()
@@ -145,7 +150,9 @@ class StageInputs:
             verify_files_in(store, data, files, stage=stage, subtask=producer, attempt=attempt)
         finally:
             self.verify_seconds += time.monotonic() - started
-        return [ExchangeFile(store.spark_url(f"{data}/{f['path']}"), is_packed(f)) for f in files]
+        return [ExchangeFile(store.spark_url(f"{data}/{f['path']}"), is_packed(f),
+                             span is None or all(span[0] <= sp < span[1] for sp in file_subpartitions(f)))
+                for f in files]
 
     def _files_of(self, name: str, attempts: dict[int, int]) -> list[ExchangeFile]:
         """Verified files of these producer attempts with rows in this subtask's subpartition range."""
@@ -154,7 +161,7 @@ class StageInputs:
         paths: list[ExchangeFile] = []
         for producer, attempt in sorted(attempts.items()):
             files = files_in_range(committed_files(upstream, producer, attempt), mine["subpartitions"])
-            paths += self._verified_urls(upstream, producer, attempt, files, shared["upstream"])
+            paths += self._verified_urls(upstream, producer, attempt, files, shared["upstream"], mine["subpartitions"])
         return paths
 
     def _hybrid_files(self, name: str) -> list[ExchangeFile]:
@@ -213,13 +220,14 @@ class StageInputs:
         Resolved from the producers' commits when the attempt starts (the plan names only producer and
         subpartition ranges): a partition re-produced by failover is read from its new attempt. A hybrid
         input waits until every producer of its range is admitted and reads the admitted attempts.
-        Refused for a subpartition range of packed files: they hold other subtasks' rows too.
+        A packed file carries its subpartition as a column ``_sp``; one that holds rows outside this subtask's
+        range is refused (:class:`PartitionError`): its rows are not all this subtask's to read.
         """
         found = self._exchange_files(name)
-        if self.spec["inputs"][name]["subpartitions"] is not None and any(f.packed for f in found):
+        if not all(f.whole for f in found):
             raise PartitionError(
                 f"pipeline {self.plan.get('pipeline')!r}, stage {self.stage!r}, input {name!r}: upstream "
-                f"{self.plan['inputs'][name]['upstream']!r} wrote packed files (exchange_layout), which hold other "
+                f"{self.plan['inputs'][name]['upstream']!r} wrote packed files (exchange_layout) that hold other "
                 "subtasks' subpartitions too; read the input with ctx.read(), or set exchange_layout = partitioned",
                 stage=self.plan["inputs"][name]["upstream"])
         return [f.url for f in found]
@@ -238,7 +246,8 @@ class StageInputs:
         for producer in range(*mine["producers"]):
             part = committed["subtasks"][str(producer)]
             files = files_in_range(committed_files(upstream, producer, part["attempt"]), mine["subpartitions"])
-            paths += self._verified_urls(upstream, producer, part["attempt"], files, shared["upstream"])
+            paths += self._verified_urls(upstream, producer, part["attempt"], files, shared["upstream"],
+                                         mine["subpartitions"])
         return paths
 
     def _read_exchange(self, name: str, shared: dict[str, Any], mine: dict[str, Any]) -> DataFrame:
@@ -272,17 +281,16 @@ class StageInputs:
         plain = [f.url for f in files if not f.packed]
         if plain:
             frames.append(reader(schema).parquet(*plain))
-        packed = [f.url for f in files if f.packed]
-        if packed:
-            wanted = self.spec["inputs"][name]["subpartitions"]
+        whole = [f.url for f in files if f.packed and f.whole]
+        if whole:
+            frames.append(reader(schema).parquet(*whole).drop(SUBPARTITION_COLUMN))
+        part = [f.url for f in files if f.packed and not f.whole]
+        if part:
+            start, stop = self.spec["inputs"][name]["subpartitions"]
             with_sp = StructType([*schema.fields, StructField(SUBPARTITION_COLUMN, LongType())]) \
                 if schema is not None else None
-            frame = reader(with_sp).parquet(*packed)
-            if wanted is not None:
-                start, stop = wanted
-                sp = F.col(SUBPARTITION_COLUMN)
-                frame = frame.where((sp >= start) & (sp < stop))
-            frames.append(frame.drop(SUBPARTITION_COLUMN))
+            sp = F.col(SUBPARTITION_COLUMN)
+            frames.append(reader(with_sp).parquet(*part).where((sp >= start) & (sp < stop)).drop(SUBPARTITION_COLUMN))
         result = frames[0]
         for frame in frames[1:]:
             result = result.unionByName(frame)

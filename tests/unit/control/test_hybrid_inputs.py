@@ -242,7 +242,7 @@ def test_the_producers_journal_is_tailed_by_cursor_torn_line_and_replacement_inc
     assert HybridInputWatcher._read_journal(watched) == ({0, 1, 2}, True, 2)
 
 
-def test_exchange_files_of_a_range_of_packed_files_is_refused_naming_pipeline_stage_and_input(tmp_path: Path) -> None:
+def test_exchange_files_refuses_packed_files_with_rows_outside_the_range_naming_the_input(tmp_path: Path) -> None:
     root = tmp_path / "store"
     producer = Producer(root)
     for subtask in range(3):
@@ -255,8 +255,9 @@ def test_exchange_files_of_a_range_of_packed_files_is_refused_naming_pipeline_st
     plan = consumer_plan(root, distribution="all_to_all")
     whole = StageContext(plan, 0, 0, "local-a").exchange_files("rows")
     assert len(whole) == 3  # the whole input: a packed file is read as it is
-    for spec in plan["subtasks"]:
-        spec["inputs"]["rows"]["subpartitions"] = [0, 4]
+    plan["subtasks"][0]["inputs"]["rows"]["subpartitions"] = [0, 8]  # every row of the files is in the range
+    plan["subtasks"][1]["inputs"]["rows"]["subpartitions"] = [0, 4]
+    assert StageContext(plan, 0, 0, "local-a").exchange_files("rows") == whole
     with pytest.raises(PartitionError, match="pipeline 'p', stage 'enrich', input 'rows': upstream 'scan' wrote "
                                              "packed files"):
         StageContext(plan, 1, 0, "local-a").exchange_files("rows")
