@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 
 from airflow_provider_speculative.core.failover import files_in_range
 from airflow_provider_speculative.core.graph import ExchangeSpec, PipelineGraph, SourceSpec, StageSpec
+from airflow_provider_speculative.core.plan import file_subpartitions
 from airflow_provider_speculative.store.layout import StageLayout
 from airflow_provider_speculative.store.results import committed_files, read_committed
 
@@ -67,10 +68,17 @@ def bytes_read(root: Path, plan: dict[str, Any], input_name: str = "rows") -> li
         total = 0
         for producer in range(*mine["producers"]):
             attempt = committed["subtasks"][str(producer)]["attempt"]
-            total += sum(int(f["size"]) for f in files_in_range(committed_files(upstream, producer, attempt),
-                                                                 mine["subpartitions"]))
+            files = files_in_range(committed_files(upstream, producer, attempt), mine["subpartitions"])
+            total += sum(_bytes_in(f, mine["subpartitions"]) for f in files)
         out.append(total)
     return out
+
+
+def _bytes_in(entry: dict[str, Any], span: list[int] | None) -> int:
+    """A file's bytes in subpartition range ``span``: a partitioned file's size, a packed file's index within it."""
+    if span is None:
+        return int(entry["size"])
+    return sum(size for sp, size in file_subpartitions(entry).items() if span[0] <= sp < span[1])
 
 
 def max_over_median(values: list[int | float]) -> float:
