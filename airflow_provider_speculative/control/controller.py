@@ -483,6 +483,8 @@ class StageController:
     def _persist_blocks(self) -> None:
         # Blocks are extended while a slow attempt keeps running; a restarted controller and the
         # next stage of the run must see the latest deadline, not the first one.
+        if not self.scheduler.blocklist.until:
+            return  # nothing of ours to merge: the shared list would be written back unchanged, so not read
         shared = self._shared_blocks()
         merged = dict(shared)
         for node, until in self.scheduler.blocklist.until.items():
