@@ -52,7 +52,8 @@ def read_attempts(layout: StageLayout, parallelism: int, observer: Backend, back
     admitted: dict[int, int] = {}
     reaping: set[Key] = set()
     for subtask in range(parallelism):
-        for number in layout.attempt_numbers(subtask):
+        numbers, marked = layout.subtask_listing(subtask)
+        for number in numbers:
             if layout.exists(layout.claim(subtask, number)):
                 attempt = observer.poll(subtask, number, now)
                 attempts.append(attempt)
@@ -63,7 +64,9 @@ def read_attempts(layout: StageLayout, parallelism: int, observer: Backend, back
                 elif cancelled and backend_of(attempt.target).cleanup_pending(subtask, number):
                     # The client is gone but its target still has work to stop (a Connect session).
                     reaping.add((subtask, number))
-        marker = layout.read_json(layout.admitted(subtask))
+        # Absent from the listing is as good as a read that missed it; its record (a recovery may replace it) is
+        # read fresh when there.
+        marker = layout.read_json(layout.admitted(subtask)) if marked else None
         if marker is not None:
             admitted[subtask] = marker["attempt"]
     return StoredAttempts(attempts, admitted, reaping)

@@ -464,14 +464,19 @@ class StageLayout:
 
     def attempt_numbers(self, subtask: int) -> list[int]:
         """Attempt numbers that exist (claimed) for ``subtask``, ascending."""
+        return self.subtask_listing(subtask)[0]
+
+    def subtask_listing(self, subtask: int) -> tuple[list[int], bool]:
+        """From one listing of ``subtask``: its attempt numbers, ascending, and whether its admitted marker is there."""
         numbers = []
-        for entry in self.store.children(self.name(self.subtask_dir(subtask))):
+        entries = self.store.children(self.name(self.subtask_dir(subtask)))
+        for entry in entries:
             if entry.startswith("attempt="):
                 try:
                     numbers.append(int(entry.rstrip("/").split("=", 1)[1]))
                 except ValueError:
                     continue
-        return sorted(numbers)
+        return sorted(numbers), ADMITTED_FILE in entries
 
 
 def local_root() -> Path:
