@@ -61,7 +61,7 @@ class MemoryBackend(StoreBackend):
         self._written[name] = data
 
     def _create_exclusive(self, name: str, data: bytes) -> bool:
-        self.ops[('create_exclusive', name)] += 1
+        self.ops[("create_exclusive", name)] += 1
         with self.lock:
             if name in self.objects:
                 return False
@@ -69,17 +69,17 @@ class MemoryBackend(StoreBackend):
             return True
 
     def _replace(self, name: str, data: bytes) -> None:
-        self.ops[('replace', name)] += 1
+        self.ops[("replace", name)] += 1
         with self.lock:
             self._put(name, data)
 
     def _read(self, name: str) -> bytes | None:
-        self.ops[('read', name)] += 1
+        self.ops[("read", name)] += 1
         self.reads += 1
         return self.objects.get(name)
 
     def _stat(self, name: str) -> ObjectInfo | None:
-        self.ops[('stat', name)] += 1
+        self.ops[("stat", name)] += 1
         self.stats += 1
         return self._info(name)
 
@@ -98,7 +98,7 @@ class MemoryBackend(StoreBackend):
         return ObjectInfo(name, len(data), 0.0, etag=etag)
 
     def _list(self, prefix: str) -> list[str]:
-        self.ops[('list', prefix)] += 1
+        self.ops[("list", prefix)] += 1
         self.listings += 1
         start = prefix + "/" if prefix else ""
         return sorted(n for n in self.objects if n.startswith(start))
@@ -116,22 +116,22 @@ class MemoryBackend(StoreBackend):
         return [info for name in self._list(prefix) if (info := self._info(name)) is not None]
 
     def _append(self, journal: str, record: dict[str, Any]) -> None:
-        self.ops[('append', journal)] += 1
+        self.ops[("append", journal)] += 1
         with self.lock:
             self.journals.setdefault(journal, []).append(json.loads(json.dumps(record, default=str)))
 
     def _read_journal(self, journal: str) -> list[dict[str, Any]]:
-        self.ops[('read_journal', journal)] += 1
+        self.ops[("read_journal", journal)] += 1
         return list(self.journals.get(journal, []))
 
     def _read_marker(self, prefix: str) -> Any:
-        self.ops[('read_marker', prefix)] += 1
+        self.ops[("read_marker", prefix)] += 1
         self.marker_reads += 1
         data = self.objects.get(f"{prefix}/_owner.json" if prefix else "_owner.json")
         return None if data is None else json.loads(data)
 
     def _delete(self, name: str) -> bool:
-        self.ops[('delete', name)] += 1
+        self.ops[("delete", name)] += 1
         with self.lock:
             self.infos.pop(name, None)
             self._written.pop(name, None)
@@ -141,7 +141,7 @@ class MemoryBackend(StoreBackend):
         return sum(self._delete(name) for name in names)
 
     def _read_range(self, name: str, offset: int, length: int) -> bytes | None:
-        self.ops[('read_range', name)] += 1
+        self.ops[("read_range", name)] += 1
         # Counted as a read, as S3 counts a ranged GetObject; only the range is handed back.
         self.reads += 1
         self.ranged_reads += 1
