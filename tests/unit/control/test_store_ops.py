@@ -73,7 +73,7 @@ def test_a_stage_run_costs_store_requests_linear_in_its_subtasks() -> None:
             roots.forget_stores()
         every: Counter[tuple[str, str]] = sum(phases.values(), Counter())
         totals[parallelism] = sum(every.values())
-        # 2026-11-28, 8 subtasks: open 13, first step 57, idle step 5, admit and commit 119 (194 in all).
+        # Per subtask: a launch claims a slot (list, create, list) and an attempt; an admission releases it.
         assert totals[parallelism] <= 25 * parallelism + 20
         assert sum(phases["open"].values()) <= parallelism + 8
         assert sum(phases["first step"].values()) <= 7 * parallelism + 8

@@ -148,12 +148,5 @@ class MemoryBackend(StoreBackend):
         data = self.objects.get(name)
         return None if data is None else data[offset:offset + length]
 
-    def op_counts(self) -> Counter[str]:
-        """The requests so far by kind (read, replace, list, ...), names summed."""
-        kinds: Counter[str] = Counter()
-        for (kind, _), count in self.ops.items():
-            kinds[kind] += count
-        return kinds
-
     content_token: str | None = None
     """``"etag"`` (set by the constructor): manifests on this double carry ETags, as on S3."""
