@@ -65,6 +65,23 @@ def hashes_as_bigint(spark_type: Any, scheme: str | None) -> bool:
     return scheme == HASH_SCHEME and not isinstance(spark_type, dict) and key_family(spark_type) == "integer"
 
 
+def exchange_output_problem(columns: Sequence[str], key: Sequence[str], reserved: str) -> str | None:
+    """Why a keyed exchange output with ``columns`` cannot be written, or None.
+
+    The key columns must be there, and no column may be named ``reserved``: the exchange writes each row's
+    subpartition under that name (a directory or a column), which would replace the user's values unseen. Spark
+    resolves column names without case by default, so any case of it is refused.
+    """
+    missing = [k for k in key if k not in columns]
+    if missing:
+        return f"the output lacks exchange key columns {missing} (columns: {list(columns)})"
+    clash = [c for c in columns if c.lower() == reserved.lower()]
+    if clash:
+        return (f"the output has a column named {clash[0]!r}, which an exchange reserves for each row's "
+                f"subpartition ({reserved!r}); rename it (columns: {list(columns)})")
+    return None
+
+
 def key_cast(spark_type: Any, scheme: str | None) -> tuple[str, bool]:
     """The type a key column of ``spark_type`` is cast to before hashing, and whether as ``try_cast``.
 

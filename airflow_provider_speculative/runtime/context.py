@@ -27,7 +27,7 @@ from airflow_provider_speculative.core.contract import (
     EXIT_STORE_FULL,
     EXIT_STORE_NOT_WRITABLE,
 )
-from airflow_provider_speculative.core.copartition import key_cast
+from airflow_provider_speculative.core.copartition import exchange_output_problem, key_cast
 from airflow_provider_speculative.core.faults import current as current_faults
 from airflow_provider_speculative.core.paths import is_object_url, split_object_url
 from airflow_provider_speculative.core.plan import StagePlan, load_plan, packed_index
@@ -382,10 +382,9 @@ class StageContext:
         from pyspark.sql import functions as F
 
         types = {field.name: field.dataType.jsonValue() for field in df.schema.fields}
-        missing = [k for k in key if k not in types]
-        if missing:
-            raise ValueError(f"pipeline {self.plan.get('pipeline')!r}, stage {self.stage!r}: the output lacks "
-                             f"exchange key columns {missing} (columns: {list(types)})")
+        problem = exchange_output_problem(list(types), key, SUBPARTITION_COLUMN)
+        if problem:
+            raise ValueError(f"pipeline {self.plan.get('pipeline')!r}, stage {self.stage!r}: {problem}")
         columns = []
         for k in key:
             to, lenient = key_cast(types[k], scheme)

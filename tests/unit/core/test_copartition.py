@@ -9,6 +9,7 @@ from airflow_provider_speculative.core.copartition import (
     STRING_HASH_SCHEME,
     check_key_types,
     check_partitioning,
+    exchange_output_problem,
     hashes_as_bigint,
     hybrid_key_refusal,
     key_cast,
@@ -140,3 +141,15 @@ def test_only_the_integer_family_hashes_as_bigint_and_only_under_the_current_sch
 ])
 def test_key_cast_names_the_type_and_the_lenient_cast(spark_type, scheme, cast) -> None:
     assert key_cast(spark_type, scheme) == cast
+
+
+@pytest.mark.parametrize(("columns", "problem"), [
+    (["k", "v"], None),
+    (["v"], "lacks exchange key columns ['k'] (columns: ['v'])"),
+    (["k", "_sp"], "has a column named '_sp', which an exchange reserves"),
+    (["k", "_SP", "v"], "has a column named '_SP', which an exchange reserves"),
+])
+def test_a_keyed_output_needs_its_key_and_must_not_carry_the_subpartition_column(
+        columns: list[str], problem: str | None) -> None:
+    found = exchange_output_problem(columns, ["k"], "_sp")
+    assert found is None if problem is None else problem in found
