@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from itertools import accumulate
 from typing import Any, TypedDict, cast
 
-from airflow_provider_speculative.core.config import AUTO, PACKED, PARTITIONED, SpeculativeConfig
+from airflow_provider_speculative.core.config import AUTO, PACKED, SpeculativeConfig
 from airflow_provider_speculative.core.copartition import (
     HASH_SCHEME,
     check_key_types,
@@ -374,10 +374,15 @@ def _plan_all_to_all(graph: PipelineGraph, stage_name: str, config: SpeculativeC
 
 
 def exchange_layout(config: SpeculativeConfig, store_root: Any) -> str:
-    """The layout a keyed exchange is written in: ``exchange_layout``, with ``auto`` resolved by the store."""
-    if config.exchange_layout != AUTO:
-        return config.exchange_layout
-    return PACKED if isinstance(store_root, str) and is_object_url(store_root) else PARTITIONED
+    """The layout a keyed exchange is written in: ``exchange_layout``, with ``auto`` resolved.
+
+    ``auto`` is ``packed`` on every store: fewer objects on an object store, and on a file system a reader of
+    part of a packed file checks only its tail and the pages it reads (``store/manifest.py``), so each byte
+    read is checked once as with partitioned files. ``store_root`` stays an input: a store without page checks
+    would resolve otherwise.
+    """
+    del store_root
+    return PACKED if config.exchange_layout == AUTO else config.exchange_layout
 
 
 def file_subpartitions(entry: dict[str, Any]) -> dict[int, int]:

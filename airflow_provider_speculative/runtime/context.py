@@ -45,6 +45,8 @@ from airflow_provider_speculative.store.manifest import (
     SUBPARTITION_COLUMN,
     PartitionError,
     build_manifest_in,
+    parquet_data_end,
+    tail_digest,
     write_manifest_in,
 )
 from airflow_provider_speculative.store.roots import is_s3_root, read_plan_url, root_url
@@ -171,6 +173,9 @@ class StageContext:
         if exc is not None and self._node_lost is not None:
             # The job failed because the watchdog cancelled it: the cause is the lost node.
             exc = self._node_lost
+        elif exc is not None and not isinstance(exc, PartitionError):
+            # Spark failed reading a producer's file (a page CRC, a truncated file): that partition is lost.
+            exc = self._inputs.read_failure(exc) or exc
         if exc is not None:
             code = _exit_code(exc)
             kept = None
@@ -445,7 +450,10 @@ def read_attempt_plan(location: str) -> Any:
 # file and column chunk and then abandoned (bench/README.md, exchange_write.py). Sinks keep the defaults.
 EXCHANGE_WRITE_OPTIONS = {"parquet.enable.dictionary": "false"}
 # A packed file's subpartition column is sorted: as a dictionary it is a few bytes per page.
-PACKED_WRITE_OPTIONS = {f"parquet.enable.dictionary#{SUBPARTITION_COLUMN}": "true"}
+# Its pages carry CRC32s (parquet-mr's default, stated so that no session setting turns them off): a reader
+# of part of a packed file checks the pages it reads by them, and only the file's tail by SHA-256.
+PACKED_WRITE_OPTIONS = {f"parquet.enable.dictionary#{SUBPARTITION_COLUMN}": "true",
+                        "parquet.page.write-checksum.enabled": "true"}
 
 _FULL_MESSAGES = ("No space left on device", "Disk quota exceeded")
 _DENIED_MESSAGES = ("Permission denied", "Read-only file system", "Mkdirs failed to create")
@@ -548,7 +556,9 @@ def _read_footers(store: StoreBackend, data: str, files: list[dict[str, Any]], *
 
     ``files`` are the manifest's, below prefix ``data``; footers are read through the store's pyarrow file system.
     A ``packed`` file's entry gets its subpartition index too (:func:`packed_index`), and the schema returned
-    is the rows' own, without the subpartition column.
+    is the rows' own, without the subpartition column. A packed entry checked by SHA-256 (a POSIX store) also
+    records its ``tail``: where its pages end and the SHA-256 of the bytes after, which readers of a part of
+    it check instead of the whole file (their Spark reads verify the pages' CRCs).
     """
     import json
 
@@ -559,6 +569,13 @@ def _read_footers(store: StoreBackend, data: str, files: list[dict[str, Any]], *
         if packed:
             metadata, counts = store.parquet_value_counts(name, SUBPARTITION_COLUMN)
             entry["subpartitions"] = packed_index(int(entry["size"]), counts)
+            if entry.get("sha256"):
+                offset = parquet_data_end(metadata)
+                digest = tail_digest(store, name, offset, int(entry["size"])) if offset < entry["size"] else None
+                if digest is None:
+                    raise StoreError(f"{store.describe(name)}: its Parquet pages end at byte {offset} of "
+                                     f"{entry['size']}; it changed while its manifest was written")
+                entry["tail"] = {"offset": offset, "sha256": digest}
         else:
             metadata = store.parquet_metadata(name)
         entry["records"] = metadata.num_rows

@@ -55,6 +55,9 @@ class StageInputs:
         # Hybrid inputs: producer stage -> {producer subtask: admitted attempt read}; in every heartbeat,
         # so the controller restarts exactly the attempts that read a partition later withdrawn (FLIP-1).
         self.reads: dict[str, dict[str, int]] = {}
+        # Every exchange file handed to Spark, by its name (unique: Spark names it by its write job's UUID):
+        # the producer stage, subtask and attempt a failed read of it is blamed on.
+        self.opened: dict[str, tuple[str, int, int]] = {}
 
     def read(self, name: str) -> DataFrame:
         """Read input ``name``: this subtask's split of a source, or its range of an upstream stage."""
@@ -145,14 +148,29 @@ class StageInputs:
         """
         store = self.layout.store
         data = upstream.name(upstream.data(producer, attempt))
+        whole = [span is None or all(span[0] <= sp < span[1] for sp in file_subpartitions(f)) for f in files]
+        # A packed file read in part is shared with other readers: its tail here, its pages' CRCs in Spark.
+        shared = {f["path"] for f, w in zip(files, whole, strict=True) if is_packed(f) and not w}
         started = time.monotonic()
         try:
-            verify_files_in(store, data, files, stage=stage, subtask=producer, attempt=attempt)
+            verify_files_in(store, data, files, stage=stage, subtask=producer, attempt=attempt, by_tail=shared)
         finally:
             self.verify_seconds += time.monotonic() - started
-        return [ExchangeFile(store.spark_url(f"{data}/{f['path']}"), is_packed(f),
-                             span is None or all(span[0] <= sp < span[1] for sp in file_subpartitions(f)))
-                for f in files]
+        for f in files:
+            self.opened[f["path"].rsplit("/", 1)[-1]] = (stage, producer, attempt)
+        return [ExchangeFile(store.spark_url(f"{data}/{f['path']}"), is_packed(f), w)
+                for f, w in zip(files, whole, strict=True)]
+
+    def read_failure(self, exc: BaseException) -> PartitionError | None:
+        """A :class:`PartitionError` blaming the producer whose file Spark failed to read in ``exc``; else None."""
+        found = failed_read(str(exc), self.opened)
+        if found is None:
+            return None
+        stage, producer, attempt = self.opened[found]
+        return PartitionError(
+            f"pipeline {self.plan.get('pipeline')!r}, stage {self.stage!r}: cannot read exchange file {found} of "
+            f"stage {stage!r} subtask {producer} attempt {attempt}: {_first_line(str(exc))}",
+            stage=stage, subtask=producer, attempt=attempt)
 
     def _files_of(self, name: str, attempts: dict[int, int]) -> list[ExchangeFile]:
         """Verified files of these producer attempts with rows in this subtask's subpartition range."""
@@ -275,7 +293,8 @@ class StageInputs:
         from pyspark.sql.types import LongType, StructField, StructType
 
         def reader(fields: StructType | None) -> Any:
-            return self.spark().read.schema(fields) if fields is not None else self.spark().read
+            read = self.spark().read.options(**EXCHANGE_READ_OPTIONS)
+            return read.schema(fields) if fields is not None else read
 
         frames = []
         plain = [f.url for f in files if not f.packed]
@@ -295,3 +314,23 @@ class StageInputs:
         for frame in frames[1:]:
             result = result.unionByName(frame)
         return result
+
+
+# Parquet's page CRC32s, checked as each page is read (off by default in parquet-mr): the pages of a packed file
+# that a reader shares with others are checked only here.
+EXCHANGE_READ_OPTIONS = {"parquet.page.verify-checksum.enabled": "true"}
+# How Spark reports a file it could not read ([FAILED_READ_FILE] wraps a page CRC mismatch, a truncated or
+# vanished file), in a local session's and a Connect client's exceptions alike.
+_READ_FAILURES = ("FAILED_READ_FILE", "Encountered error while reading file", "CRC checksum verification failed",
+                  "FileNotFoundException", "is not a Parquet file")
+
+
+def failed_read(text: str, names: Iterable[str]) -> str | None:
+    """The first of ``names`` (file names) that Spark's error ``text`` reports it failed to read; else None."""
+    if not any(marker in text for marker in _READ_FAILURES):
+        return None
+    return next((name for name in names if name and name in text), None)
+
+
+def _first_line(text: str) -> str:
+    return text.strip().splitlines()[0][:500] if text.strip() else ""

@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
@@ -84,6 +84,32 @@ def sha256_and_size(store: StoreBackend, name: str) -> tuple[str, int] | None:
             digest.update(block)
             size += len(block)
     return digest.hexdigest(), size
+
+
+def parquet_data_end(metadata: Any) -> int:
+    """Where a Parquet file's pages end: its indexes, bloom filters and footer follow (``metadata``: pyarrow's).
+
+    The bytes from there to the end (the tail) say where every page is and what it holds; the pages
+    themselves carry a CRC32 each, which a reader verifies page by page.
+    """
+    end = 4  # the leading magic bytes "PAR1"
+    for group in range(metadata.num_row_groups):
+        row_group = metadata.row_group(group)
+        for column in range(row_group.num_columns):
+            chunk = row_group.column(column)
+            starts = [chunk.data_page_offset]
+            if chunk.has_dictionary_page and chunk.dictionary_page_offset is not None:
+                starts.append(chunk.dictionary_page_offset)
+            end = max(end, min(starts) + chunk.total_compressed_size)
+    return end
+
+
+def tail_digest(store: StoreBackend, name: str, offset: int, size: int) -> str | None:
+    """Hex SHA-256 of object ``name`` from byte ``offset`` to ``size``; None if missing or shorter."""
+    tail = store.read_range(name, offset, size - offset)
+    if tail is None or len(tail) != size - offset:
+        return None
+    return hashlib.sha256(tail).hexdigest()
 
 
 def bare_etag(etag: str | None) -> str | None:
@@ -175,12 +201,15 @@ def read_manifest(manifest_path: str | Path) -> dict[str, Any] | None:
 
 
 def verify_files_in(store: StoreBackend, data: str, files: list[dict[str, Any]], *, checksums: bool = True,
-                    stage: str | None = None, subtask: int | None = None, attempt: int | None = None) -> None:
+                    stage: str | None = None, subtask: int | None = None, attempt: int | None = None,
+                    by_tail: Collection[str] = ()) -> None:
     """Raise :class:`PartitionError` if a file the manifest lists below ``data`` is missing, resized or changed.
 
     Sizes by ``stat`` (``HeadObject`` on S3), checksums by a streamed read; an entry with an ``etag``: size
-    and ETag from one listing of ``data``, no read. The first bad file in the manifest's order is the one
-    reported; an entry with neither checksum is refused.
+    and ETag from one listing of ``data``, no read. An entry whose path is in ``by_tail`` and that records its
+    ``tail`` (a packed file several readers share): size, then the SHA-256 of the tail alone; the caller reads
+    it with Parquet's page CRCs verified, so each byte it reads is checked once. The first bad file in the
+    manifest's order is the one reported; an entry with neither checksum is refused.
     """
     who = f"stage {stage!r} subtask {subtask} attempt {attempt}"
     kinds = [entry_integrity(e, stage=stage, subtask=subtask, attempt=attempt,
@@ -209,8 +238,13 @@ def verify_files_in(store: StoreBackend, data: str, files: list[dict[str, Any]],
             if checksums and token != entry[ETAG]:
                 raise bad(shown, f"checksum mismatch (ETag {token} != manifest {entry[ETAG]})")
             return
-        sized(entry, store.stat(name), shown)
+        size = sized(entry, store.stat(name), shown).size
         if not checksums:
+            return
+        tail = entry.get("tail")
+        if entry["path"] in by_tail and isinstance(tail, dict):
+            if tail_digest(store, name, int(tail["offset"]), size) != tail["sha256"]:
+                raise bad(shown, "checksum mismatch (Parquet footer and indexes)")
             return
         read = sha256_and_size(store, name)
         if read is None:

@@ -76,16 +76,16 @@ def test_consumer_ranges_and_input_bytes_are_the_same_for_either_layout() -> Non
 
 @pytest.mark.parametrize(("setting", "root", "expected"), [
     ("auto", "s3://bucket/store", "packed"), ("auto", "s3a://bucket/store", "packed"),
-    ("auto", "/var/store", "partitioned"), ("auto", None, "partitioned"),
+    ("auto", "/var/store", "packed"), ("auto", None, "packed"),
     ("packed", "/var/store", "packed"), ("partitioned", "s3://bucket/store", "partitioned"),
 ])
-def test_auto_layout_is_packed_on_an_object_store_only(setting: str, root: str | None, expected: str) -> None:
+def test_auto_layout_is_packed_on_every_store(setting: str, root: str | None, expected: str) -> None:
     config = SpeculativeConfig().with_overrides({"exchange_layout": setting}, "test")
     assert exchange_layout(config, root) == expected
 
 
 def test_a_keyed_stage_plans_its_layout_and_an_unkeyed_one_none() -> None:
-    assert plan("clean")["output"]["layout"] == "partitioned"
+    assert plan("clean")["output"]["layout"] == "packed"
     assert "layout" not in plan("post")["output"]
 
 
