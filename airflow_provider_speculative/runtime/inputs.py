@@ -169,7 +169,7 @@ class StageInputs:
         stage, producer, attempt = self.opened[found]
         return PartitionError(
             f"pipeline {self.plan.get('pipeline')!r}, stage {self.stage!r}: cannot read exchange file {found} of "
-            f"stage {stage!r} subtask {producer} attempt {attempt}: {_first_line(str(exc))}",
+            f"stage {stage!r} subtask {producer} attempt {attempt}: {_read_reason(str(exc))}",
             stage=stage, subtask=producer, attempt=attempt)
 
     def _files_of(self, name: str, attempts: dict[int, int]) -> list[ExchangeFile]:
@@ -321,8 +321,8 @@ class StageInputs:
 EXCHANGE_READ_OPTIONS = {"parquet.page.verify-checksum.enabled": "true"}
 # How Spark reports a file it could not read ([FAILED_READ_FILE] wraps a page CRC mismatch, a truncated or
 # vanished file), in a local session's and a Connect client's exceptions alike.
-_READ_FAILURES = ("FAILED_READ_FILE", "Encountered error while reading file", "CRC checksum verification failed",
-                  "FileNotFoundException", "is not a Parquet file")
+_READ_FAILURES = ("FAILED_READ_FILE", "Encountered error while reading file", "is not a Parquet file",
+                  "FileNotFoundException", "CRC checksum verification failed")
 
 
 def failed_read(text: str, names: Iterable[str]) -> str | None:
@@ -332,5 +332,11 @@ def failed_read(text: str, names: Iterable[str]) -> str | None:
     return next((name for name in names if name and name in text), None)
 
 
-def _first_line(text: str) -> str:
-    return text.strip().splitlines()[0][:500] if text.strip() else ""
+def _read_reason(text: str) -> str:
+    """The line of Spark's error that says why the read failed (a Py4J error's first line says only the call)."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    for marker in reversed(_READ_FAILURES):  # the innermost cause first
+        for line in lines:
+            if marker in line:
+                return line[:300]
+    return lines[0][:300] if lines else ""

@@ -22,7 +22,24 @@ KEY = ("l_returnflag", "l_linestatus")
 CONFIG = SpeculativeConfig().with_overrides({"check_interval": 0.5}, "test")
 
 
-def test_corrupt_partition_reruns_only_its_producer_then_the_consumers(tmp_path, tpch_data):
+def _flipped_at(path: Path, where: str) -> int:
+    """A byte of a packed exchange file: in its tail (checked by SHA-256) or in a page (checked by its CRC)."""
+    import pyarrow.parquet as pq
+
+    from airflow_provider_speculative.store.manifest import parquet_data_end
+
+    metadata = pq.ParquetFile(path).metadata
+    if where == "tail":
+        return (parquet_data_end(metadata) + path.stat().st_size) // 2
+    # The last byte of a value column's chunk: its last page's data, which only the page's CRC covers.
+    chunk = max((metadata.row_group(0).column(c) for c in range(metadata.num_columns)
+                 if not metadata.row_group(0).column(c).has_dictionary_page),
+                key=lambda c: c.total_compressed_size)
+    return chunk.data_page_offset + chunk.total_compressed_size - 1
+
+
+@pytest.mark.parametrize("where", ["tail", "page"])
+def test_corrupt_partition_reruns_only_its_producer_then_the_consumers(tmp_path, tpch_data, where):
     two_files = tmp_path / "two"
     two_files.mkdir()
     for path in sorted(tpch_data.glob("*.parquet"))[:2]:
@@ -37,10 +54,12 @@ def test_corrupt_partition_reruns_only_its_producer_then_the_consumers(tmp_path,
     run_stage(plan_local_stage(graph, "scan", root, "f", "r1", CONFIG))
     scan = StageLayout(root, "f", "r1", "scan")
     (victim, *_) = read_json(scan.manifest(1, 0))["files"]
-    with open(scan.data(1, 0) / victim["path"], "r+b") as handle:  # flip one byte: checksum mismatch
-        handle.seek(victim["size"] // 2)
+    assert victim["tail"]  # packed (the default layout): each consumer reads part of it
+    at = _flipped_at(scan.data(1, 0) / victim["path"], where)
+    with open(scan.data(1, 0) / victim["path"], "r+b") as handle:  # flip one byte
+        handle.seek(at)
         byte = handle.read(1)
-        handle.seek(victim["size"] // 2)
+        handle.seek(at)
         handle.write(bytes([byte[0] ^ 0xFF]))
 
     aggregate = run_stage(plan_local_stage(graph, "aggregate", root, "f", "r1", CONFIG))
@@ -55,6 +74,10 @@ def test_corrupt_partition_reruns_only_its_producer_then_the_consumers(tmp_path,
     # The readers that failed on it reran after the partition was back; the result is exactly Q1.
     failed = [a for a in aggregate.scheduler.all_attempts() if a.lost_partition]
     assert failed and all(a.lost_partition == ("scan", 1) for a in failed)
+    # Found before Spark opened the file (its tail) or by Spark's read of the page (its CRC), blamed on it.
+    errors = [read_json(aggregate.layout.failure(a.subtask, a.number))["error"] for a in failed]
+    found = "Parquet footer and indexes" if where == "tail" else "cannot read exchange file"
+    assert all(found in e and victim["path"] in e for e in errors), errors
     out = [aggregate.layout.data(s, a) for s, a in aggregate.scheduler.admitted.items()]
     merged = {}
     for path in out:

@@ -113,9 +113,20 @@ def test_tail_digest_is_none_for_a_missing_or_short_object(tmp_path: Path) -> No
      NAME),
     (f"org.apache.parquet.io.ParquetDecodingException: CRC checksum verification failed ... file:/s/{NAME}", NAME),
     (f"java.io.FileNotFoundException: File file:/s/{NAME} does not exist", NAME),
-    (f"[FAILED_READ_FILE.NO_HINT] Encountered error while reading file file:///s/part-00001-other.parquet", None),
+    ("[FAILED_READ_FILE.NO_HINT] Encountered error while reading file file:///s/part-00001-other.parquet", None),
     (f"java.lang.OutOfMemoryError: Java heap space while writing {NAME}", None),
     ("", None),
 ])
 def test_a_failed_read_is_blamed_on_the_file_it_names(text: str, expected: str | None) -> None:
     assert failed_read(text, ["part-00003-else.parquet", NAME]) == expected
+
+
+def test_the_blame_names_the_cause_not_the_py4j_call() -> None:
+    from airflow_provider_speculative.runtime.inputs import _read_reason
+
+    text = ("An error occurred while calling o171.parquet.\n: org.apache.spark.SparkException: [FAILED_READ_FILE."
+            f"NO_HINT] Encountered error while reading file file:///s/{NAME}.\n\tat org.apache.spark.x(y)\n"
+            "Caused by: org.apache.parquet.io.ParquetDecodingException: could not verify page integrity, CRC "
+            "checksum verification failed\n")
+    assert _read_reason(text).startswith("Caused by: org.apache.parquet.io.ParquetDecodingException")
+    assert _read_reason("one line") == "one line"
