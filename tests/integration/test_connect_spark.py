@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 import urllib.request
+import uuid
 from pathlib import Path
 
 import pendulum
@@ -192,7 +193,10 @@ def test_q3_join_pipeline_on_connect(airflow_db, tiny_tpch, connect_pool, monkey
             manifest = read_json(layout.manifest(int(subtask), part["attempt"]))
             names = [f["name"] for f in manifest["schema"]["fields"]]
             for entry in manifest["files"]:
-                assert pq.read_schema(layout.data(int(subtask), part["attempt"]) / entry["path"]).names == names
+                # A packed file (the default layout) also holds each row's subpartition, which readers drop.
+                packed = ["_sp"] if "subpartitions" in entry else []
+                assert pq.read_schema(layout.data(int(subtask), part["attempt"]) / entry["path"]).names \
+                    == names + packed
 
 
     # What-if replay of this real run with its own settings predicts its makespan within 15%
@@ -205,23 +209,46 @@ def test_q3_join_pipeline_on_connect(airflow_db, tiny_tpch, connect_pool, monkey
     assert replay["replayed"]["copies"] == replay["recorded"]["copies"] == 0, replay
 
     _an_output_without_its_exchange_key_fails_naming_the_columns(run.run_id, connect_pool, tmp_path)
+    _an_output_with_a_column_named_sp_is_refused_before_writing(run.run_id, connect_pool, tmp_path)
+
+
+def _run_scan_customer(run_id: str, new_run_id: str, app: Path, output: dict, connect_pool: dict,
+                       tmp_path: Path) -> tuple[subprocess.CompletedProcess, dict, StageLayout]:
+    """One attempt of ``app`` on scan_customer's plan of ``run_id`` as run ``new_run_id``; its failure record."""
+    plan = read_json(StageLayout(STORE, "connect_q3", run_id, "scan_customer").plan)
+    plan.update(run_id=new_run_id, output={**plan["output"], **output})
+    plan_path = tmp_path / f"{new_run_id}.json"
+    plan_path.write_text(json.dumps(plan))
+    url = next(iter(connect_pool))
+    session = str(uuid.uuid4())
+    env = {**os.environ, "SPECULATIVE_SPARK_REMOTE": f"{url};user_id=test;session_id={session}"}
+    result = subprocess.run([sys.executable, str(app), "--plan", str(plan_path),
+                             "--subtask", "0", "--attempt", "0", "--target", "connect-a"],
+                            env=env, capture_output=True, text=True, timeout=300)
+    layout = StageLayout(STORE, "connect_q3", new_run_id, "scan_customer")
+    return result, read_json(layout.attempt_dir(0, 0) / "failure.json"), layout
 
 
 def _an_output_without_its_exchange_key_fails_naming_the_columns(run_id: str, connect_pool: dict, tmp_path: Path):
     """The key check runs only when the write fails (no schema round trip first), and still names the columns."""
-    plan = read_json(StageLayout(STORE, "connect_q3", run_id, "scan_customer").plan)
-    plan.update(run_id="missing-key", output={**plan["output"], "key": ["no_such_column"]})
-    plan_path = tmp_path / "plan.json"
-    plan_path.write_text(json.dumps(plan))
-    url = next(iter(connect_pool))
-    session = "7e1d3a52-1c7b-4f4e-9d51-0c0e2a1d9b11"
-    env = {**os.environ, "SPECULATIVE_SPARK_REMOTE": f"{url};user_id=test;session_id={session}"}
-    result = subprocess.run([sys.executable, str(REPO_APPS / "q3_scan_customer.py"), "--plan", str(plan_path),
-                             "--subtask", "0", "--attempt", "0", "--target", "connect-a"],
-                            env=env, capture_output=True, text=True, timeout=300)
+    result, failure, layout = _run_scan_customer(run_id, "missing-key", REPO_APPS / "q3_scan_customer.py",
+                                                 {"key": ["no_such_column"]}, connect_pool, tmp_path)
     assert result.returncode != 0
-    failure = read_json(StageLayout(STORE, "connect_q3", "missing-key", "scan_customer").attempt_dir(0, 0)
-                        / "failure.json")
     assert "lacks exchange key columns ['no_such_column']" in failure["error"]
     assert "c_custkey" in failure["error"]  # the columns it has
-    assert not (StageLayout(STORE, "connect_q3", "missing-key", "scan_customer").manifest(0, 0)).exists()
+    assert not layout.manifest(0, 0).exists()
+
+
+def _an_output_with_a_column_named_sp_is_refused_before_writing(run_id: str, connect_pool: dict, tmp_path: Path):
+    """A column the exchange would overwrite with each row's subpartition is refused, in any case, unwritten."""
+    app = tmp_path / "sp_column.py"
+    app.write_text("from pyspark.sql import functions as F\n"
+                   "from airflow_provider_speculative.runtime import StageContext\n"
+                   "with StageContext.from_argv() as ctx:\n"
+                   "    ctx.write(ctx.read('customer').select('c_custkey', F.lit(7).alias('_SP')))\n")
+    result, failure, layout = _run_scan_customer(run_id, "sp-column", app, {}, connect_pool, tmp_path)
+    assert result.returncode != 0
+    assert "pipeline 'connect_q3', stage 'scan_customer'" in failure["error"], failure["error"]
+    assert "has a column named '_SP'" in failure["error"] and "c_custkey" in failure["error"]
+    assert not layout.manifest(0, 0).exists()
+    assert not layout.data(0, 0).exists() or not any(p.is_file() for p in layout.data(0, 0).rglob("*"))
