@@ -16,20 +16,19 @@ supervisor's own host reads that local file, under the same rules as a store fil
 from __future__ import annotations
 
 import os
-import re
 import shlex
-import socket
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from airflow_provider_speculative.control.locallog import local_log, open_local, runs_here, supervisor_host
 from airflow_provider_speculative.control.readmodel import find_stage_key, run_plans
 from airflow_provider_speculative.core.states import Attempt
 from airflow_provider_speculative.exceptions import NotFoundError, StoreError, UnsafeStorePathError
 from airflow_provider_speculative.store.backend import PosixBackend, StoreBackend
 from airflow_provider_speculative.store.files import open_in_store
-from airflow_provider_speculative.store.layout import LOG_FILE, StageLayout, local_attempt_dir, local_root
+from airflow_provider_speculative.store.layout import StageLayout, local_root
 
 # What the UI and CLI show by default: the end of a driver log is where the error is.
 DEFAULT_TAIL_BYTES = 64 * 1024
@@ -38,8 +37,6 @@ MAX_TAIL_BYTES = 4 * 1024 * 1024
 FAILURE_TAIL_LINES = 20
 FAILURE_LINE_CHARS = 400
 FAILURE_TAIL_BYTES = 16 * 1024
-# A host name as a status record may show it: anything else (the record is writable by an attempt's code) is not.
-_HOST_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.-]{0,252}$")
 
 
 @dataclass(frozen=True)
@@ -163,14 +160,14 @@ def _log_by_name(layout: StageLayout, subtask: int, attempt: int, max_bytes: int
     status = layout.read_json(layout.status(subtask, attempt))
     if not isinstance(status, dict):
         return AttemptLog(*ids, 0, 0, "", exists=False)  # claimed, its supervisor not started yet
-    host, where = _supervisor_host(status), _local_log_shown(layout, subtask, attempt)
+    host, where = supervisor_host(status), _local_log_shown(layout, subtask, attempt)
     on_host = f"on host {host}" if host else "on its supervisor's host"
     if status.get("end_at") is not None:
         return AttemptLog(*ids, 0, 0, "", exists=False, elsewhere=True, note=(
             f"attempt {attempt} ended but its log is not in the store (its upload failed, or gc removed it); "
             f"its supervisor's local copy may still be {on_host}, in {where} under its $AIRFLOW_HOME"))
-    if host is not None and host == socket.gethostname():
-        local = _local_log(layout, subtask, attempt)
+    if runs_here(status):
+        local = local_log(layout, subtask, attempt)
         try:
             # Under the rules of a store file: the attempt's code on this host can write that directory too.
             size, start, text = read_tail(local_root(), local, max_bytes)
@@ -185,21 +182,10 @@ def _log_by_name(layout: StageLayout, subtask: int, attempt: int, max_bytes: int
         f"{on_host}, in {where} under its $AIRFLOW_HOME"))
 
 
-def _local_log(layout: StageLayout, subtask: int, attempt: int) -> Path:
-    """The supervisor's local log of an attempt on this host (computed from the store's URL and the names only)."""
-    return local_attempt_dir(layout, subtask, attempt) / LOG_FILE
-
-
 def _local_log_shown(layout: StageLayout, subtask: int, attempt: int) -> str:
     """The local log's path relative to ``$AIRFLOW_HOME``: no absolute path of this host in a message."""
     root = local_root()
-    return (Path(root.name) / _local_log(layout, subtask, attempt).relative_to(root)).as_posix()
-
-
-def _supervisor_host(status: dict[str, Any]) -> str | None:
-    """The host a status record names, if it is a plain host name (an attempt's code can write the record)."""
-    host = status.get("host")
-    return host if isinstance(host, str) and _HOST_NAME.match(host) else None
+    return (Path(root.name) / local_log(layout, subtask, attempt).relative_to(root)).as_posix()
 
 
 def open_attempt_log(root: Path | StoreBackend, log: AttemptLog) -> BinaryIO:
@@ -216,7 +202,7 @@ def open_attempt_log(root: Path | StoreBackend, log: AttemptLog) -> BinaryIO:
         if stream is not None:
             return stream
         if log.local is not None:
-            return _open_local(log.local)
+            return open_local(log.local)
         raise FileNotFoundError(log.note)
     except (FileNotFoundError, UnsafeStorePathError) as exc:
         if isinstance(exc, UnsafeStorePathError):
@@ -225,11 +211,6 @@ def open_attempt_log(root: Path | StoreBackend, log: AttemptLog) -> BinaryIO:
             reason = log.note or "it has written no log yet"
         raise NotFoundError(f"DAG {log.dag_id!r} run {log.run_id!r} stage {log.stage!r} subtask {log.subtask} "
                             f"attempt {log.attempt}: {reason}") from None
-
-
-def _open_local(local: Path) -> BinaryIO:
-    """A supervisor's local log on this host, opened as :func:`open_in_store` opens a store file under its root."""
-    return open_in_store(local_root(), local)
 
 
 def logs_command(dag_id: str, run_id: str, stage: str, subtask: int | str, attempt: int | str) -> str:
