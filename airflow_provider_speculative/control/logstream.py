@@ -6,6 +6,10 @@ chatty, so every check reads at most ``max_bytes`` and shows at most ``max_lines
 the latest ones, after a ``... K lines skipped`` marker. Each line is cut to :data:`LINE_CHARS`, has its
 control characters escaped and names its subtask, attempt and target. When an attempt ends, its last
 lines not shown yet follow. The whole log stays in the store (``airflow speculative logs``).
+
+On a store without paths (S3) a running attempt's log is a local file of its supervisor's host, uploaded by
+name when the attempt ends: the controller follows that file when it runs on the same host, and otherwise shows
+the attempt's lines once it ended (see :meth:`DriverLogStream._read_by_name`).
 """
 
 from __future__ import annotations
@@ -14,18 +18,22 @@ import os
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
-from airflow_provider_speculative.core.states import TERMINAL, Attempt
+from airflow_provider_speculative.control.locallog import local_log, runs_here
+from airflow_provider_speculative.core.states import TERMINAL, Attempt, AttemptState
 from airflow_provider_speculative.exceptions import StoreError, UnsafeStorePathError
 from airflow_provider_speculative.store.backend import PosixBackend
 from airflow_provider_speculative.store.files import open_in_store
-from airflow_provider_speculative.store.layout import StageLayout
+from airflow_provider_speculative.store.layout import StageLayout, local_root
 
 # One minified or binary line cannot take more than this of the task log.
 LINE_CHARS = 1000
 # C0 and C1 control characters but tab (ESC starts terminal sequences; CR rewrites a line), and the
 # Unicode line and paragraph separators that some log viewers split on.
 _CONTROL = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029]")
+# Claimed but not launched: no status record to read yet.
+_NOT_LAUNCHED = frozenset({AttemptState.CREATED, AttemptState.SCHEDULED})
 
 
 def escape_line(text: str) -> str:
@@ -47,6 +55,10 @@ class _Follow:
 
     offset: int = 0
     identity: tuple[int, int] | None = None
+    # On a store without paths: whether the attempt's status was read, and the local log of its supervisor to
+    # follow while it runs if that is this host (None: elsewhere, or its local file was refused).
+    placed: bool = False
+    local: Path | None = None
 
 
 class DriverLogStream:
@@ -93,56 +105,113 @@ class DriverLogStream:
                 follow = self._following[key] = _Follow()
             prefix = (f"subtask {attempt.subtask} attempt {attempt.number} "
                       f"(target {escape_line(attempt.target)}): ")
-            shown, gone = self._read(key, follow, ended)
+            shown, gone = self._read(key, follow, ended, attempt.state)
             lines += [prefix + line for line in shown]
             if ended or gone:
                 self._done.add(key)
                 del self._following[key]
         return lines
 
-    def _read(self, key: tuple[int, int], follow: _Follow, ended: bool) -> tuple[list[str], bool]:
+    def _read(self, key: tuple[int, int], follow: _Follow, ended: bool, state: AttemptState) -> tuple[list[str], bool]:
         """The lines to show of one attempt's log, and whether it can never be read (a refused path)."""
-        notes: list[str] = []
         if not isinstance(self.layout.store, PosixBackend):
-            return self._read_uploaded(key, follow, ended)
+            return self._read_by_name(key, follow, ended, state)
         try:
-            with open_in_store(self.layout.root, self.layout.log(*key)) as log:
-                info = os.fstat(log.fileno())
-                identity = (info.st_dev, info.st_ino)
-                if follow.identity is not None and identity != follow.identity:
-                    notes.append("... log file replaced: following the new one from its start")
-                    follow.offset = 0
-                elif info.st_size < follow.offset:
-                    notes.append(f"... log truncated to {info.st_size} bytes: following it from its start")
-                    follow.offset = 0
-                follow.identity = identity
-                start = max(follow.offset, info.st_size - self.max_bytes)
-                log.seek(start)
-                data = log.read(info.st_size - start)
+            return self._follow_file(self.layout.root, self.layout.log(*key), follow, ended), False
         except FileNotFoundError:  # not started yet, or removed between listing and reading
-            return notes, False
+            return [], False
         except UnsafeStorePathError as exc:
             return [f"its log is not shown ({exc})"], True
-        return self._lines(notes, follow, start, data, ended), False
 
-    def _read_uploaded(self, key: tuple[int, int], follow: _Follow, ended: bool) -> tuple[list[str], bool]:
-        """On a store without paths: the log is uploaded by name when the attempt ends, so it is read then, whole.
+    def _follow_file(self, root: Path, path: Path, follow: _Follow, ended: bool) -> list[str]:
+        """The lines ``path`` gained past ``follow``, opened under ``root`` by the store's rules (no link, no FIFO).
 
-        While the attempt runs its log is a local file of the host that supervises it (backends/supervised.py).
+        A replaced or truncated file is followed again from its start, with a note saying so.
         """
-        if not ended:
+        notes: list[str] = []
+        with open_in_store(root, path) as log:
+            info = os.fstat(log.fileno())
+            identity = (info.st_dev, info.st_ino)
+            if follow.identity is not None and identity != follow.identity:
+                notes.append("... log file replaced: following the new one from its start")
+                follow.offset = 0
+            elif info.st_size < follow.offset:
+                notes.append(f"... log truncated to {info.st_size} bytes: following it from its start")
+                follow.offset = 0
+            follow.identity = identity
+            start = max(follow.offset, info.st_size - self.max_bytes)
+            log.seek(start)
+            data = log.read(info.st_size - start)
+        return self._lines(notes, follow, start, data, ended)
+
+    def _read_by_name(self, key: tuple[int, int], follow: _Follow, ended: bool,
+                      state: AttemptState) -> tuple[list[str], bool]:
+        """On a store without paths: a running attempt's local log on this host, then the uploaded one by name.
+
+        While the attempt runs its log is a local file of the host that supervises it (backends/supervised.py),
+        uploaded to the store when it ends. On that host the file is followed as a POSIX store's log is, opened
+        under the same rules below ``$AIRFLOW_HOME/speculative-local`` (the attempt's code can write there too); an
+        attempt supervised elsewhere shows nothing until it ends. A local file refused (a link, a FIFO) is named
+        once and never opened again; the uploaded log is still shown at the end, because the supervisor uploads
+        through the same rules (a link is never copied) and the store's copy is what the CLI and UI serve anyway.
+        """
+        if ended:
+            return self._read_uploaded(key, follow)
+        local = self._local_file(key, follow, state)
+        if local is None:
             return [], False
+        try:
+            return self._follow_file(local_root(), local, follow, ended), False
+        except UnsafeStorePathError as exc:
+            follow.local = None
+            return [f"its log is not shown while it runs ({exc})"], False
+        except OSError:  # not created yet, or not readable now: tried again at the next check
+            return [], False
+
+    def _local_file(self, key: tuple[int, int], follow: _Follow, state: AttemptState) -> Path | None:
+        """The supervisor's local log of a running attempt if it is on this host; its status is read once."""
+        if follow.placed or state in _NOT_LAUNCHED:
+            return follow.local
+        try:
+            status = self.layout.read_json(self.layout.status(*key))
+        except StoreError:
+            return None  # unreadable now: read again at the next check, as a status not written yet
+        if not isinstance(status, dict):
+            return None
+        # Its supervisor's host never changes: one status read per attempt, not one per check.
+        follow.placed = True
+        follow.local = local_log(self.layout, *key) if runs_here(status) else None
+        return follow.local
+
+    def _read_uploaded(self, key: tuple[int, int], follow: _Follow) -> tuple[list[str], bool]:
+        """An ended attempt's uploaded log by name, from where its local file was followed to (the same bytes).
+
+        Without an upload (it failed, or the supervisor died first) a local file followed on this host is read
+        to its end instead.
+        """
+        notes: list[str] = []
         name = self.layout.name(self.layout.log(*key))
         try:
             # Its size, then at most max_bytes of its end: a log of gigabytes is never read whole.
             info = self.layout.store.stat(name)
-            start = max(follow.offset, info.size - self.max_bytes) if info is not None else 0
-            data = None if info is None else self.layout.store.read_range(name, start, max(0, info.size - start))
+            data = None
+            if info is not None:
+                if info.size < follow.offset:
+                    notes.append(f"... uploaded log is {info.size} bytes, fewer than the {follow.offset} read from "
+                                 "its local file: showing its end")
+                    follow.offset = 0
+                start = max(follow.offset, info.size - self.max_bytes)
+                data = self.layout.store.read_range(name, start, max(0, info.size - start))
         except StoreError as exc:
             return [f"its log is not shown ({exc})"], True
-        if data is None:
-            return [], True  # ended without an uploaded log (the upload failed): nothing to follow
-        return self._lines([], follow, start, data, ended), False
+        if data is not None:
+            return self._lines(notes, follow, start, data, True), False
+        if follow.local is not None:
+            try:
+                return self._follow_file(local_root(), follow.local, follow, True), True
+            except (OSError, UnsafeStorePathError):
+                pass  # gone from this host as well
+        return [], True  # ended without an uploaded log (the upload failed): nothing to follow
 
     def _lines(self, notes: list[str], follow: _Follow, start: int, data: bytes, ended: bool) -> list[str]:
         """The lines to show of ``data``, read from offset ``start`` of the log; advances ``follow``."""
