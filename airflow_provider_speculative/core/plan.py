@@ -189,7 +189,7 @@ def plan_stage(
                           for name in graph.upstreams(stage_name)},
         "consumers": sorted({c for c, _, _ in graph.consumers(stage_name)}),
         "output": {"key": list(key), "max_parallelism": stage.max_parallelism, "sink": sink,
-                   **({"hash": HASH_SCHEME, "layout": exchange_layout(config, context.get("store_root"))}
+                   **({"hash": HASH_SCHEME, "layout": exchange_layout(config)}
                       if key else {})},
         "inputs": inputs,
         "subtasks": subtasks,
@@ -373,15 +373,13 @@ def _plan_all_to_all(graph: PipelineGraph, stage_name: str, config: SpeculativeC
     return skew
 
 
-def exchange_layout(config: SpeculativeConfig, store_root: Any) -> str:
+def exchange_layout(config: SpeculativeConfig) -> str:
     """The layout a keyed exchange is written in: ``exchange_layout``, with ``auto`` resolved.
 
     ``auto`` is ``packed`` on every store: fewer objects on an object store, and on a file system a reader of
     part of a packed file checks only its tail and the pages it reads (``store/manifest.py``), so each byte
-    read is checked once as with partitioned files. ``store_root`` stays an input: a store without page checks
-    would resolve otherwise.
+    read is checked once as with partitioned files.
     """
-    del store_root
     return PACKED if config.exchange_layout == AUTO else config.exchange_layout
 
 
