@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -124,3 +124,26 @@ def _decided(graph: PipelineGraph, stage: str) -> int:
     if not isinstance(parallelism, int):
         raise ValueError(f"stage {stage!r}: parallelism {parallelism!r} is not decided; use the run's planned graph")
     return parallelism
+
+
+# How Spark reports a file it could not read ([FAILED_READ_FILE] wraps a page CRC mismatch, a truncated or
+# vanished file), in a local session's and a Connect client's exceptions alike.
+_READ_FAILURES = ("FAILED_READ_FILE", "Encountered error while reading file", "is not a Parquet file",
+                  "FileNotFoundException", "CRC checksum verification failed")
+
+
+def failed_read(text: str, names: Iterable[str]) -> str | None:
+    """The first of ``names`` (file names) that Spark's error ``text`` reports it failed to read; else None."""
+    if not any(marker in text for marker in _READ_FAILURES):
+        return None
+    return next((name for name in names if name and name in text), None)
+
+
+def read_failure_reason(text: str) -> str:
+    """The line of Spark's error that says why the read failed (a Py4J error's first line says only the call)."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    for marker in reversed(_READ_FAILURES):  # the innermost cause first
+        for line in lines:
+            if marker in line:
+                return line[:300]
+    return lines[0][:300] if lines else ""

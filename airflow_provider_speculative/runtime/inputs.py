@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from airflow_provider_speculative.core.config import SpeculativeConfig
-from airflow_provider_speculative.core.failover import files_in_range
+from airflow_provider_speculative.core.failover import failed_read, files_in_range, read_failure_reason
 from airflow_provider_speculative.core.paths import is_object_url
 from airflow_provider_speculative.core.plan import StagePlan, file_subpartitions, is_packed
 from airflow_provider_speculative.core.states import HeartbeatPhase
@@ -169,7 +169,7 @@ class StageInputs:
         stage, producer, attempt = self.opened[found]
         return PartitionError(
             f"pipeline {self.plan.get('pipeline')!r}, stage {self.stage!r}: cannot read exchange file {found} of "
-            f"stage {stage!r} subtask {producer} attempt {attempt}: {_read_reason(str(exc))}",
+            f"stage {stage!r} subtask {producer} attempt {attempt}: {read_failure_reason(str(exc))}",
             stage=stage, subtask=producer, attempt=attempt)
 
     def _files_of(self, name: str, attempts: dict[int, int]) -> list[ExchangeFile]:
@@ -319,24 +319,3 @@ class StageInputs:
 # Parquet's page CRC32s, checked as each page is read (off by default in parquet-mr): the pages of a packed file
 # that a reader shares with others are checked only here.
 EXCHANGE_READ_OPTIONS = {"parquet.page.verify-checksum.enabled": "true"}
-# How Spark reports a file it could not read ([FAILED_READ_FILE] wraps a page CRC mismatch, a truncated or
-# vanished file), in a local session's and a Connect client's exceptions alike.
-_READ_FAILURES = ("FAILED_READ_FILE", "Encountered error while reading file", "is not a Parquet file",
-                  "FileNotFoundException", "CRC checksum verification failed")
-
-
-def failed_read(text: str, names: Iterable[str]) -> str | None:
-    """The first of ``names`` (file names) that Spark's error ``text`` reports it failed to read; else None."""
-    if not any(marker in text for marker in _READ_FAILURES):
-        return None
-    return next((name for name in names if name and name in text), None)
-
-
-def _read_reason(text: str) -> str:
-    """The line of Spark's error that says why the read failed (a Py4J error's first line says only the call)."""
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    for marker in reversed(_READ_FAILURES):  # the innermost cause first
-        for line in lines:
-            if marker in line:
-                return line[:300]
-    return lines[0][:300] if lines else ""

@@ -10,8 +10,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from airflow_provider_speculative.core.failover import failed_read, read_failure_reason
 from airflow_provider_speculative.exceptions import PartitionError
-from airflow_provider_speculative.runtime.inputs import failed_read
 from airflow_provider_speculative.store.backend import PosixBackend
 from airflow_provider_speculative.store.manifest import parquet_data_end, tail_digest, verify_files_in
 
@@ -122,11 +122,9 @@ def test_a_failed_read_is_blamed_on_the_file_it_names(text: str, expected: str |
 
 
 def test_the_blame_names_the_cause_not_the_py4j_call() -> None:
-    from airflow_provider_speculative.runtime.inputs import _read_reason
-
     text = ("An error occurred while calling o171.parquet.\n: org.apache.spark.SparkException: [FAILED_READ_FILE."
             f"NO_HINT] Encountered error while reading file file:///s/{NAME}.\n\tat org.apache.spark.x(y)\n"
             "Caused by: org.apache.parquet.io.ParquetDecodingException: could not verify page integrity, CRC "
             "checksum verification failed\n")
-    assert _read_reason(text).startswith("Caused by: org.apache.parquet.io.ParquetDecodingException")
-    assert _read_reason("one line") == "one line"
+    assert read_failure_reason(text).startswith("Caused by: org.apache.parquet.io.ParquetDecodingException")
+    assert read_failure_reason("one line") == "one line"
