@@ -14,6 +14,7 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 from airflow_provider_speculative.backends.base import Backend, LaunchSpec
@@ -335,10 +336,15 @@ class StageController:
         actions = self._run([*stimuli, Tick(now)], now)
         actions += self._run(self._step_recoveries(), now)
         self._reap(now)
-        if self._release_slots() and self.result is None:
+        released = self._release_slots()
+        if released and self.result is None:
             # The slots attempts gave back in this step are placed in it: else every wave of a stage with
             # more subtasks than slots waits for the next change notice or check_interval (up to 1 s).
-            actions += self._run([self._observe_targets(now), Tick(now)], now)
+            # This step's views less what it gave back, not a second listing per target: a slot another
+            # stage took since is a SlotLost, as it is after any observation.
+            self.views = {name: replace(view, held=max(0, view.held - released.get(name, 0)))
+                          for name, view in self.views.items()}
+            actions += self._run([self._targets_observed(now), Tick(now)], now)
             self._release_slots()
         self._live_stale = self._live_stale or bool(actions) or changed
         self._publish_demand(0 if self.result is not None else self.scheduler.originals_waiting, now)
@@ -358,6 +364,10 @@ class StageController:
         """What the targets offer now; reclaims slots of gone holders when this stage waits for one."""
         self.views = self.watcher.observe(now)
         self.slots.reclaim(self.views, bool(self.scheduler.slot_status(now)), now)
+        return self._targets_observed(now)
+
+    def _targets_observed(self, now: float) -> TargetsObserved:
+        """The scheduler's stimulus from ``self.views``: free slots, those left to stages ahead, losses."""
         lost_targets = {name: v.reason or "not live" for name, v in self.views.items() if not v.live}
         own: dict[str, int] = {}
         for target, _, _ in self.slots.held.values():
@@ -385,7 +395,7 @@ class StageController:
                         else sum(t.slots for t in self.config.targets))
             self.demand.publish(published_pending(waiting, capacity), now)
 
-    def _release_slots(self) -> int:
+    def _release_slots(self) -> dict[str, int]:
         return self.slots.release_over(self.scheduler.attempts, self.reaping, decided=self.result is not None)
 
     def _observe(self, now: float, notices: set[tuple[int, int]], skip: set[tuple[int, int]]) -> list[Attempt]:

@@ -61,18 +61,20 @@ class SlotLedger:
             target, index, token = held
             self.stores[target].release(index, token)
 
-    def release_over(self, attempts: Mapping[int, Mapping[int, Attempt]], reaping: set[Key], decided: bool) -> int:
-        """Give back the slots of attempts that are over; returns how many. O(held), held <= slots.
+    def release_over(self, attempts: Mapping[int, Mapping[int, Attempt]], reaping: set[Key], decided: bool,
+                     ) -> dict[str, int]:
+        """Give back the slots of attempts that are over; returns how many per target. O(held), held <= slots.
 
         Over: terminal and not being reaped; once the stage is decided, every attempt no longer reaped
         (the scheduler stops observing then, so a reaped loser stays CANCELING in its state).
         """
-        released = 0
+        released: dict[str, int] = {}
         for key in list(self.held):
             attempt = attempts.get(key[0], {}).get(key[1])
             if key not in reaping and (attempt is None or attempt.state in TERMINAL or decided):
+                target = self.held[key][0]
                 self.release(key)
-                released += 1
+                released[target] = released.get(target, 0) + 1
         return released
 
     def release_gone(self, keys: Iterable[Key], live: Callable[[Key], bool]) -> None:

@@ -12,7 +12,9 @@ backend gives:
   has none): of racing claimers exactly one creates it. The claimer then lists again and keeps the slot
   only if no generation above its own is there; otherwise it releases its own and tries again on a
   fresh listing (a claimer with a stale listing may have created a name that was pruned);
-* the holder releases its slot by creating the release record of its own generation (found by its token);
+* the holder releases its slot by creating the release record of its own generation: the generation its
+  claim kept, remembered by the instance that claimed (no listing, no read), or, after a restart, the
+  slot's top found by a listing whose claim carries its token;
 * a slot whose holder is provably gone (``core.slots.holder_gone``) is reclaimed by creating the same
   release record: of two reclaimers, or of a reclaimer and the holder, exactly one wins, and a later
   generation (a new holder's claim) is never touched.
@@ -31,7 +33,22 @@ reclaimed, and whatever a pruning deletes is released, superseded or being given
 listing to show the prefix as it was at one moment, as one ``getdents`` of a small directory or one page
 of ``ListObjectsV2`` does; pruning keeps the prefix that small.
 
-Cost: counting held slots is one listing of the slots prefix, without reads; the prefix holds at most
+**Release without a listing.** A holder that claimed in this instance knows its generation ``g`` and what
+its claim's second listing showed below ``g`` in its slot. It creates ``g``'s release record, then deletes
+those names (each claim before its release record) and lists nothing: a pruning by (a), since that listing
+showed ``g``. If the create fails, a reclaim ended the claim first (False). If the claim was reclaimed and
+both it and its record pruned since, the create makes a record below the slot's top: the top never falls
+back to ``g`` by (a), so the record ends no claim that could be kept (a claim of ``g`` made again is given up
+by (b)), and the next pruning deletes it; the release then reports True, which only its caller's count sees.
+Names below ``g`` that appeared after that listing (a claimer giving up a stale generation) are pruned by
+whoever made them. What a crash leaves between the create and the deletes is seen by the slot's next
+holder's claim listing and deleted at its release.
+
+Cost: counting held slots is one listing of the slots prefix, without reads; a claim is a listing, a create
+and a listing, or only the create and the listing when it starts from the instance's last count or kept claim
+(a listing nothing the instance did since has changed: a stale start costs a failed create or a given-up
+generation, never a second holder); a release by the claiming instance is a create and (usually two) deletes;
+the prefix holds at most
 three objects per slot once races settle (a held top, and the released generation below it until its
 holder's release prunes it), plus its ownership marker (``_owner.json``, made by ``StoreBackend.claim``
 on an instance's first claim or pruning). Holders are read only when a stage wants a slot, finds none free and a
@@ -93,6 +110,12 @@ class TargetSlots:
         self.prefix = f"{TARGETS_DIR}/{safe_component(target)}/slots"
         self.dir = self.root / self.prefix
         self._owned: bool | None = None  # None: not claimed yet by this instance
+        # (index, token) -> (generation, the names below it its claim's own listing showed): what this
+        # instance's own release needs, so that it neither lists nor reads the claim back.
+        self._kept: dict[tuple[int, str], tuple[int, list[str]]] = {}
+        # The last listing this instance made that nothing it did since has changed (a count, or a kept
+        # claim's second listing): the next claim starts from it instead of listing again.
+        self._seen: dict[int, _Slot] | None = None
 
     def path(self, index: int, generation: int = 0) -> Path:
         """The claim file of slot ``index`` (of its ``generation``) in a POSIX store."""
@@ -120,9 +143,10 @@ class TargetSlots:
             (slot.released if match.group(3) else slot.claims).add(generation)
         return slots
 
-    def _generations(self) -> dict[int, tuple[int, bool]]:
+    def _generations(self, listing: dict[int, _Slot] | None = None) -> dict[int, tuple[int, bool]]:
         """Slot index -> (its top generation, whether that one is released), from one listing."""
-        return {index: (slot.top, slot.free) for index, slot in self._listing().items() if slot.claims}
+        listing = self._listing() if listing is None else listing
+        return {index: (slot.top, slot.free) for index, slot in listing.items() if slot.claims}
 
     def _held(self) -> dict[int, int]:
         """Slot index -> the generation holding it."""
@@ -133,8 +157,9 @@ class TargetSlots:
         return sorted(self._held())
 
     def count(self) -> int:
-        """How many slots are held now, by any stage or run."""
-        return len(self._held())
+        """How many slots are held now, by any stage or run (the listing is kept for this instance's next claim)."""
+        self._seen = self._listing()
+        return sum(1 for slot in self._seen.values() if not slot.free)
 
     def holders(self) -> dict[int, dict[str, Any]]:
         """Slot index -> holder record (reads each claim: used for reclaims and the status view only)."""
@@ -154,7 +179,10 @@ class TargetSlots:
         self._own()  # the prefix's marker before its first claim, so that releases may prune there
         for _ in range(_CLAIM_ROUNDS):
             gave_up = False
-            generations = self._generations()
+            # A stale start costs only a failed create or a given-up generation (module docstring), or a
+            # second round if it showed nothing free; it is what this instance saw last, with nothing it did since.
+            seen, self._seen = self._seen, None
+            generations = self._generations(seen) if seen is not None else self._generations()
             for index in range(capacity):
                 top, free = generations.get(index, (-1, True))
                 if not free:
@@ -162,20 +190,39 @@ class TargetSlots:
                 generation = top + 1
                 if not self.store.create_exclusive_json(self._object(index, generation), {**holder, "token": token}):
                     continue
-                slot = self._listing().get(index, _Slot())
+                listing = self._listing()
+                slot = listing.get(index, _Slot())
                 if slot.top == generation and not slot.free:
+                    self._kept[(index, token)] = (generation, self._below(index, slot, generation))
+                    self._seen = listing
                     return index, token
                 # Not the top, or ended already: our first listing was stale and our name may be one already pruned.
                 self._end(index, generation, {"token": token, "by": "claimer", "at": time.time()})
                 self.prune()
                 gave_up = True
                 break
-            if not gave_up:
+            if not gave_up and seen is None:
                 return None
+            # Nothing free in a kept listing, or a generation given up: ask a fresh listing before saying None.
         return None
 
     def release(self, index: int, token: str) -> bool:
-        """End our claim of slot ``index`` (its token); True if it was ours and not reclaimed already."""
+        """End our claim of slot ``index`` (its token); True if it was ours and not reclaimed already.
+
+        A claim this instance made is released by one create and pruned by the deletes its claim's own
+        listing called for, with no listing or read (module docstring, "Release"); one restored from the
+        store after a restart is looked up first.
+        """
+        self._seen = None
+        kept = self._kept.pop((index, token), None)
+        if kept is not None:
+            generation, below = kept
+            if not self._end(index, generation, {"token": token, "by": "holder", "at": time.time()}):
+                return False  # reclaimed already: its release record is there
+            if below and self._own():
+                for name in below:
+                    self.store.delete(f"{self.prefix}/{name}")
+            return True
         generation, released = self._generations().get(index, (-1, True))
         if released:
             return False
@@ -187,8 +234,21 @@ class TargetSlots:
             self.prune()
         return ended
 
+    def _below(self, index: int, slot: _Slot, generation: int) -> list[str]:
+        """The names of ``slot`` below ``generation`` in one listing, each claim before its release record."""
+        names = []
+        for below in sorted((slot.claims | slot.released) - {generation}):
+            if below > generation:
+                continue
+            if below in slot.claims:
+                names.append(self.name(index, below))
+            if below in slot.released:
+                names.append(self.name(index, below) + RELEASED_SUFFIX)
+        return names
+
     def _end(self, index: int, generation: int, record: dict[str, Any]) -> bool:
         """Create the release record of one generation: True for the one caller that did."""
+        self._seen = None
         return self.store.create_exclusive_json(self._object(index, generation, released=True), record)
 
     def reclaim_gone(self, now: float, skip: Callable[[dict[str, Any]], bool] = lambda holder: False,
@@ -213,19 +273,17 @@ class TargetSlots:
 
     def prune(self) -> int:
         """Delete every claim and release record below its slot's top (module docstring); return how many went."""
+        self._seen = None
         if not self._own():
             return 0
         deleted = 0
         for index, slot in sorted(self._listing().items()):
-            top = slot.top
-            for generation in sorted((slot.claims | slot.released) - {top}):
-                if generation > top:
-                    continue  # a release record above every claim this listing shows: its claim was missed
-                # The claim first: no release record is deleted while its claim is still there, so a reclaimer
-                # that finds the claim it read still there after creating the record knows its record was the first.
-                if generation in slot.claims and self.store.delete(self._object(index, generation)):
-                    deleted += 1
-                if generation in slot.released and self.store.delete(self._object(index, generation, released=True)):
+            # A release record above every claim this listing shows is left: its claim was missed. The claim
+            # goes before its release record: no release record is deleted while its claim is still there, so
+            # a reclaimer that finds the claim it read still there after creating the record knows its record
+            # was the first.
+            for name in self._below(index, slot, slot.top):
+                if self.store.delete(f"{self.prefix}/{name}"):
                     deleted += 1
         return deleted
 

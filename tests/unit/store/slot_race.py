@@ -31,8 +31,8 @@ class LateSlots(TargetSlots):
     pause = 0.01
     chance = 0.5
 
-    def _generations(self) -> dict[int, tuple[int, bool]]:
-        seen = super()._generations()
+    def _generations(self, listing: Any = None) -> dict[int, tuple[int, bool]]:
+        seen = super()._generations(listing)
         if random.random() < self.chance:
             time.sleep(random.uniform(self.pause / 2, self.pause))
         return seen
@@ -116,7 +116,7 @@ def race_slots(make_slots: Callable[[], TargetSlots], root: Path, *, slots: int,
             return won
 
         mine.store.create_exclusive_json = create  # type: ignore[method-assign,assignment]
-        mine._generations = lambda: listings.pop() if listings else TargetSlots._generations(mine)  # type: ignore[method-assign]
+        mine._generations = lambda listing=None: listings.pop() if listings else TargetSlots._generations(mine)  # type: ignore[method-assign]
         got = None
         while got is None and not race.errors:
             got = mine.claim(slots, holder_record(layout, holders + i, 0, NOW))

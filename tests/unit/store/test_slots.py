@@ -242,7 +242,7 @@ def test_a_claimer_with_a_stale_listing_never_takes_a_held_slot(tmp_path, monkey
     slots = TargetSlots(tmp_path, "t")
     stale = slots._generations()  # nothing claimed yet
     assert slots.claim(1, {"who": "first"}) is not None
-    monkeypatch.setattr(slots, "_generations", lambda: stale)
+    monkeypatch.setattr(slots, "_generations", lambda listing=None: stale)
     assert slots.claim(1, {"who": "late"}) is None
     monkeypatch.undo()
     assert slots.holders()[0]["who"] == "first"
@@ -287,7 +287,8 @@ def test_a_claimer_recreating_a_pruned_name_gives_it_up_and_takes_the_top(tmp_pa
     assert not slots.path(0, 1).exists() and slots.path(0, 3).exists()  # generation 1 was pruned
     late = TargetSlots(tmp_path, "t")
     listings = [stale]
-    monkeypatch.setattr(late, "_generations", lambda: listings.pop() if listings else TargetSlots._generations(late))
+    monkeypatch.setattr(late, "_generations",
+                        lambda listing=None: listings.pop() if listings else TargetSlots._generations(late))
     index, token = late.claim(1, {"who": "late"})
     # It created generation 1 again, saw generation 3 above it, gave it up and took generation 4.
     assert (index, slots.holders()[0]["token"], slots.holders()[0]["who"]) == (0, token, "late")
@@ -334,3 +335,78 @@ def test_a_slots_prefix_another_store_owns_is_used_but_never_pruned(tmp_path):
     for i in range(3):
         assert slots.release(*slots.claim(1, {"who": i}))
     assert slots.prune() == 0 and len(list(slots.dir.iterdir())) == 1 + 2 * 3 and slots.count() == 0
+
+
+# -- release without a listing --------------------------------------------------------------------------
+
+
+def test_a_release_by_the_claiming_instance_is_one_create_and_its_deletes(tmp_path):
+    store = MemoryBackend()
+    slots = TargetSlots(tmp_path, "t", store=store)
+    assert slots.release(*slots.claim(1, {"who": "first"}))
+    held = slots.claim(1, {"who": "second"})
+    store.ops.clear()
+    assert slots.release(*held)
+    # Its claim's listing showed generation 0 and its release record below it: deleted, claim first.
+    # (The backend's own ownership check before a delete reads the prefix's marker once.)
+    assert [op for op in store.ops.elements() if op[0] != "read_marker"] == [
+        ("create_exclusive", f"{slots.prefix}/slot-0.1.json.released"),
+        ("delete", f"{slots.prefix}/slot-0.json"), ("delete", f"{slots.prefix}/slot-0.json.released")]
+    assert store.children(slots.prefix) == ["_owner.json", "slot-0.1.json", "slot-0.1.json.released"]
+    assert slots.count() == 0
+
+
+def test_a_release_after_a_restart_finds_its_generation_by_token(tmp_path):
+    slots = TargetSlots(tmp_path, "t")
+    assert slots.release(*slots.claim(1, {"who": "first"}))
+    index, token = slots.claim(1, {"who": "second"})
+    restarted = TargetSlots(tmp_path, "t")
+    assert not restarted.release(index, "not-the-token") and slots.count() == 1
+    assert restarted.release(index, token) and slots.count() == 0
+    assert not slots.release(index, token)  # the claiming instance: released already, by the other one
+
+
+def test_a_late_release_of_a_reclaimed_and_pruned_claim_frees_nothing(tmp_path):
+    store = MemoryBackend()
+    slots = TargetSlots(tmp_path, "t", store=store)
+    old = slots.claim(1, {"who": "old"})
+    # Presumed gone: reclaimed, then the slot taken and released twice, which prunes generation 0 away.
+    assert slots._end(0, 0, {"by": "reclaim"})
+    for who in ("a", "b"):
+        assert slots.release(*TargetSlots(tmp_path, "t", store=store).claim(1, {"who": who}))
+    current = TargetSlots(tmp_path, "t", store=store).claim(1, {"who": "current"})
+    assert current is not None and "slot-0.json" not in store.children(slots.prefix)
+    slots.release(*old)  # the old holder comes back: its record lands below the top
+    assert slots.count() == 1 and slots.holders()[0]["who"] == "current"
+    assert TargetSlots(tmp_path, "t", store=store).claim(1, {"who": "other"}) is None
+    slots.prune()
+    assert "slot-0.json.released" not in store.children(slots.prefix)
+    assert slots.holders()[0]["token"] == current[1]
+
+
+def test_a_claim_after_a_count_starts_from_its_listing_and_a_stale_one_never_hides_a_free_slot(tmp_path):
+    store = MemoryBackend()
+    slots = TargetSlots(tmp_path, "t", store=store)
+    other = TargetSlots(tmp_path, "t", store=store)
+    assert slots.count() == 0
+    store.ops.clear()
+    first = slots.claim(2, {"who": "first"})
+    assert first is not None
+    # (Its first claim also makes the prefix's ownership marker.)
+    assert [op for op in store.ops.elements() if not op[1].endswith("_owner.json") and op[0] != "read_marker"] == [
+        ("create_exclusive", f"{slots.prefix}/slot-0.json"), ("list", slots.prefix)]
+    # A start from a listing that shows every slot held (stale: slot 0 was given back since) lists again
+    # rather than answer None.
+    taken = other.claim(2, {"who": "other"})
+    assert taken is not None and taken[0] == 1
+    assert slots.release(*first) and slots.count() == 1
+    second = TargetSlots(tmp_path, "t", store=store)
+    second._seen = {0: _held_slot(), 1: _held_slot()}
+    assert second.claim(2, {"who": "second"})[0] == 0
+
+
+def _held_slot() -> Any:
+    """A listing entry of a slot whose generation 0 is held."""
+    from airflow_provider_speculative.store.slots import _Slot
+
+    return _Slot(claims={0})
