@@ -55,7 +55,7 @@ from typing import Any
 from airflow_provider_speculative.backends.warmstart import fork_run, retitle
 
 # What a Spark Connect stage application imports, loaded once in the server (a missing one is skipped).
-WARM_MODULES = ("pandas", "pyarrow", "pyarrow.parquet", "grpc", "pyspark.sql.connect.session",
+WARM_MODULES = ("pandas", "pyarrow", "pyarrow.parquet", "grpc", "boto3", "pyspark.sql.connect.session",
                 "pyspark.sql.functions", "setproctitle", "airflow_provider_speculative.runtime",
                 "airflow_provider_speculative.backends.supervisor")
 IDLE_TIMEOUT = 600.0
@@ -316,6 +316,13 @@ def serve(path: Path, idle_timeout: float = IDLE_TIMEOUT) -> int:
             importlib.import_module(name)
         except Exception as exc:  # warm is best effort: the application imports what is missing itself
             print(f"[fork server] not pre-imported: {name}: {exc}", file=sys.stderr)
+    try:
+        # An attempt with its store on S3 builds a boto3 client: its service models are parsed here, once.
+        from airflow_provider_speculative.store.backend import warm_s3_client
+
+        warm_s3_client()
+    except Exception as exc:
+        print(f"[fork server] S3 client not warmed: {exc}", file=sys.stderr)
     if threading.active_count() != 1:
         # fork() copies only the calling thread: another Python thread's held locks would stay held.
         print(f"[fork server] {threading.active_count()} Python threads after the imports; not serving",
