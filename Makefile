@@ -23,7 +23,7 @@ DEMO_ENV := AIRFLOW_HOME=$(DEMO)/airflow \
 	AIRFLOW__SPECULATIVE__BASELINE_LOWER_BOUND=5s \
 	SPECULATIVE_FAULT_INJECTION='{"targets": {"local-b": {"factor": 4}}}'
 
-.PHONY: demo run test test-fast test-long test-lowest unit install java-check data data-q3 data-tpch lint bench clean browser ui docs services jars
+.PHONY: demo run test test-fast test-long test-lowest unit install java-check data data-q3 data-tpch lint bench clean browser ui docs services jars s3-compiled
 
 # uv (from PyPI, into a venv of its own) installs the project: it resolves and fetches in parallel, several
 # times faster than pip on a machine without a cache. It compiles bytecode at install as pip does: with
@@ -134,6 +134,11 @@ jars: install
 		mvn -q -B -f jars/s3a/pom.xml -Dhadoop.version=$(HADOOP_VERSION) dependency:copy-dependencies \
 			-DincludeScope=runtime -DoutputDirectory=$(CURDIR)/.jars/s3a-$(HADOOP_VERSION) && \
 		touch .jars/s3a-$(HADOOP_VERSION)/.done; }
+
+# SeaweedFS's weed into .tools/bin from the Go module proxy at a pinned version (needs Go; several minutes):
+# a compiled S3 endpoint for the benchmarks (bench/warm.py --s3-endpoint seaweedfs). The tests keep moto.
+s3-compiled:
+	scripts/build-seaweedfs.sh
 
 # The unit tests first, spread over UNIT_WORKERS processes (pytest-xdist): pure Python and CPU-bound. The
 # integration tests after them, one at a time: several measure attempt speeds (slow node, speculation) and

@@ -29,13 +29,17 @@ and for each of the scenarios:
      event through the REST API and ends in the triggerer, instead of resuming on a worker to record
      it (docs/running.md, "Asset events without a worker")
   s  as c, with the sources (customer, orders, lineitem) on S3: an S3 endpoint started on loopback
-     (devtools/services.py, moto's server), the same files uploaded before the runs (not counted), the
+     (devtools/services.py, moto's server by default), the same files uploaded before the runs (not counted), the
      pool started with the s3a jars (`make jars`) and endpoint; planning lists and checks the objects,
      attempts read them through s3a. With s, c runs on the same S3-capable pool, so s/c is the cost
      of the sources being on S3 (docs/store.md, "Sources on S3")
   t  as s, with the store on S3 as well (``store_path = s3://…``, ``experimental_s3_store``): plans,
      exchanges, manifests, journals and commits are objects of the same endpoint; t/c is the cost of
      running on object storage instead of the local file system, t/s the store's share of it
+
+  With ``--s3-endpoint seaweedfs``, s and t use SeaweedFS's compiled S3 gateway (`make s3-compiled`)
+  instead of moto's Python server, whose own CPU would otherwise dwarf the provider's S3 cost; each row
+  records the endpoint as ``s3_endpoint``.
 
   z  Airflow's own floor: ``airflow dags test`` of a DAG with one task that does nothing
      (bench/dags/bench_floor.py), in the same environment as c. What c costs beyond it is the
@@ -56,7 +60,7 @@ Spark work = ready to end), resume (``stage_complete`` to the resumed task's fin
 contention sampler of speculation.py (foreign CPU use on the machine).
 
     .venv/bin/python bench/warm.py [--data .data/tpch] [--pipelines q1,q3] [--repeat N] [--scenarios a,b,c,d,e,f,s,t,z]
-        [--slot-priority critical_path|fifo] [--exchange-layout auto|partitioned|packed]
+        [--slot-priority critical_path|fifo] [--exchange-layout auto|partitioned|packed] [--s3-endpoint moto|seaweedfs]
 """
 
 from __future__ import annotations
@@ -90,7 +94,7 @@ from airflow_provider_speculative.devtools.localcluster import (  # noqa: E402
     s3a_jars,
     spark_submit,
 )
-from airflow_provider_speculative.devtools.services import S3Server, start_s3  # noqa: E402
+from airflow_provider_speculative.devtools.services import S3_KINDS, S3Server, start_s3  # noqa: E402
 from airflow_provider_speculative.hooks.objectstore import settings_from_environment, spark_s3_conf  # noqa: E402
 from tests.integration.q3 import duckdb_q3, q3_difference, read_q3_output  # noqa: E402
 from tests.integration.tpch_sql import QUERIES, duckdb_rows, rows_difference  # noqa: E402
@@ -497,6 +501,8 @@ def main() -> int:
                         help="d, e, f: [speculative] slot_priority of the deployment (default: the provider's)")
     parser.add_argument("--exchange-layout", choices=("auto", "partitioned", "packed"), default=None,
                         help="c-f, s, t: [speculative] exchange_layout (default: the provider's)")
+    parser.add_argument("--s3-endpoint", choices=S3_KINDS, default="moto",
+                        help="s, t: the S3 endpoint (seaweedfs: the compiled one `make s3-compiled` builds)")
     args = parser.parse_args()
     scenarios = args.scenarios.split(",")
     options = {"AIRFLOW__SPECULATIVE__SLOT_PRIORITY": args.slot_priority} if args.slot_priority else {}
@@ -516,14 +522,15 @@ def main() -> int:
     try:
         pool_conf: dict[str, str] = {}
         if {"s", "t"} & set(scenarios):
-            s3, s3_url = start_s3(), "s3://tpch/data"
+            s3, s3_url = start_s3(kind=args.s3_endpoint), "s3://tpch/data"
             s3.create_bucket("tpch")
             s3.create_bucket("tpch-store")
             for table in ("customer", "orders", "lineitem"):
                 s3.upload_tree(tpch / table, "tpch", f"data/{table}")
             os.environ.update(s3.environment())  # the pool's servers and the dags-test processes inherit it
             pool_conf = {**spark_s3_conf(settings_from_environment()), "spark.jars": ",".join(jar_paths(s3a_jars()))}
-            print(f"S3 endpoint {s3.endpoint_url}: customer, orders, lineitem uploaded to {s3_url}", flush=True)
+            print(f"S3 endpoint {s3.endpoint_url} ({args.s3_endpoint}): customer, orders, lineitem uploaded to "
+                  f"{s3_url}", flush=True)
         if {"c", "d", "e", "f", "s", "t"} & set(scenarios):
             t0 = time.time()
             servers, _ = pool.start(servers=2, base_port=args.base_port, ui_base_port=args.ui_base_port,
@@ -534,6 +541,8 @@ def main() -> int:
         for repeat in range(args.repeat):
             for bench in benches:
                 row: dict[str, Any] = {"repeat": repeat, "pipeline": bench.name, "data": str(tpch)}
+                if s3 is not None:
+                    row["s3_endpoint"] = args.s3_endpoint
                 for scenario in scenarios:
                     run_dir = results_dir / f"r{repeat}-{bench.name}-{scenario}"
                     if scenario == "a":

@@ -268,18 +268,35 @@ def start_redis(port: int | None = None, timeout: float = START_TIMEOUT) -> Redi
 # -- S3 ------------------------------------------------------------------------------------------
 
 
+_WARM_KEY = ".speculative-warm"
+
+
 @dataclass
 class S3Server(_Server):
-    """A running throw-away S3 endpoint (moto's server) on ``127.0.0.1:port`` with its own random keys.
+    """A running throw-away S3 endpoint (moto's server, or SeaweedFS's) on ``127.0.0.1:port`` with its own keys.
 
     moto keeps objects in memory and implements S3's conditional create (``If-None-Match: *``: one
     writer of a key wins, the others get 412), which is what a store on object storage relies on.
+    SeaweedFS (``kind="seaweedfs"``, for the benchmarks) is compiled and keeps objects in the directory.
     """
 
     access_key: str = ""
     secret_key: str = ""
     host: str = LOOPBACK
     region: str = "us-east-1"
+    stop_grace: float = 10.0
+    # SeaweedFS grows a bucket's volumes on its first object write (0.2 s here, against 4 ms for the next):
+    # create_bucket writes and deletes a probe then, so that wait is not in the first write a benchmark times.
+    warm_buckets: bool = False
+    # Files the server makes outside its directory (SeaweedFS's gRPC sockets in /tmp), removed on stop.
+    outside_files: tuple[Path, ...] = ()
+
+    def stop(self) -> None:
+        """Stop the server and remove its directory and the files it made elsewhere."""
+        _kill(self.proc, self.stop_grace)
+        for path in self.outside_files:
+            path.unlink(missing_ok=True)
+        shutil.rmtree(self.directory, ignore_errors=True)
 
     @property
     def endpoint_url(self) -> str:
@@ -306,6 +323,9 @@ class S3Server(_Server):
             client.create_bucket(Bucket=name)  # type: ignore[attr-defined]
         except client.exceptions.BucketAlreadyOwnedByYou:  # type: ignore[attr-defined]
             pass
+        if self.warm_buckets:
+            client.put_object(Bucket=name, Key=_WARM_KEY, Body=b"warm")  # type: ignore[attr-defined]
+            client.delete_object(Bucket=name, Key=_WARM_KEY)  # type: ignore[attr-defined]
 
     def upload_tree(self, local: str | Path, bucket: str, prefix: str) -> int:
         """Upload every file under ``local`` to ``s3://bucket/prefix/<relative path>``; returns the count."""
@@ -319,10 +339,36 @@ class S3Server(_Server):
         return count
 
 
-def start_s3(port: int | None = None, timeout: float = START_TIMEOUT) -> S3Server:
-    """Start moto's S3 server on ``port`` (a free one if None), bound to 127.0.0.1, with fresh random keys."""
-    import importlib.util
+S3_KINDS = ("moto", "seaweedfs")
+# The benchmarks' compiled endpoint: SeaweedFS's ``weed``, which `make s3-compiled` builds into .tools/bin.
+WEED_ENV = "SPECULATIVE_WEED"
+_REPO = Path(__file__).resolve().parents[2]
+# The identity the benchmark's clients sign as; SeaweedFS grants these actions on every bucket.
+_SEAWEEDFS_ACTIONS = ("Admin", "Read", "List", "Tagging", "Write")
+# The ports ``weed server`` listens on, each given a free loopback port (its defaults are fixed and public).
+_SEAWEEDFS_PORTS = ("master.port", "master.port.grpc", "volume.port", "volume.port.grpc", "filer.port",
+                    "filer.port.grpc", "s3.port", "s3.port.grpc")
+
+
+def start_s3(port: int | None = None, timeout: float = START_TIMEOUT, kind: str = "moto") -> S3Server:
+    """Start an S3 endpoint of ``kind`` (moto or seaweedfs) on ``port`` (a free one if None), on 127.0.0.1."""
+    if kind == "moto":
+        return _start_moto(port, timeout)
+    if kind == "seaweedfs":
+        return _start_seaweedfs(port, timeout)
+    raise ValueError(f"unknown S3 endpoint kind {kind!r}: one of {', '.join(S3_KINDS)}")
+
+
+def _random_keys() -> tuple[str, str]:
     import secrets
+
+    # Random keys let a test prove that no secret reaches a file or a log.
+    return "AKIA" + secrets.token_hex(8).upper(), secrets.token_urlsafe(30)
+
+
+def _start_moto(port: int | None, timeout: float) -> S3Server:
+    """moto's S3 server (the suite's endpoint): objects in memory, any key pair accepted."""
+    import importlib.util
     import sys
 
     if importlib.util.find_spec("moto") is None or importlib.util.find_spec("flask") is None:
@@ -338,6 +384,113 @@ def start_s3(port: int | None = None, timeout: float = START_TIMEOUT) -> S3Serve
     except BaseException:
         shutil.rmtree(directory, ignore_errors=True)
         raise
-    # moto accepts any key pair; random ones let a test prove that no secret reaches a file or a log.
-    return S3Server(port=port, directory=directory, proc=proc, access_key="AKIA" + secrets.token_hex(8).upper(),
-                    secret_key=secrets.token_urlsafe(30))
+    access_key, secret_key = _random_keys()
+    return S3Server(port=port, directory=directory, proc=proc, access_key=access_key, secret_key=secret_key)
+
+
+def weed_binary() -> Path:
+    """Where SeaweedFS's ``weed`` is expected: $SPECULATIVE_WEED, else .tools/bin/weed of the checkout."""
+    configured = os.environ.get(WEED_ENV)
+    return Path(configured) if configured else _REPO / ".tools" / "bin" / "weed"
+
+
+def seaweedfs_config(access_key: str, secret_key: str) -> dict[str, object]:
+    """SeaweedFS's ``-s3.config`` document: one identity with the key pair, allowed every action."""
+    return {"identities": [{"name": "speculative",
+                            "credentials": [{"accessKey": access_key, "secretKey": secret_key}],
+                            "actions": list(_SEAWEEDFS_ACTIONS)}]}
+
+
+def write_seaweedfs_config(directory: Path, access_key: str, secret_key: str) -> Path:
+    """Write the ``-s3.config`` JSON into ``directory``, readable by its owner only (it holds the secret)."""
+    import json
+
+    # Not a .json name: those are the store's files (tests/unit/test_contracts.py); weed parses it as JSON anyway.
+    path = directory / "s3-identities.conf"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as out:
+        json.dump(seaweedfs_config(access_key, secret_key), out)
+    return path
+
+
+def seaweedfs_argv(binary: Path, directory: Path, config: Path, ports: dict[str, int]) -> list[str]:
+    """``weed server`` with master, volume, filer and S3 in one process, every listener on loopback.
+
+    The keys stay in ``config`` (never on the command line, which ``ps`` shows). Iceberg and Lance
+    catalogs are off, the volume server stops without its default 10 s heartbeat drain, volumes are
+    1 GiB (not 30) so the data directory stays small, and nothing is reported to SeaweedFS's telemetry.
+    """
+    return [str(binary), "server", f"-dir={directory / 'data'}", f"-ip={LOOPBACK}", f"-ip.bind={LOOPBACK}",
+            *(f"-{name}={ports[name]}" for name in _SEAWEEDFS_PORTS),
+            "-filer", "-s3", f"-s3.config={config}", "-s3.port.iceberg=0", "-s3.port.lance=0",
+            f"-filer.localSocket={directory / 'filer.sock'}", f"-s3.localSocket={directory / 's3.sock'}",
+            "-master.telemetry=false", "-master.volumeSizeLimitMB=1024", "-volume.max=0",
+            "-volume.preStopSeconds=0"]
+
+
+def seaweedfs_sockets(ports: dict[str, int]) -> tuple[Path, ...]:
+    """The Unix sockets ``weed server`` binds beside its gRPC ports, at paths it fixes under /tmp."""
+    return tuple(Path(f"/tmp/seaweedfs-{name}-grpc-{ports[f'{name}.port.grpc']}.sock")
+                 for name in ("master", "volume", "filer", "s3"))
+
+
+def _start_seaweedfs(port: int | None, timeout: float) -> S3Server:
+    """SeaweedFS's ``weed server`` with its S3 gateway: the benchmarks' compiled endpoint."""
+    binary = weed_binary()
+    if not (binary.is_file() and os.access(binary, os.X_OK)):
+        raise ServiceUnavailable(f"SeaweedFS's weed binary was not found at {binary}: `make s3-compiled` builds it "
+                                 f"(Go and the Go module proxy needed), or set ${WEED_ENV} to one")
+    directory = Path(tempfile.mkdtemp(prefix="speculative-s3-"))
+    (directory / "data").mkdir()
+    log = directory / "s3.log"
+    access_key, secret_key = _random_keys()
+    ports = {name: free_port() for name in _SEAWEEDFS_PORTS}
+    if port:
+        ports["s3.port"] = port
+    port = ports["s3.port"]
+    try:
+        config = write_seaweedfs_config(directory, access_key, secret_key)
+        argv = seaweedfs_argv(binary, directory, config, ports)
+        proc = _launch(argv, directory, log, port, "SeaweedFS S3 server", timeout)
+        # A graceful stop takes SeaweedFS about 15 s; its data is thrown away, so a kill soon after loses nothing.
+        server = S3Server(port=port, directory=directory, proc=proc, access_key=access_key, secret_key=secret_key,
+                          stop_grace=2.0, outside_files=seaweedfs_sockets(ports), warm_buckets=True)
+        _wait_writable(server, log, timeout)
+    except BaseException:
+        if "proc" in locals():
+            _kill(proc, 2.0)
+        for path in seaweedfs_sockets(ports):
+            path.unlink(missing_ok=True)
+        shutil.rmtree(directory, ignore_errors=True)
+        raise
+    return server
+
+
+def _wait_writable(server: S3Server, log: Path, timeout: float) -> None:
+    """Wait until an object can be written: SeaweedFS's S3 port listens before its filer and volumes serve."""
+    import boto3
+    import botocore.config
+    import botocore.exceptions
+
+    # Quick failures: the loop retries, and boto3's own retries would outlast the deadline.
+    client = boto3.client(
+        "s3", endpoint_url=server.endpoint_url, region_name=server.region, aws_access_key_id=server.access_key,
+        aws_secret_access_key=server.secret_key,
+        config=botocore.config.Config(retries={"max_attempts": 1}, connect_timeout=2, read_timeout=10))
+    bucket = "speculative-probe"
+    deadline = time.monotonic() + timeout
+    problem = ""
+    while time.monotonic() < deadline:
+        if not server.alive:
+            raise ServiceUnavailable(f"SeaweedFS exited with {server.proc.returncode} while starting:\n{_tail(log)}")
+        try:
+            client.create_bucket(Bucket=bucket)
+            client.put_object(Bucket=bucket, Key="probe", Body=b"probe")
+            client.delete_object(Bucket=bucket, Key="probe")
+            client.delete_bucket(Bucket=bucket)
+            return
+        except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
+            problem = str(exc)
+            time.sleep(0.2)
+    raise ServiceUnavailable(f"SeaweedFS's S3 gateway did not accept a write within {timeout:.0f} s ({problem}):\n"
+                             f"{_tail(log)}")
