@@ -89,7 +89,12 @@ def spark_s3_conf(settings: S3Credentials) -> dict[str, str]:
     The keys reach s3a through the environment of the Spark process (its default credential chain reads
     ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY``), never through Spark configuration.
     """
-    conf = {"spark.hadoop.fs.s3.impl": "org.apache.hadoop.fs.s3a.S3AFileSystem"}
+    conf = {"spark.hadoop.fs.s3.impl": "org.apache.hadoop.fs.s3a.S3AFileSystem",
+            # s3a skips its probes before a create (is the path a directory? does a file exist?) and its walk
+            # up the parents on mkdir: 12 of the 45 requests of one exchange write. Every path an attempt
+            # writes is new and its own (its attempt's prefix, a sink's version prefix), so the checks find
+            # nothing; what they would refuse (a file over a directory, an overwrite) the layout never asks.
+            "spark.hadoop.fs.s3a.performance.flags": "create,mkdir"}
     if settings.region:
         conf["spark.hadoop.fs.s3a.endpoint.region"] = settings.region
     if settings.endpoint_url:

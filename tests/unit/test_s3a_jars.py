@@ -49,6 +49,8 @@ def test_spark_conf_has_endpoint_and_no_secret():
     assert conf["spark.hadoop.fs.s3a.path.style.access"] == "true"
     assert conf["spark.hadoop.fs.s3a.connection.ssl.enabled"] == "false"
     assert conf["spark.hadoop.fs.s3.impl"] == "org.apache.hadoop.fs.s3a.S3AFileSystem"
+    # Create and mkdir without probes; deletes keep recreating a parent's marker (a committer lists it after).
+    assert conf["spark.hadoop.fs.s3a.performance.flags"] == "create,mkdir"
     text = repr(conf) + repr(settings)
     assert "s3cr3t-value" not in text and "tok3n-value" not in text and "AKIAX" not in repr(settings)
     # AWS itself: no endpoint override, no path-style access.
