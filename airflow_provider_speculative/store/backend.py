@@ -68,6 +68,9 @@ _SEQ_NAME = re.compile(rf"^(\d{{{_SEQ_DIGITS}}})\.json$")
 _RELIST_AFTER = 8
 _CONFLICT_RETRIES = 10
 _READ_THREADS = 16
+# Seconds a store request on S3 waits to connect, and between two reads of an answer, before botocore resends it.
+S3_CONNECT_TIMEOUT = 5.0
+S3_READ_TIMEOUT = 15.0
 # A copy through this process moves this much at a time; S3 copies one object server-side up to 5 GiB.
 _COPY_CHUNK = 1 << 20
 _MAX_SINGLE_COPY = 5 << 30
@@ -985,7 +988,10 @@ class S3Backend(StoreBackend):
             except Exception as exc:  # botocore's ClientError and transport errors
                 status = _status(exc)
                 if status == 412:
-                    return False
+                    # botocore resends a put whose answer was lost (a timeout, a reset connection): the object
+                    # may be our own first try. Our bytes there mean we won; a record is unique to its writer
+                    # (a token, an attempt, a time), so equal bytes from another writer would be the same record.
+                    return self._get(name) == data
                 if status == 409 and attempt + 1 < _CONFLICT_RETRIES:
                     # ConditionalRequestConflict: another conditional write of the key is in flight; ask again.
                     time.sleep(0.05 * (attempt + 1))
@@ -1390,7 +1396,11 @@ def _client(credentials: S3Credentials | None) -> BaseClient:
         if credentials.access_key and credentials.secret_key:
             kwargs.update(aws_access_key_id=credentials.access_key, aws_secret_access_key=credentials.secret_key,
                           aws_session_token=credentials.session_token)
+    # A request the service leaves unanswered is resent after CONNECT/READ_TIMEOUT, not botocore's 60 s: a
+    # store request is small and a stalled one is retried at once (the read timeout is between two reads of
+    # a response, so a large object is not cut short).
     config = Config(max_pool_connections=64, retries={"mode": "standard", "max_attempts": 4},
+                    connect_timeout=S3_CONNECT_TIMEOUT, read_timeout=S3_READ_TIMEOUT,
                     s3={"addressing_style": "path"} if credentials is not None and credentials.endpoint_url else {})
     return boto3.session.Session(botocore_session=_botocore_session()).client("s3", config=config, **kwargs)
 

@@ -159,9 +159,16 @@ class _ServiceError(Exception):
 class _ScriptedClient:
     """A stand-in boto3 client whose put_object answers from a script (an exception or a success)."""
 
-    def __init__(self, *answers: Exception | None) -> None:
+    def __init__(self, *answers: Exception | None, stored: bytes = b'{"writer": "another"}') -> None:
         self.answers = list(answers)
         self.calls = 0
+        self.stored = stored
+
+    def get_object(self, **kwargs: object) -> dict[str, object]:
+        """What the key holds after a 412: another writer's object unless the script says otherwise."""
+        import io
+
+        return {"Body": io.BytesIO(self.stored)}
 
     def put_object(self, **kwargs: object) -> dict[str, object]:
         self.calls += 1
@@ -178,6 +185,9 @@ def test_s3_conditional_create_asks_again_after_a_conflict_and_loses_on_412() ->
     assert client.calls == 3
     client = _ScriptedClient(conflict, _ServiceError(412, "PreconditionFailed"))
     assert S3Backend("s3://b/p", client=client).create_exclusive("claim.json", b"{}") is False  # type: ignore[arg-type]
+    # A 412 over our own bytes: botocore resent a put whose answer was lost, and the first try won.
+    client = _ScriptedClient(_ServiceError(412, "PreconditionFailed"), stored=b"{}")
+    assert S3Backend("s3://b/p", client=client).create_exclusive("claim.json", b"{}") is True  # type: ignore[arg-type]
 
 
 def test_s3_errors_carry_the_code_not_the_services_message() -> None:

@@ -40,3 +40,41 @@ def test_warming_sends_nothing_and_starts_no_thread(monkeypatch):
     warm_s3_client()  # port 9 is closed: a request would fail
     assert threading.active_count() == threads
     assert backend._LOADER is not None
+
+
+def test_clients_resend_a_stalled_request_within_seconds():
+    client = backend._client(Settings("http://127.0.0.1:9001", None, "AKIAONE", "secret-one"))
+    assert client.meta.config.read_timeout == backend.S3_READ_TIMEOUT <= 15
+    assert client.meta.config.connect_timeout == backend.S3_CONNECT_TIMEOUT <= 5
+
+
+class _LostAnswer:
+    """A client whose conditional put reaches the bucket but whose answer is lost, as botocore then resends it."""
+
+    def __init__(self, client: object) -> None:
+        self._client = client
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._client, name)
+
+    def put_object(self, **kwargs: object) -> object:
+        """The first try stores the object; its resend meets the object and gets S3's 412."""
+        self._client.put_object(**kwargs)  # type: ignore[attr-defined]
+        return self._client.put_object(**kwargs)  # type: ignore[attr-defined]
+
+
+def test_a_conditional_create_whose_answer_was_lost_is_still_won():
+    import boto3
+    import moto
+
+    from airflow_provider_speculative.store.backend import S3Backend
+
+    with moto.mock_aws():
+        raw = boto3.client("s3", region_name="us-east-1")
+        raw.create_bucket(Bucket="lost-answer")
+        store = S3Backend("s3://lost-answer/store", client=_LostAnswer(raw))
+        # The resend's 412 meets our own bytes: won. Another writer's bytes there: lost, as before.
+        assert store.create_exclusive("runs/claim.json", b'{"token": "ours"}')
+        other = S3Backend("s3://lost-answer/store", client=raw)
+        assert not other.create_exclusive("runs/claim.json", b'{"token": "theirs"}')
+        assert store.read("runs/claim.json") == b'{"token": "ours"}'
