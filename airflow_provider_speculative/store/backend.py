@@ -1012,12 +1012,20 @@ class S3Backend(StoreBackend):
         """One GetObject, whole or of ``byte_range`` (a Range header): None if missing, b"" past the end."""
         extra = {} if byte_range is None else {"Range": byte_range}
         try:
-            body = self._client.get_object(Bucket=self.bucket, Key=self._key(name), **extra)["Body"]
-            try:
-                data: bytes = body.read()
-            finally:
-                body.close()
-            return data
+            for attempt in range(_BODY_TRIES):
+                body = self._client.get_object(Bucket=self.bucket, Key=self._key(name), **extra)["Body"]
+                try:
+                    data: bytes = body.read()
+                except Exception as exc:
+                    # botocore resends a request that got no answer, not one whose body stalled or broke
+                    # off; a read is idempotent, so ask again.
+                    if attempt + 1 < _BODY_TRIES and _transient_body_error(exc):
+                        continue
+                    raise
+                finally:
+                    body.close()
+                return data
+            raise AssertionError("unreachable: the last try returns or raises")
         except Exception as exc:
             if _status(exc) == 404 and _error_code(exc).startswith("NoSuchKey"):
                 return None
@@ -1403,6 +1411,21 @@ def _client(credentials: S3Credentials | None) -> BaseClient:
                     connect_timeout=S3_CONNECT_TIMEOUT, read_timeout=S3_READ_TIMEOUT,
                     s3={"addressing_style": "path"} if credentials is not None and credentials.endpoint_url else {})
     return boto3.session.Session(botocore_session=_botocore_session()).client("s3", config=config, **kwargs)
+
+
+_BODY_TRIES = 3
+
+
+def _transient_body_error(exc: BaseException) -> bool:
+    """Whether reading a response body failed in transit (a stall, a cut connection): worth one more request."""
+    from botocore.exceptions import (
+        ConnectionClosedError,
+        IncompleteReadError,
+        ReadTimeoutError,
+        ResponseStreamingError,
+    )
+
+    return isinstance(exc, ReadTimeoutError | ResponseStreamingError | IncompleteReadError | ConnectionClosedError)
 
 
 _LOADER: Any = None

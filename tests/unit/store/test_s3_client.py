@@ -78,3 +78,45 @@ def test_a_conditional_create_whose_answer_was_lost_is_still_won():
         other = S3Backend("s3://lost-answer/store", client=raw)
         assert not other.create_exclusive("runs/claim.json", b'{"token": "theirs"}')
         assert store.read("runs/claim.json") == b'{"token": "ours"}'
+
+
+class _StalledBody:
+    """A response body that stalls: reading it times out, as botocore reports a stalled stream."""
+
+    def read(self) -> bytes:
+        """Time out."""
+        from botocore.exceptions import ReadTimeoutError
+
+        raise ReadTimeoutError(endpoint_url="http://127.0.0.1:9")
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+class _StallsOnce:
+    """A client whose first GetObject answers with a stalled body, then with the object."""
+
+    def __init__(self, data: bytes, stalls: int = 1) -> None:
+        self.data, self.stalls, self.calls = data, stalls, 0
+
+    def get_object(self, **kwargs: object) -> dict[str, object]:
+        """A stalled body for the first ``stalls`` calls."""
+        import io
+
+        self.calls += 1
+        return {"Body": _StalledBody() if self.calls <= self.stalls else io.BytesIO(self.data)}
+
+
+def test_a_read_whose_body_stalls_is_asked_again_and_a_lasting_stall_fails_naming_the_object():
+    import pytest
+
+    from airflow_provider_speculative.exceptions import StoreError
+    from airflow_provider_speculative.store.backend import S3Backend
+
+    client = _StallsOnce(b'{"plan": 1}')
+    assert S3Backend("s3://b/p", client=client).read("d/plan.json") == b'{"plan": 1}'  # type: ignore[arg-type]
+    assert client.calls == 2
+    client = _StallsOnce(b"{}", stalls=99)
+    with pytest.raises(StoreError, match=r"cannot read s3://b/p/d/plan.json: ReadTimeoutError"):
+        S3Backend("s3://b/p", client=client).read("d/plan.json")  # type: ignore[arg-type]
+    assert client.calls == backend._BODY_TRIES
