@@ -21,7 +21,9 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ClassVar
 
 import psutil
@@ -57,6 +59,18 @@ log = logging.getLogger(__name__)
 
 # A claim with no process after this long was lost between claim and launch (controller crash).
 LAUNCH_LOST_AFTER = 60.0
+
+_READER: ThreadPoolExecutor | None = None
+_READER_LOCK = threading.Lock()
+
+
+def _reader() -> ThreadPoolExecutor:
+    """The threads an object store's polls read with: started on first use, by a controller (which never forks)."""
+    global _READER
+    with _READER_LOCK:
+        if _READER is None:
+            _READER = ThreadPoolExecutor(max_workers=8, thread_name_prefix="attempt-poll")
+        return _READER
 # A supervisor on another host that has not refreshed alive_at for this long is presumed dead.
 REMOTE_ALIVE_TIMEOUT = 30.0
 HOST = socket.gethostname()
@@ -154,11 +168,12 @@ class SupervisedBackend:
         now = time.time() if now is None else now
         # Plain string paths: a tick may poll thousands of attempts, and pathlib costs more than the reads.
         base = self._dir(subtask, attempt)
-        claim = self._read(base, CLAIM_FILE) or {}
-        status = self._read(base, STATUS_FILE) or {}
+        docs = self._read_together(base, (CLAIM_FILE, STATUS_FILE, HEARTBEAT_FILE, CANCEL_FILE))
+        claim = docs[CLAIM_FILE] or {}
+        status = docs[STATUS_FILE] or {}
         launch = status
-        heartbeat = self._read(base, HEARTBEAT_FILE) or {}
-        cancel = self._read(base, CANCEL_FILE)
+        heartbeat = docs[HEARTBEAT_FILE] or {}
+        cancel = docs[CANCEL_FILE]
         out = Attempt(subtask=subtask, number=attempt, target=claim.get("target", "?"),
                       speculative=bool(claim.get("speculative")), created_at=claim.get("created_at"),
                       node=heartbeat.get("node") or status.get("node") or claim.get("node"),
@@ -247,6 +262,17 @@ class SupervisedBackend:
         if self._name_from is None:
             return read_json(os.path.join(base, file))
         return self.layout.store.read_json(f"{base[self._name_from:]}/{file}")
+
+    def _read_together(self, base: str, files: tuple[str, ...]) -> dict[str, Any]:
+        """Several documents of one attempt: one after the other on a file system, at once on an object store.
+
+        On S3 each read is a request of tens of milliseconds, and a poll is on the controller's path from an
+        attempt's end to its admission: read together they cost one round trip, not four. The invalidation
+        marker is read after them (``poll``), as before.
+        """
+        if self._name_from is None or self.layout.store.parallel_reads <= 1:
+            return {file: self._read(base, file) for file in files}
+        return dict(zip(files, _reader().map(lambda file: self._read(base, file), files), strict=True))
 
     def attempt_alive(self, status: dict[str, Any], heartbeat: dict[str, Any], now: float) -> bool:
         """Whether a launched, not yet ended attempt is still alive (here: its process; see the read model)."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -221,3 +222,40 @@ def test_a_passing_store_error_while_the_attempt_runs_is_asked_again_not_fatal()
     cancelled: dict[str, int | None] = {"signal": None}
     assert supervisor._wait(_Child(polls=2), docs, status, cancelled) == 0
     assert store.looks == 2 and cancelled["signal"] is None
+
+
+class _RoundTripStore(MemoryBackend):
+    """A store read in parallel, as S3 is: each read waits until ``together`` reads are in flight at once."""
+
+    parallel_reads = 16
+
+    def __init__(self, url: str, together: int) -> None:
+        super().__init__(url)
+        self.barrier = threading.Barrier(together, timeout=5)
+        self.armed = False
+        self.read_names: list[str] = []
+
+    def read_json(self, name: str) -> Any:
+        """Wait for the others while armed (a broken barrier means the reads came one after the other)."""
+        self.read_names.append(name.rsplit("/", 1)[-1])
+        if self.armed and not name.endswith("invalidated.json"):
+            self.barrier.wait()
+        return super().read_json(name)
+
+
+def test_a_poll_on_an_object_store_reads_the_attempts_documents_together_and_the_withdrawal_last() -> None:
+    roots.forget_stores()
+    store = _RoundTripStore(S3_ROOT, together=4)
+    roots.install_store(store)
+    try:
+        layout = StageLayout.of_plan(stage_plan(S3_ROOT))
+        backend = SupervisedBackend(layout)
+        assert backend.claim(0, 0, {"target": "local-a", "created_at": 1.0})
+        layout.replace_json(layout.status(0, 0), {"state": "FINISHED", "end_at": 2.0, "exit_code": 0})
+        store.armed = True
+        store.read_names.clear()
+        assert backend.poll(0, 0).state == AttemptState.FINISHED
+        assert set(store.read_names[:4]) == {"claim.json", "status.json", "heartbeat.json", "cancel.json"}
+        assert store.read_names[4:] == ["invalidated.json"]
+    finally:
+        roots.forget_stores()
