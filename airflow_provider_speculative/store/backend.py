@@ -68,6 +68,8 @@ _SEQ_NAME = re.compile(rf"^(\d{{{_SEQ_DIGITS}}})\.json$")
 _RELIST_AFTER = 8
 _CONFLICT_RETRIES = 10
 _READ_THREADS = 16
+# The user metadata key (``x-amz-meta-…``) by which a conditional create knows its own object after a resend.
+WRITER_METADATA = "speculative-writer"
 # Seconds a store request on S3 waits to connect, and between two reads of an answer, before botocore resends it.
 S3_CONNECT_TIMEOUT = 5.0
 S3_READ_TIMEOUT = 15.0
@@ -981,23 +983,33 @@ class S3Backend(StoreBackend):
 
     def _create_exclusive(self, name: str, data: bytes) -> bool:
         key = self._key(name)
+        # botocore resends a put whose answer was lost (a timeout, a reset connection), and the resend meets our
+        # own first try with a 412. Only this call's mark in the object's metadata tells that apart from another
+        # writer's object: equal bytes do not (two reclaimers at one clock tick write the same record).
+        writer = uuid.uuid4().hex
         for attempt in range(_CONFLICT_RETRIES):
             try:
-                self._client.put_object(Bucket=self.bucket, Key=key, Body=data, IfNoneMatch="*")
+                self._client.put_object(Bucket=self.bucket, Key=key, Body=data, IfNoneMatch="*",
+                                        Metadata={WRITER_METADATA: writer})
                 return True
             except Exception as exc:  # botocore's ClientError and transport errors
                 status = _status(exc)
                 if status == 412:
-                    # botocore resends a put whose answer was lost (a timeout, a reset connection): the object
-                    # may be our own first try. Our bytes there mean we won; a record is unique to its writer
-                    # (a token, an attempt, a time), so equal bytes from another writer would be the same record.
-                    return self._get(name) == data
+                    return self._written_by(key, writer)
                 if status == 409 and attempt + 1 < _CONFLICT_RETRIES:
                     # ConditionalRequestConflict: another conditional write of the key is in flight; ask again.
                     time.sleep(0.05 * (attempt + 1))
                     continue
                 raise self._fail(name, "create", exc) from None
         return False  # unreachable: the last attempt returns or raises
+
+    def _written_by(self, key: str, writer: str) -> bool:
+        """Whether the object at ``key`` carries ``writer``'s mark (False if it is gone or cannot be read)."""
+        try:
+            head = self._client.head_object(Bucket=self.bucket, Key=key)
+        except Exception:
+            return False  # as before this check: the create is reported lost
+        return bool((head.get("Metadata") or {}).get(WRITER_METADATA) == writer)
 
     def _replace(self, name: str, data: bytes) -> None:
         try:

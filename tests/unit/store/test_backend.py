@@ -159,23 +159,23 @@ class _ServiceError(Exception):
 class _ScriptedClient:
     """A stand-in boto3 client whose put_object answers from a script (an exception or a success)."""
 
-    def __init__(self, *answers: Exception | None, stored: bytes = b'{"writer": "another"}') -> None:
+    def __init__(self, *answers: Exception | None, ours: bool = False) -> None:
         self.answers = list(answers)
         self.calls = 0
-        self.stored = stored
-
-    def get_object(self, **kwargs: object) -> dict[str, object]:
-        """What the key holds after a 412: another writer's object unless the script says otherwise."""
-        import io
-
-        return {"Body": io.BytesIO(self.stored)}
+        self.ours = ours
+        self.marks: list[object] = []
 
     def put_object(self, **kwargs: object) -> dict[str, object]:
         self.calls += 1
+        self.marks.append(kwargs.get("Metadata"))
         answer = self.answers.pop(0)
         if answer is not None:
             raise answer
         return {}
+
+    def head_object(self, **kwargs: object) -> dict[str, object]:
+        """What the key holds after a 412: another writer's object, or our own first try's if ``ours``."""
+        return {"Metadata": self.marks[0] if self.ours else {"speculative-writer": "another"}}
 
 
 def test_s3_conditional_create_asks_again_after_a_conflict_and_loses_on_412() -> None:
@@ -185,8 +185,8 @@ def test_s3_conditional_create_asks_again_after_a_conflict_and_loses_on_412() ->
     assert client.calls == 3
     client = _ScriptedClient(conflict, _ServiceError(412, "PreconditionFailed"))
     assert S3Backend("s3://b/p", client=client).create_exclusive("claim.json", b"{}") is False  # type: ignore[arg-type]
-    # A 412 over our own bytes: botocore resent a put whose answer was lost, and the first try won.
-    client = _ScriptedClient(_ServiceError(412, "PreconditionFailed"), stored=b"{}")
+    # A 412 over our own first try (its mark): botocore resent a put whose answer was lost, and that try won.
+    client = _ScriptedClient(_ServiceError(412, "PreconditionFailed"), ours=True)
     assert S3Backend("s3://b/p", client=client).create_exclusive("claim.json", b"{}") is True  # type: ignore[arg-type]
 
 

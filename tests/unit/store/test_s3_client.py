@@ -73,10 +73,15 @@ def test_a_conditional_create_whose_answer_was_lost_is_still_won():
         raw = boto3.client("s3", region_name="us-east-1")
         raw.create_bucket(Bucket="lost-answer")
         store = S3Backend("s3://lost-answer/store", client=_LostAnswer(raw))
-        # The resend's 412 meets our own bytes: won. Another writer's bytes there: lost, as before.
+        # The resend's 412 meets our own first try (its mark): won. Another writer: lost, as before, even with
+        # the same bytes (two reclaimers at one clock tick write the same record).
         assert store.create_exclusive("runs/claim.json", b'{"token": "ours"}')
         other = S3Backend("s3://lost-answer/store", client=raw)
         assert not other.create_exclusive("runs/claim.json", b'{"token": "theirs"}')
+        assert not other.create_exclusive("runs/claim.json", b'{"token": "ours"}')
+        # A writer whose first try already met the object never wrote it: lost too.
+        assert not S3Backend("s3://lost-answer/store", client=_LostAnswer(raw)).create_exclusive(
+            "runs/claim.json", b'{"token": "ours"}')
         assert store.read("runs/claim.json") == b'{"token": "ours"}'
 
 
