@@ -268,7 +268,7 @@ class SupervisedBackend:
 
         On S3 each read is a request of tens of milliseconds, and a poll is on the controller's path from an
         attempt's end to its admission: read together they cost one round trip, not four. The invalidation
-        marker is read after them (``poll``), as before.
+        marker is read after them (``poll``): a withdrawal is never older than the status it is judged with.
         """
         if self._name_from is None or self.layout.store.parallel_reads <= 1:
             return {file: self._read(base, file) for file in files}

@@ -1008,7 +1008,7 @@ class S3Backend(StoreBackend):
         try:
             head = self._client.head_object(Bucket=self.bucket, Key=key)
         except Exception:
-            return False  # as before this check: the create is reported lost
+            return False  # not known to be ours: the create is reported lost
         return bool((head.get("Metadata") or {}).get(WRITER_METADATA) == writer)
 
     def _replace(self, name: str, data: bytes) -> None:
