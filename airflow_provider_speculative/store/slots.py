@@ -182,7 +182,7 @@ class TargetSlots:
             # A stale start costs only a failed create or a given-up generation (module docstring), or a
             # second round if it showed nothing free; it is what this instance saw last, with nothing it did since.
             seen, self._seen = self._seen, None
-            generations = self._generations(seen) if seen is not None else self._generations()
+            generations = self._generations(seen)
             for index in range(capacity):
                 top, free = generations.get(index, (-1, True))
                 if not free:
