@@ -37,6 +37,11 @@ and for each of the scenarios:
      exchanges, manifests, journals and commits are objects of the same endpoint; t/c is the cost of
      running on object storage instead of the local file system, t/s the store's share of it
 
+  u  as a (one plain ``spark-submit``), with the sources read from the same S3 endpoint through s3a (the
+     s3a jars and endpoint of s and t): what a user who keeps the tables on S3 would run instead of t.
+     u/a is what S3 costs plain Spark here, and t/u, beside c/a, whether the provider pays more for S3
+     than Spark alone does (the endpoint's CPU is counted for u as for s and t)
+
   With ``--s3-endpoint seaweedfs``, s and t use SeaweedFS's compiled S3 gateway (`make s3-compiled`)
   instead of moto's Python server, whose own CPU would otherwise dwarf the provider's S3 cost; each row
   records the endpoint as ``s3_endpoint``.
@@ -300,13 +305,18 @@ def connect_targets(slots: int) -> list[dict[str, Any]]:
             for n in ("local-a", "local-b")]
 
 
-def run_plain(bench: Bench, run_dir: Path, tpch: Path) -> dict[str, Any]:
-    """Scenario a: one spark-submit of the whole query."""
+def run_plain(bench: Bench, run_dir: Path, tpch: Path, source: str | None = None,
+              extra_conf: dict[str, str] | None = None) -> dict[str, Any]:
+    """Scenarios a and u: one spark-submit of the whole query (u: ``source``, the tables' S3 URL, read by s3a)."""
     run_dir.mkdir(parents=True)
     out = run_dir / "output" / bench.dag_id / DATE
-    conf = [arg for k, v in {**SUBMIT_CONF, **SHUFFLE}.items() for arg in ("--conf", f"{k}={v}")]
-    cmd = [spark_submit(), "--master", "local[2]", *conf, str(HERE / bench.plain), *bench.plain_args(tpch, run_dir),
-           str(out)]
+    conf = [arg for k, v in {**SUBMIT_CONF, **SHUFFLE, **(extra_conf or {})}.items() for arg in ("--conf", f"{k}={v}")]
+    args = bench.plain_args(tpch, run_dir)
+    if source is not None:
+        if bench.name not in ("q1", "q3"):
+            raise SystemExit(f"scenario u runs q1 and q3 only, not {bench.name}")
+        args = [f"{source}/lineitem"] if bench.name == "q1" else [source]
+    cmd = [spark_submit(), "--master", "local[2]", *conf, str(HERE / bench.plain), *args, str(out)]
     result = timed(cmd, run_dir, "spark-submit.log", {**os.environ, "PYSPARK_PYTHON": sys.executable})
     result.pop("started")
     return result
@@ -521,7 +531,7 @@ def main() -> int:
     s3_url = ""
     try:
         pool_conf: dict[str, str] = {}
-        if {"s", "t"} & set(scenarios):
+        if {"s", "t", "u"} & set(scenarios):
             s3, s3_url = start_s3(kind=args.s3_endpoint), "s3://tpch/data"
             s3.create_bucket("tpch")
             s3.create_bucket("tpch-store")
@@ -547,6 +557,11 @@ def main() -> int:
                     run_dir = results_dir / f"r{repeat}-{bench.name}-{scenario}"
                     if scenario == "a":
                         row["a"] = run_plain(bench, run_dir, tpch)
+                    elif scenario == "u":
+                        assert s3 is not None
+                        endpoint_before = process_cpu(s3.proc.pid)
+                        row["u"] = run_plain(bench, run_dir, tpch, s3_url, pool_conf)
+                        row["u"]["cpu_endpoint"] = round(process_cpu(s3.proc.pid) - endpoint_before, 1)
                     elif scenario == "z":
                         row["z"] = run_floor(run_dir, base_env(run_dir, tpch))
                     elif scenario in ("d", "e", "f"):
@@ -588,7 +603,7 @@ def main() -> int:
                           + (f", CPU {cpu}s (process {row[scenario]['cpu_process']}s, Connect servers "
                              f"{row[scenario]['cpu_servers']}s)" if cpu is not None else "")
                           + (f", S3 endpoint CPU {row[scenario]['cpu_endpoint']}s"
-                             if scenario in ("s", "t") and "cpu_endpoint" in row[scenario] else "")
+                             if scenario in ("s", "t", "u") and "cpu_endpoint" in row[scenario] else "")
                           + (", output equal to the reference" if scenario != "z" else ", no output (floor)")
                           + f"; foreign CPU mean {load.get('foreign_cores_mean')} cores"
                           f"{' (contended)' if load.get('contended') else ''}", flush=True)
@@ -610,6 +625,11 @@ def main() -> int:
                         row["t/c servers cpu"] = round(row["t"]["cpu_servers"] / row["c"]["cpu_servers"], 2)
                 if "s" in row and "t" in row:
                     row["t/s"] = round(row["t"]["wall"] / row["s"]["wall"], 2)
+                if "a" in row and "u" in row:
+                    row["u/a"] = round(row["u"]["wall"] / row["a"]["wall"], 2)
+                for s in ("s", "t"):
+                    if "u" in row and s in row:
+                        row[f"{s}/u"] = round(row[s]["wall"] / row["u"]["wall"], 2)
                 results.append(row)
                 (results_dir / "results.json").write_text(json.dumps(
                     {"pool_start": pool_started, "runs": results}, indent=1, default=str))
@@ -634,9 +654,10 @@ def report(results: list[dict[str, Any]]) -> str:
         lines += ["", f"== {name} ==", "wall seconds: " + "; ".join(
             f"r{r['repeat']}: " + ", ".join(
                 f"{s}={r[s]['wall']:.1f}{'*' if r[s]['load'].get('contended') else ''}"
-                for s in ("a", "b", "c", "d", "e", "f", "s", "t", "z") if s in r) for r in runs) + "   (* = contended)"]
+                for s in ("a", "b", "c", "d", "e", "f", "s", "t", "u", "z") if s in r) for r in runs)
+            + "   (* = contended)"]
         for ratio in ("b/a", "c/a", "(c-z)/a", "d/a", "e/a", "f/a", "s/a", "s/c", "c/a cpu", "c/a spark cpu",
-                      "s/a cpu", "t/a", "t/c", "t/s", "t/c servers cpu"):
+                      "s/a cpu", "t/a", "t/c", "t/s", "t/c servers cpu", "u/a", "s/u", "t/u"):
             values = [r[ratio] for r in runs if ratio in r]
             if values:
                 goal = (f" (goals: <= {GOAL_C_OVER_A:g} at SF 0.1, <= {GOAL_C_OVER_A_SF1:g} at SF 1)"
