@@ -8,7 +8,7 @@ exclusive create exercises S3's guarantee and not moto's race.
 moto answers a ranged GET by reading the whole object from its spooled temporary file and slicing it;
 real S3 reads only the range, on cores that are not the client's. Here a ranged GetObject reads only the
 requested bytes, while moto's own code still decides the status, ``Content-Range``, ``Content-Length``,
-the 416 and every other header.
+the 416 and every other header. werkzeug's line per request is off unless ``SPECULATIVE_MOTO_REQUEST_LOG=1``.
 
     python -m airflow_provider_speculative.devtools.moto_s3 -H 127.0.0.1 -p PORT
 """
@@ -173,6 +173,18 @@ def patch() -> None:
 
 # Tests set a tiny thread switch interval to make an unlocked check-then-store race likely.
 SWITCH_INTERVAL_ENV = "SPECULATIVE_MOTO_SWITCH_INTERVAL"
+# "1" keeps werkzeug's line per request (method, path, status) in the server's log, e.g. to count requests.
+REQUEST_LOG_ENV = "SPECULATIVE_MOTO_REQUEST_LOG"
+
+
+def quiet_request_log() -> None:
+    """Drop werkzeug's line per request from moto's server; errors and the start-up line are still logged."""
+    from moto.moto_server.werkzeug_app import MotoRequestHandler
+
+    def log_request(self: Any, code: int | str = "-", size: int | str = "-") -> None:
+        """Log nothing: the line is formatted and written on every request, CPU a real S3 does not spend here."""
+
+    MotoRequestHandler.log_request = log_request  # type: ignore[method-assign]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -181,6 +193,8 @@ def main(argv: list[str] | None = None) -> None:
     if interval:
         sys.setswitchinterval(float(interval))
     patch()
+    if os.environ.get(REQUEST_LOG_ENV) != "1":
+        quiet_request_log()
     from moto.server import main as serve
 
     serve(argv)

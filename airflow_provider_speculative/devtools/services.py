@@ -377,7 +377,8 @@ def _start_moto(port: int | None, timeout: float) -> S3Server:
     directory = Path(tempfile.mkdtemp(prefix="speculative-s3-"))
     log = directory / "s3.log"
     port = port or free_port()
-    # moto's server through a wrapper that makes its conditional writes atomic (devtools/moto_s3.py).
+    # moto's server through a wrapper that makes its conditional writes atomic, reads only the range of a ranged
+    # GET and logs no line per request unless SPECULATIVE_MOTO_REQUEST_LOG=1 (devtools/moto_s3.py).
     argv = [sys.executable, "-m", "airflow_provider_speculative.devtools.moto_s3", "-H", LOOPBACK, "-p", str(port)]
     try:
         proc = _launch(argv, directory, log, port, "moto S3 server", timeout)

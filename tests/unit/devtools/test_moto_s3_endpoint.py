@@ -5,6 +5,7 @@ from __future__ import annotations
 import concurrent.futures
 import http.client
 import random
+import re
 import shutil
 import sys
 import tempfile
@@ -192,6 +193,40 @@ def test_every_ranged_answer_is_unpatched_motos(endpoint: tuple[services.S3Serve
         shutil.rmtree(directory, ignore_errors=True)
 
     assert _answers(server.port, server.client(), "large", headers) == expected
+
+
+def _request_lines(server: services.S3Server) -> list[str]:
+    """The server's log lines about the test bucket, without werkzeug's terminal colours."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", (server.directory / "s3.log").read_text())
+    return [line for line in text.splitlines() if f"/{BUCKET}" in line]
+
+
+def test_no_line_per_request_is_logged_by_default(endpoint: tuple[services.S3Server, dict[str, bytes]]) -> None:
+    server, _ = endpoint
+    client: Any = server.client()
+    client.get_object(Bucket=BUCKET, Key="small", Range="bytes=0-9")["Body"].read()
+
+    # werkzeug writes a request's line before the response's headers, so it would be there by now.
+    assert _request_lines(server) == []
+
+
+def test_the_line_per_request_is_logged_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(moto_s3.REQUEST_LOG_ENV, "1")
+    server = services.start_s3()
+    try:
+        client: Any = server.client()
+        client.create_bucket(Bucket=BUCKET)
+        client.put_object(Bucket=BUCKET, Key="k", Body=b"0123456789")
+        client.get_object(Bucket=BUCKET, Key="k", Range="bytes=2-5")["Body"].read()
+
+        lines = _request_lines(server)
+    finally:
+        server.stop()
+    assert [line.split('"')[1:3] for line in lines] == [
+        [f"PUT /{BUCKET} HTTP/1.1", " 200 -"],
+        [f"PUT /{BUCKET}/k HTTP/1.1", " 200 -"],
+        [f"GET /{BUCKET}/k HTTP/1.1", " 206 -"],
+    ]
 
 
 # -- in this process: the patch itself ------------------------------------------------------------
