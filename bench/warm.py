@@ -511,6 +511,8 @@ def main() -> int:
                         help="d, e, f: [speculative] slot_priority of the deployment (default: the provider's)")
     parser.add_argument("--exchange-layout", choices=("auto", "partitioned", "packed"), default=None,
                         help="c-f, s, t: [speculative] exchange_layout (default: the provider's)")
+    parser.add_argument("--exchange-commit", choices=("auto", "hadoop"), default=None,
+                        help="c-f, s, t: [speculative] exchange_commit (default: the provider's)")
     parser.add_argument("--s3-endpoint", choices=S3_KINDS, default="moto",
                         help="s, t: the S3 endpoint (seaweedfs: the compiled one `make s3-compiled` builds)")
     args = parser.parse_args()
@@ -518,6 +520,8 @@ def main() -> int:
     options = {"AIRFLOW__SPECULATIVE__SLOT_PRIORITY": args.slot_priority} if args.slot_priority else {}
     if args.exchange_layout:
         options["AIRFLOW__SPECULATIVE__EXCHANGE_LAYOUT"] = args.exchange_layout
+    if args.exchange_commit:
+        options["AIRFLOW__SPECULATIVE__EXCHANGE_COMMIT"] = args.exchange_commit
     benches = [BENCHES[name] for name in args.pipelines.split(",")]
     tpch = args.data.resolve()
     results_dir = HERE / "results" / f"warm-{dt.datetime.now():%Y%m%d-%H%M%S}"

@@ -55,6 +55,10 @@ AUTO = "auto"
 PARTITIONED = "partitioned"
 PACKED = "packed"
 EXCHANGE_LAYOUTS = (AUTO, PARTITIONED, PACKED)
+# exchange_commit's values (docs/store.md, "Exchange commit"): the provider's direct commit protocol where the
+# target's Spark has its jar (auto), or Hadoop's file output committer always.
+HADOOP = "hadoop"
+EXCHANGE_COMMITS = (AUTO, HADOOP)
 DEFAULT_TARGETS: tuple[Target, ...] = (
     Target(name="local-a", conn_id="spark_default", slots=2, conf=LOCAL_CONF),
     Target(name="local-b", conn_id="spark_default", slots=2, conf=LOCAL_CONF),
@@ -585,6 +589,16 @@ class SpeculativeConfig:
                "subpartition index in the manifest, read through Parquet's statistics (fewer objects: fewer "
                "requests on an object store, fewer files and less CPU on a file system); `auto` = `packed` on every "
                "store. See [Exchange layouts](store.md#exchange-layouts)")
+    exchange_commit: str = _option(
+        AUTO, lambda n, v, w: _choice(n, v, w, EXCHANGE_COMMITS),
+        "How an attempt's Spark job commits an exchange's files: 'auto' (the provider's direct commit protocol "
+        "where the target's spark.jars holds its jar, else Hadoop's committer) or 'hadoop' (Hadoop's always).",
+        manual="how an attempt's Spark job commits an exchange's files: `auto` = written straight to their final "
+               "names, one per Spark task attempt, and named in a list at job commit, where the target's "
+               "`spark.jars` holds the provider's commit protocol jar (`local-cluster` adds it), else Hadoop's "
+               "file output committer; `hadoop` = Hadoop's committer always (files written under `_temporary/` "
+               "and moved: on an object store a copy and a delete per file). See [Exchange "
+               "commit](store.md#exchange-commit)")
     failover_strategy: str = _option(
         "region", lambda n, v, w: _choice(n, v, w, ("region", "all")),
         "What reruns when an input partition is lost: 'region' (only the affected region) or 'all'.",

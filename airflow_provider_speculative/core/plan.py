@@ -189,6 +189,7 @@ def plan_stage(
                           for name in graph.upstreams(stage_name)},
         "consumers": sorted({c for c, _, _ in graph.consumers(stage_name)}),
         "output": {"key": list(key), "max_parallelism": stage.max_parallelism, "sink": sink,
+                   "commit": config.exchange_commit,
                    **({"hash": HASH_SCHEME, "layout": exchange_layout(config)}
                       if key else {})},
         "inputs": inputs,

@@ -29,6 +29,7 @@ from typing import Any
 
 import psutil
 
+from airflow_provider_speculative.backends.commitjar import find_commit_jar, with_commit_jar
 from airflow_provider_speculative.backends.identity import same_process, start_ticks
 from airflow_provider_speculative.exceptions import SpeculativeError
 
@@ -309,6 +310,9 @@ class LocalCluster:
     def _launch(self, info: ServerInfo, conf: dict[str, str] | None, prefix: list[str] | None = None) -> ServerInfo:
         # The servers' Python workers (UDFs) must be this venv's Python; bind only the server's own host.
         env = {**os.environ, "SPARK_LOCAL_IP": info.host, "PYSPARK_PYTHON": sys.executable}
+        # The provider's commit protocol on the server's class path: exchanges are then written without
+        # Hadoop's _temporary/ moves ([speculative] exchange_commit). Without a JDK here, Hadoop's committer.
+        conf = with_commit_jar(conf or {}, find_commit_jar())
         with open(info.log, "ab") as log:
             proc = subprocess.Popen([*(prefix or []), *server_command(info, conf)], stdin=subprocess.DEVNULL,
                                     stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,

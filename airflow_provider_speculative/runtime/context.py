@@ -19,7 +19,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from airflow_provider_speculative.core.config import PACKED, PARTITIONED, SpeculativeConfig
+from airflow_provider_speculative.core.config import AUTO, PACKED, PARTITIONED, SpeculativeConfig
 from airflow_provider_speculative.core.contract import (
     EXIT_FAILED,
     EXIT_NODE_LOST,
@@ -42,6 +42,8 @@ from airflow_provider_speculative.store.backend import PosixBackend, StoreBacken
 from airflow_provider_speculative.store.files import read_json
 from airflow_provider_speculative.store.layout import StageLayout, stage_key
 from airflow_provider_speculative.store.manifest import (
+    COMMIT_JAR_PREFIX,
+    DIRECT_COMMIT_CLASS,
     SUBPARTITION_COLUMN,
     PartitionError,
     build_manifest_in,
@@ -53,6 +55,9 @@ from airflow_provider_speculative.store.roots import is_s3_root, read_plan_url, 
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
+
+# Spark SQL's (internal, per session) choice of file commit protocol.
+COMMIT_PROTOCOL_CONF = "spark.sql.sources.commitProtocolClass"
 
 
 
@@ -331,7 +336,11 @@ class StageContext:
         sink_info: dict[str, Any] | None = None
         packed = bool(key) and not output.get("sink") and output.get("layout") == PACKED
         write_started = time.time()
+        direct = not output.get("sink") and self._direct_commit(output)
         try:
+            if direct:
+                # Session-wide, so set for this write alone: an application's own writes keep Hadoop's committer.
+                self.spark.conf.set(COMMIT_PROTOCOL_CONF, DIRECT_COMMIT_CLASS)
             if output.get("sink"):
                 sink_info = self._sink_writer(output["sink"], data_dir).write(df)
             elif key:
@@ -356,6 +365,10 @@ class StageContext:
             if store_error is None:
                 raise
             raise store_error from exc
+        finally:
+            if direct:
+                with contextlib.suppress(Exception):
+                    self.spark.conf.unset(COMMIT_PROTOCOL_CONF)
         self._inject_faults()
         spark_done = time.time()
         manifest = build_manifest_in(store, data, stage=self.stage, subtask=self.subtask, attempt=self.attempt,
@@ -377,6 +390,17 @@ class StageContext:
         manifest["timings"] = self._timings(write_started, spark_done)
         self._written = True
         write_manifest_in(store, self.layout.name(self.layout.manifest(self.subtask, self.attempt)), manifest)
+
+    def _direct_commit(self, output: dict[str, Any]) -> bool:
+        """Whether this exchange write goes through the provider's commit protocol (``exchange_commit``).
+
+        ``auto`` uses it where the session's ``spark.jars`` holds its jar (``backends/commitjar.py``): one
+        configuration read, where a failed class lookup would only show when the write fails.
+        """
+        if output.get("commit", AUTO) != AUTO:
+            return False
+        jars = self.spark.conf.get("spark.jars", "") or ""
+        return any(Path(jar).name.startswith(COMMIT_JAR_PREFIX) for jar in jars.split(",") if jar.strip())
 
     def _hashed_key(self, df: DataFrame, key: list[str], scheme: str | None) -> list[Column]:
         """The key columns as the plan's hash scheme hashes them (core/copartition.py ``key_cast``).

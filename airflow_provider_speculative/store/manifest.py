@@ -52,15 +52,52 @@ def is_data_file(relative: str) -> bool:
     return not any(d.startswith(".") or (d.startswith("_") and "=" not in d) for d in directories)
 
 
+# The provider's Spark commit protocol (backends/jvm/DirectCommitProtocol.java, built by backends/commitjar.py):
+# its class, the prefix of its jar's file name (an attempt's session has it when spark.jars names such a jar),
+# and the list it writes at job commit: the files of the tasks Spark committed, one name per line relative to
+# the output prefix.
+DIRECT_COMMIT_CLASS = "speculative.commit.DirectCommitProtocol"
+COMMIT_JAR_PREFIX = "speculative-commit-"
+COMMITTED_LIST = "_speculative_committed"
+
+
 def data_files(store: StoreBackend, data: str) -> list[str]:
     """The data files below prefix ``data`` (names relative to it), in the order manifests list them.
 
     Ordered as paths compare (segment by segment: ``a/b`` before ``a-c``), as the walk of a directory
-    always listed them, so a manifest of the same files is the same on every backend.
+    always listed them, so a manifest of the same files is the same on every backend. Where Spark wrote
+    through the provider's commit protocol, only the files its committed-file list names.
     """
     start = len(data) + 1 if data else 0
     names = [name[start:] for name in store.list_names(data)]
-    return sorted((n for n in names if is_data_file(n)), key=lambda n: n.split("/"))
+    return committed_data_files(store, data, names)
+
+
+def committed_data_files(store: StoreBackend, data: str, names: Collection[str]) -> list[str]:
+    """The data files among ``names`` (listed below ``data``), sorted; those the committed-file list names, if any.
+
+    A direct write (the provider's commit protocol) puts every Spark task attempt's files in their final
+    place: a losing speculative task's or an aborted task's file can stand beside the committed ones, and
+    only the list, written at job commit, tells them apart. A named file that was not listed is an error:
+    the output is incomplete.
+    """
+    if COMMITTED_LIST not in names:
+        return sorted((n for n in names if is_data_file(n)), key=lambda n: n.split("/"))
+    raw = store.read(_join(data, COMMITTED_LIST))
+    if raw is None:
+        raise StoreError(f"cannot read {store.describe(_join(data, COMMITTED_LIST))}: listed, then gone")
+    named = [line for line in raw.decode("utf-8").splitlines() if line]
+    unsafe = [n for n in named if not is_data_file(n) or n.startswith("/") or ".." in n.split("/")]
+    if unsafe:
+        raise StoreError(f"{store.describe(_join(data, COMMITTED_LIST))} names {unsafe[0]!r}, not a data file "
+                         "below its prefix")
+    present = set(names)
+    missing = [n for n in named if n not in present]
+    if missing:
+        raise StoreError(f"{store.describe(_join(data, missing[0]))} is named by the committed-file list of "
+                         f"{store.describe(data)} but does not exist" + (f" (and {len(missing) - 1} more)"
+                                                                          if len(missing) > 1 else ""))
+    return sorted(set(named), key=lambda n: n.split("/"))
 
 
 def _in_order(store: StoreBackend, work: Callable[[_T], _R], items: Iterable[_T]) -> Iterator[_R]:
@@ -144,7 +181,7 @@ def _manifest_by_token(store: StoreBackend, data: str, extra: dict[str, Any]) ->
     start = len(data) + 1 if data else 0
     listed = {info.name[start:]: info for info in store.stat_all(data)}
     files = []
-    for rel in sorted((n for n in listed if is_data_file(n)), key=lambda n: n.split("/")):
+    for rel in committed_data_files(store, data, listed):
         token = bare_etag(listed[rel].etag)
         if not token:
             raise StoreError(f"cannot describe {store.describe(_join(data, rel))}: the store listed it without "

@@ -27,6 +27,7 @@ from airflow_provider_speculative.devtools.faults import injected
 from airflow_provider_speculative.devtools.localcluster import application_id
 from airflow_provider_speculative.store.files import read_json, read_jsonl
 from airflow_provider_speculative.store.layout import StageLayout
+from airflow_provider_speculative.store.manifest import COMMITTED_LIST
 from tests.conftest import TEST_ENV
 from tests.integration.dag_faults import CONNECT_CANCEL
 from tests.integration.q1 import assert_q1_equal, duckdb_q1, read_q1_output
@@ -198,6 +199,12 @@ def test_q3_join_pipeline_on_connect(airflow_db, tiny_tpch, connect_pool, monkey
                 packed = ["_sp"] if "subpartitions" in entry else []
                 assert pq.read_schema(layout.data(int(subtask), part["attempt"]) / entry["path"]).names \
                     == names + packed
+            # The pool's servers have the provider's commit protocol: files written in place, no _temporary/,
+            # and the manifest names exactly the committed-file list.
+            data = layout.data(int(subtask), part["attempt"])
+            listed = (data / COMMITTED_LIST).read_text().split()
+            assert sorted(entry["path"] for entry in manifest["files"]) == sorted(listed), (stage, subtask)
+            assert not (data / "_temporary").exists() and not (data / "_SUCCESS").exists()
 
 
     # What-if replay of this real run with its own settings predicts its makespan within 15%, or 1 s
