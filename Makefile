@@ -124,7 +124,8 @@ services:
 	fi
 
 # hadoop-aws and the AWS SDK bundle (about 700 MB) from Maven Central at the Hadoop version the installed
-# pyspark bundles (jars/s3a/pom.xml): what Spark needs to read and write s3:// (docs/store.md).
+# pyspark bundles (jars/s3a/pom.xml): what Spark needs to read and write s3:// (docs/store.md). Then the
+# provider's commit protocol jar, compiled with the local JDK into its cache (docs/store.md, "Exchange commit").
 HADOOP_VERSION = $(shell $(PY) -c 'from airflow_provider_speculative.devtools.localcluster import pyspark_hadoop_version as v; print(v())' 2>/dev/null)
 jars: install
 	@test -n "$(HADOOP_VERSION)" || { echo "error: cannot tell pyspark's Hadoop version (is the venv installed?)"; exit 1; }
@@ -134,6 +135,7 @@ jars: install
 		mvn -q -B -f jars/s3a/pom.xml -Dhadoop.version=$(HADOOP_VERSION) dependency:copy-dependencies \
 			-DincludeScope=runtime -DoutputDirectory=$(CURDIR)/.jars/s3a-$(HADOOP_VERSION) && \
 		touch .jars/s3a-$(HADOOP_VERSION)/.done; }
+	@$(PY) -m airflow_provider_speculative.backends.commitjar >/dev/null
 
 # SeaweedFS's weed into .tools/bin from the Go module proxy at a pinned version (needs Go; several minutes):
 # a compiled S3 endpoint for the benchmarks (bench/warm.py --s3-endpoint seaweedfs). The tests keep moto.

@@ -13,7 +13,10 @@ Spark of your own, build it and put it on ``spark.jars``:
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
+import importlib.metadata
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -33,12 +36,19 @@ class CommitJarError(RuntimeError):
 
 
 def spark_version() -> str:
-    """The installed pyspark's version: the jar is compiled against its jars."""
-    import pyspark
-
-    return str(pyspark.__version__)
+    """The installed pyspark's version: the jar is compiled against its jars (read without importing pyspark)."""
+    return importlib.metadata.version("pyspark")
 
 
+def pyspark_jars() -> Path:
+    """The installed pyspark's ``jars/`` directory (found without importing pyspark)."""
+    spec = importlib.util.find_spec("pyspark")
+    if spec is None or not spec.submodule_search_locations:
+        raise CommitJarError("pyspark is not installed: the commit protocol is compiled against its jars")
+    return Path(next(iter(spec.submodule_search_locations))) / "jars"
+
+
+@functools.cache
 def jar_name() -> str:
     """The jar's file name for this source and this Spark: a changed source or Spark gets a new jar."""
     digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]
@@ -75,9 +85,7 @@ def find_commit_jar(build: bool = True) -> Path | None:
 
 def build_commit_jar(output: Path) -> Path:
     """Compile the protocol against the installed pyspark's jars into ``output``/:func:`jar_name`; its path."""
-    import pyspark
-
-    jars = Path(pyspark.__file__).resolve().parent / "jars"
+    jars = pyspark_jars()
     javac = shutil.which("javac")
     if javac is None:
         raise CommitJarError("building the commit protocol jar needs a JDK (javac on PATH)")

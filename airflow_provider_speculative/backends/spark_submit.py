@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from airflow_provider_speculative.backends.base import LaunchSpec
+from airflow_provider_speculative.backends.commitjar import find_commit_jar
 from airflow_provider_speculative.backends.supervised import SupervisedBackend, local_attempt_dir
 from airflow_provider_speculative.core.placement import blocked_nodes_submission
 from airflow_provider_speculative.store.backend import PosixBackend
@@ -34,6 +35,24 @@ def conf_value(command: list[str], key: str) -> str | None:
         if flag == "--conf" and value.startswith(f"{key}="):
             return value.split("=", 1)[1]
     return None
+
+
+def with_jar(command: list[str], jar: str) -> list[str]:
+    """``command`` with ``jar`` added to its jars: its ``--jars`` (which spark-submit prefers), else its
+    ``--conf spark.jars=``, else a new ``--jars`` before the application. Unchanged if the jar is there."""
+    out = list(command)
+    for i, (flag, value) in enumerate(itertools.pairwise(command)):
+        if flag == "--jars":
+            jars = [j for j in value.split(",") if j.strip()]
+            out[i + 1] = value if jar in jars else ",".join([*jars, jar])
+            return out
+    for i, (flag, value) in enumerate(itertools.pairwise(command)):
+        if flag == "--conf" and value.startswith("spark.jars="):
+            jars = [j for j in value.split("=", 1)[1].split(",") if j.strip()]
+            out[i + 1] = value if jar in jars else "spark.jars=" + ",".join([*jars, jar])
+            return out
+    application = _application_index(command)
+    return [*command[:application], "--jars", jar, *command[application:]]
 
 
 def with_blocked_nodes(command: list[str], blocked: tuple[str, ...] | list[str], attempt_dir: Path
@@ -78,7 +97,15 @@ class SparkSubmitBackend(SupervisedBackend):
     kind: ClassVar[str] = "spark_submit"
 
     def launch(self, spec: LaunchSpec) -> None:
-        """Start the attempt, first adding the current blocklist to its submission (YARN, Kubernetes)."""
+        """Start the attempt, first adding the current blocklist to its submission (YARN, Kubernetes).
+
+        The provider's commit protocol jar joins the attempt's jars when this host has it built (``make
+        test`` and ``local-cluster`` build it; no compiler runs at launch): exchanges are then written in
+        place ([speculative] exchange_commit).
+        """
+        jar = find_commit_jar(build=False)
+        if jar is not None:
+            spec = replace(spec, command=with_jar(spec.command, str(jar)))
         if spec.blocked_nodes:
             # spark-submit reads the pod template from a local file: on a store without paths, the attempt's
             # local working directory holds it.

@@ -122,6 +122,12 @@ def test_q1_on_connect_equals_spark_submit(airflow_db, tpch_data, connect_pool):
     for dag_id, run in (("connect_q1", connect_run), ("small_q1", submit_run)):
         for root in (StageLayout(STORE, dag_id, run.run_id, "scan").run_dir, OUTPUT / dag_id):
             assert list(root.rglob("*.parquet")) and not list(root.rglob("*.crc")), (dag_id, root)
+        # Both kinds of attempt write the exchange through the provider's commit protocol: the pool's servers
+        # and each spark-submit attempt have its jar ([speculative] exchange_commit = auto).
+        scan = StageLayout(STORE, dag_id, run.run_id, "scan")
+        for subtask, part in read_json(scan.committed)["subtasks"].items():
+            data = scan.data(int(subtask), part["attempt"])
+            assert (data / COMMITTED_LIST).exists() and not (data / "_SUCCESS").exists(), (dag_id, subtask)
 
 
 def test_losing_attempt_is_stopped_on_the_server(airflow_db, tpch_data, connect_pool):

@@ -60,3 +60,18 @@ def test_the_jar_is_built_once_and_holds_the_class(tmp_path: Path, monkeypatch: 
     monkeypatch.setattr(commitjar.shutil, "which", lambda name: None)
     assert find_commit_jar() == built
     assert [p.name for p in tmp_path.iterdir()] == [built.name]  # no build directory left behind
+
+
+def test_the_jar_joins_a_spark_submit_command_once_wherever_its_jars_are() -> None:
+    from airflow_provider_speculative.backends.spark_submit import with_jar
+
+    jar = "/c/speculative-commit-4.2.0-abc.jar"
+    plain = ["spark-submit", "--master", "local[1]", "--conf", "a=b", "app.py", "--arg", "x"]
+    assert with_jar(plain, jar) == ["spark-submit", "--master", "local[1]", "--conf", "a=b", "--jars", jar,
+                                    "app.py", "--arg", "x"]
+    listed = ["spark-submit", "--jars", "/x/a.jar", "--conf", "spark.jars=/y/b.jar", "app.py"]
+    assert with_jar(listed, jar) == ["spark-submit", "--jars", f"/x/a.jar,{jar}", "--conf", "spark.jars=/y/b.jar",
+                                     "app.py"]
+    conf = ["spark-submit", "--conf", "spark.jars=/y/b.jar", "app.py"]
+    assert with_jar(conf, jar) == ["spark-submit", "--conf", f"spark.jars=/y/b.jar,{jar}", "app.py"]
+    assert with_jar(with_jar(plain, jar), jar) == with_jar(plain, jar)
