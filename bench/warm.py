@@ -76,6 +76,7 @@ import itertools
 import json
 import os
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -640,6 +641,10 @@ def main() -> int:
     finally:
         pool.stop()
         if s3 is not None:
+            # With SPECULATIVE_MOTO_REQUEST_LOG=1 moto logs every request: kept for bench/s3_census.py.
+            request_log = s3.directory / "s3.log"
+            if os.environ.get("SPECULATIVE_MOTO_REQUEST_LOG") == "1" and request_log.exists():
+                shutil.copy(request_log, results_dir / "s3-requests.log")
             s3.stop()
         # Scenario f's PostgreSQL server (tests/services.py starts one per process on first use).
         from tests import services
