@@ -20,6 +20,8 @@ import sys
 from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlsplit
 
+# werkzeug colours a line by its status: the codes are stripped before matching.
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
 LINE = re.compile(r'"(?P<method>[A-Z]+) (?P<target>\S+) HTTP/[\d.]+" (?P<status>\d{3})')
 
 
@@ -54,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     statuses: collections.Counter[tuple[str, str]] = collections.Counter()
     for log in args.logs:
         for line in log.read_text(errors="replace").splitlines():
-            match = LINE.search(line)
+            match = LINE.search(ANSI.sub("", line))
             if not match:
                 continue
             found = classify(match["method"], match["target"], args.sources_bucket)

@@ -963,6 +963,9 @@ class S3Backend(StoreBackend):
         self._next_seq: dict[str, tuple[int, float]] = {}
         self._lock = threading.Lock()
         self._arrow = _ArrowS3(credentials)
+        # Once the bucket answered, a HEAD's 404 is a missing key: an attempt's supervisor probes its absent
+        # cancel request every few seconds, and each probe would otherwise ask for the bucket too.
+        self._bucket_seen = False
 
     @property
     def url(self) -> str:
@@ -1056,11 +1059,14 @@ class S3Backend(StoreBackend):
         return ObjectInfo(name, int(head["ContentLength"]), head["LastModified"].timestamp(), etag=head.get("ETag"))
 
     def _bucket_exists(self) -> bool:
+        if self._bucket_seen:
+            return True
         try:
             self._client.head_bucket(Bucket=self.bucket)
-            return True
         except Exception:
             return False
+        self._bucket_seen = True
+        return True
 
     def _pages(self, prefix: str, **extra: Any) -> Iterator[dict[str, Any]]:
         key_prefix = self._key(prefix) + "/" if prefix else (self.base + "/" if self.base else "")

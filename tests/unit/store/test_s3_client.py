@@ -5,6 +5,8 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
+import pytest
+
 from airflow_provider_speculative.store import backend
 from airflow_provider_speculative.store.backend import warm_s3_client
 
@@ -125,3 +127,24 @@ def test_a_read_whose_body_stalls_is_asked_again_and_a_lasting_stall_fails_namin
     with pytest.raises(StoreError, match=r"cannot read s3://b/p/d/plan.json: ReadTimeoutError"):
         S3Backend("s3://b/p", client=client).read("d/plan.json")  # type: ignore[arg-type]
     assert client.calls == backend._BODY_TRIES
+
+
+def test_a_missing_key_costs_one_request_once_the_bucket_answered():
+    import boto3
+    import moto
+
+    from airflow_provider_speculative.exceptions import StoreError
+    from airflow_provider_speculative.store.backend import S3Backend
+
+    with moto.mock_aws():
+        raw = boto3.client("s3", region_name="us-east-1")
+        raw.create_bucket(Bucket="probed")
+        calls: list[str] = []
+        raw.meta.events.register("before-call.s3", lambda model, **_: calls.append(model.name))
+        store = S3Backend("s3://probed/store", client=raw)
+        # A supervisor probes its absent cancel request every few seconds: a HEAD each, the bucket asked once.
+        assert [store.exists("run/attempt=0/cancel.json") for _ in range(5)] == [False] * 5
+        assert calls.count("HeadObject") == 5 and calls.count("HeadBucket") == 1
+        # A store whose bucket is missing still says so instead of calling every key missing.
+        with pytest.raises(StoreError, match=r"no-such-bucket-probe"):
+            S3Backend("s3://no-such-bucket-probe/store", client=raw).stat("x.json")
