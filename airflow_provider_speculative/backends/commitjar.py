@@ -4,7 +4,7 @@
 their final place (no ``_temporary/`` and no move: on an object store a move copies every byte) and name the
 committed tasks' files in a list the manifest is built from (``store/manifest.py``, ``COMMITTED_LIST``).
 A Spark whose ``spark.jars`` holds this jar uses it for exchanges (``[speculative] exchange_commit``);
-without it, Hadoop's committer serves as before. ``local-cluster`` adds the jar to its servers; for a
+without it, Hadoop's file output committer writes. ``local-cluster`` adds the jar to its servers; for a
 Spark of your own, build it and put it on ``spark.jars``:
 
     python -m airflow_provider_speculative.backends.commitjar [--output DIR]

@@ -128,7 +128,7 @@ def _materialized(key_response: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(key_response)
     def run(self: Any, *args: Any, **kwargs: Any) -> Any:
         response = key_response(self, *args, **kwargs)
-        # A body moto did not slice (a part number, several ranges, an unparsable range) is sent whole, as before.
+        # A body moto did not slice (a part number, several ranges, an unparsable range) is read and sent whole.
         if isinstance(response, tuple) and len(response) == 3 and isinstance(response[2], _ObjectBytes):
             status, headers, body = response
             return status, headers, body.whole()
