@@ -36,7 +36,7 @@ from airflow_provider_speculative.exceptions import StoreError, StoreFullError, 
 from airflow_provider_speculative.runtime.faults import inject_faults
 from airflow_provider_speculative.runtime.heartbeat import Heartbeat, current_node
 from airflow_provider_speculative.runtime.inputs import StageInputs
-from airflow_provider_speculative.runtime.session import attempt_tag, open_session
+from airflow_provider_speculative.runtime.session import attempt_tag, open_session, session_setting
 from airflow_provider_speculative.store import changes
 from airflow_provider_speculative.store.backend import PosixBackend, StoreBackend, StoreNotOwnedError
 from airflow_provider_speculative.store.files import read_json
@@ -336,39 +336,35 @@ class StageContext:
         sink_info: dict[str, Any] | None = None
         packed = bool(key) and not output.get("sink") and output.get("layout") == PACKED
         write_started = time.time()
-        direct = not output.get("sink") and self._direct_commit(output)
+        # A session-wide setting, so set for this write alone: an application's own writes keep their committer.
+        commit = (session_setting(self.spark.conf, COMMIT_PROTOCOL_CONF, DIRECT_COMMIT_CLASS)
+                  if not output.get("sink") and self._direct_commit(output) else contextlib.nullcontext())
         try:
-            if direct:
-                # Session-wide, so set for this write alone: an application's own writes keep Hadoop's committer.
-                self.spark.conf.set(COMMIT_PROTOCOL_CONF, DIRECT_COMMIT_CLASS)
-            if output.get("sink"):
-                sink_info = self._sink_writer(output["sink"], data_dir).write(df)
-            elif key:
-                sp = F.pmod(F.xxhash64(*self._hashed_key(df, key, output.get("hash"))),
-                            F.lit(int(output["max_parallelism"])))
-                # No repartition: Spark's writer sorts each task's rows by subpartition and writes one file per
-                # subpartition it holds, so the output is not shuffled once more before it is written.
-                partitioned = df.withColumn(SUBPARTITION_COLUMN, sp)
-                if packed:
-                    # One file per Spark task, sorted so that each subpartition is a run of rows: a reader's
-                    # filter on _sp skips the others' row groups and pages by their statistics.
-                    partitioned.sortWithinPartitions(SUBPARTITION_COLUMN).write \
-                        .options(**EXCHANGE_WRITE_OPTIONS, **PACKED_WRITE_OPTIONS).parquet(store.spark_url(data))
+            with commit:
+                if output.get("sink"):
+                    sink_info = self._sink_writer(output["sink"], data_dir).write(df)
+                elif key:
+                    sp = F.pmod(F.xxhash64(*self._hashed_key(df, key, output.get("hash"))),
+                                F.lit(int(output["max_parallelism"])))
+                    # No repartition: Spark's writer sorts each task's rows by subpartition and writes one file per
+                    # subpartition it holds, so the output is not shuffled once more before it is written.
+                    partitioned = df.withColumn(SUBPARTITION_COLUMN, sp)
+                    if packed:
+                        # One file per Spark task, sorted so that each subpartition is a run of rows: a reader's
+                        # filter on _sp skips the others' row groups and pages by their statistics.
+                        partitioned.sortWithinPartitions(SUBPARTITION_COLUMN).write \
+                            .options(**EXCHANGE_WRITE_OPTIONS, **PACKED_WRITE_OPTIONS).parquet(store.spark_url(data))
+                    else:
+                        partitioned.write.options(**EXCHANGE_WRITE_OPTIONS).partitionBy(SUBPARTITION_COLUMN) \
+                            .parquet(store.spark_url(data))
                 else:
-                    partitioned.write.options(**EXCHANGE_WRITE_OPTIONS).partitionBy(SUBPARTITION_COLUMN) \
-                        .parquet(store.spark_url(data))
-            else:
-                df.coalesce(1).write.options(**EXCHANGE_WRITE_OPTIONS).parquet(store.spark_url(data))
+                    df.coalesce(1).write.options(**EXCHANGE_WRITE_OPTIONS).parquet(store.spark_url(data))
         except Exception as exc:
             # Spark reports a full disk as a long Java trace; name the store and the cause instead.
             store_error = store_write_error(store.spark_url(data), exc)
             if store_error is None:
                 raise
             raise store_error from exc
-        finally:
-            if direct:
-                with contextlib.suppress(Exception):
-                    self.spark.conf.unset(COMMIT_PROTOCOL_CONF)
         self._inject_faults()
         spark_done = time.time()
         manifest = build_manifest_in(store, data, stage=self.stage, subtask=self.subtask, attempt=self.attempt,

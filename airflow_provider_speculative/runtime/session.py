@@ -12,9 +12,10 @@ import json
 import os
 import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from airflow_provider_speculative.core.contract import EXTRA_CONF_ENV, REMOTE_ENV
 
@@ -119,6 +120,26 @@ def open_session(app_name: str, spark_conf: dict[str, str], tag: str, local_stor
     except Exception:
         app_id = None
     return OpenedSession(spark, app_id, remote=True)
+
+
+@contextmanager
+def session_setting(conf: Any, key: str, value: str) -> Iterator[None]:
+    """Set session setting ``key`` to ``value`` for the ``with`` block, then put back what was there.
+
+    ``conf`` is a session's ``spark.conf``. A value the application or the stage's ``spark_conf`` set is
+    restored, not dropped; a setting that was unset is unset again.
+    """
+    previous = conf.get(key, None)
+    conf.set(key, value)
+    try:
+        yield
+    finally:
+        # Restoring is best effort: a session that cannot take it back anymore is ending with the attempt.
+        with suppress(Exception):
+            if previous is None:
+                conf.unset(key)
+            else:
+                conf.set(key, previous)
 
 
 def controller_conf() -> dict[str, str]:
