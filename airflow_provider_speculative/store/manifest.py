@@ -87,7 +87,8 @@ def committed_data_files(store: StoreBackend, data: str, names: Collection[str])
     if raw is None:
         raise StoreError(f"cannot read {store.describe(_join(data, COMMITTED_LIST))}: listed, then gone")
     named = [line for line in raw.decode("utf-8").splitlines() if line]
-    unsafe = [n for n in named if not is_data_file(n) or n.startswith("/") or ".." in n.split("/")]
+    # is_data_file refuses any "." or ".." segment; a leading "/" would leave the prefix.
+    unsafe = [n for n in named if n.startswith("/") or not is_data_file(n)]
     if unsafe:
         raise StoreError(f"{store.describe(_join(data, COMMITTED_LIST))} names {unsafe[0]!r}, not a data file "
                          "below its prefix")
