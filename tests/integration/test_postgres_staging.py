@@ -1,7 +1,7 @@
 """PostgresSink staging on a real Postgres: a failed stage run, discarded attempts and gc leave no staging table.
 
 Real Postgres (the session's throw-away server, tests/services.py), a private database per test module; real Spark
-DataFrames written by the sink's own writer; the operator's real failure path.
+DataFrames (a Connect session on the suite's pool) written by the sink's own writer; the operator's real failure path.
 """
 
 from __future__ import annotations
@@ -46,11 +46,14 @@ def database() -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def spark() -> Iterator[object]:
+def spark(shared_connect_pool) -> Iterator[object]:
+    """A Spark Connect session on the suite's pool, as a Connect attempt has (the host's files are the server's).
+
+    Not a driver in the test process: a second JVM there costs a start-up and, once, did not come up in CI.
+    """
     from pyspark.sql import SparkSession
 
-    session = (SparkSession.builder.master("local[1]").appName("postgres-staging-test")
-               .config("spark.ui.enabled", "false").getOrCreate())
+    session = SparkSession.builder.remote(shared_connect_pool.servers[0].url + "/").getOrCreate()
     try:
         yield session
     finally:
