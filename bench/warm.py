@@ -44,7 +44,8 @@ and for each of the scenarios:
 
   With ``--s3-endpoint seaweedfs``, s and t use SeaweedFS's compiled S3 gateway (`make s3-compiled`)
   instead of moto's Python server, whose own CPU would otherwise dwarf the provider's S3 cost; each row
-  records the endpoint as ``s3_endpoint``.
+  records the endpoint as ``s3_endpoint``. With t the pool's warm-up also writes and reads an exchange on
+  the S3 store, as ``local-cluster start --s3`` does (``--no-s3-warm-up``: without those rounds).
 
   z  Airflow's own floor: ``airflow dags test`` of a DAG with one task that does nothing
      (bench/dags/bench_floor.py), in the same environment as c. What c costs beyond it is the
@@ -66,6 +67,7 @@ contention sampler of speculation.py (foreign CPU use on the machine).
 
     .venv/bin/python bench/warm.py [--data .data/tpch] [--pipelines q1,q3] [--repeat N] [--scenarios a,b,c,d,e,f,s,t,z]
         [--slot-priority critical_path|fifo] [--exchange-layout auto|partitioned|packed] [--s3-endpoint moto|seaweedfs]
+        [--no-s3-warm-up]
 """
 
 from __future__ import annotations
@@ -516,6 +518,8 @@ def main() -> int:
                         help="c-f, s, t: [speculative] exchange_commit (default: the provider's)")
     parser.add_argument("--s3-endpoint", choices=S3_KINDS, default="moto",
                         help="s, t: the S3 endpoint (seaweedfs: the compiled one `make s3-compiled` builds)")
+    parser.add_argument("--no-s3-warm-up", dest="s3_warm_up", action="store_false",
+                        help="t: start the pool without the warm-up's rounds on the S3 store (as before they existed)")
     args = parser.parse_args()
     scenarios = args.scenarios.split(",")
     options = {"AIRFLOW__SPECULATIVE__SLOT_PRIORITY": args.slot_priority} if args.slot_priority else {}
@@ -548,10 +552,14 @@ def main() -> int:
                   f"{s3_url}", flush=True)
         if {"c", "d", "e", "f", "s", "t"} & set(scenarios):
             t0 = time.time()
+            # As `local-cluster start --s3` does for a store on S3: the warm-up also writes and reads there.
+            warm_up_store = "s3://tpch-store/warm-up" if "t" in scenarios and args.s3_warm_up else None
             servers, _ = pool.start(servers=2, base_port=args.base_port, ui_base_port=args.ui_base_port,
-                                      cores=args.server_cores, conf=pool_conf or None)
+                                      cores=args.server_cores, conf=pool_conf or None, warm_up_store=warm_up_store)
             pool_started = round(time.time() - t0, 2)
-            print(f"Connect pool: 2 servers ready in {pool_started}s (not counted in c)", flush=True)
+            print(f"Connect pool: 2 servers ready in {pool_started}s (not counted in c; warm-up "
+                  f"{[s.extra.get('warm_up') for s in servers]}, on the store: "
+                  f"{[s.extra.get('warm_up_store_objects') for s in servers]} objects)", flush=True)
             conns = {k.replace("LOCAL", "BENCH"): v for k, v in connection_definitions(servers).items()}
         for repeat in range(args.repeat):
             for bench in benches:

@@ -111,6 +111,10 @@ def get_cli_commands() -> list[Any]:
                               help="serve s3:// and s3a:// paths: the s3a jars (--jars, else "
                                    "$SPECULATIVE_S3A_JARS, else .jars/s3a-<pyspark's Hadoop> from `make jars`) "
                                    "and the endpoint of the AWS environment; keys stay in the servers' environment"),
+                          Arg(("--warm-up-store",), default=None, metavar="S3_URL",
+                              help="with --s3: an s3://bucket/prefix store root where each new server's warm-up "
+                                   "also writes and reads an exchange, below a prefix of its own that it claims "
+                                   "and deletes (default: [speculative] store_path when it is on S3)"),
                           output),
                 ),
                 ActionCommand(

@@ -7,6 +7,7 @@ import sys
 from typing import Any
 
 from airflow_provider_speculative.cli.output import emit
+from airflow_provider_speculative.core.paths import redact_url
 
 
 def server_conf(pairs: list[str], jars: str | None, s3: bool) -> dict[str, str]:
@@ -28,6 +29,28 @@ def server_conf(pairs: list[str], jars: str | None, s3: bool) -> dict[str, str]:
     return conf
 
 
+def warm_up_store(explicit: str | None, s3: bool) -> str | None:
+    """The S3 store root the servers' warm-up also writes to: ``--warm-up-store``, else an s3:// store_path.
+
+    Only a pool started with ``--s3`` serves S3; LocalClusterError if ``explicit`` is not an s3:// URL.
+    """
+    from airflow_provider_speculative.devtools.localcluster import LocalClusterError
+    from airflow_provider_speculative.store.roots import is_s3_root
+
+    if explicit is not None:
+        if not s3:
+            raise LocalClusterError("--warm-up-store needs --s3: only then do the servers serve s3:// paths")
+        if not is_s3_root(explicit):
+            raise LocalClusterError(f"--warm-up-store {explicit!r}: expected an s3://bucket/prefix URL")
+        return explicit
+    if not s3:
+        return None
+    from airflow_provider_speculative.settings import airflow_config, store_location
+
+    location = store_location(airflow_config())
+    return location if is_s3_root(location) else None
+
+
 def local_cluster(args: Any) -> None:
     """CLI entry: start, stop or list the local Connect servers (see devtools/localcluster.py)."""
     from airflow_provider_speculative.devtools.localcluster import (
@@ -40,17 +63,20 @@ def local_cluster(args: Any) -> None:
     cluster = LocalCluster(args.directory)
     try:
         if args.action == "start":
-            conf = server_conf(getattr(args, "conf", None) or [], getattr(args, "jars", None),
-                               bool(getattr(args, "s3", False)))
+            s3 = bool(getattr(args, "s3", False))
+            conf = server_conf(getattr(args, "conf", None) or [], getattr(args, "jars", None), s3)
+            store = warm_up_store(getattr(args, "warm_up_store", None), s3)
             started, already = cluster.start(servers=args.servers, base_port=args.base_port,
-                                             ui_base_port=args.ui_base_port, cores=args.cores, conf=conf or None)
+                                             ui_base_port=args.ui_base_port, cores=args.cores, conf=conf or None,
+                                             warm_up_store=store)
             for info in already:
                 print(f"{info.name}: already running (pid {info.pid}, port {info.port})")
             for info in started:
                 warm = info.extra.get("warm_up")
                 print(f"{info.name}: started (pid {info.pid}, port {info.port}, UI {info.ui_port}, "
                       f"app {info.app_id}, log {info.log}, warm-up "
-                      f"{f'{warm}s' if isinstance(warm, int | float) else warm})")
+                      f"{f'{warm}s' if isinstance(warm, int | float) else warm}"
+                      f"{f' with rounds on {redact_url(store)}' if store and isinstance(warm, int | float) else ''})")
             servers = sorted(already + started, key=lambda s: s.name)
             print("\n# Airflow connections for the servers:")
             for name, value in connection_definitions(servers).items():

@@ -232,11 +232,13 @@ class LocalCluster:
 
     def start(self, servers: int = 2, base_port: int = DEFAULT_BASE_PORT, ui_base_port: int = DEFAULT_UI_BASE_PORT,
               cores: int = DEFAULT_CORES, conf: dict[str, str] | None = None,
-              timeout: float = START_TIMEOUT, warm_up: bool = True) -> tuple[list[ServerInfo], list[ServerInfo]]:
+              timeout: float = START_TIMEOUT, warm_up: bool = True,
+              warm_up_store: str | None = None) -> tuple[list[ServerInfo], list[ServerInfo]]:
         """Start the servers not already running; wait until each accepts clients. Returns (started, running).
 
         With ``warm_up`` each new server then runs one small query (devtools/warmup.py), so the
         first attempts do not pay the driver's warm-up; the outcome is in ``extra["warm_up"]``.
+        ``warm_up_store`` (an ``s3://`` store root the servers serve) adds rounds that write and read there.
         """
         self.dir.mkdir(parents=True, exist_ok=True)
         check_java()
@@ -258,7 +260,7 @@ class LocalCluster:
                                             f"in use by {owner}; choose other ports with --base-port / "
                                             "--ui-base-port or stop that process")
             started.append(self._launch(info, conf))
-        return self._ready(started, timeout, warm_up), already
+        return self._ready(started, timeout, warm_up, warm_up_store), already
 
     def start_servers(self, servers: list[ServerInfo], conf: dict[str, str] | None = None,
                       timeout: float = START_TIMEOUT, warm_up: bool = True,
@@ -276,7 +278,8 @@ class LocalCluster:
             started.append(self._launch(info, conf, launcher(info) if launcher else []))
         return self._ready(started, timeout, warm_up)
 
-    def _ready(self, started: list[ServerInfo], timeout: float, warm_up: bool) -> list[ServerInfo]:
+    def _ready(self, started: list[ServerInfo], timeout: float, warm_up: bool,
+               warm_up_store: str | None = None) -> list[ServerInfo]:
         try:
             for info in started:
                 self._wait_ready(info, timeout)
@@ -284,23 +287,26 @@ class LocalCluster:
             self.stop_servers(started)
             raise
         if warm_up:
-            self._warm_up(started)
+            self._warm_up(started, warm_up_store)
         return started
 
-    def _warm_up(self, servers: list[ServerInfo]) -> None:
+    def _warm_up(self, servers: list[ServerInfo], store: str | None = None) -> None:
         # All servers at once (one client process each); a failed warm-up is reported, never fatal:
         # the server accepted clients, and an attempt would show the same error in its own log.
         began = time.time()
         clients = {info.name: subprocess.Popen(
-            [sys.executable, "-m", "airflow_provider_speculative.devtools.warmup", f"{info.url}/"],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+            [sys.executable, "-m", "airflow_provider_speculative.devtools.warmup", f"{info.url}/",
+             *(["--store", store] if store else [])],
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
             for info in servers}
         for info in servers:
             proc = clients[info.name]
             try:
-                _, err = proc.communicate(timeout=max(1.0, WARM_UP_TIMEOUT - (time.time() - began)))
+                out, err = proc.communicate(timeout=max(1.0, WARM_UP_TIMEOUT - (time.time() - began)))
                 info.extra["warm_up"] = (round(time.time() - began, 2) if proc.returncode == 0 else
                                          f"failed ({proc.returncode}): {err.decode(errors='replace')[-300:]}")
+                if proc.returncode == 0 and store:
+                    info.extra["warm_up_store_objects"] = _store_objects(out)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.communicate()
@@ -411,6 +417,16 @@ def targets_json(servers: list[ServerInfo], slots: int = 2) -> str:
     """The ``[speculative] targets`` value that uses the servers (one target per server, node = its host or name)."""
     return json.dumps([{"name": s.name, "conn_id": s.conn_id, "slots": slots, **({"node": s.node} if s.node else {})}
                        for s in servers])
+
+
+def _store_objects(output: bytes) -> int | None:
+    """The objects a warm-up's store rounds wrote and deleted, from its last line of output; None if unreadable."""
+    lines = output.decode(errors="replace").strip().splitlines()
+    try:
+        value = json.loads(lines[-1]).get("store_objects") if lines else None
+    except (ValueError, AttributeError):
+        return None
+    return value if isinstance(value, int) else None
 
 
 def _accepts(port: int, host: str = LOOPBACK) -> bool:

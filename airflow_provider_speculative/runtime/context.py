@@ -36,14 +36,12 @@ from airflow_provider_speculative.exceptions import StoreError, StoreFullError, 
 from airflow_provider_speculative.runtime.faults import inject_faults
 from airflow_provider_speculative.runtime.heartbeat import Heartbeat, current_node
 from airflow_provider_speculative.runtime.inputs import StageInputs
-from airflow_provider_speculative.runtime.session import attempt_tag, open_session, session_setting
+from airflow_provider_speculative.runtime.session import attempt_tag, direct_commit, open_session
 from airflow_provider_speculative.store import changes
 from airflow_provider_speculative.store.backend import PosixBackend, StoreBackend, StoreNotOwnedError
 from airflow_provider_speculative.store.files import read_json
 from airflow_provider_speculative.store.layout import StageLayout, stage_key
 from airflow_provider_speculative.store.manifest import (
-    COMMIT_JAR_PREFIX,
-    DIRECT_COMMIT_CLASS,
     SUBPARTITION_COLUMN,
     PartitionError,
     build_manifest_in,
@@ -55,10 +53,6 @@ from airflow_provider_speculative.store.roots import is_s3_root, read_plan_url, 
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
-
-# Spark SQL's (internal, per session) choice of file commit protocol.
-COMMIT_PROTOCOL_CONF = "spark.sql.sources.commitProtocolClass"
-
 
 
 class NodeLostError(RuntimeError):
@@ -337,8 +331,8 @@ class StageContext:
         packed = bool(key) and not output.get("sink") and output.get("layout") == PACKED
         write_started = time.time()
         # A session-wide setting, so set for this write alone: an application's own writes keep their committer.
-        commit = (session_setting(self.spark.conf, COMMIT_PROTOCOL_CONF, DIRECT_COMMIT_CLASS)
-                  if not output.get("sink") and self._direct_commit(output) else contextlib.nullcontext())
+        commit = (direct_commit(self.spark.conf) if not output.get("sink") and output.get("commit", AUTO) == AUTO
+                  else contextlib.nullcontext())
         try:
             with commit:
                 if output.get("sink"):
@@ -386,17 +380,6 @@ class StageContext:
         manifest["timings"] = self._timings(write_started, spark_done)
         self._written = True
         write_manifest_in(store, self.layout.name(self.layout.manifest(self.subtask, self.attempt)), manifest)
-
-    def _direct_commit(self, output: dict[str, Any]) -> bool:
-        """Whether this exchange write goes through the provider's commit protocol (``exchange_commit``).
-
-        ``auto`` uses it where the session's ``spark.jars`` holds its jar (``backends/commitjar.py``): one
-        configuration read, where a failed class lookup would only show when the write fails.
-        """
-        if output.get("commit", AUTO) != AUTO:
-            return False
-        jars = self.spark.conf.get("spark.jars", "") or ""
-        return any(Path(jar).name.startswith(COMMIT_JAR_PREFIX) for jar in jars.split(",") if jar.strip())
 
     def _hashed_key(self, df: DataFrame, key: list[str], scheme: str | None) -> list[Column]:
         """The key columns as the plan's hash scheme hashes them (core/copartition.py ``key_cast``).

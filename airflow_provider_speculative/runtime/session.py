@@ -13,11 +13,13 @@ import os
 import re
 import sys
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager, suppress
+from contextlib import AbstractContextManager, contextmanager, nullcontext, suppress
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_speculative.core.contract import EXTRA_CONF_ENV, REMOTE_ENV
+from airflow_provider_speculative.store.manifest import COMMIT_JAR_PREFIX, DIRECT_COMMIT_CLASS
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -38,6 +40,8 @@ SESSION_DEFAULTS = {"spark.sql.sources.parallelPartitionDiscovery.threshold": "4
 # delete per file. v2's job commit is not atomic, which costs nothing here: the attempt's data prefix is its own,
 # and its output counts only once its manifest, written after Spark's job succeeded, names the files.
 OBJECT_STORE_DEFAULTS = {"mapreduce.fileoutputcommitter.algorithm.version": "2"}
+# The session setting that names a write's commit protocol (backends/jvm/DirectCommitProtocol.java).
+COMMIT_PROTOCOL_CONF = "spark.sql.sources.commitProtocolClass"
 
 
 def attempt_tag(dag_id: str, stage: str, subtask: int, attempt: int) -> str:
@@ -140,6 +144,18 @@ def session_setting(conf: Any, key: str, value: str) -> Iterator[None]:
                 conf.unset(key)
             else:
                 conf.set(key, previous)
+
+
+def direct_commit(conf: Any) -> AbstractContextManager[None]:
+    """Exchange writes inside the block go through the provider's commit protocol, if the session has its jar.
+
+    ``conf`` is a session's ``spark.conf``. The jar is looked for in ``spark.jars`` (one configuration read),
+    where a failed class lookup would only show when the write fails; without it, Hadoop's committer.
+    """
+    jars = conf.get("spark.jars", "") or ""
+    if not any(Path(jar).name.startswith(COMMIT_JAR_PREFIX) for jar in jars.split(",") if jar.strip()):
+        return nullcontext()
+    return session_setting(conf, COMMIT_PROTOCOL_CONF, DIRECT_COMMIT_CLASS)
 
 
 def controller_conf() -> dict[str, str]:

@@ -58,11 +58,15 @@ def shared_connect_pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Co
     # speed check and the slow-node and speculation tests time their answers against production constants.
     # A later -XX option wins, and the driver's extra options follow SPARK_SUBMIT_OPTS on the command line.
     conf["spark.driver.extraJavaOptions"] = PRODUCTION_JIT_OPTION
-    started, _ = cluster.start(servers=SERVERS, base_port=base_port, ui_base_port=ui_base_port, cores=1, conf=conf)
+    # The warm-up also writes and reads an exchange there, as `local-cluster start --s3` does on an S3 store.
+    services.s3().create_bucket("speculative-store")
+    warm_up_store = f"s3://speculative-store/warm-up-{uuid.uuid4().hex[:12]}"
+    started, _ = cluster.start(servers=SERVERS, base_port=base_port, ui_base_port=ui_base_port, cores=1, conf=conf,
+                               warm_up_store=warm_up_store)
     env = {name.replace("LOCAL", "SHARED"): value for name, value in connection_definitions(started).items()}
     os.environ.update(env)
     try:
-        yield ConnectPool(tuple(started))
+        yield ConnectPool(tuple(started), warm_up_store=warm_up_store)
     finally:
         for name in env:
             os.environ.pop(name, None)

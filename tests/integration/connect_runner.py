@@ -31,6 +31,8 @@ class ConnectPool:
 
     servers: tuple[ServerInfo, ...]
     slots: int = 2
+    # The s3:// store root the servers' warm-up wrote to and cleaned (devtools/warmup.py), if any.
+    warm_up_store: str | None = None
 
     @property
     def urls(self) -> dict[str, str]:

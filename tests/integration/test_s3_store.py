@@ -55,3 +55,16 @@ def safe(run_id: str) -> str:
     from airflow_provider_speculative.store.layout import safe_component
 
     return safe_component(run_id)
+
+
+def test_the_pools_warm_up_wrote_an_exchange_on_s3_and_deleted_only_its_own_prefix(shared_connect_pool):
+    """`local-cluster start --s3` on an S3 store: each server's warm-up wrote there, read back, and cleaned up."""
+    from airflow_provider_speculative.store.roots import open_store
+
+    servers = shared_connect_pool.servers
+    assert all(isinstance(s.extra.get("warm_up"), int | float) for s in servers), \
+        {s.name: s.extra.get("warm_up") for s in servers}
+    # Per server: two rounds' files (the direct commit's list among them) and the prefix's ownership marker.
+    assert all((s.extra.get("warm_up_store_objects") or 0) >= 5 for s in servers), \
+        {s.name: s.extra.get("warm_up_store_objects") for s in servers}
+    assert open_store(shared_connect_pool.warm_up_store).list_names() == []

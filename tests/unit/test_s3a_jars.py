@@ -8,7 +8,7 @@ from pathlib import Path
 import pyspark
 import pytest
 
-from airflow_provider_speculative.cli.local_cluster import server_conf
+from airflow_provider_speculative.cli.local_cluster import server_conf, warm_up_store
 from airflow_provider_speculative.devtools.localcluster import LocalClusterError, jar_paths, pyspark_hadoop_version
 from airflow_provider_speculative.hooks.objectstore import S3Settings, spark_s3_conf
 
@@ -74,3 +74,17 @@ def test_server_conf_from_cli_options(tmp_path, monkeypatch):
     empty.mkdir()
     with pytest.raises(LocalClusterError, match="has no"):
         jar_paths(str(empty))
+
+
+def test_warm_up_store_is_the_option_else_an_s3_store_path_and_only_with_s3(monkeypatch):
+    assert warm_up_store("s3://bucket/store", s3=True) == "s3://bucket/store"
+    with pytest.raises(LocalClusterError, match="needs --s3"):
+        warm_up_store("s3://bucket/store", s3=False)
+    with pytest.raises(LocalClusterError, match="expected an s3://bucket/prefix URL"):
+        warm_up_store("/var/store", s3=True)
+    # The suite's store_path is a local directory: nothing to warm on S3.
+    assert warm_up_store(None, s3=True) is None
+    monkeypatch.setenv("AIRFLOW__SPECULATIVE__EXPERIMENTAL_S3_STORE", "True")
+    monkeypatch.setenv("AIRFLOW__SPECULATIVE__STORE_PATH", "s3://bucket/prefix")
+    assert warm_up_store(None, s3=True) == "s3://bucket/prefix"
+    assert warm_up_store(None, s3=False) is None

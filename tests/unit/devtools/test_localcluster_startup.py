@@ -32,3 +32,17 @@ def test_a_server_that_exits_during_start_up_is_reported_with_its_exit_code_and_
         cluster.start_servers([_server(tmp_path)], timeout=30, warm_up=False,
                               launcher=lambda _: ["sh", "-c", "echo no JVM here; exit 3", "launcher"])
     assert "no JVM here" in str(caught.value)
+
+
+@pytest.mark.parametrize(("output", "expected"), [
+    (b'WARN something\n{"store_objects": 9}\n', 9),
+    (b'{"store_objects": 0}', 0),
+    (b"", None),
+    (b"Traceback (most recent call last):\n", None),
+    (b'{"store_objects": "9"}\n', None),
+    (b"[1, 2]\n", None),
+])
+def test_the_warm_up_store_count_is_its_last_line_or_unknown(output: bytes, expected: int | None) -> None:
+    from airflow_provider_speculative.devtools.localcluster import _store_objects
+
+    assert _store_objects(output) == expected

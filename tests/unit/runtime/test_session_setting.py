@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from airflow_provider_speculative.runtime.session import session_setting
+from airflow_provider_speculative.runtime.session import direct_commit, session_setting
+from airflow_provider_speculative.store.manifest import DIRECT_COMMIT_CLASS
 
 KEY = "spark.sql.sources.commitProtocolClass"
 
@@ -41,3 +42,19 @@ def test_a_failed_write_puts_it_back_too() -> None:
     with pytest.raises(RuntimeError, match="write failed"), session_setting(conf, KEY, "ours"):
         raise RuntimeError("write failed")
     assert conf.values == {KEY: "com.example.TheirProtocol"}
+
+
+@pytest.mark.parametrize("jars", ["/opt/jars/speculative-commit-4.0.1-abc.jar",
+                                  "/opt/a.jar, /cache/speculative-commit-x.jar"])
+def test_a_session_with_the_commit_jar_writes_through_the_protocol_and_puts_the_setting_back(jars: str) -> None:
+    conf = RuntimeConf({"spark.jars": jars})
+    with direct_commit(conf):
+        assert conf.get(KEY) == DIRECT_COMMIT_CLASS
+    assert KEY not in conf.values
+
+
+@pytest.mark.parametrize("jars", [None, "", "/opt/jars/hadoop-aws.jar", "/opt/speculative-commit-dir/other.jar"])
+def test_a_session_without_the_jar_keeps_hadoops_committer(jars: str | None) -> None:
+    conf = RuntimeConf({} if jars is None else {"spark.jars": jars})
+    with direct_commit(conf):
+        assert conf.get(KEY) is None
