@@ -64,16 +64,17 @@ def worker_command(launcher: str, master_url: str, host: str, port: int, webui_p
 
 
 def connect_server_command(submit: str, master_url: str, node: str, host: str, port: int,
-                           driver_host: str) -> list[str]:
+                           driver_host: str, jars: str | None = None) -> list[str]:
     """Command line of a Spark Connect server whose executors are pinned to ``node`` (one server per worker).
 
     The server is the driver of one long-running application; ``driver_host`` is the address its
-    executors connect back to.
+    executors connect back to. ``jars`` (comma-separated) go on the server's and its executors' class path.
     """
     conf = {"spark.connect.grpc.binding.address": host, "spark.connect.grpc.binding.port": str(port),
             "spark.driver.host": driver_host, "spark.driver.bindAddress": host, **standalone_pin_conf(node),
             **SAFETY_NET_CONF}
     return [submit, "--class", CONNECT_CLASS, "--master", master_url, "--name", f"connect-{node}",
+            *(["--jars", jars] if jars else []),
             *[arg for key, value in conf.items() for arg in ("--conf", f"{key}={value}")], "spark-internal"]
 
 

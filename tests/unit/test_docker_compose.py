@@ -29,6 +29,8 @@ WORKERS = {"spark-worker-a": "spark-connect-a", "spark-worker-b": "spark-connect
 AIRFLOW = {"airflow-api-server": ["api-server"], "airflow-scheduler": ["scheduler"],
            "airflow-dag-processor": ["dag-processor"], "airflow-triggerer": ["triggerer"]}
 STORE = "/opt/speculative/store"
+# The provider's commit protocol jar, built into the image (docker/Dockerfile).
+COMMIT_JAR = "/opt/speculative/jars/speculative-commit-protocol.jar"
 CONF_DIR = "/opt/speculative/spark"
 # Per worker: one executor for its spark-submit target and one for its Connect server.
 NODE_UNITS = 2
@@ -56,7 +58,7 @@ def test_spark_commands_are_the_harness_commands(compose: dict) -> None:
             SPARK_CLASS, MASTER_URL, worker, 7078, 8082, "/opt/spark-work", f"{CONF_DIR}/worker-{worker}.conf",
             cores=2, memory="2g")
         assert services[connect]["command"] == connect_server_command(
-            SPARK_SUBMIT, MASTER_URL, worker, connect, 15002, connect)
+            SPARK_SUBMIT, MASTER_URL, worker, connect, 15002, connect, jars=COMMIT_JAR)
         # Spark services run the JVM directly, not through Airflow's entrypoint.
         assert services[worker]["entrypoint"] == ["/usr/bin/dumb-init", "--"]
 
@@ -103,6 +105,20 @@ def test_image_has_java_and_the_provider() -> None:
     dockerfile = (DOCKER / "Dockerfile").read_text()
     assert dockerfile.startswith("#") and "FROM apache/airflow:3.3." in dockerfile and "-python3.11" in dockerfile
     assert "openjdk-17" in dockerfile and "pip install" in dockerfile and "/opt/provider" in dockerfile
+
+
+def test_image_builds_the_commit_jar_where_the_servers_and_attempts_look_for_it() -> None:
+    """Exchanges in the compose deployment are written through the provider's commit protocol, as locally."""
+    from airflow_provider_speculative.backends.commitjar import JAR_ENV
+    from airflow_provider_speculative.store.manifest import COMMIT_JAR_PREFIX
+
+    dockerfile = (DOCKER / "Dockerfile").read_text()
+    # javac compiles it: a JDK, not only a runtime.
+    assert "openjdk-17-jdk-headless" in dockerfile and "jre-headless" not in dockerfile
+    assert "python -m airflow_provider_speculative.backends.commitjar --output" in dockerfile
+    assert f"mv /tmp/commit-jar/speculative-commit-*.jar {COMMIT_JAR}" in dockerfile
+    assert f"ENV {JAR_ENV}={COMMIT_JAR}" in dockerfile
+    assert COMMIT_JAR.rsplit("/", 1)[1].startswith(COMMIT_JAR_PREFIX)
 
 
 def test_every_long_running_service_has_a_health_check_and_restarts(compose: dict) -> None:
