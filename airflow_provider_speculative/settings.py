@@ -96,7 +96,7 @@ def store_location(config: SpeculativeConfig) -> str:
     """The store root ``config`` names: the absolute POSIX root (as :func:`store_root`), or an ``s3://`` URL.
 
     ``store_path`` on S3 is accepted when the configuration is parsed only with ``experimental_s3_store``
-    (``core/config.py``: the fault tests have not run on S3 yet); everything from here down serves it.
+    (``core/config.py``: experimental); everything from here down serves it.
     """
     if is_s3_root(config.store_path):
         return config.store_path
