@@ -51,8 +51,19 @@ def attempt_env(template: Mapping[str, str], target: Mapping[str, str], extra: M
     return {**own, **extra, **(faults or {})}
 
 
+# pyspark's switches of a process into Spark Connect mode. Its session builder sets them in ``os.environ`` when the
+# process opens a Connect session, and a child that inherits them opens a Connect session where it asks for a
+# classic one (a spark-submit attempt then fails with CONNECT_URL_NOT_SET). An attempt learns its kind from
+# REMOTE_ENV alone, so a launcher's switches are never passed on.
+SPARK_CONNECT_MODE_ENV = ("SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE", "SPARK_LOCAL_REMOTE")
+
+
 def inherited_env(environ: Mapping[str, str], env: Mapping[str, str]) -> dict[str, str]:
-    """The launcher's ``environ`` under an attempt's ``env``, whose :data:`S3_ENV` replaces the inherited set."""
+    """The launcher's ``environ`` under an attempt's ``env``, whose :data:`S3_ENV` replaces the inherited set.
+
+    The launcher's :data:`SPARK_CONNECT_MODE_ENV` is left out; ``env`` may still set them.
+    """
+    dropped = set(SPARK_CONNECT_MODE_ENV)
     if any(name in env for name in S3_ENV):
-        environ = {k: v for k, v in environ.items() if k not in S3_ENV}
-    return {**environ, **env}
+        dropped.update(S3_ENV)
+    return {**{k: v for k, v in environ.items() if k not in dropped}, **env}

@@ -53,11 +53,21 @@ def spark(shared_connect_pool) -> Iterator[object]:
     """
     from pyspark.sql import SparkSession
 
+    from airflow_provider_speculative.core.contract import SPARK_CONNECT_MODE_ENV
+
+    # pyspark's builder switches the whole process into Connect mode (os.environ): put it back afterwards, or every
+    # Spark process a later test starts from here would try to be a Connect client.
+    before = {name: os.environ.get(name) for name in SPARK_CONNECT_MODE_ENV}
     session = SparkSession.builder.remote(shared_connect_pool.servers[0].url + "/").getOrCreate()
     try:
         yield session
     finally:
         session.stop()
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def staging_tables(dsn: str) -> list[str]:

@@ -114,6 +114,15 @@ def test_the_attempts_s3_set_replaces_the_launchers_whole() -> None:
     assert inherited_env(launcher, {"X": "1"}) == {**launcher, "X": "1"}  # no S3 set: the launcher's, as before
 
 
+def test_a_launcher_in_spark_connect_mode_does_not_pass_it_on() -> None:
+    """A launcher that once opened a Connect session in-process (pyspark set these) starts classic drivers."""
+    launcher = {"PATH": "/bin", "SPARK_CONNECT_MODE_ENABLED": "1", "SPARK_REMOTE": "sc://127.0.0.1:15002",
+                "SPARK_LOCAL_REMOTE": "1"}
+    assert inherited_env(launcher, {"X": "1"}) == {"PATH": "/bin", "X": "1"}
+    # What the attempt's own environment sets is kept.
+    assert inherited_env(launcher, {"SPARK_REMOTE": "sc://b"}) == {"PATH": "/bin", "SPARK_REMOTE": "sc://b"}
+
+
 def _store_bytes(root: Path) -> bytes:
     return b"".join(p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file())
 
