@@ -519,7 +519,7 @@ def main() -> int:
     parser.add_argument("--s3-endpoint", choices=S3_KINDS, default="moto",
                         help="s, t: the S3 endpoint (seaweedfs: the compiled one `make s3-compiled` builds)")
     parser.add_argument("--no-s3-warm-up", dest="s3_warm_up", action="store_false",
-                        help="t: start the pool without the warm-up's rounds on the S3 store (as before they existed)")
+                        help="t: start the pool without the warm-up's rounds on the S3 store")
     args = parser.parse_args()
     scenarios = args.scenarios.split(",")
     options = {"AIRFLOW__SPECULATIVE__SLOT_PRIORITY": args.slot_priority} if args.slot_priority else {}

@@ -45,9 +45,13 @@ def warm_up_store(explicit: str | None, s3: bool) -> str | None:
         return explicit
     if not s3:
         return None
+    from airflow_provider_speculative.exceptions import ConfigError
     from airflow_provider_speculative.settings import airflow_config, store_location
 
-    location = store_location(airflow_config())
+    try:
+        location = store_location(airflow_config())
+    except ConfigError as exc:
+        raise LocalClusterError(f"--s3: cannot tell whether [speculative] store_path is on S3: {exc}") from exc
     return location if is_s3_root(location) else None
 
 

@@ -41,6 +41,10 @@ def _ports() -> tuple[int, int]:
 PRODUCTION_JIT_OPTION = "-XX:TieredStopAtLevel=4"
 
 
+# An object in the pool's warm-up store that the warm-up did not write (test_s3_store.py checks it is kept).
+WARM_UP_NEIGHBOUR = "_warm-up/theirs/data.bin"
+
+
 @pytest.fixture(scope="session")
 def shared_connect_pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ConnectPool]:
     """Two Connect servers of one core each for the whole session (a server costs ~15 s to start).
@@ -61,6 +65,8 @@ def shared_connect_pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Co
     # The warm-up also writes and reads an exchange there, as `local-cluster start --s3` does on an S3 store.
     services.s3().create_bucket("speculative-store")
     warm_up_store = f"s3://speculative-store/warm-up-{uuid.uuid4().hex[:12]}"
+    # Someone else's object in that store: the warm-up deletes only the prefix it claimed.
+    open_store(warm_up_store).replace(WARM_UP_NEIGHBOUR, b"not the provider's")
     started, _ = cluster.start(servers=SERVERS, base_port=base_port, ui_base_port=ui_base_port, cores=1, conf=conf,
                                warm_up_store=warm_up_store)
     env = {name.replace("LOCAL", "SHARED"): value for name, value in connection_definitions(started).items()}
