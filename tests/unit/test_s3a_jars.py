@@ -90,5 +90,5 @@ def test_warm_up_store_is_the_option_else_an_s3_store_path_and_only_with_s3(monk
     assert warm_up_store(None, s3=False) is None
     # A configuration that cannot be read is the CLI's clear error, not a traceback.
     monkeypatch.setenv("AIRFLOW__SPECULATIVE__STORE_PATH", "relative/store")
-    with pytest.raises(LocalClusterError, match="cannot tell whether .speculative. store_path is on S3"):
+    with pytest.raises(LocalClusterError, match=r"cannot tell whether \[speculative\] store_path is on S3"):
         warm_up_store(None, s3=True)
