@@ -1,4 +1,8 @@
-"""FLIP-1 with real Spark: a corrupted upstream partition reruns exactly its producer, then its readers."""
+"""FLIP-1 with real Spark: a corrupted upstream partition reruns exactly its producer, then its readers.
+
+The attempts are clients of the session's shared Connect pool: the rerun path under test (the runtime's checks of
+an exchange file, the failure it reports, the controller's recovery) is the same on every kind of target.
+"""
 
 from __future__ import annotations
 
@@ -6,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_speculative.core.config import SpeculativeConfig
 from airflow_provider_speculative.core.graph import ExchangeSpec, PipelineGraph, SourceSpec, StageSpec
-from airflow_provider_speculative.devtools.runner import plan_local_stage, run_stage
+from airflow_provider_speculative.devtools.runner import plan_connect_stage, run_stages, write_plan
 from airflow_provider_speculative.store.files import read_json, read_jsonl
 from airflow_provider_speculative.store.layout import StageLayout
 from airflow_provider_speculative.store.results import read_committed
+from tests.integration.connect_runner import ConnectPool
 from tests.integration.q1 import assert_q1_equal, duckdb_q1, read_q1_output
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(900)]
@@ -19,7 +23,6 @@ pytestmark = [pytest.mark.spark, pytest.mark.timeout(900)]
 APPS = Path(__file__).resolve().parents[2] / "dags" / "apps"
 SHUFFLE = {"spark.sql.shuffle.partitions": "4"}
 KEY = ("l_returnflag", "l_linestatus")
-CONFIG = SpeculativeConfig().with_overrides({"check_interval": 0.5}, "test")
 
 
 def _flipped_at(path: Path, where: str) -> int:
@@ -39,7 +42,8 @@ def _flipped_at(path: Path, where: str) -> int:
 
 
 @pytest.mark.parametrize("where", ["tail", "page"])
-def test_corrupt_partition_reruns_only_its_producer_then_the_consumers(tmp_path, tpch_data, where):
+def test_corrupt_partition_reruns_only_its_producer_then_the_consumers(tmp_path, tpch_data, where,
+                                                                       shared_connect_pool: ConnectPool):
     two_files = tmp_path / "two"
     two_files.mkdir()
     for path in sorted(tpch_data.glob("*.parquet"))[:2]:
@@ -51,7 +55,14 @@ def test_corrupt_partition_reruns_only_its_producer_then_the_consumers(tmp_path,
                                {"partials": ExchangeSpec("scan", "all_to_all", KEY)}, spark_conf=SHUFFLE),
     })
     root = tmp_path / "store"
-    run_stage(plan_local_stage(graph, "scan", root, "f", "r1", CONFIG))
+    pool = shared_connect_pool
+
+    def run(stage: str):
+        plan = plan_connect_stage(graph, stage, root, "f", "r1", pool.config())
+        write_plan(plan)
+        return run_stages([plan], target_env=pool.target_env(), timeout=600)[stage]
+
+    run("scan")
     scan = StageLayout(root, "f", "r1", "scan")
     (victim, *_) = read_json(scan.manifest(1, 0))["files"]
     assert victim["tail"]  # packed (the default layout): each consumer reads part of it
@@ -62,7 +73,7 @@ def test_corrupt_partition_reruns_only_its_producer_then_the_consumers(tmp_path,
         handle.seek(at)
         handle.write(bytes([byte[0] ^ 0xFF]))
 
-    aggregate = run_stage(plan_local_stage(graph, "aggregate", root, "f", "r1", CONFIG))
+    aggregate = run("aggregate")
 
     # Exactly the producer of the corrupt partition reran, as a new attempt, and was re-committed.
     assert scan.attempt_numbers(0) == [0] and scan.attempt_numbers(1) == [0, 1]
