@@ -15,11 +15,11 @@ Rules = dict[str, dict[str, Any]]
 SPEC_Q1: Rules = {"spec_q1/*": {"targets": {"local-b": {"factor": 4, "delay": "60s"}}}}
 # dags/connect_q1.py's connect_cancel: a copy of its only subtask runs at once; the original must be cancelled.
 CONNECT_CANCEL: Rules = {"connect_cancel/*": {"force_speculation": [0]}}
-# dags/race_sinks.py: every subtask (PARALLELISM = 3) runs two attempts. The controller steps within ~0.1 s of
+# dags/race_sinks.py: every subtask (PARALLELISM = 2) runs two attempts. The controller steps within ~0.1 s of
 # an attempt's end, and drivers' JVMs exit up to seconds apart under load: both attempts of a subtask end
 # together only if their supervisors hold the ends (hold_end) until the test releases the pair. Then the
 # discard path runs, not a cancel. race_unmarked's sink lacks the concurrency marker: forced copies must not run.
-_RACE = {"force_speculation": [0, 1, 2], "hold_end": True}
+_RACE = {"force_speculation": [0, 1], "hold_end": True}
 RACE_SINKS: Rules = {"race_parquet/*": _RACE, "race_postgres/*": _RACE, "race_connect/*": _RACE,
                      "race_unmarked/*": {"force_speculation": [0, 1]}}
 # e2e_dags/e2e_q1.py: the scan attempts of e2e_q1_barrier wait at the barrier; the triggers of e2e_q1_commit's

@@ -25,7 +25,7 @@ from tests.integration.spark_helpers import HERE, load_dag
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(900)]
 
-FILES, ROWS_PER_FILE = 3, 500  # one file per subtask: run_race checks this against the DAG's parallelism
+FILES, ROWS_PER_FILE = 2, 750  # one file per subtask: run_race checks this against the DAG's parallelism
 STORE = Path(TEST_ENV["AIRFLOW__SPECULATIVE__STORE_PATH"])
 
 

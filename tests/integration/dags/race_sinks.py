@@ -23,7 +23,7 @@ from unmarked_sink import UnmarkedParquetSink  # noqa: E402
 APP = str(HERE.parent / "apps" / "passthrough.py")
 DATA = os.environ.get("SPECULATIVE_RACE_DATA", "/nonexistent")
 OUTPUT = os.environ["SPECULATIVE_EXAMPLE_OUTPUT"]
-PARALLELISM = 3  # 3 subtasks x 2 attempts: 6 concurrent drivers; dag_faults.RACE_SINKS forces each pair
+PARALLELISM = 2  # 2 subtasks x 2 attempts: 4 concurrent drivers; dag_faults.RACE_SINKS forces each pair
 SHUFFLE = {"spark.sql.shuffle.partitions": "4"}
 RACE = {
     "enabled": True,
