@@ -65,16 +65,21 @@ data-tpch: data-q3 $(DATA_DIR)/nation/.done $(DATA_DIR)/part/.done $(DATA_DIR)/s
 
 # The demo's attempts run on a local pool of two Spark Connect servers (local-a, local-b) that
 # scripts/demo.sh starts and stops; `make demo DEMO_TARGETS=spark-submit` uses one spark-submit per attempt.
+# WARM_UP_ROUNDS=N (make demo, make run): rounds of the warm-up query each server runs before the DAG
+# (default 4; fewer start the pool sooner and leave more of the warm-up to the run's first attempts).
 DEMO_TARGETS ?= connect
+WARM_UP_ROUNDS ?=
 demo: install java-check data
 	rm -rf $(DEMO)
 	$(DEMO_ENV) $(PY) scripts/demo_env.py write $(DEMO)
-	$(DEMO_ENV) DEMO=$(DEMO) DEMO_DATE=$(DEMO_DATE) DEMO_TARGETS=$(DEMO_TARGETS) VENV=$(VENV) scripts/demo.sh
+	$(DEMO_ENV) DEMO=$(DEMO) DEMO_DATE=$(DEMO_DATE) DEMO_TARGETS=$(DEMO_TARGETS) WARM_UP_ROUNDS=$(WARM_UP_ROUNDS) \
+		VENV=$(VENV) scripts/demo.sh
 	@$(PY) scripts/demo_env.py hint $(DEMO)
 
 # Your own DAG on the embedded default, as the demo runs the example (SQLite, a local store, a local pool
 # of two Spark Connect servers started and stopped around the run; no fault injection):
 #   make run DAGS=path/to/your/dags DAG=your_dag_id [RUN_DATE=2026-01-01] [RUN_TARGETS=connect|spark-submit]
+#            [WARM_UP_ROUNDS=N]
 # Everything goes under $(RUN) (emptied first); its env.sh gives you that Airflow afterwards.
 RUN ?= $(CURDIR)/.run
 RUN_DATE ?= $(DEMO_DATE)
@@ -92,7 +97,8 @@ run: install java-check
 	rm -rf $(RUN)
 	mkdir -p $(RUN) && touch $(RUN)/.made-by-make-run
 	$(RUN_ENV) $(PY) scripts/demo_env.py write $(RUN)
-	$(RUN_ENV) DEMO=$(RUN) DEMO_DATE=$(RUN_DATE) DEMO_TARGETS=$(RUN_TARGETS) DAG_ID=$(DAG) VENV=$(VENV) scripts/demo.sh
+	$(RUN_ENV) DEMO=$(RUN) DEMO_DATE=$(RUN_DATE) DEMO_TARGETS=$(RUN_TARGETS) DAG_ID=$(DAG) \
+		WARM_UP_ROUNDS=$(WARM_UP_ROUNDS) VENV=$(VENV) scripts/demo.sh
 	@$(PY) scripts/demo_env.py hint $(RUN)
 
 # The Airflow UI with the plugin on the demo's home: starts every component, triggers the example and

@@ -35,7 +35,8 @@ trap cleanup EXIT
 
 if [ "$DEMO_TARGETS" = connect ]; then
     "$AIRFLOW" speculative local-cluster start --servers 2 --base-port "$CONNECT_PORT" \
-        --ui-base-port "$CONNECT_UI_PORT" --directory "$DEMO/local-cluster" > "$DEMO/local-cluster.out"
+        --ui-base-port "$CONNECT_UI_PORT" --directory "$DEMO/local-cluster" \
+        ${WARM_UP_ROUNDS:+--warm-up-rounds "$WARM_UP_ROUNDS"} > "$DEMO/local-cluster.out"
     grep -v '^export ' "$DEMO/local-cluster.out" | grep -v '^#' | grep -v '^$' || true
     # The connections (AIRFLOW_CONN_SPARK_CONNECT_LOCAL_A/B) and [speculative] targets it printed.
     eval "$(grep '^export ' "$DEMO/local-cluster.out")"

@@ -257,7 +257,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="metadata DB: a throw-away PostgreSQL (default) or the demo's SQLite (keeps runs)")
     parser.add_argument("--pool", type=int, default=2, choices=range(0, 5), metavar="N",
                         help="local Spark Connect servers to run attempts on (default 2; 0: spark-submit targets)")
+    parser.add_argument("--warm-up-rounds", type=int, default=None, metavar="N",
+                        help="rounds of the warm-up query each server runs first (default 4; 0: none)")
     args = parser.parse_args(argv)
+    if args.warm_up_rounds is not None and args.warm_up_rounds < 0:
+        parser.error(f"--warm-up-rounds {args.warm_up_rounds}: expected 0 or more")
     if "AIRFLOW_HOME" not in os.environ:
         print("error: AIRFLOW_HOME is not set: run `make ui`, or `source .demo/env.sh` first", file=sys.stderr)
         return 1
@@ -289,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"metadata DB: a throw-away PostgreSQL on 127.0.0.1:{database.port} (gone after Ctrl-C; "
                   "the store keeps the run's attempts)", flush=True)
         if args.pool:
-            pool = start_pool(home, args.pool, env)
+            pool = start_pool(home, args.pool, env, args.warm_up_rounds)
         airflow = Airflow(env, home, port)
         print(f"migrating the metadata DB of {home} ...", flush=True)
         subprocess.run([AIRFLOW, "db", "migrate"], env=env, check=True, stdout=subprocess.DEVNULL,
@@ -343,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
     return code
 
 
-def start_pool(home: Path, servers: int, env: dict[str, str]) -> Any:
+def start_pool(home: Path, servers: int, env: dict[str, str], warm_up_rounds: int | None = None) -> Any:
     """Start the warm Connect servers (their ports free now) and point every component's targets at them."""
     from airflow_provider_speculative.devtools.localcluster import (
         LocalCluster,
@@ -360,7 +364,8 @@ def start_pool(home: Path, servers: int, env: dict[str, str]) -> Any:
         raise RuntimeError(f"no {servers} consecutive free ports in {POOL_PORTS} / {POOL_UI_PORTS} for the pool")
     cluster = LocalCluster(home / "local-cluster")
     print(f"starting {servers} warm Spark Connect server(s) (logs: {cluster.dir}) ...", flush=True)
-    started, running = cluster.start(servers=servers, base_port=base, ui_base_port=ui_base)
+    started, running = cluster.start(servers=servers, base_port=base, ui_base_port=ui_base,
+                                     warm_up_rounds=warm_up_rounds)
     pool = sorted(started + running, key=lambda s: s.name)
     env.update(connection_definitions(pool))
     env["AIRFLOW__SPECULATIVE__TARGETS"] = targets_json(pool)

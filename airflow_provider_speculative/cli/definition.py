@@ -115,6 +115,10 @@ def get_cli_commands() -> list[Any]:
                               help="with --s3: an s3://bucket/prefix store root where each new server's warm-up "
                                    "also writes and reads an exchange, below a prefix of its own that it claims "
                                    "and deletes (default: [speculative] store_path when it is on S3)"),
+                          Arg(("--warm-up-rounds",), type=int, default=None, metavar="N",
+                              help="rounds of the warm-up query each new server runs before it is reported "
+                                   "started (default 4; 0: none, a faster start whose first run pays the "
+                                   "warm-up instead)"),
                           output),
                 ),
                 ActionCommand(

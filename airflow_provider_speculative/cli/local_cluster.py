@@ -67,12 +67,16 @@ def local_cluster(args: Any) -> None:
     cluster = LocalCluster(args.directory)
     try:
         if args.action == "start":
+            rounds = getattr(args, "warm_up_rounds", None)
+            if rounds is not None and rounds < 0:
+                raise LocalClusterError(f"--warm-up-rounds {rounds}: expected 0 or more (0: no warm-up query)")
             s3 = bool(getattr(args, "s3", False))
             conf = server_conf(getattr(args, "conf", None) or [], getattr(args, "jars", None), s3)
             store = warm_up_store(getattr(args, "warm_up_store", None), s3)
             started, already = cluster.start(servers=args.servers, base_port=args.base_port,
                                              ui_base_port=args.ui_base_port, cores=args.cores, conf=conf or None,
-                                             warm_up_store=store)
+                                             warm_up_store=store,
+                                             warm_up_rounds=rounds)
             for info in already:
                 print(f"{info.name}: already running (pid {info.pid}, port {info.port})")
             for info in started:

@@ -233,13 +233,17 @@ class LocalCluster:
     def start(self, servers: int = 2, base_port: int = DEFAULT_BASE_PORT, ui_base_port: int = DEFAULT_UI_BASE_PORT,
               cores: int = DEFAULT_CORES, conf: dict[str, str] | None = None,
               timeout: float = START_TIMEOUT, warm_up: bool = True,
-              warm_up_store: str | None = None) -> tuple[list[ServerInfo], list[ServerInfo]]:
+              warm_up_store: str | None = None,
+              warm_up_rounds: int | None = None) -> tuple[list[ServerInfo], list[ServerInfo]]:
         """Start the servers not already running; wait until each accepts clients. Returns (started, running).
 
-        With ``warm_up`` each new server then runs one small query (devtools/warmup.py), so the
-        first attempts do not pay the driver's warm-up; the outcome is in ``extra["warm_up"]``.
-        ``warm_up_store`` (an ``s3://`` store root the servers serve) adds rounds that write and read there.
+        With ``warm_up`` each new server then runs ``warm_up_rounds`` rounds of one small query
+        (devtools/warmup.py; default its ``ROUNDS``), so the first attempts do not pay the driver's warm-up;
+        the outcome is in ``extra["warm_up"]``. ``warm_up_store`` (an ``s3://`` store root the servers serve)
+        adds rounds that write and read there. No rounds at all is no warm-up (``extra["warm_up"]`` "skipped").
         """
+        if warm_up_rounds is not None and warm_up_rounds < 0:
+            raise LocalClusterError(f"warm-up rounds {warm_up_rounds}: expected 0 or more")
         self.dir.mkdir(parents=True, exist_ok=True)
         check_java()
         started: list[ServerInfo] = []
@@ -260,7 +264,7 @@ class LocalCluster:
                                             f"in use by {owner}; choose other ports with --base-port / "
                                             "--ui-base-port or stop that process")
             started.append(self._launch(info, conf))
-        return self._ready(started, timeout, warm_up, warm_up_store), already
+        return self._ready(started, timeout, warm_up, warm_up_store, warm_up_rounds), already
 
     def start_servers(self, servers: list[ServerInfo], conf: dict[str, str] | None = None,
                       timeout: float = START_TIMEOUT, warm_up: bool = True,
@@ -279,24 +283,28 @@ class LocalCluster:
         return self._ready(started, timeout, warm_up)
 
     def _ready(self, started: list[ServerInfo], timeout: float, warm_up: bool,
-               warm_up_store: str | None = None) -> list[ServerInfo]:
+               warm_up_store: str | None = None, warm_up_rounds: int | None = None) -> list[ServerInfo]:
         try:
             for info in started:
                 self._wait_ready(info, timeout)
         except LocalClusterError:
             self.stop_servers(started)
             raise
-        if warm_up:
-            self._warm_up(started, warm_up_store)
+        if warm_up and (warm_up_rounds != 0 or warm_up_store):
+            self._warm_up(started, warm_up_store, warm_up_rounds)
+        elif warm_up:
+            for info in started:
+                info.extra["warm_up"] = "skipped"
+                self._write(info)
         return started
 
-    def _warm_up(self, servers: list[ServerInfo], store: str | None = None) -> None:
+    def _warm_up(self, servers: list[ServerInfo], store: str | None = None, rounds: int | None = None) -> None:
         # All servers at once (one client process each); a failed warm-up is reported, never fatal:
         # the server accepted clients, and an attempt would show the same error in its own log.
         began = time.time()
         clients = {info.name: subprocess.Popen(
             [sys.executable, "-m", "airflow_provider_speculative.devtools.warmup", f"{info.url}/",
-             *(["--store", store] if store else [])],
+             *(["--rounds", str(rounds)] if rounds is not None else []), *(["--store", store] if store else [])],
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
             for info in servers}
         for info in servers:

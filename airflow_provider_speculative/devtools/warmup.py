@@ -102,14 +102,17 @@ def _query(spark: Any, F: Any, base: str, packed: bool) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Command line: ``python -m ...devtools.warmup sc://HOST:PORT/ [--store s3://bucket/prefix]``."""
+    """Command line: ``python -m ...devtools.warmup sc://HOST:PORT/ [--rounds N] [--store s3://bucket/prefix]``."""
     parser = argparse.ArgumentParser(prog="python -m airflow_provider_speculative.devtools.warmup")
     parser.add_argument("url", help="the Connect server, sc://HOST:PORT/")
     parser.add_argument("--store", default=None, help="an s3:// store root to warm s3a on (rounds below a "
                         f"prefix of their own, {WARM_UP_PREFIX}/<uuid>, deleted afterwards)")
+    parser.add_argument("--rounds", type=int, default=ROUNDS, help=f"rounds of the local query (default {ROUNDS})")
     args = parser.parse_args(argv)
+    if args.rounds < 0:
+        parser.error(f"--rounds {args.rounds}: expected 0 or more")
     # The last line of output, for whoever started the warm-up (devtools/localcluster.py).
-    print(json.dumps({"store_objects": warm_up(args.url, store=args.store)}))
+    print(json.dumps({"store_objects": warm_up(args.url, rounds=args.rounds, store=args.store)}))
 
 
 if __name__ == "__main__":

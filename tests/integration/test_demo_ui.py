@@ -70,8 +70,9 @@ def test_make_ui_script_serves_the_run_view_and_stops_everything_on_ctrl_c(tmp_p
                 "AIRFLOW_CONN_SPARK_DEFAULT": '{"conn_type": "spark", "host": "local[1]"}',
                 "SPECULATIVE_EXAMPLE_DATA": str(DATA), "SPECULATIVE_EXAMPLE_OUTPUT": str(tmp_path / "output")})
     port = _port()
+    # One warm-up round, not four: what is tested is that the pool serves the run, not how warm it is.
     proc = subprocess.Popen([sys.executable, str(SCRIPT), "--port", str(port), "--dag-id", "small_q1",
-                             "--logical-date", "2026-06-01T00:00:00+00:00"],
+                             "--logical-date", "2026-06-01T00:00:00+00:00", "--warm-up-rounds", "1"],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             stdin=subprocess.DEVNULL, start_new_session=True)
     out = Output(proc)

@@ -44,7 +44,9 @@ def test_make_run_runs_a_users_own_dag_on_the_embedded_default(tmp_path: Path) -
     (dags / "my_daily_q1.py").write_text(USER_DAG.format(apps=REPO / "dags" / "apps", data=DATA, output=output))
     # Only what a user's shell has: no test session's Airflow home, store or connections leak in.
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "SPECULATIVE_"))}
-    env.update(RUN=str(run), DEMO_CONNECT_PORT=str(free_port()), DEMO_CONNECT_UI_PORT=str(free_port()))
+    # One warm-up round, not four (WARM_UP_ROUNDS, as a user may set it): the pool serves the run either way.
+    env.update(RUN=str(run), DEMO_CONNECT_PORT=str(free_port()), DEMO_CONNECT_UI_PORT=str(free_port()),
+               WARM_UP_ROUNDS="1")
     result = subprocess.run(["make", "-s", "run", f"DAGS={dags}", "DAG=my_daily_q1", "RUN_DATE=2026-01-05"],
                             cwd=REPO, env=env, capture_output=True, text=True, timeout=800)
     assert result.returncode == 0, f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}"

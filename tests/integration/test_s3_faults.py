@@ -166,7 +166,9 @@ def test_a_connect_server_killed_mid_job_reruns_its_attempts_on_the_other(
     cluster = LocalCluster(tmp_path / "doomed")
     base = free_base_port(2)
     conf = {**spark_s3_conf(settings_from_environment()), "spark.jars": ",".join(jar_paths(s3a_jars()))}
-    (doomed,), _ = cluster.start(servers=1, base_port=base, ui_base_port=base + 1, cores=1, conf=conf)
+    # No warm-up: its attempts hold in a job there until the server is killed, so how warm it is does not matter.
+    (doomed,), _ = cluster.start(servers=1, base_port=base, ui_base_port=base + 1, cores=1, conf=conf,
+                                 warm_up=False)
     try:
         survivor = shared_connect_pool.servers[0]
         targets = [{"name": "doomed", "conn_id": "spark_connect_doomed", "slots": 2},

@@ -92,3 +92,18 @@ def test_warm_up_store_is_the_option_else_an_s3_store_path_and_only_with_s3(monk
     monkeypatch.setenv("AIRFLOW__SPECULATIVE__STORE_PATH", "relative/store")
     with pytest.raises(LocalClusterError, match=r"cannot tell whether \[speculative\] store_path is on S3"):
         warm_up_store(None, s3=True)
+
+
+def test_negative_warm_up_rounds_are_the_clis_one_line_error(tmp_path, capsys):
+    import argparse
+
+    from airflow_provider_speculative.cli.local_cluster import local_cluster
+
+    args = argparse.Namespace(action="start", directory=str(tmp_path / "pool"), warm_up_rounds=-1, s3=False,
+                              conf=[], jars=None, warm_up_store=None, servers=1, base_port=15002,
+                              ui_base_port=4050, cores=1, output="table")
+    with pytest.raises(SystemExit) as exited:
+        local_cluster(args)
+    assert exited.value.code == 1
+    assert capsys.readouterr().err == "error: --warm-up-rounds -1: expected 0 or more (0: no warm-up query)\n"
+    assert not (tmp_path / "pool").exists()

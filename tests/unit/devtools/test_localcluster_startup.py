@@ -46,3 +46,55 @@ def test_the_warm_up_store_count_is_its_last_line_or_unknown(output: bytes, expe
     from airflow_provider_speculative.devtools.localcluster import _store_objects
 
     assert _store_objects(output) == expected
+
+
+def test_negative_warm_up_rounds_are_refused_before_any_server_starts(tmp_path: Path) -> None:
+    cluster = LocalCluster(tmp_path / "pool")
+    with pytest.raises(LocalClusterError, match="warm-up rounds -1: expected 0 or more"):
+        cluster.start(servers=1, warm_up_rounds=-1)
+    assert not (tmp_path / "pool").exists()
+
+
+class _Client:
+    """A warm-up client that succeeded at once, as subprocess.Popen would return it."""
+
+    returncode = 0
+
+    def communicate(self, timeout: float | None = None) -> tuple[bytes, bytes]:
+        return b'{"store_objects": 0}\n', b""
+
+
+def test_warm_up_rounds_reach_the_client_and_none_at_all_is_a_skipped_warm_up(tmp_path: Path,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow_provider_speculative.devtools import localcluster
+
+    commands: list[list[str]] = []
+    monkeypatch.setattr(localcluster.subprocess, "Popen", lambda argv, **_: commands.append(argv) or _Client())
+    cluster = LocalCluster(tmp_path)
+    monkeypatch.setattr(cluster, "_wait_ready", lambda info, timeout: None)
+    server = _server(tmp_path)
+
+    cluster._ready([server], 1.0, warm_up=True, warm_up_rounds=1)
+    assert commands[-1][-2:] == ["--rounds", "1"] and isinstance(server.extra["warm_up"], float)
+    cluster._ready([server], 1.0, warm_up=True)
+    assert "--rounds" not in commands[-1]  # the warm-up's own default
+    # Zero rounds and no store: no client at all, and the record says so.
+    cluster._ready([server], 1.0, warm_up=True, warm_up_rounds=0)
+    assert len(commands) == 2 and server.extra["warm_up"] == "skipped"
+    # Zero local rounds with a store: the store's rounds still run.
+    cluster._ready([server], 1.0, warm_up=True, warm_up_store="s3://bucket/store", warm_up_rounds=0)
+    assert commands[-1][-4:] == ["--rounds", "0", "--store", "s3://bucket/store"]
+
+
+def test_the_warm_up_command_refuses_negative_rounds_and_passes_the_rest(monkeypatch: pytest.MonkeyPatch,
+                                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    from airflow_provider_speculative.devtools import warmup
+
+    calls: list[tuple[str, int, str | None]] = []
+    monkeypatch.setattr(warmup, "warm_up", lambda url, rounds, store: calls.append((url, rounds, store)) or 0)
+    with pytest.raises(SystemExit):
+        warmup.main(["sc://127.0.0.1:15002/", "--rounds", "-2"])
+    assert "--rounds -2: expected 0 or more" in capsys.readouterr().err and not calls
+    warmup.main(["sc://127.0.0.1:15002/", "--rounds", "2"])
+    warmup.main(["sc://127.0.0.1:15002/"])
+    assert calls == [("sc://127.0.0.1:15002/", 2, None), ("sc://127.0.0.1:15002/", warmup.ROUNDS, None)]
