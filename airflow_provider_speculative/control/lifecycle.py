@@ -20,6 +20,8 @@ What goes, and when:
   A DAG the DB does not know (and whose deletion it did not record) is left alone entirely.
 - ``stale-temp`` / ``stale-barrier``: temporary files of atomic writes orphaned by a crash, and
   fault-injection barrier releases of stages with nothing live.
+- ``stale-warm-up``: the prefix of a Connect pool's warm-up on this store (``_warm-up/<id>``, claimed by it)
+  an hour after its claim: a warm-up deletes its own at its end, so one still there was killed first.
 - ``sink-staging``: what a sink staged outside the store (Postgres staging tables, Parquet
   ``.<name>.staging-*`` / ``.old-*`` directories) for a stage run that is over (committed, or its DAG
   run finished or deleted) with nothing live; removed by the sink itself (``Sink.cleanup_staging``).
@@ -34,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -61,6 +64,7 @@ from airflow_provider_speculative.store.layout import (
     EXPIRED_FILE,
     JOURNAL_FILE,
     PLAN_FILE,
+    WARM_UP_DIR,
     StageLayout,
     safe_component,
     stage_key,
@@ -75,9 +79,14 @@ DELETED_RUN = "deleted-run"
 STALE_TEMP = "stale-temp"
 STALE_BARRIER = "stale-barrier"
 SINK_STAGING = "sink-staging"
+STALE_WARM_UP = "stale-warm-up"
 
 # An atomic write lives for milliseconds; a temporary file this old was orphaned by a crash.
 STALE_TEMP_AFTER = 3600.0
+# A pool's warm-up is given up after minutes (devtools/localcluster.py WARM_UP_TIMEOUT) and deletes its prefix at
+# its end: a prefix claimed this long ago was left by a warm-up killed first, and no job of it still writes there.
+STALE_WARM_UP_AFTER = 3600.0
+_WARM_UP_ID = re.compile(r"[0-9a-f]{32}")
 
 
 @dataclass(frozen=True)
@@ -215,7 +224,11 @@ def plan_gc(root: str | Path | StoreBackend, *, now: float, run_states: dict[tup
             continue
         if dag == TARGETS_DIR:
             continue  # slot claims of targets, shared by every run: not a DAG
-        runs = _provider_runs(store, dag, kept)
+        handled: set[str] = set()
+        if dag == WARM_UP_DIR and dag_id is None:
+            warm_ups, handled = _warm_up_items(store, now, kept)
+            items += warm_ups
+        runs = _provider_runs(store, dag, kept, handled)
         if not runs:
             continue
         dag_gone = dag in gone_dags
@@ -296,14 +309,49 @@ def _owned_run(store: StoreBackend, dag: str, run: str, kept: list[str]) -> bool
     return False
 
 
-def _provider_runs(store: StoreBackend, dag: str, kept: list[str]) -> list[str]:
+def _warm_up_items(store: StoreBackend, now: float, kept: list[str]) -> tuple[list[GcItem], set[str]]:
+    """Stale prefixes of pool warm-ups below ``_warm-up/``, and the entries there that are warm-ups of this store.
+
+    A warm-up's prefix is its own only by the marker it wrote when it claimed it: one without this store's marker,
+    or not named as a warm-up names its prefix, or holding a provider plan (a DAG called ``_warm-up``), is left to
+    the DAG walk, which keeps whatever it did not write.
+    """
+    items: list[GcItem] = []
+    handled: set[str] = set()
+    for name in _sub_prefixes(store, WARM_UP_DIR):
+        prefix = f"{WARM_UP_DIR}/{name}"
+        if not _WARM_UP_ID.fullmatch(name) or provider_plan(store, prefix) is not None:
+            continue
+        try:
+            at = store.claimed_at(prefix)
+        except StoreError as exc:
+            kept.append(f"{prefix}: skipped, its ownership cannot be read: {exc}")
+            handled.add(f"{name}/")
+            continue
+        if at is None:
+            continue
+        handled.add(f"{name}/")
+        if now - at < STALE_WARM_UP_AFTER:
+            kept.append(f"{prefix}: a pool warm-up's, claimed {max(0.0, now - at):.0f} s ago; it deletes it at its "
+                        f"end, and gc once it is {STALE_WARM_UP_AFTER:.0f} s old")
+            continue
+        items.append(GcItem(_where(store, prefix), _freed(store.stat_all(prefix)), STALE_WARM_UP,
+                            "a pool warm-up's prefix, left by a warm-up that was stopped before it deleted it",
+                            store=store, name=prefix, tree=True))
+    return items, handled
+
+
+def _provider_runs(store: StoreBackend, dag: str, kept: list[str], handled: set[str] | None = None) -> list[str]:
     """The run prefixes under ``dag`` that hold the provider's own plan for exactly that run.
 
     Anything else under the store root (a user's directory, a file, a run directory without a plan
-    naming it) is never looked into, let alone removed: it is reported in ``kept`` instead.
+    naming it) is never looked into, let alone removed: it is reported in ``kept`` instead, except the
+    entries in ``handled``, which the caller has dealt with (pool warm-ups).
     """
     runs, skipped = [], []
     for entry in sorted(store.children(dag), key=lambda e: e.rstrip("/")):
+        if handled and entry in handled:
+            continue
         if entry.endswith("/") and provider_plan(store, f"{dag}/{entry[:-1]}") is not None:
             runs.append(f"{dag}/{entry[:-1]}")
         else:

@@ -22,14 +22,14 @@ import tempfile
 import uuid
 from typing import Any
 
+from airflow_provider_speculative.store.layout import WARM_UP_DIR
+
 # Rounds of the query. The first pays class loading (~10 s here); the JIT keeps improving over the
 # next ones (measured: 3.5, 2.8, 2.6 s), and a pipeline's first run on a server warmed by one round
 # was 5-6 s slower than its later runs (Q3, bench/warm.py --repeat 3).
 ROUNDS = 4
 # Rounds on the store, after the local ones: the first pays s3a's and the SDK's set-up, the second their JIT.
 STORE_ROUNDS = 2
-# Where the store rounds work, below the store's root: a prefix of their own per warm-up.
-WARM_UP_PREFIX = "_warm-up"
 
 
 def warm_up(url: str, rounds: int = ROUNDS, store: str | None = None, store_rounds: int = STORE_ROUNDS) -> int:
@@ -62,7 +62,7 @@ def _store_rounds(spark: Any, F: Any, root: str, rounds: int) -> int:
     from airflow_provider_speculative.store.roots import open_store
 
     store = open_store(root)
-    prefix = f"{WARM_UP_PREFIX}/{uuid.uuid4().hex}"
+    prefix = f"{WARM_UP_DIR}/{uuid.uuid4().hex}"
     store.claim(prefix)
     try:
         with direct_commit(spark.conf):
@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m airflow_provider_speculative.devtools.warmup")
     parser.add_argument("url", help="the Connect server, sc://HOST:PORT/")
     parser.add_argument("--store", default=None, help="an s3:// store root to warm s3a on (rounds below a "
-                        f"prefix of their own, {WARM_UP_PREFIX}/<uuid>, deleted afterwards)")
+                        f"prefix of their own, {WARM_UP_DIR}/<uuid>, deleted afterwards)")
     parser.add_argument("--rounds", type=int, default=ROUNDS, help=f"rounds of the local query (default {ROUNDS})")
     args = parser.parse_args(argv)
     if args.rounds < 0:

@@ -487,6 +487,15 @@ class StoreBackend(abc.ABC):
         prefix = check_name(prefix, prefix=True)
         return self._ours(self._read_marker(prefix), prefix)
 
+    def claimed_at(self, prefix: str) -> float | None:
+        """When this store claimed ``prefix`` itself (its marker's time); None if the marker there is not its own."""
+        prefix = check_name(prefix, prefix=True)
+        marker = self._read_marker(prefix)
+        if not self._ours(marker, prefix):
+            return None
+        at = marker.get("at")
+        return float(at) if isinstance(at, int | float) and not isinstance(at, bool) else None
+
     def stat_all(self, prefix: str = "") -> list[ObjectInfo]:
         """:meth:`stat` of every object below ``prefix``, by name: sizes, mtimes, ETags (never proof data is whole)."""
         return self._stat_all(check_name(prefix, prefix=True))

@@ -80,6 +80,9 @@ POD_TEMPLATE_FILE = "pod-template.json"
 MANIFEST_FILE = "_SUCCESS"
 LOG_FILE = "spark-submit.log"
 DATA_DIR = "data"
+# Below a store's root, beside the DAGs: where a Connect pool's warm-up works (devtools/warmup.py), one prefix of
+# its own per warm-up (``_warm-up/<32 hex digits>``), claimed before its first write and deleted at its end.
+WARM_UP_DIR = "_warm-up"
 
 
 def safe_component(value: str) -> str:

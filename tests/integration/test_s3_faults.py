@@ -19,6 +19,7 @@ import json
 import threading
 import time
 import urllib.request
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,13 @@ import psutil
 import pyarrow.parquet as pq
 import pytest
 
-from airflow_provider_speculative.control.lifecycle import DELETED_RUN, execute_gc, plan_gc
+from airflow_provider_speculative.control.lifecycle import (
+    DELETED_RUN,
+    STALE_WARM_UP,
+    STALE_WARM_UP_AFTER,
+    execute_gc,
+    plan_gc,
+)
 from airflow_provider_speculative.control.readmodel import run_report
 from airflow_provider_speculative.core.config import SpeculativeConfig
 from airflow_provider_speculative.core.graph import ExchangeSpec, PipelineGraph, SourceSpec, StageSpec
@@ -154,6 +161,18 @@ def test_a_corrupted_exchange_object_reruns_its_producer_then_gc_removes_only_th
     summary = execute_gc(items, root=store)
     assert not summary["errors"], summary
     assert not store.list_names("f/r1"), "gc left objects of the deleted run"
+    # A pool warm-up stopped before it deleted its prefix: gone an hour after its claim, the foreign one kept.
+    warm_up = f"_warm-up/{uuid.uuid4().hex}"
+    store.claim(warm_up)
+    store.replace(f"{warm_up}/r0/a/part-0.parquet", b"rows")
+    foreign.append(f"_warm-up/{uuid.uuid4().hex}/r0/part-0.parquet")
+    store.replace(foreign[-1], b"not the provider's")
+    assert plan_gc(store, now=time.time(), kept=kept) == []
+    items = plan_gc(store, now=time.time() + STALE_WARM_UP_AFTER + 60, kept=kept)
+    assert [(i.name, i.reason) for i in items] == [(warm_up, STALE_WARM_UP)], items
+    summary = execute_gc(items, root=store)
+    assert not summary["errors"], summary
+    assert not store.list_names(warm_up), "gc left objects of the stale warm-up"
     for key in foreign:
         assert store.read(key) == b"not the provider's", f"gc touched {key}, which the provider did not write"
 

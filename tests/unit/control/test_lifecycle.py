@@ -572,3 +572,57 @@ def test_gc_refuses_a_planned_removal_once_the_run_is_not_provably_its_own(tmp_p
 
     assert summary["removed"] == 0 and layout.data(0, 1).is_dir()
     assert len(summary["errors"]) == 1 and "refused (not removed)" in summary["errors"][0]["error"]
+
+
+# -- pool warm-ups ----------------------------------------------------------------------------------
+
+
+def test_gc_removes_a_pool_warm_ups_prefix_only_when_it_is_this_stores_and_an_hour_old(tmp_path: Path) -> None:
+    from airflow_provider_speculative.control.lifecycle import STALE_WARM_UP, STALE_WARM_UP_AFTER
+
+    root = tmp_path / "store"
+    store = PosixBackend(root)
+    store.claim()
+    stale, fresh, foreign, unmarked = ("a" * 32, "b" * 32, "c" * 32, "d" * 32)
+    for name in (stale, fresh, foreign, unmarked):
+        store.replace(f"_warm-up/{name}/r0/a/part-0.parquet", b"x" * 10)
+    store.replace("_warm-up/theirs/data.bin", b"not the provider's")
+    store.claim(f"_warm-up/{stale}")
+    claimed = store.claimed_at(f"_warm-up/{stale}")
+    assert claimed is not None and abs(claimed - time.time()) < 60
+    now = claimed + STALE_WARM_UP_AFTER + 1
+    # The fresh one was claimed just now by the warm-up's clock: an hour before `now` has not passed.
+    (root / "_warm-up" / fresh / "_owner.json").write_text(json.dumps(
+        {"owner": store.owner, "prefix": f"_warm-up/{fresh}", "token": "t", "at": now - 60}))
+    PosixBackend(root, owner="another store").claim(f"_warm-up/{foreign}")
+    notes: list[str] = []
+
+    items = plan_gc(root, now=now, kept=notes)
+
+    assert [(i.name, i.reason, i.bytes) for i in items] == [(f"_warm-up/{stale}", STALE_WARM_UP, 10 + len(
+        (root / "_warm-up" / stale / "_owner.json").read_bytes()))]
+    assert any(n.startswith(f"_warm-up/{fresh}: a pool warm-up's, claimed 60 s ago") for n in notes), notes
+    skipped = next(n for n in notes if n.startswith("skipped _warm-up/"))
+    assert all(name in skipped for name in (foreign, unmarked, "theirs")) and fresh not in skipped, skipped
+    # A run of one DAG (--dag-id) leaves the warm-ups alone.
+    assert plan_gc(root, now=now, dag_id=DAG) == []
+
+    summary = execute_gc(items, now=now)
+
+    assert summary["errors"] == [] and summary["removed"] == 1
+    assert sorted(p.name for p in (root / "_warm-up").iterdir()) == sorted([fresh, foreign, unmarked, "theirs"])
+    assert (root / "_warm-up" / "theirs" / "data.bin").read_bytes() == b"not the provider's"
+
+
+def test_claimed_at_is_the_markers_time_and_only_for_this_stores_own_marker(tmp_path: Path) -> None:
+    store = PosixBackend(tmp_path / "store")
+    store.claim()
+    assert store.claimed_at("x") is None  # no marker of its own: the root's does not count
+    store.claim("x")
+    assert isinstance(store.claimed_at("x"), float)
+    PosixBackend(tmp_path / "store", owner="another store").claim("y")
+    assert store.claimed_at("y") is None
+    (tmp_path / "store" / "z").mkdir()
+    (tmp_path / "store" / "z" / "_owner.json").write_text(json.dumps({"owner": store.owner, "prefix": "z",
+                                                                      "at": True}))
+    assert store.claimed_at("z") is None  # ours, but no time in it
