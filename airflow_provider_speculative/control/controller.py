@@ -234,6 +234,9 @@ class StageController:
         records = read_records(self.layout.store, names, now)
         if not check_needed(urls, records, run_key, now, self.config.speed_check_age):
             return records
+        # A stage whose run checks is about to launch: the fork server imports while the check waits for the
+        # servers, not after it (in a fresh process both take about a second).
+        self._prestart()
         if claim_speed_check(self.layout.store, urls, run_key, now):
             started = self.clock()
             result = check_speeds(urls, check)
@@ -295,13 +298,18 @@ class StageController:
         """Seconds between two looks for a notice while waiting: the store's (0.1 s on POSIX, 1 s on S3)."""
         return self.layout.store.notice_poll_seconds
 
-    def _step(self) -> list[Action]:
-        if not self._prestarted and self.result is None:
+    def _prestart(self) -> None:
+        """Start this host's fork server in the background, once, if this controller's targets launch through it."""
+        if not self._prestarted:
             self._prestarted = True
-            # Only a controller that will launch starts the fork server (not one that only stops attempts):
-            # it imports while this first step places the first attempts.
             if any(b.fork_server for b in self.backends.values()):
                 prestart_fork_server()
+
+    def _step(self) -> list[Action]:
+        if self.result is None:
+            # Only a controller that will launch starts the fork server (not one that only stops attempts):
+            # it imports while this first step places the first attempts.
+            self._prestart()
         if self.result is not None:
             # Decided, but a cancelled loser may still be dying: keep reaping it, or `done` never turns true.
             self._reap(self.clock())

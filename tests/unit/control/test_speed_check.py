@@ -158,3 +158,27 @@ def test_spark_submit_targets_are_never_checked(tmp_path: Path, servers) -> None
     _, _, layout = connect_controller(tmp_path, fake, kind="spark_submit")  # same URLs, but a JVM per check
     assert fake.calls == []
     assert [e for e in read_jsonl(layout.journal) if e["event"] == "speed_check"] == []
+
+
+def test_the_fork_server_starts_before_the_check_waits_and_only_once(servers, tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow_provider_speculative.control import controller as controller_module
+
+    order: list[str] = []
+    fake = servers({"sc://a:15002/": 0.01, "sc://b:15002/": 0.01})
+    monkeypatch.setattr(controller_module, "prestart_fork_server", lambda: order.append("fork server"))
+    monkeypatch.setattr(FakeBackend, "fork_server", True, raising=False)
+
+    def check(url: str) -> float:
+        order.append("check")
+        return fake(url)
+
+    controller, _, _ = connect_controller(tmp_path, check)  # type: ignore[arg-type]
+    assert order[0] == "fork server" and order.count("check") == 2, order
+    controller.step()
+    controller.step()
+    assert order.count("fork server") == 1, order
+    # A stage of a run already checked neither checks nor starts anything before its first step.
+    order.clear()
+    connect_controller(tmp_path, check, stage="aggregate")  # type: ignore[arg-type]
+    assert order == [], order
