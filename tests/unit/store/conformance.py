@@ -30,6 +30,8 @@ RACERS = 48
 PROCESS_RACERS = 32
 # Big enough that a write is several syscalls / TCP segments: a torn read would show.
 PAD = 256 * 1024
+# Concurrent appenders finish in seconds; past this a writer is stuck, and the test says which, not the timeout.
+WRITERS_TIMEOUT = 120.0
 
 HOSTILE_NAMES = [
     "", "/etc/passwd", "../outside.json", "a/../../outside.json", "a/..", "..", ".", "a/./b", "a//b", "a/",
@@ -66,10 +68,16 @@ def _while_appending(make_backend: MakeBackend, journal: str, per_writer: int, t
 
     threads = [threading.Thread(target=append, args=(f"t{w}",)) for w in range(threads_n)]
     procs = [ctx.Process(target=append, args=(f"p{w}",)) for w in range(procs_n)]
-    for x in [*threads, *procs]:
+    # The processes fork before the threads start: a thread building its client (imports, botocore's caches) may
+    # hold a lock at the moment of a fork, and the child, which has that lock but not the thread, then hangs.
+    for x in [*procs, *threads]:
         x.start()
     start.set()
+    deadline = time.monotonic() + WRITERS_TIMEOUT
     while any(t.is_alive() for t in threads) or any(p.is_alive() for p in procs):
+        assert time.monotonic() < deadline, (
+            f"writers still running after {WRITERS_TIMEOUT:.0f}s: threads "
+            f"{[t.name for t in threads if t.is_alive()]}, processes {[p.pid for p in procs if p.is_alive()]}")
         poll()
         time.sleep(interval)
     for t in threads:
