@@ -40,6 +40,8 @@ DEFAULT_CORES = 2
 LOOPBACK = "127.0.0.1"
 START_TIMEOUT = 180.0
 _UI_STARTED = re.compile(r"Successfully started service 'SparkUI' on port (\d+)")
+# A server's name is also its temporary directory's: nothing that could leave the pool's directory.
+_SERVER_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]*")
 
 # Server-side safety net (static confs, set at server start). With reattachable execution a query
 # whose client vanished (a killed attempt, a lost triggerer) keeps running until its response stream
@@ -321,9 +323,32 @@ class LocalCluster:
                 info.extra["warm_up"] = f"did not finish within {WARM_UP_TIMEOUT:.0f}s"
             self._write(info)
 
+    def temp_dir(self, name: str) -> Path:
+        """Server ``name``'s temporary directory (its JVM's ``java.io.tmpdir``), below this pool's directory.
+
+        Spark keeps a driver's scratch space there (``spark-*``: copies of ``spark.jars``, ``blockmgr-*``,
+        Connect's ``artifacts-*``) unless ``spark.local.dir`` says otherwise, and deletes it only on a clean
+        shutdown. Being the pool's own, it is removed whenever its server is known to be gone.
+        """
+        if not _SERVER_NAME.fullmatch(name):
+            raise LocalClusterError(f"server name {name!r}: expected letters, digits, '.', '_' or '-'")
+        return self.dir / "tmp" / name
+
+    def _clear_temp_dir(self, name: str) -> None:
+        # Only ever called once the server ``name`` is not running (never started, stopped or killed).
+        shutil.rmtree(self.temp_dir(name), ignore_errors=True)
+
     def _launch(self, info: ServerInfo, conf: dict[str, str] | None, prefix: list[str] | None = None) -> ServerInfo:
+        # A killed server's scratch space (up to the size of its spark.jars, e.g. the AWS SDK bundle) goes
+        # before the next one starts; the new JVM's own goes to a fresh directory of the pool.
+        self._clear_temp_dir(info.name)
+        tmp = self.temp_dir(info.name)
+        tmp.mkdir(parents=True)
         # The servers' Python workers (UDFs) must be this venv's Python; bind only the server's own host.
-        env = {**os.environ, "SPARK_LOCAL_IP": info.host, "PYSPARK_PYTHON": sys.executable}
+        # SPARK_SUBMIT_OPTS reaches the driver's JVM (the server) and keeps any options the caller set.
+        submit_opts = " ".join(filter(None, [os.environ.get("SPARK_SUBMIT_OPTS"), f"-Djava.io.tmpdir={tmp}"]))
+        env = {**os.environ, "SPARK_LOCAL_IP": info.host, "PYSPARK_PYTHON": sys.executable,
+               "SPARK_SUBMIT_OPTS": submit_opts}
         # The provider's commit protocol on the server's class path: exchanges are then written without
         # Hadoop's _temporary/ moves ([speculative] exchange_commit). Without a JDK here, Hadoop's committer.
         conf = with_commit_jar(conf or {}, find_commit_jar())
@@ -392,6 +417,8 @@ class LocalCluster:
                     with contextlib.suppress(psutil.Error):
                         proc.wait(timeout=grace)
                     out.append((info, "killed"))
+            if proc is None or _gone(proc):
+                self._clear_temp_dir(info.name)
             self.pid_file(info.name).unlink(missing_ok=True)
         return out
 
@@ -405,6 +432,14 @@ class LocalCluster:
                          "app_id": (application_id(info.ui_port, info.host) if alive else None) or info.app_id,
                          "url": info.url, "conn_id": info.conn_id, "log": info.log})
         return rows
+
+
+def _gone(proc: psutil.Process) -> bool:
+    """Whether ``proc`` has ended (a zombie has: its files are closed)."""
+    try:
+        return not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return True
 
 
 def application_id(ui_port: int, host: str = LOOPBACK, timeout: float = 2.0) -> str | None:

@@ -98,3 +98,40 @@ def test_the_warm_up_command_refuses_negative_rounds_and_passes_the_rest(monkeyp
     warmup.main(["sc://127.0.0.1:15002/", "--rounds", "2"])
     warmup.main(["sc://127.0.0.1:15002/"])
     assert calls == [("sc://127.0.0.1:15002/", 2, None), ("sc://127.0.0.1:15002/", warmup.ROUNDS, None)]
+
+
+def test_a_server_runs_with_a_fresh_temporary_directory_of_the_pool_and_keeps_the_callers_jvm_options(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Spark deletes a driver's scratch space (copies of spark.jars among it) only on a clean shutdown; a
+    # killed server's is the pool's to remove, so it must be below the pool's directory, not in /tmp.
+    cluster = LocalCluster(tmp_path / "pool")
+    leftover = cluster.temp_dir("h1") / "spark-killed" / "userFiles" / "aws-sdk-bundle.jar"
+    leftover.parent.mkdir(parents=True)
+    leftover.write_bytes(b"x" * 1024)
+    seen = tmp_path / "seen.txt"
+    monkeypatch.setenv("SPARK_SUBMIT_OPTS", "-Dcaller.option=1")
+    with pytest.raises(LocalClusterError, match="exited during start-up"):
+        cluster.start_servers([_server(tmp_path)], timeout=30, warm_up=False, launcher=lambda _: [
+            "sh", "-c", f'echo "$SPARK_SUBMIT_OPTS" > {seen}; ls -A "{cluster.temp_dir("h1")}" >> {seen}; exit 3',
+            "launcher"])
+    opts, *listing = seen.read_text().splitlines()
+    assert opts == f"-Dcaller.option=1 -Djava.io.tmpdir={cluster.temp_dir('h1')}"
+    assert listing == []  # the killed server's files were gone before the new one started
+
+
+def test_stopping_a_server_that_is_gone_removes_its_temporary_directory_and_nothing_else(tmp_path: Path) -> None:
+    cluster = LocalCluster(tmp_path / "pool")
+    mine, other = cluster.temp_dir("h1"), cluster.temp_dir("h2")
+    for directory in (mine, other):
+        (directory / "spark-1").mkdir(parents=True)
+    (tmp_path / "pool" / "h1.log").write_text("kept")
+
+    assert cluster.stop_servers([_server(tmp_path)]) == [(_server(tmp_path), "not running")]
+    assert not mine.exists() and (other / "spark-1").is_dir()
+    assert (tmp_path / "pool" / "h1.log").read_text() == "kept"
+
+
+@pytest.mark.parametrize("name", ["../etc", "a/b", ".hidden", "", "a b"])
+def test_a_server_name_that_could_leave_the_pool_directory_is_refused(tmp_path: Path, name: str) -> None:
+    with pytest.raises(LocalClusterError, match="server name"):
+        LocalCluster(tmp_path).temp_dir(name)
