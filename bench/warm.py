@@ -499,6 +499,8 @@ def main() -> int:
     parser.add_argument("--data", type=Path, default=REPO / ".data" / "tpch",
                         help="TPC-H directory with lineitem/, customer/, orders/ (make data-q3)")
     parser.add_argument("--pipelines", default="q1,q3")
+    parser.add_argument("--pool-conf", action="append", default=[], metavar="KEY=VALUE",
+                        help="a Spark setting for the Connect pool's servers (repeatable)")
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--scenarios", default="a,b,c")
     parser.add_argument("--base-port", type=int, default=15120)
@@ -550,6 +552,11 @@ def main() -> int:
             pool_conf = {**spark_s3_conf(settings_from_environment()), "spark.jars": ",".join(jar_paths(s3a_jars()))}
             print(f"S3 endpoint {s3.endpoint_url} ({args.s3_endpoint}): customer, orders, lineitem uploaded to "
                   f"{s3_url}", flush=True)
+        for pair in args.pool_conf:
+            key, sep, value = pair.partition("=")
+            if not sep or not key.strip():
+                raise SystemExit(f"--pool-conf {pair!r}: expected KEY=VALUE")
+            pool_conf[key.strip()] = value
         if {"c", "d", "e", "f", "s", "t"} & set(scenarios):
             t0 = time.time()
             # As `local-cluster start --s3` does for a store on S3: the warm-up also writes and reads there.
