@@ -225,6 +225,8 @@ def test_a_connect_server_killed_mid_job_reruns_its_attempts_on_the_other(
         assert held_attempts, "no attempt was claimed on the doomed server"
         process = cluster.process(doomed)
         assert process is not None, "the doomed server is not running"
+        # Its scratch space (copies of the s3a jars among it) is the pool's, so that the kill leaves none in /tmp.
+        assert list(cluster.temp_dir(doomed.name).glob("spark-*")), "the server's scratch space is not the pool's"
         for proc in [process, *process.children(recursive=True)]:
             proc.kill()
         psutil.wait_procs([process], timeout=30)
@@ -233,6 +235,7 @@ def test_a_connect_server_killed_mid_job_reruns_its_attempts_on_the_other(
         assert not failure, f"the scan failed: {failure[0]!r}"
     finally:
         cluster.stop()
+    assert not cluster.temp_dir(doomed.name).exists(), "stop left the killed server's temporary files"
 
     report = {s["stage"]: s for s in run_report(store, "lost", "r1")["stages"]}["scan"]
     for sub in report["subtasks"]:
