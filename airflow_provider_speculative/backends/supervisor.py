@@ -25,7 +25,7 @@ import sys
 import time
 from typing import Any
 
-from airflow_provider_speculative.backends import warmstart
+from airflow_provider_speculative.backends import scratch, warmstart
 from airflow_provider_speculative.backends.identity import start_ticks
 from airflow_provider_speculative.core.contract import EXIT_NODE_LOST, LAUNCHED_AT_ENV, STORE_EXIT_CAUSES
 from airflow_provider_speculative.core.faults import current as current_faults
@@ -173,21 +173,28 @@ def main(argv: list[str] | None = None, warm: bool = False) -> int:
 
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, on_term)
-    with open(args.log, "ab") as log:
-        try:
-            child: Any
-            if warm and warmstart.runs_warm(cmd):
-                child = warmstart.ForkedScript(cmd[1:], log.fileno())
-            else:
-                child = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-        except OSError as exc:
-            status.update(state="FAILED", end_at=time.time(), exit_code=127, cause=f"cannot start {cmd[0]}: {exc}")
-            docs.upload_log(args.log)
+    # A driver's temporary files are the attempt's: gone when it ends, even killed (backends/scratch.py).
+    temp = scratch.create() if scratch.runs_spark_submit(cmd) else None
+    try:
+        with open(args.log, "ab") as log:
+            try:
+                child: Any
+                if warm and warmstart.runs_warm(cmd):
+                    child = warmstart.ForkedScript(cmd[1:], log.fileno())
+                else:
+                    env = scratch.submit_env(temp, os.environ) if temp is not None else None
+                    child = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+            except OSError as exc:
+                status.update(state="FAILED", end_at=time.time(), exit_code=127,
+                              cause=f"cannot start {cmd[0]}: {exc}")
+                docs.upload_log(args.log)
+                docs.record(status)
+                return 127
+            status["child_pid"] = child.pid
             docs.record(status)
-            return 127
-        status["child_pid"] = child.pid
-        docs.record(status)
-        code = _wait(child, docs, status, cancelled)
+            code = _wait(child, docs, status, cancelled)
+    finally:
+        scratch.remove(temp)
     hold = current_faults().hold_end_release
     if hold and code == 0 and cancelled["signal"] is None and docs.manifest_written():
         _hold_end(hold, docs, status, cancelled)
