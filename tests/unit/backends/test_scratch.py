@@ -1,4 +1,4 @@
-"""An attempt's spark-submit gets a temporary directory of its own that outlives neither it nor, later, its host's sweep."""
+"""An attempt's spark-submit gets a temporary directory of its own, gone when the attempt is."""
 
 from __future__ import annotations
 
