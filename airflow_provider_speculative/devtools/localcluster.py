@@ -31,6 +31,7 @@ import psutil
 
 from airflow_provider_speculative.backends.commitjar import find_commit_jar, with_commit_jar
 from airflow_provider_speculative.backends.identity import same_process, start_ticks
+from airflow_provider_speculative.backends.scratch import submit_env
 from airflow_provider_speculative.exceptions import SpeculativeError
 
 CONNECT_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
@@ -346,9 +347,7 @@ class LocalCluster:
         tmp.mkdir(parents=True)
         # The servers' Python workers (UDFs) must be this venv's Python; bind only the server's own host.
         # SPARK_SUBMIT_OPTS reaches the driver's JVM (the server) and keeps any options the caller set.
-        submit_opts = " ".join(filter(None, [os.environ.get("SPARK_SUBMIT_OPTS"), f"-Djava.io.tmpdir={tmp}"]))
-        env = {**os.environ, "SPARK_LOCAL_IP": info.host, "PYSPARK_PYTHON": sys.executable,
-               "SPARK_SUBMIT_OPTS": submit_opts}
+        env = {**submit_env(tmp, os.environ), "SPARK_LOCAL_IP": info.host, "PYSPARK_PYTHON": sys.executable}
         # The provider's commit protocol on the server's class path: exchanges are then written without
         # Hadoop's _temporary/ moves ([speculative] exchange_commit). Without a JDK here, Hadoop's committer.
         conf = with_commit_jar(conf or {}, find_commit_jar())

@@ -135,3 +135,12 @@ def test_stopping_a_server_that_is_gone_removes_its_temporary_directory_and_noth
 def test_a_server_name_that_could_leave_the_pool_directory_is_refused(tmp_path: Path, name: str) -> None:
     with pytest.raises(LocalClusterError, match="server name"):
         LocalCluster(tmp_path).temp_dir(name)
+
+
+def test_a_pool_directory_with_a_space_reaches_the_jvm_as_one_option(tmp_path: Path) -> None:
+    cluster = LocalCluster(tmp_path / "my pools")
+    seen = tmp_path / "seen.txt"
+    with pytest.raises(LocalClusterError, match="exited during start-up"):
+        cluster.start_servers([_server(tmp_path)], timeout=30, warm_up=False, launcher=lambda _: [
+            "sh", "-c", f'echo "$SPARK_SUBMIT_OPTS" > {seen}; exit 3', "launcher"])
+    assert seen.read_text().strip().endswith(f"'-Djava.io.tmpdir={cluster.temp_dir('h1')}'")
