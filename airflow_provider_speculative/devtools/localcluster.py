@@ -42,6 +42,8 @@ LOOPBACK = "127.0.0.1"
 START_TIMEOUT = 180.0
 _UI_STARTED = re.compile(r"Successfully started service 'SparkUI' on port (\d+)")
 # A server's name is also its temporary directory's: nothing that could leave the pool's directory.
+# The file that marks a server's temporary directory as made by ``start`` (and so removable by the pool).
+TEMP_MARKER = ".speculative-local-cluster-tmp"
 _SERVER_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]*")
 
 # Server-side safety net (static confs, set at server start). With reattachable execution a query
@@ -266,7 +268,7 @@ class LocalCluster:
                     raise LocalClusterError(f"cannot start {name}: its {what} port {port} on 127.0.0.1 is already "
                                             f"in use by {owner}; choose other ports with --base-port / "
                                             "--ui-base-port or stop that process")
-            started.append(self._launch(info, conf))
+            started.append(self._launch_or_stop(info, conf, started))
         return self._ready(started, timeout, warm_up, warm_up_store, warm_up_rounds), already
 
     def start_servers(self, servers: list[ServerInfo], conf: dict[str, str] | None = None,
@@ -282,7 +284,7 @@ class LocalCluster:
         started: list[ServerInfo] = []
         for info in servers:
             info.log = info.log or str(self.dir / f"{info.name}.log")
-            started.append(self._launch(info, conf, launcher(info) if launcher else []))
+            started.append(self._launch_or_stop(info, conf, started, launcher(info) if launcher else []))
         return self._ready(started, timeout, warm_up)
 
     def _ready(self, started: list[ServerInfo], timeout: float, warm_up: bool,
@@ -335,16 +337,35 @@ class LocalCluster:
             raise LocalClusterError(f"server name {name!r}: expected letters, digits, '.', '_' or '-'")
         return self.dir / "tmp" / name
 
-    def _clear_temp_dir(self, name: str) -> None:
-        # Only ever called once the server ``name`` is not running (never started, stopped or killed).
-        shutil.rmtree(self.temp_dir(name), ignore_errors=True)
+    def _clear_temp_dir(self, name: str) -> bool:
+        """Remove a server's temporary directory if ``start`` made it (its marker); False if one is left there.
+
+        Only ever called once the server ``name`` is not running (never started, stopped or killed). A
+        directory without the marker (``--directory`` pointed at one that was there before) is never touched.
+        """
+        tmp = self.temp_dir(name)
+        if (tmp / TEMP_MARKER).is_file():
+            shutil.rmtree(tmp, ignore_errors=True)
+        return not os.path.lexists(tmp)
+
+    def _launch_or_stop(self, info: ServerInfo, conf: dict[str, str] | None, started: list[ServerInfo],
+                        prefix: list[str] | None = None) -> ServerInfo:
+        """Launch ``info``; if it cannot be, stop the servers of this start launched before it, then raise."""
+        try:
+            return self._launch(info, conf, prefix)
+        except LocalClusterError:
+            self.stop_servers(started)
+            raise
 
     def _launch(self, info: ServerInfo, conf: dict[str, str] | None, prefix: list[str] | None = None) -> ServerInfo:
         # A killed server's scratch space (up to the size of its spark.jars, e.g. the AWS SDK bundle) goes
         # before the next one starts; the new JVM's own goes to a fresh directory of the pool.
-        self._clear_temp_dir(info.name)
         tmp = self.temp_dir(info.name)
+        if not self._clear_temp_dir(info.name):
+            raise LocalClusterError(f"cannot start {info.name}: {tmp} exists and was not made by local-cluster "
+                                    "(no marker); move it away or choose another --directory")
         tmp.mkdir(parents=True)
+        (tmp / TEMP_MARKER).write_text(f"{info.name}\n")
         # The servers' Python workers (UDFs) must be this venv's Python; bind only the server's own host.
         # SPARK_SUBMIT_OPTS reaches the driver's JVM (the server) and keeps any options the caller set.
         env = {**submit_env(tmp, os.environ), "SPARK_LOCAL_IP": info.host, "PYSPARK_PYTHON": sys.executable}

@@ -7,7 +7,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from airflow_provider_speculative.devtools.localcluster import LocalCluster, LocalClusterError, ServerInfo
+from airflow_provider_speculative.devtools.localcluster import TEMP_MARKER, LocalCluster, LocalClusterError, ServerInfo
 
 
 def _server(tmp_path: Path) -> ServerInfo:
@@ -108,6 +108,7 @@ def test_a_server_runs_with_a_fresh_temporary_directory_of_the_pool_and_keeps_th
     leftover = cluster.temp_dir("h1") / "spark-killed" / "userFiles" / "aws-sdk-bundle.jar"
     leftover.parent.mkdir(parents=True)
     leftover.write_bytes(b"x" * 1024)
+    (cluster.temp_dir("h1") / TEMP_MARKER).write_text("h1\n")  # made by an earlier start
     seen = tmp_path / "seen.txt"
     monkeypatch.setenv("SPARK_SUBMIT_OPTS", "-Dcaller.option=1")
     with pytest.raises(LocalClusterError, match="exited during start-up"):
@@ -116,7 +117,7 @@ def test_a_server_runs_with_a_fresh_temporary_directory_of_the_pool_and_keeps_th
             "launcher"])
     opts, *listing = seen.read_text().splitlines()
     assert opts == f"-Dcaller.option=1 -Djava.io.tmpdir={cluster.temp_dir('h1')}"
-    assert listing == []  # the killed server's files were gone before the new one started
+    assert listing == [TEMP_MARKER]  # the killed server's files were gone before the new one started
 
 
 def test_stopping_a_server_that_is_gone_removes_its_temporary_directory_and_nothing_else(tmp_path: Path) -> None:
@@ -124,6 +125,7 @@ def test_stopping_a_server_that_is_gone_removes_its_temporary_directory_and_noth
     mine, other = cluster.temp_dir("h1"), cluster.temp_dir("h2")
     for directory in (mine, other):
         (directory / "spark-1").mkdir(parents=True)
+        (directory / TEMP_MARKER).write_text("\n")
     (tmp_path / "pool" / "h1.log").write_text("kept")
 
     assert cluster.stop_servers([_server(tmp_path)]) == [(_server(tmp_path), "not running")]
@@ -144,3 +146,21 @@ def test_a_pool_directory_with_a_space_reaches_the_jvm_as_one_option(tmp_path: P
         cluster.start_servers([_server(tmp_path)], timeout=30, warm_up=False, launcher=lambda _: [
             "sh", "-c", f'echo "$SPARK_SUBMIT_OPTS" > {seen}; exit 3', "launcher"])
     assert seen.read_text().strip().endswith(f"'-Djava.io.tmpdir={cluster.temp_dir('h1')}'")
+
+
+def test_a_temporary_directory_the_pool_did_not_make_is_never_removed_and_stops_the_start(tmp_path: Path) -> None:
+    # --directory may point at a folder that already held a tmp/<server> of someone else's.
+    cluster = LocalCluster(tmp_path / "pool")
+    theirs = cluster.temp_dir("h2") / "notes.txt"
+    theirs.parent.mkdir(parents=True)
+    theirs.write_text("mine")
+    first = _server(tmp_path)
+    second = ServerInfo(name="h2", port=15993, ui_port=4993, log=str(tmp_path / "h2.log"))
+    with pytest.raises(LocalClusterError, match=r"cannot start h2: .* was not made by local-cluster"):
+        cluster.start_servers([first, second], timeout=5, warm_up=False,
+                              launcher=lambda _: ["sh", "-c", "exec sleep 60", "launcher"])
+    # The server launched before it is stopped, not left running.
+    h1 = cluster._children["h1"]
+    assert h1.poll() is not None or psutil.Process(h1.pid).status() == psutil.STATUS_ZOMBIE
+    cluster.stop_servers([second])
+    assert theirs.read_text() == "mine"
