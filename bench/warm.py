@@ -95,8 +95,10 @@ sys.path.insert(0, str(REPO))
 
 import speculation as shared  # noqa: E402  (bench/speculation.py: output readers, reference Q1, load sampler)
 
+from airflow_provider_speculative.cli.local_cluster import server_conf  # noqa: E402
 from airflow_provider_speculative.devtools.localcluster import (  # noqa: E402
     LocalCluster,
+    LocalClusterError,
     connection_definitions,
     jar_paths,
     s3a_jars,
@@ -552,11 +554,10 @@ def main() -> int:
             pool_conf = {**spark_s3_conf(settings_from_environment()), "spark.jars": ",".join(jar_paths(s3a_jars()))}
             print(f"S3 endpoint {s3.endpoint_url} ({args.s3_endpoint}): customer, orders, lineitem uploaded to "
                   f"{s3_url}", flush=True)
-        for pair in args.pool_conf:
-            key, sep, value = pair.partition("=")
-            if not sep or not key.strip():
-                raise SystemExit(f"--pool-conf {pair!r}: expected KEY=VALUE")
-            pool_conf[key.strip()] = value
+        try:  # parsed as `local-cluster start --conf` parses its settings
+            pool_conf.update(server_conf(args.pool_conf, None, s3=False))
+        except LocalClusterError as exc:
+            raise SystemExit(f"--pool-conf: {exc}") from exc
         if {"c", "d", "e", "f", "s", "t"} & set(scenarios):
             t0 = time.time()
             # As `local-cluster start --s3` does for a store on S3: the warm-up also writes and reads there.

@@ -42,9 +42,9 @@ LOOPBACK = "127.0.0.1"
 START_TIMEOUT = 180.0
 _UI_STARTED = re.compile(r"Successfully started service 'SparkUI' on port (\d+)")
 # A server's name is also its temporary directory's: nothing that could leave the pool's directory.
+_SERVER_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]*")
 # The file that marks a server's temporary directory as made by ``start`` (and so removable by the pool).
 TEMP_MARKER = ".speculative-local-cluster-tmp"
-_SERVER_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]*")
 
 # Server-side safety net (static confs, set at server start). With reattachable execution a query
 # whose client vanished (a killed attempt, a lost triggerer) keeps running until its response stream
