@@ -502,6 +502,14 @@ class SpeculativeConfig:
                "defer, finalize on a worker (also what `commit_in_triggerer=False` on a stage does). Read when the DAG "
                "is parsed; `dag.test()` always plans on the worker. See [Where a stage "
                "runs](running.md#where-a-stage-runs)")
+    fast_exit: bool = _bool_option(
+        True, "At the end of an `airflow dags test` process that ran a stage, collect garbage once and leave the rest "
+              "out of the interpreter's shutdown collection (false: Python's own exit).",
+        manual="at the end of the `airflow dags test` command once a stage ran in it: collect the garbage present at "
+               "exit once (its finalizers run), then freeze what is still alive so CPython's shutdown collection "
+               "skips it, which otherwise costs seconds after the DAG run has ended. Never in a scheduler, "
+               "triggerer, worker or a script or test calling `dag.test()`. "
+               "`False`: Python's own exit. See [Airflow's exit](../bench/README.md#airflows-exit-2026-11-29-issue-39)")
     # None: 'auto', derived from start-up times (core/detector.py).
     baseline_lower_bound: float | None = _option(
         None, _auto_duration,

@@ -130,6 +130,7 @@ class SparkStageOperator(BaseOperator):
 
         prepare_openlineage()  # its import overlaps planning instead of delaying the first wave
         planner = self._planner(context)
+        _arm_fast_exit(planner, self.log)
         _prepare_speed_check(planner, self.log)
         planner.start()
         try:
@@ -418,6 +419,15 @@ def _raise_timed_out(event: dict[str, Any], where: str) -> None:
     from airflow.sdk.exceptions import AirflowTaskTimeout
 
     raise AirflowTaskTimeout(str(event.get("reason") or f"{where}: the task's execution_timeout passed"))
+
+
+def _arm_fast_exit(planner: StagePlanner, log: Any) -> None:
+    """In the ``airflow dags test`` process, skip the interpreter's shutdown collection at exit (processexit.py)."""
+    from airflow_provider_speculative.processexit import arm_for_dags_test
+
+    if arm_for_dags_test(planner.config.fast_exit):
+        log.info("this airflow dags test process collects garbage once at its exit and skips the interpreter's "
+                 "shutdown collection ([speculative] fast_exit)")
 
 
 def _prepare_speed_check(planner: StagePlanner, log: Any) -> None:

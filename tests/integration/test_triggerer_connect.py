@@ -160,6 +160,8 @@ def test_worker_path_airflows_listener_reports_every_stage_and_the_provider_noth
     result = subprocess.run([airflow, "dags", "test", "small_q1", "2026-02-12"], env=env, capture_output=True,
                             text=True, timeout=800)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    # The command's process is the one whose exit skips the shutdown collection (processexit.py), once.
+    assert (result.stdout + result.stderr).count("skips the interpreter's shutdown collection") == 1
     tasks = task_events(completed(receiver, "small_q1", ("scan", "aggregate"), dag_run=False,
                                  timeout=30), "small_q1")
 
