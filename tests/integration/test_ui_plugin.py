@@ -347,7 +347,9 @@ def _rerun(server: ApiServer, run_id: str, token: str | None, body: dict[str, An
 
 
 POLLERS = 45
-BOUND = 0.5  # seconds: each answer of Airflow's own API while the pollers run
+# Seconds for the median answer of Airflow's own API while the pollers run. Threads blocked on the FIFO
+# would leave it unanswered, so this tells a hang from a busy machine; speed is bench/'s to measure.
+BOUND = 10.0
 
 
 def test_45_pollers_of_a_fifo_log_leave_airflows_own_api_answering(api_server: ApiServer, finished_run: str):
