@@ -353,7 +353,7 @@ BOUND = 10.0
 
 
 def test_45_pollers_of_a_fifo_log_leave_airflows_own_api_answering(api_server: ApiServer, finished_run: str):
-    """45 stage pages polling a stage whose attempt log is a FIFO: Airflow's own routes still answer at once."""
+    """45 stage pages polling a stage whose attempt log is a FIFO: Airflow's own routes keep answering."""
     import statistics
     import threading
 
